@@ -1,0 +1,9 @@
+//! Text around the model: tokenizer, chat template, conversations.
+
+pub mod prompt;
+pub mod template;
+pub mod tokenizer;
+
+pub use prompt::{Prompt, PromptInput, build_prompt, parse_ids};
+pub use template::{ChatTemplate, RenderOptions};
+pub use tokenizer::{IncrementalDecoder, SpecialTokens, TextTokenizer};

@@ -1,0 +1,205 @@
+//! `deltascope inspect`: what a checkpoint is and what it will cost, from `config.json` alone
+//! (weights are only looked at, header-only, when present).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::common::human_bytes;
+use crate::model::config::{Family, LayerKind, MlpKind};
+use crate::model::plan::memory_plan;
+use crate::model::weights::WeightStore;
+use crate::model::{ModelConfig, ModelSource, read_config};
+
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// A model directory, or a config.json file.
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// Print the plan as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn family_name(f: Family) -> &'static str {
+    match f {
+        Family::Qwen35 => "Qwen3.5 / Qwen3.6 dense",
+        Family::Qwen35Moe => "Qwen3.5 / Qwen3.6 MoE",
+        Family::Qwen3Next => "Qwen3-Next",
+    }
+}
+
+fn gb(b: u64) -> String {
+    if b >= 1_000_000_000 { format!("{:.2} GB ({})", b as f64 / 1e9, human_bytes(b)) } else { human_bytes(b) }
+}
+
+fn count(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.2} B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.2} M", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{:.1} K", n as f64 / 1e3),
+        n => n.to_string(),
+    }
+}
+
+pub fn run(a: InspectArgs) -> anyhow::Result<()> {
+    // A config file on its own plans without weights; a directory may also hold them.
+    let (cfg, source) = if a.model.is_file() {
+        let text =
+            std::fs::read_to_string(&a.model).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", a.model.display()))?;
+        (ModelConfig::from_json_str(&text, &a.model.display().to_string())?, None)
+    } else {
+        let source = ModelSource::Dir(a.model.clone());
+        (read_config(&source)?, Some(source))
+    };
+    // bf16 checkpoints; KV and conv state in bf16; SSM state f32 (mamba_ssm_dtype, as servers keep it).
+    let plan = memory_plan(&cfg, 2, 2, 4);
+    let cpu = memory_plan(&cfg, 4, 4, 4);
+    let weights = match &source {
+        Some(s) if s.exists("model.safetensors") || s.exists("model.safetensors.index.json") => {
+            Some(WeightStore::open(s)?)
+        }
+        _ => None,
+    };
+    let mtp_tensors = weights.as_ref().map(|w| w.names().filter(|n| n.starts_with("mtp.")).count());
+
+    if a.json {
+        let v = serde_json::json!({
+            "config": cfg,
+            "plan_bf16": plan,
+            "plan_cpu_f32": cpu,
+            "weights_found": weights.is_some(),
+            "stored_bytes": weights.as_ref().map(|w| w.stored_bytes()),
+            "stored_dtypes": weights.as_ref().map(|w| w.dtype_names()),
+            "mtp_tensors": mtp_tensors,
+        });
+        writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&v)?)?;
+        return Ok(());
+    }
+
+    let mut w = std::io::stdout().lock();
+    let arch = cfg.architectures.first().cloned().unwrap_or_else(|| "?".into());
+    let mt =
+        if cfg.nested { format!("{} → {}", cfg.model_type, cfg.text_model_type) } else { cfg.model_type.clone() };
+    writeln!(w, "model        {arch} ({mt}; {})", family_name(cfg.family))?;
+    let moe_layers = cfg.mlp_kinds.iter().filter(|k| **k == MlpKind::Moe).count();
+    let ff = match (moe_layers, cfg.num_hidden_layers - moe_layers) {
+        (0, _) => "dense MLP".to_string(),
+        (m, 0) => format!("MoE in all {m} layers"),
+        (m, d) => format!("MoE in {m} layers, dense MLP in {d}"),
+    };
+    writeln!(
+        w,
+        "layers       {}: {} GDN + {} full attention; {ff}",
+        cfg.num_hidden_layers,
+        cfg.num_linear_layers(),
+        cfg.num_full_layers()
+    )?;
+    let map: Vec<String> = cfg
+        .layer_types
+        .chunks(4)
+        .zip(cfg.mlp_kinds.chunks(4))
+        .map(|(ls, ms)| {
+            ls.iter()
+                .zip(ms)
+                .map(|(l, m)| {
+                    let c = if *l == LayerKind::LinearAttention { 'G' } else { 'A' };
+                    if *m == MlpKind::Moe { c.to_ascii_lowercase() } else { c }
+                })
+                .collect()
+        })
+        .collect();
+    writeln!(w, "layer map    {}   (G = GDN, A = attention; lower case = MoE feed-forward)", map.join(" "))?;
+    writeln!(
+        w,
+        "hidden       {} · vocab {} · context {} · tied embeddings: {}",
+        cfg.hidden_size, cfg.vocab_size, cfg.max_position_embeddings, cfg.tie_word_embeddings
+    )?;
+    writeln!(
+        w,
+        "attention    {} Q / {} KV heads × {} (GQA {}), output gate, RoPE on {} of {} dims (θ = {})",
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        cfg.gqa_groups(),
+        cfg.rope.rotary_dim,
+        cfg.head_dim,
+        cfg.rope.theta
+    )?;
+    let l = &cfg.linear;
+    writeln!(
+        w,
+        "GDN          {} QK / {} V heads × {}/{} (ratio {}), conv kernel {}, conv channels {}",
+        l.num_key_heads,
+        l.num_value_heads,
+        l.key_head_dim,
+        l.value_head_dim,
+        l.head_ratio(),
+        l.conv_kernel,
+        l.conv_dim()
+    )?;
+    if let Some(m) = &cfg.moe {
+        writeln!(
+            w,
+            "MoE          {} experts, top {} ({}), expert width {}, shared expert {}",
+            m.num_experts,
+            m.num_experts_per_tok,
+            if m.norm_topk_prob { "renormalised" } else { "not renormalised" },
+            m.moe_intermediate_size,
+            m.shared_expert_intermediate_size
+        )?;
+    }
+    if let Some(i) = cfg.intermediate_size.filter(|_| cfg.mlp_kinds.contains(&MlpKind::Dense)) {
+        writeln!(w, "MLP          intermediate {i}")?;
+    }
+    let p = &plan.params;
+    let active = if cfg.moe.is_some() { format!(" · {} active per token", count(p.active)) } else { String::new() };
+    writeln!(w, "parameters   {} ({}) language model{active}", count(p.total), p.total)?;
+    writeln!(w, "weights      {} as bf16 · {} as f32 (deltascope CPU)", gb(plan.weights_bytes), gb(cpu.weights_bytes))?;
+    if let Some(ws) = &weights {
+        writeln!(w, "checkpoint   {} stored ({})", gb(ws.stored_bytes() as u64), ws.dtype_names().join(", "))?;
+    }
+    let kv = plan.kv_bytes_per_token;
+    let at = |n: u64| human_bytes(kv * n);
+    writeln!(
+        w,
+        "KV cache     {} / token in bf16 ({} layers × K,V × {} × {}): 4k {} · 32k {} · 128k {} · {} {}",
+        human_bytes(kv),
+        cfg.num_full_layers(),
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        at(4096),
+        at(32768),
+        at(131072),
+        cfg.max_position_embeddings,
+        at(cfg.max_position_embeddings as u64)
+    )?;
+    writeln!(
+        w,
+        "recurrent    {} / sequence, constant in context ({} GDN layers × (conv {} B bf16 + SSM {} B f32))",
+        human_bytes(plan.recurrent_bytes_per_sequence),
+        cfg.num_linear_layers(),
+        plan.conv_state_bytes_per_layer,
+        plan.ssm_state_bytes_per_layer
+    )?;
+    let mtp = match (mtp_tensors, cfg.mtp_num_hidden_layers) {
+        (Some(n), _) if n > 0 => format!("present: {n} mtp.* tensors in the checkpoint"),
+        (Some(_), 0) => "absent".to_string(),
+        (Some(_), k) => format!("config declares {k} layer(s), but the checkpoint has no mtp.* tensors"),
+        (None, 0) => "none declared (weights not present to check)".to_string(),
+        (None, k) => format!("declared: {k} layer(s) (weights not present to check)"),
+    };
+    writeln!(w, "MTP          {mtp}")?;
+    if cfg.mtp_num_hidden_layers > 0 || mtp_tensors.unwrap_or(0) > 0 {
+        let mtp_kv = kv / cfg.num_full_layers().max(1) as u64;
+        writeln!(
+            w,
+            "MTP cost     {} params · {} bf16 · KV +{} / token",
+            count(p.mtp),
+            gb(plan.mtp_weights_bytes),
+            human_bytes(mtp_kv)
+        )?;
+    }
+    Ok(())
+}

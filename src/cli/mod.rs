@@ -1,0 +1,49 @@
+//! Command-line front ends. Each subcommand lives in its own file and only consumes the
+//! library (model, chat, engine events).
+
+pub mod common;
+pub mod inspect;
+pub mod logits;
+pub mod run;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "deltascope",
+    version,
+    about = "A terminal workbench for Gated-DeltaNet hybrid reasoning models (Qwen3.5 / Qwen3.6, Qwen3-Next)"
+)]
+pub struct Cli {
+    /// Write logs to this file (RUST_LOG sets the level; default warn).
+    #[arg(long, global = true)]
+    pub log_file: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Generate once, headless: human output, or JSON Lines events with --json.
+    Run(run::RunArgs),
+    /// Top-k next-token logits for a text or token ids (debugging, reference checks).
+    Logits(logits::LogitsArgs),
+    /// Architecture, layer map, parameter count and memory plan; needs only config.json.
+    Inspect(inspect::InspectArgs),
+}
+
+pub fn main_with(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Some(Command::Run(a)) => run::run(a),
+        Some(Command::Logits(a)) => logits::run(a),
+        Some(Command::Inspect(a)) => inspect::run(a),
+        None => {
+            use clap::CommandFactory;
+            Cli::command().print_help()?;
+            println!();
+            Ok(())
+        }
+    }
+}

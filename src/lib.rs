@@ -1,0 +1,13 @@
+//! deltascope: a terminal workbench for Gated-DeltaNet hybrid reasoning models (Qwen3.5 /
+//! Qwen3.6, Qwen3-Next).
+//!
+//! Data flows one way: [`model`] (pure compute) → [`engine`] (sampling, budgets, phases) → one
+//! event stream → front ends ([`cli`]).
+
+pub mod chat;
+pub mod cli;
+pub mod engine;
+pub mod error;
+pub mod model;
+
+pub use error::{Error, Result};

@@ -1,0 +1,362 @@
+//! Gated DeltaNet (linear attention) layer, model-spec §3.
+//!
+//! The recurrent rule (decode) and the chunked rule (prefill, C = 64) are direct f32 loops over
+//! the per-head `[dk, dv]` state, threaded over value heads: the state is small and the work per
+//! head is a handful of rank-1 updates and mat-vecs, which chains of tiny tensor ops would drown
+//! in overhead.
+
+use rayon::prelude::*;
+
+use super::config::{Family, LinearAttnConfig};
+use super::load::Loader;
+use super::state::GdnState;
+use super::tensor::{Linear, Mat, Precision, dot, sigmoid, silu, softplus};
+use crate::error::Result;
+
+pub const CHUNK: usize = 64;
+
+pub struct GdnLayer {
+    cfg: LinearAttnConfig,
+    eps: f32,
+    /// Fused input projection; output columns `[q k v | z | b | a]` in logical (un-interleaved)
+    /// order for every family.
+    in_proj: Linear,
+    /// Depthwise conv weights `[conv_dim][K]`.
+    conv_w: Vec<f32>,
+    /// `-exp(A_log)` per value head, f32.
+    a_neg: Vec<f32>,
+    dt_bias: Vec<f32>,
+    /// Gated RMSNorm weight (plain, not zero-centred), shared by all heads.
+    norm_w: Vec<f32>,
+    out_proj: Linear,
+}
+
+impl GdnLayer {
+    pub fn load(ld: &Loader, p: &str, cfg: &LinearAttnConfig, hidden: usize, eps: f64, family: Family) -> Result<Self> {
+        let (kd, vd, hv, hk) = (cfg.key_dim(), cfg.value_dim(), cfg.num_value_heads, cfg.num_key_heads);
+        let (dk, dv, r) = (cfg.key_head_dim, cfg.value_head_dim, cfg.head_ratio());
+        let in_proj = match family {
+            Family::Qwen3Next => {
+                // Fused and grouped per key head g: [q_g | k_g | v_(r·g..) | z_(r·g..)], and
+                // [b_(r·g..) | a_(r·g..)]. Reorder rows into the logical [q; k; v; z; b; a].
+                let qkvz = ld.get(&format!("{p}in_proj_qkvz.weight"), &[2 * kd + 2 * vd, hidden])?;
+                let ba = ld.get(&format!("{p}in_proj_ba.weight"), &[2 * hv, hidden])?;
+                let group = 2 * dk + 2 * r * dv;
+                let rows = |m: &[f32], start: usize, n: usize| m[start * hidden..(start + n) * hidden].to_vec();
+                let (mut q, mut k, mut v, mut z) = (vec![], vec![], vec![], vec![]);
+                let (mut b, mut a) = (vec![], vec![]);
+                for g in 0..hk {
+                    let base = g * group;
+                    q.extend(rows(&qkvz, base, dk));
+                    k.extend(rows(&qkvz, base + dk, dk));
+                    v.extend(rows(&qkvz, base + 2 * dk, r * dv));
+                    z.extend(rows(&qkvz, base + 2 * dk + r * dv, r * dv));
+                    b.extend(rows(&ba, g * 2 * r, r));
+                    a.extend(rows(&ba, g * 2 * r + r, r));
+                }
+                Linear::fused(vec![(q, kd), (k, kd), (v, vd), (z, vd), (b, hv), (a, hv)], hidden)?
+            }
+            Family::Qwen35 | Family::Qwen35Moe => Linear::fused(
+                vec![
+                    (ld.get(&format!("{p}in_proj_qkv.weight"), &[2 * kd + vd, hidden])?, 2 * kd + vd),
+                    (ld.get(&format!("{p}in_proj_z.weight"), &[vd, hidden])?, vd),
+                    (ld.get(&format!("{p}in_proj_b.weight"), &[hv, hidden])?, hv),
+                    (ld.get(&format!("{p}in_proj_a.weight"), &[hv, hidden])?, hv),
+                ],
+                hidden,
+            )?,
+        };
+        let conv_w = ld.get(&format!("{p}conv1d.weight"), &[cfg.conv_dim(), 1, cfg.conv_kernel])?;
+        let a_log = ld.get(&format!("{p}A_log"), &[hv])?;
+        Ok(GdnLayer {
+            cfg: cfg.clone(),
+            eps: eps as f32,
+            in_proj,
+            conv_w,
+            a_neg: a_log.iter().map(|a| -a.exp()).collect(),
+            dt_bias: ld.get(&format!("{p}dt_bias"), &[hv])?,
+            norm_w: ld.get(&format!("{p}norm.weight"), &[dv])?,
+            out_proj: Linear::new(ld.get(&format!("{p}out_proj.weight"), &[hidden, vd])?, hidden, vd)?,
+        })
+    }
+
+    pub fn weight_bytes(&self) -> usize {
+        self.in_proj.weight_bytes()
+            + self.out_proj.weight_bytes()
+            + (self.conv_w.len() + 3 * self.a_neg.len() + self.norm_w.len()) * 4
+    }
+
+    pub fn forward(&self, x: &Mat, state: &mut GdnState, prec: Precision) -> Result<Mat> {
+        let c = &self.cfg;
+        let (t_len, conv_dim, vd, hv) = (x.rows, c.conv_dim(), c.value_dim(), c.num_value_heads);
+        let proj = self.in_proj.forward(x, prec)?;
+
+        // 1. Causal depthwise conv + SiLU over [window; new inputs]; the window keeps the last
+        //    K-1 pre-conv inputs.
+        let k = c.conv_kernel;
+        let mut qkv = Mat::zeros(t_len, conv_dim);
+        let input = |tau: isize, ch: usize| -> f32 {
+            if tau < 0 {
+                state.conv[((k - 1) as isize + tau) as usize * conv_dim + ch]
+            } else {
+                proj.row(tau as usize)[ch]
+            }
+        };
+        for t in 0..t_len {
+            let out = qkv.row_mut(t);
+            for (ch, o) in out.iter_mut().enumerate() {
+                let w = &self.conv_w[ch * k..(ch + 1) * k];
+                let mut acc = 0f32;
+                for (j, wj) in w.iter().enumerate() {
+                    acc += wj * input(t as isize - (k as isize - 1) + j as isize, ch);
+                }
+                // PyTorch's fallback rounds the conv output, then the SiLU output.
+                *o = prec.round(silu(prec.round(acc)));
+            }
+        }
+        let mut window = Vec::with_capacity((k - 1) * conv_dim);
+        for tau in (t_len as isize - (k as isize - 1))..t_len as isize {
+            for ch in 0..conv_dim {
+                window.push(input(tau, ch));
+            }
+        }
+        state.conv = window;
+
+        // 2. Gates: beta = sigmoid(b) in the activation dtype; g = -exp(A_log)·softplus(a + dt_bias) in f32.
+        let (zo, bo, ao) = (conv_dim, conv_dim + vd, conv_dim + vd + hv);
+        let mut beta = vec![0f32; t_len * hv];
+        let mut g = vec![0f32; t_len * hv];
+        for t in 0..t_len {
+            let row = proj.row(t);
+            for h in 0..hv {
+                beta[t * hv + h] = prec.round(sigmoid(row[bo + h]));
+                g[t * hv + h] = self.a_neg[h] * softplus(row[ao + h] + self.dt_bias[h]);
+            }
+        }
+
+        // 3. The delta rule per value head (threaded), then the gated RMSNorm.
+        let (dk, dv, r) = (c.key_head_dim, c.value_head_dim, c.head_ratio());
+        let kd = c.key_dim();
+        let scale = (dk as f32).powf(-0.5);
+        let heads: Vec<Vec<f32>> = state
+            .ssm
+            .par_chunks_mut(dk * dv)
+            .enumerate()
+            .map(|(h, s)| {
+                let kh = h / r;
+                let mut q = Vec::with_capacity(t_len * dk);
+                let mut kk = Vec::with_capacity(t_len * dk);
+                let mut v = Vec::with_capacity(t_len * dv);
+                for t in 0..t_len {
+                    let row = qkv.row(t);
+                    q.extend_from_slice(&row[kh * dk..(kh + 1) * dk]);
+                    kk.extend_from_slice(&row[kd + kh * dk..kd + (kh + 1) * dk]);
+                    v.extend_from_slice(&row[2 * kd + h * dv..2 * kd + (h + 1) * dv]);
+                }
+                for t in 0..t_len {
+                    l2norm(&mut q[t * dk..(t + 1) * dk]);
+                    l2norm(&mut kk[t * dk..(t + 1) * dk]);
+                }
+                let gh: Vec<f32> = (0..t_len).map(|t| g[t * hv + h]).collect();
+                let bh: Vec<f32> = (0..t_len).map(|t| beta[t * hv + h]).collect();
+                if t_len == 1 {
+                    for x in &mut q {
+                        *x /= (dk as f32).sqrt();
+                    }
+                    recurrent_head(&q, &kk, &v, &gh, &bh, s, dk, dv)
+                } else {
+                    for x in &mut q {
+                        *x *= scale;
+                    }
+                    chunked_head(&q, &kk, &v, &gh, &bh, s, dk, dv)
+                }
+            })
+            .collect();
+
+        let mut normed = Mat::zeros(t_len, vd);
+        for t in 0..t_len {
+            let z = &proj.row(t)[zo..zo + vd];
+            let out = normed.row_mut(t);
+            for h in 0..hv {
+                let o = &mut out[h * dv..(h + 1) * dv];
+                for (x, y) in o.iter_mut().zip(&heads[h][t * dv..(t + 1) * dv]) {
+                    *x = prec.round(*y);
+                }
+                let inv = super::norm::rsqrt_mean_square(o, self.eps);
+                for (i, x) in o.iter_mut().enumerate() {
+                    // norm in f32 → dtype, × weight in dtype, × silu(z) in f32 → dtype.
+                    let n = prec.round(self.norm_w[i] * prec.round(*x * inv));
+                    *x = prec.round(n * silu(z[h * dv + i]));
+                }
+            }
+        }
+        self.out_proj.forward(&normed, prec)
+    }
+}
+
+/// `x · rsqrt(Σx² + 1e-6)` (the FLA convention transformers follows).
+#[inline]
+fn l2norm(x: &mut [f32]) {
+    let inv = 1.0 / (dot(x, x) + 1e-6).sqrt();
+    for v in x {
+        *v *= inv;
+    }
+}
+
+/// The recurrent rule over `T` tokens of one head (model-spec §3.6). `s` is `[dk][dv]`.
+/// Returns the outputs `[T][dv]`.
+#[allow(clippy::too_many_arguments)]
+pub fn recurrent_head(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    s: &mut [f32],
+    dk: usize,
+    dv: usize,
+) -> Vec<f32> {
+    let t_len = g.len();
+    let mut out = vec![0f32; t_len * dv];
+    let mut kv = vec![0f32; dv];
+    let mut delta = vec![0f32; dv];
+    for t in 0..t_len {
+        let (qt, kt, vt) = (&q[t * dk..(t + 1) * dk], &k[t * dk..(t + 1) * dk], &v[t * dv..(t + 1) * dv]);
+        let decay = g[t].exp();
+        kv.fill(0.0);
+        for a in 0..dk {
+            let row = &mut s[a * dv..(a + 1) * dv];
+            for (x, acc) in row.iter_mut().zip(kv.iter_mut()) {
+                *x *= decay;
+                *acc += *x * kt[a];
+            }
+        }
+        for j in 0..dv {
+            delta[j] = (vt[j] - kv[j]) * beta[t];
+        }
+        let o = &mut out[t * dv..(t + 1) * dv];
+        for a in 0..dk {
+            let row = &mut s[a * dv..(a + 1) * dv];
+            for j in 0..dv {
+                row[j] += kt[a] * delta[j];
+                o[j] += row[j] * qt[a];
+            }
+        }
+    }
+    out
+}
+
+/// The chunked rule (model-spec §3.7, chunk 64, boundaries at the start of the call) over `T`
+/// tokens of one head: within a chunk the WY/UT transform turns the sequential delta updates
+/// into triangular solves; chunks are scanned in order. Mathematically identical to
+/// [`recurrent_head`]. Returns the outputs `[T][dv]`.
+#[allow(clippy::too_many_arguments)]
+pub fn chunked_head(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    s: &mut [f32],
+    dk: usize,
+    dv: usize,
+) -> Vec<f32> {
+    let t_len = g.len();
+    let mut out = vec![0f32; t_len * dv];
+    let mut cum = vec![0f32; CHUNK];
+    let mut a_mat = vec![0f32; CHUNK * CHUNK];
+    let mut u = vec![0f32; CHUNK * dv];
+    let mut w = vec![0f32; CHUNK * dk];
+    let mut kb = vec![0f32; CHUNK * dk];
+    let mut vnew = vec![0f32; CHUNK * dv];
+    for c0 in (0..t_len).step_by(CHUNK) {
+        let n = CHUNK.min(t_len - c0);
+        let qc = &q[c0 * dk..(c0 + n) * dk];
+        let kc = &k[c0 * dk..(c0 + n) * dk];
+        let vc = &v[c0 * dv..(c0 + n) * dv];
+        let mut acc = 0f32;
+        for i in 0..n {
+            acc += g[c0 + i];
+            cum[i] = acc;
+        }
+        for i in 0..n {
+            let b = beta[c0 + i];
+            for a in 0..dk {
+                kb[i * dk + a] = kc[i * dk + a] * b;
+            }
+        }
+        // A[i][j] = (kβ_i · k_j)·exp(G_i − G_j), strictly lower triangular.
+        for i in 0..n {
+            for j in 0..i {
+                a_mat[i * CHUNK + j] =
+                    dot(&kb[i * dk..(i + 1) * dk], &kc[j * dk..(j + 1) * dk]) * (cum[i] - cum[j]).exp();
+            }
+        }
+        // (I + A)·U = vβ and (I + A)·W = kβ·exp(G): forward substitution.
+        for i in 0..n {
+            let b = beta[c0 + i];
+            let eg = cum[i].exp();
+            for j in 0..dv {
+                u[i * dv + j] = vc[i * dv + j] * b;
+            }
+            for a in 0..dk {
+                w[i * dk + a] = kb[i * dk + a] * eg;
+            }
+            for j in 0..i {
+                let aij = a_mat[i * CHUNK + j];
+                if aij != 0.0 {
+                    let (done, cur) = u.split_at_mut(i * dv);
+                    for (x, y) in cur[..dv].iter_mut().zip(&done[j * dv..(j + 1) * dv]) {
+                        *x -= aij * y;
+                    }
+                    let (done, cur) = w.split_at_mut(i * dk);
+                    for (x, y) in cur[..dk].iter_mut().zip(&done[j * dk..(j + 1) * dk]) {
+                        *x -= aij * y;
+                    }
+                }
+            }
+        }
+        // v_new = U − W·S ; o = (q·exp(G))·S + P·v_new with P[i][j] = (q_i·k_j)·exp(G_i − G_j), j ≤ i.
+        for i in 0..n {
+            let vn = &mut vnew[i * dv..(i + 1) * dv];
+            vn.copy_from_slice(&u[i * dv..(i + 1) * dv]);
+            let o = &mut out[(c0 + i) * dv..(c0 + i + 1) * dv];
+            let eg = cum[i].exp();
+            for a in 0..dk {
+                let (wa, qa) = (w[i * dk + a], qc[i * dk + a] * eg);
+                let srow = &s[a * dv..(a + 1) * dv];
+                for j in 0..dv {
+                    vn[j] -= wa * srow[j];
+                    o[j] += qa * srow[j];
+                }
+            }
+        }
+        for i in 0..n {
+            let qi = &qc[i * dk..(i + 1) * dk];
+            let o = &mut out[(c0 + i) * dv..(c0 + i + 1) * dv];
+            for j in 0..=i {
+                let p = dot(qi, &kc[j * dk..(j + 1) * dk]) * (cum[i] - cum[j]).exp();
+                for (x, y) in o.iter_mut().zip(&vnew[j * dv..(j + 1) * dv]) {
+                    *x += p * y;
+                }
+            }
+        }
+        // S = S·exp(G_last) + Σ_i (k_i·exp(G_last − G_i)) ⊗ v_new_i
+        let last = cum[n - 1];
+        let decay = last.exp();
+        for x in s.iter_mut() {
+            *x *= decay;
+        }
+        for i in 0..n {
+            let e = (last - cum[i]).exp();
+            for a in 0..dk {
+                let ka = kc[i * dk + a] * e;
+                let srow = &mut s[a * dv..(a + 1) * dv];
+                for (x, y) in srow.iter_mut().zip(&vnew[i * dv..(i + 1) * dv]) {
+                    *x += ka * y;
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,350 @@
+//! The hybrid model: embeddings, the stack of GDN / gated-attention decoder layers with dense or
+//! MoE feed-forward blocks, the final norm and the LM head (model-spec §5.4). Pure compute over
+//! an explicit [`SequenceState`]: it knows nothing of text, sampling or budgets.
+
+use std::time::Instant;
+
+use super::attention::AttnLayer;
+use super::config::{Family, LayerKind, MlpKind, ModelConfig};
+use super::gdn::GdnLayer;
+use super::load::Loader;
+use super::mlp::{DenseMlp, Mlp, MoeBlock};
+use super::norm::RmsNorm;
+use super::rope::Rope;
+use super::source::ModelSource;
+use super::state::{LayerState, SequenceState};
+use super::tensor::{Linear, Mat, Precision};
+use super::weights::WeightStore;
+use crate::error::{Error, Result};
+
+enum Mixer {
+    Linear(GdnLayer),
+    Attention(AttnLayer),
+}
+
+/// One decoder layer: pre-norm token mixer and pre-norm feed-forward, each with a residual.
+pub struct DecoderLayer {
+    input_norm: RmsNorm,
+    mixer: Mixer,
+    post_norm: RmsNorm,
+    mlp: Mlp,
+}
+
+impl DecoderLayer {
+    fn weight_bytes(&self) -> usize {
+        let m = match &self.mixer {
+            Mixer::Linear(g) => g.weight_bytes(),
+            Mixer::Attention(a) => a.weight_bytes(),
+        };
+        m + self.mlp.weight_bytes() + (self.input_norm.dim() + self.post_norm.dim()) * 4
+    }
+}
+
+/// The checkpoint's MTP module (model-spec §6), loaded when the files carry `mtp.*` tensors.
+pub struct MtpModule {
+    pub fc: Linear,
+    pub pre_fc_norm_embedding: RmsNorm,
+    pub pre_fc_norm_hidden: RmsNorm,
+    pub layers: Vec<DecoderLayer>,
+    pub norm: RmsNorm,
+}
+
+impl MtpModule {
+    fn weight_bytes(&self) -> usize {
+        self.fc.weight_bytes()
+            + self.layers.iter().map(DecoderLayer::weight_bytes).sum::<usize>()
+            + (3 * self.norm.dim()) * 4
+    }
+}
+
+/// Which positions get logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsRows {
+    Last,
+    All,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct ForwardOptions {
+    pub logits: LogitsRows,
+    /// Record the L2 norm of every position's hidden state after each layer and the final norm.
+    pub hidden_norms: bool,
+}
+
+impl Default for ForwardOptions {
+    fn default() -> Self {
+        ForwardOptions { logits: LogitsRows::Last, hidden_norms: false }
+    }
+}
+
+pub struct ForwardOutput {
+    /// One row per requested position, `vocab_size` columns.
+    pub logits: Mat,
+    /// `[layer][position]` norms (layers, then the final norm), when requested.
+    pub hidden_norms: Option<Vec<Vec<f32>>>,
+    /// Post-final-norm hidden states of every position of this call (the MTP head's input).
+    pub hidden: Mat,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    pub precision: Precision,
+    /// Skip the `mtp.*` tensors even when present.
+    pub skip_mtp: bool,
+}
+
+pub struct Model {
+    pub config: ModelConfig,
+    pub precision: Precision,
+    pub source: ModelSource,
+    embed: Linear,
+    /// `None` when tied to the embedding.
+    lm_head: Option<Linear>,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    rope: Rope,
+    pub mtp: Option<MtpModule>,
+    /// Where the LM tensors live (`model.language_model.` or `model.`).
+    pub lm_prefix: String,
+    pub stored_bytes: usize,
+    pub stored_dtypes: Vec<String>,
+    pub load_seconds: f64,
+}
+
+fn load_layer(ld: &Loader, cfg: &ModelConfig, p: &str, kind: LayerKind, mlp: MlpKind) -> Result<DecoderLayer> {
+    let h = cfg.hidden_size;
+    let eps = cfg.rms_norm_eps;
+    let mixer = match kind {
+        LayerKind::LinearAttention => {
+            Mixer::Linear(GdnLayer::load(ld, &format!("{p}linear_attn."), &cfg.linear, h, eps, cfg.family)?)
+        }
+        LayerKind::FullAttention => Mixer::Attention(AttnLayer::load(
+            ld,
+            &format!("{p}self_attn."),
+            h,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            eps,
+        )?),
+    };
+    let mlp = match mlp {
+        MlpKind::Dense => {
+            let inter =
+                cfg.intermediate_size.ok_or_else(|| Error::Compute("dense MLP without intermediate_size".into()))?;
+            Mlp::Dense(DenseMlp::load(ld, &format!("{p}mlp."), h, inter)?)
+        }
+        MlpKind::Moe => {
+            let m = cfg.moe.as_ref().ok_or_else(|| Error::Compute("MoE layer without MoE config".into()))?;
+            Mlp::Moe(MoeBlock::load(
+                ld,
+                &format!("{p}mlp."),
+                h,
+                m.num_experts,
+                m.num_experts_per_tok,
+                m.moe_intermediate_size,
+                m.shared_expert_intermediate_size,
+                m.norm_topk_prob,
+            )?)
+        }
+    };
+    Ok(DecoderLayer {
+        input_norm: RmsNorm::zero_centred(&ld.get(&format!("{p}input_layernorm.weight"), &[h])?, eps),
+        mixer,
+        post_norm: RmsNorm::zero_centred(&ld.get(&format!("{p}post_attention_layernorm.weight"), &[h])?, eps),
+        mlp,
+    })
+}
+
+impl Model {
+    pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<Self> {
+        let started = Instant::now();
+        let config = super::read_config(source)?;
+        let store = WeightStore::open(source)?;
+        let ld = Loader { store: &store, precision: opts.precision };
+        let (v, h) = (config.vocab_size, config.hidden_size);
+
+        let expected_prefix = if config.nested { "model.language_model." } else { "model." };
+        let lm_prefix = ["model.language_model.", "model."]
+            .into_iter()
+            .find(|p| store.contains(&format!("{p}embed_tokens.weight")))
+            .ok_or_else(|| Error::MissingTensor {
+                name: format!("{expected_prefix}embed_tokens.weight"),
+                searched: format!("{} ({} tensors)", source.label(), store.names().count()),
+            })?
+            .to_string();
+        let p = &lm_prefix;
+        let embed = Linear::new(ld.get(&format!("{p}embed_tokens.weight"), &[v, h])?, v, h)?;
+        let lm_head = if store.contains("lm_head.weight") {
+            Some(Linear::new(ld.get("lm_head.weight", &[v, h])?, v, h)?)
+        } else if config.tie_word_embeddings {
+            None
+        } else {
+            return Err(Error::MissingTensor {
+                name: "lm_head.weight".into(),
+                searched: format!(
+                    "{} (tie_word_embeddings is false, so the checkpoint must carry its own LM head)",
+                    source.label()
+                ),
+            });
+        };
+        let layers = (0..config.num_hidden_layers)
+            .map(|i| load_layer(&ld, &config, &format!("{p}layers.{i}."), config.layer_types[i], config.mlp_kinds[i]))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = RmsNorm::zero_centred(&ld.get(&format!("{p}norm.weight"), &[h])?, config.rms_norm_eps);
+
+        let mtp = if !opts.skip_mtp && store.contains("mtp.fc.weight") {
+            let n = config.mtp_num_hidden_layers.max(1);
+            let eps = config.rms_norm_eps;
+            let mlp_kind = if config.family == Family::Qwen35 { MlpKind::Dense } else { MlpKind::Moe };
+            Some(MtpModule {
+                fc: Linear::new(ld.get("mtp.fc.weight", &[h, 2 * h])?, h, 2 * h)?,
+                pre_fc_norm_embedding: RmsNorm::zero_centred(&ld.get("mtp.pre_fc_norm_embedding.weight", &[h])?, eps),
+                pre_fc_norm_hidden: RmsNorm::zero_centred(&ld.get("mtp.pre_fc_norm_hidden.weight", &[h])?, eps),
+                layers: (0..n)
+                    .map(|i| load_layer(&ld, &config, &format!("mtp.layers.{i}."), LayerKind::FullAttention, mlp_kind))
+                    .collect::<Result<Vec<_>>>()?,
+                norm: RmsNorm::zero_centred(&ld.get("mtp.norm.weight", &[h])?, eps),
+            })
+        } else {
+            None
+        };
+        let unused = store
+            .names()
+            .filter(|n| {
+                !n.starts_with(p.as_str())
+                    && !n.starts_with("model.visual.")
+                    && !n.starts_with("mtp.")
+                    && *n != "lm_head.weight"
+            })
+            .count();
+        if unused > 0 {
+            tracing::warn!("{unused} tensors in {} are outside the language model and were not loaded", source.label());
+        }
+        Ok(Model {
+            rope: Rope::new(&config.rope),
+            precision: opts.precision,
+            source: source.clone(),
+            embed,
+            lm_head,
+            layers,
+            norm,
+            mtp,
+            lm_prefix,
+            stored_bytes: store.stored_bytes(),
+            stored_dtypes: store.dtype_names(),
+            load_seconds: started.elapsed().as_secs_f64(),
+            config,
+        })
+    }
+
+    pub fn new_state(&self) -> SequenceState {
+        SequenceState::new(&self.config)
+    }
+
+    /// The LM head shares the embedding matrix.
+    pub fn tied_embeddings(&self) -> bool {
+        self.lm_head.is_none()
+    }
+
+    /// Bytes the loaded weights occupy in memory (f32 on CPU), MTP included.
+    pub fn weight_bytes(&self) -> usize {
+        let head = self.lm_head.as_ref().map(Linear::weight_bytes).unwrap_or(0);
+        self.embed.weight_bytes()
+            + head
+            + self.layers.iter().map(DecoderLayer::weight_bytes).sum::<usize>()
+            + self.norm.dim() * 4
+            + self.mtp.as_ref().map(MtpModule::weight_bytes).unwrap_or(0)
+    }
+
+    /// Checks token ids and context length before anything is computed.
+    pub fn validate(&self, ids: &[u32], state: &SequenceState) -> Result<()> {
+        for (i, &id) in ids.iter().enumerate() {
+            if id as usize >= self.config.vocab_size {
+                return Err(Error::TokenOutOfRange {
+                    id,
+                    position: state.position + i,
+                    vocab_size: self.config.vocab_size,
+                });
+            }
+        }
+        let needed = state.position + ids.len();
+        if needed > self.config.max_position_embeddings {
+            return Err(Error::ContextOverflow { needed, max: self.config.max_position_embeddings });
+        }
+        Ok(())
+    }
+
+    fn embed_rows(&self, ids: &[u32]) -> Result<Mat> {
+        let h = self.config.hidden_size;
+        let mut data = Vec::with_capacity(ids.len() * h);
+        for &id in ids {
+            data.extend(self.embed.row(id as usize)?);
+        }
+        Ok(Mat::from_vec(ids.len(), h, data))
+    }
+
+    fn run_layer(&self, layer: &DecoderLayer, x: Mat, state: &mut LayerState, pos0: usize) -> Result<Mat> {
+        let prec = self.precision;
+        let n = layer.input_norm.forward(&x, prec);
+        let mixed = match (&layer.mixer, state) {
+            (Mixer::Linear(g), LayerState::Linear(s)) => g.forward(&n, s, prec)?,
+            (Mixer::Attention(a), LayerState::Attention(kv)) => a.forward(&n, pos0, kv, &self.rope, prec)?,
+            _ => return Err(Error::State("the state does not match the model's layer plan".into())),
+        };
+        let mut h = x;
+        for (a, b) in h.data.iter_mut().zip(&mixed.data) {
+            *a = prec.round(*a + b);
+        }
+        let n = layer.post_norm.forward(&h, prec);
+        let m = layer.mlp.forward(&n, prec)?;
+        for (a, b) in h.data.iter_mut().zip(&m.data) {
+            *a = prec.round(*a + b);
+        }
+        Ok(h)
+    }
+
+    /// Logits of the given rows of post-norm hidden states.
+    pub fn logits_of(&self, hidden: &Mat) -> Result<Mat> {
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        head.forward(hidden, self.precision)
+    }
+
+    /// Runs `ids` (at positions `state.position..`) through the model, advancing `state`.
+    pub fn forward(&self, ids: &[u32], state: &mut SequenceState, opts: ForwardOptions) -> Result<ForwardOutput> {
+        if ids.is_empty() {
+            return Err(Error::InvalidArgument("forward needs at least one token".into()));
+        }
+        self.validate(ids, state)?;
+        if state.layers.len() != self.layers.len() {
+            return Err(Error::State(format!(
+                "state has {} layers, the model {}",
+                state.layers.len(),
+                self.layers.len()
+            )));
+        }
+        let pos0 = state.position;
+        let mut h = self.embed_rows(ids)?;
+        let mut norms = opts.hidden_norms.then(Vec::new);
+        for (layer, ls) in self.layers.iter().zip(state.layers.iter_mut()) {
+            h = self.run_layer(layer, h, ls, pos0)?;
+            if let Some(n) = norms.as_mut() {
+                n.push(row_norms(&h));
+            }
+        }
+        let hidden = self.norm.forward(&h, self.precision);
+        if let Some(n) = norms.as_mut() {
+            n.push(row_norms(&hidden));
+        }
+        state.position += ids.len();
+        let logits = match opts.logits {
+            LogitsRows::All => self.logits_of(&hidden)?,
+            LogitsRows::Last => self.logits_of(&hidden.gather_rows(&[hidden.rows - 1]))?,
+        };
+        Ok(ForwardOutput { logits, hidden_norms: norms, hidden })
+    }
+}
+
+fn row_norms(m: &Mat) -> Vec<f32> {
+    (0..m.rows).map(|r| m.row(r).iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt() as f32).collect()
+}

@@ -1,0 +1,188 @@
+//! The feed-forward blocks: the dense SwiGLU MLP, and the sparse MoE block (top-k router with
+//! optional renormalisation, experts accumulated in ascending id order, sigmoid-gated shared
+//! expert), model-spec §5.2–§5.3.
+
+use super::load::Loader;
+use super::tensor::{Linear, Mat, Precision, sigmoid, silu};
+use crate::error::{Error, Result};
+
+pub struct DenseMlp {
+    inter: usize,
+    /// Fused `[gate_proj ; up_proj]`.
+    gate_up: Linear,
+    down: Linear,
+}
+
+impl DenseMlp {
+    pub fn load(ld: &Loader, p: &str, hidden: usize, inter: usize) -> Result<Self> {
+        let gate_up = Linear::fused(
+            vec![
+                (ld.get(&format!("{p}gate_proj.weight"), &[inter, hidden])?, inter),
+                (ld.get(&format!("{p}up_proj.weight"), &[inter, hidden])?, inter),
+            ],
+            hidden,
+        )?;
+        let down = Linear::new(ld.get(&format!("{p}down_proj.weight"), &[hidden, inter])?, hidden, inter)?;
+        Ok(DenseMlp { inter, gate_up, down })
+    }
+
+    /// From already fused `gate_up [2I, H]` and `down [H, I]` weights.
+    fn from_fused(gate_up: Vec<f32>, down: Vec<f32>, hidden: usize, inter: usize) -> Result<Self> {
+        Ok(DenseMlp {
+            inter,
+            gate_up: Linear::new(gate_up, 2 * inter, hidden)?,
+            down: Linear::new(down, hidden, inter)?,
+        })
+    }
+
+    pub fn weight_bytes(&self) -> usize {
+        self.gate_up.weight_bytes() + self.down.weight_bytes()
+    }
+
+    pub fn forward(&self, x: &Mat, prec: Precision) -> Result<Mat> {
+        let gu = self.gate_up.forward(x, prec)?;
+        let i = self.inter;
+        let mut h = Mat::zeros(x.rows, i);
+        for t in 0..x.rows {
+            let (g, u) = gu.row(t).split_at(i);
+            for (o, (g, u)) in h.row_mut(t).iter_mut().zip(g.iter().zip(u)) {
+                *o = prec.round(prec.round(silu(*g)) * u);
+            }
+        }
+        self.down.forward(&h, prec)
+    }
+}
+
+pub struct MoeBlock {
+    top_k: usize,
+    norm_topk_prob: bool,
+    router: Linear,
+    experts: Vec<DenseMlp>,
+    shared: DenseMlp,
+    shared_gate: Linear,
+}
+
+impl MoeBlock {
+    #[allow(clippy::too_many_arguments)]
+    pub fn load(
+        ld: &Loader,
+        p: &str,
+        hidden: usize,
+        experts: usize,
+        top_k: usize,
+        inter: usize,
+        shared_inter: usize,
+        norm_topk_prob: bool,
+    ) -> Result<Self> {
+        let router = Linear::new(ld.get(&format!("{p}gate.weight"), &[experts, hidden])?, experts, hidden)?;
+        let fused = format!("{p}experts.gate_up_proj");
+        let list = if ld.has(&fused) {
+            // Fused layout (Qwen3.5-MoE checkpoints): [E, 2I, H] (gate rows, then up) and [E, H, I].
+            let gu = ld.get(&fused, &[experts, 2 * inter, hidden])?;
+            let dn = ld.get(&format!("{p}experts.down_proj"), &[experts, hidden, inter])?;
+            let (gsz, dsz) = (2 * inter * hidden, hidden * inter);
+            (0..experts)
+                .map(|e| {
+                    DenseMlp::from_fused(
+                        gu[e * gsz..(e + 1) * gsz].to_vec(),
+                        dn[e * dsz..(e + 1) * dsz].to_vec(),
+                        hidden,
+                        inter,
+                    )
+                })
+                .collect::<Result<Vec<_>>>()?
+        } else if ld.has(&format!("{p}experts.0.gate_proj.weight")) {
+            // One tensor per expert (Qwen3-Next checkpoints).
+            (0..experts)
+                .map(|e| DenseMlp::load(ld, &format!("{p}experts.{e}."), hidden, inter))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            return Err(Error::MissingTensor {
+                name: format!("{fused} (or {p}experts.0.gate_proj.weight)"),
+                searched: "the checkpoint's safetensors files".into(),
+            });
+        };
+        Ok(MoeBlock {
+            top_k,
+            norm_topk_prob,
+            router,
+            experts: list,
+            shared: DenseMlp::load(ld, &format!("{p}shared_expert."), hidden, shared_inter)?,
+            shared_gate: Linear::new(ld.get(&format!("{p}shared_expert_gate.weight"), &[1, hidden])?, 1, hidden)?,
+        })
+    }
+
+    pub fn weight_bytes(&self) -> usize {
+        self.router.weight_bytes()
+            + self.experts.iter().map(DenseMlp::weight_bytes).sum::<usize>()
+            + self.shared.weight_bytes()
+            + self.shared_gate.weight_bytes()
+    }
+
+    pub fn forward(&self, x: &Mat, prec: Precision) -> Result<Mat> {
+        let (t_len, hidden) = (x.rows, x.cols);
+        let logits = self.router.forward(x, prec)?;
+        // Per token: softmax in f32, top-k, optional renormalisation, weights in the activation dtype.
+        let mut routed: Vec<Vec<(usize, f32)>> = vec![vec![]; self.experts.len()];
+        for t in 0..t_len {
+            let l = logits.row(t);
+            let max = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let exps: Vec<f32> = l.iter().map(|v| (v - max).exp()).collect();
+            let sum: f32 = exps.iter().sum();
+            let probs: Vec<f32> = exps.iter().map(|e| e / sum).collect();
+            let mut order: Vec<usize> = (0..probs.len()).collect();
+            order.sort_by(|a, b| probs[*b].total_cmp(&probs[*a]).then(a.cmp(b)));
+            let top = &order[..self.top_k];
+            let total: f32 = top.iter().map(|&e| probs[e]).sum();
+            for &e in top {
+                let w = if self.norm_topk_prob { probs[e] / total } else { probs[e] };
+                routed[e].push((t, prec.round(w)));
+            }
+        }
+        let mut acc = Mat::zeros(t_len, hidden);
+        for (e, toks) in routed.iter().enumerate() {
+            if toks.is_empty() {
+                continue;
+            }
+            let idx: Vec<usize> = toks.iter().map(|(t, _)| *t).collect();
+            let y = self.experts[e].forward(&x.gather_rows(&idx), prec)?;
+            for (r, (t, w)) in toks.iter().enumerate() {
+                for (a, v) in acc.row_mut(*t).iter_mut().zip(y.row(r)) {
+                    *a = prec.round(*a + prec.round(v * w));
+                }
+            }
+        }
+        let shared = self.shared.forward(x, prec)?;
+        let gate = self.shared_gate.forward(x, prec)?;
+        for t in 0..t_len {
+            let g = prec.round(sigmoid(gate.row(t)[0]));
+            let s = shared.row(t);
+            for (a, v) in acc.row_mut(t).iter_mut().zip(s) {
+                *a = prec.round(*a + prec.round(g * v));
+            }
+        }
+        Ok(acc)
+    }
+}
+
+/// A layer's feed-forward block.
+pub enum Mlp {
+    Dense(DenseMlp),
+    Moe(MoeBlock),
+}
+
+impl Mlp {
+    pub fn forward(&self, x: &Mat, prec: Precision) -> Result<Mat> {
+        match self {
+            Mlp::Dense(m) => m.forward(x, prec),
+            Mlp::Moe(m) => m.forward(x, prec),
+        }
+    }
+
+    pub fn weight_bytes(&self) -> usize {
+        match self {
+            Mlp::Dense(m) => m.weight_bytes(),
+            Mlp::Moe(m) => m.weight_bytes(),
+        }
+    }
+}

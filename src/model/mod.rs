@@ -1,0 +1,34 @@
+//! The model: pure compute over explicit state (design §3). It knows nothing of text, sampling,
+//! budgets or UI.
+
+pub mod attention;
+pub mod config;
+pub mod gdn;
+pub mod hybrid;
+pub mod load;
+pub mod mlp;
+pub mod norm;
+pub mod plan;
+pub mod rope;
+pub mod source;
+pub mod state;
+pub mod tensor;
+pub mod weights;
+
+pub use config::{Family, LayerKind, MlpKind, ModelConfig};
+pub use hybrid::{ForwardOptions, ForwardOutput, LoadOptions, LogitsRows, Model};
+pub use source::{EmbeddedModel, ModelSource};
+pub use state::{SequenceState, StateBytes, StateSnapshot};
+pub use tensor::{Mat, Precision};
+
+use crate::error::{Error, Result};
+
+/// Reads and parses the model's `config.json`.
+pub fn read_config(source: &ModelSource) -> Result<ModelConfig> {
+    let text = source.read_string("config.json")?.ok_or_else(|| Error::MissingFile {
+        dir: source.dir(),
+        file: "config.json".into(),
+        hint: "a Hugging Face model directory holds config.json, *.safetensors and tokenizer.json".into(),
+    })?;
+    ModelConfig::from_json_str(&text, &source.file_label("config.json"))
+}

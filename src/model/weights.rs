@@ -1,0 +1,177 @@
+//! Safetensors checkpoints: single file or sharded through `model.safetensors.index.json`,
+//! memory-mapped, BF16 / F16 / F32 storage. Tensors are looked up by their full checkpoint name;
+//! the model decides the prefixes (`model.language_model.`, `model.`, `mtp.`).
+
+use std::collections::{BTreeMap, HashMap};
+
+use safetensors::{Dtype, SafeTensors};
+
+use super::source::{FileBytes, ModelSource};
+use crate::error::{Error, Result};
+
+const INDEX_FILE: &str = "model.safetensors.index.json";
+const SINGLE_FILE: &str = "model.safetensors";
+
+struct Shard {
+    /// File name inside the model directory.
+    name: String,
+    bytes: FileBytes,
+    /// Offset of the data section (after the 8-byte length and the JSON header).
+    data_start: usize,
+}
+
+struct Entry {
+    shard: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    start: usize,
+    end: usize,
+}
+
+pub struct WeightStore {
+    source: ModelSource,
+    shards: Vec<Shard>,
+    index: HashMap<String, Entry>,
+}
+
+impl WeightStore {
+    pub fn open(source: &ModelSource) -> Result<Self> {
+        let mut store = WeightStore { source: source.clone(), shards: vec![], index: HashMap::new() };
+        if let Some(index) = source.read_json(INDEX_FILE)? {
+            let file = source.file_label(INDEX_FILE);
+            let map = index
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| Error::field(&file, "weight_map", "missing or not an object"))?;
+            // Open every shard the index names, in a stable order.
+            let mut by_file: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+            for (tensor, f) in map {
+                let f = f
+                    .as_str()
+                    .ok_or_else(|| Error::field(&file, &format!("weight_map.{tensor}"), "expected a file name"))?;
+                by_file.entry(f).or_default().push(tensor);
+            }
+            for (fname, tensors) in by_file {
+                if !source.exists(fname) {
+                    return Err(Error::MissingFile {
+                        dir: source.dir(),
+                        file: fname.to_string(),
+                        hint: format!("{INDEX_FILE} maps {} tensors to it", tensors.len()),
+                    });
+                }
+                let shard = store.add_shard(fname)?;
+                for t in tensors {
+                    if store.index.get(t).map(|e| e.shard) != Some(shard) {
+                        return Err(Error::MissingTensor {
+                            name: t.to_string(),
+                            searched: format!("{} (where {INDEX_FILE} says it is)", source.file_label(fname)),
+                        });
+                    }
+                }
+            }
+        } else if source.exists(SINGLE_FILE) {
+            store.add_shard(SINGLE_FILE)?;
+        } else {
+            return Err(Error::MissingFile {
+                dir: source.dir(),
+                file: SINGLE_FILE.into(),
+                hint: format!("a checkpoint needs {SINGLE_FILE}, or {INDEX_FILE} and its shards"),
+            });
+        }
+        Ok(store)
+    }
+
+    fn add_shard(&mut self, name: &str) -> Result<usize> {
+        let bytes = self.source.map(name)?;
+        let label = self.source.file_label(name);
+        let (header_len, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| Error::Safetensors {
+            file: label.clone(),
+            message: format!("{e} (is the file truncated or not a safetensors file?)"),
+        })?;
+        let shard = self.shards.len();
+        for (tname, info) in meta.tensors() {
+            let (start, end) = info.data_offsets;
+            self.index.insert(tname, Entry { shard, dtype: info.dtype, shape: info.shape.clone(), start, end });
+        }
+        self.shards.push(Shard { name: name.to_string(), bytes, data_start: 8 + header_len });
+        Ok(shard)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    pub fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.index.get(name).map(|e| e.shape.as_slice())
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.index.keys().map(String::as_str)
+    }
+
+    /// Total bytes of tensor data across the shards, and the count per storage dtype.
+    pub fn stored_bytes(&self) -> usize {
+        self.index.values().map(|e| e.end - e.start).sum()
+    }
+
+    pub fn dtype_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.index.values().map(|e| format!("{:?}", e.dtype)).collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    fn searched(&self) -> String {
+        let files: Vec<String> = self.shards.iter().map(|s| self.source.file_label(&s.name)).collect();
+        files.join(", ")
+    }
+
+    fn entry(&self, name: &str) -> Result<&Entry> {
+        self.index.get(name).ok_or_else(|| Error::MissingTensor { name: name.to_string(), searched: self.searched() })
+    }
+
+    /// Reads a tensor as f32, checking its shape against `expected`.
+    pub fn load_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
+        let e = self.entry(name)?;
+        let shard = &self.shards[e.shard];
+        if e.shape != expected {
+            return Err(Error::TensorShape {
+                file: self.source.file_label(&shard.name),
+                name: name.to_string(),
+                expected: expected.to_vec(),
+                found: e.shape.clone(),
+            });
+        }
+        let bytes = &shard.bytes[shard.data_start + e.start..shard.data_start + e.end];
+        let n: usize = e.shape.iter().product();
+        let out: Vec<f32> = match e.dtype {
+            Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+                .collect(),
+            Dtype::F16 => {
+                bytes.chunks_exact(2).map(|b| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()).collect()
+            }
+            other => {
+                return Err(Error::TensorDtype {
+                    file: self.source.file_label(&shard.name),
+                    name: name.to_string(),
+                    found: format!("{other:?}"),
+                });
+            }
+        };
+        if out.len() != n {
+            // read_metadata validated the offsets; a mismatch here means a corrupt header.
+            return Err(Error::Safetensors {
+                file: self.source.file_label(&shard.name),
+                message: format!(
+                    "tensor `{name}` holds {} bytes, which does not match its shape {:?}",
+                    bytes.len(),
+                    e.shape
+                ),
+            });
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,232 @@
+//! Bad input gets a specific error — naming the file, tensor or field, with expected vs found —
+//! a non-zero exit, and no panic. Each case breaks a copy of a fixture and runs the real binary.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use tempfile::TempDir;
+
+fn fixture_copy(name: &str) -> TempDir {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+    }
+    dir
+}
+
+/// Runs the binary; asserts a failure exit without a panic and returns stderr.
+fn fails(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope")).args(args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "expected failure for {args:?}, stdout: {}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    err
+}
+
+fn run_args(dir: &Path) -> Vec<String> {
+    vec![
+        "run".into(),
+        "--model".into(),
+        dir.display().to_string(),
+        "--prompt".into(),
+        "Hi".into(),
+        "--max-tokens".into(),
+        "2".into(),
+    ]
+}
+
+fn fails_run(dir: &Path) -> String {
+    let a = run_args(dir);
+    fails(&a.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+fn edit_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+}
+
+/// Rewrites `model.safetensors` through `f(name, shape, bytes) -> Option<(shape, bytes)>`.
+fn edit_tensors(path: &Path, f: impl Fn(&str, &[usize], &[u8]) -> Option<(Vec<usize>, Vec<u8>)>) {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut kept: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = vec![];
+    for (name, view) in st.tensors() {
+        if let Some((shape, data)) = f(&name, view.shape(), view.data()) {
+            kept.push((name, view.dtype(), shape, data));
+        }
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = kept
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, path).unwrap();
+}
+
+#[test]
+fn missing_config() {
+    let dir = fixture_copy("qwen3_5_text");
+    std::fs::remove_file(dir.path().join("config.json")).unwrap();
+    let err = fails_run(dir.path());
+    assert!(err.contains("no config.json"), "{err}");
+    let err = fails(&["inspect", "--model", dir.path().to_str().unwrap()]);
+    assert!(err.contains("no config.json"), "{err}");
+}
+
+#[test]
+fn invalid_config_json() {
+    let dir = fixture_copy("qwen3_5_text");
+    std::fs::write(dir.path().join("config.json"), "{\"model_type\": ").unwrap();
+    let err = fails_run(dir.path());
+    assert!(err.contains("config.json: invalid JSON"), "{err}");
+}
+
+#[test]
+fn unknown_model_type() {
+    let dir = fixture_copy("qwen3_5_text");
+    edit_json(&dir.path().join("config.json"), |v| v["model_type"] = "llama".into());
+    let err = fails_run(dir.path());
+    assert!(err.contains("config.json: unknown model_type \"llama\""), "{err}");
+}
+
+#[test]
+fn bad_config_field_names_the_field() {
+    let dir = fixture_copy("qwen3_5_vl");
+    edit_json(&dir.path().join("config.json"), |v| v["text_config"]["linear_num_value_heads"] = 5.into());
+    let err = fails_run(dir.path());
+    assert!(
+        err.contains("text_config.linear_num_value_heads") && err.contains("not a multiple of linear_num_key_heads 2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn missing_tensor() {
+    let dir = fixture_copy("qwen3_5_text");
+    edit_tensors(&dir.path().join("model.safetensors"), |n, s, b| {
+        (n != "model.layers.1.linear_attn.A_log").then(|| (s.to_vec(), b.to_vec()))
+    });
+    let err = fails_run(dir.path());
+    assert!(
+        err.contains("tensor `model.layers.1.linear_attn.A_log` not found") && err.contains("model.safetensors"),
+        "{err}"
+    );
+}
+
+#[test]
+fn missing_lm_head_of_an_untied_model() {
+    let dir = fixture_copy("qwen3_next");
+    edit_tensors(&dir.path().join("model.safetensors"), |n, s, b| {
+        (n != "lm_head.weight").then(|| (s.to_vec(), b.to_vec()))
+    });
+    let err = fails_run(dir.path());
+    assert!(err.contains("`lm_head.weight` not found") && err.contains("tie_word_embeddings is false"), "{err}");
+}
+
+#[test]
+fn shape_mismatch() {
+    let dir = fixture_copy("qwen3_5_text");
+    edit_tensors(&dir.path().join("model.safetensors"), |n, s, b| {
+        if n == "model.layers.3.self_attn.k_proj.weight" {
+            // Drop one output row: [24, 48] -> [23, 48] (f32).
+            Some((vec![s[0] - 1, s[1]], b[..(s[0] - 1) * s[1] * 4].to_vec()))
+        } else {
+            Some((s.to_vec(), b.to_vec()))
+        }
+    });
+    let err = fails_run(dir.path());
+    assert!(
+        err.contains(
+            "model.safetensors: tensor `model.layers.3.self_attn.k_proj.weight` has shape [23, 48], expected [24, 48]"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn truncated_safetensors() {
+    let dir = fixture_copy("qwen3_5_text");
+    let p = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&p).unwrap();
+    std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
+    let err = fails_run(dir.path());
+    assert!(err.contains("model.safetensors: not a valid safetensors file") && err.contains("truncated"), "{err}");
+    // A file too short to hold even the header length.
+    std::fs::write(&p, b"abc").unwrap();
+    let err = fails_run(dir.path());
+    assert!(err.contains("model.safetensors: not a valid safetensors file"), "{err}");
+}
+
+#[test]
+fn missing_shard() {
+    let dir = fixture_copy("qwen3_5_vl");
+    std::fs::remove_file(dir.path().join("model-00002-of-00002.safetensors")).unwrap();
+    let err = fails_run(dir.path());
+    assert!(
+        err.contains("no model-00002-of-00002.safetensors") && err.contains("model.safetensors.index.json maps"),
+        "{err}"
+    );
+}
+
+#[test]
+fn missing_weights() {
+    let dir = fixture_copy("qwen3_5_text");
+    std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
+    let err = fails_run(dir.path());
+    assert!(err.contains("no model.safetensors"), "{err}");
+}
+
+#[test]
+fn missing_tokenizer() {
+    let dir = fixture_copy("qwen3_5_text");
+    std::fs::remove_file(dir.path().join("tokenizer.json")).unwrap();
+    let err = fails_run(dir.path());
+    assert!(err.contains("no tokenizer.json"), "{err}");
+}
+
+#[test]
+fn corrupt_tokenizer() {
+    let dir = fixture_copy("qwen3_5_text");
+    std::fs::write(dir.path().join("tokenizer.json"), "{\"model\": 3}").unwrap();
+    let err = fails_run(dir.path());
+    assert!(err.contains("tokenizer.json:"), "{err}");
+}
+
+#[test]
+fn token_id_out_of_range() {
+    let dir = fixture_copy("qwen3_5_text");
+    let m = dir.path().to_str().unwrap();
+    let err = fails(&["run", "--model", m, "--prompt-ids", "1,2,99999", "--max-tokens", "2"]);
+    assert!(err.contains("token id 99999 at position 2 is out of range") && err.contains("512 entries"), "{err}");
+    let err = fails(&["logits", "--model", m, "--ids", "5,512"]);
+    assert!(err.contains("token id 512 at position 1 is out of range"), "{err}");
+    let err = fails(&["logits", "--model", m, "--ids", "5,x"]);
+    assert!(err.contains("`x` is not a token id"), "{err}");
+}
+
+#[test]
+fn prompt_longer_than_the_context() {
+    let dir = fixture_copy("qwen3_5_text");
+    edit_json(&dir.path().join("config.json"), |v| v["max_position_embeddings"] = 16.into());
+    let m = dir.path().to_str().unwrap();
+    let ids: Vec<String> = (1..=20).map(|i| i.to_string()).collect();
+    let err = fails(&["logits", "--model", m, "--ids", &ids.join(",")]);
+    assert!(err.contains("would hold 20 tokens but the model's context is 16 tokens"), "{err}");
+    // The prompt fits, but not with max_tokens on top.
+    let err = fails(&["run", "--model", m, "--prompt-ids", "1,2,3,4,5,6,7,8,9,10", "--max-tokens", "10"]);
+    assert!(
+        err.contains("would hold 20 tokens but the model's context is 16 tokens") && err.contains("max_tokens"),
+        "{err}"
+    );
+}
+
+#[test]
+fn template_error_is_reported() {
+    let dir = fixture_copy("qwen3_5_vl");
+    std::fs::write(dir.path().join("chat_template.jinja"), "{% for m in messages %}{{ m.content }").unwrap();
+    let err = fails_run(dir.path());
+    assert!(err.contains("chat template") && err.contains("chat_template.jinja"), "{err}");
+}

@@ -1,0 +1,176 @@
+//! The headless commands end to end, through the real binary: `run --json` events, `run
+//! --dry-run`, `logits --json`, `inspect`.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn fixture(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name).display().to_string()
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope")).args(args).output().unwrap();
+    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn events(args: &[&str]) -> Vec<Value> {
+    ok(args).lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}"))).collect()
+}
+
+fn golden(name: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(PathBuf::from(fixture(name)).join("golden.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn run_json_emits_start_tokens_and_done() {
+    let m = fixture("qwen3_5_vl");
+    let ev = events(&["run", "--model", &m, "--prompt", "Hello, what is 2 + 2?", "--max-tokens", "8", "--json"]);
+    assert_eq!(ev[0]["event"], "start");
+    assert_eq!(ev[0]["prompt_tokens"], 31);
+    // The prompt ends inside `<think>`: generation starts in the thinking phase.
+    assert_eq!(ev[0]["phase"], "thinking");
+    assert_eq!(ev[0]["params"]["max_tokens"], 8);
+    let tokens: Vec<&Value> = ev.iter().filter(|e| e["event"] == "token").collect();
+    assert_eq!(tokens.len(), 8);
+    for (i, t) in tokens.iter().enumerate() {
+        assert_eq!(t["index"], i);
+        assert!(t["id"].is_u64() && t["logprob"].as_f64().unwrap() <= 0.0);
+        assert_eq!(t["draft"], "none");
+        assert_eq!(t["forced"], false);
+        assert!(t["phase"] == "thinking" || t["phase"] == "answer");
+    }
+    let done = ev.last().unwrap();
+    assert_eq!(done["event"], "done");
+    assert_eq!(done["finish_reason"], "length");
+    let u = &done["usage"];
+    assert_eq!(u["prompt_tokens"], 31);
+    assert_eq!(u["completion_tokens"], 8);
+    assert_eq!(u["thinking_tokens"].as_u64().unwrap() + u["answer_tokens"].as_u64().unwrap(), 8);
+    assert!(done["timing"]["ttft_ms"].as_f64().unwrap() > 0.0);
+    assert!(done["timing"]["decode_tok_s"].as_f64().unwrap() > 0.0);
+    assert!(done["memory"]["weights_bytes"].as_u64().unwrap() > 0);
+    assert!(
+        done["memory"]["kv_bytes"].as_u64().unwrap() > 0 && done["memory"]["recurrent_bytes"].as_u64().unwrap() > 0
+    );
+    // The token texts reassemble the thinking and the answer.
+    let text: String = tokens.iter().map(|t| t["text"].as_str().unwrap()).collect();
+    assert_eq!(text, format!("{}{}", done["thinking"].as_str().unwrap(), done["answer"].as_str().unwrap()));
+}
+
+#[test]
+fn run_greedy_reproduces_the_reference_continuation() {
+    // End to end through the engine thread: greedy tokens == transformers' (f32).
+    let g = golden("qwen3_next");
+    let p = &g["prompts"][3]; // long_raw: prefill crosses five 64-token chunks
+    let ids: Vec<String> = p["ids"].as_array().unwrap().iter().map(|v| v.to_string()).collect();
+    let want: Vec<u64> = p["f32"]["greedy"].as_array().unwrap().iter().map(|s| s["id"].as_u64().unwrap()).collect();
+    let m = fixture("qwen3_next");
+    let ev = events(&["run", "--model", &m, "--prompt-ids", &ids.join(","), "--max-tokens", "32", "--json"]);
+    let got: Vec<u64> = ev.iter().filter(|e| e["event"] == "token").map(|e| e["id"].as_u64().unwrap()).collect();
+    // The reference never stops (no EOS); ours stops at a stop id, so compare up to there.
+    assert_eq!(got[..], want[..got.len()]);
+    let done = ev.last().unwrap();
+    if got.len() < 32 {
+        assert_eq!(done["finish_reason"], "stop");
+    } else {
+        assert_eq!(done["finish_reason"], "length");
+    }
+}
+
+#[test]
+fn no_think_starts_in_the_answer_phase() {
+    let m = fixture("qwen3_5_vl");
+    let ev = events(&["run", "--model", &m, "--prompt", "Hi", "--no-think", "--max-tokens", "3", "--json"]);
+    assert_eq!(ev[0]["phase"], "answer");
+    let dry = ok(&["run", "--model", &m, "--prompt", "Hi", "--no-think", "--dry-run"]);
+    assert!(dry.contains("<|im_start|>assistant\n<think>\n\n</think>\n\n"), "{dry}");
+}
+
+#[test]
+fn dry_run_shows_the_rendered_prompt_and_ids() {
+    let m = fixture("qwen3_5_vl");
+    let out = ok(&["run", "--model", &m, "--prompt", "Is 91 prime?", "--system", "Be brief.", "--dry-run"]);
+    assert!(out.contains("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nIs 91 prime?<|im_end|>\n<|im_start|>assistant\n<think>\n"), "{out}");
+    assert!(out.contains("chat_template.jinja"), "names the template source: {out}");
+    let v: Value =
+        serde_json::from_str(ok(&["run", "--model", &m, "--prompt", "Is 91 prime?", "--dry-run", "--json"]).trim())
+            .unwrap();
+    let n = v["ids"].as_array().unwrap().len();
+    assert_eq!(v["prompt_tokens"], n);
+    assert!(v["prompt"].as_str().unwrap().ends_with("<think>\n"));
+    // --raw skips the template.
+    let v: Value = serde_json::from_str(
+        ok(&["run", "--model", &m, "--prompt", "plain text", "--raw", "--dry-run", "--json"]).trim(),
+    )
+    .unwrap();
+    assert_eq!(v["prompt"], "plain text");
+}
+
+#[test]
+fn logits_json_matches_the_reference() {
+    let g = golden("qwen3_5_moe");
+    let p = &g["prompts"][0]; // chat_think: "Hello, what is 2 + 2?" through the template
+    let m = fixture("qwen3_5_moe");
+    let v: Value = serde_json::from_str(
+        ok(&["logits", "--model", &m, "--text", "Hello, what is 2 + 2?", "--top", "20", "--json"]).trim(),
+    )
+    .unwrap();
+    assert_eq!(v["ids"], p["ids"]);
+    let top = v["top"].as_array().unwrap();
+    assert_eq!(top.len(), 20);
+    let want = p["f32"]["top20"].as_array().unwrap();
+    for (ours, theirs) in top.iter().zip(want) {
+        assert_eq!(ours["id"], theirs[0]);
+        assert!((ours["logit"].as_f64().unwrap() - theirs[1].as_f64().unwrap()).abs() < 1e-4);
+        assert!(ours["text"].is_string());
+    }
+    // Sorted, highest first.
+    assert!(top.windows(2).all(|w| w[0]["logit"].as_f64() >= w[1]["logit"].as_f64()));
+    // The same through --ids and --raw.
+    let ids: Vec<String> = p["ids"].as_array().unwrap().iter().map(|v| v.to_string()).collect();
+    let v2: Value =
+        serde_json::from_str(ok(&["logits", "--model", &m, "--ids", &ids.join(","), "--top", "3", "--json"]).trim())
+            .unwrap();
+    assert_eq!(v2["top"][0], top[0]);
+    let human = ok(&["logits", "--model", &m, "--text", "Hello", "--top", "3"]);
+    assert!(human.contains("rank") && human.lines().count() == 5, "{human}");
+}
+
+#[test]
+fn inspect_qwen36_27b_from_config_alone() {
+    let cfg = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/qwen3_6_27b");
+    let out = ok(&["inspect", "--model", cfg.to_str().unwrap()]);
+    for want in [
+        "64: 48 GDN + 16 full attention",
+        "GGGA GGGA",
+        "24 Q / 4 KV heads × 256 (GQA 6)",
+        "16 QK / 48 V heads × 128/128 (ratio 3)",
+        "26.90 B (26895998464)",
+        "53.79 GB (50.10 GiB) as bf16",
+        "64.00 KiB / token",
+        "32k 2.00 GiB",
+        "262144 16.00 GiB",
+        "146.81 MiB / sequence",
+        "conv 61440 B bf16 + SSM 3145728 B f32",
+        "MTP cost     424.70 M params",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in:\n{out}");
+    }
+    let v: Value =
+        serde_json::from_str(&ok(&["inspect", "--model", cfg.join("config.json").to_str().unwrap(), "--json"]))
+            .unwrap();
+    assert_eq!(v["plan_bf16"]["params"]["total"], 26_895_998_464u64);
+    assert_eq!(v["plan_bf16"]["recurrent_bytes_per_sequence"], 153_944_064u64);
+    assert_eq!(v["weights_found"], false);
+}
+
+#[test]
+fn inspect_sees_mtp_tensors_in_a_checkpoint() {
+    let out = ok(&["inspect", "--model", &fixture("qwen3_5_vl")]);
+    assert!(out.contains("MTP          present"), "{out}");
+    let out = ok(&["inspect", "--model", &fixture("qwen3_next")]);
+    assert!(out.contains("ggGa") && out.contains("MTP          absent"), "{out}");
+}
