@@ -138,40 +138,41 @@ impl GdnLayer {
         let (dk, dv, r) = (c.key_head_dim, c.value_head_dim, c.head_ratio());
         let kd = c.key_dim();
         let scale = (dk as f32).powf(-0.5);
-        let heads: Vec<Vec<f32>> = state
-            .ssm
-            .par_chunks_mut(dk * dv)
-            .enumerate()
-            .map(|(h, s)| {
-                let kh = h / r;
-                let mut q = Vec::with_capacity(t_len * dk);
-                let mut kk = Vec::with_capacity(t_len * dk);
-                let mut v = Vec::with_capacity(t_len * dv);
-                for t in 0..t_len {
-                    let row = qkv.row(t);
-                    q.extend_from_slice(&row[kh * dk..(kh + 1) * dk]);
-                    kk.extend_from_slice(&row[kd + kh * dk..kd + (kh + 1) * dk]);
-                    v.extend_from_slice(&row[2 * kd + h * dv..2 * kd + (h + 1) * dv]);
+        let head = |(h, s): (usize, &mut [f32])| -> Vec<f32> {
+            let kh = h / r;
+            let mut q = Vec::with_capacity(t_len * dk);
+            let mut kk = Vec::with_capacity(t_len * dk);
+            let mut v = Vec::with_capacity(t_len * dv);
+            for t in 0..t_len {
+                let row = qkv.row(t);
+                q.extend_from_slice(&row[kh * dk..(kh + 1) * dk]);
+                kk.extend_from_slice(&row[kd + kh * dk..kd + (kh + 1) * dk]);
+                v.extend_from_slice(&row[2 * kd + h * dv..2 * kd + (h + 1) * dv]);
+            }
+            for t in 0..t_len {
+                l2norm(&mut q[t * dk..(t + 1) * dk]);
+                l2norm(&mut kk[t * dk..(t + 1) * dk]);
+            }
+            let gh: Vec<f32> = (0..t_len).map(|t| g[t * hv + h]).collect();
+            let bh: Vec<f32> = (0..t_len).map(|t| beta[t * hv + h]).collect();
+            if t_len == 1 {
+                for x in &mut q {
+                    *x /= (dk as f32).sqrt();
                 }
-                for t in 0..t_len {
-                    l2norm(&mut q[t * dk..(t + 1) * dk]);
-                    l2norm(&mut kk[t * dk..(t + 1) * dk]);
+                recurrent_head(&q, &kk, &v, &gh, &bh, s, dk, dv)
+            } else {
+                for x in &mut q {
+                    *x *= scale;
                 }
-                let gh: Vec<f32> = (0..t_len).map(|t| g[t * hv + h]).collect();
-                let bh: Vec<f32> = (0..t_len).map(|t| beta[t * hv + h]).collect();
-                if t_len == 1 {
-                    for x in &mut q {
-                        *x /= (dk as f32).sqrt();
-                    }
-                    recurrent_head(&q, &kk, &v, &gh, &bh, s, dk, dv)
-                } else {
-                    for x in &mut q {
-                        *x *= scale;
-                    }
-                    chunked_head(&q, &kk, &v, &gh, &bh, s, dk, dv)
-                }
-            })
-            .collect();
+                chunked_head(&q, &kk, &v, &gh, &bh, s, dk, dv)
+            }
+        };
+        // Threads only pay off once a head's work outweighs the hand-off (not for the demo model).
+        let heads: Vec<Vec<f32>> = if t_len * dk * dv < 1 << 14 {
+            state.ssm.chunks_mut(dk * dv).enumerate().map(head).collect()
+        } else {
+            state.ssm.par_chunks_mut(dk * dv).enumerate().map(head).collect()
+        };
 
         let mut normed = Mat::zeros(t_len, vd);
         for t in 0..t_len {

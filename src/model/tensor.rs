@@ -178,6 +178,9 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// of a GEMM: candle's GEMM runs m = 1 on one thread only (build-notes §2).
 const GEMV_MAX_ROWS: usize = 8;
 
+/// Weight elements below which a GEMV runs on the calling thread.
+const PARALLEL_MIN_WEIGHTS: usize = 1 << 16;
+
 /// A bias-free linear layer `y = x · Wᵀ` with `W: [out, in]` (PyTorch `nn.Linear` layout).
 pub struct Linear {
     pub out_features: usize,
@@ -242,8 +245,7 @@ impl Linear {
         // Output computed transposed ([out, rows]) so threads own contiguous blocks.
         let mut yt = vec![0f32; out * rows];
         self.with_weight(|w| {
-            let block = 64.max(out / (rayon::current_num_threads() * 8).max(1));
-            yt.par_chunks_mut(block * rows).enumerate().for_each(|(bi, chunk)| {
+            let block_fn = |(bi, chunk): (usize, &mut [f32]), block: usize| {
                 let o0 = bi * block;
                 for (j, yo) in chunk.chunks_mut(rows).enumerate() {
                     let wr = &w[(o0 + j) * inp..(o0 + j + 1) * inp];
@@ -251,7 +253,14 @@ impl Linear {
                         *v = dot(wr, x.row(r));
                     }
                 }
-            });
+            };
+            if out * inp < PARALLEL_MIN_WEIGHTS {
+                // Small layers (the demo model): a thread hand-off costs more than the work.
+                block_fn((0, &mut yt), out);
+            } else {
+                let block = 64.max(out / (rayon::current_num_threads() * 8).max(1));
+                yt.par_chunks_mut(block * rows).enumerate().for_each(|c| block_fn(c, block));
+            }
         })?;
         let mut y = vec![0f32; rows * out];
         for o in 0..out {
