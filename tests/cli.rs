@@ -174,3 +174,20 @@ fn inspect_sees_mtp_tensors_in_a_checkpoint() {
     let out = ok(&["inspect", "--model", &fixture("qwen3_next")]);
     assert!(out.contains("ggGa") && out.contains("MTP          absent"), "{out}");
 }
+
+#[test]
+fn builtin_chatml_when_the_model_ships_no_template() {
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(fixture("qwen3_5_vl")).unwrap() {
+        let e = e.unwrap();
+        if e.file_name() != "chat_template.jinja" {
+            std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+        }
+    }
+    let m = dir.path().to_str().unwrap();
+    let out = ok(&["run", "--model", m, "--prompt", " Hi ", "--system", "Be brief.", "--dry-run"]);
+    assert!(out.contains("built-in ChatML"), "{out}");
+    assert!(out.contains("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n---"), "{out}");
+    let out = ok(&["run", "--model", m, "--prompt", "Hi", "--no-think", "--dry-run"]);
+    assert!(out.contains("<|im_start|>assistant\n<think>\n\n</think>\n\n\n---"), "{out}");
+}

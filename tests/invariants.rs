@@ -157,3 +157,22 @@ fn snapshot_restore_is_bit_exact() {
         assert!(err.contains("stale"), "{err}");
     }
 }
+
+#[test]
+fn state_byte_accounting_is_exact() {
+    let model = fixture("qwen3_5_vl");
+    let c = &model.config;
+    let mut state = model.new_state();
+    model.forward(&prompt(37), &mut state, ForwardOptions::default()).unwrap();
+    let b = state.bytes();
+    let l = &c.linear;
+    let per_gdn = ((l.conv_kernel - 1) * l.conv_dim() + l.num_value_heads * l.key_head_dim * l.value_head_dim) * 4;
+    assert_eq!(b.recurrent_bytes, c.num_linear_layers() * per_gdn);
+    assert_eq!(b.kv_bytes, 37 * c.num_full_layers() * 2 * c.num_key_value_heads * c.head_dim * 4);
+    assert!(b.kv_capacity_bytes >= b.kv_bytes);
+    // One more token grows the KV cache by exactly one position; the recurrent state stays put.
+    model.forward(&[5], &mut state, ForwardOptions::default()).unwrap();
+    let b2 = state.bytes();
+    assert_eq!(b2.kv_bytes - b.kv_bytes, c.num_full_layers() * 2 * c.num_key_value_heads * c.head_dim * 4);
+    assert_eq!(b2.recurrent_bytes, b.recurrent_bytes);
+}

@@ -694,6 +694,18 @@ mod tests {
     }
 
     #[test]
+    fn text_only_moe_variant() {
+        let c = parse(serde_json::json!({"model_type": "qwen3_5_moe_text", "num_hidden_layers": 4})).unwrap();
+        assert_eq!(c.family, Family::Qwen35Moe);
+        assert!(!c.nested);
+        assert_eq!(c.mlp_kinds, vec![MlpKind::Moe; 4]);
+        let m = c.moe.unwrap();
+        assert_eq!((m.num_experts, m.num_experts_per_tok), (256, 8));
+        assert!(m.norm_topk_prob);
+        assert_eq!(c.intermediate_size, None);
+    }
+
+    #[test]
     fn errors_name_the_field() {
         let e = parse(serde_json::json!({"model_type": "llama"})).unwrap_err().to_string();
         assert!(e.contains("unknown model_type \"llama\""), "{e}");
