@@ -1,0 +1,592 @@
+#!/usr/bin/env python3
+"""Train deltascope's embedded demo model: a tiny Qwen3.5-architecture reasoning model.
+
+It writes models/demo/ — a real Hugging Face checkpoint (qwen3_5_text config, GDN and gated
+attention layers 3 : 1, tied embeddings, an MTP module with the tensor names of the published
+checkpoints), a byte-level BPE tokenizer with the Qwen special tokens, the Qwen3.5 chat template
+and generation_config.json — plus heldout.jsonl, the problems the tests grade it on.
+
+The corpus is synthetic and uses the real chat format:
+    <|im_start|>user\\n…<|im_end|>\\n<|im_start|>assistant\\n<think>\\n…\\n</think>\\n\\n…<|im_end|>
+Tasks whose thinking grows with difficulty: primality by trial division, column addition,
+digit-by-digit multiplication, counting a letter in a word, sorting by repeated minimum, and
+comparing numbers. A share of examples uses enable_thinking=false (the template's empty think
+block) and answers directly; another share cuts the thinking short with Qwen's budget-forcing
+sentence, so the model knows how to answer when a thinking budget runs out.
+
+The MTP module (mtp.fc, mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden, mtp.layers.0.*,
+mtp.norm) is trained to predict the token after next from the main model's final hidden state and
+the next token's embedding, exactly as vLLM / SGLang run it (model-spec §6).
+
+Set-up (CPU only, run from the repository root; about 55 minutes on 2 cores):
+
+    python3 -m venv .venv-demo
+    .venv-demo/bin/pip install torch==2.15.0 transformers==5.24.0 tokenizers==0.23.3 safetensors==0.8.0 numpy
+    .venv-demo/bin/python scripts/train_demo.py            # --steps N to change the length
+
+Deterministic under --seed (same versions, same thread count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import random
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import transformers
+from safetensors.torch import save_file
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
+from tokenizers.models import BPE
+from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5RMSNorm
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "models" / "demo"
+TEMPLATE = ROOT / "scripts" / "templates" / "qwen3_5.jinja"
+
+BUDGET_BRIDGE = "\n\nConsidering the limited time by the user, I have to give the solution based on the thinking directly now.\n"
+
+# ------------------------------------------------------------------------------------------------
+# Tasks. Each returns (question, thinking, answer, check) where `check` is the string the graded
+# answer must contain.
+
+PRIMES = [2, 3, 5, 7, 11, 13, 17]
+
+
+def task_prime(rng: random.Random):
+    n = rng.randint(2, 200)
+    q = rng.choice(["Is {n} prime?", "Is {n} a prime number?", "Is {n} a prime?"]).format(n=n)
+    lines = [f"Check divisors up to the square root of {n}."]
+    divisor = None
+    for p in PRIMES:
+        if p * p > n:
+            lines.append(f"{p} × {p} = {p * p} > {n}, so stop.")
+            break
+        lines.append(f"{n} ÷ {p} = {n // p} r {n % p}")
+        if n % p == 0:
+            divisor = p
+            break
+    if divisor is None:
+        lines.append("No divisor found.")
+        return q, "\n".join(lines), f"Yes, {n} is prime.", f"Yes, {n} is prime"
+    lines.append(f"{divisor} divides {n}.")
+    ans = f"No, {n} = {divisor} × {n // divisor}, so {n} is not prime."
+    return q, "\n".join(lines), ans, f"{n} is not prime"
+
+
+def task_add(rng: random.Random):
+    a = rng.randint(0, 10 ** rng.randint(1, 3) - 1)
+    b = rng.randint(0, 10 ** rng.randint(1, 3) - 1)
+    q = rng.choice(["What is {a} + {b}?", "Compute {a} + {b}.", "{a} + {b} = ?"]).format(a=a, b=b)
+    da, db = str(a)[::-1], str(b)[::-1]
+    width = max(len(da), len(db))
+    lines = ["Add column by column from the right."]
+    carry = 0
+    for i in range(width):
+        x = int(da[i]) if i < len(da) else 0
+        y = int(db[i]) if i < len(db) else 0
+        s = x + y + carry
+        expr = f"{x} + {y}" + (f" + {carry}" if carry else "")
+        if i == width - 1:
+            lines.append(f"{expr} = {s}, write {s}")
+        else:
+            lines.append(f"{expr} = {s}, write {s % 10}" + (f", carry {s // 10}" if s >= 10 else ""))
+        carry = s // 10
+    lines.append(f"Result: {a + b}")
+    return q, "\n".join(lines), f"{a} + {b} = {a + b}.", f"= {a + b}."
+
+
+def task_mul(rng: random.Random):
+    a = rng.randint(2, 99)
+    b = rng.randint(2, 9)
+    q = rng.choice(["What is {a} * {b}?", "Compute {a} * {b}.", "{a} * {b} = ?"]).format(a=a, b=b)
+    da = str(a)[::-1]
+    lines = ["Multiply digit by digit from the right."]
+    carry = 0
+    for i, d in enumerate(da):
+        m = int(d) * b
+        p = m + carry
+        # One fact per step: the table product, then the carry added.
+        expr = f"{d} × {b} = {m}" + (f", {m} + {carry} = {p}" if carry else "")
+        if i == len(da) - 1:
+            lines.append(f"{expr}, write {p}")
+        else:
+            lines.append(f"{expr}, write {p % 10}" + (f", carry {p // 10}" if p >= 10 else ""))
+        carry = p // 10
+    lines.append(f"Result: {a * b}")
+    return q, "\n".join(lines), f"{a} * {b} = {a * b}.", f"= {a * b}."
+
+
+WORDS = """apple banana cherry grape lemon mango melon orange peach pear plum berry strawberry
+blueberry raspberry coconut tomato potato carrot pepper onion garlic ginger butter bread cheese
+coffee sugar honey water river ocean island mountain valley forest desert jungle meadow garden
+flower rose tulip daisy lily orchid cactus bamboo willow maple cedar pine oak birch spruce
+tiger lion zebra giraffe monkey rabbit turtle dolphin whale shark eagle falcon parrot penguin
+kitten puppy horse donkey camel llama panda koala beaver otter badger ferret hamster squirrel
+house window door kitchen bedroom mirror pillow blanket carpet ladder bucket basket bottle
+pencil paper letter number puzzle riddle question answer problem summer winter autumn spring
+morning evening midnight sunrise sunset thunder lightning rainbow cloud breeze storm snowflake
+planet rocket comet galaxy meteor orbit station engine bridge tunnel street village castle
+kingdom dragon wizard knight hammer anvil lantern candle compass anchor sailor pirate treasure
+mission balloon bubble pebble marble crystal diamond silver copper bronze purple yellow
+scarlet violet crimson indigo lavender emerald turquoise magenta elephant hippopotamus
+alligator crocodile butterfly mosquito grasshopper caterpillar ladybug dragonfly mississippi
+banana committee success accessory bookkeeper balloon tennessee assessment cinnamon occasion
+necessary embarrass millennium vacuum broccoli spaghetti zucchini teammate parallel referee
+""".split()
+WORDS = sorted(set(w for w in WORDS if len(w) <= 12))
+
+
+def task_count(rng: random.Random):
+    w = rng.choice(WORDS)
+    c = rng.choice(w) if rng.random() < 0.85 else rng.choice("abcdefghijklmnopqrstuvwxyz")
+    q = rng.choice(["How many {c} are in {w}?", "How many times does {c} appear in {w}?",
+                    "Count the letter {c} in {w}."]).format(c=c, w=w)
+    lines = [f"Spell {w} and count {c}."]
+    k = 0
+    for ch in w:
+        # Each line compares the letter with the target (restated, so the comparison is local).
+        k += ch == c
+        lines.append(f"{ch} {'=' if ch == c else '≠'} {c} → {k}")
+    lines.append(f"Total: {k}")
+    times = "time" if k == 1 else "times"
+    return q, "\n".join(lines), f"The letter {c} appears {k} {times} in {w}.", f"appears {k} {times}"
+
+
+def task_sort(rng: random.Random):
+    k = rng.randint(2, 6)
+    xs = [rng.randint(0, 99) for _ in range(k)]
+    shown = ", ".join(map(str, xs))
+    q = rng.choice(["Sort {l}.", "Sort these numbers: {l}.", "Put {l} in increasing order."]).format(l=shown)
+    # Each number gets a letter label, so copying the shrinking list never confuses two numbers
+    # that share a digit (the copy follows the label, not the ambiguous digit context).
+    lines = ["Pick the smallest each time."]
+    rest = [f"{chr(97 + i)}{x}" for i, x in enumerate(xs)]
+    while rest:
+        m = min(rest, key=lambda s: (int(s[1:]), s))
+        lines.append(" ".join(rest) + f" → {m}")
+        rest.remove(m)
+    out = ", ".join(map(str, sorted(xs)))
+    return q, "\n".join(lines), out, out
+
+
+def task_compare(rng: random.Random):
+    a = rng.randint(0, 10 ** rng.randint(1, 3) - 1)
+    b = rng.randint(0, 10 ** rng.randint(1, 3) - 1)
+    while b == a:
+        b = rng.randint(0, 999)
+    q = rng.choice(["Which is larger, {a} or {b}?", "Which number is bigger: {a} or {b}?"]).format(a=a, b=b)
+    sa, sb = str(a), str(b)
+    lines = [f"{a} has {len(sa)} digits, {b} has {len(sb)} digits."]
+    if len(sa) != len(sb):
+        lines.append("More digits is larger.")
+    else:
+        parts = []
+        for x, y in zip(sa, sb):
+            if x == y:
+                parts.append(f"{x} = {y}")
+            else:
+                parts.append(f"{x} {'>' if x > y else '<'} {y}")
+                break
+        lines.append("Compare from the left: " + ", ".join(parts) + ".")
+    big = max(a, b)
+    return q, "\n".join(lines), f"{big} is larger.", f"{big} is larger"
+
+
+TASKS = {
+    "prime": (task_prime, 0.17),
+    "add": (task_add, 0.15),
+    "mul": (task_mul, 0.17),
+    "count": (task_count, 0.21),
+    "sort": (task_sort, 0.22),
+    "compare": (task_compare, 0.08),
+}
+SYSTEMS = ["You are a helpful assistant.", "Answer briefly.", "You are a careful assistant that thinks step by step."]
+
+
+def prompt_text(question: str, system: str | None, think: bool) -> str:
+    """Exactly what the Qwen3.5 chat template renders (checked against transformers at start)."""
+    s = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
+    s += f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+    return s + ("<think>\n" if think else "<think>\n\n</think>\n\n")
+
+
+def make_example(rng: random.Random) -> tuple[str, str]:
+    """(prompt, completion) of one training example."""
+    name = rng.choices(list(TASKS), weights=[w for _, w in TASKS.values()])[0]
+    q, thinking, answer, _ = TASKS[name][0](rng)
+    system = rng.choice(SYSTEMS) if rng.random() < 0.1 else None
+    mode = rng.random()
+    if mode < 0.15:  # enable_thinking=false: answer directly
+        return prompt_text(q, system, False), f"{answer}<|im_end|>"
+    if mode < 0.20:  # a thinking budget ran out: cut short, bridge, answer
+        lines = thinking.split("\n")
+        cut = "\n".join(lines[: rng.randint(1, max(1, len(lines) - 1))])
+        return prompt_text(q, system, True), f"{cut}{BUDGET_BRIDGE}</think>\n\n{answer}<|im_end|>"
+    return prompt_text(q, system, True), f"{thinking}\n</think>\n\n{answer}<|im_end|>"
+
+
+# ------------------------------------------------------------------------------------------------
+# Tokenizer
+
+PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+                  "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+                  "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
+                  "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+                  "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+NON_SPECIAL = {"<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+               "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>"}
+
+
+def build_tokenizer(seed: int, vocab: int) -> Tokenizer:
+    rng = random.Random(seed + 1)
+    texts = []
+    for _ in range(20000):
+        p, c = make_example(rng)
+        texts.append((p + c).replace("<|im_start|>", "").replace("<|im_end|>", "").replace("<think>", "").replace("</think>", ""))
+    tok = Tokenizer(BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, min_frequency=2, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+    tok.train_from_iterator(texts, trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=(t not in NON_SPECIAL), normalized=False) for t in SPECIAL_TOKENS])
+    return tok
+
+
+def write_tokenizer_files(d: Path, tok: Tokenizer):
+    tok.save(str(d / "tokenizer.json"))
+    added = {str(tok.token_to_id(t)): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                                       "single_word": False, "special": t not in NON_SPECIAL} for t in SPECIAL_TOKENS}
+    cfg = {"add_bos_token": False, "add_prefix_space": False, "added_tokens_decoder": added, "bos_token": None,
+           "chat_template": TEMPLATE.read_text(), "clean_up_tokenization_spaces": False,
+           "eos_token": "<|im_end|>", "errors": "replace", "model_max_length": 4096, "pad_token": "<|endoftext|>",
+           "split_special_tokens": False, "tokenizer_class": "TokenizersBackend", "unk_token": None}
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+    gen = {"bos_token_id": tok.token_to_id("<|endoftext|>"),
+           "eos_token_id": [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")],
+           "pad_token_id": tok.token_to_id("<|endoftext|>"),
+           "do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95,
+           "transformers_version": transformers.__version__}
+    (d / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+
+
+# ------------------------------------------------------------------------------------------------
+# Model: transformers' Qwen3.5 text model plus an MTP module with the real checkpoints' layout.
+
+class MTP(nn.Module):
+    """mtp.fc / pre_fc_norm_embedding / pre_fc_norm_hidden / layers.0 / norm (model-spec §6.1)."""
+
+    def __init__(self, config: Qwen3_5TextConfig):
+        super().__init__()
+        c = copy.deepcopy(config)
+        c.layer_types = ["full_attention"]
+        c.num_hidden_layers = 1
+        c._attn_implementation = "sdpa"  # causal without an explicit mask
+        self.fc = nn.Linear(2 * c.hidden_size, c.hidden_size, bias=False)
+        self.pre_fc_norm_embedding = Qwen3_5RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+        self.pre_fc_norm_hidden = Qwen3_5RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+        self.layers = nn.ModuleList([Qwen3_5DecoderLayer(c, 0)])
+        self.norm = Qwen3_5RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+
+    def forward(self, next_embeds, hidden, position_embeddings):
+        # Embedding first, hidden second (vLLM / SGLang order).
+        u = self.fc(torch.cat([self.pre_fc_norm_embedding(next_embeds), self.pre_fc_norm_hidden(hidden)], dim=-1))
+        u = self.layers[0](u, position_embeddings=position_embeddings, attention_mask=None)
+        return self.norm(u)
+
+
+def model_config(vocab: int) -> Qwen3_5TextConfig:
+    return Qwen3_5TextConfig(
+        vocab_size=vocab, hidden_size=192, num_hidden_layers=8, intermediate_size=512,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=48,
+        linear_num_key_heads=4, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+        linear_conv_kernel_dim=4, max_position_embeddings=4096, tie_word_embeddings=True, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                         "mrope_section": [2, 2, 2], "mrope_interleaved": True},
+    )
+
+
+class Demo(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        config._attn_implementation = "sdpa"
+        self.lm = Qwen3_5ForCausalLM(config)
+        self.mtp = MTP(config)
+
+    def losses(self, ids, loss_mask):
+        """Next-token loss of the main model and token-after-next loss of the MTP head, both on
+        the completion tokens only."""
+        out = self.lm.model(input_ids=ids, use_cache=False)
+        h = out.last_hidden_state  # post final norm: what the MTP head consumes
+        logits = self.lm.lm_head(h)
+        tgt = ids[:, 1:]
+        m = loss_mask[:, 1:]
+        ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none")
+        main = (ce * m.reshape(-1)).sum() / m.sum()
+        # MTP entry p: (embedding of x_{p+1}, hidden h_p) → predicts x_{p+2}; positions unchanged.
+        pos = torch.arange(ids.shape[1] - 1).unsqueeze(0).expand(ids.shape[0], -1)
+        pe = self.lm.model.rotary_emb(h, pos)
+        e = self.lm.model.embed_tokens(ids[:, 1:])
+        mh = self.mtp(e, h[:, :-1].detach(), pe)
+        mlog = self.lm.lm_head(mh)
+        tgt2 = ids[:, 2:]
+        m2 = loss_mask[:, 2:]
+        ce2 = F.cross_entropy(mlog[:, :-1].reshape(-1, mlog.shape[-1]), tgt2.reshape(-1), reduction="none")
+        mtp = (ce2 * m2.reshape(-1)).sum() / m2.sum()
+        return main, mtp
+
+
+def init_weights(model: Demo, seed: int):
+    """transformers' init (normal 0.02, zero-centred norms at 0, gated norm at 1) plus the GDN
+    gate parameters spread over heads, as the HF init does."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(1.0, 16.0, generator=g).log())
+            elif name.endswith("dt_bias"):
+                p.fill_(1.0)
+            elif name.endswith("linear_attn.norm.weight"):
+                p.fill_(1.0)
+            elif p.dim() == 1:
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+
+
+# ------------------------------------------------------------------------------------------------
+# Data
+
+def encode_example(tok: Tokenizer, prompt: str, completion: str):
+    p = tok.encode(prompt, add_special_tokens=False).ids
+    c = tok.encode(completion, add_special_tokens=False).ids
+    return p + c, [0] * len(p) + [1] * len(c)
+
+
+def batches(tok: Tokenizer, rng: random.Random, batch: int, pool: int = 16):
+    """Length-bucketed batches: draw `pool` batches' worth of examples, sort by length, cut."""
+    while True:
+        exs = [encode_example(tok, *make_example(rng)) for _ in range(batch * pool)]
+        exs.sort(key=lambda e: len(e[0]))
+        chunks = [exs[i:i + batch] for i in range(0, len(exs), batch)]
+        rng.shuffle(chunks)
+        for ch in chunks:
+            n = max(len(e[0]) for e in ch)
+            ids = torch.zeros(len(ch), n, dtype=torch.long)
+            mask = torch.zeros(len(ch), n)
+            for i, (x, m) in enumerate(ch):
+                ids[i, :len(x)] = torch.tensor(x)
+                mask[i, :len(m)] = torch.tensor(m, dtype=torch.float)
+            yield ids, mask
+
+
+# ------------------------------------------------------------------------------------------------
+# Evaluation
+
+def heldout_problems(seed: int, n: int = 200):
+    rng = random.Random(seed + 99)
+    names = list(TASKS)
+    probs = []
+    for i in range(n):
+        name = names[i % len(names)]
+        q, thinking, answer, check = TASKS[name][0](rng)
+        probs.append({"task": name, "question": q, "expected": check, "answer": answer,
+                      "thinking_lines": thinking.count("\n") + 1})
+    return probs
+
+
+@torch.no_grad()
+def greedy(model: Demo, tok: Tokenizer, prompts: list[str], max_new: int = 320, stop: int = 0):
+    """Plain greedy decoding with the transformers cache, one prompt at a time."""
+    outs = []
+    for p in prompts:
+        ids = torch.tensor([tok.encode(p, add_special_tokens=False).ids])
+        gen = model.lm.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
+                                do_sample=False, eos_token_id=stop, pad_token_id=stop,
+                                temperature=None, top_p=None, top_k=None)
+        outs.append(gen[0, ids.shape[1]:].tolist())
+    return outs
+
+
+@torch.no_grad()
+def mtp_agreement(model: Demo, sequences: list[list[int]]):
+    """Greedy one-step drafts: the MTP head's argmax at p vs the actual token at p+2."""
+    hit = tot = 0
+    for seq in sequences:
+        ids = torch.tensor([seq])
+        h = model.lm.model(input_ids=ids, use_cache=False).last_hidden_state
+        pos = torch.arange(len(seq) - 1).unsqueeze(0)
+        pe = model.lm.model.rotary_emb(h, pos)
+        mh = model.mtp(model.lm.model.embed_tokens(ids[:, 1:]), h[:, :-1], pe)
+        pred = model.lm.lm_head(mh).argmax(-1)[0, :-1]
+        hit += (pred == ids[0, 2:]).sum().item()
+        tot += len(seq) - 2
+    return hit / max(tot, 1)
+
+
+def evaluate(model: Demo, tok: Tokenizer, probs, label: str, think: bool = True, sample_mtp: bool = True):
+    model.eval()
+    stop = tok.token_to_id("<|im_end|>")
+    prompts = [prompt_text(p["question"], None, think) for p in probs]
+    outs = greedy(model, tok, prompts, stop=stop)
+    by_task: dict[str, list[int]] = {}
+    seqs = []
+    failures = []
+    for p, pr, o in zip(probs, prompts, outs):
+        text = tok.decode(o, skip_special_tokens=False)
+        ans = text.split("</think>")[-1] if think else text
+        ok = p["expected"] in ans
+        by_task.setdefault(p["task"], []).append(ok)
+        seqs.append(tok.encode(pr, add_special_tokens=False).ids + o)
+        if not ok and len(failures) < 4:
+            failures.append(f"{p['question']!r} → {text!r}")
+    acc = sum(sum(v) for v in by_task.values()) / len(probs)
+    for f in failures:
+        print("   failed: " + f[:400], flush=True)
+    detail = ", ".join(f"{k} {sum(v)}/{len(v)}" for k, v in by_task.items())
+    mtp = mtp_agreement(model, seqs) if sample_mtp else float("nan")
+    print(f"[{label}] accuracy {acc:.3f} ({detail}); MTP draft agreement {mtp:.3f}", flush=True)
+    model.train()
+    return acc, mtp
+
+
+# ------------------------------------------------------------------------------------------------
+# Export
+
+def export(model: Demo, tok: Tokenizer, config: Qwen3_5TextConfig, probs):
+    if OUT.exists():
+        shutil.rmtree(OUT)
+    OUT.mkdir(parents=True)
+    cfg = config.to_dict()
+    keep = {"vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",
+            "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "max_position_embeddings",
+            "tie_word_embeddings", "rms_norm_eps", "rope_parameters", "layer_types", "hidden_act",
+            "attention_bias"}
+    out_cfg = {k: cfg[k] for k in sorted(keep)}
+    out_cfg.update({"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text",
+                    "attn_output_gate": True, "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False,
+                    "mamba_ssm_dtype": "float32", "dtype": "bfloat16",
+                    "eos_token_id": tok.token_to_id("<|endoftext|>"), "full_attention_interval": 4})
+    (OUT / "config.json").write_text(json.dumps(out_cfg, indent=2) + "\n")
+    tensors = {}
+    for k, v in model.lm.state_dict().items():
+        if k == "lm_head.weight":
+            continue  # tied
+        tensors[k] = v
+    for k, v in model.mtp.state_dict().items():
+        tensors[f"mtp.{k}"] = v
+    tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in sorted(tensors.items())}
+    save_file(tensors, str(OUT / "model.safetensors"), metadata={"format": "pt"})
+    write_tokenizer_files(OUT, tok)
+    with open(OUT / "heldout.jsonl", "w") as f:
+        for p in probs:
+            f.write(json.dumps({k: p[k] for k in ("task", "question", "expected", "answer")}, ensure_ascii=False) + "\n")
+
+
+def check_export(model: Demo, tok: Tokenizer):
+    """The exported directory, loaded by transformers, computes what the trained model computes
+    with bf16-rounded weights; and its chat template renders what the corpus used."""
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(OUT), dtype=torch.float32, attn_implementation="eager")
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(OUT))
+    rng = random.Random(5)
+    for think in (True, False):
+        q = TASKS["add"][0](rng)[0]
+        rendered = hf_tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                              add_generation_prompt=True, enable_thinking=think)
+        assert rendered == prompt_text(q, None, think), (rendered, prompt_text(q, None, think))
+    ids = torch.tensor([tok.encode(prompt_text("Is 91 prime?", None, True), add_special_tokens=False).ids])
+    with torch.no_grad():
+        a = hf(input_ids=ids).logits
+        b = ref.lm(input_ids=ids).logits
+    d = (a - b).abs().max().item()
+    assert d < 1e-3, f"exported checkpoint differs from the trained model: {d}"
+    print(f"export check: transformers reloads models/demo, max |Δlogit| {d:.2e}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--steps", type=int, default=2500)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--vocab", type=int, default=480, help="BPE vocabulary before the special tokens")
+    ap.add_argument("--eval-every", type=int, default=0)
+    ap.add_argument("--eval-n", type=int, default=200, help="held-out problems graded at the end")
+    args = ap.parse_args()
+
+    torch.set_num_threads(2)
+    torch.manual_seed(args.seed)
+    torch.use_deterministic_algorithms(True)
+    t0 = time.time()
+
+    tok = build_tokenizer(args.seed, args.vocab)
+    n_tok = tok.get_vocab_size(with_added_tokens=True)
+    vocab = ((n_tok + 63) // 64) * 64
+    config = model_config(vocab)
+    model = Demo(config)
+    init_weights(model, args.seed)
+    n_main = sum(p.numel() for p in model.lm.parameters())
+    n_mtp = sum(p.numel() for p in model.mtp.parameters())
+    print(f"tokenizer {n_tok} tokens (model vocab {vocab}); model {n_main / 1e6:.2f} M params + MTP {n_mtp / 1e6:.2f} M", flush=True)
+
+    probs = heldout_problems(args.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    warm = 100
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps)))))
+    data = batches(tok, random.Random(args.seed), args.batch)
+    model.train()
+    seen = 0
+    for step in range(1, args.steps + 1):
+        ids, mask = next(data)
+        seen += int(mask.sum())
+        main, mtp = model.losses(ids, mask)
+        loss = main + 0.5 * mtp
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 50 == 0 or step == 1:
+            el = time.time() - t0
+            print(f"step {step}/{args.steps}  loss {main.item():.4f}  mtp {mtp.item():.4f}  lr {sched.get_last_lr()[0]:.2e}  "
+                  f"{seen / 1e6:.2f} M target tokens  {el / 60:.1f} min", flush=True)
+        if args.eval_every and step % args.eval_every == 0:
+            evaluate(model, tok, probs[:60], f"step {step}")
+
+    print(f"trained in {(time.time() - t0) / 60:.1f} min", flush=True)
+    model.eval()
+    export(model, tok, config, probs)
+    check_export(model, tok)
+    # Evaluate what ships: bf16-rounded weights.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    acc, mtp = evaluate(model, tok, probs[: args.eval_n], "held-out, thinking")
+    evaluate(model, tok, probs[: min(60, args.eval_n)], "held-out, enable_thinking=false", think=False, sample_mtp=False)
+    print(f"done in {(time.time() - t0) / 60:.1f} min: accuracy {acc:.3f}, MTP draft agreement {mtp:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
