@@ -27,7 +27,18 @@ fn golden(name: &str) -> Value {
 #[test]
 fn run_json_emits_start_tokens_and_done() {
     let m = fixture("qwen3_5_vl");
-    let ev = events(&["run", "--model", &m, "--prompt", "Hello, what is 2 + 2?", "--max-tokens", "8", "--json"]);
+    let ev = events(&[
+        "run",
+        "--model",
+        &m,
+        "--prompt",
+        "Hello, what is 2 + 2?",
+        "--max-tokens",
+        "8",
+        "--mtp",
+        "0",
+        "--json",
+    ]);
     assert_eq!(ev[0]["event"], "start");
     assert_eq!(ev[0]["prompt_tokens"], 31);
     // The prompt ends inside `<think>`: generation starts in the thinking phase.
@@ -68,7 +79,18 @@ fn run_greedy_reproduces_the_reference_continuation() {
     let ids: Vec<String> = p["ids"].as_array().unwrap().iter().map(|v| v.to_string()).collect();
     let want: Vec<u64> = p["f32"]["greedy"].as_array().unwrap().iter().map(|s| s["id"].as_u64().unwrap()).collect();
     let m = fixture("qwen3_next");
-    let ev = events(&["run", "--model", &m, "--prompt-ids", &ids.join(","), "--max-tokens", "32", "--json"]);
+    let ev = events(&[
+        "run",
+        "--model",
+        &m,
+        "--prompt-ids",
+        &ids.join(","),
+        "--max-tokens",
+        "32",
+        "--temperature",
+        "0",
+        "--json",
+    ]);
     let got: Vec<u64> = ev.iter().filter(|e| e["event"] == "token").map(|e| e["id"].as_u64().unwrap()).collect();
     // The reference never stops (no EOS); ours stops at a stop id, so compare up to there.
     assert_eq!(got[..], want[..got.len()]);
@@ -190,4 +212,175 @@ fn builtin_chatml_when_the_model_ships_no_template() {
     assert!(out.contains("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n---"), "{out}");
     let out = ok(&["run", "--model", m, "--prompt", "Hi", "--no-think", "--dry-run"]);
     assert!(out.contains("<|im_start|>assistant\n<think>\n\n</think>\n\n\n---"), "{out}");
+}
+
+// --- Generation control through `run` and `sweep`, on the embedded demo model ----------------
+
+#[test]
+fn run_defaults_to_the_embedded_demo_model() {
+    let ev = events(&["run", "--prompt", "Is 91 prime?", "--temperature", "0", "--json"]);
+    assert_eq!(ev[0]["model"], "embedded:demo");
+    let done = ev.last().unwrap();
+    assert_eq!(done["finish_reason"], "stop");
+    assert!(done["answer"].as_str().unwrap().contains("91 is not prime"), "{done}");
+    // `--model demo` names it explicitly.
+    let ev = events(&["run", "--model", "demo", "--prompt", "Is 97 prime?", "--temperature", "0", "--json"]);
+    assert!(ev.last().unwrap()["answer"].as_str().unwrap().contains("97 is prime"));
+}
+
+#[test]
+fn run_thinking_budget_zero_turns_thinking_off() {
+    let ev = events(&["run", "--prompt", "What is 12 + 30?", "--thinking-budget", "0", "--temperature", "0", "--json"]);
+    assert_eq!(ev[0]["phase"], "answer");
+    assert_eq!(ev.last().unwrap()["usage"]["thinking_tokens"], 0);
+}
+
+#[test]
+fn run_thinking_budget_forces_and_reports() {
+    let ev =
+        events(&["run", "--prompt", "What is 482 + 739?", "--thinking-budget", "4", "--temperature", "0", "--json"]);
+    let forced: Vec<&Value> = ev.iter().filter(|e| e["event"] == "token" && e["forced"] == true).collect();
+    assert!(!forced.is_empty());
+    let diag = ev.iter().find(|e| e["event"] == "diagnostic").expect("a diagnostic");
+    assert_eq!(diag["kind"], "thinking_budget_forced");
+    assert_eq!(diag["at_token"], 4);
+    let done = ev.last().unwrap();
+    assert_eq!(done["usage"]["forced_tokens"], forced.len());
+    assert!(done["thinking"].as_str().unwrap().contains("Considering the limited time"));
+}
+
+#[test]
+fn run_reports_thinking_that_ate_max_tokens() {
+    let args = ["run", "--prompt", "Sort 93, 17, 56, 41, 8, 72.", "--max-tokens", "10", "--temperature", "0"];
+    let ev = events(&[&args[..], &["--json"]].concat());
+    let done = ev.last().unwrap();
+    assert_eq!(done["finish_reason"], "length");
+    assert_eq!(done["answer"], "");
+    assert!(ev.iter().any(|e| e["kind"] == "thinking_exhausted_max_tokens"));
+    // Human output shows it as a banner on stderr.
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope")).args(args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("[thinking_exhausted_max_tokens]") && err.contains("raise max_tokens"), "{err}");
+}
+
+#[test]
+fn run_top_logprobs_presets_and_sampling_flags() {
+    let ev = events(&[
+        "run",
+        "--prompt",
+        "Is 7 prime?",
+        "--max-tokens",
+        "5",
+        "--top-logprobs",
+        "3",
+        "--preset",
+        "thinking-general",
+        "--seed",
+        "3",
+        "--json",
+    ]);
+    let p = &ev[0]["params"]["sampling"];
+    assert_eq!(
+        (p["temperature"].as_f64(), p["top_p"].as_f64(), p["top_k"].as_u64(), p["presence_penalty"].as_f64()),
+        (Some(1.0), Some(0.95), Some(20), Some(1.5))
+    );
+    for t in ev.iter().filter(|e| e["event"] == "token") {
+        assert_eq!(t["top_logprobs"].as_array().unwrap().len(), 3);
+    }
+    // An explicit flag wins over the preset; generation_config.json supplies defaults.
+    let ev = events(&[
+        "run",
+        "--prompt",
+        "Hi",
+        "--max-tokens",
+        "2",
+        "--preset",
+        "thinking-general",
+        "--temperature",
+        "0.2",
+        "--json",
+    ]);
+    assert_eq!(ev[0]["params"]["sampling"]["temperature"].as_f64(), Some(0.2));
+    let ev = events(&["run", "--prompt", "Hi", "--max-tokens", "2", "--json"]);
+    assert_eq!(ev[0]["params"]["sampling"]["top_k"], 20, "from the demo's generation_config.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))
+        .args(["run", "--prompt", "Hi", "--preset", "bogus"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unknown preset \"bogus\""));
+}
+
+#[test]
+fn sweep_table_json_and_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("sweep.svg");
+    let out = ok(&[
+        "sweep",
+        "--prompt",
+        "What is 482 + 739?",
+        "--thinking-budgets",
+        "0,4,-1",
+        "--check",
+        "= 1221\\.",
+        "--temperature",
+        "0",
+        "--plot",
+        svg.to_str().unwrap(),
+        "--json",
+    ]);
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3);
+    assert_eq!(runs[0]["thinking_tokens"], 0);
+    assert_eq!(runs[1]["forced"], true);
+    assert_eq!(runs[2]["forced"], false);
+    assert_eq!(runs[2]["correct"], true, "unlimited thinking gets 482 + 739 right: {}", runs[2]);
+    assert!(runs[2]["thinking_tokens"].as_u64().unwrap() > runs[1]["thinking_tokens"].as_u64().unwrap());
+    let summary = v["summary"].as_array().unwrap();
+    assert_eq!(summary.len(), 3);
+    assert_eq!(summary[2]["accuracy"], 1.0);
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(s.starts_with("<svg") && s.contains("polyline") && s.contains("∞"));
+    // The human table.
+    let table = ok(&[
+        "sweep",
+        "--prompt",
+        "Is 91 prime?",
+        "--thinking-budgets",
+        "8,-1",
+        "--repeat",
+        "2",
+        "--temperature",
+        "0.7",
+    ]);
+    assert!(table.contains("budget") && table.contains("mean thinking") && table.lines().count() >= 8, "{table}");
+}
+
+#[test]
+fn ctrl_c_cancels_and_keeps_the_output() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    // A raw prompt on the demo model: it never reaches a stop token within 100k tokens.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_deltascope"))
+        .args(["run", "--prompt", "Sort", "--raw", "--max-tokens", "3000", "--temperature", "0", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut tokens = 0;
+    while tokens < 5 {
+        let l = lines.next().unwrap().unwrap();
+        if l.contains("\"event\":\"token\"") {
+            tokens += 1;
+        }
+    }
+    let status = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let rest: Vec<Value> = lines.map(|l| serde_json::from_str(&l.unwrap()).unwrap()).collect();
+    let done = rest.last().unwrap();
+    assert_eq!(done["event"], "done");
+    assert_eq!(done["finish_reason"], "cancelled");
+    let generated = done["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!((5..3000).contains(&generated), "{generated}");
+    assert!(child.wait().unwrap().success());
 }

@@ -46,7 +46,7 @@ fn chunked_rule_equals_recurrent_rule() {
         let beta: Vec<f32> = (0..t).map(|_| rng.uniform() as f32).collect();
         let s0 = randn(&mut rng, dk * dv, 0.5);
         let (mut s_rec, mut s_chunk) = (s0.clone(), s0.clone());
-        let o_rec = recurrent_head(&q, &k, &v, &g, &beta, &mut s_rec, dk, dv);
+        let o_rec = recurrent_head(&q, &k, &v, &g, &beta, &mut s_rec, dk, dv, None);
         let o_chunk = chunked_head(&q, &k, &v, &g, &beta, &mut s_chunk, dk, dv);
         let (eo, es) = (rel_rms(&o_chunk, &o_rec), rel_rms(&s_chunk, &s_rec));
         eprintln!("T={t} dk={dk} dv={dv}: output rel RMS {eo:.2e}, state rel RMS {es:.2e}");
@@ -72,7 +72,7 @@ fn prefill_then_decode_equals_one_shot_prefill() {
         let ids = prompt(150);
         let mut state = model.new_state();
         let full = model
-            .forward(&ids, &mut state, ForwardOptions { logits: LogitsRows::All, hidden_norms: false })
+            .forward(&ids, &mut state, ForwardOptions { logits: LogitsRows::All, ..Default::default() })
             .unwrap()
             .logits;
 
@@ -89,11 +89,11 @@ fn prefill_then_decode_equals_one_shot_prefill() {
             }
         };
         let out = model
-            .forward(&ids[..100], &mut state, ForwardOptions { logits: LogitsRows::All, hidden_norms: false })
+            .forward(&ids[..100], &mut state, ForwardOptions { logits: LogitsRows::All, ..Default::default() })
             .unwrap();
         compare(&out.logits, 0);
         let out = model
-            .forward(&ids[100..120], &mut state, ForwardOptions { logits: LogitsRows::All, hidden_norms: false })
+            .forward(&ids[100..120], &mut state, ForwardOptions { logits: LogitsRows::All, ..Default::default() })
             .unwrap();
         compare(&out.logits, 100);
         for (i, id) in ids.iter().enumerate().skip(120) {
@@ -175,4 +175,61 @@ fn state_byte_accounting_is_exact() {
     let b2 = state.bytes();
     assert_eq!(b2.kv_bytes - b.kv_bytes, c.num_full_layers() * 2 * c.num_key_value_heads * c.head_dim * 4);
     assert_eq!(b2.recurrent_bytes, b.recurrent_bytes);
+}
+
+/// Verification for speculative decoding: a verify pass over T tokens gives exactly the logits of
+/// decoding them one by one, and keeping any prefix leaves exactly the state that decoding that
+/// prefix leaves (bit-exact, f32).
+#[test]
+fn verify_pass_and_rollback_are_bit_exact() {
+    for name in ["qwen3_5_vl", "qwen3_next", "qwen3_5_moe"] {
+        let model = fixture(name);
+        let ids = prompt(60);
+        let (ctx, block) = (&ids[..50], &ids[50..55]);
+        let mut base = model.new_state();
+        model.forward(ctx, &mut base, ForwardOptions::default()).unwrap();
+
+        // Plain decoding, one token at a time, with the state after each token.
+        let mut plain = base.clone();
+        let mut plain_logits = vec![];
+        let mut plain_states = vec![];
+        for id in block {
+            plain_logits.push(model.forward(&[*id], &mut plain, ForwardOptions::default()).unwrap().logits.data);
+            plain_states.push(bits(&plain));
+        }
+
+        let opts = ForwardOptions { logits: LogitsRows::All, verify: true, ..Default::default() };
+        let mut v = base.clone();
+        let out = model.forward(block, &mut v, opts).unwrap();
+        for (i, want) in plain_logits.iter().enumerate() {
+            let got: Vec<u32> = out.logits.row(i).iter().map(|x| x.to_bits()).collect();
+            assert_eq!(got, want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{name}: verify logits of token {i}");
+        }
+        assert!(v.tape_bytes() > 0);
+        for keep in 1..=block.len() {
+            let mut s = base.clone();
+            model.forward(block, &mut s, opts).unwrap();
+            s.accept(keep).unwrap();
+            assert_eq!(s.tape_bytes(), 0);
+            assert_eq!(
+                bits(&s),
+                plain_states[keep - 1],
+                "{name}: state after keeping {keep} of {} verified tokens",
+                block.len()
+            );
+            // And decoding continues exactly as it would have.
+            let next = model.forward(&[7], &mut s, ForwardOptions::default()).unwrap().logits.data;
+            let mut p = base.clone();
+            for id in &block[..keep] {
+                model.forward(&[*id], &mut p, ForwardOptions::default()).unwrap();
+            }
+            let want = model.forward(&[7], &mut p, ForwardOptions::default()).unwrap().logits.data;
+            assert_eq!(
+                next.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            );
+        }
+        let mut s = base.clone();
+        assert!(s.accept(1).is_err(), "accept without a verify pass");
+    }
 }

@@ -209,6 +209,11 @@ impl IncrementalDecoder {
         }
     }
 
+    /// Bytes of an incomplete character are held back.
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
     /// Whatever is still held (an incomplete character becomes U+FFFD).
     pub fn finish(&mut self) -> String {
         let s = String::from_utf8_lossy(&self.pending).into_owned();

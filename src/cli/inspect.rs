@@ -6,17 +6,17 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::common::human_bytes;
+use super::common::{human_bytes, model_source};
 use crate::model::config::{Family, LayerKind, MlpKind};
 use crate::model::plan::memory_plan;
 use crate::model::weights::WeightStore;
-use crate::model::{ModelConfig, ModelSource, read_config};
+use crate::model::{ModelConfig, read_config};
 
 #[derive(Args, Debug)]
 pub struct InspectArgs {
-    /// A model directory, or a config.json file.
-    #[arg(long, value_name = "DIR")]
-    pub model: PathBuf,
+    /// A model directory, a config.json file, or `demo` (the default).
+    #[arg(long, value_name = "DIR|FILE|demo")]
+    pub model: Option<PathBuf>,
     /// Print the plan as JSON.
     #[arg(long)]
     pub json: bool,
@@ -45,13 +45,16 @@ fn count(n: u64) -> String {
 
 pub fn run(a: InspectArgs) -> anyhow::Result<()> {
     // A config file on its own plans without weights; a directory may also hold them.
-    let (cfg, source) = if a.model.is_file() {
-        let text =
-            std::fs::read_to_string(&a.model).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", a.model.display()))?;
-        (ModelConfig::from_json_str(&text, &a.model.display().to_string())?, None)
-    } else {
-        let source = ModelSource::Dir(a.model.clone());
-        (read_config(&source)?, Some(source))
+    let (cfg, source) = match &a.model {
+        Some(file) if file.is_file() => {
+            let text =
+                std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
+            (ModelConfig::from_json_str(&text, &file.display().to_string())?, None)
+        }
+        m => {
+            let source = model_source(m.as_deref());
+            (read_config(&source)?, Some(source))
+        }
     };
     // bf16 checkpoints; KV and conv state in bf16; SSM state f32 (mamba_ssm_dtype, as servers keep it).
     let plan = memory_plan(&cfg, 2, 2, 4);

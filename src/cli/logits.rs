@@ -29,7 +29,7 @@ pub struct LogitsArgs {
 
 pub fn run(a: LogitsArgs) -> anyhow::Result<()> {
     let loaded = common::load(&a.model)?;
-    let prompt = common::prompt(&loaded, a.text.as_deref(), a.ids.as_deref(), &a.prompt_opts)?;
+    let prompt = common::prompt(&loaded, a.text.as_deref(), a.ids.as_deref(), &a.prompt_opts, true)?;
     let mut state = loaded.model.new_state();
     let out = loaded.model.forward(&prompt.ids, &mut state, ForwardOptions::default())?;
     let logits = out.logits.row(0);

@@ -1,10 +1,12 @@
 //! Command-line front ends. Each subcommand lives in its own file and only consumes the
 //! library (model, chat, engine events).
 
+pub mod bench;
 pub mod common;
 pub mod inspect;
 pub mod logits;
 pub mod run;
+pub mod sweep;
 
 use std::path::PathBuf;
 
@@ -32,6 +34,10 @@ pub enum Command {
     Logits(logits::LogitsArgs),
     /// Architecture, layer map, parameter count and memory plan; needs only config.json.
     Inspect(inspect::InspectArgs),
+    /// One prompt across thinking budgets: thinking used, answer, finish reason, correctness.
+    Sweep(sweep::SweepArgs),
+    /// Prefill / decode speed, TTFT, MTP acceptance and speed-up per draft depth, memory.
+    Bench(bench::BenchArgs),
 }
 
 pub fn main_with(cli: Cli) -> anyhow::Result<()> {
@@ -39,6 +45,8 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Run(a)) => run::run(a),
         Some(Command::Logits(a)) => logits::run(a),
         Some(Command::Inspect(a)) => inspect::run(a),
+        Some(Command::Sweep(a)) => sweep::run(a),
+        Some(Command::Bench(a)) => bench::run(a),
         None => {
             use clap::CommandFactory;
             Cli::command().print_help()?;

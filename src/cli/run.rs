@@ -4,8 +4,8 @@ use std::io::{IsTerminal, Write};
 
 use clap::{Args, ValueEnum};
 
-use super::common::{self, ModelArgs, PromptArgs};
-use crate::engine::{EngineEvent, EngineHandle, GenerateRequest, GenerationParams, Phase};
+use super::common::{self, GenArgs, ModelArgs, PromptArgs};
+use crate::engine::{EngineEvent, EngineHandle, GenerateRequest, Phase, check_prompt};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -19,14 +19,8 @@ pub struct RunArgs {
     pub prompt_ids: Option<String>,
     #[command(flatten)]
     pub prompt_opts: PromptArgs,
-    /// Generated tokens, thinking + answer.
-    #[arg(long, default_value_t = 1024, value_name = "N")]
-    pub max_tokens: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0, value_name = "T")]
-    pub temperature: f32,
-    #[arg(long, default_value_t = 0, value_name = "S")]
-    pub seed: u64,
+    #[command(flatten)]
+    pub generation: GenArgs,
     /// Print JSON Lines events instead of text.
     #[arg(long)]
     pub json: bool,
@@ -47,7 +41,8 @@ pub enum ThinkingTo {
 
 pub fn run(a: RunArgs) -> anyhow::Result<()> {
     let loaded = common::load(&a.model)?;
-    let prompt = common::prompt(&loaded, a.prompt.as_deref(), a.prompt_ids.as_deref(), &a.prompt_opts)?;
+    let thinking = a.generation.thinking_enabled(a.prompt_opts.no_think);
+    let prompt = common::prompt(&loaded, a.prompt.as_deref(), a.prompt_ids.as_deref(), &a.prompt_opts, thinking)?;
     let mut out = std::io::stdout().lock();
     if a.dry_run {
         if a.json {
@@ -68,14 +63,24 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
         return Ok(());
     }
 
+    let params = a.generation.params(&loaded)?;
+    check_prompt(&loaded.model, &prompt.ids, params.max_tokens)?;
     let engine = EngineHandle::spawn(loaded.model.clone(), loaded.tokenizer.clone(), loaded.name.clone());
-    let params = GenerationParams { max_tokens: a.max_tokens, temperature: a.temperature, seed: a.seed };
+    // Ctrl+C cancels the generation (within one token; the output so far and the `done` event
+    // are still printed); a second Ctrl+C exits at once.
+    let control = engine.control();
+    let _ = ctrlc::set_handler(move || {
+        if control.is_cancelled() {
+            std::process::exit(130);
+        }
+        control.cancel();
+    });
     engine.generate(GenerateRequest { prompt_ids: prompt.ids, params });
 
     let tty = std::io::stdout().is_terminal();
+    let err_tty = std::io::stderr().is_terminal();
     let mut err = std::io::stderr().lock();
     let mut in_thinking = false;
-    let mut printed_thinking = false;
     for ev in engine.events.iter() {
         if a.json {
             writeln!(out, "{}", serde_json::to_string(&ev)?)?;
@@ -91,7 +96,6 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
                             write!(out, "\x1b[2m")?;
                         }
                         in_thinking = true;
-                        printed_thinking = true;
                         write!(out, "{text}")?;
                     }
                     (Phase::Answer, _) => {
@@ -106,16 +110,26 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
                 }
                 out.flush()?;
             }
+            EngineEvent::Diagnostic { kind, message, .. } if !a.json => {
+                let kind = serde_json::to_value(kind)?.as_str().unwrap_or("diagnostic").to_string();
+                let (on, off) = if err_tty { ("\x1b[1;33m", "\x1b[0m") } else { ("", "") };
+                writeln!(err, "\n{on}[{kind}] {message}{off}")?;
+            }
             EngineEvent::Done { finish_reason, usage, timing, .. } => {
                 if !a.json {
                     if in_thinking && tty {
                         write!(out, "\x1b[0m")?;
                     }
                     writeln!(out)?;
-                    let _ = printed_thinking;
+                    out.flush()?;
+                    let forced = if usage.forced_tokens > 0 {
+                        format!(" ({} forced)", usage.forced_tokens)
+                    } else {
+                        String::new()
+                    };
                     writeln!(
                         err,
-                        "[finish: {} · prompt {} · thinking {} · answer {} tokens · TTFT {:.0} ms · prefill {:.1} tok/s · decode {:.1} tok/s]",
+                        "[finish: {} · prompt {} · thinking {}{forced} · answer {} tokens · TTFT {:.0} ms · prefill {:.1} tok/s · decode {:.1} tok/s]",
                         finish_reason.as_str(),
                         usage.prompt_tokens,
                         usage.thinking_tokens,

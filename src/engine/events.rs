@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use super::request::GenerationParams;
+use super::speculative::MtpStats;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -24,9 +25,9 @@ pub enum DraftKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
-    /// A stop token (EOS / `<|im_end|>`).
+    /// A stop token (EOS / `<|im_end|>` / a requested stop id).
     Stop,
-    /// `max_tokens` reached.
+    /// `max_tokens` (or the answer budget) reached.
     Length,
     StopString,
     Cancelled,
@@ -45,12 +46,27 @@ impl FinishReason {
     }
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DiagnosticKind {
+    /// max_tokens ran out inside the thinking phase: the answer is empty.
+    ThinkingExhaustedMaxTokens,
+    /// The thinking budget forced the end of thinking.
+    ThinkingBudgetForced,
+    /// A repeating token period (or a window of repeated n-grams).
+    DegenerateLoop,
+    /// max_tokens or the answer budget cut the answer.
+    AnswerTruncated,
+}
+
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Usage {
     pub prompt_tokens: usize,
     pub thinking_tokens: usize,
     pub answer_tokens: usize,
     pub completion_tokens: usize,
+    /// Of the completion tokens, how many the engine forced (budget bridge and `</think>`).
+    pub forced_tokens: usize,
 }
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -71,6 +87,14 @@ pub struct Memory {
     pub snapshot_bytes: usize,
 }
 
+/// An alternative token at a position.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Alternative {
+    pub id: u32,
+    pub logprob: f32,
+    pub text: String,
+}
+
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum EngineEvent {
@@ -88,21 +112,49 @@ pub enum EngineEvent {
         phase: Phase,
         id: u32,
         /// The text this token completes (empty while a UTF-8 character is incomplete, and
-        /// for the stop token).
+        /// for stop tokens).
         text: String,
-        /// Log-probability under the model's raw distribution (temperature 1).
+        /// Log-probability under the model's raw distribution (before penalties and
+        /// temperature); 0 for forced tokens.
         logprob: f32,
         draft: DraftKind,
+        /// Injected by the engine (thinking-budget bridge and `</think>`), not sampled.
         forced: bool,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        top_logprobs: Vec<Alternative>,
+    },
+    /// Running totals, every few tokens (for live gauges).
+    Stats {
+        generated: usize,
+        thinking_tokens: usize,
+        answer_tokens: usize,
+        tok_s: f64,
+        memory: Memory,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        mtp: Option<MtpStats>,
+    },
+    Diagnostic {
+        kind: DiagnosticKind,
+        /// Index of the generated token the diagnostic refers to.
+        at_token: usize,
+        message: String,
+        /// Loop period and start (degenerate_loop only).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        period: Option<usize>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        start: Option<usize>,
     },
     Done {
         finish_reason: FinishReason,
         usage: Usage,
         timing: Timing,
+        /// Speculative-decoding metrics (MTP), when drafting ran.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        mtp: Option<MtpStats>,
         memory: Memory,
         /// Thinking text (without the `</think>` marker).
         thinking: String,
-        /// Answer text (without the stop token).
+        /// Answer text (without the stop token or stop string).
         answer: String,
     },
     Error {

@@ -1,41 +1,144 @@
-//! The generation loop: prefill, then one token at a time, emitting events as it goes.
+//! The generation loop: prefill, then token by token — sampling, phase tracking, the thinking
+//! budget (forced bridge + `</think>`), stop conditions, the loop alarm — emitting events as it
+//! goes. Whatever ends it (stop, length, stop string, loop, cancellation), everything produced is
+//! kept and reported in `done`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use super::events::{DraftKind, EngineEvent, FinishReason, Memory, Phase, Timing, Usage};
+use super::control::Control;
+use super::events::{Alternative, DiagnosticKind, DraftKind, EngineEvent, FinishReason, Phase, Timing, Usage};
 use super::reasoning::PhaseTracker;
 use super::request::GenerateRequest;
-use super::sampler::{Rng, logprob, sample};
+use super::sampler::{Rng, Sampler, logprob, top_logprobs};
+use super::session::LogitsSource;
+use super::speculative::{DepthControl, MtpStats, prob, residual};
+use super::watchdog::LoopDetector;
 use crate::chat::{IncrementalDecoder, TextTokenizer};
 use crate::error::{Error, Result};
-use crate::model::{ForwardOptions, Model};
 
 /// What a finished generation produced (also sent as the `done` event).
 #[derive(Debug, Clone)]
 pub struct Outcome {
     pub finish_reason: FinishReason,
     pub tokens: Vec<u32>,
+    /// Which of `tokens` were forced by the engine.
+    pub forced: Vec<bool>,
     pub usage: Usage,
     pub timing: Timing,
     pub thinking: String,
     pub answer: String,
+    /// Diagnostics raised during generation: (kind, at_token).
+    pub diagnostics: Vec<(DiagnosticKind, usize)>,
+    /// Speculative-decoding metrics, when MTP drafting ran.
+    pub mtp: Option<MtpStats>,
 }
 
+/// Generated tokens between two `stats` events.
+const STATS_EVERY: usize = 8;
+
 pub struct Generator<'a> {
-    pub model: &'a Model,
     pub tokenizer: &'a TextTokenizer,
     /// A label for the `start` event.
     pub model_name: String,
 }
 
+/// Running state of one generation.
+struct Run<'e> {
+    emit: &'e mut dyn FnMut(EngineEvent),
+    phases: PhaseTracker,
+    decoder: IncrementalDecoder,
+    sampler: Sampler,
+    watchdog: LoopDetector,
+    tokens: Vec<u32>,
+    forced: Vec<bool>,
+    thinking: String,
+    answer: String,
+    usage: Usage,
+    /// Thinking tokens the model generated (the budget counts these, not forced ones).
+    thought: usize,
+    diagnostics: Vec<(DiagnosticKind, usize)>,
+    /// Where a stop string was found: (phase, byte offset in that phase's text).
+    stop_cut: Option<(Phase, usize)>,
+    started: Instant,
+    /// Seconds from the start to the first generated token.
+    first_token_at: Option<f64>,
+    /// Tokens generated at the last `stats` event.
+    stats_at: usize,
+}
+
+impl Run<'_> {
+    fn diagnostic(&mut self, kind: DiagnosticKind, at_token: usize, message: String, loop_at: Option<(usize, usize)>) {
+        self.diagnostics.push((kind, at_token));
+        (self.emit)(EngineEvent::Diagnostic {
+            kind,
+            at_token,
+            message,
+            period: loop_at.map(|l| l.0),
+            start: loop_at.map(|l| l.1),
+        });
+    }
+}
+
+/// Speculative decoding state of one generation.
+struct Spec {
+    control: DepthControl,
+    stats: MtpStats,
+    draft_rng: Rng,
+}
+
+/// How a run of speculative steps ended.
+enum Rounds {
+    Finished(FinishReason),
+    /// Everything appended has been fed; these are the logits for the next position.
+    Fed(Vec<f32>),
+}
+
+/// A `stats` event every [`STATS_EVERY`] generated tokens (live gauges).
+fn emit_stats(run: &mut Run, source: &dyn LogitsSource, mtp: Option<&MtpStats>) {
+    if run.tokens.len() < run.stats_at + STATS_EVERY {
+        return;
+    }
+    run.stats_at = run.tokens.len();
+    let since = run.first_token_at.unwrap_or(0.0);
+    let tok_s = (run.tokens.len() - 1) as f64 / (run.started.elapsed().as_secs_f64() - since).max(1e-9);
+    (run.emit)(EngineEvent::Stats {
+        generated: run.tokens.len(),
+        thinking_tokens: run.usage.thinking_tokens,
+        answer_tokens: run.usage.answer_tokens,
+        tok_s,
+        memory: source.memory(),
+        mtp: mtp.cloned(),
+    });
+}
+
+fn draw(dist: &[(u32, f64)], rng: &mut Rng) -> u32 {
+    if dist.len() == 1 {
+        return dist[0].0;
+    }
+    let mut u = rng.uniform();
+    for &(id, p) in dist {
+        if u < p {
+            return id;
+        }
+        u -= p;
+    }
+    dist[dist.len() - 1].0
+}
+
+/// What appending one token decided.
+enum After {
+    Continue,
+    Finish(FinishReason),
+}
+
 impl Generator<'_> {
-    /// Runs `req` to completion, cancellation or error. Cancellation is checked before every
-    /// token, so it takes effect within one token and keeps everything produced.
+    /// Runs `req` on `source` (whose prompt has not been fed yet) to completion, cancellation or
+    /// error.
     pub fn generate(
         &self,
+        source: &mut dyn LogitsSource,
         req: &GenerateRequest,
-        cancel: &AtomicBool,
+        control: &dyn Control,
         emit: &mut dyn FnMut(EngineEvent),
     ) -> Result<Outcome> {
         let started = Instant::now();
@@ -46,104 +149,435 @@ impl Generator<'_> {
         if p.max_tokens == 0 {
             return Err(Error::InvalidArgument("max_tokens must be at least 1".into()));
         }
-        let mut state = self.model.new_state();
-        self.model.validate(&req.prompt_ids, &state)?;
-        let max_ctx = self.model.config.max_position_embeddings;
-        if req.prompt_ids.len() + p.max_tokens > max_ctx {
-            return Err(Error::ContextOverflow { needed: req.prompt_ids.len() + p.max_tokens, max: max_ctx });
+        if p.top_logprobs > 20 {
+            return Err(Error::InvalidArgument(format!("top_logprobs is {}, at most 20", p.top_logprobs)));
         }
-        let mut phases = PhaseTracker::new(&self.tokenizer.specials, &req.prompt_ids);
+        let needed = source.position() + req.prompt_ids.len() + p.max_tokens;
+        if needed > source.context_len() {
+            return Err(Error::ContextOverflow { needed, max: source.context_len() });
+        }
+        let specials = &self.tokenizer.specials;
+        if p.thinking_budget.is_some() && specials.think_end.is_none() {
+            return Err(Error::InvalidArgument(
+                "this tokenizer has no </think> token, so a thinking budget cannot be enforced".into(),
+            ));
+        }
+        let phases = PhaseTracker::new(specials, &req.prompt_ids);
         emit(EngineEvent::Start {
             model: self.model_name.clone(),
             prompt_tokens: req.prompt_ids.len(),
             phase: phases.phase(),
             params: p.clone(),
         });
+        let mut run = Run {
+            emit,
+            phases,
+            decoder: IncrementalDecoder::default(),
+            sampler: Sampler::new(p.sampling.clone(), &req.prompt_ids),
+            watchdog: LoopDetector::new(p.loop_detection.clone()),
+            tokens: vec![],
+            forced: vec![],
+            thinking: String::new(),
+            answer: String::new(),
+            usage: Usage { prompt_tokens: req.prompt_ids.len(), ..Default::default() },
+            thought: 0,
+            diagnostics: vec![],
+            stop_cut: None,
+            started,
+            first_token_at: None,
+            stats_at: 0,
+        };
+        // The forced end of thinking: bridge text, `</think>`, blank line (Qwen's sequence).
+        let forced_close: Option<Vec<u32>> = match (p.thinking_budget, specials.think_end) {
+            (Some(_), Some(end)) => {
+                let mut f = self.tokenizer.encode(&p.budget_bridge)?;
+                f.push(end);
+                f.extend(self.tokenizer.encode("\n\n")?);
+                Some(f)
+            }
+            _ => None,
+        };
 
-        let mut rng = Rng::new(p.seed);
-        let mut decoder = IncrementalDecoder::default();
-        let mut tokens = vec![];
-        let (mut thinking, mut answer) = (String::new(), String::new());
-        let mut usage = Usage { prompt_tokens: req.prompt_ids.len(), ..Default::default() };
         let mut finish = FinishReason::Length;
-
-        let prefill_started = Instant::now();
-        let mut logits_row = if cancel.load(Ordering::Relaxed) {
+        let mut prefill_s = 0.0;
+        let mut logits = if control.proceed() {
+            let l = source.feed(&req.prompt_ids)?;
+            prefill_s = started.elapsed().as_secs_f64();
+            Some(l)
+        } else {
             finish = FinishReason::Cancelled;
             None
-        } else {
-            Some(self.model.forward(&req.prompt_ids, &mut state, ForwardOptions::default())?.logits.data)
         };
-        let prefill_s = prefill_started.elapsed().as_secs_f64();
-        let mut first_token_at = None;
-        while let Some(logits) = logits_row.take() {
-            if cancel.load(Ordering::Relaxed) {
+        let mut utf8_grace = 0;
+        // Speculative decoding, when asked for and the model can draft.
+        let mut spec = (p.mtp.depth > 0 || p.mtp.auto).then(|| Spec {
+            control: DepthControl::new(p.mtp),
+            stats: MtpStats::new(DepthControl::new(p.mtp).depth),
+            draft_rng: Rng::new(p.sampling.seed ^ 0x6d74_705f_6472_6166),
+        });
+        while let Some(l) = logits.take() {
+            if !control.proceed() {
                 finish = FinishReason::Cancelled;
                 break;
             }
-            let id = sample(&logits, p.temperature, &mut rng);
-            let lp = logprob(&logits, id);
-            first_token_at.get_or_insert_with(|| started.elapsed().as_secs_f64());
-            let step = phases.step(id);
-            let text = if step.is_stop { String::new() } else { decoder.push(self.tokenizer, id) };
-            let (count, buf) = match step.phase {
-                Phase::Thinking => (&mut usage.thinking_tokens, &mut thinking),
-                Phase::Answer => (&mut usage.answer_tokens, &mut answer),
-            };
-            *count += 1;
-            if !step.is_marker {
-                buf.push_str(&text);
+            // The thinking budget: once spent, force the end of thinking — after completing a
+            // UTF-8 character the model is in the middle of (at most 4 more tokens).
+            let budget_spent =
+                run.phases.phase() == Phase::Thinking && p.thinking_budget.is_some_and(|b| run.thought >= b);
+            if let (true, Some(close)) = (budget_spent, &forced_close) {
+                if run.decoder.has_pending() && utf8_grace < 4 {
+                    utf8_grace += 1;
+                } else {
+                    let room = p.max_tokens - run.tokens.len();
+                    let block = &close[..close.len().min(room)];
+                    let at = run.tokens.len();
+                    let budget = p.thinking_budget.unwrap_or(0);
+                    run.diagnostic(
+                        DiagnosticKind::ThinkingBudgetForced,
+                        at,
+                        format!("thinking budget of {budget} tokens spent: the engine forced the end of thinking ({} tokens: bridge text, </think>, blank line)", close.len()),
+                        None,
+                    );
+                    let mut end = None;
+                    for &id in block {
+                        if let After::Finish(f) = self.append(&mut run, req, id, true, &l, DraftKind::None) {
+                            end = Some(f);
+                            break;
+                        }
+                    }
+                    if block.len() < close.len() {
+                        end.get_or_insert(FinishReason::Length);
+                    }
+                    if let Some(f) = end {
+                        finish = f;
+                        break;
+                    }
+                    logits = Some(source.feed(block)?);
+                    continue;
+                }
             }
-            emit(EngineEvent::Token {
-                index: tokens.len(),
-                phase: step.phase,
-                id,
-                text,
-                logprob: lp,
-                draft: DraftKind::None,
-                forced: false,
-            });
-            tokens.push(id);
-            if step.is_stop {
-                finish = FinishReason::Stop;
+            let id = run.sampler.sample(&l);
+            if let After::Finish(f) = self.append(&mut run, req, id, false, &l, DraftKind::None) {
+                finish = f;
                 break;
             }
-            if tokens.len() >= p.max_tokens {
-                finish = FinishReason::Length;
-                break;
+            match spec.as_mut() {
+                Some(sp) if source.can_draft() => match self.speculate(&mut run, source, req, id, control, sp)? {
+                    Rounds::Finished(f) => {
+                        finish = f;
+                        break;
+                    }
+                    Rounds::Fed(next) => logits = Some(next),
+                },
+                _ => logits = Some(source.feed(&[id])?),
             }
-            logits_row = Some(self.model.forward(&[id], &mut state, ForwardOptions::default())?.logits.data);
+            emit_stats(&mut run, source, spec.as_ref().map(|s| &s.stats));
         }
+
         // Bytes of an incomplete character at the very end.
-        let tail = decoder.finish();
-        match phases.phase() {
-            Phase::Thinking => thinking.push_str(&tail),
-            Phase::Answer => answer.push_str(&tail),
+        let tail = run.decoder.finish();
+        match run.phases.phase() {
+            Phase::Thinking => run.thinking.push_str(&tail),
+            Phase::Answer => run.answer.push_str(&tail),
         }
-        usage.completion_tokens = usage.thinking_tokens + usage.answer_tokens;
+        if let Some((phase, at)) = run.stop_cut {
+            match phase {
+                Phase::Thinking => {
+                    run.thinking.truncate(at);
+                    run.answer.clear();
+                }
+                Phase::Answer => run.answer.truncate(at),
+            }
+        }
+        let last = run.tokens.len().saturating_sub(1);
+        if finish == FinishReason::Length {
+            let max = p.max_tokens;
+            if run.phases.phase() == Phase::Thinking {
+                let suggest = (max * 2).max(max + 512);
+                run.diagnostic(
+                    DiagnosticKind::ThinkingExhaustedMaxTokens,
+                    last,
+                    format!(
+                        "max_tokens ({max}) ran out inside the thinking phase after {} thinking tokens, so the answer is empty; raise max_tokens (e.g. {suggest}) or set a thinking budget below it (e.g. {}) to leave room for the answer",
+                        run.usage.thinking_tokens,
+                        max * 3 / 4
+                    ),
+                    None,
+                );
+            } else {
+                let by = if p.answer_budget.is_some_and(|b| run.usage.answer_tokens >= b) {
+                    "the answer budget"
+                } else {
+                    "max_tokens"
+                };
+                run.diagnostic(
+                    DiagnosticKind::AnswerTruncated,
+                    last,
+                    format!("{by} cut the answer after {} answer tokens", run.usage.answer_tokens),
+                    None,
+                );
+            }
+        }
+        run.usage.completion_tokens = run.usage.thinking_tokens + run.usage.answer_tokens;
         let total = started.elapsed().as_secs_f64();
-        let ttft = first_token_at.unwrap_or(total);
+        let ttft = run.first_token_at.unwrap_or(total);
+        let n = run.tokens.len();
         let timing = Timing {
             ttft_ms: ttft * 1e3,
             prefill_tok_s: req.prompt_ids.len() as f64 / prefill_s.max(1e-9),
-            decode_tok_s: if tokens.len() > 1 { (tokens.len() - 1) as f64 / (total - ttft).max(1e-9) } else { 0.0 },
+            decode_tok_s: if n > 1 { (n - 1) as f64 / (total - ttft).max(1e-9) } else { 0.0 },
             total_ms: total * 1e3,
         };
-        let sb = state.bytes();
-        let memory = Memory {
-            weights_bytes: self.model.weight_bytes(),
-            kv_bytes: sb.kv_bytes,
-            recurrent_bytes: sb.recurrent_bytes,
-            snapshot_bytes: 0,
-        };
-        emit(EngineEvent::Done {
+        let mtp = spec.map(|s| s.stats);
+        (run.emit)(EngineEvent::Done {
             finish_reason: finish,
-            usage: usage.clone(),
+            usage: run.usage.clone(),
             timing: timing.clone(),
-            memory,
-            thinking: thinking.clone(),
-            answer: answer.clone(),
+            mtp: mtp.clone(),
+            memory: source.memory(),
+            thinking: run.thinking.clone(),
+            answer: run.answer.clone(),
         });
-        Ok(Outcome { finish_reason: finish, tokens, usage, timing, thinking, answer })
+        Ok(Outcome {
+            finish_reason: finish,
+            tokens: run.tokens,
+            forced: run.forced,
+            usage: run.usage,
+            timing,
+            thinking: run.thinking,
+            answer: run.answer,
+            diagnostics: run.diagnostics,
+            mtp,
+        })
+    }
+
+    /// Speculative steps starting from `x`, a token just appended but not fed yet. Each step
+    /// drafts, verifies `[x, d1..dk]`, appends the accepted drafts and the verify pass's own token
+    /// (which becomes the next `x`), and keeps exactly what was appended. Drafting never crosses a
+    /// point where the engine must force tokens or stop (max_tokens, the thinking or answer
+    /// budget): there the depth shrinks, and at zero the token is fed plainly and control returns
+    /// to the main loop.
+    fn speculate(
+        &self,
+        run: &mut Run,
+        source: &mut dyn LogitsSource,
+        req: &GenerateRequest,
+        mut x: u32,
+        control: &dyn Control,
+        spec: &mut Spec,
+    ) -> Result<Rounds> {
+        let p = &req.params;
+        loop {
+            let room = p.max_tokens - run.tokens.len();
+            let mut k = spec.control.depth.min(room.saturating_sub(1));
+            match run.phases.phase() {
+                Phase::Thinking => {
+                    if let Some(b) = p.thinking_budget {
+                        k = k.min(b.saturating_sub(run.thought).saturating_sub(1));
+                    }
+                }
+                Phase::Answer => {
+                    if let Some(b) = p.answer_budget {
+                        k = k.min(b.saturating_sub(run.usage.answer_tokens).saturating_sub(1));
+                    }
+                }
+            }
+            if k == 0 {
+                return Ok(Rounds::Fed(source.feed(&[x])?));
+            }
+            if !control.proceed() {
+                return Ok(Rounds::Finished(FinishReason::Cancelled));
+            }
+            // Draft: each token drawn from the draft distribution q (with its own generator, so
+            // draft and acceptance randomness stay independent).
+            let t0 = Instant::now();
+            let mut ds = run.sampler.clone();
+            let mut q_dists = vec![];
+            let rng = &mut spec.draft_rng;
+            let drafts = source.draft(x, k, &mut |logits| {
+                let q = ds.distribution(logits);
+                let d = draw(&q, rng);
+                ds.observe(d);
+                q_dists.push(q);
+                d
+            })?;
+            let t1 = Instant::now();
+            let mut block = vec![x];
+            block.extend(drafts.iter().map(|d| d.0));
+            let rows = source.verify(&block)?;
+            spec.stats.draft_ms += (t1 - t0).as_secs_f64() * 1e3;
+            spec.stats.verify_ms += t1.elapsed().as_secs_f64() * 1e3;
+            spec.stats.snapshot_bytes = source.rollback_bytes();
+
+            let mut accepted = 0;
+            let mut produced = 0;
+            let mut end = None;
+            let mut next = None;
+            for (i, (d, _)) in drafts.iter().enumerate() {
+                let target = run.sampler.distribution(&rows[i]);
+                let ok = if run.sampler.is_greedy() {
+                    target[0].0 == *d
+                } else {
+                    run.sampler.uniform() < (prob(&target, *d) / prob(&q_dists[i], *d)).min(1.0)
+                };
+                if ok {
+                    accepted += 1;
+                    produced += 1;
+                    if let After::Finish(f) = self.append(run, req, *d, false, &rows[i], DraftKind::Accepted) {
+                        end = Some(f);
+                        break;
+                    }
+                } else {
+                    let fix = if run.sampler.is_greedy() {
+                        target[0].0
+                    } else {
+                        run.sampler.draw(&residual(&target, &q_dists[i]))
+                    };
+                    produced += 1;
+                    next = Some(fix);
+                    if let After::Finish(f) = self.append(run, req, fix, false, &rows[i], DraftKind::Bonus) {
+                        end = Some(f);
+                    }
+                    break;
+                }
+            }
+            if end.is_none() && next.is_none() {
+                // Every draft held: the pass's last row gives one more token.
+                let bonus = run.sampler.sample(&rows[accepted]);
+                produced += 1;
+                next = Some(bonus);
+                if let After::Finish(f) = self.append(run, req, bonus, false, &rows[accepted], DraftKind::Bonus) {
+                    end = Some(f);
+                }
+            }
+            source.accept(1 + accepted)?;
+            spec.stats.record(drafts.len(), accepted, produced);
+            spec.control.observe(drafts.len(), accepted);
+            spec.stats.depth = spec.control.depth;
+            emit_stats(run, source, Some(&spec.stats));
+            if let Some(f) = end {
+                return Ok(Rounds::Finished(f));
+            }
+            x = next.unwrap_or_else(|| unreachable!("a verify pass always yields a token or a finish"));
+            // Where the engine must force next (the thinking budget just ran out), hand back.
+            let budget_spent =
+                run.phases.phase() == Phase::Thinking && p.thinking_budget.is_some_and(|b| run.thought >= b);
+            if budget_spent {
+                return Ok(Rounds::Fed(source.feed(&[x])?));
+            }
+        }
+    }
+
+    /// Appends one generated or forced token: events, counters, texts and every stop check.
+    fn append(
+        &self,
+        run: &mut Run,
+        req: &GenerateRequest,
+        id: u32,
+        forced: bool,
+        logits: &[f32],
+        draft: DraftKind,
+    ) -> After {
+        let p = &req.params;
+        run.first_token_at.get_or_insert_with(|| run.started.elapsed().as_secs_f64());
+        let step = run.phases.step(id);
+        let is_stop = step.is_stop || p.stop_token_ids.contains(&id);
+        let text = if is_stop { String::new() } else { run.decoder.push(self.tokenizer, id) };
+        let index = run.tokens.len();
+        match step.phase {
+            Phase::Thinking => {
+                run.usage.thinking_tokens += 1;
+                // The budget counts thinking content, not the <think> / </think> markers.
+                if !forced && !step.is_marker {
+                    run.thought += 1;
+                }
+                if !step.is_marker {
+                    run.thinking.push_str(&text);
+                }
+            }
+            Phase::Answer => {
+                run.usage.answer_tokens += 1;
+                if !step.is_marker {
+                    run.answer.push_str(&text);
+                }
+            }
+        }
+        if forced {
+            run.usage.forced_tokens += 1;
+        }
+        let (lp, alts) = if forced {
+            (0.0, vec![])
+        } else {
+            let alts = top_logprobs(logits, p.top_logprobs)
+                .into_iter()
+                .map(|a| Alternative { id: a.id, logprob: a.logprob, text: self.tokenizer.decode(&[a.id]) })
+                .collect();
+            (logprob(logits, id), alts)
+        };
+        (run.emit)(EngineEvent::Token {
+            index,
+            phase: step.phase,
+            id,
+            text,
+            logprob: lp,
+            draft,
+            forced,
+            top_logprobs: alts,
+        });
+        run.tokens.push(id);
+        run.forced.push(forced);
+        run.sampler.observe(id);
+
+        if let Some(r) = run.watchdog.push(id) {
+            run.diagnostic(
+                DiagnosticKind::DegenerateLoop,
+                r.at,
+                format!(
+                    "degenerate loop: a {}-token pattern repeats from token {} on{}",
+                    r.period,
+                    r.start,
+                    if p.loop_detection.auto_stop { "; stopping" } else { "" }
+                ),
+                Some((r.period, r.start)),
+            );
+            if p.loop_detection.auto_stop {
+                return After::Finish(FinishReason::Loop);
+            }
+        }
+        if is_stop {
+            return After::Finish(FinishReason::Stop);
+        }
+        if !p.stop.is_empty() {
+            let (phase, buf) = match step.phase {
+                Phase::Thinking => (Phase::Thinking, &run.thinking),
+                Phase::Answer => (Phase::Answer, &run.answer),
+            };
+            // Only the tail can hold a newly completed stop string.
+            let longest = p.stop.iter().map(String::len).max().unwrap_or(0);
+            let mut from = buf.len().saturating_sub(longest + 8);
+            while !buf.is_char_boundary(from) {
+                from -= 1;
+            }
+            if let Some(at) = p
+                .stop
+                .iter()
+                .filter(|s| !s.is_empty())
+                .filter_map(|s| buf[from..].find(s.as_str()).map(|i| from + i))
+                .min()
+            {
+                run.stop_cut = Some((phase, at));
+                return After::Finish(FinishReason::StopString);
+            }
+        }
+        if run.tokens.len() >= p.max_tokens {
+            return After::Finish(FinishReason::Length);
+        }
+        if step.phase == Phase::Answer
+            && !step.is_marker
+            && p.answer_budget.is_some_and(|b| run.usage.answer_tokens >= b)
+        {
+            return After::Finish(FinishReason::Length);
+        }
+        After::Continue
     }
 }

@@ -1,14 +1,23 @@
-//! The engine: decides what to compute (sampling, budgets, phases) and emits one event stream.
-//! It never renders.
+//! The engine: decides what to compute (sampling, budgets, phases, the loop alarm) and emits one
+//! event stream. It never renders.
 
+pub mod control;
 pub mod events;
 pub mod generate;
 pub mod reasoning;
 pub mod request;
 pub mod sampler;
+pub mod session;
+pub mod speculative;
+pub mod watchdog;
 pub mod worker;
 
-pub use events::{DraftKind, EngineEvent, FinishReason, Phase, Timing, Usage};
+pub use control::{Control, StepControl};
+pub use events::{Alternative, DiagnosticKind, DraftKind, EngineEvent, FinishReason, Memory, Phase, Timing, Usage};
 pub use generate::{Generator, Outcome};
-pub use request::{GenerateRequest, GenerationParams};
+pub use request::{GenerateRequest, GenerationParams, QWEN_BUDGET_BRIDGE};
+pub use sampler::{Preset, SamplingParams};
+pub use session::{LogitsSource, ModelSession, check_prompt};
+pub use speculative::{MtpParams, MtpStats};
+pub use watchdog::LoopParams;
 pub use worker::EngineHandle;

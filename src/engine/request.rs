@@ -1,19 +1,54 @@
-//! What a generation request asks for.
+//! What a generation request asks for. Shared by every front end (`run`, `sweep`, the TUI).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+use super::sampler::SamplingParams;
+use super::speculative::MtpParams;
+use super::watchdog::LoopParams;
+
+/// Qwen's budget-forcing sentence (QwenLM/Qwen3 docs, "Thinking Budget"): injected before
+/// `</think>` when a thinking budget runs out.
+pub const QWEN_BUDGET_BRIDGE: &str =
+    "\n\nConsidering the limited time by the user, I have to give the solution based on the thinking directly now.\n";
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct GenerationParams {
-    /// Thinking + answer tokens, as the servers count them.
+    /// Generated tokens, thinking + answer (forced tokens included), as the servers count them.
     pub max_tokens: usize,
-    /// 0 = greedy.
-    pub temperature: f32,
-    pub seed: u64,
+    pub sampling: SamplingParams,
+    /// Thinking tokens the model may generate, counted across think blocks, before the engine
+    /// forces the end of thinking. `None` = unlimited. (Budget 0 is thinking off, which front
+    /// ends render through the template's `enable_thinking=false`.)
+    pub thinking_budget: Option<usize>,
+    /// Text forced before `</think>` when the thinking budget runs out (may be empty).
+    pub budget_bridge: String,
+    /// Answer tokens after which generation ends (finish `length`). `None` = only max_tokens.
+    pub answer_budget: Option<usize>,
+    /// Strings that end generation (finish `stop_string`); they are cut from the final texts.
+    pub stop: Vec<String>,
+    /// Token ids that end generation besides the model's EOS ids.
+    pub stop_token_ids: Vec<u32>,
+    pub loop_detection: LoopParams,
+    /// Alternatives reported with every token (0–20).
+    pub top_logprobs: usize,
+    /// MTP speculative decoding (needs a checkpoint with an MTP head).
+    pub mtp: MtpParams,
 }
 
 impl Default for GenerationParams {
     fn default() -> Self {
-        GenerationParams { max_tokens: 512, temperature: 0.0, seed: 0 }
+        GenerationParams {
+            max_tokens: 1024,
+            sampling: SamplingParams::default(),
+            thinking_budget: None,
+            budget_bridge: QWEN_BUDGET_BRIDGE.to_string(),
+            answer_budget: None,
+            stop: vec![],
+            stop_token_ids: vec![],
+            loop_detection: LoopParams::default(),
+            top_logprobs: 0,
+            mtp: MtpParams::default(),
+        }
     }
 }
 

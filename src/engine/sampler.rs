@@ -1,5 +1,19 @@
-//! Token selection: greedy at temperature 0, else plain temperature sampling from a seeded
-//! generator (same seed ⇒ same tokens).
+//! Token selection with vLLM / SGLang semantics:
+//!
+//! 1. penalties on the raw logits — repetition (prompt + generated: positive logits divided,
+//!    negative ones multiplied), frequency (× count in the generated tokens) and presence (once
+//!    per distinct generated token);
+//! 2. temperature 0 ⇒ greedy (argmax of the penalised logits);
+//! 3. otherwise logits / temperature, then min-p (relative to the most likely token), top-k, and
+//!    top-p over the top-k-renormalised distribution (vLLM's order), then one draw from a
+//!    seeded generator (same seed ⇒ same tokens).
+//!
+//! Nothing sorts the whole vocabulary per token: top-k is a linear-time selection, and top-p
+//! widens a selected candidate set only until it holds the requested mass.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
 
 /// SplitMix64: tiny, fast and reproducible across platforms and versions.
 #[derive(Debug, Clone)]
@@ -24,6 +38,256 @@ impl Rng {
     }
 }
 
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SamplingParams {
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: usize,
+    /// 1.0 = off.
+    pub top_p: f32,
+    /// 0.0 = off.
+    pub min_p: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// 1.0 = off.
+    pub repetition_penalty: f32,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// The sampling defaults a checkpoint ships in generation_config.json (`do_sample: false`
+    /// means greedy; absent fields keep the neutral values).
+    pub fn from_generation_config(g: &serde_json::Value) -> Self {
+        let f = |k: &str| g.get(k).and_then(serde_json::Value::as_f64).map(|v| v as f32);
+        let mut p = SamplingParams::default();
+        let sample = g.get("do_sample").and_then(serde_json::Value::as_bool).unwrap_or(true);
+        if sample {
+            p.temperature = f("temperature").unwrap_or(1.0);
+        }
+        p.top_k = g.get("top_k").and_then(serde_json::Value::as_u64).map(|v| v as usize).unwrap_or(0);
+        p.top_p = f("top_p").unwrap_or(1.0);
+        p.min_p = f("min_p").unwrap_or(0.0);
+        p.repetition_penalty = f("repetition_penalty").unwrap_or(1.0);
+        p.presence_penalty = f("presence_penalty").unwrap_or(0.0);
+        p.frequency_penalty = f("frequency_penalty").unwrap_or(0.0);
+        p
+    }
+}
+
+/// The model-card presets (model-spec §7.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Preset {
+    ThinkingGeneral,
+    ThinkingCoding,
+    InstructGeneral,
+    InstructReasoning,
+}
+
+impl Preset {
+    pub const ALL: [Preset; 4] =
+        [Preset::ThinkingGeneral, Preset::ThinkingCoding, Preset::InstructGeneral, Preset::InstructReasoning];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::ThinkingGeneral => "thinking-general",
+            Preset::ThinkingCoding => "thinking-coding",
+            Preset::InstructGeneral => "instruct-general",
+            Preset::InstructReasoning => "instruct-reasoning",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Preset> {
+        Preset::ALL.into_iter().find(|p| p.name() == s)
+    }
+
+    /// Whether the preset is meant for thinking mode.
+    pub fn thinking(self) -> bool {
+        matches!(self, Preset::ThinkingGeneral | Preset::ThinkingCoding)
+    }
+
+    /// Applies the preset's values (the seed is kept).
+    pub fn apply(self, p: &mut SamplingParams) {
+        let (t, top_p, k, pres) = match self {
+            Preset::ThinkingGeneral => (1.0, 0.95, 20, 1.5),
+            Preset::ThinkingCoding => (0.6, 0.95, 20, 0.0),
+            Preset::InstructGeneral => (0.7, 0.8, 20, 1.5),
+            Preset::InstructReasoning => (1.0, 1.0, 40, 2.0),
+        };
+        p.temperature = t;
+        p.top_p = top_p;
+        p.top_k = k;
+        p.min_p = 0.0;
+        p.presence_penalty = pres;
+        p.frequency_penalty = 0.0;
+        p.repetition_penalty = 1.0;
+    }
+}
+
+/// One alternative at a position: token id and its raw log-probability.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+}
+
+/// Per-request sampling state: the seeded generator and the token counts the penalties need.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    pub params: SamplingParams,
+    rng: Rng,
+    /// Count of each token among the generated ones.
+    generated: HashMap<u32, u32>,
+    /// Tokens of the prompt (repetition penalty covers prompt + generated).
+    in_prompt: std::collections::HashSet<u32>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams, prompt: &[u32]) -> Self {
+        Sampler {
+            rng: Rng::new(params.seed),
+            generated: HashMap::new(),
+            in_prompt: prompt.iter().copied().collect(),
+            params,
+        }
+    }
+
+    /// Records a generated (or forced) token for the penalties.
+    pub fn observe(&mut self, id: u32) {
+        *self.generated.entry(id).or_insert(0) += 1;
+    }
+
+    /// The logits after penalties (a copy; the raw logits stay untouched for logprobs).
+    pub fn penalised(&self, logits: &[f32]) -> Vec<f32> {
+        let p = &self.params;
+        let mut out = logits.to_vec();
+        if p.repetition_penalty != 1.0 {
+            for &id in self.in_prompt.iter().chain(self.generated.keys()) {
+                if let Some(v) = out.get_mut(id as usize) {
+                    *v = if *v > 0.0 { *v / p.repetition_penalty } else { *v * p.repetition_penalty };
+                }
+            }
+        }
+        if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+            for (&id, &n) in &self.generated {
+                if let Some(v) = out.get_mut(id as usize) {
+                    *v -= p.frequency_penalty * n as f32 + p.presence_penalty;
+                }
+            }
+        }
+        out
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature <= 0.0
+    }
+
+    /// The distribution tokens are drawn from, after penalties, temperature, min-p, top-k and
+    /// top-p: `(id, probability)` pairs summing to 1. Greedy puts all mass on the argmax.
+    pub fn distribution(&self, logits: &[f32]) -> Vec<(u32, f64)> {
+        let z = self.penalised(logits);
+        let p = &self.params;
+        if p.temperature <= 0.0 {
+            return vec![(argmax(&z), 1.0)];
+        }
+        let inv_t = 1.0 / p.temperature;
+        let zmax = z.iter().cloned().fold(f32::NEG_INFINITY, f32::max) * inv_t;
+        // min-p: p_i / p_max = exp(z_i - z_max) ≥ min_p.
+        let floor = if p.min_p > 0.0 { zmax + p.min_p.ln() } else { f32::NEG_INFINITY };
+        let mut cand: Vec<(u32, f32)> = z
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (i as u32, v * inv_t))
+            .filter(|(_, v)| *v >= floor && v.is_finite())
+            .collect();
+        if cand.is_empty() {
+            return vec![(argmax(&z), 1.0)];
+        }
+        if p.top_k > 0 && p.top_k < cand.len() {
+            cand.select_nth_unstable_by(p.top_k - 1, |a, b| b.1.total_cmp(&a.1));
+            cand.truncate(p.top_k);
+        }
+        if p.top_p < 1.0 {
+            cand = top_p_prefix(cand, p.top_p);
+        }
+        let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+        let weights: Vec<f64> = cand.iter().map(|c| ((c.1 - max) as f64).exp()).collect();
+        let total: f64 = weights.iter().sum();
+        cand.iter().zip(weights).map(|(c, w)| (c.0, w / total)).collect()
+    }
+
+    /// Draws from a distribution (no randomness spent on a single certain token).
+    pub fn draw(&mut self, dist: &[(u32, f64)]) -> u32 {
+        if dist.len() == 1 {
+            return dist[0].0;
+        }
+        let mut u = self.rng.uniform();
+        for &(id, p) in dist {
+            if u < p {
+                return id;
+            }
+            u -= p;
+        }
+        dist[dist.len() - 1].0
+    }
+
+    /// Chooses the next token.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        let d = self.distribution(logits);
+        self.draw(&d)
+    }
+
+    /// Uniform in [0, 1) from the request's generator.
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.uniform()
+    }
+}
+
+/// The smallest set of most likely candidates whose probability (renormalised over `cand`)
+/// reaches `top_p`, best first. Selects the 64 best, then 1024, … before sorting anything.
+fn top_p_prefix(mut cand: Vec<(u32, f32)>, top_p: f32) -> Vec<(u32, f32)> {
+    let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+    let total: f64 = cand.iter().map(|c| ((c.1 - max) as f64).exp()).sum();
+    let mut k = 64;
+    loop {
+        let n = cand.len();
+        if k < n {
+            cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
+        }
+        let head = k.min(n);
+        cand[..head].sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut mass = 0f64;
+        for i in 0..head {
+            mass += ((cand[i].1 - max) as f64).exp() / total;
+            // vLLM keeps a token while the mass before it is below top_p.
+            if mass >= top_p as f64 {
+                cand.truncate(i + 1);
+                return cand;
+            }
+        }
+        if head == n {
+            return cand;
+        }
+        k *= 16;
+    }
+}
+
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &v) in logits.iter().enumerate() {
@@ -34,57 +298,134 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// `log_softmax(logits)[id]`.
-pub fn logprob(logits: &[f32], id: u32) -> f32 {
+/// `log Σ exp(logits)`.
+pub fn log_sum_exp(logits: &[f32]) -> f64 {
     let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = logits.iter().map(|&v| ((v - max) as f64).exp()).sum();
-    ((logits[id as usize] - max) as f64 - sum.ln()) as f32
+    max as f64 + sum.ln()
 }
 
-pub fn sample(logits: &[f32], temperature: f32, rng: &mut Rng) -> u32 {
-    if temperature <= 0.0 {
-        return argmax(logits);
+/// `log_softmax(logits)[id]`.
+pub fn logprob(logits: &[f32], id: u32) -> f32 {
+    (logits[id as usize] as f64 - log_sum_exp(logits)) as f32
+}
+
+/// The `k` most likely tokens under the raw distribution, best first.
+pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<TokenLogprob> {
+    if k == 0 {
+        return vec![];
     }
-    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let weights: Vec<f64> = logits.iter().map(|&v| (((v - max) / temperature) as f64).exp()).collect();
-    let total: f64 = weights.iter().sum();
-    let mut u = rng.uniform() * total;
-    for (i, w) in weights.iter().enumerate() {
-        if u < *w {
-            return i as u32;
-        }
-        u -= w;
-    }
-    argmax(logits)
+    let lse = log_sum_exp(logits);
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    let k = k.min(idx.len());
+    idx.select_nth_unstable_by(k - 1, |a, b| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b)));
+    idx.truncate(k);
+    idx.sort_by(|a, b| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b)));
+    idx.into_iter().map(|id| TokenLogprob { id, logprob: (logits[id as usize] as f64 - lse) as f32 }).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn greedy_and_seeded_sampling() {
-        let logits = [0.1, 2.0, -1.0, 1.9];
-        assert_eq!(sample(&logits, 0.0, &mut Rng::new(1)), 1);
-        let draw = |seed| {
-            let mut r = Rng::new(seed);
-            (0..50).map(|_| sample(&logits, 1.0, &mut r)).collect::<Vec<_>>()
-        };
-        assert_eq!(draw(7), draw(7));
-        assert_ne!(draw(7), draw(8));
-        // Both near-top tokens are drawn at temperature 1.
-        let d = draw(3);
-        assert!(d.contains(&1) && d.contains(&3));
+    fn draws(params: SamplingParams, logits: &[f32], n: usize) -> Vec<u32> {
+        let mut s = Sampler::new(params, &[]);
+        (0..n).map(|_| s.sample(logits)).collect()
+    }
+
+    fn freq(d: &[u32], id: u32) -> f64 {
+        d.iter().filter(|&&x| x == id).count() as f64 / d.len() as f64
     }
 
     #[test]
-    fn sampling_follows_the_distribution() {
-        let logits = [0.0f32, (3.0f32).ln()]; // p = 0.25, 0.75
-        let mut r = Rng::new(42);
-        let n = 20000;
-        let ones = (0..n).filter(|_| sample(&logits, 1.0, &mut r) == 1).count();
-        let p = ones as f64 / n as f64;
-        assert!((p - 0.75).abs() < 0.015, "{p}");
-        assert!((logprob(&logits, 1) - 0.75f32.ln()).abs() < 1e-6);
+    fn greedy_at_temperature_zero() {
+        assert_eq!(draws(SamplingParams::default(), &[0.1, 2.0, -1.0, 1.9], 5), vec![1; 5]);
+    }
+
+    #[test]
+    fn same_seed_same_tokens() {
+        let p = SamplingParams { temperature: 1.0, seed: 7, ..Default::default() };
+        let l = [0.1, 2.0, -1.0, 1.9, 0.5];
+        assert_eq!(draws(p.clone(), &l, 50), draws(p.clone(), &l, 50));
+        assert_ne!(draws(p.clone(), &l, 50), draws(SamplingParams { seed: 8, ..p }, &l, 50));
+    }
+
+    #[test]
+    fn temperature_follows_the_distribution() {
+        let l = [0.0f32, (3.0f32).ln()]; // p = 0.25, 0.75
+        let d = draws(SamplingParams { temperature: 1.0, seed: 42, ..Default::default() }, &l, 20000);
+        assert!((freq(&d, 1) - 0.75).abs() < 0.015);
+        // Temperature 0.5 squares the odds: 9 : 1.
+        let d = draws(SamplingParams { temperature: 0.5, seed: 42, ..Default::default() }, &l, 20000);
+        assert!((freq(&d, 1) - 0.9).abs() < 0.01, "{}", freq(&d, 1));
+    }
+
+    #[test]
+    fn top_k_top_p_min_p_cut_the_tail() {
+        // probabilities ∝ 8, 4, 2, 1, 1
+        let l: Vec<f32> = [8f32, 4., 2., 1., 1.].iter().map(|x| x.ln()).collect();
+        let base = SamplingParams { temperature: 1.0, seed: 3, ..Default::default() };
+        let d = draws(SamplingParams { top_k: 2, ..base.clone() }, &l, 3000);
+        assert!(d.iter().all(|&x| x < 2) && (freq(&d, 0) - 2.0 / 3.0).abs() < 0.03);
+        // top_p 0.7: 8/16 = 0.5 < 0.7, 12/16 = 0.75 ≥ 0.7 → tokens 0 and 1.
+        let d = draws(SamplingParams { top_p: 0.7, ..base.clone() }, &l, 3000);
+        assert!(d.iter().all(|&x| x < 2) && d.contains(&1));
+        // top_p is applied over the top-k-renormalised distribution: with k = 3 the masses are
+        // 8/14, 12/14 → top_p 0.8 keeps two.
+        let d = draws(SamplingParams { top_k: 3, top_p: 0.8, ..base.clone() }, &l, 3000);
+        assert!(d.iter().all(|&x| x < 2));
+        // min_p 0.3: keep p ≥ 0.3 · p_max → 8, 4 (2/8 = 0.25 is cut).
+        let d = draws(SamplingParams { min_p: 0.3, ..base.clone() }, &l, 3000);
+        assert!(d.iter().all(|&x| x < 2) && d.contains(&1));
+    }
+
+    #[test]
+    fn top_p_over_a_large_flat_vocabulary() {
+        // 248k tokens, nearly flat: the candidate set must widen past its first selections.
+        let l: Vec<f32> = (0..248_320).map(|i| (i % 7) as f32 * 1e-3).collect();
+        let d = draws(SamplingParams { temperature: 1.0, top_p: 0.5, seed: 1, ..Default::default() }, &l, 200);
+        let distinct: std::collections::HashSet<_> = d.iter().collect();
+        assert!(distinct.len() > 150, "{}", distinct.len());
+    }
+
+    #[test]
+    fn penalties_follow_vllm() {
+        let mut s = Sampler::new(SamplingParams { repetition_penalty: 2.0, ..Default::default() }, &[0]);
+        s.observe(2);
+        let z = s.penalised(&[4.0, 4.0, -1.0, 1.0]);
+        // Prompt token 0 (positive) is divided, generated token 2 (negative) multiplied.
+        assert_eq!(z, vec![2.0, 4.0, -2.0, 1.0]);
+        let mut s =
+            Sampler::new(SamplingParams { frequency_penalty: 0.5, presence_penalty: 1.0, ..Default::default() }, &[0]);
+        s.observe(1);
+        s.observe(1);
+        s.observe(3);
+        // Prompt tokens are not penalised by frequency / presence.
+        assert_eq!(s.penalised(&[1.0, 1.0, 1.0, 1.0]), vec![1.0, -1.0, 1.0, -0.5]);
+        // And the penalty changes the greedy choice.
+        assert_eq!(s.sample(&[0.0, 1.5, 0.2, 0.0]), 2);
+    }
+
+    #[test]
+    fn presets_match_the_model_cards() {
+        let mut p = SamplingParams { seed: 9, ..Default::default() };
+        Preset::ThinkingGeneral.apply(&mut p);
+        assert_eq!(
+            (p.temperature, p.top_p, p.top_k, p.min_p, p.presence_penalty, p.repetition_penalty, p.seed),
+            (1.0, 0.95, 20, 0.0, 1.5, 1.0, 9)
+        );
+        Preset::InstructReasoning.apply(&mut p);
+        assert_eq!((p.temperature, p.top_p, p.top_k, p.presence_penalty), (1.0, 1.0, 40, 2.0));
+        assert_eq!(Preset::parse("thinking-coding"), Some(Preset::ThinkingCoding));
+    }
+
+    #[test]
+    fn top_logprobs_are_sorted_and_normalised() {
+        let l = [1.0f32, 3.0, 2.0, 0.0];
+        let t = top_logprobs(&l, 2);
+        assert_eq!(t.iter().map(|x| x.id).collect::<Vec<_>>(), vec![1, 2]);
+        let total: f64 = l.iter().map(|&v| ((v as f64) - log_sum_exp(&l)).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-9);
+        assert!((t[0].logprob - logprob(&l, 1)).abs() < 1e-7);
     }
 }

@@ -2,25 +2,26 @@
 //! runtime): front ends send commands and read one stream of events.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 
+use super::control::StepControl;
 use super::events::EngineEvent;
 use super::generate::Generator;
 use super::request::GenerateRequest;
+use super::session::ModelSession;
 use crate::chat::TextTokenizer;
 use crate::model::Model;
 
 pub enum Command {
-    Generate(GenerateRequest),
+    Generate(Box<GenerateRequest>),
     Shutdown,
 }
 
 pub struct EngineHandle {
     commands: Sender<Command>,
     pub events: Receiver<EngineEvent>,
-    cancel: Arc<AtomicBool>,
+    control: Arc<StepControl>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -28,38 +29,49 @@ impl EngineHandle {
     pub fn spawn(model: Arc<Model>, tokenizer: Arc<TextTokenizer>, model_name: String) -> Self {
         let (cmd_tx, cmd_rx) = mpsc::channel::<Command>();
         let (ev_tx, ev_rx) = mpsc::channel::<EngineEvent>();
-        let cancel = Arc::new(AtomicBool::new(false));
-        let flag = cancel.clone();
+        let control = Arc::new(StepControl::default());
+        let ctl = control.clone();
         let thread = std::thread::Builder::new()
             .name("deltascope-engine".into())
             .spawn(move || {
-                let generator = Generator { model: &model, tokenizer: &tokenizer, model_name };
+                let generator = Generator { tokenizer: &tokenizer, model_name };
                 while let Ok(Command::Generate(req)) = cmd_rx.recv() {
-                    flag.store(false, Ordering::SeqCst);
                     let mut emit = |e: EngineEvent| {
                         let _ = ev_tx.send(e);
                     };
-                    if let Err(e) = generator.generate(&req, &flag, &mut emit) {
+                    let drafting = req.params.mtp.depth > 0 || req.params.mtp.auto;
+                    let mut session = if drafting { ModelSession::with_mtp(&model) } else { ModelSession::new(&model) };
+                    if let Err(e) = generator.generate(&mut session, &req, ctl.as_ref(), &mut emit) {
                         let _ = ev_tx.send(EngineEvent::Error { message: e.to_string() });
                     }
                 }
             })
             .expect("spawning the engine thread");
-        EngineHandle { commands: cmd_tx, events: ev_rx, cancel, thread: Some(thread) }
+        EngineHandle { commands: cmd_tx, events: ev_rx, control, thread: Some(thread) }
     }
 
+    /// Starts a generation (queued behind a running one). Clears a previous cancellation.
     pub fn generate(&self, req: GenerateRequest) {
-        let _ = self.commands.send(Command::Generate(req));
+        self.control.reset();
+        let _ = self.commands.send(Command::Generate(Box::new(req)));
     }
 
     /// Stops the running generation within one token; what was produced is kept.
     pub fn cancel(&self) {
-        self.cancel.store(true, Ordering::SeqCst);
+        self.control.cancel();
     }
 
-    /// A flag that cancels the running generation (for signal handlers).
-    pub fn cancel_flag(&self) -> Arc<AtomicBool> {
-        self.cancel.clone()
+    /// Step mode: pause before the next token; `step` then advances one token at a time.
+    pub fn set_paused(&self, paused: bool) {
+        self.control.set_paused(paused);
+    }
+
+    pub fn step(&self) {
+        self.control.step(1);
+    }
+
+    pub fn control(&self) -> Arc<StepControl> {
+        self.control.clone()
     }
 }
 

@@ -39,7 +39,7 @@ pub enum MlpKind {
     Moe,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LinearAttnConfig {
     pub conv_kernel: usize,
     pub key_head_dim: usize,

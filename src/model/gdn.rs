@@ -86,10 +86,22 @@ impl GdnLayer {
             + (self.conv_w.len() + 3 * self.a_neg.len() + self.norm_w.len()) * 4
     }
 
-    pub fn forward(&self, x: &Mat, state: &mut GdnState, prec: Precision) -> Result<Mat> {
+    /// Runs the layer over `x`. With `verify`, every token goes through the recurrent rule — the
+    /// exact arithmetic of one-token decoding — and a [`GdnTape`] is kept so the state can be
+    /// rolled back to any prefix of the tokens (speculative decoding).
+    pub fn forward(&self, x: &Mat, state: &mut GdnState, prec: Precision, verify: bool) -> Result<Mat> {
         let c = &self.cfg;
         let (t_len, conv_dim, vd, hv) = (x.rows, c.conv_dim(), c.value_dim(), c.num_value_heads);
         let proj = self.in_proj.forward(x, prec)?;
+        let mut tape = verify.then(|| GdnTape {
+            base_conv: state.conv.clone(),
+            base_ssm: state.ssm.clone(),
+            inputs: proj.columns(0, conv_dim).data,
+            k: vec![0.0; t_len * hv * c.key_head_dim],
+            delta: vec![0.0; t_len * hv * c.value_head_dim],
+            g: vec![0.0; t_len * hv],
+            tokens: t_len,
+        });
 
         // 1. Causal depthwise conv + SiLU over [window; new inputs]; the window keeps the last
         //    K-1 pre-conv inputs.
@@ -138,7 +150,7 @@ impl GdnLayer {
         let (dk, dv, r) = (c.key_head_dim, c.value_head_dim, c.head_ratio());
         let kd = c.key_dim();
         let scale = (dk as f32).powf(-0.5);
-        let head = |(h, s): (usize, &mut [f32])| -> Vec<f32> {
+        let head = |(h, s): (usize, &mut [f32])| -> (Vec<f32>, Vec<f32>, Vec<f32>) {
             let kh = h / r;
             let mut q = Vec::with_capacity(t_len * dk);
             let mut kk = Vec::with_capacity(t_len * dk);
@@ -155,24 +167,40 @@ impl GdnLayer {
             }
             let gh: Vec<f32> = (0..t_len).map(|t| g[t * hv + h]).collect();
             let bh: Vec<f32> = (0..t_len).map(|t| beta[t * hv + h]).collect();
-            if t_len == 1 {
+            if t_len == 1 || verify {
                 for x in &mut q {
                     *x /= (dk as f32).sqrt();
                 }
-                recurrent_head(&q, &kk, &v, &gh, &bh, s, dk, dv)
+                let mut deltas = if verify { vec![0.0; t_len * dv] } else { vec![] };
+                let out = recurrent_head(&q, &kk, &v, &gh, &bh, s, dk, dv, verify.then_some(deltas.as_mut_slice()));
+                if !verify {
+                    deltas.clear();
+                }
+                (out, deltas, if verify { kk } else { vec![] })
             } else {
                 for x in &mut q {
                     *x *= scale;
                 }
-                chunked_head(&q, &kk, &v, &gh, &bh, s, dk, dv)
+                (chunked_head(&q, &kk, &v, &gh, &bh, s, dk, dv), vec![], vec![])
             }
         };
         // Threads only pay off once a head's work outweighs the hand-off (not for the demo model).
-        let heads: Vec<Vec<f32>> = if t_len * dk * dv < 1 << 14 {
+        let results: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = if t_len * dk * dv < 1 << 14 {
             state.ssm.chunks_mut(dk * dv).enumerate().map(head).collect()
         } else {
             state.ssm.par_chunks_mut(dk * dv).enumerate().map(head).collect()
         };
+        if let Some(tp) = tape.as_mut() {
+            for (h, (_, deltas, keys)) in results.iter().enumerate() {
+                for t in 0..t_len {
+                    tp.delta[(t * hv + h) * dv..(t * hv + h + 1) * dv].copy_from_slice(&deltas[t * dv..(t + 1) * dv]);
+                    tp.k[(t * hv + h) * dk..(t * hv + h + 1) * dk].copy_from_slice(&keys[t * dk..(t + 1) * dk]);
+                    tp.g[t * hv + h] = g[t * hv + h];
+                }
+            }
+        }
+        state.tape = tape;
+        let heads: Vec<&Vec<f32>> = results.iter().map(|r| &r.0).collect();
 
         let mut normed = Mat::zeros(t_len, vd);
         for t in 0..t_len {
@@ -216,6 +244,7 @@ pub fn recurrent_head(
     s: &mut [f32],
     dk: usize,
     dv: usize,
+    mut deltas: Option<&mut [f32]>,
 ) -> Vec<f32> {
     let t_len = g.len();
     let mut out = vec![0f32; t_len * dv];
@@ -235,6 +264,9 @@ pub fn recurrent_head(
         for j in 0..dv {
             delta[j] = (vt[j] - kv[j]) * beta[t];
         }
+        if let Some(d) = deltas.as_deref_mut() {
+            d[t * dv..(t + 1) * dv].copy_from_slice(&delta);
+        }
         let o = &mut out[t * dv..(t + 1) * dv];
         for a in 0..dk {
             let row = &mut s[a * dv..(a + 1) * dv];
@@ -245,6 +277,80 @@ pub fn recurrent_head(
         }
     }
     out
+}
+
+/// Rebuilds a head's state after `T` tokens from the state before them and each token's key,
+/// gate and `δ`: the same decay and rank-1 update as [`recurrent_head`], in the same order, so the
+/// result is bit-identical to having decoded those tokens.
+pub fn replay_head(s: &mut [f32], k: &[f32], delta: &[f32], g: &[f32], dk: usize, dv: usize) {
+    for t in 0..g.len() {
+        let decay = g[t].exp();
+        for x in s.iter_mut() {
+            *x *= decay;
+        }
+        let (kt, dt) = (&k[t * dk..(t + 1) * dk], &delta[t * dv..(t + 1) * dv]);
+        for a in 0..dk {
+            let row = &mut s[a * dv..(a + 1) * dv];
+            for j in 0..dv {
+                row[j] += kt[a] * dt[j];
+            }
+        }
+    }
+}
+
+/// What a verify pass of a GDN layer keeps so that the state can be rolled back to any prefix of
+/// its tokens.
+///
+/// Rollback scheme, chosen by measured cost: instead of a state snapshot after every verified
+/// token ((K+1) copies of `[Hv, dk, dv]` per layer per step — 3 MiB per layer for Qwen3.6-27B),
+/// keep one copy of the state before the pass plus each token's key, gate and delta
+/// (`Hv·(dk+dv+1)` floats per token: 0.26 % of a state for 128-wide heads), and replay the
+/// accepted prefix on rejection. A full acceptance needs no replay at all. MEASURE-ME
+#[derive(Debug, Clone, PartialEq)]
+pub struct GdnTape {
+    pub base_conv: Vec<f32>,
+    pub base_ssm: Vec<f32>,
+    /// Pre-conv inputs of the verified tokens, `[T][conv_dim]` (they rebuild the conv window).
+    pub inputs: Vec<f32>,
+    /// `[T][Hv][dk]`, l2-normalised keys.
+    pub k: Vec<f32>,
+    /// `[T][Hv][dv]`.
+    pub delta: Vec<f32>,
+    /// `[T][Hv]`, log decays.
+    pub g: Vec<f32>,
+    pub tokens: usize,
+}
+
+impl GdnTape {
+    pub fn bytes(&self) -> usize {
+        (self.base_conv.len()
+            + self.base_ssm.len()
+            + self.inputs.len()
+            + self.k.len()
+            + self.delta.len()
+            + self.g.len())
+            * 4
+    }
+
+    /// The state after the first `keep` tokens of the pass.
+    pub fn rebuild(&self, keep: usize, cfg: &LinearAttnConfig) -> (Vec<f32>, Vec<f32>) {
+        let (hv, dk, dv, conv_dim, kw) =
+            (cfg.num_value_heads, cfg.key_head_dim, cfg.value_head_dim, cfg.conv_dim(), cfg.conv_kernel - 1);
+        // Conv window: the last K-1 rows of [base window; inputs of the kept tokens].
+        let mut rows: Vec<&[f32]> = self.base_conv.chunks(conv_dim).collect();
+        rows.extend(self.inputs.chunks(conv_dim).take(keep));
+        let conv: Vec<f32> = rows[rows.len() - kw..].concat();
+        let mut ssm = self.base_ssm.clone();
+        for (h, s) in ssm.chunks_mut(dk * dv).enumerate() {
+            let k: Vec<f32> =
+                (0..keep).flat_map(|t| self.k[(t * hv + h) * dk..(t * hv + h + 1) * dk].iter().copied()).collect();
+            let d: Vec<f32> =
+                (0..keep).flat_map(|t| self.delta[(t * hv + h) * dv..(t * hv + h + 1) * dv].iter().copied()).collect();
+            let g: Vec<f32> = (0..keep).map(|t| self.g[t * hv + h]).collect();
+            replay_head(s, &k, &d, &g, dk, dv);
+        }
+        (conv, ssm)
+    }
 }
 
 /// The chunked rule (model-spec §3.7, chunk 64, boundaries at the start of the call) over `T`

@@ -49,6 +49,38 @@ pub struct MtpModule {
     pub norm: RmsNorm,
 }
 
+/// The MTP module's own state: the KV cache of its attention layer(s). Entry `p` is built from
+/// `(x_{p+1}, h_p)`, so it trails the main model's state by one position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MtpState {
+    pub position: usize,
+    pub layers: Vec<LayerState>,
+}
+
+impl MtpState {
+    /// Drops the entries at positions `len..` (chained draft steps, rewritten next round).
+    pub fn truncate(&mut self, len: usize) {
+        for l in &mut self.layers {
+            if let LayerState::Attention(kv) = l {
+                kv.truncate(len);
+            }
+        }
+        self.position = self.position.min(len);
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.layers.iter().map(|l| if let LayerState::Attention(kv) = l { kv.bytes() } else { 0 }).sum()
+    }
+}
+
+/// What one MTP pass returns.
+pub struct MtpOutput {
+    /// Draft logits per requested row (predicting the token after the input token).
+    pub logits: Mat,
+    /// The module's post-`mtp.norm` hidden state of every row (the input of a chained step).
+    pub hidden: Mat,
+}
+
 impl MtpModule {
     fn weight_bytes(&self) -> usize {
         self.fc.weight_bytes()
@@ -69,11 +101,15 @@ pub struct ForwardOptions {
     pub logits: LogitsRows,
     /// Record the L2 norm of every position's hidden state after each layer and the final norm.
     pub hidden_norms: bool,
+    /// Speculative verification: GDN layers run every token through the recurrent rule (the
+    /// arithmetic of one-token decoding, so verified tokens are bit-identical to decoded ones) and
+    /// keep a tape; [`SequenceState::accept`] then keeps a prefix.
+    pub verify: bool,
 }
 
 impl Default for ForwardOptions {
     fn default() -> Self {
-        ForwardOptions { logits: LogitsRows::Last, hidden_norms: false }
+        ForwardOptions { logits: LogitsRows::Last, hidden_norms: false, verify: false }
     }
 }
 
@@ -257,6 +293,70 @@ impl Model {
             + self.mtp.as_ref().map(MtpModule::weight_bytes).unwrap_or(0)
     }
 
+    /// A fresh MTP state, when the checkpoint has an MTP module.
+    pub fn new_mtp_state(&self) -> Option<MtpState> {
+        let row = self.config.num_key_value_heads * self.config.head_dim;
+        self.mtp.as_ref().map(|m| MtpState {
+            position: 0,
+            layers: m.layers.iter().map(|_| LayerState::Attention(super::state::KvCache::new(row))).collect(),
+        })
+    }
+
+    /// One MTP pass (model-spec §6.1): row `i` combines the embedding of `next_ids[i]` with the
+    /// main model's post-norm hidden state `hidden.row(i)` at position `state.position + i`, and
+    /// predicts the token after `next_ids[i]`. Appends to the MTP KV cache.
+    pub fn mtp_forward(
+        &self,
+        next_ids: &[u32],
+        hidden: &Mat,
+        state: &mut MtpState,
+        rows: LogitsRows,
+    ) -> Result<MtpOutput> {
+        let mtp = self
+            .mtp
+            .as_ref()
+            .ok_or_else(|| Error::InvalidArgument("this checkpoint has no MTP module (no mtp.* tensors)".into()))?;
+        if next_ids.len() != hidden.rows || next_ids.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "MTP needs one hidden row per token ({} tokens, {} rows)",
+                next_ids.len(),
+                hidden.rows
+            )));
+        }
+        for (i, &id) in next_ids.iter().enumerate() {
+            if id as usize >= self.config.vocab_size {
+                return Err(Error::TokenOutOfRange {
+                    id,
+                    position: state.position + i,
+                    vocab_size: self.config.vocab_size,
+                });
+            }
+        }
+        let prec = self.precision;
+        let h = self.config.hidden_size;
+        let e = mtp.pre_fc_norm_embedding.forward(&self.embed_rows(next_ids)?, prec);
+        let hn = mtp.pre_fc_norm_hidden.forward(hidden, prec);
+        // Embedding first, hidden second (vLLM / SGLang order).
+        let mut cat = Mat::zeros(next_ids.len(), 2 * h);
+        for r in 0..cat.rows {
+            let row = cat.row_mut(r);
+            row[..h].copy_from_slice(e.row(r));
+            row[h..].copy_from_slice(hn.row(r));
+        }
+        let mut u = mtp.fc.forward(&cat, prec)?;
+        let pos0 = state.position;
+        for (layer, ls) in mtp.layers.iter().zip(state.layers.iter_mut()) {
+            u = self.run_layer(layer, u, ls, pos0, false)?;
+        }
+        state.position += next_ids.len();
+        let out = mtp.norm.forward(&u, prec);
+        let logits = match rows {
+            LogitsRows::All => self.logits_of(&out)?,
+            LogitsRows::Last => self.logits_of(&out.gather_rows(&[out.rows - 1]))?,
+        };
+        Ok(MtpOutput { logits, hidden: out })
+    }
+
     /// Checks token ids and context length before anything is computed.
     pub fn validate(&self, ids: &[u32], state: &SequenceState) -> Result<()> {
         for (i, &id) in ids.iter().enumerate() {
@@ -284,11 +384,18 @@ impl Model {
         Ok(Mat::from_vec(ids.len(), h, data))
     }
 
-    fn run_layer(&self, layer: &DecoderLayer, x: Mat, state: &mut LayerState, pos0: usize) -> Result<Mat> {
+    fn run_layer(
+        &self,
+        layer: &DecoderLayer,
+        x: Mat,
+        state: &mut LayerState,
+        pos0: usize,
+        verify: bool,
+    ) -> Result<Mat> {
         let prec = self.precision;
         let n = layer.input_norm.forward(&x, prec);
         let mixed = match (&layer.mixer, state) {
-            (Mixer::Linear(g), LayerState::Linear(s)) => g.forward(&n, s, prec)?,
+            (Mixer::Linear(g), LayerState::Linear(s)) => g.forward(&n, s, prec, verify)?,
             (Mixer::Attention(a), LayerState::Attention(kv)) => a.forward(&n, pos0, kv, &self.rope, prec)?,
             _ => return Err(Error::State("the state does not match the model's layer plan".into())),
         };
@@ -327,7 +434,7 @@ impl Model {
         let mut h = self.embed_rows(ids)?;
         let mut norms = opts.hidden_norms.then(Vec::new);
         for (layer, ls) in self.layers.iter().zip(state.layers.iter_mut()) {
-            h = self.run_layer(layer, h, ls, pos0)?;
+            h = self.run_layer(layer, h, ls, pos0, opts.verify)?;
             if let Some(n) = norms.as_mut() {
                 n.push(row_norms(&h));
             }

@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod config;
+pub mod demo;
 pub mod gdn;
 pub mod hybrid;
 pub mod load;
@@ -16,7 +17,8 @@ pub mod tensor;
 pub mod weights;
 
 pub use config::{Family, LayerKind, MlpKind, ModelConfig};
-pub use hybrid::{ForwardOptions, ForwardOutput, LoadOptions, LogitsRows, Model};
+pub use demo::demo_source;
+pub use hybrid::{ForwardOptions, ForwardOutput, LoadOptions, LogitsRows, Model, MtpOutput, MtpState};
 pub use source::{EmbeddedModel, ModelSource};
 pub use state::{SequenceState, StateBytes, StateSnapshot};
 pub use tensor::{Mat, Precision};

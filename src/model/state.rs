@@ -8,7 +8,8 @@
 
 use serde::Serialize;
 
-use super::config::{LayerKind, ModelConfig};
+use super::config::{LayerKind, LinearAttnConfig, ModelConfig};
+use super::gdn::GdnTape;
 use crate::error::{Error, Result};
 
 /// Conv window and SSM state of one GDN layer (f32).
@@ -18,9 +19,12 @@ pub struct GdnState {
     pub conv: Vec<f32>,
     /// `[Hv][dk][dv]` (transformers' layout).
     pub ssm: Vec<f32>,
+    /// Kept by the last verify pass, until [`SequenceState::accept`] settles it.
+    pub tape: Option<GdnTape>,
 }
 
 impl GdnState {
+    /// Conv window and SSM state (the tape is counted separately).
     pub fn bytes(&self) -> usize {
         (self.conv.len() + self.ssm.len()) * 4
     }
@@ -86,6 +90,7 @@ pub struct SequenceState {
     /// Every rollback so far, as `(epoch, length it rolled back to)`.
     truncations: Vec<(u64, usize)>,
     epoch: u64,
+    linear: LinearAttnConfig,
 }
 
 /// A point to roll a [`SequenceState`] back to.
@@ -116,11 +121,54 @@ impl SequenceState {
                 LayerKind::LinearAttention => LayerState::Linear(GdnState {
                     conv: vec![0.0; (lc.conv_kernel - 1) * lc.conv_dim()],
                     ssm: vec![0.0; lc.num_value_heads * lc.key_head_dim * lc.value_head_dim],
+                    tape: None,
                 }),
                 LayerKind::FullAttention => LayerState::Attention(KvCache::new(cfg.num_key_value_heads * cfg.head_dim)),
             })
             .collect();
-        SequenceState { position: 0, layers, truncations: vec![], epoch: 0 }
+        SequenceState { position: 0, layers, truncations: vec![], epoch: 0, linear: cfg.linear.clone() }
+    }
+
+    /// Bytes held for rolling back the last verify pass (its tapes).
+    pub fn tape_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| if let LayerState::Linear(g) = l { g.tape.as_ref().map_or(0, GdnTape::bytes) } else { 0 })
+            .sum()
+    }
+
+    /// Settles the last verify pass of `T` tokens: keeps its first `keep` tokens and rolls the
+    /// rest back — the recurrent state is rebuilt from the tape (bit-identical to having decoded
+    /// the kept tokens), the KV caches are truncated.
+    pub fn accept(&mut self, keep: usize) -> Result<()> {
+        let tokens = self
+            .layers
+            .iter()
+            .find_map(|l| if let LayerState::Linear(g) = l { g.tape.as_ref().map(|t| t.tokens) } else { None })
+            .ok_or_else(|| Error::State("accept without a verify pass to settle".into()))?;
+        if keep == 0 || keep > tokens {
+            return Err(Error::State(format!("cannot keep {keep} of the {tokens} verified tokens")));
+        }
+        let start = self.position - tokens;
+        for l in &mut self.layers {
+            match l {
+                LayerState::Linear(g) => {
+                    let tape = g.tape.take().ok_or_else(|| Error::State("a GDN layer has no tape".into()))?;
+                    if keep < tokens {
+                        let (conv, ssm) = tape.rebuild(keep, &self.linear);
+                        g.conv = conv;
+                        g.ssm = ssm;
+                    }
+                }
+                LayerState::Attention(kv) => kv.truncate(start + keep),
+            }
+        }
+        if keep < tokens {
+            self.epoch += 1;
+            self.truncations.push((self.epoch, start + keep));
+        }
+        self.position = start + keep;
+        Ok(())
     }
 
     pub fn bytes(&self) -> StateBytes {
@@ -145,7 +193,7 @@ impl SequenceState {
                 .layers
                 .iter()
                 .map(|l| match l {
-                    LayerState::Linear(g) => Some(g.clone()),
+                    LayerState::Linear(g) => Some(GdnState { conv: g.conv.clone(), ssm: g.ssm.clone(), tape: None }),
                     LayerState::Attention(_) => None,
                 })
                 .collect(),

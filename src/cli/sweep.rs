@@ -1,0 +1,333 @@
+//! `deltascope sweep`: one prompt across thinking budgets — how much thinking each budget used,
+//! what the answer cost, how generation ended, and (with `--check`) whether it was right.
+
+use std::fmt::Write as _;
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::Args;
+use serde::Serialize;
+
+use super::common::{self, GenArgs, ModelArgs, PromptArgs};
+use crate::engine::{EngineEvent, EngineHandle, FinishReason, GenerateRequest, check_prompt};
+
+#[derive(Args, Debug)]
+pub struct SweepArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The user message.
+    #[arg(long, value_name = "TEXT")]
+    pub prompt: String,
+    #[command(flatten)]
+    pub prompt_opts: PromptArgs,
+    /// Thinking budgets to try: -1 unlimited, 0 thinking off.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        allow_hyphen_values = true,
+        default_value = "0,32,64,128,-1"
+    )]
+    pub thinking_budgets: Vec<i64>,
+    /// Runs per budget (seeds seed, seed+1, …).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub repeat: u64,
+    /// A regular expression the answer must match to count as correct.
+    #[arg(long, value_name = "REGEX")]
+    pub check: Option<String>,
+    /// Draw correctness and tokens against budget into an SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Print the runs and the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub generation: GenArgs,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SweepRun {
+    pub budget: i64,
+    pub seed: u64,
+    pub thinking_tokens: usize,
+    pub answer_tokens: usize,
+    pub finish_reason: FinishReason,
+    pub forced: bool,
+    pub correct: Option<bool>,
+    pub decode_tok_s: f64,
+    pub answer: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SweepSummary {
+    pub budget: i64,
+    pub runs: usize,
+    pub mean_thinking_tokens: f64,
+    pub mean_answer_tokens: f64,
+    pub forced: usize,
+    pub accuracy: Option<f64>,
+}
+
+fn budget_label(b: i64) -> String {
+    if b < 0 { "∞".into() } else { b.to_string() }
+}
+
+pub fn run(a: SweepArgs) -> anyhow::Result<()> {
+    let loaded = common::load(&a.model)?;
+    let check = a.check.as_deref().map(regex::Regex::new).transpose().map_err(|e| anyhow::anyhow!("--check: {e}"))?;
+    anyhow::ensure!(!a.thinking_budgets.is_empty(), "--thinking-budgets is empty");
+    anyhow::ensure!(a.repeat >= 1, "--repeat must be at least 1");
+    let engine = EngineHandle::spawn(loaded.model.clone(), loaded.tokenizer.clone(), loaded.name.clone());
+    let mut runs = vec![];
+    let mut err = std::io::stderr().lock();
+    for &budget in &a.thinking_budgets {
+        for r in 0..a.repeat {
+            let mut g = a.generation.clone();
+            g.thinking_budget = Some(budget);
+            g.seed = a.generation.seed + r;
+            let prompt = common::prompt(
+                &loaded,
+                Some(&a.prompt),
+                None,
+                &a.prompt_opts,
+                g.thinking_enabled(a.prompt_opts.no_think),
+            )?;
+            let params = g.params(&loaded)?;
+            check_prompt(&loaded.model, &prompt.ids, params.max_tokens)?;
+            engine.generate(GenerateRequest { prompt_ids: prompt.ids, params });
+            let run = loop {
+                match engine.events.recv()? {
+                    EngineEvent::Done { finish_reason, usage, timing, answer, .. } => {
+                        let correct = check.as_ref().map(|re| re.is_match(&answer));
+                        break SweepRun {
+                            budget,
+                            seed: g.seed,
+                            thinking_tokens: usage.thinking_tokens,
+                            answer_tokens: usage.answer_tokens,
+                            finish_reason,
+                            forced: usage.forced_tokens > 0,
+                            correct,
+                            decode_tok_s: timing.decode_tok_s,
+                            answer,
+                        };
+                    }
+                    EngineEvent::Error { message } => anyhow::bail!(message),
+                    _ => {}
+                }
+            };
+            if !a.json {
+                writeln!(
+                    err,
+                    "budget {:>5} seed {:>3}: {} thinking, {} answer tokens, {}",
+                    budget_label(budget),
+                    run.seed,
+                    run.thinking_tokens,
+                    run.answer_tokens,
+                    run.finish_reason.as_str()
+                )?;
+            }
+            runs.push(run);
+        }
+    }
+    let summary: Vec<SweepSummary> = a
+        .thinking_budgets
+        .iter()
+        .map(|&b| {
+            let rs: Vec<&SweepRun> = runs.iter().filter(|r| r.budget == b).collect();
+            let n = rs.len() as f64;
+            SweepSummary {
+                budget: b,
+                runs: rs.len(),
+                mean_thinking_tokens: rs.iter().map(|r| r.thinking_tokens as f64).sum::<f64>() / n,
+                mean_answer_tokens: rs.iter().map(|r| r.answer_tokens as f64).sum::<f64>() / n,
+                forced: rs.iter().filter(|r| r.forced).count(),
+                accuracy: check.as_ref().map(|_| rs.iter().filter(|r| r.correct == Some(true)).count() as f64 / n),
+            }
+        })
+        .collect();
+
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        writeln!(out, "{}", serde_json::json!({"prompt": a.prompt, "runs": runs, "summary": summary}))?;
+    } else {
+        writeln!(
+            out,
+            "{:>6} {:>5} {:>9} {:>7} {:>12} {:>6} {:>8} {:>8}",
+            "budget", "seed", "thinking", "answer", "finish", "forced", "correct", "tok/s"
+        )?;
+        for r in &runs {
+            let correct = match r.correct {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "-",
+            };
+            writeln!(
+                out,
+                "{:>6} {:>5} {:>9} {:>7} {:>12} {:>6} {:>8} {:>8.1}",
+                budget_label(r.budget),
+                r.seed,
+                r.thinking_tokens,
+                r.answer_tokens,
+                r.finish_reason.as_str(),
+                if r.forced { "yes" } else { "no" },
+                correct,
+                r.decode_tok_s
+            )?;
+        }
+        if a.repeat > 1 || check.is_some() {
+            writeln!(out)?;
+            writeln!(
+                out,
+                "{:>6} {:>5} {:>14} {:>12} {:>6} {:>9}",
+                "budget", "runs", "mean thinking", "mean answer", "forced", "accuracy"
+            )?;
+            for s in &summary {
+                let acc = s.accuracy.map(|x| format!("{:.0}%", x * 100.0)).unwrap_or_else(|| "-".into());
+                writeln!(
+                    out,
+                    "{:>6} {:>5} {:>14.1} {:>12.1} {:>6} {:>9}",
+                    budget_label(s.budget),
+                    s.runs,
+                    s.mean_thinking_tokens,
+                    s.mean_answer_tokens,
+                    s.forced,
+                    acc
+                )?;
+            }
+        }
+    }
+    if let Some(path) = &a.plot {
+        std::fs::write(path, plot_svg(&a.prompt, &summary))
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+        writeln!(err, "wrote {}", path.display())?;
+    }
+    Ok(())
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// Mean thinking and answer tokens as stacked bars per budget (left axis), accuracy as a line
+/// (right axis, when a check was given).
+pub fn plot_svg(prompt: &str, summary: &[SweepSummary]) -> String {
+    let (w, h) = (720.0, 420.0);
+    let (left, right, top, bottom) = (70.0, 70.0, 50.0, 60.0);
+    let pw = w - left - right;
+    let ph = h - top - bottom;
+    let max_tokens = summary.iter().map(|s| s.mean_thinking_tokens + s.mean_answer_tokens).fold(1.0, f64::max);
+    // A round axis maximum.
+    let mag = 10f64.powf(max_tokens.log10().floor());
+    let axis = (max_tokens / mag).ceil() * mag;
+    let n = summary.len().max(1) as f64;
+    let slot = pw / n;
+    let y_tok = |t: f64| top + ph - t / axis * ph;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r##"<rect width="100%" height="100%" fill="#ffffff"/>"##);
+    let title: String = prompt.chars().take(70).collect();
+    let _ = writeln!(
+        s,
+        r##"<text x="{}" y="24" text-anchor="middle" font-size="14" fill="#222">Thinking budget sweep: {}</text>"##,
+        w / 2.0,
+        xml_escape(&title)
+    );
+    for i in 0..=4 {
+        let v = axis * i as f64 / 4.0;
+        let y = y_tok(v);
+        let _ = writeln!(s, r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#e4e4e4"/>"##, w - right);
+        let _ = writeln!(
+            s,
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="end" fill="#555">{v:.0}</text>"##,
+            left - 6.0,
+            y + 4.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        r##"<text x="18" y="{:.1}" transform="rotate(-90 18 {:.1})" text-anchor="middle" fill="#555">tokens (mean)</text>"##,
+        top + ph / 2.0,
+        top + ph / 2.0
+    );
+    let mut points = vec![];
+    for (i, sm) in summary.iter().enumerate() {
+        let x = left + slot * i as f64 + slot * 0.25;
+        let bw = slot * 0.5;
+        let yt = y_tok(sm.mean_thinking_tokens);
+        let ya = y_tok(sm.mean_thinking_tokens + sm.mean_answer_tokens);
+        let _ = writeln!(
+            s,
+            r##"<rect x="{x:.1}" y="{yt:.1}" width="{bw:.1}" height="{:.1}" fill="#8a9bd0"><title>thinking {:.1}</title></rect>"##,
+            top + ph - yt,
+            sm.mean_thinking_tokens
+        );
+        let _ = writeln!(
+            s,
+            r##"<rect x="{x:.1}" y="{ya:.1}" width="{bw:.1}" height="{:.1}" fill="#e0a458"><title>answer {:.1}</title></rect>"##,
+            yt - ya,
+            sm.mean_answer_tokens
+        );
+        let _ = writeln!(
+            s,
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#333">{}</text>"##,
+            x + bw / 2.0,
+            top + ph + 18.0,
+            budget_label(sm.budget)
+        );
+        if let Some(acc) = sm.accuracy {
+            points.push((x + bw / 2.0, top + ph - acc * ph, acc));
+        }
+    }
+    let _ = writeln!(
+        s,
+        r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#555">thinking budget (tokens)</text>"##,
+        left + pw / 2.0,
+        h - 16.0
+    );
+    if !points.is_empty() {
+        for i in 0..=4 {
+            let v = i as f64 / 4.0;
+            let _ = writeln!(
+                s,
+                r##"<text x="{:.1}" y="{:.1}" fill="#2a7a2a">{:.0}%</text>"##,
+                w - right + 6.0,
+                top + ph - v * ph + 4.0,
+                v * 100.0
+            );
+        }
+        let path: Vec<String> = points.iter().map(|(x, y, _)| format!("{x:.1},{y:.1}")).collect();
+        let _ =
+            writeln!(s, r##"<polyline points="{}" fill="none" stroke="#2a7a2a" stroke-width="2"/>"##, path.join(" "));
+        for (x, y, acc) in &points {
+            let _ = writeln!(
+                s,
+                r##"<circle cx="{x:.1}" cy="{y:.1}" r="4" fill="#2a7a2a"><title>correct {:.0}%</title></circle>"##,
+                acc * 100.0
+            );
+        }
+        let _ = writeln!(
+            s,
+            r##"<text x="{:.1}" y="{:.1}" transform="rotate(90 {:.1} {:.1})" text-anchor="middle" fill="#2a7a2a">correct</text>"##,
+            w - 18.0,
+            top + ph / 2.0,
+            w - 18.0,
+            top + ph / 2.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        r##"<rect x="{left}" y="33" width="12" height="12" fill="#8a9bd0"/><text x="{:.1}" y="43" fill="#333">thinking</text>"##,
+        left + 16.0
+    );
+    let _ = writeln!(
+        s,
+        r##"<rect x="{:.1}" y="33" width="12" height="12" fill="#e0a458"/><text x="{:.1}" y="43" fill="#333">answer</text>"##,
+        left + 90.0,
+        left + 106.0
+    );
+    s.push_str("</svg>\n");
+    s
+}

@@ -1,0 +1,190 @@
+//! What the generation loop needs from a model: feed tokens and get the next-token logits; and,
+//! for speculative decoding, draft with the MTP head, verify a block, keep a prefix. The
+//! in-process model implements it over its per-sequence state; tests script it.
+
+use super::events::Memory;
+use crate::error::{Error, Result};
+use crate::model::{ForwardOptions, LogitsRows, Mat, Model, MtpState, SequenceState};
+
+pub trait LogitsSource {
+    /// Feeds `ids` (the prompt, a sampled token, or a block of forced tokens) and returns the
+    /// logits after the last one.
+    fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>>;
+    /// Tokens consumed so far.
+    fn position(&self) -> usize;
+    /// The most tokens the sequence may hold.
+    fn context_len(&self) -> usize;
+    fn memory(&self) -> Memory;
+
+    /// Whether [`LogitsSource::draft`] works (the model has an MTP head and drafting is on).
+    fn can_draft(&self) -> bool {
+        false
+    }
+
+    /// Drafts up to `k` tokens to follow `last` (sampled, not fed yet): `choose` picks each draft
+    /// from the draft logits. Returns `(token, draft logits)` per step.
+    fn draft(&mut self, _last: u32, _k: usize, _choose: &mut dyn FnMut(&[f32]) -> u32) -> Result<Vec<(u32, Vec<f32>)>> {
+        Err(Error::InvalidArgument("this model cannot draft (no MTP head)".into()))
+    }
+
+    /// Feeds `ids` as one verify pass; returns the logits after each of them.
+    fn verify(&mut self, _ids: &[u32]) -> Result<Vec<Vec<f32>>> {
+        Err(Error::InvalidArgument("this model cannot verify drafts".into()))
+    }
+
+    /// Keeps the first `keep` tokens of the last verify pass and rolls the rest back.
+    fn accept(&mut self, _keep: usize) -> Result<()> {
+        Err(Error::InvalidArgument("this model cannot roll back".into()))
+    }
+
+    /// Bytes held to roll back the last verify pass.
+    fn rollback_bytes(&self) -> usize {
+        0
+    }
+}
+
+/// A sequence on the in-process model.
+pub struct ModelSession<'m> {
+    pub model: &'m Model,
+    pub state: SequenceState,
+    /// The MTP head's own KV cache, when drafting is on.
+    mtp: Option<MtpState>,
+    /// Tokens the target has consumed since the MTP head last caught up, with their post-norm
+    /// hidden states: the next draft's first pass covers them (model-spec §6.2).
+    pending_ids: Vec<u32>,
+    pending_hidden: Vec<f32>,
+    /// The last verify pass: its tokens and hidden states, until `accept`.
+    verified: Option<(Vec<u32>, Mat)>,
+}
+
+impl<'m> ModelSession<'m> {
+    pub fn new(model: &'m Model) -> Self {
+        ModelSession {
+            model,
+            state: model.new_state(),
+            mtp: None,
+            pending_ids: vec![],
+            pending_hidden: vec![],
+            verified: None,
+        }
+    }
+
+    /// A session that can draft with the checkpoint's MTP head (plain, when it has none).
+    pub fn with_mtp(model: &'m Model) -> Self {
+        let mut s = ModelSession::new(model);
+        s.mtp = model.new_mtp_state();
+        s
+    }
+
+    fn remember(&mut self, ids: &[u32], hidden: &Mat) {
+        if self.mtp.is_some() {
+            self.pending_ids.extend_from_slice(ids);
+            self.pending_hidden.extend_from_slice(&hidden.data);
+        }
+    }
+}
+
+impl LogitsSource for ModelSession<'_> {
+    fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        let out = self.model.forward(ids, &mut self.state, ForwardOptions::default())?;
+        self.remember(ids, &out.hidden);
+        Ok(out.logits.data)
+    }
+
+    fn position(&self) -> usize {
+        self.state.position
+    }
+
+    fn context_len(&self) -> usize {
+        self.model.config.max_position_embeddings
+    }
+
+    fn memory(&self) -> Memory {
+        let b = self.state.bytes();
+        let mtp_kv = self.mtp.as_ref().map_or(0, MtpState::bytes);
+        Memory {
+            weights_bytes: self.model.weight_bytes(),
+            kv_bytes: b.kv_bytes + mtp_kv,
+            recurrent_bytes: b.recurrent_bytes,
+            snapshot_bytes: self.state.tape_bytes(),
+        }
+    }
+
+    fn can_draft(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    fn draft(&mut self, last: u32, k: usize, choose: &mut dyn FnMut(&[f32]) -> u32) -> Result<Vec<(u32, Vec<f32>)>> {
+        let mtp =
+            self.mtp.as_mut().ok_or_else(|| Error::InvalidArgument("this model cannot draft (no MTP head)".into()))?;
+        if k == 0 {
+            return Ok(vec![]);
+        }
+        let h = self.model.config.hidden_size;
+        let n = self.pending_ids.len();
+        if n == 0 || mtp.position + n != self.state.position {
+            return Err(Error::State(format!(
+                "MTP head out of step: it covers {} positions, {} are pending, the model is at {}",
+                mtp.position, n, self.state.position
+            )));
+        }
+        // First pass over every position the target just processed: entry p pairs x_{p+1}
+        // with h_p (the last entry pairs the newly sampled token with the last hidden state).
+        let mut next: Vec<u32> = self.pending_ids[1..].to_vec();
+        next.push(last);
+        let hidden = Mat::from_vec(n, h, std::mem::take(&mut self.pending_hidden));
+        self.pending_ids.clear();
+        let out = self.model.mtp_forward(&next, &hidden, mtp, LogitsRows::Last)?;
+        let committed = mtp.position;
+        let mut drafts = vec![];
+        let mut logits = out.logits.data;
+        let mut h_prev = out.hidden.gather_rows(&[out.hidden.rows - 1]);
+        loop {
+            let d = choose(&logits);
+            drafts.push((d, logits));
+            if drafts.len() == k {
+                break;
+            }
+            // Chained steps reuse the layer on the previous draft and the head's own output.
+            let o = self.model.mtp_forward(&[d], &h_prev, mtp, LogitsRows::Last)?;
+            logits = o.logits.data;
+            h_prev = o.hidden;
+        }
+        // The chained entries are rewritten from real hidden states next round.
+        mtp.truncate(committed);
+        Ok(drafts)
+    }
+
+    fn verify(&mut self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let opts = ForwardOptions { logits: LogitsRows::All, verify: true, ..Default::default() };
+        let out = self.model.forward(ids, &mut self.state, opts)?;
+        let rows = (0..out.logits.rows).map(|r| out.logits.row(r).to_vec()).collect();
+        self.verified = Some((ids.to_vec(), out.hidden));
+        Ok(rows)
+    }
+
+    fn accept(&mut self, keep: usize) -> Result<()> {
+        let (ids, hidden) = self.verified.take().ok_or_else(|| Error::State("accept without a verify pass".into()))?;
+        self.state.accept(keep)?;
+        let kept = hidden.gather_rows(&(0..keep).collect::<Vec<_>>());
+        self.remember(&ids[..keep], &kept);
+        Ok(())
+    }
+
+    fn rollback_bytes(&self) -> usize {
+        self.state.tape_bytes()
+    }
+}
+
+/// Validates a prompt against the model before generation starts.
+pub fn check_prompt(model: &Model, prompt: &[u32], max_tokens: usize) -> Result<()> {
+    if prompt.is_empty() {
+        return Err(Error::InvalidArgument("the prompt is empty".into()));
+    }
+    model.validate(prompt, &model.new_state())?;
+    let max = model.config.max_position_embeddings;
+    if prompt.len() + max_tokens > max {
+        return Err(Error::ContextOverflow { needed: prompt.len() + max_tokens, max });
+    }
+    Ok(())
+}

@@ -1,0 +1,192 @@
+//! The embedded demo model, graded through the Rust engine on the committed held-out problems
+//! (models/demo/heldout.jsonl, written by scripts/train_demo.py): greedy accuracy, well-formed
+//! outputs, direct answers with thinking off, MTP draft agreement, and the cost of cutting the
+//! thinking short.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
+
+use deltascope::chat::{ChatTemplate, RenderOptions, TextTokenizer};
+use deltascope::engine::sampler::argmax;
+use deltascope::engine::{FinishReason, GenerateRequest, GenerationParams, Generator, ModelSession, Outcome};
+use deltascope::model::{ForwardOptions, LoadOptions, LogitsRows, Model, demo_source};
+use serde_json::{Value, json};
+
+struct Demo {
+    model: Model,
+    tok: TextTokenizer,
+    template: ChatTemplate,
+}
+
+fn demo() -> Demo {
+    let source = demo_source();
+    let model = Model::load(&source, &LoadOptions::default()).unwrap();
+    let tok = TextTokenizer::load(&source, &model.config).unwrap();
+    let template = ChatTemplate::load(&source, true).unwrap();
+    Demo { model, tok, template }
+}
+
+struct Problem {
+    task: String,
+    question: String,
+    expected: String,
+}
+
+fn heldout() -> Vec<Problem> {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/models/demo/heldout.jsonl")).unwrap();
+    text.lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            Problem {
+                task: v["task"].as_str().unwrap().into(),
+                question: v["question"].as_str().unwrap().into(),
+                expected: v["expected"].as_str().unwrap().into(),
+            }
+        })
+        .collect()
+}
+
+impl Demo {
+    fn prompt(&self, q: &str, think: bool) -> Vec<u32> {
+        let opts = RenderOptions { add_generation_prompt: true, enable_thinking: Some(think), ..Default::default() };
+        self.tok.encode(&self.template.render(&json!([{"role": "user", "content": q}]), &opts).unwrap()).unwrap()
+    }
+
+    fn generate(&self, ids: Vec<u32>) -> Outcome {
+        let g = Generator { tokenizer: &self.tok, model_name: "demo".into() };
+        let req =
+            GenerateRequest { prompt_ids: ids, params: GenerationParams { max_tokens: 400, ..Default::default() } };
+        g.generate(&mut ModelSession::new(&self.model), &req, &AtomicBool::new(false), &mut |_| {}).unwrap()
+    }
+}
+
+fn summary(by_task: &BTreeMap<String, (usize, usize)>) -> String {
+    by_task.iter().map(|(k, (ok, n))| format!("{k} {ok}/{n}")).collect::<Vec<_>>().join(", ")
+}
+
+#[test]
+fn answers_held_out_problems_with_thinking_and_drafts_well() {
+    let d = demo();
+    let s = &d.tok.specials;
+    let (think_end, im_end) = (s.think_end.unwrap(), s.im_end.unwrap());
+    let probs = heldout();
+    assert_eq!(probs.len(), 200);
+    let mut by_task: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    let (mut correct, mut agree, mut drafted) = (0, 0, 0);
+    for p in &probs {
+        let prompt = d.prompt(&p.question, true);
+        let out = d.generate(prompt.clone());
+        // Well-formed: thinking, `</think>`, answer, `<|im_end|>`.
+        assert_eq!(out.finish_reason, FinishReason::Stop, "{}: {:?}", p.question, out.answer);
+        assert_eq!(out.tokens.last(), Some(&im_end));
+        assert_eq!(out.tokens.iter().filter(|&&t| t == think_end).count(), 1, "{}", p.question);
+        assert!(!out.thinking.trim().is_empty() && !out.answer.trim().is_empty(), "{}: {:?}", p.question, out);
+        let ok = out.answer.contains(&p.expected);
+        correct += ok as usize;
+        let e = by_task.entry(p.task.clone()).or_default();
+        e.0 += ok as usize;
+        e.1 += 1;
+
+        // MTP, greedy, one step: the draft at position q (from h_q and x_{q+1}) against the
+        // actual token x_{q+2}, over every generated token that has a draft.
+        let seq: Vec<u32> = prompt.iter().chain(&out.tokens).copied().collect();
+        let mut state = d.model.new_state();
+        let h = d
+            .model
+            .forward(&seq, &mut state, ForwardOptions { logits: LogitsRows::Last, ..Default::default() })
+            .unwrap()
+            .hidden;
+        let mut mtp = d.model.new_mtp_state().expect("the demo model has an MTP head");
+        let rows = h.gather_rows(&(0..seq.len() - 1).collect::<Vec<_>>());
+        let drafts = d.model.mtp_forward(&seq[1..], &rows, &mut mtp, LogitsRows::All).unwrap().logits;
+        for q in prompt.len() - 2..seq.len() - 2 {
+            drafted += 1;
+            agree += (argmax(drafts.row(q)) == seq[q + 2]) as usize;
+        }
+    }
+    let acc = correct as f64 / probs.len() as f64;
+    let agreement = agree as f64 / drafted as f64;
+    eprintln!(
+        "demo, thinking on: accuracy {acc:.3} ({}); MTP draft agreement {agreement:.3} over {drafted} drafts",
+        summary(&by_task)
+    );
+    assert!(acc >= 0.95, "held-out accuracy {acc} < 0.95 ({})", summary(&by_task));
+    assert!(agreement >= 0.7, "MTP draft agreement {agreement} < 0.7");
+}
+
+#[test]
+fn answers_directly_with_thinking_disabled() {
+    let d = demo();
+    let think_end = d.tok.specials.think_end.unwrap();
+    let probs = heldout();
+    let mut by_task: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for p in probs.iter().take(60) {
+        let out = d.generate(d.prompt(&p.question, false));
+        assert_eq!(out.finish_reason, FinishReason::Stop, "{}", p.question);
+        assert_eq!(
+            out.usage.thinking_tokens, 0,
+            "{}: thought although thinking is off: {:?}",
+            p.question, out.thinking
+        );
+        assert!(!out.tokens.contains(&think_end));
+        assert!(!out.answer.trim().is_empty());
+        let e = by_task.entry(p.task.clone()).or_default();
+        e.0 += out.answer.contains(&p.expected) as usize;
+        e.1 += 1;
+    }
+    eprintln!("demo, thinking off: {}", summary(&by_task));
+}
+
+/// Greedy generation that forces `</think>` once `budget` thinking tokens are spent (the simple
+/// form of budget forcing; the engine's full control is `--thinking-budget`).
+fn with_budget(d: &Demo, prompt: Vec<u32>, budget: usize) -> String {
+    let s = &d.tok.specials;
+    let (think_end, im_end) = (s.think_end.unwrap(), s.im_end.unwrap());
+    let newline = d.tok.encode("\n").unwrap();
+    let blank = d.tok.encode("\n\n").unwrap();
+    let mut state = d.model.new_state();
+    let mut logits = d.model.forward(&prompt, &mut state, ForwardOptions::default()).unwrap().logits.data;
+    let mut out = vec![];
+    let mut thinking = true;
+    let mut spent = 0;
+    while out.len() < 400 {
+        let mut next = vec![argmax(&logits)];
+        if thinking && next[0] != think_end && spent >= budget {
+            next = newline.iter().chain([&think_end]).chain(&blank).copied().collect();
+        }
+        if next.contains(&think_end) {
+            thinking = false;
+        } else if thinking {
+            spent += 1;
+        }
+        if next[0] == im_end {
+            break;
+        }
+        out.extend(&next);
+        logits = d.model.forward(&next, &mut state, ForwardOptions::default()).unwrap().logits.data;
+    }
+    let text = d.tok.decode(&out);
+    text.rsplit("</think>").next().unwrap_or("").to_string()
+}
+
+#[test]
+fn cutting_thinking_short_costs_accuracy() {
+    let d = demo();
+    // The multi-step tasks: several lines of thinking each.
+    let probs: Vec<Problem> = heldout()
+        .into_iter()
+        .filter(|p| ["add", "mul", "prime", "sort", "count"].contains(&p.task.as_str()))
+        .take(50)
+        .collect();
+    let mut table = vec![];
+    for budget in [0usize, 8, 16, 32, 64, 10_000] {
+        let ok =
+            probs.iter().filter(|p| with_budget(&d, d.prompt(&p.question, true), budget).contains(&p.expected)).count();
+        table.push((budget, ok as f64 / probs.len() as f64));
+    }
+    eprintln!("thinking budget → accuracy on {} multi-step problems: {table:?}", probs.len());
+    let full = table.last().unwrap().1;
+    let (_, at8) = table[1];
+    assert!(full >= 0.9, "full-thinking accuracy {full}");
+    assert!(at8 <= full - 0.3, "cutting thinking to 8 tokens should cost accuracy: {table:?}");
+}

@@ -1,0 +1,457 @@
+//! Generation control: sampling, budgets, finish reasons, diagnostics, the loop alarm,
+//! cancellation and step mode — on scripted logits (exact expectations) and on the demo model.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use deltascope::Result;
+use deltascope::chat::{ChatTemplate, RenderOptions, TextTokenizer};
+use deltascope::engine::events::Memory;
+use deltascope::engine::{
+    Control, DiagnosticKind, EngineEvent, FinishReason, GenerateRequest, GenerationParams, Generator, LogitsSource,
+    LoopParams, ModelSession, Outcome, Phase, QWEN_BUDGET_BRIDGE, SamplingParams, StepControl,
+};
+use deltascope::model::{LoadOptions, Model, ModelSource, demo_source, read_config};
+use serde_json::json;
+
+/// Logits for the next position, given every token so far.
+type Script = Box<dyn FnMut(&[u32]) -> Vec<f32> + Send>;
+
+/// Logits computed from the history by a script (the tokenizer is the fixtures').
+struct Scripted {
+    history: Vec<u32>,
+    prompt_len: usize,
+    script: Script,
+}
+
+const VOCAB: usize = 512;
+
+impl LogitsSource for Scripted {
+    fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        if self.history.is_empty() {
+            self.prompt_len = ids.len();
+        }
+        self.history.extend_from_slice(ids);
+        let generated = self.history[self.prompt_len..].to_vec();
+        Ok((self.script)(&generated))
+    }
+    fn position(&self) -> usize {
+        self.history.len()
+    }
+    fn context_len(&self) -> usize {
+        4096
+    }
+    fn memory(&self) -> Memory {
+        Memory::default()
+    }
+}
+
+fn onehot(id: u32) -> Vec<f32> {
+    let mut l = vec![0.0; VOCAB];
+    l[id as usize] = 10.0;
+    l
+}
+
+fn tokenizer() -> TextTokenizer {
+    let s = ModelSource::Dir(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_5_vl"));
+    TextTokenizer::load(&s, &read_config(&s).unwrap()).unwrap()
+}
+
+/// Runs a script; returns the outcome and every event.
+fn run(
+    tok: &TextTokenizer,
+    prompt: Vec<u32>,
+    params: GenerationParams,
+    control: &dyn Control,
+    script: impl FnMut(&[u32]) -> Vec<f32> + Send + 'static,
+) -> (Outcome, Vec<EngineEvent>) {
+    let mut src = Scripted { history: vec![], prompt_len: 0, script: Box::new(script) };
+    let g = Generator { tokenizer: tok, model_name: "scripted".into() };
+    let mut events = vec![];
+    let out = g
+        .generate(&mut src, &GenerateRequest { prompt_ids: prompt, params }, control, &mut |e| events.push(e))
+        .unwrap();
+    (out, events)
+}
+
+fn no_cancel() -> AtomicBool {
+    AtomicBool::new(false)
+}
+
+/// A prompt ending inside `<think>`.
+fn thinking_prompt(tok: &TextTokenizer) -> Vec<u32> {
+    vec![tok.specials.im_start.unwrap(), 100, 101, tok.specials.think_start.unwrap()]
+}
+
+fn diagnostics(events: &[EngineEvent]) -> Vec<(DiagnosticKind, usize, String)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            EngineEvent::Diagnostic { kind, at_token, message, .. } => Some((*kind, *at_token, message.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn stop_token_finishes_with_stop() {
+    let tok = tokenizer();
+    let im_end = tok.specials.im_end.unwrap();
+    let (out, events) = run(&tok, vec![5, 6], GenerationParams::default(), &no_cancel(), move |g| {
+        onehot(if g.len() < 3 { 70 } else { im_end })
+    });
+    assert_eq!(out.finish_reason, FinishReason::Stop);
+    assert_eq!(out.tokens, vec![70, 70, 70, im_end]);
+    assert!(diagnostics(&events).is_empty());
+    // A requested stop id ends generation the same way.
+    let params = GenerationParams { stop_token_ids: vec![71], ..Default::default() };
+    let (out, _) = run(&tok, vec![5], params, &no_cancel(), |g| onehot(if g.len() < 2 { 70 } else { 71 }));
+    assert_eq!((out.finish_reason, out.tokens.len()), (FinishReason::Stop, 3));
+}
+
+#[test]
+fn length_in_the_answer_is_answer_truncated() {
+    let tok = tokenizer();
+    let (out, events) =
+        run(&tok, vec![5], GenerationParams { max_tokens: 6, ..Default::default() }, &no_cancel(), |_| onehot(70));
+    assert_eq!((out.finish_reason, out.tokens.len()), (FinishReason::Length, 6));
+    let d = diagnostics(&events);
+    assert_eq!(d.len(), 1);
+    assert_eq!((d[0].0, d[0].1), (DiagnosticKind::AnswerTruncated, 5));
+    // The answer budget cuts too.
+    let params = GenerationParams { answer_budget: Some(3), ..Default::default() };
+    let (out, events) = run(&tok, vec![5], params, &no_cancel(), |_| onehot(70));
+    assert_eq!((out.finish_reason, out.usage.answer_tokens), (FinishReason::Length, 3));
+    assert!(diagnostics(&events)[0].2.contains("answer budget"));
+}
+
+#[test]
+fn max_tokens_exhausted_inside_thinking() {
+    let tok = tokenizer();
+    let (out, events) = run(
+        &tok,
+        thinking_prompt(&tok),
+        GenerationParams { max_tokens: 20, ..Default::default() },
+        &no_cancel(),
+        |_| onehot(70),
+    );
+    assert_eq!(out.finish_reason, FinishReason::Length);
+    assert_eq!((out.usage.thinking_tokens, out.usage.answer_tokens), (20, 0));
+    assert!(out.answer.is_empty() && !out.thinking.is_empty());
+    let d = diagnostics(&events);
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].0, DiagnosticKind::ThinkingExhaustedMaxTokens);
+    assert!(
+        d[0].2.contains("answer is empty") && d[0].2.contains("raise max_tokens") && d[0].2.contains("thinking budget"),
+        "{}",
+        d[0].2
+    );
+}
+
+#[test]
+fn thinking_budget_forces_the_exact_close_sequence() {
+    let tok = tokenizer();
+    let (think_end, im_end) = (tok.specials.think_end.unwrap(), tok.specials.im_end.unwrap());
+    let params = GenerationParams { thinking_budget: Some(5), ..Default::default() };
+    // The script thinks forever; once `</think>` is in, it answers 3 tokens and stops.
+    let (out, events) =
+        run(&tok, thinking_prompt(&tok), params, &no_cancel(), move |g| match g.iter().position(|&t| t == think_end) {
+            None => onehot(70),
+            Some(p) if g.len() - p - 1 < 3 + 2 => onehot(80),
+            Some(_) => onehot(im_end),
+        });
+    let mut forced = tok.encode(QWEN_BUDGET_BRIDGE).unwrap();
+    forced.push(think_end);
+    forced.extend(tok.encode("\n\n").unwrap());
+    assert_eq!(&out.tokens[..5], &[70; 5]);
+    assert_eq!(&out.tokens[5..5 + forced.len()], &forced[..], "the forced sequence");
+    assert!(out.forced[5..5 + forced.len()].iter().all(|&f| f) && !out.forced[..5].iter().any(|&f| f));
+    assert_eq!(out.finish_reason, FinishReason::Stop);
+    assert!(out.thinking.ends_with(QWEN_BUDGET_BRIDGE), "{:?}", out.thinking);
+    assert_eq!(out.usage.forced_tokens, forced.len());
+    // The forced tokens carry `forced: true` in the events, and one diagnostic says why.
+    let forced_events = events.iter().filter(|e| matches!(e, EngineEvent::Token { forced: true, .. })).count();
+    assert_eq!(forced_events, forced.len());
+    let d = diagnostics(&events);
+    assert_eq!((d[0].0, d[0].1), (DiagnosticKind::ThinkingBudgetForced, 5));
+
+    // An empty bridge forces just `</think>` and the blank line.
+    let params = GenerationParams { thinking_budget: Some(2), budget_bridge: String::new(), ..Default::default() };
+    let (out, _) = run(&tok, thinking_prompt(&tok), params, &no_cancel(), move |g| {
+        onehot(if g.contains(&think_end) { im_end } else { 70 })
+    });
+    let mut want = vec![70, 70, think_end];
+    want.extend(tok.encode("\n\n").unwrap());
+    want.push(im_end);
+    assert_eq!(out.tokens, want);
+}
+
+#[test]
+fn forced_close_never_overshoots_max_tokens() {
+    let tok = tokenizer();
+    let params = GenerationParams { thinking_budget: Some(5), max_tokens: 9, ..Default::default() };
+    let (out, _) = run(&tok, thinking_prompt(&tok), params, &no_cancel(), |_| onehot(70));
+    assert_eq!(out.tokens.len(), 9);
+    assert_eq!(out.finish_reason, FinishReason::Length);
+}
+
+#[test]
+fn thinking_budget_counts_across_think_blocks() {
+    let tok = tokenizer();
+    let (think_start, think_end, im_end) =
+        (tok.specials.think_start.unwrap(), tok.specials.think_end.unwrap(), tok.specials.im_end.unwrap());
+    // Thinks 3 tokens, closes, answers 1, re-opens <think>, thinks on and on.
+    let script = move |g: &[u32]| {
+        let n = g.len();
+        let ends = g.iter().filter(|&&t| t == think_end).count();
+        onehot(match (n, ends) {
+            (0..=2, _) => 70,
+            (3, _) => think_end,
+            (4, _) => 80,
+            (5, _) => think_start,
+            (_, 1) => 71,
+            _ => im_end,
+        })
+    };
+    let params = GenerationParams { thinking_budget: Some(6), budget_bridge: String::new(), ..Default::default() };
+    let (out, events) = run(&tok, thinking_prompt(&tok), params, &no_cancel(), script);
+    // Budget 6 counts thinking content, not the <think> / </think> markers: 3 tokens in the
+    // first block, 3 more after re-entry → forced close.
+    let model_thinking: Vec<u32> = out.tokens.iter().zip(&out.forced).filter(|(_, f)| !**f).map(|(t, _)| *t).collect();
+    assert_eq!(&model_thinking[..9], &[70, 70, 70, think_end, 80, think_start, 71, 71, 71]);
+    let first_forced = out.forced.iter().position(|&f| f).unwrap();
+    assert_eq!(out.tokens[first_forced], think_end);
+    assert_eq!(diagnostics(&events).iter().filter(|d| d.0 == DiagnosticKind::ThinkingBudgetForced).count(), 1);
+    assert_eq!(out.finish_reason, FinishReason::Stop);
+}
+
+#[test]
+fn stop_strings_end_generation_and_are_cut() {
+    let tok = tokenizer();
+    let ids = tok.encode("The answer is 42. DONE and more").unwrap();
+    let n = ids.len();
+    let script = move |g: &[u32]| onehot(ids[g.len().min(n - 1)]);
+    let params = GenerationParams { stop: vec!["DONE".into()], ..Default::default() };
+    let (out, _) = run(&tok, vec![5], params, &no_cancel(), script);
+    assert_eq!(out.finish_reason, FinishReason::StopString);
+    assert_eq!(out.answer, "The answer is 42. ");
+}
+
+#[test]
+fn loop_alarm_and_auto_stop() {
+    let tok = tokenizer();
+    let cycle = tok.encode("2 + 2 = 2.").unwrap();
+    let c = cycle.clone();
+    let params = GenerationParams { max_tokens: 300, ..Default::default() };
+    let (out, events) = run(&tok, vec![5], params, &no_cancel(), move |g| onehot(c[g.len() % c.len()]));
+    let loops: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            EngineEvent::Diagnostic { kind: DiagnosticKind::DegenerateLoop, period, start, .. } => {
+                Some((*period, *start))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(loops.len(), 1, "reported once");
+    assert_eq!(loops[0], (Some(cycle.len()), Some(0)));
+    assert_eq!(out.finish_reason, FinishReason::Length, "without auto-stop generation goes on");
+    let c = cycle.clone();
+    let params = GenerationParams {
+        max_tokens: 300,
+        loop_detection: LoopParams { auto_stop: true, ..Default::default() },
+        ..Default::default()
+    };
+    let (out, _) = run(&tok, vec![5], params, &no_cancel(), move |g| onehot(c[g.len() % c.len()]));
+    assert_eq!(out.finish_reason, FinishReason::Loop);
+    assert!(out.tokens.len() < 80, "stopped early: {}", out.tokens.len());
+}
+
+#[test]
+fn cancellation_keeps_what_was_produced() {
+    struct CancelAfter(AtomicUsize, usize);
+    impl Control for CancelAfter {
+        fn proceed(&self) -> bool {
+            self.0.fetch_add(1, Ordering::SeqCst) < self.1
+        }
+    }
+    let tok = tokenizer();
+    // proceed() is asked before the prefill and before each token: 1 + 4 calls allowed.
+    let (out, events) =
+        run(&tok, thinking_prompt(&tok), GenerationParams::default(), &CancelAfter(AtomicUsize::new(0), 5), |_| {
+            onehot(70)
+        });
+    assert_eq!(out.finish_reason, FinishReason::Cancelled);
+    assert_eq!(out.tokens, vec![70; 4]);
+    assert_eq!(out.usage.thinking_tokens, 4);
+    match events.last().unwrap() {
+        EngineEvent::Done { finish_reason, thinking, .. } => {
+            assert_eq!(*finish_reason, FinishReason::Cancelled);
+            assert_eq!(thinking, &out.thinking);
+            assert!(!thinking.is_empty());
+        }
+        e => panic!("last event {e:?}"),
+    }
+}
+
+#[test]
+fn step_mode_advances_one_token_per_command() {
+    let tok = Arc::new(tokenizer());
+    let control = Arc::new(StepControl::default());
+    control.set_paused(true);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (t2, c2) = (tok.clone(), control.clone());
+    let h = std::thread::spawn(move || {
+        let mut src = Scripted { history: vec![], prompt_len: 0, script: Box::new(|_| onehot(70)) };
+        let g = Generator { tokenizer: &t2, model_name: "scripted".into() };
+        g.generate(
+            &mut src,
+            &GenerateRequest { prompt_ids: vec![5], params: GenerationParams::default() },
+            c2.as_ref(),
+            &mut |e| {
+                let _ = tx.send(e);
+            },
+        )
+        .unwrap()
+    });
+    let tokens_seen = |rx: &std::sync::mpsc::Receiver<EngineEvent>| {
+        rx.try_iter().filter(|e| matches!(e, EngineEvent::Token { .. })).count()
+    };
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(tokens_seen(&rx), 0, "paused before the first token");
+    control.step(1); // the prefill
+    control.step(1);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(tokens_seen(&rx), 1);
+    control.step(2);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(tokens_seen(&rx), 2);
+    control.cancel();
+    let out = h.join().unwrap();
+    assert_eq!((out.finish_reason, out.tokens.len()), (FinishReason::Cancelled, 3));
+}
+
+#[test]
+fn top_logprobs_come_with_each_token() {
+    let tok = tokenizer();
+    let mut l = vec![0.0f32; VOCAB];
+    l[70] = 3.0;
+    l[71] = 2.0;
+    l[72] = 1.0;
+    let im_end = tok.specials.im_end.unwrap();
+    let params = GenerationParams { top_logprobs: 3, ..Default::default() };
+    let (_, events) =
+        run(&tok, vec![5], params, &no_cancel(), move |g| if g.len() < 2 { l.clone() } else { onehot(im_end) });
+    let first = events.iter().find_map(|e| match e {
+        EngineEvent::Token { top_logprobs, logprob, id, .. } => Some((top_logprobs.clone(), *logprob, *id)),
+        _ => None,
+    });
+    let (alts, lp, id) = first.unwrap();
+    assert_eq!(id, 70);
+    assert_eq!(alts.iter().map(|a| a.id).collect::<Vec<_>>(), vec![70, 71, 72]);
+    assert!((alts[0].logprob - lp).abs() < 1e-6 && alts[0].logprob > alts[1].logprob);
+    assert_eq!(alts[0].text, tok.decode(&[70]));
+}
+
+#[test]
+fn penalties_change_the_choice() {
+    let tok = tokenizer();
+    let im_end = tok.specials.im_end.unwrap();
+    let base = move |g: &[u32]| {
+        if g.len() >= 4 {
+            return onehot(im_end);
+        }
+        let mut l = vec![0.0f32; VOCAB];
+        l[70] = 2.0;
+        l[71] = 1.5;
+        l
+    };
+    let greedy = |s: SamplingParams, prompt: Vec<u32>| {
+        run(&tok, prompt, GenerationParams { sampling: s, ..Default::default() }, &no_cancel(), base).0.tokens
+    };
+    assert_eq!(greedy(SamplingParams::default(), vec![5]), vec![70, 70, 70, 70, im_end]);
+    // Presence: 70 drops to 1.0 once seen → 71, which then drops to 0.5 → back to 70.
+    assert_eq!(
+        greedy(SamplingParams { presence_penalty: 1.0, ..Default::default() }, vec![5]),
+        vec![70, 71, 70, 70, im_end]
+    );
+    // Frequency grows with the count: 2.0 − 0.3n vs 1.5 − 0.3m.
+    assert_eq!(
+        greedy(SamplingParams { frequency_penalty: 0.3, ..Default::default() }, vec![5]),
+        vec![70, 70, 71, 70, im_end]
+    );
+    // Repetition covers the prompt: 70 in the prompt is divided by 2 → 1.0 < 1.5.
+    assert_eq!(greedy(SamplingParams { repetition_penalty: 2.0, ..Default::default() }, vec![5, 70])[0], 71);
+}
+
+// --- On the demo model -------------------------------------------------------------------
+
+fn demo() -> (Model, TextTokenizer, ChatTemplate) {
+    let s = demo_source();
+    let m = Model::load(&s, &LoadOptions::default()).unwrap();
+    let t = TextTokenizer::load(&s, &m.config).unwrap();
+    let c = ChatTemplate::load(&s, true).unwrap();
+    (m, t, c)
+}
+
+fn demo_prompt(tok: &TextTokenizer, tpl: &ChatTemplate, q: &str, think: bool) -> Vec<u32> {
+    let opts = RenderOptions { add_generation_prompt: true, enable_thinking: Some(think), ..Default::default() };
+    tok.encode(&tpl.render(&json!([{"role": "user", "content": q}]), &opts).unwrap()).unwrap()
+}
+
+fn demo_run(m: &Model, tok: &TextTokenizer, prompt: Vec<u32>, params: GenerationParams) -> (Outcome, Vec<EngineEvent>) {
+    let g = Generator { tokenizer: tok, model_name: "demo".into() };
+    let mut ev = vec![];
+    let out = g
+        .generate(&mut ModelSession::new(m), &GenerateRequest { prompt_ids: prompt, params }, &no_cancel(), &mut |e| {
+            ev.push(e)
+        })
+        .unwrap();
+    (out, ev)
+}
+
+#[test]
+fn demo_same_seed_same_tokens() {
+    let (m, tok, tpl) = demo();
+    let p = demo_prompt(&tok, &tpl, "Sort 31, 7, 88, 12, 5.", true);
+    let params = |seed| GenerationParams {
+        max_tokens: 200,
+        sampling: SamplingParams { temperature: 1.5, top_k: 40, seed, ..Default::default() },
+        ..Default::default()
+    };
+    let a = demo_run(&m, &tok, p.clone(), params(11)).0.tokens;
+    let b = demo_run(&m, &tok, p.clone(), params(11)).0.tokens;
+    let c = demo_run(&m, &tok, p, params(12)).0.tokens;
+    assert_eq!(a, b);
+    assert_ne!(a, c, "another seed should sample differently at temperature 1.5");
+}
+
+#[test]
+fn demo_thinking_eats_max_tokens() {
+    let (m, tok, tpl) = demo();
+    let p = demo_prompt(&tok, &tpl, "Sort 93, 17, 56, 41, 8, 72.", true);
+    let (out, ev) = demo_run(&m, &tok, p, GenerationParams { max_tokens: 12, ..Default::default() });
+    assert_eq!(out.finish_reason, FinishReason::Length);
+    assert!(out.answer.is_empty());
+    assert_eq!(out.usage.thinking_tokens, 12);
+    assert!(diagnostics(&ev).iter().any(|d| d.0 == DiagnosticKind::ThinkingExhaustedMaxTokens));
+}
+
+#[test]
+fn demo_budget_forcing_still_answers() {
+    let (m, tok, tpl) = demo();
+    let p = demo_prompt(&tok, &tpl, "What is 482 + 739?", true);
+    let (out, ev) =
+        demo_run(&m, &tok, p, GenerationParams { thinking_budget: Some(6), max_tokens: 200, ..Default::default() });
+    assert_eq!(out.finish_reason, FinishReason::Stop);
+    assert!(out.forced.iter().any(|&f| f));
+    assert!(diagnostics(&ev).iter().any(|d| d.0 == DiagnosticKind::ThinkingBudgetForced));
+    assert!(!out.answer.trim().is_empty(), "an answer follows the forced close: {:?}", out);
+    // Exactly the budget's worth of model thinking before the forced block.
+    assert_eq!(out.forced.iter().position(|&f| f), Some(6));
+    // Phases: the forced `</think>` switches to the answer.
+    let phases: Vec<Phase> =
+        ev.iter().filter_map(|e| if let EngineEvent::Token { phase, .. } = e { Some(*phase) } else { None }).collect();
+    assert_eq!(*phases.last().unwrap(), Phase::Answer);
+}

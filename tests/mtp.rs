@@ -1,0 +1,259 @@
+//! MTP speculative decoding: greedy output identical to plain decoding (demo model and the
+//! fixtures with MTP tensors; with budget forcing, stop strings, max_tokens landing mid-draft),
+//! sampled output distributed as the target's (chi-square), metrics and token provenance.
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+
+use deltascope::chat::{ChatTemplate, RenderOptions, TextTokenizer};
+use deltascope::engine::{
+    DraftKind, EngineEvent, FinishReason, GenerateRequest, GenerationParams, Generator, ModelSession, MtpParams,
+    Outcome, SamplingParams,
+};
+use deltascope::model::{ForwardOptions, LoadOptions, Model, ModelSource, demo_source};
+use serde_json::json;
+
+struct Setup {
+    model: Model,
+    tok: TextTokenizer,
+    tpl: ChatTemplate,
+}
+
+fn load(source: ModelSource) -> Setup {
+    let model = Model::load(&source, &LoadOptions::default()).unwrap();
+    let tok = TextTokenizer::load(&source, &model.config).unwrap();
+    let tpl = ChatTemplate::load(&source, true).unwrap();
+    Setup { model, tok, tpl }
+}
+
+fn fixture(name: &str) -> Setup {
+    load(ModelSource::Dir(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)))
+}
+
+impl Setup {
+    fn prompt(&self, q: &str) -> Vec<u32> {
+        let opts = RenderOptions { add_generation_prompt: true, enable_thinking: Some(true), ..Default::default() };
+        self.tok.encode(&self.tpl.render(&json!([{"role": "user", "content": q}]), &opts).unwrap()).unwrap()
+    }
+
+    fn run(&self, prompt: &[u32], params: GenerationParams) -> (Outcome, Vec<EngineEvent>) {
+        let g = Generator { tokenizer: &self.tok, model_name: "t".into() };
+        let mut session = if params.mtp.depth > 0 || params.mtp.auto {
+            ModelSession::with_mtp(&self.model)
+        } else {
+            ModelSession::new(&self.model)
+        };
+        let mut ev = vec![];
+        let out = g
+            .generate(
+                &mut session,
+                &GenerateRequest { prompt_ids: prompt.to_vec(), params },
+                &AtomicBool::new(false),
+                &mut |e| ev.push(e),
+            )
+            .unwrap();
+        (out, ev)
+    }
+}
+
+fn with_mtp(p: &GenerationParams, depth: usize) -> GenerationParams {
+    GenerationParams { mtp: MtpParams { depth, auto: false }, ..p.clone() }
+}
+
+/// Greedy output with every depth equals plain greedy output; returns the tokens compared.
+fn assert_identical(s: &Setup, prompt: &[u32], base: GenerationParams, label: &str) -> usize {
+    let (plain, _) = s.run(prompt, base.clone());
+    for depth in 1..=4 {
+        let (spec, ev) = s.run(prompt, with_mtp(&base, depth));
+        assert_eq!(spec.tokens, plain.tokens, "{label}: --mtp {depth} differs from plain greedy");
+        assert_eq!(spec.forced, plain.forced, "{label}: forced flags");
+        assert_eq!(spec.finish_reason, plain.finish_reason, "{label}");
+        assert_eq!((&spec.thinking, &spec.answer), (&plain.thinking, &plain.answer), "{label}");
+        let stats = spec.mtp.expect("drafting ran");
+        // Provenance: accepted drafts and the verify passes' own tokens.
+        let kinds: Vec<DraftKind> = ev
+            .iter()
+            .filter_map(|e| if let EngineEvent::Token { draft, .. } = e { Some(*draft) } else { None })
+            .collect();
+        assert_eq!(kinds.iter().filter(|k| **k == DraftKind::Accepted).count(), stats.accepted, "{label}");
+        assert!(kinds.iter().filter(|k| **k == DraftKind::Bonus).count() <= stats.steps);
+        assert!(stats.per_position.len() <= depth, "{label}: depth {depth}: {stats:?}");
+        if stats.steps == 0 {
+            // The first token comes from the prefill and a draft needs room for its bonus token.
+            assert!(plain.tokens.len() <= 2, "{label}: depth {depth}: no verify pass in {} tokens", plain.tokens.len());
+        } else {
+            assert!(stats.mean_accepted_length >= 1.0, "{label}: depth {depth}: {stats:?}");
+        }
+    }
+    plain.tokens.len()
+}
+
+#[test]
+fn greedy_speculation_equals_plain_greedy_on_the_demo() {
+    let s = load(demo_source());
+    let base = GenerationParams { max_tokens: 400, ..Default::default() };
+    let mut total = 0;
+    for q in ["Sort 93, 17, 56, 41, 8, 72.", "How many s are in mississippi?", "Is 199 prime?", "What is 987 + 654?"] {
+        total += assert_identical(&s, &s.prompt(q), base.clone(), q);
+    }
+    // A raw prompt the model was never trained on: it babbles for the whole max_tokens.
+    let raw = s.tok.encode("Sort").unwrap();
+    total += assert_identical(&s, &raw, GenerationParams { max_tokens: 300, ..Default::default() }, "raw");
+    assert!(total >= 256, "{total}");
+}
+
+#[test]
+fn greedy_speculation_with_forcing_stops_and_odd_max_tokens() {
+    let s = load(demo_source());
+    let p = s.prompt("Sort 31, 7, 88, 12, 5, 64.");
+    // The thinking budget lands inside a draft block for most depths.
+    assert_identical(
+        &s,
+        &p,
+        GenerationParams { thinking_budget: Some(11), max_tokens: 300, ..Default::default() },
+        "budget 11",
+    );
+    assert_identical(
+        &s,
+        &p,
+        GenerationParams { thinking_budget: Some(0), max_tokens: 300, ..Default::default() },
+        "budget 0",
+    );
+    // Stop strings and max_tokens in the middle of a draft.
+    assert_identical(
+        &s,
+        &p,
+        GenerationParams { stop: vec!["12 ".into()], max_tokens: 300, ..Default::default() },
+        "stop string",
+    );
+    for max in [1, 2, 3, 7, 29, 30] {
+        assert_identical(
+            &s,
+            &p,
+            GenerationParams { max_tokens: max, ..Default::default() },
+            &format!("max_tokens {max}"),
+        );
+    }
+    // The answer budget too.
+    assert_identical(
+        &s,
+        &p,
+        GenerationParams { answer_budget: Some(3), max_tokens: 300, ..Default::default() },
+        "answer budget",
+    );
+    // No budget is overshot under speculation.
+    let (out, _) = s.run(
+        &p,
+        GenerationParams {
+            thinking_budget: Some(11),
+            max_tokens: 300,
+            mtp: MtpParams { depth: 4, auto: false },
+            ..Default::default()
+        },
+    );
+    let before_forced = out.forced.iter().position(|&f| f).unwrap();
+    assert_eq!(before_forced, 11);
+}
+
+#[test]
+fn greedy_speculation_on_random_fixtures() {
+    for name in ["qwen3_5_vl", "qwen3_5_moe"] {
+        let s = fixture(name);
+        let ids: Vec<u32> = (0..40).map(|i| 3 + (i * 37 % 400) as u32).collect();
+        let n = assert_identical(&s, &ids, GenerationParams { max_tokens: 260, ..Default::default() }, name);
+        // Random weights rarely pick an end token: the whole 260-token run is compared.
+        assert_eq!(n, 260, "{name}: the run stopped early");
+    }
+}
+
+#[test]
+fn auto_depth_runs_and_matches_greedy() {
+    let s = load(demo_source());
+    let p = s.prompt("How many r are in strawberry?");
+    let base = GenerationParams { max_tokens: 300, ..Default::default() };
+    let (plain, _) = s.run(&p, base.clone());
+    let (auto, _) = s.run(&p, GenerationParams { mtp: MtpParams { depth: 2, auto: true }, ..base });
+    assert_eq!(auto.tokens, plain.tokens);
+    let st = auto.mtp.unwrap();
+    assert!((1..=4).contains(&st.depth));
+}
+
+/// Speculative sampling keeps the target's distribution: over many seeds, the first token the
+/// verify pass produces (accepted draft or resampled) follows p(t1, t2) = p(t1)·p(t2 | t1) from
+/// the target alone. Top-k 3 keeps the table small; a chi-square test at p = 0.001.
+#[test]
+fn speculative_sampling_preserves_the_distribution() {
+    let s = load(demo_source());
+    let prompt = s.prompt("Sort 5, 2, 9, 1.");
+    let sampling = |seed| SamplingParams { temperature: 1.3, top_k: 3, seed, ..Default::default() };
+    // The exact joint distribution of the first two tokens.
+    let dist = |logits: &[f32]| deltascope::engine::sampler::Sampler::new(sampling(0), &prompt).distribution(logits);
+    let mut state = s.model.new_state();
+    let l0 = s.model.forward(&prompt, &mut state, ForwardOptions::default()).unwrap().logits.data;
+    let mut expected = vec![];
+    for (t1, p1) in dist(&l0) {
+        let mut st = state.clone();
+        let l1 = s.model.forward(&[t1], &mut st, ForwardOptions::default()).unwrap().logits.data;
+        let mut sm = deltascope::engine::sampler::Sampler::new(sampling(0), &prompt);
+        sm.observe(t1);
+        for (t2, p2) in sm.distribution(&l1) {
+            expected.push(((t1, t2), p1 * p2));
+        }
+    }
+    let n = 2000u64;
+    let mut counts = std::collections::HashMap::new();
+    let mut spec_tokens = 0;
+    for seed in 0..n {
+        let params = GenerationParams {
+            max_tokens: 3,
+            sampling: sampling(seed),
+            mtp: MtpParams { depth: 2, auto: false },
+            ..Default::default()
+        };
+        let (out, ev) = s.run(&prompt, params);
+        assert!(
+            ev.iter().any(|e| matches!(
+                e,
+                EngineEvent::Token { index: 1, draft: DraftKind::Accepted | DraftKind::Bonus, .. }
+            )),
+            "token 2 came from a verify pass"
+        );
+        spec_tokens += 1;
+        *counts.entry((out.tokens[0], out.tokens[1])).or_insert(0u64) += 1;
+    }
+    let mut chi2 = 0.0;
+    for (pair, p) in &expected {
+        let e = p * n as f64;
+        let o = *counts.get(pair).unwrap_or(&0) as f64;
+        chi2 += (o - e) * (o - e) / e;
+    }
+    let unexpected: u64 = counts.iter().filter(|(k, _)| !expected.iter().any(|(p, _)| p == *k)).map(|(_, v)| v).sum();
+    assert_eq!(unexpected, 0, "pairs outside the target's support");
+    // Critical value of chi-square at p = 0.001 for up to 8 degrees of freedom.
+    let df = expected.len() - 1;
+    let critical = [10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12][df.clamp(1, 8) - 1];
+    eprintln!("chi-square {chi2:.2} over {} cells ({spec_tokens} samples), critical {critical}", expected.len());
+    assert!(chi2 < critical, "speculative sampling distorts the distribution: chi-square {chi2} ≥ {critical}");
+}
+
+#[test]
+fn mtp_stats_are_reported_in_events() {
+    let s = load(demo_source());
+    let p = s.prompt("Sort 93, 17, 56, 41, 8, 72.");
+    let (out, ev) =
+        s.run(&p, GenerationParams { max_tokens: 300, mtp: MtpParams { depth: 3, auto: false }, ..Default::default() });
+    let st = out.mtp.unwrap();
+    assert!(st.steps > 0 && st.drafted >= st.accepted && st.acceptance_rate > 0.5, "{st:?}");
+    assert_eq!(st.per_position.len(), 3);
+    assert_eq!(st.history.len(), st.steps);
+    assert!(st.snapshot_bytes > 0 && st.verify_ms > 0.0);
+    let done = ev
+        .iter()
+        .find_map(|e| {
+            if let EngineEvent::Done { mtp, memory, .. } = e { Some((mtp.clone(), memory.clone())) } else { None }
+        })
+        .unwrap();
+    assert_eq!(done.0.unwrap().accepted, st.accepted);
+    assert!(ev.iter().any(|e| matches!(e, EngineEvent::Stats { mtp: Some(_), .. })));
+    let _ = FinishReason::Stop;
+}
