@@ -301,8 +301,13 @@ fn run_top_logprobs_presets_and_sampling_flags() {
         "--json",
     ]);
     assert_eq!(ev[0]["params"]["sampling"]["temperature"].as_f64(), Some(0.2));
+    let m = fixture("qwen3_next");
+    let ev = events(&["run", "--model", &m, "--prompt", "Hi", "--max-tokens", "2", "--json"]);
+    assert_eq!(ev[0]["params"]["sampling"]["top_k"], 20, "from the fixture's generation_config.json");
+    assert_eq!(ev[0]["params"]["sampling"]["temperature"].as_f64(), Some(1.0));
+    // The demo model ships `do_sample: false`: greedy unless asked otherwise.
     let ev = events(&["run", "--prompt", "Hi", "--max-tokens", "2", "--json"]);
-    assert_eq!(ev[0]["params"]["sampling"]["top_k"], 20, "from the demo's generation_config.json");
+    assert_eq!(ev[0]["params"]["sampling"]["temperature"].as_f64(), Some(0.0));
     let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))
         .args(["run", "--prompt", "Hi", "--preset", "bogus"])
         .output()

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use super::control::Control;
-use super::events::{Alternative, DiagnosticKind, DraftKind, EngineEvent, FinishReason, Phase, Timing, Usage};
+use super::events::{Alternative, DiagnosticKind, DraftKind, EngineEvent, FinishReason, Memory, Phase, Timing, Usage};
 use super::reasoning::PhaseTracker;
 use super::request::GenerateRequest;
 use super::sampler::{Rng, Sampler, logprob, top_logprobs};
@@ -106,9 +106,19 @@ fn emit_stats(run: &mut Run, source: &dyn LogitsSource, mtp: Option<&MtpStats>) 
         thinking_tokens: run.usage.thinking_tokens,
         answer_tokens: run.usage.answer_tokens,
         tok_s,
-        memory: source.memory(),
+        memory: memory(source, mtp),
         mtp: mtp.cloned(),
     });
+}
+
+/// Memory now, with the rollback tape of a verify pass counted: between steps the tape is
+/// settled, but every step holds it while it verifies.
+fn memory(source: &dyn LogitsSource, mtp: Option<&MtpStats>) -> Memory {
+    let mut m = source.memory();
+    if let Some(s) = mtp {
+        m.snapshot_bytes = m.snapshot_bytes.max(s.snapshot_bytes);
+    }
+    m
 }
 
 fn draw(dist: &[(u32, f64)], rng: &mut Rng) -> u32 {
@@ -333,8 +343,8 @@ impl Generator<'_> {
             finish_reason: finish,
             usage: run.usage.clone(),
             timing: timing.clone(),
+            memory: memory(source, mtp.as_ref()),
             mtp: mtp.clone(),
-            memory: source.memory(),
             thinking: run.thinking.clone(),
             answer: run.answer.clone(),
         });
