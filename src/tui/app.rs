@@ -724,7 +724,8 @@ impl App {
             return;
         };
         let turn = self.session.turns.remove(last);
-        let upto = self.session.turns.len();
+        // A comparison re-runs with the context of the turn it compares with.
+        let upto = turn.compare_of.unwrap_or(self.session.turns.len());
         self.start_turn(turn.user, upto, turn.compare_of);
     }
 
