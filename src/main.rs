@@ -8,7 +8,8 @@ fn init_logging(cli: &Cli) -> anyhow::Result<()> {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     // The TUI owns the terminal: its logs go to a file in the data dir unless --log-file says
     // otherwise (and nowhere if that cannot be opened).
-    let log_file = cli.log_file.clone().or_else(|| if cli.is_tui() { deltascope::tui::default_log_file() } else { None });
+    let log_file =
+        cli.log_file.clone().or_else(|| if cli.is_tui() { deltascope::tui::default_log_file() } else { None });
     match &log_file {
         Some(path) => {
             let file = std::fs::OpenOptions::new()

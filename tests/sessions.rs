@@ -139,8 +139,13 @@ fn make_example_sessions() {
     use deltascope::cli::common::{ModelArgs, load};
 
     let loaded = load(&ModelArgs { model: None, dtype: "f32".into() }).unwrap();
-    let engine = deltascope::engine::EngineHandle::spawn(loaded.model.clone(), loaded.tokenizer.clone(), loaded.name.clone());
-    let record = |file: &str, user: &str, raw: bool, thinking: bool, tweak: &dyn Fn(&mut deltascope::engine::GenerationParams)| {
+    let engine =
+        deltascope::engine::EngineHandle::spawn(loaded.model.clone(), loaded.tokenizer.clone(), loaded.name.clone());
+    let record = |file: &str,
+                  user: &str,
+                  raw: bool,
+                  thinking: bool,
+                  tweak: &dyn Fn(&mut deltascope::engine::GenerationParams)| {
         // The command line's defaults (loop thresholds, MTP depth), greedy.
         let mut args = ChatArgs::default().generation;
         args.temperature = Some(0.0);
@@ -165,7 +170,10 @@ fn make_example_sessions() {
         let t0 = std::time::Instant::now();
         engine.generate(deltascope::engine::GenerateRequest { prompt_ids: ids, params });
         for ev in engine.events.iter() {
-            let end = matches!(ev, deltascope::engine::EngineEvent::Done { .. } | deltascope::engine::EngineEvent::Error { .. });
+            let end = matches!(
+                ev,
+                deltascope::engine::EngineEvent::Done { .. } | deltascope::engine::EngineEvent::Error { .. }
+            );
             turn.apply(&ev, t0.elapsed().as_secs_f64() * 1000.0);
             if end {
                 break;

@@ -82,8 +82,22 @@ fn workbench_in_tmux() {
     let t = Tmux { socket: format!("deltascope-e2e-{}", std::process::id()), target: "e2e".into() };
     // A plain shell in a 160×48 window, so we can look at the terminal after the TUI exits.
     let out = t.cmd(&[
-        "new-session", "-d", "-s", "e2e", "-x", "160", "-y", "48", "env", "-i", "PATH=/usr/bin:/bin", "TERM=xterm-256color",
-        "PS1=$ ", "bash", "--norc", "--noprofile",
+        "new-session",
+        "-d",
+        "-s",
+        "e2e",
+        "-x",
+        "160",
+        "-y",
+        "48",
+        "env",
+        "-i",
+        "PATH=/usr/bin:/bin",
+        "TERM=xterm-256color",
+        "PS1=$ ",
+        "bash",
+        "--norc",
+        "--noprofile",
     ]);
     assert!(out.status.success(), "tmux new-session: {}", String::from_utf8_lossy(&out.stderr));
     t.wait("the shell prompt", 10, |s| s.contains('$'));

@@ -87,7 +87,12 @@ fn thinking_ate_max_tokens_banner_and_fixes() {
     }
     engine(
         &mut app,
-        diag(DiagnosticKind::ThinkingExhaustedMaxTokens, 15, "max_tokens ran out while thinking: raise --max-tokens or set --thinking-budget", None),
+        diag(
+            DiagnosticKind::ThinkingExhaustedMaxTokens,
+            15,
+            "max_tokens ran out while thinking: raise --max-tokens or set --thinking-budget",
+            None,
+        ),
         18.0,
     );
     engine(&mut app, done(FinishReason::Length, 16, 16, 0, "199 / 3 ", ""), 18.0);

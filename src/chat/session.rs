@@ -575,10 +575,8 @@ pub enum SessionError {
 
 impl Session {
     pub fn new(model: impl Into<String>, system: Option<String>) -> Self {
-        let created = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or_default();
+        let created =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default();
         // Seconds plus the process id keep two sessions started in the same second apart.
         let id = format!("{}-{}", format_timestamp(created), std::process::id());
         Session { version: SESSION_VERSION, id, created, model: model.into(), system, turns: vec![] }
@@ -623,7 +621,8 @@ impl Session {
 
     pub fn load(path: &Path) -> Result<Session, SessionError> {
         let text = std::fs::read_to_string(path).map_err(|source| SessionError::Read { path: path.into(), source })?;
-        let s: Session = serde_json::from_str(&text).map_err(|source| SessionError::Parse { path: path.into(), source })?;
+        let s: Session =
+            serde_json::from_str(&text).map_err(|source| SessionError::Parse { path: path.into(), source })?;
         if s.version != SESSION_VERSION {
             return Err(SessionError::Version { path: path.into(), found: s.version });
         }
@@ -679,7 +678,12 @@ impl Session {
                 s.seed
             );
             let finish = t.finish_reason.as_deref().or(t.error.as_deref().map(|_| "error")).unwrap_or("unfinished");
-            let _ = write!(md, "finish: **{finish}** · thinking {} · answer {} tokens", t.thinking_tokens(), t.answer_tokens());
+            let _ = write!(
+                md,
+                "finish: **{finish}** · thinking {} · answer {} tokens",
+                t.thinking_tokens(),
+                t.answer_tokens()
+            );
             if let Some(tm) = &t.stats.timing {
                 let _ = write!(
                     md,
@@ -688,8 +692,12 @@ impl Session {
                 );
             }
             if let Some(m) = t.mtp() {
-                let _ =
-                    write!(md, " · MTP acceptance {:.0}%, mean length {:.2}", m.acceptance_rate * 100.0, m.mean_accepted_length);
+                let _ = write!(
+                    md,
+                    " · MTP acceptance {:.0}%, mean length {:.2}",
+                    m.acceptance_rate * 100.0,
+                    m.mean_accepted_length
+                );
             }
             let _ = writeln!(md);
             for d in &t.diagnostics {

@@ -21,7 +21,7 @@ use crate::engine::{EngineEvent, GenerationParams};
 /// What the runner does for the app.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
-    Generate { messages: serde_json::Value, enable_thinking: bool, params: GenerationParams },
+    Generate { messages: serde_json::Value, enable_thinking: bool, params: Box<GenerationParams> },
     Cancel,
     SetPaused(bool),
     Step,
@@ -118,6 +118,8 @@ pub struct Replay {
 }
 
 #[derive(Debug)]
+// Items are moved once from the queue; boxing each event would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 pub enum ReplayItem {
     Begin(Box<Turn>),
     Event(EngineEvent),
@@ -180,7 +182,8 @@ impl App {
     pub fn new(cfg: AppConfig) -> App {
         let mut input = TextArea::default();
         input.set_placeholder_text("Ask something — e.g. Is 91 prime?");
-        let input_history = cfg.session.turns.iter().filter(|t| t.compare_of.is_none()).map(|t| t.user.clone()).collect();
+        let input_history =
+            cfg.session.turns.iter().filter(|t| t.compare_of.is_none()).map(|t| t.user.clone()).collect();
         let mut app = App {
             theme: cfg.theme,
             keymap: cfg.keymap,
@@ -410,7 +413,10 @@ impl App {
         {
             return;
         }
-        if k.code == KeyCode::Char('?') && self.focus != Focus::Input && k.modifiers.difference(KeyModifiers::SHIFT).is_empty() {
+        if k.code == KeyCode::Char('?')
+            && self.focus != Focus::Input
+            && k.modifiers.difference(KeyModifiers::SHIFT).is_empty()
+        {
             self.overlay = Overlay::Help;
             return;
         }
@@ -434,7 +440,8 @@ impl App {
             Focus::Input => self.input_key(k),
             Focus::Sliders => self.slider_key(k),
             Focus::Thinking | Focus::Answer => {
-                let scroll = if self.focus == Focus::Thinking { &mut self.thinking_scroll } else { &mut self.answer_scroll };
+                let scroll =
+                    if self.focus == Focus::Thinking { &mut self.thinking_scroll } else { &mut self.answer_scroll };
                 match k.code {
                     KeyCode::Up => scroll.scroll(-1),
                     KeyCode::Down => scroll.scroll(1),
@@ -526,7 +533,10 @@ impl App {
                 if self.compare_pair().is_some() {
                     self.show_compare = !self.show_compare;
                 } else {
-                    self.set_status(format!("no comparison yet ({} re-runs the last prompt)", self.keymap.first(Action::Compare)));
+                    self.set_status(format!(
+                        "no comparison yet ({} re-runs the last prompt)",
+                        self.keymap.first(Action::Compare)
+                    ));
                 }
             }
             Action::ColourMode => {
@@ -619,7 +629,9 @@ impl App {
         match k.code {
             KeyCode::Up => self.slider = (self.slider + n - 1) % n,
             KeyCode::Down => self.slider = (self.slider + 1) % n,
-            KeyCode::Left | KeyCode::Char('h') | KeyCode::Char('-') => Slider::ALL[self.slider].adjust(&mut self.settings, -1, big),
+            KeyCode::Left | KeyCode::Char('h') | KeyCode::Char('-') => {
+                Slider::ALL[self.slider].adjust(&mut self.settings, -1, big)
+            }
             KeyCode::Right | KeyCode::Char('l') | KeyCode::Char('+') | KeyCode::Char('=') => {
                 Slider::ALL[self.slider].adjust(&mut self.settings, 1, big)
             }
@@ -702,7 +714,7 @@ impl App {
         self.answer_scroll.top = None;
         self.show_compare = compare_of.is_some();
         self.sync_markdown();
-        self.effects.push(Effect::Generate { messages, enable_thinking, params });
+        self.effects.push(Effect::Generate { messages, enable_thinking, params: Box::new(params) });
     }
 
     fn drop_last_turn(&mut self) {
@@ -755,7 +767,9 @@ impl App {
             return;
         };
         // Drop an earlier comparison of the same turn so the pair stays side by side.
-        while self.session.turns.len() > orig + 1 && self.session.turns.last().is_some_and(|t| t.compare_of == Some(orig)) {
+        while self.session.turns.len() > orig + 1
+            && self.session.turns.last().is_some_and(|t| t.compare_of == Some(orig))
+        {
             self.session.turns.pop();
         }
         let user = self.session.turns[orig].user.clone();
@@ -808,7 +822,8 @@ impl App {
                     self.settings.params = t.params.clone();
                     self.settings.enable_thinking = t.enable_thinking;
                 }
-                self.input_history = s.turns.iter().filter(|t| t.compare_of.is_none()).map(|t| t.user.clone()).collect();
+                self.input_history =
+                    s.turns.iter().filter(|t| t.compare_of.is_none()).map(|t| t.user.clone()).collect();
                 self.session_path = Some(path.to_path_buf());
                 if replay {
                     self.start_replay(s);

@@ -11,6 +11,8 @@ use ratatui::crossterm::event::{self, Event as TermEvent};
 use crate::cli::common::Loaded;
 use crate::engine::EngineEvent;
 
+// Events are moved once through a channel; boxing every token event would allocate per token.
+#[allow(clippy::large_enum_variant)]
 pub enum Inbound {
     /// A key, paste or resize from the terminal.
     Term(TermEvent),
@@ -18,7 +20,11 @@ pub enum Inbound {
     Tick,
     Engine(EngineEvent),
     /// Model loading progress: step `done` of `total`, and what is being loaded.
-    LoadProgress { done: usize, total: usize, what: String },
+    LoadProgress {
+        done: usize,
+        total: usize,
+        what: String,
+    },
     /// Loading finished (boxed: `Loaded` is large).
     Loaded(Result<Box<Loaded>, String>),
 }

@@ -106,9 +106,7 @@ impl Markdown {
         }
         if let Some(marker) = fence_marker(trimmed) {
             let lang = trimmed[marker.len()..].trim();
-            let syntax = SYNTAXES
-                .find_syntax_by_token(lang)
-                .unwrap_or_else(|| SYNTAXES.find_syntax_plain_text());
+            let syntax = SYNTAXES.find_syntax_by_token(lang).unwrap_or_else(|| SYNTAXES.find_syntax_plain_text());
             let Some(t) = THEMES.themes.get(&theme.code_theme).or_else(|| THEMES.themes.values().next()) else {
                 return Line::from(line.to_string());
             };
@@ -211,10 +209,8 @@ fn inline(text: &str, base: Style, theme: &Theme) -> Vec<Span<'static>> {
             Event::Start(Tag::Strong) => stack.push(top.add_modifier(Modifier::BOLD)),
             Event::Start(Tag::Strikethrough) => stack.push(top.add_modifier(Modifier::CROSSED_OUT)),
             Event::Start(Tag::Link { .. }) => stack.push(top.fg(theme.accent).add_modifier(Modifier::UNDERLINED)),
-            Event::End(TagEnd::Emphasis | TagEnd::Strong | TagEnd::Strikethrough | TagEnd::Link) => {
-                if stack.len() > 1 {
-                    stack.pop();
-                }
+            Event::End(TagEnd::Emphasis | TagEnd::Strong | TagEnd::Strikethrough | TagEnd::Link) if stack.len() > 1 => {
+                stack.pop();
             }
             Event::Text(t) => spans.push(Span::styled(t.to_string(), top)),
             Event::Code(t) => spans.push(Span::styled(t.to_string(), Style::new().fg(theme.inline_code))),
@@ -246,7 +242,10 @@ mod tests {
         md.sync(src, &th);
         let lines = md.lines(src, &th);
         let texts: Vec<String> = lines.iter().map(text_of).collect();
-        assert_eq!(texts, ["# Title", "• item bold and code", "1. first", "plain it", "```rust", "fn main() {}", "```", "after"]);
+        assert_eq!(
+            texts,
+            ["# Title", "• item bold and code", "1. first", "plain it", "```rust", "fn main() {}", "```", "after"]
+        );
         assert!(lines[1].spans.iter().any(|s| s.content == "bold" && s.style.add_modifier.contains(Modifier::BOLD)));
         // The code line is split into several highlighted spans.
         assert!(lines[5].spans.len() > 1);

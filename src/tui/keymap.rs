@@ -201,8 +201,22 @@ enum ChordCode {
     Named(&'static str),
 }
 
-const NAMED: [&str; 14] =
-    ["enter", "esc", "tab", "backtab", "backspace", "delete", "up", "down", "left", "right", "home", "end", "pageup", "pagedown"];
+const NAMED: [&str; 14] = [
+    "enter",
+    "esc",
+    "tab",
+    "backtab",
+    "backspace",
+    "delete",
+    "up",
+    "down",
+    "left",
+    "right",
+    "home",
+    "end",
+    "pageup",
+    "pagedown",
+];
 
 impl Chord {
     pub fn parse(spec: &str) -> Option<Chord> {
@@ -224,7 +238,7 @@ impl Chord {
             }
         }
         let code = if let Some(n) = NAMED.iter().find(|n| **n == key) {
-            ChordCode::Named(*n)
+            ChordCode::Named(n)
         } else if key == "space" {
             ChordCode::Char(' ')
         } else if let Some(f) = key.strip_prefix('f').filter(|r| !r.is_empty()).and_then(|r| r.parse::<u8>().ok()) {
@@ -320,7 +334,9 @@ pub enum KeymapError {
     Toml { file: String, message: String },
     #[error("{file}: unknown action `{key}` (actions: {known})")]
     UnknownAction { file: String, key: String, known: String },
-    #[error("{file}: {action} = \"{spec}\": not a key (examples: \"ctrl-r\", \"alt-enter\", \"f5\", \"pageup\", \"?\")")]
+    #[error(
+        "{file}: {action} = \"{spec}\": not a key (examples: \"ctrl-r\", \"alt-enter\", \"f5\", \"pageup\", \"?\")"
+    )]
     BadKey { file: String, action: String, spec: String },
     #[error("{file}: `{key}` must be a string or a list of strings")]
     BadValue { file: String, key: String },
@@ -376,7 +392,9 @@ impl Keymap {
                     toml::Value::String(s) => vec![s.as_str()],
                     toml::Value::Array(a) => a
                         .iter()
-                        .map(|x| x.as_str().ok_or_else(|| KeymapError::BadValue { file: file.into(), key: name.clone() }))
+                        .map(|x| {
+                            x.as_str().ok_or_else(|| KeymapError::BadValue { file: file.into(), key: name.clone() })
+                        })
                         .collect::<Result<_, _>>()?,
                     _ => return Err(KeymapError::BadValue { file: file.into(), key: name.clone() }),
                 };
@@ -405,7 +423,10 @@ impl Keymap {
 
     /// "Ctrl+R" style labels of an action's keys, joined by " / ".
     pub fn label(&self, a: Action) -> String {
-        self.bindings.get(&a).map(|c| c.iter().map(ToString::to_string).collect::<Vec<_>>().join(" / ")).unwrap_or_default()
+        self.bindings
+            .get(&a)
+            .map(|c| c.iter().map(ToString::to_string).collect::<Vec<_>>().join(" / "))
+            .unwrap_or_default()
     }
 
     /// The first key of an action (for hints in banners and the status bar).

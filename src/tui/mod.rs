@@ -72,14 +72,8 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
         preset: opts.generation.preset.as_deref().and_then(crate::engine::Preset::parse),
         has_mtp: false,
     };
-    let mut app = App::new(AppConfig {
-        theme,
-        keymap,
-        settings,
-        sessions_dir,
-        session_path: opts.session.clone(),
-        session,
-    });
+    let mut app =
+        App::new(AppConfig { theme, keymap, settings, sessions_dir, session_path: opts.session.clone(), session });
     app.loading = Some((0, LOAD_STEPS, "starting".into()));
 
     let (tx, rx) = mpsc::channel::<Inbound>();
@@ -144,7 +138,7 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
             let (Some(e), Some(l)) = (&engine, &loaded) else { continue };
             match effect {
                 Effect::Generate { messages, enable_thinking, params } => {
-                    if let Err(err) = start_generation(e, l, &messages, enable_thinking, params) {
+                    if let Err(err) = start_generation(e, l, &messages, enable_thinking, *params) {
                         app.on_engine(EngineEvent::Error { message: format!("{err:#}") });
                     }
                 }
@@ -178,7 +172,8 @@ fn start_generation(
     enable_thinking: bool,
     params: GenerationParams,
 ) -> anyhow::Result<()> {
-    let opts = RenderOptions { add_generation_prompt: true, enable_thinking: Some(enable_thinking), ..Default::default() };
+    let opts =
+        RenderOptions { add_generation_prompt: true, enable_thinking: Some(enable_thinking), ..Default::default() };
     let text = l.template.render(messages, &opts)?;
     let ids = l.tokenizer.encode(&text)?;
     check_prompt(&l.model, &ids, params.max_tokens)?;

@@ -95,7 +95,8 @@ impl Slider {
     pub fn position(self, s: &Settings) -> f64 {
         let p = &s.params;
         let q = &p.sampling;
-        let ladder = |l: &[usize], v: usize| l.iter().position(|x| *x >= v).unwrap_or(l.len() - 1) as f64 / (l.len() - 1) as f64;
+        let ladder =
+            |l: &[usize], v: usize| l.iter().position(|x| *x >= v).unwrap_or(l.len() - 1) as f64 / (l.len() - 1) as f64;
         let v = match self {
             Slider::MaxTokens => ladder(&MAX_TOKENS, p.max_tokens),
             Slider::ThinkingBudget => match (s.enable_thinking, p.thinking_budget) {
@@ -111,7 +112,11 @@ impl Slider {
             Slider::RepetitionPenalty => ((q.repetition_penalty - 0.5) / 1.5) as f64,
             Slider::MtpDepth => p.mtp.depth as f64 / 4.0,
             Slider::Seed => 0.0,
-            Slider::Preset => s.preset.and_then(|x| Preset::ALL.iter().position(|p| *p == x)).map(|i| (i + 1) as f64 / 4.0).unwrap_or(0.0),
+            Slider::Preset => s
+                .preset
+                .and_then(|x| Preset::ALL.iter().position(|p| *p == x))
+                .map(|i| (i + 1) as f64 / 4.0)
+                .unwrap_or(0.0),
         };
         v.clamp(0.0, 1.0)
     }
@@ -140,7 +145,11 @@ impl Slider {
                     (true, None, true) => {}
                     (true, None, false) => p.thinking_budget = Some(BUDGETS[BUDGETS.len() - 1]),
                     (true, Some(b), true) => {
-                        p.thinking_budget = if b >= BUDGETS[BUDGETS.len() - 1] { None } else { Some(ladder_step(&BUDGETS, b, true, big)) }
+                        p.thinking_budget = if b >= BUDGETS[BUDGETS.len() - 1] {
+                            None
+                        } else {
+                            Some(ladder_step(&BUDGETS, b, true, big))
+                        }
                     }
                     (true, Some(b), false) => {
                         if b <= BUDGETS[0] {
@@ -184,7 +193,15 @@ impl Slider {
                 }
             }
         }
-        if matches!(self, Slider::Temperature | Slider::TopP | Slider::TopK | Slider::MinP | Slider::PresencePenalty | Slider::RepetitionPenalty) {
+        if matches!(
+            self,
+            Slider::Temperature
+                | Slider::TopP
+                | Slider::TopK
+                | Slider::MinP
+                | Slider::PresencePenalty
+                | Slider::RepetitionPenalty
+        ) {
             s.preset = None;
         }
     }

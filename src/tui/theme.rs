@@ -47,7 +47,9 @@ pub struct Theme {
 pub enum ThemeError {
     #[error("{file}: not valid TOML: {message}")]
     Toml { file: String, message: String },
-    #[error("{file}: [colors] {key} = \"{value}\": not a colour (use a name like light-blue, an index 0-255 or #rrggbb)")]
+    #[error(
+        "{file}: [colors] {key} = \"{value}\": not a colour (use a name like light-blue, an index 0-255 or #rrggbb)"
+    )]
     BadColor { file: String, key: String, value: String },
     #[error("{file}: unknown key `{key}` (known keys: {known})")]
     UnknownKey { file: String, key: String, known: String },
@@ -156,7 +158,8 @@ impl Theme {
 
     fn from_file(path: &Path, user_dir: Option<&Path>) -> Result<Theme, ThemeError> {
         let file = path.display().to_string();
-        let src = std::fs::read_to_string(path).map_err(|e| ThemeError::Read { file: file.clone(), message: e.to_string() })?;
+        let src = std::fs::read_to_string(path)
+            .map_err(|e| ThemeError::Read { file: file.clone(), message: e.to_string() })?;
         let own = path.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
         let base = |parent: &str| -> Option<Result<Theme, ThemeError>> {
             if parent == own {
@@ -265,7 +268,11 @@ impl Theme {
     }
 
     pub fn border(&self, focused: bool) -> Style {
-        if focused { Style::new().fg(self.border_focus).add_modifier(Modifier::BOLD) } else { Style::new().fg(self.border) }
+        if focused {
+            Style::new().fg(self.border_focus).add_modifier(Modifier::BOLD)
+        } else {
+            Style::new().fg(self.border)
+        }
     }
 
     pub fn title(&self) -> Style {
@@ -293,7 +300,10 @@ mod tests {
     #[test]
     fn bad_colour_names_file_and_key() {
         let e = Theme::parse("[colors]\nthinking = \"purplish\"\n", "my.toml", &|_| None).unwrap_err();
-        assert_eq!(e.to_string(), "my.toml: [colors] thinking = \"purplish\": not a colour (use a name like light-blue, an index 0-255 or #rrggbb)");
+        assert_eq!(
+            e.to_string(),
+            "my.toml: [colors] thinking = \"purplish\": not a colour (use a name like light-blue, an index 0-255 or #rrggbb)"
+        );
         let e = Theme::parse("[colors]\nthinkin = \"red\"\n", "my.toml", &|_| None).unwrap_err();
         assert!(e.to_string().starts_with("my.toml: unknown key `colors.thinkin`"), "{e}");
         let e = Theme::parse("name = 3\n", "my.toml", &|_| None).unwrap_err();
@@ -304,8 +314,12 @@ mod tests {
 
     #[test]
     fn user_theme_extends_a_builtin() {
-        let t = Theme::parse("extends = \"light\"\nname = \"mine\"\n[colors]\nthinking = \"#010203\"\n", "mine.toml", &|_| None)
-            .unwrap();
+        let t = Theme::parse(
+            "extends = \"light\"\nname = \"mine\"\n[colors]\nthinking = \"#010203\"\n",
+            "mine.toml",
+            &|_| None,
+        )
+        .unwrap();
         assert_eq!(t.name, "mine");
         assert_eq!(t.thinking, Color::Rgb(1, 2, 3));
         assert_eq!(t.answer, Theme::builtin("light").unwrap().answer);

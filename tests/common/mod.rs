@@ -3,8 +3,8 @@
 
 use deltascope::chat::session::Session;
 use deltascope::engine::{
-    Alternative, DiagnosticKind, DraftKind, EngineEvent, FinishReason, GenerationParams, Memory, MtpParams, MtpStats, Phase,
-    Timing, Usage,
+    Alternative, DiagnosticKind, DraftKind, EngineEvent, FinishReason, GenerationParams, Memory, MtpParams, MtpStats,
+    Phase, Timing, Usage,
 };
 use deltascope::tui::app::{App, AppConfig, ModelInfo};
 use deltascope::tui::event::Inbound;

@@ -41,7 +41,15 @@ pub fn draw(app: &App, f: &mut Frame, area: Rect, a: usize, b: usize) {
     column(app, f, right, &format!(" B · turn {} (re-run) ", b + 1), tb, &sb, &sa);
 }
 
-fn column(app: &App, f: &mut Frame, area: Rect, title: &str, t: &Turn, mine: &[(&str, String)], other: &[(&str, String)]) {
+fn column(
+    app: &App,
+    f: &mut Frame,
+    area: Rect,
+    title: &str,
+    t: &Turn,
+    mine: &[(&str, String)],
+    other: &[(&str, String)],
+) {
     let th = &app.theme;
     let block = Block::bordered().title(Line::styled(title.to_string(), th.title())).border_style(th.border(false));
     let inner = block.inner(area);
@@ -58,7 +66,8 @@ fn column(app: &App, f: &mut Frame, area: Rect, title: &str, t: &Turn, mine: &[(
         }
         lines.push(Line::from(spans));
     }
-    let finish = t.finish_reason.clone().unwrap_or_else(|| if t.error.is_some() { "error".into() } else { "running…".into() });
+    let finish =
+        t.finish_reason.clone().unwrap_or_else(|| if t.error.is_some() { "error".into() } else { "running…".into() });
     let fin_style = if finish == "stop" { th.fg(th.good) } else { th.fg(th.warn) };
     lines.push(Line::from(vec![
         Span::styled("finish ", th.fg(th.dim)),
@@ -66,7 +75,9 @@ fn column(app: &App, f: &mut Frame, area: Rect, title: &str, t: &Turn, mine: &[(
         Span::styled(format!("  thinking {}  answer {}", t.thinking_tokens(), t.answer_tokens()), th.fg(th.text)),
     ]));
     let timing = match &t.stats.timing {
-        Some(tm) => format!("TTFT {:.0} ms · decode {:.1} tok/s · {:.1} s", tm.ttft_ms, tm.decode_tok_s, tm.total_ms / 1000.0),
+        Some(tm) => {
+            format!("TTFT {:.0} ms · decode {:.1} tok/s · {:.1} s", tm.ttft_ms, tm.decode_tok_s, tm.total_ms / 1000.0)
+        }
         None => format!("tok/s {:.1}", t.stats.samples.last().map(|s| s.tok_s).unwrap_or(0.0)),
     };
     lines.push(Line::styled(timing, th.fg(th.text)));

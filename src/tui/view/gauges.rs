@@ -112,26 +112,19 @@ pub fn panel(app: &App, f: &mut Frame, area: Rect) {
         f.render_widget(Paragraph::new(lines), inner);
         return;
     };
-    let [budget, speed, mtp, memory] = Layout::vertical([
-        Constraint::Length(4),
-        Constraint::Length(4),
-        Constraint::Length(6),
-        Constraint::Min(5),
-    ])
-    .areas(inner);
+    let [budget, speed, mtp, memory] =
+        Layout::vertical([Constraint::Length(4), Constraint::Length(4), Constraint::Length(6), Constraint::Min(5)])
+            .areas(inner);
     budget_section(app, t, f, budget);
     speed_section(app, t, f, speed);
     mtp_section(app, t, f, mtp);
     memory_section(app, t, f, memory);
 }
 
-fn heading(th: &Theme, s: &str) -> Line<'static> {
-    Line::styled(s.to_string(), Style::new().fg(th.accent).add_modifier(Modifier::BOLD))
-}
-
 fn budget_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
     let th = &app.theme;
-    let [h, b, legend] = Layout::vertical([Constraint::Length(1), Constraint::Length(1), Constraint::Min(1)]).areas(area);
+    let [h, b, legend] =
+        Layout::vertical([Constraint::Length(1), Constraint::Length(1), Constraint::Min(1)]).areas(area);
     let used = t.thinking_tokens() + t.answer_tokens();
     f.render_widget(
         Paragraph::new(Line::from(vec![
@@ -282,18 +275,27 @@ fn memory_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
 pub fn strip(app: &App, f: &mut Frame, area: Rect) {
     let th = &app.theme;
     let Some(t) = app.shown() else { return };
-    let [title, b, nums] = Layout::vertical([Constraint::Length(1), Constraint::Length(1), Constraint::Length(1)]).areas(area);
+    let [title, b, nums] =
+        Layout::vertical([Constraint::Length(1), Constraint::Length(1), Constraint::Length(1)]).areas(area);
     let used = t.thinking_tokens() + t.answer_tokens();
     f.render_widget(
         Paragraph::new(Line::styled(
-            format!("budget {used}/{} · thinking {} · answer {}", t.params.max_tokens, t.thinking_tokens(), t.answer_tokens()),
+            format!(
+                "budget {used}/{} · thinking {} · answer {}",
+                t.params.max_tokens,
+                t.thinking_tokens(),
+                t.answer_tokens()
+            ),
             th.fg(th.text),
         )),
         title,
     );
     f.render_widget(BudgetBar::new(t, th), b);
     let tok_s = t.stats.samples.last().map(|s| s.tok_s).unwrap_or(0.0);
-    let mtp = t.mtp().map(|m| format!(" · MTP {:.0}% len {:.2}", m.acceptance_rate * 100.0, m.mean_accepted_length)).unwrap_or_default();
+    let mtp = t
+        .mtp()
+        .map(|m| format!(" · MTP {:.0}% len {:.2}", m.acceptance_rate * 100.0, m.mean_accepted_length))
+        .unwrap_or_default();
     let kv = t.memory().map(|m| format!(" · KV {}", bytes(m.kv_bytes))).unwrap_or_default();
     f.render_widget(Paragraph::new(Line::styled(format!("{tok_s:.1} tok/s{mtp}{kv}"), th.fg(th.dim))), nums);
 }

@@ -58,7 +58,11 @@ pub fn picker(app: &App, f: &mut Frame, area: Rect, items: &[SessionInfo], selec
     let skip = selected.saturating_sub(visible.saturating_sub(1));
     for (i, s) in items.iter().enumerate().skip(skip).take(visible) {
         let sel = i == selected;
-        let st = if sel { Style::new().fg(th.accent).bg(th.selection_bg).add_modifier(Modifier::BOLD) } else { th.fg(th.text) };
+        let st = if sel {
+            Style::new().fg(th.accent).bg(th.selection_bg).add_modifier(Modifier::BOLD)
+        } else {
+            th.fg(th.text)
+        };
         let prompt: String = s.first_prompt.split_whitespace().collect::<Vec<_>>().join(" ");
         lines.push(Line::styled(
             format!(

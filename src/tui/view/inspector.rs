@@ -32,7 +32,10 @@ pub fn draw(app: &App, f: &mut Frame, area: Rect, cursor: usize) {
     let mut lines = vec![
         Line::from(vec![label("token"), Span::styled(format!("#{cursor} of {}", t.tokens.len()), th.fg(th.text))]),
         Line::from(vec![label("id"), Span::styled(tok.id.to_string(), th.fg(th.text))]),
-        Line::from(vec![label("text"), Span::styled(format!("{:?}", tok.text), th.fg(th.accent).add_modifier(Modifier::BOLD))]),
+        Line::from(vec![
+            label("text"),
+            Span::styled(format!("{:?}", tok.text), th.fg(th.accent).add_modifier(Modifier::BOLD)),
+        ]),
         Line::from(vec![
             label("logprob"),
             Span::styled(format!("{:.4}  (p = {:.3})", tok.logprob, (tok.logprob as f64).exp()), th.fg(th.text)),

@@ -145,7 +145,8 @@ pub fn centered(area: Rect, w: u16, h: u16) -> Rect {
 }
 
 fn side_panel(app: &App, f: &mut Frame, area: Rect) {
-    let [g, s] = Layout::vertical([Constraint::Min(gauges::MIN_HEIGHT), Constraint::Length(sliders::HEIGHT + 2)]).areas(area);
+    let [g, s] =
+        Layout::vertical([Constraint::Min(gauges::MIN_HEIGHT), Constraint::Length(sliders::HEIGHT + 2)]).areas(area);
     gauges::panel(app, f, g);
     sliders::draw(app, f, s);
 }
@@ -164,13 +165,22 @@ fn banner_lines(app: &App) -> Vec<Line<'static>> {
                     format!(" thinking used all {} of max_tokens (token {}). ", t.params.max_tokens, d.at_token),
                     th.fg(th.text),
                 ),
-                Span::styled(format!("[{}]", app.keymap.first(Action::RaiseMaxTokens)), th.fg(th.accent).add_modifier(bold)),
+                Span::styled(
+                    format!("[{}]", app.keymap.first(Action::RaiseMaxTokens)),
+                    th.fg(th.accent).add_modifier(bold),
+                ),
                 Span::styled(format!(" max_tokens → {}  ", t.params.max_tokens * 2), th.fg(th.text)),
-                Span::styled(format!("[{}]", app.keymap.first(Action::SetThinkingBudget)), th.fg(th.accent).add_modifier(bold)),
+                Span::styled(
+                    format!("[{}]", app.keymap.first(Action::SetThinkingBudget)),
+                    th.fg(th.accent).add_modifier(bold),
+                ),
                 Span::styled(format!(" thinking budget → {}", (t.params.max_tokens / 2).max(1)), th.fg(th.text)),
             ]),
             "thinking_budget_forced" => Line::from(vec![
-                Span::styled(" ⏵ FORCED END OF THINKING ", Style::new().fg(th.warn).add_modifier(bold | Modifier::REVERSED)),
+                Span::styled(
+                    " ⏵ FORCED END OF THINKING ",
+                    Style::new().fg(th.warn).add_modifier(bold | Modifier::REVERSED),
+                ),
                 Span::styled(
                     format!(
                         " the thinking budget ({}) ran out at token {}; the engine closed thinking.",
@@ -196,7 +206,10 @@ fn banner_lines(app: &App) -> Vec<Line<'static>> {
             "answer_truncated" => Line::from(vec![
                 Span::styled(" ✂ ANSWER CUT ", Style::new().fg(th.warn).add_modifier(bold | Modifier::REVERSED)),
                 Span::styled(format!(" {} ", d.message), th.fg(th.text)),
-                Span::styled(format!("[{}]", app.keymap.first(Action::RaiseMaxTokens)), th.fg(th.accent).add_modifier(bold)),
+                Span::styled(
+                    format!("[{}]", app.keymap.first(Action::RaiseMaxTokens)),
+                    th.fg(th.accent).add_modifier(bold),
+                ),
                 Span::styled(format!(" max_tokens → {}", t.params.max_tokens * 2), th.fg(th.text)),
             ]),
             other => Line::styled(format!(" {other}: {}", d.message), th.fg(th.warn)),
@@ -239,7 +252,11 @@ fn status(app: &App, f: &mut Frame, area: Rect) {
         Span::styled(m.map(|m| m.name.clone()).unwrap_or_default(), th.fg(th.text)),
         sep.clone(),
         Span::styled(
-            format!("{} · {}", m.map(|m| m.backend.clone()).unwrap_or_default(), m.map(|m| m.devices.join(",")).unwrap_or_default()),
+            format!(
+                "{} · {}",
+                m.map(|m| m.backend.clone()).unwrap_or_default(),
+                m.map(|m| m.devices.join(",")).unwrap_or_default()
+            ),
             th.fg(th.text),
         ),
         sep.clone(),

@@ -27,8 +27,12 @@ pub fn history(app: &App, f: &mut Frame, area: Rect) {
             None => format!("{}", i + 1),
         };
         let style = if i + 1 == n { th.fg(th.text).add_modifier(Modifier::BOLD) } else { th.fg(th.text) };
-        lines.push(Line::from(vec![Span::styled(format!("{mark}{tag} "), th.fg(th.accent)), Span::styled(one_line(&t.user), style)]));
-        let finish = t.finish_reason.clone().unwrap_or_else(|| if t.error.is_some() { "error".into() } else { "…".into() });
+        lines.push(Line::from(vec![
+            Span::styled(format!("{mark}{tag} "), th.fg(th.accent)),
+            Span::styled(one_line(&t.user), style),
+        ]));
+        let finish =
+            t.finish_reason.clone().unwrap_or_else(|| if t.error.is_some() { "error".into() } else { "…".into() });
         lines.push(Line::styled(
             format!("   {} · {}+{} tok", finish, t.thinking_tokens(), t.answer_tokens()),
             th.fg(th.dim),
@@ -41,9 +45,7 @@ pub fn history(app: &App, f: &mut Frame, area: Rect) {
     if lines.is_empty() {
         lines.push(Line::styled("no turns yet", th.fg(th.dim)));
     }
-    let block = Block::bordered()
-        .title(Line::styled(" History ", th.title()))
-        .border_style(th.border(false));
+    let block = Block::bordered().title(Line::styled(" History ", th.title())).border_style(th.border(false));
     let inner = block.inner(area);
     // Show the end of the history.
     let skip = lines.len().saturating_sub(inner.height as usize);
@@ -105,7 +107,8 @@ fn thinking_title(app: &App, turn: Option<&Turn>) -> Line<'static> {
 
 fn thinking(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>) {
     let th = &app.theme;
-    let block = Block::bordered().title(thinking_title(app, turn)).border_style(th.border(app.focus == Focus::Thinking));
+    let block =
+        Block::bordered().title(thinking_title(app, turn)).border_style(th.border(app.focus == Focus::Thinking));
     if app.thinking_view == ThinkingView::Collapsed {
         let inner = block.inner(area);
         f.render_widget(block, area);
@@ -133,7 +136,9 @@ fn answer(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>) {
     let lines = match turn {
         None => welcome(app),
         // Markdown in the default view; raw tokens when colouring or inspecting tokens.
-        Some(t) if app.colour_mode == ColourMode::Phase && app.inspector.is_none() && !has_loop_in(t, TokPhase::Answer) => {
+        Some(t)
+            if app.colour_mode == ColourMode::Phase && app.inspector.is_none() && !has_loop_in(t, TokPhase::Answer) =>
+        {
             app.md.lines(t.answer.trim_start_matches('\n'), th)
         }
         Some(t) => token_lines(app, t, TokPhase::Answer),

@@ -37,7 +37,8 @@ pub fn draw(app: &App, f: &mut Frame, area: Rect) {
         let pos = s.position(&app.settings);
         let knob = ((pos * (bar_w - 1) as f64).round() as usize).min(bar_w - 1);
         let track: String = (0..bar_w).map(|x| if x == knob { '●' } else { '─' }).collect();
-        let label_style = if selected { Style::new().fg(th.accent).add_modifier(Modifier::BOLD) } else { th.fg(th.text) };
+        let label_style =
+            if selected { Style::new().fg(th.accent).add_modifier(Modifier::BOLD) } else { th.fg(th.text) };
         let mut spans = vec![
             Span::styled(if selected { "▸" } else { " " }, th.fg(th.accent)),
             Span::styled(format!("{:<label_w$}", s.label()), label_style),

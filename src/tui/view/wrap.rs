@@ -49,10 +49,11 @@ fn wrap_one(line: &Line<'static>, width: usize, out: &mut Vec<Line<'static>>) {
         if end == start {
             // A character wider than the pane: emit it alone.
             end = start + 1;
-        } else if end < cells.len() && cells[end].0 != ' ' {
-            if let Some(sp) = last_space.filter(|sp| *sp > start) {
-                end = sp + 1;
-            }
+        } else if end < cells.len()
+            && cells[end].0 != ' '
+            && let Some(sp) = last_space.filter(|sp| *sp > start)
+        {
+            end = sp + 1;
         }
         out.push(to_line(&cells[start..end]));
         start = end;
