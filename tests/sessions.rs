@@ -187,11 +187,11 @@ fn make_example_sessions() {
     eprintln!("healthy: {:?} {:?}", h.turns[0].finish_reason, h.turns[0].answer);
     let s = record("starved-by-max-tokens.json", "Is 199 prime?", false, true, &|p| p.max_tokens = 24);
     eprintln!("starved: {:?} {:?}", s.turns[0].finish_reason, s.turns[0].diagnostics);
-    // A raw prompt (no chat template) sends the demo model off its training distribution; with
-    // a repetition-friendly setting it falls into a loop, as a broken serving stack did.
-    let l = record("degenerate-loop.json", "2 + 2 = 2.2 + 2 = 2.2 + 2 = 2.", true, true, &|p| {
-        p.max_tokens = 400;
-        p.sampling.repetition_penalty = 1.0;
+    // A repetition penalty below 1 rewards tokens already produced: the demo model falls into
+    // a loop inside its thinking, as a broken serving stack made the real model do.
+    let l = record("degenerate-loop.json", "Is 91 prime?", false, true, &|p| {
+        p.max_tokens = 200;
+        p.sampling.repetition_penalty = 0.5;
     });
     eprintln!("loop: {:?} {:?}", l.turns[0].finish_reason, l.turns[0].diagnostics);
 }

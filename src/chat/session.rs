@@ -305,6 +305,8 @@ impl Turn {
 
     /// Records one engine event that arrived `t_ms` after the request was sent.
     pub fn apply(&mut self, ev: &EngineEvent, t_ms: f64) {
+        // Microsecond resolution is plenty, and short decimals keep the JSON small.
+        let t_ms = (t_ms * 1000.0).round() / 1000.0;
         match ev {
             EngineEvent::Start { prompt_tokens, phase, .. } => {
                 self.prompt_tokens = *prompt_tokens;

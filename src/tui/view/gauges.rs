@@ -251,9 +251,9 @@ fn memory_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
     let weights = if mem.weights_bytes > 0 { mem.weights_bytes } else { weights };
     let devices = app.model.as_ref().map(|m| m.devices.join(",")).unwrap_or_else(|| "cpu".into());
     let total = (weights + mem.kv_bytes + mem.recurrent_bytes + mem.snapshot_bytes).max(1) as f64;
-    let w = (area.width as usize).saturating_sub(24).max(4);
+    let w = (area.width as usize).saturating_sub(25).max(4);
     let row = |label: &str, b: usize, note: &str, c: Color| -> Line<'static> {
-        let mut spans = vec![Span::styled(format!("{label:<9}"), th.fg(th.dim))];
+        let mut spans = vec![Span::styled(format!("{label:<10}"), th.fg(th.dim))];
         spans.extend(bar(b as f64 / total, w, c, th.headroom));
         spans.push(Span::styled(format!(" {:>9}{note}", bytes(b)), th.fg(th.text)));
         Line::from(spans)

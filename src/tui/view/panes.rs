@@ -53,8 +53,9 @@ pub fn history(app: &App, f: &mut Frame, area: Rect) {
     f.render_widget(Paragraph::new(lines.into_iter().skip(skip).collect::<Vec<_>>()), inner);
 }
 
+/// One line of plain text (markdown emphasis and code marks dropped).
 fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
+    s.split_whitespace().collect::<Vec<_>>().join(" ").replace(['*', '`'], "")
 }
 
 /// Thinking and answer panes for the shown turn.
