@@ -132,6 +132,12 @@ fn workbench_in_tmux() {
     t.keys(&["BTab"]);
     t.wait("the prompt focused again", 10, |s| !s.contains("Settings (next run) ↑↓ ←→"));
 
+    // Resize at any moment: a tiny window gets a message, a normal one the workbench again.
+    assert!(t.cmd(&["resize-window", "-t", &t.target, "-x", "50", "-y", "15"]).status.success());
+    t.wait("the too-small message", 10, |s| s.contains("Terminal too small"));
+    assert!(t.cmd(&["resize-window", "-t", &t.target, "-x", "160", "-y", "48"]).status.success());
+    t.wait("the workbench after resizing", 10, |s| s.contains("Token budget") && s.contains("91 is not prime"));
+
     // Cancel mid-stream: step mode holds the generation after a few tokens; Esc cancels it and
     // what was produced stays on screen.
     t.keys(&["C-s"]);
