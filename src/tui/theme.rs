@@ -141,13 +141,21 @@ impl Theme {
     /// Finds a theme by name: a user file in `user_dir` first (so a user may override a
     /// built-in), then the embedded ones. A path ending in `.toml` is read directly.
     pub fn load(name: &str, user_dir: Option<&Path>) -> Result<Theme, ThemeError> {
+        Theme::load_depth(name, user_dir, 0)
+    }
+
+    fn load_depth(name: &str, user_dir: Option<&Path>, depth: usize) -> Result<Theme, ThemeError> {
+        // `extends` chains through user files could loop (a → b → a); stop at a sane depth.
+        if depth > 8 {
+            return Err(ThemeError::Cycle { file: name.into(), name: name.into() });
+        }
         if name.ends_with(".toml") {
-            return Theme::from_file(Path::new(name), user_dir);
+            return Theme::from_file(Path::new(name), user_dir, depth);
         }
         if let Some(dir) = user_dir {
             let p = dir.join(format!("{name}.toml"));
             if p.is_file() {
-                return Theme::from_file(&p, user_dir);
+                return Theme::from_file(&p, user_dir, depth);
             }
         }
         Theme::builtin(name).map_err(|_| ThemeError::Unknown {
@@ -156,7 +164,7 @@ impl Theme {
         })
     }
 
-    fn from_file(path: &Path, user_dir: Option<&Path>) -> Result<Theme, ThemeError> {
+    fn from_file(path: &Path, user_dir: Option<&Path>, depth: usize) -> Result<Theme, ThemeError> {
         let file = path.display().to_string();
         let src = std::fs::read_to_string(path)
             .map_err(|e| ThemeError::Read { file: file.clone(), message: e.to_string() })?;
@@ -166,7 +174,7 @@ impl Theme {
                 return Some(Err(ThemeError::Cycle { file: file.clone(), name: parent.into() }));
             }
             // Parents resolve among built-ins and other user files.
-            Some(Theme::load(parent, user_dir))
+            Some(Theme::load_depth(parent, user_dir, depth + 1))
         };
         Theme::parse(&src, &file, &base)
     }
@@ -334,5 +342,8 @@ mod tests {
         assert!(matches!(Theme::load("nope", Some(dir.path())), Err(ThemeError::Unknown { .. })));
         std::fs::write(dir.path().join("loop.toml"), "extends = \"loop\"\n").unwrap();
         assert!(matches!(Theme::load("loop", Some(dir.path())), Err(ThemeError::Cycle { .. })));
+        std::fs::write(dir.path().join("a.toml"), "extends = \"b\"\n").unwrap();
+        std::fs::write(dir.path().join("b.toml"), "extends = \"a\"\n").unwrap();
+        assert!(matches!(Theme::load("a", Some(dir.path())), Err(ThemeError::Cycle { .. })));
     }
 }
