@@ -2,12 +2,13 @@
 //! Qwen3.6, Qwen3-Next).
 //!
 //! Data flows one way: [`model`] (pure compute) → [`engine`] (sampling, budgets, phases) → one
-//! event stream → front ends ([`cli`]).
+//! event stream → front ends ([`cli`], [`tui`]).
 
 pub mod chat;
 pub mod cli;
 pub mod engine;
 pub mod error;
 pub mod model;
+pub mod tui;
 
 pub use error::{Error, Result};

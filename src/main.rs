@@ -6,7 +6,11 @@ use deltascope::cli::{Cli, main_with};
 fn init_logging(cli: &Cli) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    match &cli.log_file {
+    // The TUI owns the terminal: its logs go to a file in the data dir unless --log-file says
+    // otherwise (and nowhere if that cannot be opened).
+    let log_file =
+        cli.log_file.clone().or_else(|| if cli.is_tui() { deltascope::tui::default_log_file() } else { None });
+    match &log_file {
         Some(path) => {
             let file = std::fs::OpenOptions::new()
                 .create(true)
@@ -19,6 +23,7 @@ fn init_logging(cli: &Cli) -> anyhow::Result<()> {
                 .with_writer(std::sync::Mutex::new(file))
                 .init();
         }
+        None if cli.is_tui() => tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::sink).init(),
         None => tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init(),
     }
     Ok(())

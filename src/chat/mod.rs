@@ -1,6 +1,7 @@
 //! Text around the model: tokenizer, chat template, conversations.
 
 pub mod prompt;
+pub mod session;
 pub mod template;
 pub mod tokenizer;
 

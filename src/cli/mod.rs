@@ -2,6 +2,7 @@
 //! library (model, chat, engine events).
 
 pub mod bench;
+pub mod chat;
 pub mod common;
 pub mod inspect;
 pub mod logits;
@@ -28,6 +29,9 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// The workbench TUI (the default with no subcommand): chat, watch thinking and answer
+    /// stream, gauges, sliders, token inspector, sessions.
+    Chat(chat::ChatArgs),
     /// Generate once, headless: human output, or JSON Lines events with --json.
     Run(run::RunArgs),
     /// Top-k next-token logits for a text or token ids (debugging, reference checks).
@@ -40,6 +44,13 @@ pub enum Command {
     Bench(bench::BenchArgs),
 }
 
+impl Cli {
+    /// Whether this command line opens the TUI (which owns the terminal, so logs go to a file).
+    pub fn is_tui(&self) -> bool {
+        matches!(self.command, None | Some(Command::Chat(_)))
+    }
+}
+
 pub fn main_with(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Run(a)) => run::run(a),
@@ -47,11 +58,8 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Inspect(a)) => inspect::run(a),
         Some(Command::Sweep(a)) => sweep::run(a),
         Some(Command::Bench(a)) => bench::run(a),
-        None => {
-            use clap::CommandFactory;
-            Cli::command().print_help()?;
-            println!();
-            Ok(())
-        }
+        Some(Command::Chat(a)) => chat::run(a),
+        // No subcommand: the workbench on the demo model.
+        None => chat::run(chat::ChatArgs::default()),
     }
 }

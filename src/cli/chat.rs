@@ -1,0 +1,64 @@
+//! `deltascope chat` (and `deltascope` with no arguments): the workbench TUI.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser};
+
+use super::common::{GenArgs, ModelArgs};
+use crate::tui::{self, TuiOptions};
+
+#[derive(Args, Debug, Clone)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// System prompt for the conversation.
+    #[arg(long, value_name = "TEXT")]
+    pub system: Option<String>,
+    /// Start with thinking off (enable_thinking=false); Ctrl+T toggles it.
+    #[arg(long)]
+    pub no_think: bool,
+    /// The sliders' starting values: the same flags as `run`.
+    #[command(flatten)]
+    pub generation: GenArgs,
+    /// Colour theme: dark (default), light, high-contrast, a user theme in
+    /// $XDG_CONFIG_HOME/deltascope/themes/NAME.toml, or a path to a .toml file.
+    #[arg(long, value_name = "NAME|FILE")]
+    pub theme: Option<String>,
+    /// Resume (or start) the session in FILE; it is autosaved there.
+    #[arg(long, value_name = "FILE")]
+    pub session: Option<PathBuf>,
+    /// Where sessions are autosaved and listed (default $XDG_DATA_HOME/deltascope/sessions).
+    #[arg(long, value_name = "DIR")]
+    pub sessions_dir: Option<PathBuf>,
+    /// Key bindings file (default $XDG_CONFIG_HOME/deltascope/keymap.toml).
+    #[arg(long, value_name = "FILE")]
+    pub keymap: Option<PathBuf>,
+}
+
+/// The chat flags with their defaults, for `deltascope` without a subcommand.
+#[derive(Parser, Debug)]
+struct Defaults {
+    #[command(flatten)]
+    chat: ChatArgs,
+}
+
+impl Default for ChatArgs {
+    fn default() -> Self {
+        // Parsing an empty command line applies clap's defaults (e.g. --max-tokens 1024),
+        // which `#[derive(Default)]` would not.
+        Defaults::parse_from(["deltascope"]).chat
+    }
+}
+
+pub fn run(a: ChatArgs) -> anyhow::Result<()> {
+    tui::run(TuiOptions {
+        model: a.model,
+        generation: a.generation,
+        system: a.system,
+        no_think: a.no_think,
+        theme: a.theme,
+        session: a.session,
+        sessions_dir: a.sessions_dir,
+        keymap: a.keymap,
+    })
+}

@@ -1,0 +1,49 @@
+//! The one inbound event type of the TUI, and the input thread that feeds it.
+//!
+//! Terminal input is read on its own small thread (crossterm's `read` blocks), so keys are
+//! taken while the engine streams at full speed; the engine's events arrive on the engine
+//! handle's channel and are wrapped into the same enum by the main loop.
+
+use std::sync::mpsc::Sender;
+
+use ratatui::crossterm::event::{self, Event as TermEvent};
+
+use crate::cli::common::Loaded;
+use crate::engine::EngineEvent;
+
+// Events are moved once through a channel; boxing every token event would allocate per token.
+#[allow(clippy::large_enum_variant)]
+pub enum Inbound {
+    /// A key, paste or resize from the terminal.
+    Term(TermEvent),
+    /// Time passes (replay, loading animation, the live thinking clock).
+    Tick,
+    Engine(EngineEvent),
+    /// Model loading progress: step `done` of `total`, and what is being loaded.
+    LoadProgress {
+        done: usize,
+        total: usize,
+        what: String,
+    },
+    /// Loading finished (boxed: `Loaded` is large).
+    Loaded(Result<Box<Loaded>, String>),
+}
+
+/// Starts the input thread. It ends when the receiver is gone or the terminal errors.
+pub fn spawn_input(tx: Sender<Inbound>) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new().name("deltascope-input".into()).spawn(move || {
+        loop {
+            match event::read() {
+                Ok(ev) => {
+                    if tx.send(Inbound::Term(ev)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("terminal input ended: {e}");
+                    return;
+                }
+            }
+        }
+    })
+}

@@ -1,0 +1,496 @@
+//! Key bindings: named actions bound to key chords. Defaults live here; the user's
+//! `$XDG_CONFIG_HOME/deltascope/keymap.toml` overrides single actions:
+//!
+//! ```toml
+//! [keys]
+//! regenerate = ["ctrl-r", "f6"]
+//! quit = "ctrl-q"
+//! ```
+//!
+//! Context keys (arrows in the sliders, the inspector and the picker) are fixed; the help
+//! screen lists them next to the configurable ones.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Action {
+    Quit,
+    Cancel,
+    CancelOrQuit,
+    Send,
+    Newline,
+    HistoryPrev,
+    HistoryNext,
+    Regenerate,
+    EditLast,
+    ToggleThinking,
+    CollapseThinking,
+    StepMode,
+    Step,
+    Compare,
+    CompareView,
+    ColourMode,
+    Inspector,
+    FocusNext,
+    FocusPrev,
+    Help,
+    Picker,
+    Export,
+    Replay,
+    RaiseMaxTokens,
+    SetThinkingBudget,
+    ScrollUp,
+    ScrollDown,
+    FollowTail,
+}
+
+impl Action {
+    pub const ALL: [Action; 28] = [
+        Action::Send,
+        Action::Newline,
+        Action::HistoryPrev,
+        Action::HistoryNext,
+        Action::Cancel,
+        Action::CancelOrQuit,
+        Action::Regenerate,
+        Action::EditLast,
+        Action::ToggleThinking,
+        Action::CollapseThinking,
+        Action::StepMode,
+        Action::Step,
+        Action::Compare,
+        Action::CompareView,
+        Action::ColourMode,
+        Action::Inspector,
+        Action::FocusNext,
+        Action::FocusPrev,
+        Action::ScrollUp,
+        Action::ScrollDown,
+        Action::FollowTail,
+        Action::RaiseMaxTokens,
+        Action::SetThinkingBudget,
+        Action::Picker,
+        Action::Export,
+        Action::Replay,
+        Action::Help,
+        Action::Quit,
+    ];
+
+    /// The name used in keymap.toml.
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Quit => "quit",
+            Action::Cancel => "cancel",
+            Action::CancelOrQuit => "cancel_or_quit",
+            Action::Send => "send",
+            Action::Newline => "newline",
+            Action::HistoryPrev => "history_prev",
+            Action::HistoryNext => "history_next",
+            Action::Regenerate => "regenerate",
+            Action::EditLast => "edit_last",
+            Action::ToggleThinking => "toggle_thinking",
+            Action::CollapseThinking => "collapse_thinking",
+            Action::StepMode => "step_mode",
+            Action::Step => "step",
+            Action::Compare => "compare",
+            Action::CompareView => "compare_view",
+            Action::ColourMode => "colour_mode",
+            Action::Inspector => "inspector",
+            Action::FocusNext => "focus_next",
+            Action::FocusPrev => "focus_prev",
+            Action::Help => "help",
+            Action::Picker => "sessions",
+            Action::Export => "export",
+            Action::Replay => "replay",
+            Action::RaiseMaxTokens => "raise_max_tokens",
+            Action::SetThinkingBudget => "set_thinking_budget",
+            Action::ScrollUp => "scroll_up",
+            Action::ScrollDown => "scroll_down",
+            Action::FollowTail => "follow_tail",
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Action::Quit => "quit (the session is saved)",
+            Action::Cancel => "cancel the generation (output kept) / close a popup",
+            Action::CancelOrQuit => "cancel the generation; when idle, quit",
+            Action::Send => "send the prompt",
+            Action::Newline => "new line in the prompt",
+            Action::HistoryPrev => "previous prompt from history",
+            Action::HistoryNext => "next prompt from history",
+            Action::Regenerate => "regenerate the last answer with the current settings",
+            Action::EditLast => "edit the last prompt (sending replaces that turn)",
+            Action::ToggleThinking => "thinking on / off for the next generation",
+            Action::CollapseThinking => "thinking pane: shown / collapsed / hidden",
+            Action::StepMode => "step mode on / off (pause generation)",
+            Action::Step => "step mode: advance one token (one MTP step)",
+            Action::Compare => "compare: re-run the last prompt with the current settings",
+            Action::CompareView => "show / hide the side-by-side comparison",
+            Action::ColourMode => "colour tokens by phase / logprob / MTP provenance",
+            Action::Inspector => "token inspector (←/→ move, Home/End)",
+            Action::FocusNext => "focus next pane (input, sliders, thinking, answer)",
+            Action::FocusPrev => "focus previous pane",
+            Action::Help => "this help",
+            Action::Picker => "saved sessions (Enter open, r replay)",
+            Action::Export => "export the session to Markdown",
+            Action::Replay => "replay this session with its original timing",
+            Action::RaiseMaxTokens => "fix: double max_tokens",
+            Action::SetThinkingBudget => "fix: set a thinking budget below max_tokens",
+            Action::ScrollUp => "scroll the focused pane up",
+            Action::ScrollDown => "scroll the focused pane down",
+            Action::FollowTail => "follow the tail again",
+        }
+    }
+
+    fn defaults(self) -> &'static [&'static str] {
+        match self {
+            Action::Quit => &["ctrl-q"],
+            Action::Cancel => &["esc"],
+            Action::CancelOrQuit => &["ctrl-c"],
+            Action::Send => &["enter"],
+            Action::Newline => &["alt-enter", "shift-enter"],
+            Action::HistoryPrev => &["alt-up"],
+            Action::HistoryNext => &["alt-down"],
+            Action::Regenerate => &["ctrl-r"],
+            Action::EditLast => &["ctrl-e"],
+            Action::ToggleThinking => &["ctrl-t"],
+            Action::CollapseThinking => &["alt-t"],
+            Action::StepMode => &["ctrl-s"],
+            Action::Step => &["ctrl-n"],
+            Action::Compare => &["ctrl-o"],
+            Action::CompareView => &["alt-c"],
+            Action::ColourMode => &["ctrl-l"],
+            Action::Inspector => &["ctrl-g"],
+            Action::FocusNext => &["tab"],
+            Action::FocusPrev => &["backtab"],
+            Action::Help => &["f1"],
+            Action::Picker => &["ctrl-p"],
+            Action::Export => &["ctrl-x"],
+            Action::Replay => &["alt-r"],
+            Action::RaiseMaxTokens => &["f3"],
+            Action::SetThinkingBudget => &["f4"],
+            Action::ScrollUp => &["pageup"],
+            Action::ScrollDown => &["pagedown"],
+            Action::FollowTail => &["alt-g"],
+        }
+    }
+
+    fn parse(s: &str) -> Option<Action> {
+        Action::ALL.into_iter().find(|a| a.name() == s)
+    }
+}
+
+/// A key with its modifiers (only CONTROL, ALT and SHIFT matter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Chord {
+    code: ChordCode,
+    ctrl: bool,
+    alt: bool,
+    shift: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum ChordCode {
+    Char(char),
+    F(u8),
+    Named(&'static str),
+}
+
+const NAMED: [&str; 14] = [
+    "enter",
+    "esc",
+    "tab",
+    "backtab",
+    "backspace",
+    "delete",
+    "up",
+    "down",
+    "left",
+    "right",
+    "home",
+    "end",
+    "pageup",
+    "pagedown",
+];
+
+impl Chord {
+    pub fn parse(spec: &str) -> Option<Chord> {
+        let lower = spec.trim().to_lowercase();
+        let mut parts: Vec<&str> = lower.split('-').collect();
+        // "ctrl--" binds the minus key.
+        if lower.ends_with("--") {
+            parts.truncate(parts.len().saturating_sub(2));
+            parts.push("-");
+        }
+        let key = parts.pop()?;
+        let (mut ctrl, mut alt, mut shift) = (false, false, false);
+        for m in parts {
+            match m {
+                "ctrl" | "c" => ctrl = true,
+                "alt" | "a" | "m" | "meta" => alt = true,
+                "shift" | "s" => shift = true,
+                _ => return None,
+            }
+        }
+        let code = if let Some(n) = NAMED.iter().find(|n| **n == key) {
+            ChordCode::Named(n)
+        } else if key == "space" {
+            ChordCode::Char(' ')
+        } else if let Some(f) = key.strip_prefix('f').filter(|r| !r.is_empty()).and_then(|r| r.parse::<u8>().ok()) {
+            ChordCode::F(f)
+        } else {
+            let mut chars = key.chars();
+            let c = chars.next()?;
+            if chars.next().is_some() {
+                return None;
+            }
+            ChordCode::Char(c)
+        };
+        Some(Chord { code, ctrl, alt, shift })
+    }
+
+    pub fn from_event(k: &KeyEvent) -> Option<Chord> {
+        let ctrl = k.modifiers.contains(KeyModifiers::CONTROL);
+        let alt = k.modifiers.contains(KeyModifiers::ALT);
+        let mut shift = k.modifiers.contains(KeyModifiers::SHIFT);
+        let code = match k.code {
+            KeyCode::Char(c) => {
+                // Shifted characters arrive already shifted ('?' rather than shift-/).
+                shift = false;
+                ChordCode::Char(c.to_ascii_lowercase())
+            }
+            KeyCode::F(n) => ChordCode::F(n),
+            KeyCode::Enter => ChordCode::Named("enter"),
+            KeyCode::Esc => ChordCode::Named("esc"),
+            KeyCode::Tab => ChordCode::Named("tab"),
+            KeyCode::BackTab => {
+                shift = false;
+                ChordCode::Named("backtab")
+            }
+            KeyCode::Backspace => ChordCode::Named("backspace"),
+            KeyCode::Delete => ChordCode::Named("delete"),
+            KeyCode::Up => ChordCode::Named("up"),
+            KeyCode::Down => ChordCode::Named("down"),
+            KeyCode::Left => ChordCode::Named("left"),
+            KeyCode::Right => ChordCode::Named("right"),
+            KeyCode::Home => ChordCode::Named("home"),
+            KeyCode::End => ChordCode::Named("end"),
+            KeyCode::PageUp => ChordCode::Named("pageup"),
+            KeyCode::PageDown => ChordCode::Named("pagedown"),
+            _ => return None,
+        };
+        Some(Chord { code, ctrl, alt, shift })
+    }
+}
+
+impl fmt::Display for Chord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.ctrl {
+            f.write_str("Ctrl+")?;
+        }
+        if self.alt {
+            f.write_str("Alt+")?;
+        }
+        if self.shift {
+            f.write_str("Shift+")?;
+        }
+        match self.code {
+            ChordCode::Char(' ') => f.write_str("Space"),
+            ChordCode::Char(c) if self.ctrl || self.alt => write!(f, "{}", c.to_ascii_uppercase()),
+            ChordCode::Char(c) => write!(f, "{c}"),
+            ChordCode::F(n) => write!(f, "F{n}"),
+            ChordCode::Named(n) => {
+                let s = match n {
+                    "esc" => "Esc",
+                    "enter" => "Enter",
+                    "tab" => "Tab",
+                    "backtab" => "Shift+Tab",
+                    "pageup" => "PgUp",
+                    "pagedown" => "PgDn",
+                    "up" => "↑",
+                    "down" => "↓",
+                    "left" => "←",
+                    "right" => "→",
+                    "home" => "Home",
+                    "end" => "End",
+                    "backspace" => "Backspace",
+                    "delete" => "Del",
+                    other => other,
+                };
+                f.write_str(s)
+            }
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum KeymapError {
+    #[error("{file}: not valid TOML: {message}")]
+    Toml { file: String, message: String },
+    #[error("{file}: unknown action `{key}` (actions: {known})")]
+    UnknownAction { file: String, key: String, known: String },
+    #[error(
+        "{file}: {action} = \"{spec}\": not a key (examples: \"ctrl-r\", \"alt-enter\", \"f5\", \"pageup\", \"?\")"
+    )]
+    BadKey { file: String, action: String, spec: String },
+    #[error("{file}: `{key}` must be a string or a list of strings")]
+    BadValue { file: String, key: String },
+    #[error("{file}: unknown table `{key}` (expected [keys])")]
+    UnknownTable { file: String, key: String },
+    #[error("cannot read keymap {file}: {message}")]
+    Read { file: String, message: String },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Keymap {
+    bindings: BTreeMap<Action, Vec<Chord>>,
+}
+
+impl Default for Keymap {
+    fn default() -> Self {
+        let bindings = Action::ALL
+            .into_iter()
+            .map(|a| (a, a.defaults().iter().filter_map(|s| Chord::parse(s)).collect()))
+            .collect();
+        Keymap { bindings }
+    }
+}
+
+impl Keymap {
+    /// The defaults with the file's overrides (a missing file is just the defaults).
+    pub fn load(path: &Path) -> Result<Keymap, KeymapError> {
+        match std::fs::read_to_string(path) {
+            Ok(src) => Keymap::parse(&src, &path.display().to_string()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Keymap::default()),
+            Err(e) => Err(KeymapError::Read { file: path.display().to_string(), message: e.to_string() }),
+        }
+    }
+
+    pub fn parse(src: &str, file: &str) -> Result<Keymap, KeymapError> {
+        let table: toml::Table =
+            toml::from_str(src).map_err(|e| KeymapError::Toml { file: file.into(), message: e.to_string() })?;
+        let mut map = Keymap::default();
+        for (k, v) in &table {
+            if k != "keys" {
+                return Err(KeymapError::UnknownTable { file: file.into(), key: k.clone() });
+            }
+            let Some(keys) = v.as_table() else {
+                return Err(KeymapError::UnknownTable { file: file.into(), key: k.clone() });
+            };
+            for (name, value) in keys {
+                let action = Action::parse(name).ok_or_else(|| KeymapError::UnknownAction {
+                    file: file.into(),
+                    key: name.clone(),
+                    known: Action::ALL.map(|a| a.name()).join(", "),
+                })?;
+                let specs: Vec<&str> = match value {
+                    toml::Value::String(s) => vec![s.as_str()],
+                    toml::Value::Array(a) => a
+                        .iter()
+                        .map(|x| {
+                            x.as_str().ok_or_else(|| KeymapError::BadValue { file: file.into(), key: name.clone() })
+                        })
+                        .collect::<Result<_, _>>()?,
+                    _ => return Err(KeymapError::BadValue { file: file.into(), key: name.clone() }),
+                };
+                let chords = specs
+                    .iter()
+                    .map(|s| {
+                        Chord::parse(s).ok_or_else(|| KeymapError::BadKey {
+                            file: file.into(),
+                            action: name.clone(),
+                            spec: s.to_string(),
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                map.bindings.insert(action, chords);
+            }
+        }
+        Ok(map)
+    }
+
+    /// The action bound to a key press, if any. Later actions in [`Action::ALL`] never shadow
+    /// earlier ones, so a user binding one key twice gets the first.
+    pub fn action(&self, key: &KeyEvent) -> Option<Action> {
+        let chord = Chord::from_event(key)?;
+        Action::ALL.into_iter().find(|a| self.bindings.get(a).is_some_and(|c| c.contains(&chord)))
+    }
+
+    /// "Ctrl+R" style labels of an action's keys, joined by " / ".
+    pub fn label(&self, a: Action) -> String {
+        self.bindings
+            .get(&a)
+            .map(|c| c.iter().map(ToString::to_string).collect::<Vec<_>>().join(" / "))
+            .unwrap_or_default()
+    }
+
+    /// The first key of an action (for hints in banners and the status bar).
+    pub fn first(&self, a: Action) -> String {
+        self.bindings.get(&a).and_then(|c| c.first()).map(ToString::to_string).unwrap_or_else(|| "(unbound)".into())
+    }
+}
+
+/// `$XDG_CONFIG_HOME/deltascope/keymap.toml`.
+pub fn default_keymap_path() -> Option<PathBuf> {
+    dirs::config_dir().map(|d| d.join("deltascope").join("keymap.toml"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(code: KeyCode, m: KeyModifiers) -> KeyEvent {
+        KeyEvent::new(code, m)
+    }
+
+    #[test]
+    fn defaults_resolve() {
+        let k = Keymap::default();
+        assert_eq!(k.action(&key(KeyCode::Char('r'), KeyModifiers::CONTROL)), Some(Action::Regenerate));
+        assert_eq!(k.action(&key(KeyCode::Enter, KeyModifiers::ALT)), Some(Action::Newline));
+        assert_eq!(k.action(&key(KeyCode::Enter, KeyModifiers::NONE)), Some(Action::Send));
+        assert_eq!(k.action(&key(KeyCode::Char('r'), KeyModifiers::NONE)), None);
+        assert_eq!(k.label(Action::Newline), "Alt+Enter / Shift+Enter");
+        // Every action has at least one default key, and no two actions share one.
+        let mut seen = std::collections::HashSet::new();
+        for a in Action::ALL {
+            let chords = &k.bindings[&a];
+            assert!(!chords.is_empty(), "{a:?}");
+            for c in chords {
+                assert!(seen.insert(*c), "{c} bound twice");
+            }
+        }
+    }
+
+    #[test]
+    fn overrides_and_errors_name_file_and_key() {
+        let k = Keymap::parse("[keys]\nregenerate = [\"f6\", \"ctrl-r\"]\nquit = \"ctrl-w\"\n", "keymap.toml").unwrap();
+        assert_eq!(k.action(&key(KeyCode::F(6), KeyModifiers::NONE)), Some(Action::Regenerate));
+        assert_eq!(k.action(&key(KeyCode::Char('w'), KeyModifiers::CONTROL)), Some(Action::Quit));
+        assert_eq!(k.action(&key(KeyCode::Char('q'), KeyModifiers::CONTROL)), None);
+
+        let e = Keymap::parse("[keys]\nregenrate = \"f6\"\n", "/cfg/keymap.toml").unwrap_err();
+        assert!(e.to_string().starts_with("/cfg/keymap.toml: unknown action `regenrate`"), "{e}");
+        let e = Keymap::parse("[keys]\nquit = \"hyper-q\"\n", "/cfg/keymap.toml").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "/cfg/keymap.toml: quit = \"hyper-q\": not a key (examples: \"ctrl-r\", \"alt-enter\", \"f5\", \"pageup\", \"?\")"
+        );
+        let e = Keymap::parse("[keys]\nquit = 5\n", "k.toml").unwrap_err();
+        assert_eq!(e.to_string(), "k.toml: `quit` must be a string or a list of strings");
+        let e = Keymap::parse("[bindings]\n", "k.toml").unwrap_err();
+        assert_eq!(e.to_string(), "k.toml: unknown table `bindings` (expected [keys])");
+        assert!(matches!(Keymap::parse("[keys", "k.toml"), Err(KeymapError::Toml { .. })));
+    }
+
+    #[test]
+    fn missing_file_is_the_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(Keymap::load(&dir.path().join("none.toml")).unwrap(), Keymap::default());
+    }
+}

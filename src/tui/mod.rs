@@ -1,0 +1,265 @@
+//! The workbench TUI: ratatui over the engine's event stream.
+//!
+//! Threads: the engine (its own OS thread, [`EngineHandle`]), a terminal-input thread, a
+//! model-loading thread at start, and the main thread, which owns the state, executes the
+//! app's effects and draws at most one frame per interval (see [`render`]).
+
+pub mod app;
+pub mod event;
+pub mod highlight;
+pub mod keymap;
+pub mod render;
+pub mod sliders;
+pub mod theme;
+pub mod view;
+
+use std::path::PathBuf;
+use std::sync::mpsc::{self, RecvTimeoutError, Sender, TryRecvError};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use self::app::{App, AppConfig, Effect, ModelInfo};
+use self::event::Inbound;
+use self::keymap::Keymap;
+use self::render::FrameClock;
+use self::sliders::Settings;
+use self::theme::Theme;
+use crate::chat::session::{Session, default_sessions_dir};
+use crate::chat::{ChatTemplate, RenderOptions, TextTokenizer};
+use crate::cli::common::{GenArgs, Loaded, ModelArgs};
+use crate::engine::{EngineEvent, EngineHandle, GenerateRequest, GenerationParams, SamplingParams, check_prompt};
+use crate::model::{LayerKind, LoadOptions, Model};
+
+/// Everything `deltascope chat` (or plain `deltascope`) was asked for.
+pub struct TuiOptions {
+    pub model: ModelArgs,
+    pub generation: GenArgs,
+    pub system: Option<String>,
+    pub no_think: bool,
+    pub theme: Option<String>,
+    pub session: Option<PathBuf>,
+    pub sessions_dir: Option<PathBuf>,
+    pub keymap: Option<PathBuf>,
+}
+
+/// Restores the terminal when dropped (normal exit and errors; panics are covered by the
+/// hook that `ratatui::try_init` installs, which restores before printing).
+struct TerminalGuard;
+
+impl Drop for TerminalGuard {
+    fn drop(&mut self) {
+        ratatui::restore();
+    }
+}
+
+pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
+    // Configuration errors are reported before the terminal switches to the TUI.
+    let theme = Theme::load(opts.theme.as_deref().unwrap_or("dark"), theme::user_theme_dir().as_deref())?;
+    let keymap = match opts.keymap.clone().or_else(keymap::default_keymap_path) {
+        Some(p) => Keymap::load(&p)?,
+        None => Keymap::default(),
+    };
+    let sessions_dir = opts.sessions_dir.clone().or_else(default_sessions_dir);
+    let resumed = match &opts.session {
+        Some(p) if p.exists() => Some(Session::load(p)?),
+        _ => None,
+    };
+    let session = resumed.clone().unwrap_or_else(|| Session::new(String::new(), opts.system.clone()));
+    let settings = Settings {
+        params: GenerationParams::default(),
+        enable_thinking: opts.generation.thinking_enabled(opts.no_think),
+        preset: opts.generation.preset.as_deref().and_then(crate::engine::Preset::parse),
+        has_mtp: false,
+    };
+    let mut app =
+        App::new(AppConfig { theme, keymap, settings, sessions_dir, session_path: opts.session.clone(), session });
+    app.loading = Some((0, LOAD_STEPS, "starting".into()));
+
+    let (tx, rx) = mpsc::channel::<Inbound>();
+    spawn_loader(opts.model.clone(), tx.clone())?;
+
+    let mut terminal = ratatui::try_init().context("cannot switch the terminal to the TUI")?;
+    let _guard = TerminalGuard;
+    event::spawn_input(tx.clone()).context("cannot start the input thread")?;
+    spawn_ticker(tx);
+
+    let start = Instant::now();
+    let now_ms = || start.elapsed().as_secs_f64() * 1000.0;
+    let mut engine: Option<EngineHandle> = None;
+    let mut loaded: Option<Box<Loaded>> = None;
+    let mut clock = FrameClock::default();
+    let mut stdout = std::io::stdout();
+    loop {
+        let idle = if app.busy() { Duration::from_millis(50) } else { Duration::from_millis(500) };
+        let mut batch = vec![];
+        match rx.recv_timeout(clock.wait(Instant::now(), idle)) {
+            Ok(ev) => batch.push(ev),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+        // Everything that is already there goes into this frame.
+        while let Ok(ev) = rx.try_recv() {
+            batch.push(ev);
+        }
+        for ev in batch {
+            match ev {
+                Inbound::Loaded(Ok(l)) => {
+                    match l.params_for(&opts, resumed.as_ref()) {
+                        Ok((params, thinking)) => {
+                            app.settings.params = params;
+                            app.settings.enable_thinking = thinking;
+                        }
+                        Err(e) => app.fatal = Some(format!("{e:#}")),
+                    }
+                    app.set_model(model_info(&l));
+                    engine = Some(EngineHandle::spawn(l.model.clone(), l.tokenizer.clone(), l.name.clone()));
+                    loaded = Some(l);
+                }
+                other => app.update(other, now_ms()),
+            }
+        }
+        if let Some(e) = &engine {
+            // Bounded, so a flood of tokens cannot starve the keys.
+            for _ in 0..20_000 {
+                match e.events.try_recv() {
+                    Ok(ev) => app.update(Inbound::Engine(ev), now_ms()),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        if app.generating() {
+                            app.on_engine(EngineEvent::Error { message: "the engine thread stopped".into() });
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+        for effect in app.take_effects() {
+            let (Some(e), Some(l)) = (&engine, &loaded) else { continue };
+            match effect {
+                Effect::Generate { messages, enable_thinking, params } => {
+                    if let Err(err) = start_generation(e, l, &messages, enable_thinking, *params) {
+                        app.on_engine(EngineEvent::Error { message: format!("{err:#}") });
+                    }
+                }
+                Effect::Cancel => e.cancel(),
+                Effect::SetPaused(p) => e.set_paused(p),
+                Effect::Step => e.step(),
+                Effect::Quit => {}
+            }
+        }
+        if app.quit {
+            break;
+        }
+        if std::mem::take(&mut app.dirty) {
+            clock.dirty = true;
+        }
+        let now = Instant::now();
+        if clock.due(now) {
+            render::draw(&mut terminal, &app, Some(&mut stdout))?;
+            clock.drawn(now);
+        }
+    }
+    // Dropping the engine cancels a running generation and joins its thread.
+    drop(engine);
+    Ok(())
+}
+
+fn start_generation(
+    e: &EngineHandle,
+    l: &Loaded,
+    messages: &serde_json::Value,
+    enable_thinking: bool,
+    params: GenerationParams,
+) -> anyhow::Result<()> {
+    let opts =
+        RenderOptions { add_generation_prompt: true, enable_thinking: Some(enable_thinking), ..Default::default() };
+    let text = l.template.render(messages, &opts)?;
+    let ids = l.tokenizer.encode(&text)?;
+    check_prompt(&l.model, &ids, params.max_tokens)?;
+    e.generate(GenerateRequest { prompt_ids: ids, params });
+    Ok(())
+}
+
+trait StartSettings {
+    fn params_for(&self, opts: &TuiOptions, resumed: Option<&Session>) -> anyhow::Result<(GenerationParams, bool)>;
+}
+
+impl StartSettings for Loaded {
+    /// The sliders' starting values: a resumed session's last settings, else the flags
+    /// (resolved exactly like `run`'s).
+    fn params_for(&self, opts: &TuiOptions, resumed: Option<&Session>) -> anyhow::Result<(GenerationParams, bool)> {
+        if let Some(t) = resumed.and_then(|s| s.turns.iter().rev().find(|t| t.compare_of.is_none())) {
+            return Ok((t.params.clone(), t.enable_thinking));
+        }
+        let params = opts.generation.params(self)?;
+        Ok((params, opts.generation.thinking_enabled(opts.no_think)))
+    }
+}
+
+fn model_info(l: &Loaded) -> ModelInfo {
+    let c = &l.model.config;
+    let gdn = c.layer_types.iter().filter(|k| matches!(k, LayerKind::LinearAttention)).count();
+    ModelInfo {
+        name: l.name.clone(),
+        backend: "local".into(),
+        devices: vec!["cpu".into()],
+        weights_bytes: l.model.weight_bytes(),
+        has_mtp: l.model.mtp.is_some(),
+        layers: format!("{} layers: {gdn} GDN + {} attention", c.layer_types.len(), c.layer_types.len() - gdn),
+        context: c.max_position_embeddings,
+    }
+}
+
+const LOAD_STEPS: usize = 4;
+
+/// Loads the model on its own thread, reporting each step (the same steps as
+/// `cli::common::load`, split so the progress bar can follow them).
+fn spawn_loader(args: ModelArgs, tx: Sender<Inbound>) -> anyhow::Result<()> {
+    std::thread::Builder::new().name("deltascope-load".into()).spawn(move || {
+        let progress = |done: usize, what: &str| {
+            let _ = tx.send(Inbound::LoadProgress { done, total: LOAD_STEPS, what: what.into() });
+        };
+        let result = (|| -> anyhow::Result<Loaded> {
+            let source = args.source();
+            progress(0, &format!("weights of {}", source.label()));
+            let model = Model::load(&source, &LoadOptions { precision: args.precision()?, ..Default::default() })?;
+            progress(1, "tokenizer");
+            let tokenizer = TextTokenizer::load(&source, &model.config)?;
+            progress(2, "chat template");
+            let template = ChatTemplate::load(&source, tokenizer.specials.think_start.is_some())?;
+            progress(3, "generation config");
+            let generation_defaults = source
+                .read_json("generation_config.json")?
+                .map(|g| SamplingParams::from_generation_config(&g))
+                .unwrap_or_default();
+            progress(4, "ready");
+            Ok(Loaded {
+                name: source.label(),
+                model: std::sync::Arc::new(model),
+                tokenizer: std::sync::Arc::new(tokenizer),
+                template,
+                generation_defaults,
+            })
+        })();
+        let _ = tx.send(Inbound::Loaded(result.map(Box::new).map_err(|e| format!("{e:#}"))));
+    })?;
+    Ok(())
+}
+
+/// Ticks for replay timing and the status line's expiry (25 Hz; the main loop also wakes for
+/// every event, and a tick only causes a draw when something is running).
+fn spawn_ticker(tx: Sender<Inbound>) {
+    let _ = std::thread::Builder::new().name("deltascope-tick".into()).spawn(move || {
+        while tx.send(Inbound::Tick).is_ok() {
+            std::thread::sleep(Duration::from_millis(40));
+        }
+    });
+}
+
+/// The default log file of the TUI (it owns the terminal, so logs cannot go to stderr).
+pub fn default_log_file() -> Option<PathBuf> {
+    let dir = dirs::data_dir()?.join("deltascope");
+    std::fs::create_dir_all(&dir).ok()?;
+    Some(dir.join("deltascope.log"))
+}

@@ -1,0 +1,277 @@
+//! The generation settings the sliders edit, and how each slider steps. Changes apply to the
+//! next generation; the running one keeps the parameters it started with.
+
+use crate::engine::{GenerationParams, Preset};
+
+/// What the next generation will use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub params: GenerationParams,
+    /// Whether the template renders thinking on (the thinking-budget slider's "off").
+    pub enable_thinking: bool,
+    /// The preset last applied (cleared when a sampling slider moves).
+    pub preset: Option<Preset>,
+    /// Whether the model has an MTP head (the depth slider is fixed at 0 otherwise).
+    pub has_mtp: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slider {
+    MaxTokens,
+    ThinkingBudget,
+    Temperature,
+    TopP,
+    TopK,
+    MinP,
+    PresencePenalty,
+    RepetitionPenalty,
+    MtpDepth,
+    Seed,
+    Preset,
+}
+
+const MAX_TOKENS: [usize; 18] =
+    [8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 16384, 32768];
+const BUDGETS: [usize; 12] = [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384];
+const TOP_K: [usize; 11] = [0, 1, 2, 3, 5, 10, 20, 40, 50, 100, 200];
+
+impl Slider {
+    pub const ALL: [Slider; 11] = [
+        Slider::MaxTokens,
+        Slider::ThinkingBudget,
+        Slider::Temperature,
+        Slider::TopP,
+        Slider::TopK,
+        Slider::MinP,
+        Slider::PresencePenalty,
+        Slider::RepetitionPenalty,
+        Slider::MtpDepth,
+        Slider::Seed,
+        Slider::Preset,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Slider::MaxTokens => "max_tokens",
+            Slider::ThinkingBudget => "thinking budget",
+            Slider::Temperature => "temperature",
+            Slider::TopP => "top-p",
+            Slider::TopK => "top-k",
+            Slider::MinP => "min-p",
+            Slider::PresencePenalty => "presence pen.",
+            Slider::RepetitionPenalty => "repetition pen.",
+            Slider::MtpDepth => "MTP depth",
+            Slider::Seed => "seed",
+            Slider::Preset => "preset",
+        }
+    }
+
+    pub fn value(self, s: &Settings) -> String {
+        let p = &s.params;
+        let q = &p.sampling;
+        match self {
+            Slider::MaxTokens => p.max_tokens.to_string(),
+            Slider::ThinkingBudget => budget_label(s.enable_thinking, p.thinking_budget),
+            Slider::Temperature if q.temperature == 0.0 => "0 (greedy)".into(),
+            Slider::Temperature => format!("{:.2}", q.temperature),
+            Slider::TopP if q.top_p >= 1.0 => "1.00 (off)".into(),
+            Slider::TopP => format!("{:.2}", q.top_p),
+            Slider::TopK if q.top_k == 0 => "0 (off)".into(),
+            Slider::TopK => q.top_k.to_string(),
+            Slider::MinP if q.min_p == 0.0 => "0 (off)".into(),
+            Slider::MinP => format!("{:.2}", q.min_p),
+            Slider::PresencePenalty => format!("{:.1}", q.presence_penalty),
+            Slider::RepetitionPenalty if q.repetition_penalty == 1.0 => "1.00 (off)".into(),
+            Slider::RepetitionPenalty => format!("{:.2}", q.repetition_penalty),
+            Slider::MtpDepth if !s.has_mtp => "n/a (no MTP head)".into(),
+            Slider::MtpDepth if p.mtp.depth == 0 => "0 (off)".into(),
+            Slider::MtpDepth => p.mtp.depth.to_string(),
+            Slider::Seed => q.seed.to_string(),
+            Slider::Preset => s.preset.map(|p| p.name().to_string()).unwrap_or_else(|| "custom".into()),
+        }
+    }
+
+    /// Where the value sits in its range, 0..=1 (for the slider's bar).
+    pub fn position(self, s: &Settings) -> f64 {
+        let p = &s.params;
+        let q = &p.sampling;
+        let ladder =
+            |l: &[usize], v: usize| l.iter().position(|x| *x >= v).unwrap_or(l.len() - 1) as f64 / (l.len() - 1) as f64;
+        let v = match self {
+            Slider::MaxTokens => ladder(&MAX_TOKENS, p.max_tokens),
+            Slider::ThinkingBudget => match (s.enable_thinking, p.thinking_budget) {
+                (false, _) => 0.0,
+                (true, None) => 1.0,
+                (true, Some(b)) => (ladder(&BUDGETS, b) * 0.9 + 0.05).min(0.95),
+            },
+            Slider::Temperature => (q.temperature / 2.0) as f64,
+            Slider::TopP => q.top_p as f64,
+            Slider::TopK => ladder(&TOP_K, q.top_k),
+            Slider::MinP => q.min_p as f64,
+            Slider::PresencePenalty => ((q.presence_penalty + 2.0) / 4.0) as f64,
+            Slider::RepetitionPenalty => ((q.repetition_penalty - 0.5) / 1.5) as f64,
+            Slider::MtpDepth => p.mtp.depth as f64 / 4.0,
+            Slider::Seed => 0.0,
+            Slider::Preset => s
+                .preset
+                .and_then(|x| Preset::ALL.iter().position(|p| *p == x))
+                .map(|i| (i + 1) as f64 / 4.0)
+                .unwrap_or(0.0),
+        };
+        v.clamp(0.0, 1.0)
+    }
+
+    /// Moves the slider one step (`dir` ±1), or a big step.
+    pub fn adjust(self, s: &mut Settings, dir: i32, big: bool) {
+        let up = dir > 0;
+        let p = &mut s.params;
+        let q = &mut p.sampling;
+        let step_f = |v: f32, small: f32, lo: f32, hi: f32| -> f32 {
+            let d = if big { small * 5.0 } else { small };
+            let n = if up { v + d } else { v - d };
+            // Round to the step's precision so values do not drift (0.30000001).
+            ((n / small).round() * small).clamp(lo, hi)
+        };
+        match self {
+            Slider::MaxTokens => p.max_tokens = ladder_step(&MAX_TOKENS, p.max_tokens, up, big),
+            Slider::ThinkingBudget => {
+                // off < 8 < … < 16384 < unlimited
+                match (s.enable_thinking, p.thinking_budget, up) {
+                    (false, _, true) => {
+                        s.enable_thinking = true;
+                        p.thinking_budget = Some(BUDGETS[0]);
+                    }
+                    (false, _, false) => {}
+                    (true, None, true) => {}
+                    (true, None, false) => p.thinking_budget = Some(BUDGETS[BUDGETS.len() - 1]),
+                    (true, Some(b), true) => {
+                        p.thinking_budget = if b >= BUDGETS[BUDGETS.len() - 1] {
+                            None
+                        } else {
+                            Some(ladder_step(&BUDGETS, b, true, big))
+                        }
+                    }
+                    (true, Some(b), false) => {
+                        if b <= BUDGETS[0] {
+                            s.enable_thinking = false;
+                            p.thinking_budget = None;
+                        } else {
+                            p.thinking_budget = Some(ladder_step(&BUDGETS, b, false, big));
+                        }
+                    }
+                }
+            }
+            Slider::Temperature => q.temperature = step_f(q.temperature, 0.05, 0.0, 2.0),
+            Slider::TopP => q.top_p = step_f(q.top_p, 0.05, 0.05, 1.0),
+            Slider::TopK => q.top_k = ladder_step(&TOP_K, q.top_k, up, big),
+            Slider::MinP => q.min_p = step_f(q.min_p, 0.01, 0.0, 1.0),
+            Slider::PresencePenalty => q.presence_penalty = step_f(q.presence_penalty, 0.1, -2.0, 2.0),
+            Slider::RepetitionPenalty => q.repetition_penalty = step_f(q.repetition_penalty, 0.05, 0.5, 2.0),
+            Slider::MtpDepth => {
+                if s.has_mtp {
+                    p.mtp.auto = false;
+                    p.mtp.depth = if up { (p.mtp.depth + 1).min(4) } else { p.mtp.depth.saturating_sub(1) };
+                }
+            }
+            Slider::Seed => {
+                let d = if big { 100 } else { 1 };
+                q.seed = if up { q.seed.saturating_add(d) } else { q.seed.saturating_sub(d) };
+            }
+            Slider::Preset => {
+                let i = s.preset.and_then(|x| Preset::ALL.iter().position(|p| *p == x));
+                let next = match (i, up) {
+                    (None, true) => Some(0),
+                    (None, false) => Some(Preset::ALL.len() - 1),
+                    (Some(i), true) => Some((i + 1) % Preset::ALL.len()),
+                    (Some(i), false) => Some((i + Preset::ALL.len() - 1) % Preset::ALL.len()),
+                };
+                if let Some(i) = next {
+                    let preset = Preset::ALL[i];
+                    preset.apply(q);
+                    s.preset = Some(preset);
+                    return;
+                }
+            }
+        }
+        if matches!(
+            self,
+            Slider::Temperature
+                | Slider::TopP
+                | Slider::TopK
+                | Slider::MinP
+                | Slider::PresencePenalty
+                | Slider::RepetitionPenalty
+        ) {
+            s.preset = None;
+        }
+    }
+}
+
+pub fn budget_label(enable_thinking: bool, budget: Option<usize>) -> String {
+    match (enable_thinking, budget) {
+        (false, _) => "off".into(),
+        (true, None) => "unlimited".into(),
+        (true, Some(b)) => b.to_string(),
+    }
+}
+
+/// The next value of a ladder above/below `v` (two rungs for a big step).
+fn ladder_step(ladder: &[usize], v: usize, up: bool, big: bool) -> usize {
+    let n = if big { 2 } else { 1 };
+    let mut cur = v;
+    for _ in 0..n {
+        cur = if up {
+            ladder.iter().copied().find(|x| *x > cur).unwrap_or(cur)
+        } else {
+            ladder.iter().rev().copied().find(|x| *x < cur).unwrap_or(cur)
+        };
+    }
+    cur
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> Settings {
+        Settings { params: GenerationParams::default(), enable_thinking: true, preset: None, has_mtp: true }
+    }
+
+    #[test]
+    fn thinking_budget_runs_from_off_to_unlimited() {
+        let mut s = settings();
+        assert_eq!(Slider::ThinkingBudget.value(&s), "unlimited");
+        Slider::ThinkingBudget.adjust(&mut s, -1, false);
+        assert_eq!(Slider::ThinkingBudget.value(&s), "16384");
+        for _ in 0..20 {
+            Slider::ThinkingBudget.adjust(&mut s, -1, false);
+        }
+        assert_eq!(Slider::ThinkingBudget.value(&s), "off");
+        assert!(!s.enable_thinking);
+        Slider::ThinkingBudget.adjust(&mut s, 1, false);
+        assert_eq!(Slider::ThinkingBudget.value(&s), "8");
+        assert!(s.enable_thinking);
+    }
+
+    #[test]
+    fn steps_stay_on_round_values_and_presets_apply() {
+        let mut s = settings();
+        for _ in 0..6 {
+            Slider::Temperature.adjust(&mut s, 1, false);
+        }
+        assert_eq!(Slider::Temperature.value(&s), "0.30");
+        Slider::MaxTokens.adjust(&mut s, 1, false);
+        assert_eq!(s.params.max_tokens, 1536);
+        Slider::MaxTokens.adjust(&mut s, -1, true);
+        assert_eq!(s.params.max_tokens, 768);
+        Slider::Preset.adjust(&mut s, 1, false);
+        assert_eq!(Slider::Preset.value(&s), "thinking-general");
+        assert_eq!(s.params.sampling.top_k, 20);
+        Slider::TopK.adjust(&mut s, 1, false);
+        assert_eq!(s.params.sampling.top_k, 40);
+        assert_eq!(Slider::Preset.value(&s), "custom");
+        s.has_mtp = false;
+        Slider::MtpDepth.adjust(&mut s, 1, false);
+        assert_eq!(Slider::MtpDepth.value(&s), "n/a (no MTP head)");
+    }
+}

@@ -1,0 +1,106 @@
+//! Compare: the original run and its re-run with other settings, side by side, each with its
+//! settings (differences highlighted), statistics, budget bar and answer.
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Paragraph};
+
+use super::gauges::BudgetBar;
+use super::wrap::wrap;
+use crate::chat::session::Turn;
+use crate::tui::app::App;
+use crate::tui::highlight::block_line;
+use crate::tui::sliders::budget_label;
+
+/// (label, value) of the settings that matter for a comparison.
+fn settings(t: &Turn) -> Vec<(&'static str, String)> {
+    let p = &t.params;
+    let s = &p.sampling;
+    vec![
+        ("max_tokens", p.max_tokens.to_string()),
+        ("thinking budget", budget_label(t.enable_thinking, p.thinking_budget)),
+        ("temperature", format!("{:.2}", s.temperature)),
+        ("top-p", format!("{:.2}", s.top_p)),
+        ("top-k", s.top_k.to_string()),
+        ("min-p", format!("{:.2}", s.min_p)),
+        ("presence", format!("{:.1}", s.presence_penalty)),
+        ("repetition", format!("{:.2}", s.repetition_penalty)),
+        ("MTP depth", p.mtp.depth.to_string()),
+        ("seed", s.seed.to_string()),
+    ]
+}
+
+pub fn draw(app: &App, f: &mut Frame, area: Rect, a: usize, b: usize) {
+    let (Some(ta), Some(tb)) = (app.session.turns.get(a), app.session.turns.get(b)) else { return };
+    let [left, right] = Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(area);
+    let sa = settings(ta);
+    let sb = settings(tb);
+    column(app, f, left, &format!(" A · turn {} ", a + 1), ta, &sa, &sb);
+    column(app, f, right, &format!(" B · turn {} (re-run) ", b + 1), tb, &sb, &sa);
+}
+
+fn column(
+    app: &App,
+    f: &mut Frame,
+    area: Rect,
+    title: &str,
+    t: &Turn,
+    mine: &[(&str, String)],
+    other: &[(&str, String)],
+) {
+    let th = &app.theme;
+    let block = Block::bordered().title(Line::styled(title.to_string(), th.title())).border_style(th.border(false));
+    let inner = block.inner(area);
+    f.render_widget(block, area);
+    let mut lines = vec![];
+    // Settings, two per line; values that differ from the other run are highlighted.
+    for pair in mine.chunks(2) {
+        let mut spans = vec![];
+        for (label, value) in pair {
+            let differs = other.iter().any(|(l, v)| l == label && v != value);
+            let st = if differs { Style::new().fg(th.warn).add_modifier(Modifier::BOLD) } else { th.fg(th.text) };
+            spans.push(Span::styled(format!("{label} "), th.fg(th.dim)));
+            spans.push(Span::styled(format!("{value:<8}"), st));
+        }
+        lines.push(Line::from(spans));
+    }
+    let finish =
+        t.finish_reason.clone().unwrap_or_else(|| if t.error.is_some() { "error".into() } else { "running…".into() });
+    let fin_style = if finish == "stop" { th.fg(th.good) } else { th.fg(th.warn) };
+    lines.push(Line::from(vec![
+        Span::styled("finish ", th.fg(th.dim)),
+        Span::styled(finish, fin_style.add_modifier(Modifier::BOLD)),
+        Span::styled(format!("  thinking {}  answer {}", t.thinking_tokens(), t.answer_tokens()), th.fg(th.text)),
+    ]));
+    let timing = match &t.stats.timing {
+        Some(tm) => {
+            format!("TTFT {:.0} ms · decode {:.1} tok/s · {:.1} s", tm.ttft_ms, tm.decode_tok_s, tm.total_ms / 1000.0)
+        }
+        None => format!("tok/s {:.1}", t.stats.samples.last().map(|s| s.tok_s).unwrap_or(0.0)),
+    };
+    lines.push(Line::styled(timing, th.fg(th.text)));
+    let mtp = t
+        .mtp()
+        .map(|m| format!("MTP acc {:.0}% · len {:.2}", m.acceptance_rate * 100.0, m.mean_accepted_length))
+        .unwrap_or_else(|| "MTP off".into());
+    lines.push(Line::styled(mtp, th.fg(th.text)));
+    for d in &t.diagnostics {
+        lines.push(Line::styled(format!("⚠ {} at {}", d.kind, d.at_token), th.fg(th.bad)));
+    }
+    let header = lines.len() as u16;
+    if inner.height <= header + 2 {
+        f.render_widget(Paragraph::new(lines), inner);
+        return;
+    }
+    let [head, bar, body] =
+        Layout::vertical([Constraint::Length(header), Constraint::Length(1), Constraint::Min(1)]).areas(inner);
+    f.render_widget(Paragraph::new(lines), head);
+    f.render_widget(BudgetBar::new(t, th), bar);
+    let answer: Vec<Line<'static>> = t.answer.trim_start_matches('\n').split('\n').map(|l| block_line(l, th)).collect();
+    let wrapped = wrap(&answer, body.width as usize);
+    // Follow the tail, like the answer pane.
+    let skip = wrapped.len().saturating_sub(body.height as usize);
+    f.render_widget(Paragraph::new(wrapped.into_iter().skip(skip).collect::<Vec<_>>()), body);
+}

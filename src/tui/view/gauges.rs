@@ -1,0 +1,301 @@
+//! Live gauges: the stacked token budget (prompt | thinking | answer | headroom of max_tokens,
+//! with the thinking-budget marker), speed (tok/s sparkline, TTFT, prefill tok/s), MTP
+//! (acceptance, per-position bars, mean accepted length, accepted-per-step sparkline) and
+//! memory (weights, KV growing, recurrent constant, snapshots) per device.
+
+use ratatui::Frame;
+use ratatui::buffer::Buffer;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Paragraph, Sparkline, Widget};
+
+use super::bytes;
+use crate::chat::session::Turn;
+use crate::tui::app::App;
+use crate::tui::theme::Theme;
+
+pub const MIN_HEIGHT: u16 = 18;
+
+/// One stacked bar: segments of (cells, style), plus an optional marker column.
+pub struct BudgetBar {
+    pub prompt: usize,
+    pub thinking: usize,
+    pub answer: usize,
+    pub max_tokens: usize,
+    /// Thinking budget (tokens after the prompt), drawn as a marker.
+    pub budget: Option<usize>,
+    pub colors: [Color; 4],
+    pub marker: Color,
+}
+
+impl BudgetBar {
+    pub fn new(t: &Turn, th: &Theme) -> BudgetBar {
+        BudgetBar {
+            prompt: t.prompt_tokens,
+            thinking: t.thinking_tokens(),
+            answer: t.answer_tokens(),
+            max_tokens: t.params.max_tokens,
+            budget: if t.enable_thinking { t.params.thinking_budget } else { None },
+            colors: [th.prompt, th.thinking, th.answer, th.headroom],
+            marker: th.budget_marker,
+        }
+    }
+}
+
+impl Widget for BudgetBar {
+    fn render(self, area: Rect, buf: &mut Buffer) {
+        if area.width == 0 || area.height == 0 {
+            return;
+        }
+        let total = (self.prompt + self.max_tokens).max(1) as f64;
+        let w = area.width as f64;
+        // Cumulative boundaries in cells; every non-empty segment gets at least one cell.
+        let generated = self.thinking + self.answer;
+        let counts = [self.prompt, self.thinking, self.answer, self.max_tokens.saturating_sub(generated)];
+        let mut bounds = [0u16; 4];
+        let mut acc = 0usize;
+        let mut prev = 0u16;
+        for (i, c) in counts.iter().enumerate() {
+            acc += c;
+            let mut b = ((acc as f64 / total) * w).round() as u16;
+            if *c > 0 && b <= prev && prev < area.width {
+                b = prev + 1;
+            }
+            bounds[i] = b.min(area.width);
+            prev = bounds[i];
+        }
+        bounds[3] = area.width;
+        let glyphs = ['▒', '█', '█', '░'];
+        for x in 0..area.width {
+            let seg = bounds.iter().position(|b| x < *b).unwrap_or(3);
+            for y in area.top()..area.bottom() {
+                if let Some(cell) = buf.cell_mut((area.x + x, y)) {
+                    cell.set_char(glyphs[seg]).set_style(Style::new().fg(self.colors[seg]));
+                }
+            }
+        }
+        if let Some(b) = self.budget {
+            let x = (((self.prompt + b) as f64 / total) * w).round() as u16;
+            if x < area.width {
+                for y in area.top()..area.bottom() {
+                    if let Some(cell) = buf.cell_mut((area.x + x, y)) {
+                        cell.set_char('┃').set_style(Style::new().fg(self.marker).add_modifier(Modifier::BOLD));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A one-line horizontal bar of `ratio` in `width` cells.
+fn bar(ratio: f64, width: usize, color: Color, empty: Color) -> Vec<Span<'static>> {
+    let r = ratio.clamp(0.0, 1.0);
+    let full = (r * width as f64).round() as usize;
+    vec![
+        Span::styled("█".repeat(full), Style::new().fg(color)),
+        Span::styled("░".repeat(width.saturating_sub(full)), Style::new().fg(empty)),
+    ]
+}
+
+pub fn panel(app: &App, f: &mut Frame, area: Rect) {
+    let th = &app.theme;
+    let block = Block::bordered().title(Line::styled(" Gauges ", th.title())).border_style(th.border(false));
+    let inner = block.inner(area);
+    f.render_widget(block, area);
+    let Some(t) = app.shown() else {
+        let w = app.model.as_ref().map(|m| m.weights_bytes).unwrap_or(0);
+        let lines = vec![
+            Line::styled("no generation yet", th.fg(th.dim)),
+            Line::styled(format!("weights {}", bytes(w)), th.fg(th.text)),
+        ];
+        f.render_widget(Paragraph::new(lines), inner);
+        return;
+    };
+    let [budget, speed, mtp, memory] =
+        Layout::vertical([Constraint::Length(4), Constraint::Length(4), Constraint::Length(6), Constraint::Min(5)])
+            .areas(inner);
+    budget_section(app, t, f, budget);
+    speed_section(app, t, f, speed);
+    mtp_section(app, t, f, mtp);
+    memory_section(app, t, f, memory);
+}
+
+fn budget_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
+    let th = &app.theme;
+    let [h, b, legend] =
+        Layout::vertical([Constraint::Length(1), Constraint::Length(1), Constraint::Min(1)]).areas(area);
+    let used = t.thinking_tokens() + t.answer_tokens();
+    f.render_widget(
+        Paragraph::new(Line::from(vec![
+            Span::styled("Token budget ", Style::new().fg(th.accent).add_modifier(Modifier::BOLD)),
+            Span::styled(format!("{used}/{} max_tokens", t.params.max_tokens), th.fg(th.text)),
+        ])),
+        h,
+    );
+    f.render_widget(BudgetBar::new(t, th), b);
+    let budget = crate::tui::sliders::budget_label(t.enable_thinking, t.params.thinking_budget);
+    let legend_line = vec![
+        Line::from(vec![
+            Span::styled("▒", th.fg(th.prompt)),
+            Span::styled(format!("prompt {} ", t.prompt_tokens), th.fg(th.text)),
+            Span::styled("█", th.fg(th.thinking)),
+            Span::styled(format!("think {} ", t.thinking_tokens()), th.fg(th.text)),
+            Span::styled("█", th.fg(th.answer)),
+            Span::styled(format!("answer {}", t.answer_tokens()), th.fg(th.text)),
+        ]),
+        Line::from(vec![
+            Span::styled("░", th.fg(th.headroom)),
+            Span::styled(format!("free {} ", t.params.max_tokens.saturating_sub(used)), th.fg(th.text)),
+            Span::styled("┃", th.fg(th.budget_marker)),
+            Span::styled(format!("budget {budget}"), th.fg(th.text)),
+        ]),
+    ];
+    f.render_widget(Paragraph::new(legend_line), legend);
+}
+
+/// TTFT and prefill speed: from `done`, or measured from the first token while streaming.
+fn ttft(t: &Turn) -> Option<(f64, f64)> {
+    if let Some(tm) = &t.stats.timing {
+        return Some((tm.ttft_ms, tm.prefill_tok_s));
+    }
+    let first = t.tokens.first()?.t_ms;
+    let start = t.stats.start_ms.unwrap_or(0.0);
+    let prefill_s = ((first - start) / 1000.0).max(1e-6);
+    Some((first, t.prompt_tokens as f64 / prefill_s))
+}
+
+fn speed_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
+    let th = &app.theme;
+    let [h, l, s] = Layout::vertical([Constraint::Length(1), Constraint::Length(1), Constraint::Min(1)]).areas(area);
+    let tok_s = t
+        .stats
+        .timing
+        .as_ref()
+        .map(|tm| tm.decode_tok_s)
+        .or_else(|| t.stats.samples.last().map(|s| s.tok_s))
+        .unwrap_or(0.0);
+    f.render_widget(
+        Paragraph::new(Line::from(vec![
+            Span::styled("Speed ", Style::new().fg(th.accent).add_modifier(Modifier::BOLD)),
+            Span::styled(format!("{tok_s:.1} tok/s"), th.fg(th.text)),
+        ])),
+        h,
+    );
+    let line = match ttft(t) {
+        Some((ms, pf)) => format!("TTFT {ms:.0} ms · prefill {pf:.0} tok/s"),
+        None => "TTFT — · prefill —".to_string(),
+    };
+    f.render_widget(Paragraph::new(Line::styled(line, th.fg(th.text))), l);
+    let data: Vec<u64> = t.stats.samples.iter().map(|s| s.tok_s.round().max(0.0) as u64).collect();
+    let start = data.len().saturating_sub(s.width as usize);
+    f.render_widget(Sparkline::default().data(&data[start..]).style(th.fg(th.good)), s);
+}
+
+fn mtp_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
+    let th = &app.theme;
+    let mut lines = vec![];
+    let Some(m) = t.mtp() else {
+        let why = if !app.model.as_ref().is_some_and(|m| m.has_mtp) {
+            "off (no MTP head)".to_string()
+        } else if t.params.mtp.depth == 0 && !t.params.mtp.auto {
+            "off (depth 0)".to_string()
+        } else {
+            "waiting for the first steps".to_string()
+        };
+        lines.push(Line::from(vec![
+            Span::styled("MTP ", Style::new().fg(th.accent).add_modifier(Modifier::BOLD)),
+            Span::styled(why, th.fg(th.dim)),
+        ]));
+        f.render_widget(Paragraph::new(lines), area);
+        return;
+    };
+    lines.push(Line::from(vec![
+        Span::styled("MTP ", Style::new().fg(th.accent).add_modifier(Modifier::BOLD)),
+        Span::styled(
+            format!(
+                "depth {} · acc {:.0}% ({}/{}) · len {:.2}",
+                m.depth,
+                m.acceptance_rate * 100.0,
+                m.accepted,
+                m.drafted,
+                m.mean_accepted_length
+            ),
+            th.fg(th.text),
+        ),
+    ]));
+    let bar_w = (area.width as usize).saturating_sub(10).max(4);
+    for (i, p) in m.per_position.iter().take(4).enumerate() {
+        let mut spans = vec![Span::styled(format!("d{} ", i + 1), th.fg(th.dim))];
+        spans.extend(bar(*p, bar_w, th.accepted, th.headroom));
+        spans.push(Span::styled(format!(" {:>3.0}%", p * 100.0), th.fg(th.text)));
+        lines.push(Line::from(spans));
+    }
+    let used = lines.len() as u16;
+    f.render_widget(Paragraph::new(lines), area);
+    if area.height > used {
+        let spark = Rect { y: area.y + used, height: area.height - used, ..area };
+        let data: Vec<u64> = m.history.iter().map(|x| *x as u64).collect();
+        let start = data.len().saturating_sub(spark.width as usize);
+        f.render_widget(
+            Sparkline::default().data(&data[start..]).max((m.depth + 1) as u64).style(th.fg(th.bonus)),
+            spark,
+        );
+    }
+}
+
+fn memory_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
+    let th = &app.theme;
+    let weights = app.model.as_ref().map(|m| m.weights_bytes).unwrap_or(0);
+    let mem = t.memory().cloned().unwrap_or_default();
+    let weights = if mem.weights_bytes > 0 { mem.weights_bytes } else { weights };
+    let devices = app.model.as_ref().map(|m| m.devices.join(",")).unwrap_or_else(|| "cpu".into());
+    let total = (weights + mem.kv_bytes + mem.recurrent_bytes + mem.snapshot_bytes).max(1) as f64;
+    let w = (area.width as usize).saturating_sub(25).max(4);
+    let row = |label: &str, b: usize, note: &str, c: Color| -> Line<'static> {
+        let mut spans = vec![Span::styled(format!("{label:<10}"), th.fg(th.dim))];
+        spans.extend(bar(b as f64 / total, w, c, th.headroom));
+        spans.push(Span::styled(format!(" {:>9}{note}", bytes(b)), th.fg(th.text)));
+        Line::from(spans)
+    };
+    let lines = vec![
+        Line::from(vec![
+            Span::styled("Memory ", Style::new().fg(th.accent).add_modifier(Modifier::BOLD)),
+            Span::styled(format!("{devices}: {}", bytes(total as usize)), th.fg(th.text)),
+        ]),
+        row("weights", weights, "", th.prompt),
+        row("KV cache", mem.kv_bytes, " ↑", th.answer),
+        row("recurrent", mem.recurrent_bytes, " =", th.thinking),
+        row("snapshots", mem.snapshot_bytes, "", th.bonus),
+    ];
+    f.render_widget(Paragraph::new(lines), area);
+}
+
+/// The narrow layout's gauges: the budget bar and one line of numbers.
+pub fn strip(app: &App, f: &mut Frame, area: Rect) {
+    let th = &app.theme;
+    let Some(t) = app.shown() else { return };
+    let [title, b, nums] =
+        Layout::vertical([Constraint::Length(1), Constraint::Length(1), Constraint::Length(1)]).areas(area);
+    let used = t.thinking_tokens() + t.answer_tokens();
+    f.render_widget(
+        Paragraph::new(Line::styled(
+            format!(
+                "budget {used}/{} · thinking {} · answer {}",
+                t.params.max_tokens,
+                t.thinking_tokens(),
+                t.answer_tokens()
+            ),
+            th.fg(th.text),
+        )),
+        title,
+    );
+    f.render_widget(BudgetBar::new(t, th), b);
+    let tok_s = t.stats.samples.last().map(|s| s.tok_s).unwrap_or(0.0);
+    let mtp = t
+        .mtp()
+        .map(|m| format!(" · MTP {:.0}% len {:.2}", m.acceptance_rate * 100.0, m.mean_accepted_length))
+        .unwrap_or_default();
+    let kv = t.memory().map(|m| format!(" · KV {}", bytes(m.kv_bytes))).unwrap_or_default();
+    f.render_widget(Paragraph::new(Line::styled(format!("{tok_s:.1} tok/s{mtp}{kv}"), th.fg(th.dim))), nums);
+}

@@ -1,0 +1,83 @@
+//! The help screen (every key, from the live keymap) and the session picker.
+
+use ratatui::Frame;
+use ratatui::layout::Rect;
+use ratatui::style::{Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Clear, Paragraph};
+
+use super::centered;
+use crate::chat::session::{SessionInfo, format_timestamp};
+use crate::tui::app::App;
+use crate::tui::keymap::Action;
+
+/// Keys that depend on the focused pane (not rebindable).
+const CONTEXT_KEYS: [(&str, &str); 8] = [
+    ("↑ / ↓ (prompt)", "history recall on a one-line prompt"),
+    ("↑ ↓ ← → (settings)", "select a slider / change its value"),
+    ("Shift+← → or [ ]", "big step; p cycles the presets"),
+    ("↑ ↓ Home End (panes)", "scroll the focused thinking / answer pane"),
+    ("← → ↑ ↓ Home End", "move the token inspector's cursor"),
+    ("? (outside the prompt)", "this help"),
+    ("Enter / r (sessions)", "open / replay the selected session"),
+    ("any key", "closes this help"),
+];
+
+pub fn help(app: &App, f: &mut Frame, area: Rect) {
+    let th = &app.theme;
+    let h = (Action::ALL.len() + CONTEXT_KEYS.len() + 5) as u16;
+    let r = centered(area, 86, h.min(area.height));
+    f.render_widget(Clear, r);
+    let key_style = Style::new().fg(th.accent).add_modifier(Modifier::BOLD);
+    let mut lines = vec![Line::styled("Keys (rebind in keymap.toml, see README)", th.fg(th.dim))];
+    for a in Action::ALL {
+        lines.push(Line::from(vec![
+            Span::styled(format!("{:<24}", app.keymap.label(a)), key_style),
+            Span::styled(format!("{:<20}", a.name()), th.fg(th.dim)),
+            Span::styled(a.describe(), th.fg(th.text)),
+        ]));
+    }
+    lines.push(Line::raw(""));
+    for (k, d) in CONTEXT_KEYS {
+        lines.push(Line::from(vec![Span::styled(format!("{k:<24}"), key_style), Span::styled(d, th.fg(th.text))]));
+    }
+    let block = Block::bordered().title(Line::styled(" Help ", th.title())).border_style(th.border(true));
+    f.render_widget(Paragraph::new(lines).block(block), r);
+}
+
+pub fn picker(app: &App, f: &mut Frame, area: Rect, items: &[SessionInfo], selected: usize) {
+    let th = &app.theme;
+    let r = centered(area, 100, area.height.saturating_sub(4).max(6));
+    f.render_widget(Clear, r);
+    let mut lines = vec![];
+    if items.is_empty() {
+        let dir = app.sessions_dir.as_ref().map(|d| d.display().to_string()).unwrap_or_else(|| "(none)".into());
+        lines.push(Line::styled(format!("no saved sessions in {dir}"), th.fg(th.dim)));
+    }
+    let visible = r.height.saturating_sub(2) as usize;
+    let skip = selected.saturating_sub(visible.saturating_sub(1));
+    for (i, s) in items.iter().enumerate().skip(skip).take(visible) {
+        let sel = i == selected;
+        let st = if sel {
+            Style::new().fg(th.accent).bg(th.selection_bg).add_modifier(Modifier::BOLD)
+        } else {
+            th.fg(th.text)
+        };
+        let prompt: String = s.first_prompt.split_whitespace().collect::<Vec<_>>().join(" ");
+        lines.push(Line::styled(
+            format!(
+                "{} {}  {:>2} turns  {:<16} {}",
+                if sel { "▸" } else { " " },
+                format_timestamp(s.created),
+                s.turns,
+                s.model.chars().take(16).collect::<String>(),
+                prompt.chars().take(60).collect::<String>()
+            ),
+            st,
+        ));
+    }
+    let block = Block::bordered()
+        .title(Line::styled(" Sessions · Enter open · r replay · Esc close ", th.title()))
+        .border_style(th.border(true));
+    f.render_widget(Paragraph::new(lines).block(block), r);
+}

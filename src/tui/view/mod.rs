@@ -1,0 +1,302 @@
+//! Drawing: a pure function of the [`App`] state. The layout adapts to the terminal: history,
+//! thinking and answer side by side, and the gauge/slider column on wide terminals; panes
+//! stacked on narrow ones; a message instead of a broken layout on tiny ones.
+
+mod compare;
+mod gauges;
+mod help;
+mod inspector;
+mod panes;
+mod sliders;
+pub mod wrap;
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Clear, Gauge, Paragraph, Wrap};
+
+use super::app::{App, Overlay};
+use super::keymap::Action;
+use crate::chat::session::Turn;
+
+/// Below this the layout cannot show a usable workbench.
+pub const MIN_WIDTH: u16 = 60;
+pub const MIN_HEIGHT: u16 = 18;
+
+/// Width of the gauge/slider column, and the terminal width from which it is shown.
+const SIDE_WIDTH: u16 = 42;
+const SIDE_FROM: u16 = 110;
+const HISTORY_WIDTH: u16 = 24;
+const HISTORY_FROM: u16 = 150;
+
+pub fn draw(app: &App, f: &mut Frame) {
+    let area = f.area();
+    if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
+        return too_small(f, area);
+    }
+    if let Some(err) = &app.fatal {
+        let p = Paragraph::new(vec![
+            Line::styled("deltascope could not start", app.theme.fg(app.theme.bad).add_modifier(Modifier::BOLD)),
+            Line::raw(""),
+            Line::raw(err.clone()),
+            Line::raw(""),
+            Line::styled(format!("{} quits", app.keymap.first(Action::Quit)), app.theme.fg(app.theme.dim)),
+        ])
+        .wrap(Wrap { trim: false })
+        .block(Block::bordered().border_style(app.theme.fg(app.theme.bad)));
+        f.render_widget(p, centered(area, 70, 10));
+        return;
+    }
+    if app.model.is_none() {
+        return loading(app, f, area);
+    }
+
+    let banners = banner_lines(app);
+    let input_h = (app.input.lines().len() as u16 + 2).clamp(3, 8);
+    let [banner_area, main, input_area, status_area] = Layout::vertical([
+        Constraint::Length(banners.len() as u16),
+        Constraint::Min(6),
+        Constraint::Length(input_h),
+        Constraint::Length(1),
+    ])
+    .areas(area);
+
+    let wide = area.width >= SIDE_FROM;
+    let (center, side) = if wide {
+        let [c, s] = Layout::horizontal([Constraint::Min(40), Constraint::Length(SIDE_WIDTH)]).areas(main);
+        (c, Some(s))
+    } else {
+        (main, None)
+    };
+    let center = if area.width >= HISTORY_FROM {
+        let [h, c] = Layout::horizontal([Constraint::Length(HISTORY_WIDTH), Constraint::Min(40)]).areas(center);
+        panes::history(app, f, h);
+        c
+    } else {
+        center
+    };
+    let center = match side {
+        Some(s) => {
+            side_panel(app, f, s);
+            center
+        }
+        None => {
+            // Narrow: a compact gauge strip under the panes; sliders when focused.
+            let [c, strip] = Layout::vertical([Constraint::Min(4), Constraint::Length(3)]).areas(center);
+            gauges::strip(app, f, strip);
+            c
+        }
+    };
+    if app.show_compare
+        && let Some((a, b)) = app.compare_pair()
+    {
+        compare::draw(app, f, center, a, b);
+    } else {
+        panes::conversation(app, f, center);
+    }
+    if !banners.is_empty() {
+        f.render_widget(Paragraph::new(banners).style(Style::new().bg(app.theme.banner_bg)), banner_area);
+    }
+    panes::input(app, f, input_area);
+    status(app, f, status_area);
+
+    if side.is_none() && app.focus == super::app::Focus::Sliders {
+        let r = centered(area, SIDE_WIDTH, (sliders::HEIGHT + 2).min(area.height));
+        f.render_widget(Clear, r);
+        sliders::draw(app, f, r);
+    }
+    if let Some(cur) = app.inspector {
+        inspector::draw(app, f, center, cur);
+    }
+    match &app.overlay {
+        Overlay::None => {}
+        Overlay::Help => help::help(app, f, area),
+        Overlay::Picker { items, selected } => help::picker(app, f, area, items, *selected),
+    }
+}
+
+fn too_small(f: &mut Frame, area: Rect) {
+    let msg = format!(
+        "Terminal too small: {}×{}.\nThe workbench needs at least {MIN_WIDTH}×{MIN_HEIGHT}.\nEnlarge the window (Ctrl+Q quits).",
+        area.width, area.height
+    );
+    f.render_widget(Paragraph::new(msg).wrap(Wrap { trim: true }), area);
+}
+
+fn loading(app: &App, f: &mut Frame, area: Rect) {
+    let (done, total, what) = app.loading.clone().unwrap_or((0, 1, "starting".into()));
+    let r = centered(area, 60, 5);
+    let ratio = if total == 0 { 0.0 } else { done as f64 / total as f64 };
+    let g = Gauge::default()
+        .block(Block::bordered().title(Line::styled(" Loading model ", app.theme.title())))
+        .gauge_style(Style::new().fg(app.theme.accent).bg(app.theme.headroom))
+        .ratio(ratio.clamp(0.0, 1.0))
+        .label(format!("{what} ({done}/{total})"))
+        .use_unicode(true);
+    f.render_widget(g, r);
+}
+
+/// A `w`×`h` rectangle centred in `area`.
+pub fn centered(area: Rect, w: u16, h: u16) -> Rect {
+    let w = w.min(area.width);
+    let h = h.min(area.height);
+    Rect { x: area.x + (area.width - w) / 2, y: area.y + (area.height - h) / 2, width: w, height: h }
+}
+
+fn side_panel(app: &App, f: &mut Frame, area: Rect) {
+    let [g, s] =
+        Layout::vertical([Constraint::Min(gauges::MIN_HEIGHT), Constraint::Length(sliders::HEIGHT + 2)]).areas(area);
+    gauges::panel(app, f, g);
+    sliders::draw(app, f, s);
+}
+
+/// One line per diagnostic of the shown turn, with its fixes.
+fn banner_lines(app: &App) -> Vec<Line<'static>> {
+    let th = &app.theme;
+    let Some(t) = app.shown() else { return vec![] };
+    let mut out = vec![];
+    let bold = Modifier::BOLD;
+    for d in &t.diagnostics {
+        let line = match d.kind.as_str() {
+            "thinking_exhausted_max_tokens" => Line::from(vec![
+                Span::styled(" ✖ EMPTY ANSWER ", Style::new().fg(th.bad).add_modifier(bold | Modifier::REVERSED)),
+                Span::styled(
+                    format!(" thinking used all {} of max_tokens (token {}). ", t.params.max_tokens, d.at_token),
+                    th.fg(th.text),
+                ),
+                Span::styled(
+                    format!("[{}]", app.keymap.first(Action::RaiseMaxTokens)),
+                    th.fg(th.accent).add_modifier(bold),
+                ),
+                Span::styled(format!(" max_tokens → {}  ", t.params.max_tokens * 2), th.fg(th.text)),
+                Span::styled(
+                    format!("[{}]", app.keymap.first(Action::SetThinkingBudget)),
+                    th.fg(th.accent).add_modifier(bold),
+                ),
+                Span::styled(format!(" thinking budget → {}", (t.params.max_tokens / 2).max(1)), th.fg(th.text)),
+            ]),
+            "thinking_budget_forced" => Line::from(vec![
+                Span::styled(
+                    " ⏵ FORCED END OF THINKING ",
+                    Style::new().fg(th.warn).add_modifier(bold | Modifier::REVERSED),
+                ),
+                Span::styled(
+                    format!(
+                        " the thinking budget ({}) ran out at token {}; the engine closed thinking.",
+                        t.params.thinking_budget.map(|b| b.to_string()).unwrap_or_else(|| "?".into()),
+                        d.at_token
+                    ),
+                    th.fg(th.text),
+                ),
+            ]),
+            "degenerate_loop" => Line::from(vec![
+                Span::styled(" ↻ LOOP DETECTED ", Style::new().fg(th.bad).add_modifier(bold | Modifier::REVERSED)),
+                Span::styled(
+                    format!(
+                        " period {} tokens from token {} (highlighted in the {} pane): {}",
+                        d.period.unwrap_or(0),
+                        d.start.unwrap_or(d.at_token),
+                        phase_of(t, d.start.unwrap_or(d.at_token)),
+                        d.message
+                    ),
+                    th.fg(th.text),
+                ),
+            ]),
+            "answer_truncated" => Line::from(vec![
+                Span::styled(" ✂ ANSWER CUT ", Style::new().fg(th.warn).add_modifier(bold | Modifier::REVERSED)),
+                Span::styled(format!(" {} ", d.message), th.fg(th.text)),
+                Span::styled(
+                    format!("[{}]", app.keymap.first(Action::RaiseMaxTokens)),
+                    th.fg(th.accent).add_modifier(bold),
+                ),
+                Span::styled(format!(" max_tokens → {}", t.params.max_tokens * 2), th.fg(th.text)),
+            ]),
+            other => Line::styled(format!(" {other}: {}", d.message), th.fg(th.warn)),
+        };
+        out.push(line);
+    }
+    if let Some(e) = &t.error {
+        out.push(Line::from(vec![
+            Span::styled(" ERROR ", Style::new().fg(th.bad).add_modifier(bold | Modifier::REVERSED)),
+            Span::styled(format!(" {e}"), th.fg(th.text)),
+        ]));
+    }
+    out.truncate(4);
+    out
+}
+
+fn phase_of(t: &Turn, token: usize) -> &'static str {
+    match t.tokens.get(token).map(|x| x.phase) {
+        Some(crate::chat::session::TokPhase::Answer) => "answer",
+        _ => "thinking",
+    }
+}
+
+fn status(app: &App, f: &mut Frame, area: Rect) {
+    let th = &app.theme;
+    let m = app.model.as_ref();
+    let state = app.state_label();
+    let state_style = match state {
+        "thinking" => th.fg(th.thinking),
+        "answering" => th.fg(th.good),
+        "prefill" | "loading" | "replay" => th.fg(th.warn),
+        "paused (step)" => th.fg(th.forced),
+        _ => th.fg(th.dim),
+    }
+    .add_modifier(Modifier::BOLD);
+    let sep = Span::styled(" │ ", th.fg(th.dim));
+    let mut spans = vec![
+        Span::styled(" deltascope ", th.title()),
+        sep.clone(),
+        Span::styled(m.map(|m| m.name.clone()).unwrap_or_default(), th.fg(th.text)),
+        sep.clone(),
+        Span::styled(
+            format!(
+                "{} · {}",
+                m.map(|m| m.backend.clone()).unwrap_or_default(),
+                m.map(|m| m.devices.join(",")).unwrap_or_default()
+            ),
+            th.fg(th.text),
+        ),
+        sep.clone(),
+        Span::styled(format!("● {state}"), state_style),
+    ];
+    if let Some(t) = app.shown()
+        && !app.generating()
+    {
+        let finish = t.finish_reason.clone().or_else(|| t.error.as_ref().map(|_| "error".to_string()));
+        if let Some(fr) = finish {
+            let st = if fr == "stop" { th.fg(th.good) } else { th.fg(th.warn) };
+            spans.push(sep.clone());
+            spans.push(Span::styled(format!("finish: {fr}"), st));
+        }
+    }
+    spans.push(sep.clone());
+    spans.push(Span::styled(
+        format!("thinking {}", if app.settings.enable_thinking { "on" } else { "off" }),
+        th.fg(th.text),
+    ));
+    spans.push(sep.clone());
+    spans.push(Span::styled(format!("colour: {}", app.colour_mode.name()), th.fg(th.text)));
+    if let Some((msg, _)) = &app.status {
+        spans.push(sep.clone());
+        spans.push(Span::styled(msg.clone(), th.fg(th.accent)));
+    } else {
+        spans.push(sep);
+        spans.push(Span::styled(format!("{} help", app.keymap.first(Action::Help)), th.fg(th.dim)));
+    }
+    f.render_widget(Paragraph::new(Line::from(spans)), area);
+}
+
+/// Bytes in binary units, short.
+pub fn bytes(b: usize) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 { format!("{b} B") } else { format!("{v:.1} {}", U[i]) }
+}

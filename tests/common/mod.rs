@@ -1,0 +1,192 @@
+//! Scripted engine event streams and an app without a model, for the TUI tests and the bench.
+#![allow(dead_code)]
+
+use deltascope::chat::session::Session;
+use deltascope::engine::{
+    Alternative, DiagnosticKind, DraftKind, EngineEvent, FinishReason, GenerationParams, Memory, MtpParams, MtpStats,
+    Phase, Timing, Usage,
+};
+use deltascope::tui::app::{App, AppConfig, ModelInfo};
+use deltascope::tui::event::Inbound;
+use deltascope::tui::keymap::Keymap;
+use deltascope::tui::sliders::Settings;
+use deltascope::tui::theme::Theme;
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+use ratatui::crossterm::event::{Event, KeyCode, KeyEvent, KeyModifiers};
+
+pub fn model() -> ModelInfo {
+    ModelInfo {
+        name: "embedded:demo".into(),
+        backend: "local".into(),
+        devices: vec!["cpu".into()],
+        weights_bytes: 16_142_336,
+        has_mtp: true,
+        layers: "8 layers: 6 GDN + 2 attention".into(),
+        context: 4096,
+    }
+}
+
+pub fn params(max_tokens: usize, budget: Option<usize>) -> GenerationParams {
+    GenerationParams {
+        max_tokens,
+        thinking_budget: budget,
+        mtp: MtpParams { depth: 2, auto: false },
+        ..Default::default()
+    }
+}
+
+pub fn diag(kind: DiagnosticKind, at_token: usize, message: &str, loop_at: Option<(usize, usize)>) -> EngineEvent {
+    EngineEvent::Diagnostic {
+        kind,
+        at_token,
+        message: message.into(),
+        period: loop_at.map(|l| l.0),
+        start: loop_at.map(|l| l.1),
+    }
+}
+
+/// An app with the demo model "loaded" (no engine: effects are just collected).
+pub fn app() -> App {
+    let mut session = Session::new("embedded:demo", None);
+    session.id = "test-session".into();
+    session.created = 1_764_500_000;
+    let mut app = App::new(AppConfig {
+        theme: Theme::default(),
+        keymap: Keymap::default(),
+        settings: Settings { params: params(256, None), enable_thinking: true, preset: None, has_mtp: true },
+        sessions_dir: None,
+        session_path: None,
+        session,
+    });
+    app.set_model(model());
+    app
+}
+
+pub fn key(app: &mut App, code: KeyCode, m: KeyModifiers, t: f64) {
+    app.update(Inbound::Term(Event::Key(KeyEvent::new(code, m))), t);
+}
+
+pub fn type_text(app: &mut App, s: &str, t: f64) {
+    for c in s.chars() {
+        key(app, KeyCode::Char(c), KeyModifiers::NONE, t);
+    }
+}
+
+/// Types a prompt and sends it.
+pub fn ask(app: &mut App, s: &str, t: f64) {
+    type_text(app, s, t);
+    key(app, KeyCode::Enter, KeyModifiers::NONE, t);
+}
+
+pub fn engine(app: &mut App, e: EngineEvent, t: f64) {
+    app.update(Inbound::Engine(e), t);
+}
+
+pub fn start(prompt_tokens: usize, p: &GenerationParams) -> EngineEvent {
+    EngineEvent::Start { model: "embedded:demo".into(), prompt_tokens, phase: Phase::Thinking, params: p.clone() }
+}
+
+pub fn token(index: usize, phase: Phase, text: &str, logprob: f32, draft: DraftKind, forced: bool) -> EngineEvent {
+    EngineEvent::Token {
+        index,
+        phase,
+        id: 100 + (index as u32 % 300),
+        text: text.into(),
+        logprob,
+        draft,
+        forced,
+        top_logprobs: vec![
+            Alternative { id: 100 + (index as u32 % 300), logprob, text: text.into() },
+            Alternative { id: 7, logprob: logprob - 2.5, text: " the".into() },
+            Alternative { id: 9, logprob: logprob - 3.75, text: "3".into() },
+        ],
+    }
+}
+
+pub fn memory(kv: usize) -> Memory {
+    Memory { weights_bytes: 16_142_336, kv_bytes: kv, recurrent_bytes: 98_304, snapshot_bytes: 24_576 }
+}
+
+pub fn mtp(steps: usize) -> MtpStats {
+    let mut m = MtpStats::new(2);
+    for i in 0..steps {
+        let acc = [2, 1, 2, 0, 2][i % 5];
+        m.record(2, acc, acc + 1);
+    }
+    m
+}
+
+pub fn stats(generated: usize, thinking: usize, answer: usize, tok_s: f64, steps: usize) -> EngineEvent {
+    EngineEvent::Stats {
+        generated,
+        thinking_tokens: thinking,
+        answer_tokens: answer,
+        tok_s,
+        memory: memory(4096 * (24 + generated)),
+        mtp: Some(mtp(steps)),
+    }
+}
+
+pub fn done(reason: FinishReason, prompt: usize, thinking: usize, answer: usize, tt: &str, at: &str) -> EngineEvent {
+    EngineEvent::Done {
+        finish_reason: reason,
+        usage: Usage {
+            prompt_tokens: prompt,
+            thinking_tokens: thinking,
+            answer_tokens: answer,
+            completion_tokens: thinking + answer,
+            forced_tokens: 0,
+        },
+        timing: Timing { ttft_ms: 14.0, prefill_tok_s: 1143.0, decode_tok_s: 612.5, total_ms: 120.0 },
+        mtp: Some(mtp(thinking / 2)),
+        memory: memory(4096 * (24 + thinking + answer)),
+        thinking: tt.into(),
+        answer: at.into(),
+    }
+}
+
+pub const THINKING: &str = "Check divisors of 91 up to 9.\n91 / 2 = 45 r 1\n91 / 3 = 30 r 1\n91 / 5 = 18 r 1\n91 / 7 = 13 r 0\n7 divides 91.\n";
+pub const ANSWER: &str = "No, **91 = 7 × 13**, so 91 is not prime.\n\n```python\nprint(7 * 13)\n```\n";
+
+/// Streams a whole healthy turn: thinking, `</think>`, a markdown answer, stats, done.
+pub fn healthy_turn(app: &mut App, finish: bool) {
+    let p = params(256, None);
+    ask(app, "Is 91 prime?", 0.0);
+    engine(app, start(16, &p), 2.0);
+    let mut t = 14.0;
+    let mut i = 0;
+    for piece in THINKING.split_inclusive([' ', '\n']) {
+        let draft = [DraftKind::None, DraftKind::Accepted, DraftKind::Bonus][i % 3];
+        engine(app, token(i, Phase::Thinking, piece, -0.05 * (i % 7) as f32, draft, false), t);
+        i += 1;
+        t += 1.6;
+        if i % 8 == 0 {
+            engine(app, stats(i, i, 0, 600.0 + i as f64, i / 2), t);
+        }
+    }
+    engine(app, token(i, Phase::Thinking, "</think>", -0.01, DraftKind::None, false), t);
+    i += 1;
+    let thinking_n = i;
+    engine(app, token(i, Phase::Answer, "\n\n", -0.01, DraftKind::None, false), t);
+    i += 1;
+    if !finish {
+        return;
+    }
+    for piece in ANSWER.split_inclusive([' ', '\n']) {
+        engine(app, token(i, Phase::Answer, piece, -0.3, DraftKind::Accepted, false), t);
+        i += 1;
+        t += 1.6;
+    }
+    engine(app, done(FinishReason::Stop, 16, thinking_n, i - thinking_n, THINKING, ANSWER), t);
+}
+
+pub fn terminal(w: u16, h: u16) -> Terminal<TestBackend> {
+    Terminal::new(TestBackend::new(w, h)).expect("test backend")
+}
+
+pub fn render(app: &App, w: u16, h: u16) -> String {
+    let mut term = terminal(w, h);
+    term.draw(|f| deltascope::tui::view::draw(app, f)).expect("draw");
+    format!("{}", term.backend())
+}

@@ -1,0 +1,192 @@
+//! End to end: the real binary in tmux on the demo model. Type a question, wait for the answer,
+//! check both panes and the gauges, change a slider, cancel a generation mid-stream (step mode
+//! holds it there), quit, and check that the terminal is back to normal.
+//!
+//! Needs tmux: when it is missing the test installs it (apt-get, as root) and fails with a clear
+//! message if it cannot. It never skips.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+struct Tmux {
+    socket: String,
+    target: String,
+}
+
+impl Tmux {
+    fn cmd(&self, args: &[&str]) -> Output {
+        Command::new("tmux").arg("-L").arg(&self.socket).args(args).output().expect("running tmux")
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", &self.target];
+        args.extend_from_slice(keys);
+        let out = self.cmd(&args);
+        assert!(out.status.success(), "send-keys {keys:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    fn text(&self, s: &str) {
+        let out = self.cmd(&["send-keys", "-t", &self.target, "-l", s]);
+        assert!(out.status.success());
+    }
+
+    fn screen(&self) -> String {
+        String::from_utf8_lossy(&self.cmd(&["capture-pane", "-p", "-t", &self.target]).stdout).to_string()
+    }
+
+    fn alternate_on(&self) -> bool {
+        let out = self.cmd(&["display-message", "-p", "-t", &self.target, "#{alternate_on}"]);
+        String::from_utf8_lossy(&out.stdout).trim() == "1"
+    }
+
+    /// Polls the screen until `pred` holds, up to `secs` seconds.
+    fn wait(&self, what: &str, secs: u64, pred: impl Fn(&str) -> bool) -> String {
+        let end = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let s = self.screen();
+            if pred(&s) {
+                return s;
+            }
+            if Instant::now() > end {
+                panic!("timed out after {secs}s waiting for {what}; screen:\n{s}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["kill-server"]);
+    }
+}
+
+fn have_tmux() -> bool {
+    Command::new("tmux").arg("-V").output().map(|o| o.status.success()).unwrap_or(false)
+}
+
+#[test]
+fn workbench_in_tmux() {
+    if !have_tmux() {
+        eprintln!("tmux not found: installing it with apt-get");
+        let _ = Command::new("sh").args(["-c", "apt-get update -qq && apt-get install -y -qq tmux"]).status();
+    }
+    assert!(
+        have_tmux(),
+        "this test drives the binary in tmux, and tmux could not be installed: install it (e.g. `apt-get install tmux`)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = dir.path().join("config");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::create_dir_all(&config).unwrap();
+    let bin = env!("CARGO_BIN_EXE_deltascope");
+    let t = Tmux { socket: format!("deltascope-e2e-{}", std::process::id()), target: "e2e".into() };
+    // A plain shell in a 160×48 window, so we can look at the terminal after the TUI exits.
+    let out = t.cmd(&[
+        "new-session",
+        "-d",
+        "-s",
+        "e2e",
+        "-x",
+        "160",
+        "-y",
+        "48",
+        "env",
+        "-i",
+        "PATH=/usr/bin:/bin",
+        "TERM=xterm-256color",
+        "PS1=$ ",
+        "bash",
+        "--norc",
+        "--noprofile",
+    ]);
+    assert!(out.status.success(), "tmux new-session: {}", String::from_utf8_lossy(&out.stderr));
+    t.wait("the shell prompt", 10, |s| s.contains('$'));
+    let run = format!(
+        "XDG_DATA_HOME={} XDG_CONFIG_HOME={} {} chat --max-tokens 1024 --temperature 0",
+        data.display(),
+        config.display(),
+        shell_quote(Path::new(bin))
+    );
+    t.text(&run);
+    t.keys(&["Enter"]);
+    t.wait("the workbench on the demo model", 60, |s| s.contains("Type a question") && s.contains("embedded:demo"));
+
+    // Ask, and wait for the answer; thinking pane, answer pane and gauges are all on screen.
+    t.text("Is 91 prime?");
+    t.keys(&["Enter"]);
+    let s = t.wait("the answer", 120, |s| s.contains("91 is not prime") && s.contains("finish: stop"));
+    assert!(s.contains(" Thinking · "), "thinking pane title with its token count:\n{s}");
+    assert!(s.contains(" tok · ") || s.contains(" tok "), "{s}");
+    assert!(s.contains(" Answer · "), "{s}");
+    assert!(s.contains("Token budget"), "{s}");
+    assert!(s.contains("TTFT"), "{s}");
+    assert!(s.contains("Memory cpu"), "{s}");
+    assert!(s.contains("KV cache"), "{s}");
+    assert!(s.contains("MTP depth 2"), "{s}");
+
+    // A slider: Tab focuses the settings, → raises max_tokens 1024 → 1536.
+    t.keys(&["Tab"]);
+    t.wait("the focused sliders", 10, |s| s.contains("Settings (next run) ↑↓ ←→"));
+    t.keys(&["Right"]);
+    t.wait("max_tokens 1536", 10, |s| s.lines().any(|l| l.contains("max_tokens") && l.contains("1536")));
+    t.keys(&["BTab"]);
+    t.wait("the prompt focused again", 10, |s| !s.contains("Settings (next run) ↑↓ ←→"));
+
+    // Resize at any moment: a tiny window gets a message, a normal one the workbench again.
+    assert!(t.cmd(&["resize-window", "-t", &t.target, "-x", "50", "-y", "15"]).status.success());
+    t.wait("the too-small message", 10, |s| s.contains("Terminal too small"));
+    assert!(t.cmd(&["resize-window", "-t", &t.target, "-x", "160", "-y", "48"]).status.success());
+    t.wait("the workbench after resizing", 10, |s| s.contains("Token budget") && s.contains("91 is not prime"));
+
+    // Cancel mid-stream: step mode holds the generation after a few tokens; Esc cancels it and
+    // what was produced stays on screen.
+    t.keys(&["C-s"]);
+    t.wait("step mode", 10, |s| s.contains("step mode"));
+    t.text("What is 482 + 739?");
+    t.keys(&["Enter"]);
+    t.wait("the paused generation", 30, |s| s.contains("paused (step)"));
+    for _ in 0..4 {
+        t.keys(&["C-n"]);
+    }
+    // Each step is one token (or one MTP verify step of up to depth + 1 tokens).
+    let s = t.wait("a few stepped tokens", 30, |s| thinking_count(s).is_some_and(|n| n > 0));
+    std::thread::sleep(Duration::from_millis(300));
+    let stepped = thinking_count(&t.screen()).unwrap_or(0);
+    assert!(stepped <= 4 * 3, "step mode let {stepped} tokens through:\n{s}");
+    t.keys(&["Escape"]);
+    let s = t.wait("the cancelled run", 30, |s| s.contains("finish: cancelled"));
+    assert_eq!(thinking_count(&s), Some(stepped), "output kept after cancel:\n{s}");
+    assert!(!s.contains("1221"), "the cancelled run did not finish:\n{s}");
+    t.keys(&["C-s"]);
+
+    // Quit: the terminal is back (no alternate screen, cooked mode, the shell answers).
+    t.keys(&["C-q"]);
+    t.wait("the shell after quitting", 30, |s| s.trim_end().ends_with('$'));
+    assert!(!t.alternate_on(), "the alternate screen is still on");
+    t.text("stty -a | grep -q -- -icanon && echo MODE-RAW || echo MODE-COOKED; echo EXIT-$?");
+    t.keys(&["Enter"]);
+    let s = t.wait("stty's answer", 10, |s| s.contains("EXIT-0"));
+    assert!(s.contains("MODE-COOKED"), "the terminal was left in raw mode:\n{s}");
+
+    // The conversation was autosaved.
+    let sessions = data.join("deltascope/sessions");
+    let saved: Vec<_> = std::fs::read_dir(&sessions).unwrap().filter_map(|e| e.ok()).collect();
+    assert_eq!(saved.len(), 1, "one autosaved session in {}", sessions.display());
+    let s = deltascope::chat::session::Session::load(&saved[0].path()).unwrap();
+    assert_eq!(s.turns.len(), 2);
+    assert_eq!(s.turns[1].finish_reason.as_deref(), Some("cancelled"));
+    assert_eq!(s.turns[1].params.max_tokens, 1536);
+}
+
+/// N in the thinking pane's title "Thinking · N tok".
+fn thinking_count(screen: &str) -> Option<usize> {
+    let rest = &screen[screen.find(" Thinking · ")? + " Thinking · ".len()..];
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+fn shell_quote(p: &Path) -> String {
+    format!("'{}'", p.display().to_string().replace('\'', "'\\''"))
+}

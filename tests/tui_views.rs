@@ -1,0 +1,294 @@
+//! Every view of the workbench, drawn through ratatui's TestBackend from scripted engine event
+//! streams and compared with committed insta snapshots (timings are filtered).
+
+mod common;
+
+use common::*;
+use deltascope::chat::session::Session;
+use deltascope::engine::{DiagnosticKind, DraftKind, FinishReason, Phase};
+use deltascope::tui::app::{Effect, Focus, Overlay};
+use ratatui::crossterm::event::{KeyCode, KeyModifiers};
+
+const W: u16 = 160;
+const H: u16 = 46;
+
+fn snap(name: &str, screen: String) {
+    insta::with_settings!({
+        filters => vec![
+            (r"\d+(\.\d+)? tok/s", "[RATE] tok/s"),
+            (r"TTFT \d+ ms", "TTFT [MS] ms"),
+            (r"· \d+\.\ds", "· [DUR]s"),
+            (r"\d+\.\d s\b", "[DUR] s"),
+        ],
+        omit_expression => true,
+    }, {
+        insta::assert_snapshot!(name, screen);
+    });
+}
+
+#[test]
+fn welcome() {
+    let app = app();
+    snap("welcome", render(&app, W, H));
+}
+
+#[test]
+fn loading_progress() {
+    let mut app = app();
+    app.model = None;
+    app.loading = Some((1, 4, "tokenizer".into()));
+    snap("loading", render(&app, 100, 24));
+}
+
+#[test]
+fn streaming_thinking() {
+    let mut app = app();
+    healthy_turn(&mut app, false);
+    assert_eq!(app.state_label(), "answering");
+    snap("streaming", render(&app, W, H));
+}
+
+#[test]
+fn healthy_run_with_markdown_answer_and_gauges() {
+    let mut app = app();
+    healthy_turn(&mut app, true);
+    assert_eq!(app.state_label(), "done");
+    let screen = render(&app, W, H);
+    // Both panes, the gauges and the finish reason are on screen.
+    assert!(screen.contains("91 / 7 = 13 r 0"), "{screen}");
+    assert!(screen.contains("91 = 7 × 13"), "{screen}");
+    assert!(screen.contains("Token budget"), "{screen}");
+    assert!(screen.contains("finish: stop"), "{screen}");
+    snap("healthy", screen);
+}
+
+#[test]
+fn narrow_terminal_stacks_the_panes() {
+    let mut app = app();
+    healthy_turn(&mut app, true);
+    snap("narrow", render(&app, 80, 34));
+}
+
+#[test]
+fn tiny_terminal_gets_a_message() {
+    let app = app();
+    snap("tiny", render(&app, 40, 10));
+}
+
+#[test]
+fn thinking_ate_max_tokens_banner_and_fixes() {
+    let mut app = app();
+    app.settings.params.max_tokens = 16;
+    let p = params(16, None);
+    ask(&mut app, "Is 199 prime?", 0.0);
+    engine(&mut app, start(16, &p), 1.0);
+    for i in 0..16 {
+        engine(&mut app, token(i, Phase::Thinking, "199 / 3 ", -0.1, DraftKind::None, false), 2.0 + i as f64);
+    }
+    engine(
+        &mut app,
+        diag(
+            DiagnosticKind::ThinkingExhaustedMaxTokens,
+            15,
+            "max_tokens ran out while thinking: raise --max-tokens or set --thinking-budget",
+            None,
+        ),
+        18.0,
+    );
+    engine(&mut app, done(FinishReason::Length, 16, 16, 0, "199 / 3 ", ""), 18.0);
+    snap("exhausted", render(&app, W, H));
+    // F3 doubles max_tokens and re-runs the prompt in place.
+    key(&mut app, KeyCode::F(3), KeyModifiers::NONE, 20.0);
+    assert_eq!(app.settings.params.max_tokens, 32);
+    let effects = app.take_effects();
+    assert!(matches!(effects.last(), Some(Effect::Generate { params, .. }) if params.max_tokens == 32), "{effects:?}");
+    assert_eq!(app.session.turns.len(), 1);
+    engine(&mut app, done(FinishReason::Cancelled, 16, 0, 0, "", ""), 21.0);
+    // F4 sets a thinking budget of half of max_tokens.
+    key(&mut app, KeyCode::F(4), KeyModifiers::NONE, 22.0);
+    assert_eq!(app.settings.params.thinking_budget, Some(16));
+}
+
+#[test]
+fn loop_banner_highlights_the_loop() {
+    let mut app = app();
+    let p = params(256, None);
+    ask(&mut app, "2 + 2", 0.0);
+    engine(&mut app, start(12, &p), 1.0);
+    for i in 0..8 {
+        engine(&mut app, token(i, Phase::Thinking, "Let me think. ", -0.2, DraftKind::None, false), 2.0 + i as f64);
+    }
+    for i in 8..60 {
+        let piece = ["2 + 2", " = 2.", "2"][i % 3];
+        engine(&mut app, token(i, Phase::Thinking, piece, -0.01, DraftKind::None, false), 2.0 + i as f64);
+    }
+    engine(
+        &mut app,
+        diag(DiagnosticKind::DegenerateLoop, 59, "a 3-token pattern repeated 17 times", Some((3, 9))),
+        62.0,
+    );
+    engine(&mut app, done(FinishReason::Length, 12, 60, 0, "", ""), 63.0);
+    let screen = render(&app, W, H);
+    assert!(screen.contains("LOOP DETECTED"), "{screen}");
+    snap("loop", screen);
+}
+
+#[test]
+fn forced_end_of_thinking_banner() {
+    let mut app = app();
+    let p = params(256, Some(8));
+    ask(&mut app, "Is 97 prime?", 0.0);
+    engine(&mut app, start(16, &p), 1.0);
+    for i in 0..8 {
+        engine(&mut app, token(i, Phase::Thinking, "97 / 2 ", -0.1, DraftKind::None, false), 2.0 + i as f64);
+    }
+    engine(&mut app, diag(DiagnosticKind::ThinkingBudgetForced, 8, "thinking budget of 8 tokens spent", None), 10.0);
+    engine(&mut app, token(8, Phase::Thinking, "Considering the limited time…", 0.0, DraftKind::None, true), 10.0);
+    engine(&mut app, token(9, Phase::Thinking, "</think>", 0.0, DraftKind::None, true), 10.0);
+    engine(&mut app, token(10, Phase::Answer, "97 is prime.", -0.2, DraftKind::None, false), 11.0);
+    engine(&mut app, done(FinishReason::Stop, 16, 10, 1, "", "97 is prime."), 12.0);
+    snap("forced", render(&app, W, H));
+}
+
+#[test]
+fn token_inspector_and_colour_modes() {
+    let mut app = app();
+    healthy_turn(&mut app, true);
+    key(&mut app, KeyCode::Char('g'), KeyModifiers::CONTROL, 200.0);
+    assert!(app.inspector.is_some());
+    for _ in 0..12 {
+        key(&mut app, KeyCode::Left, KeyModifiers::NONE, 200.0);
+    }
+    snap("inspector", render(&app, W, H));
+    key(&mut app, KeyCode::Char('g'), KeyModifiers::CONTROL, 200.0);
+    key(&mut app, KeyCode::Char('l'), KeyModifiers::CONTROL, 200.0);
+    key(&mut app, KeyCode::Char('l'), KeyModifiers::CONTROL, 200.0);
+    snap("provenance", render(&app, W, H));
+}
+
+#[test]
+fn sliders_change_the_next_generation() {
+    let mut app = app();
+    key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 0.0);
+    assert_eq!(app.focus, Focus::Sliders);
+    key(&mut app, KeyCode::Right, KeyModifiers::NONE, 0.0); // max_tokens 256 → 384
+    key(&mut app, KeyCode::Down, KeyModifiers::NONE, 0.0);
+    key(&mut app, KeyCode::Left, KeyModifiers::NONE, 0.0); // budget unlimited → 16384
+    key(&mut app, KeyCode::Down, KeyModifiers::NONE, 0.0);
+    key(&mut app, KeyCode::Right, KeyModifiers::NONE, 0.0); // temperature 0 → 0.05
+    snap("sliders", render(&app, W, H));
+    snap("sliders_narrow", render(&app, 90, 32));
+    key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 0.0);
+    key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 0.0);
+    key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 0.0);
+    assert_eq!(app.focus, Focus::Input);
+    ask(&mut app, "Is 7 prime?", 1.0);
+    let effects = app.take_effects();
+    let Some(Effect::Generate { params, enable_thinking, .. }) = effects.last() else { panic!("{effects:?}") };
+    assert_eq!(params.max_tokens, 384);
+    assert_eq!(params.thinking_budget, Some(16384));
+    assert_eq!(params.sampling.temperature, 0.05);
+    assert_eq!(params.top_logprobs, 5);
+    assert!(*enable_thinking);
+}
+
+#[test]
+fn compare_runs_side_by_side() {
+    let mut app = app();
+    healthy_turn(&mut app, true);
+    app.take_effects();
+    app.settings.params.max_tokens = 64;
+    app.settings.params.sampling.temperature = 0.7;
+    key(&mut app, KeyCode::Char('o'), KeyModifiers::CONTROL, 300.0);
+    let effects = app.take_effects();
+    assert!(matches!(effects.last(), Some(Effect::Generate { params, .. }) if params.max_tokens == 64));
+    assert!(app.show_compare);
+    assert_eq!(app.compare_pair(), Some((0, 1)));
+    let p = params(64, None);
+    engine(&mut app, start(16, &p), 301.0);
+    for (i, piece) in ["91 / 7 = 13", "</think>"].iter().enumerate() {
+        engine(&mut app, token(i, Phase::Thinking, piece, -0.1, DraftKind::None, false), 302.0 + i as f64);
+    }
+    engine(&mut app, token(2, Phase::Answer, "91 is not prime.", -0.1, DraftKind::None, false), 305.0);
+    engine(&mut app, done(FinishReason::Stop, 16, 2, 1, "91 / 7 = 13", "91 is not prime."), 306.0);
+    snap("compare", render(&app, W, H));
+}
+
+#[test]
+fn cancel_keeps_output_and_step_mode_sends_steps() {
+    let mut app = app();
+    healthy_turn(&mut app, false);
+    key(&mut app, KeyCode::Esc, KeyModifiers::NONE, 100.0);
+    assert_eq!(app.take_effects().last(), Some(&Effect::Cancel));
+    engine(&mut app, done(FinishReason::Cancelled, 16, 20, 1, THINKING, ""), 101.0);
+    assert!(!app.generating());
+    assert_eq!(app.shown().unwrap().finish_reason.as_deref(), Some("cancelled"));
+    assert!(app.shown().unwrap().thinking_tokens() > 0);
+    key(&mut app, KeyCode::Char('s'), KeyModifiers::CONTROL, 102.0);
+    key(&mut app, KeyCode::Char('n'), KeyModifiers::CONTROL, 102.0);
+    assert_eq!(app.take_effects(), vec![Effect::SetPaused(true), Effect::Step]);
+    // Ctrl+C when idle quits.
+    key(&mut app, KeyCode::Char('c'), KeyModifiers::CONTROL, 103.0);
+    assert!(app.quit);
+}
+
+#[test]
+fn edit_last_prompt_and_history_recall() {
+    let mut app = app();
+    healthy_turn(&mut app, true);
+    key(&mut app, KeyCode::Char('e'), KeyModifiers::CONTROL, 200.0);
+    assert!(app.editing_last);
+    assert_eq!(app.input.lines(), ["Is 91 prime?"]);
+    key(&mut app, KeyCode::Backspace, KeyModifiers::NONE, 200.0);
+    type_text(&mut app, " at all?", 200.0);
+    key(&mut app, KeyCode::Enter, KeyModifiers::ALT, 200.0);
+    assert_eq!(app.input.lines().len(), 2, "Alt+Enter adds a line");
+    key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 200.0);
+    assert_eq!(app.session.turns.len(), 1, "the edited prompt replaced the last turn");
+    assert_eq!(app.session.turns[0].user, "Is 91 prime at all?\n");
+    engine(&mut app, done(FinishReason::Stop, 16, 0, 0, "", ""), 201.0);
+    key(&mut app, KeyCode::Up, KeyModifiers::NONE, 202.0);
+    assert_eq!(app.input.lines(), ["Is 91 prime at all?", ""]);
+}
+
+#[test]
+fn collapse_and_hide_thinking() {
+    let mut app = app();
+    healthy_turn(&mut app, true);
+    key(&mut app, KeyCode::Char('t'), KeyModifiers::ALT, 200.0);
+    snap("thinking_collapsed", render(&app, W, H));
+    key(&mut app, KeyCode::Char('t'), KeyModifiers::ALT, 200.0);
+    let screen = render(&app, W, H);
+    assert!(!screen.contains(" Thinking "), "{screen}");
+}
+
+#[test]
+fn help_lists_every_key() {
+    let mut app = app();
+    key(&mut app, KeyCode::F(1), KeyModifiers::NONE, 0.0);
+    assert_eq!(app.overlay, Overlay::Help);
+    let screen = render(&app, W, H);
+    for a in deltascope::tui::keymap::Action::ALL {
+        assert!(screen.contains(a.name()), "{} missing from help", a.name());
+    }
+    snap("help", screen);
+}
+
+#[test]
+fn session_picker_lists_saved_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = app();
+    app.sessions_dir = Some(dir.path().to_path_buf());
+    healthy_turn(&mut app, true);
+    // The finished turn was autosaved atomically: one JSON file, no temporary left over.
+    let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(files, vec![std::ffi::OsString::from("test-session.json")]);
+    let mut other = Session::new("embedded:demo", None);
+    other.id = "older".into();
+    other.created = 1_700_000_000;
+    other.save_atomic(&dir.path().join("older.json")).unwrap();
+    key(&mut app, KeyCode::Char('p'), KeyModifiers::CONTROL, 300.0);
+    let screen = render(&app, W, H);
+    let screen = screen.replace(&dir.path().display().to_string(), "[DIR]");
+    snap("picker", screen);
+}
