@@ -162,17 +162,23 @@ def task_count(rng: random.Random):
 
 
 def task_sort(rng: random.Random):
-    k = rng.randint(2, 6)
-    xs = [rng.randint(0, 99) for _ in range(k)]
+    k = rng.randint(2, 5)
+    # Single-digit numbers are a tenth of 0–99 but common in questions ("Sort 5, 2, 9, 1."):
+    # give them a larger share.
+    xs = [rng.randint(0, 9) if rng.random() < 0.3 else rng.randint(0, 99) for _ in range(k)]
     shown = ", ".join(map(str, xs))
     q = rng.choice(["Sort {l}.", "Sort these numbers: {l}.", "Put {l} in increasing order."]).format(l=shown)
     # Each number gets a letter label, so copying the shrinking list never confuses two numbers
     # that share a digit (the copy follows the label, not the ambiguous digit context).
     lines = ["Pick the smallest each time."]
     rest = [f"{chr(97 + i)}{x}" for i, x in enumerate(xs)]
+    done: list[str] = []
     while rest:
         m = min(rest, key=lambda s: (int(s[1:]), s))
-        lines.append(" ".join(rest) + f" → {m}")
+        done.append(m[1:])
+        # The sorted prefix grows line by line, so the answer copies one line instead of
+        # gathering the minimum of every line.
+        lines.append(" ".join(rest) + f" → {m}, sorted: " + ", ".join(done))
         rest.remove(m)
     out = ", ".join(map(str, sorted(xs)))
     return q, "\n".join(lines), out, out
