@@ -66,8 +66,8 @@ fn have_tmux() -> bool {
     Command::new("tmux").arg("-V").output().map(|o| o.status.success()).unwrap_or(false)
 }
 
-#[test]
-fn workbench_in_tmux() {
+/// Installs tmux when it is missing (as root, with apt-get); fails with a clear message if it cannot.
+fn ensure_tmux() {
     if !have_tmux() {
         eprintln!("tmux not found: installing it with apt-get");
         let _ = Command::new("sh").args(["-c", "apt-get update -qq && apt-get install -y -qq tmux"]).status();
@@ -76,19 +76,18 @@ fn workbench_in_tmux() {
         have_tmux(),
         "this test drives the binary in tmux, and tmux could not be installed: install it (e.g. `apt-get install tmux`)"
     );
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let config = dir.path().join("config");
-    std::fs::create_dir_all(&data).unwrap();
-    std::fs::create_dir_all(&config).unwrap();
-    let bin = env!("CARGO_BIN_EXE_deltascope");
-    let t = Tmux { socket: format!("deltascope-e2e-{}", std::process::id()), target: "e2e".into() };
-    // A plain shell in a 160×48 window, so we can look at the terminal after the TUI exits.
+}
+
+/// A plain shell in a 160×48 tmux window on its own server, so we can look at the terminal
+/// after the TUI exits.
+fn shell(name: &str) -> Tmux {
+    ensure_tmux();
+    let t = Tmux { socket: format!("deltascope-{name}-{}", std::process::id()), target: name.into() };
     let out = t.cmd(&[
         "new-session",
         "-d",
         "-s",
-        "e2e",
+        name,
         "-x",
         "160",
         "-y",
@@ -104,6 +103,32 @@ fn workbench_in_tmux() {
     ]);
     assert!(out.status.success(), "tmux new-session: {}", String::from_utf8_lossy(&out.stderr));
     t.wait("the shell prompt", 10, |s| s.contains('$'));
+    t
+}
+
+impl Tmux {
+    /// Checks that the terminal is back to normal: no alternate screen, cursor shown, cooked
+    /// mode, and the shell answers.
+    fn assert_restored(&self, after: &str) {
+        assert!(!self.alternate_on(), "after {after}: the alternate screen is still on");
+        let out = self.cmd(&["display-message", "-p", "-t", &self.target, "#{cursor_flag}"]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1", "after {after}: the cursor is hidden");
+        self.text("stty -a | grep -q -- -icanon && echo MODE-RAW || echo MODE-COOKED; echo EXIT-$?");
+        self.keys(&["Enter"]);
+        let s = self.wait("stty's answer", 10, |s| s.contains("EXIT-0"));
+        assert!(s.contains("MODE-COOKED"), "after {after}: the terminal was left in raw mode:\n{s}");
+    }
+}
+
+#[test]
+fn workbench_in_tmux() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = dir.path().join("config");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::create_dir_all(&config).unwrap();
+    let bin = env!("CARGO_BIN_EXE_deltascope");
+    let t = shell("e2e");
     let run = format!(
         "XDG_DATA_HOME={} XDG_CONFIG_HOME={} {} chat --max-tokens 1024 --temperature 0",
         data.display(),
@@ -165,11 +190,7 @@ fn workbench_in_tmux() {
     // Quit: the terminal is back (no alternate screen, cooked mode, the shell answers).
     t.keys(&["C-q"]);
     t.wait("the shell after quitting", 30, |s| s.trim_end().ends_with('$'));
-    assert!(!t.alternate_on(), "the alternate screen is still on");
-    t.text("stty -a | grep -q -- -icanon && echo MODE-RAW || echo MODE-COOKED; echo EXIT-$?");
-    t.keys(&["Enter"]);
-    let s = t.wait("stty's answer", 10, |s| s.contains("EXIT-0"));
-    assert!(s.contains("MODE-COOKED"), "the terminal was left in raw mode:\n{s}");
+    t.assert_restored("Ctrl+Q");
 
     // The conversation was autosaved.
     let sessions = data.join("deltascope/sessions");
@@ -189,4 +210,61 @@ fn thinking_count(screen: &str) -> Option<usize> {
 
 fn shell_quote(p: &Path) -> String {
     format!("'{}'", p.display().to_string().replace('\'', "'\\''"))
+}
+
+/// The terminal is restored however the TUI ends: a panic (the message is printed below, where
+/// it can be read), an error, or a termination signal from outside (the session is saved).
+#[test]
+fn terminal_restored_after_panic_error_and_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let bin = shell_quote(Path::new(env!("CARGO_BIN_EXE_deltascope")));
+    let t = shell("restore");
+    let launch = |env: &str| {
+        t.text(&format!("clear; XDG_DATA_HOME={} {env} {bin}; echo EXIT-CODE-$?", data.display()));
+        t.keys(&["Enter"]);
+    };
+
+    // DELTASCOPE_FAULT makes the main loop panic / fail once the model is loaded and drawn.
+    launch("DELTASCOPE_FAULT=panic");
+    let s = t.wait("the panic's exit", 60, |s| s.contains("EXIT-CODE-101"));
+    assert!(s.contains("injected panic (DELTASCOPE_FAULT=panic)"), "the panic message is readable:\n{s}");
+    t.assert_restored("a panic");
+
+    launch("DELTASCOPE_FAULT=error");
+    let s = t.wait("the error's exit", 60, |s| s.contains("EXIT-CODE-1"));
+    assert!(s.contains("error: injected error (DELTASCOPE_FAULT=error)"), "{s}");
+    t.assert_restored("an error");
+
+    // SIGTERM mid-session: ask a question first, so there is a session to save.
+    launch("");
+    t.wait("the workbench", 60, |s| s.contains("Type a question") && s.contains("embedded:demo"));
+    t.text("What is 37 * 6?");
+    t.keys(&["Enter"]);
+    t.wait("the answer", 120, |s| s.contains("finish: stop"));
+    let pid = t.cmd(&["display-message", "-p", "-t", &t.target, "#{pane_pid}"]);
+    let shell_pid = String::from_utf8_lossy(&pid.stdout).trim().to_string();
+    let tui = children(&shell_pid);
+    assert_eq!(tui.len(), 1, "one process (the TUI) under the shell {shell_pid}: {tui:?}");
+    let killed = Command::new("sh").args(["-c", &format!("kill -TERM {}", tui[0])]).status().unwrap();
+    assert!(killed.success());
+    t.wait("the exit after SIGTERM", 30, |s| s.contains("EXIT-CODE-0"));
+    t.assert_restored("SIGTERM");
+    let sessions = std::fs::read_dir(data.join("deltascope/sessions")).unwrap().count();
+    assert_eq!(sessions, 1, "the session was saved on SIGTERM");
+}
+
+/// The pids whose parent is `parent` (from /proc, so the test needs no procps).
+fn children(parent: &str) -> Vec<String> {
+    let mut out = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
+        // "pid (comm) state ppid …": comm may hold spaces, so split after its closing paren.
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
+        if rest.split_whitespace().nth(1) == Some(parent) {
+            out.push(e.file_name().to_string_lossy().to_string());
+        }
+    }
+    out
 }

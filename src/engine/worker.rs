@@ -40,10 +40,19 @@ impl EngineHandle {
                         let _ = ev_tx.send(e);
                     };
                     let drafting = req.params.mtp.depth > 0 || req.params.mtp.auto;
-                    let mut session = if drafting { ModelSession::with_mtp(&model) } else { ModelSession::new(&model) };
-                    if let Err(e) = generator.generate(&mut session, &req, ctl.as_ref(), &mut emit) {
-                        let _ = ev_tx.send(EngineEvent::Error { message: e.to_string() });
-                    }
+                    // A panic inside one generation (a bug, or a shape a checkpoint gets wrong)
+                    // ends that generation with an error event; the engine stays up for the next.
+                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        let mut session =
+                            if drafting { ModelSession::with_mtp(&model) } else { ModelSession::new(&model) };
+                        generator.generate(&mut session, &req, ctl.as_ref(), &mut emit)
+                    }));
+                    let message = match run {
+                        Ok(Ok(_)) => continue,
+                        Ok(Err(e)) => e.to_string(),
+                        Err(panic) => format!("internal error in the engine: {}", panic_message(panic.as_ref())),
+                    };
+                    let _ = ev_tx.send(EngineEvent::Error { message });
                 }
             })
             .expect("spawning the engine thread");
@@ -73,6 +82,15 @@ impl EngineHandle {
     pub fn control(&self) -> Arc<StepControl> {
         self.control.clone()
     }
+}
+
+/// The text a panic was raised with (`panic!` payloads are `&str` or `String`).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 impl Drop for EngineHandle {

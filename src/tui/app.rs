@@ -307,6 +307,7 @@ impl App {
             }
             // The runner takes `Loaded(Ok)` (it owns the model) and calls `set_model`.
             Inbound::Loaded(Ok(_)) => {}
+            Inbound::Terminate => self.do_quit(),
         }
         if !quiet {
             self.dirty = true;

@@ -27,6 +27,9 @@ pub enum Inbound {
     },
     /// Loading finished (boxed: `Loaded` is large).
     Loaded(Result<Box<Loaded>, String>),
+    /// SIGINT, SIGTERM or SIGHUP from outside: save and quit, restoring the terminal. (Ctrl+C
+    /// typed in the TUI is a key, since raw mode turns off the terminal's own signal keys.)
+    Terminate,
 }
 
 /// Starts the input thread. It ends when the receiver is gone or the terminal errors.

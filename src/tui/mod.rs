@@ -43,13 +43,59 @@ pub struct TuiOptions {
     pub keymap: Option<PathBuf>,
 }
 
+/// Installs a panic hook over the one `ratatui::try_init` set (which restores the terminal and
+/// then reports). A panic on the main thread goes through it; one on a helper thread must not
+/// tear the terminal out from under a TUI that is still running, so it is only logged: the
+/// engine turns it into an error event and the loader into a load error.
+fn install_panic_hook() {
+    let restore_and_report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let thread = std::thread::current();
+        tracing::error!("panic on thread {}: {info}", thread.name().unwrap_or("unnamed"));
+        if thread.name() == Some("main") {
+            restore_and_report(info);
+        }
+    }));
+}
+
+/// Fault injection for the end-to-end test of terminal restoration: with
+/// `DELTASCOPE_FAULT=panic` (or `error`) the main loop panics (or fails) right after it draws
+/// the first frame with the model loaded.
+enum Fault {
+    None,
+    Panic,
+    Error,
+}
+
+impl Fault {
+    fn from_env() -> Self {
+        match std::env::var("DELTASCOPE_FAULT").as_deref() {
+            Ok("panic") => Fault::Panic,
+            Ok("error") => Fault::Error,
+            _ => Fault::None,
+        }
+    }
+
+    fn strike(&self) -> anyhow::Result<()> {
+        match self {
+            Fault::None => Ok(()),
+            Fault::Panic => panic!("injected panic (DELTASCOPE_FAULT=panic)"),
+            Fault::Error => anyhow::bail!("injected error (DELTASCOPE_FAULT=error)"),
+        }
+    }
+}
+
 /// Restores the terminal when dropped (normal exit and errors; panics are covered by the
 /// hook that `ratatui::try_init` installs, which restores before printing).
 struct TerminalGuard;
 
 impl Drop for TerminalGuard {
     fn drop(&mut self) {
-        ratatui::restore();
+        // While unwinding from a panic the hook has already restored (and printed below the
+        // TUI); leaving the alternate screen twice would move the cursor back over that message.
+        if !std::thread::panicking() {
+            ratatui::restore();
+        }
     }
 }
 
@@ -81,8 +127,17 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
 
     let mut terminal = ratatui::try_init().context("cannot switch the terminal to the TUI")?;
     let _guard = TerminalGuard;
+    install_panic_hook();
+    // SIGINT / SIGTERM / SIGHUP from outside quit like Ctrl+Q: saved, and the terminal restored.
+    let signals = tx.clone();
+    if let Err(e) = ctrlc::set_handler(move || {
+        let _ = signals.send(Inbound::Terminate);
+    }) {
+        tracing::warn!("cannot handle termination signals: {e}");
+    }
     event::spawn_input(tx.clone()).context("cannot start the input thread")?;
     spawn_ticker(tx);
+    let fault = Fault::from_env();
 
     let start = Instant::now();
     let now_ms = || start.elapsed().as_secs_f64() * 1000.0;
@@ -158,6 +213,9 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
         if clock.due(now) {
             render::draw(&mut terminal, &app, Some(&mut stdout))?;
             clock.drawn(now);
+            if engine.is_some() {
+                fault.strike()?;
+            }
         }
     }
     // Dropping the engine cancels a running generation and joins its thread.
@@ -220,7 +278,7 @@ fn spawn_loader(args: ModelArgs, tx: Sender<Inbound>) -> anyhow::Result<()> {
         let progress = |done: usize, what: &str| {
             let _ = tx.send(Inbound::LoadProgress { done, total: LOAD_STEPS, what: what.into() });
         };
-        let result = (|| -> anyhow::Result<Loaded> {
+        let load = || -> anyhow::Result<Loaded> {
             let source = args.source();
             progress(0, &format!("weights of {}", source.label()));
             let model = Model::load(&source, &LoadOptions { precision: args.precision()?, ..Default::default() })?;
@@ -241,8 +299,13 @@ fn spawn_loader(args: ModelArgs, tx: Sender<Inbound>) -> anyhow::Result<()> {
                 template,
                 generation_defaults,
             })
-        })();
-        let _ = tx.send(Inbound::Loaded(result.map(Box::new).map_err(|e| format!("{e:#}"))));
+        };
+        // A checkpoint that makes loading panic gets the same error screen as one that fails.
+        let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(load)) {
+            Ok(r) => r.map(Box::new).map_err(|e| format!("{e:#}")),
+            Err(p) => Err(format!("loading failed: {}", crate::engine::worker::panic_message(p.as_ref()))),
+        };
+        let _ = tx.send(Inbound::Loaded(result));
     })?;
     Ok(())
 }
