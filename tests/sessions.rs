@@ -115,7 +115,13 @@ fn shipped_examples_show_each_failure_mode() {
 
     let looping = example("degenerate-loop.json");
     let t = &looping.turns[0];
-    assert!(t.diagnostics.iter().any(|d| d.kind == "degenerate_loop" && d.period.is_some()), "{:?}", t.diagnostics);
+    // A loop of many tokens (like "2 + 2 = 2.2 + 2 = 2.…"), not one token stuck.
+    assert!(
+        t.diagnostics.iter().any(|d| d.kind == "degenerate_loop" && d.period.is_some_and(|p| p >= 4)),
+        "{:?}",
+        t.diagnostics
+    );
+    assert!(t.answer.trim().is_empty(), "the loop ate the answer: {}", t.answer);
 
     // Each replays to itself.
     for s in [&healthy, &starved, &looping] {
@@ -184,14 +190,17 @@ fn make_example_sessions() {
         session
     };
     let h = record("healthy.json", "Is 91 prime?", false, true, &|_| {});
-    eprintln!("healthy: {:?} {:?}", h.turns[0].finish_reason, h.turns[0].answer);
     let s = record("starved-by-max-tokens.json", "Is 199 prime?", false, true, &|p| p.max_tokens = 24);
-    eprintln!("starved: {:?} {:?}", s.turns[0].finish_reason, s.turns[0].diagnostics);
-    // A repetition penalty below 1 rewards tokens already produced: the demo model falls into
-    // a loop inside its thinking, as a broken serving stack made the real model do.
-    let l = record("degenerate-loop.json", "Is 91 prime?", false, true, &|p| {
+    // A repetition penalty below 1 rewards tokens already produced, as a broken kernel can:
+    // the demo model falls into a many-token loop inside its thinking until max_tokens.
+    let l = record("degenerate-loop.json", "Sort 5, 2, 9, 1.", false, true, &|p| {
         p.max_tokens = 200;
-        p.sampling.repetition_penalty = 0.5;
+        p.sampling.repetition_penalty = 0.6;
     });
-    eprintln!("loop: {:?} {:?}", l.turns[0].finish_reason, l.turns[0].diagnostics);
+    for s in [&h, &s, &l] {
+        let t = &s.turns[0];
+        eprintln!("{}: {:?} {:?} {:?}", s.id, t.finish_reason, t.answer, t.diagnostics);
+    }
+    // The recorded files must show what they are named for.
+    shipped_examples_show_each_failure_mode();
 }

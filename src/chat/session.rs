@@ -3,8 +3,9 @@
 //! atomically as JSON (write a temporary file, then rename, so a crash never leaves half a
 //! file), reloaded to resume, exported to Markdown, and replayed with their original timing.
 //!
-//! The engine's event types are serialise-only (they are an output format); the records here
-//! are the persistent, versioned form, converted from and back to [`EngineEvent`]s.
+//! A turn stores the engine's own value types (usage, timing, memory, MTP statistics, token
+//! alternatives); what it adds is arrival times, and it rebuilds [`EngineEvent`]s from them
+//! for replay.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -19,83 +20,20 @@ use crate::engine::{
 /// Bumped when the file format changes incompatibly.
 pub const SESSION_VERSION: u32 = 1;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum TokPhase {
-    #[default]
-    Thinking,
-    Answer,
-}
-
-impl From<Phase> for TokPhase {
-    fn from(p: Phase) -> Self {
-        match p {
-            Phase::Thinking => TokPhase::Thinking,
-            Phase::Answer => TokPhase::Answer,
-        }
-    }
-}
-
-impl From<TokPhase> for Phase {
-    fn from(p: TokPhase) -> Self {
-        match p {
-            TokPhase::Thinking => Phase::Thinking,
-            TokPhase::Answer => Phase::Answer,
-        }
-    }
-}
-
-/// Where a token came from under speculative decoding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Draft {
-    Accepted,
-    Bonus,
-    #[default]
-    None,
-}
-
-impl From<DraftKind> for Draft {
-    fn from(d: DraftKind) -> Self {
-        match d {
-            DraftKind::Accepted => Draft::Accepted,
-            DraftKind::Bonus => Draft::Bonus,
-            DraftKind::None => Draft::None,
-        }
-    }
-}
-
-impl From<Draft> for DraftKind {
-    fn from(d: Draft) -> Self {
-        match d {
-            Draft::Accepted => DraftKind::Accepted,
-            Draft::Bonus => DraftKind::Bonus,
-            Draft::None => DraftKind::None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AltRecord {
-    pub id: u32,
-    pub logprob: f32,
-    pub text: String,
-}
-
 /// One generated token and when it arrived (milliseconds since the request was sent).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TokenRecord {
     pub t_ms: f64,
     pub id: u32,
     pub text: String,
-    pub phase: TokPhase,
+    pub phase: Phase,
     pub logprob: f32,
     #[serde(default)]
-    pub draft: Draft,
+    pub draft: DraftKind,
     #[serde(default)]
     pub forced: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub top: Vec<AltRecord>,
+    pub top: Vec<Alternative>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -111,89 +49,6 @@ pub struct DiagnosticRecord {
     pub start: Option<usize>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct MemoryRecord {
-    pub weights_bytes: usize,
-    pub kv_bytes: usize,
-    pub recurrent_bytes: usize,
-    pub snapshot_bytes: usize,
-}
-
-impl From<&Memory> for MemoryRecord {
-    fn from(m: &Memory) -> Self {
-        MemoryRecord {
-            weights_bytes: m.weights_bytes,
-            kv_bytes: m.kv_bytes,
-            recurrent_bytes: m.recurrent_bytes,
-            snapshot_bytes: m.snapshot_bytes,
-        }
-    }
-}
-
-impl From<&MemoryRecord> for Memory {
-    fn from(m: &MemoryRecord) -> Self {
-        Memory {
-            weights_bytes: m.weights_bytes,
-            kv_bytes: m.kv_bytes,
-            recurrent_bytes: m.recurrent_bytes,
-            snapshot_bytes: m.snapshot_bytes,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct MtpRecord {
-    pub depth: usize,
-    pub steps: usize,
-    pub drafted: usize,
-    pub accepted: usize,
-    pub acceptance_rate: f64,
-    pub per_position: Vec<f64>,
-    pub mean_accepted_length: f64,
-    /// Tokens produced per verify pass (accepted drafts + bonus), pass by pass.
-    pub history: Vec<usize>,
-    pub draft_ms: f64,
-    pub verify_ms: f64,
-    pub snapshot_bytes: usize,
-}
-
-impl From<&MtpStats> for MtpRecord {
-    fn from(m: &MtpStats) -> Self {
-        MtpRecord {
-            depth: m.depth,
-            steps: m.steps,
-            drafted: m.drafted,
-            accepted: m.accepted,
-            acceptance_rate: m.acceptance_rate,
-            per_position: m.per_position.clone(),
-            mean_accepted_length: m.mean_accepted_length,
-            history: m.history.clone(),
-            draft_ms: m.draft_ms,
-            verify_ms: m.verify_ms,
-            snapshot_bytes: m.snapshot_bytes,
-        }
-    }
-}
-
-impl MtpRecord {
-    fn to_stats(&self) -> MtpStats {
-        // MtpStats has a private accumulator, so it is built field by field from its default.
-        let mut s = MtpStats::default();
-        s.depth = self.depth;
-        s.steps = self.steps;
-        s.drafted = self.drafted;
-        s.accepted = self.accepted;
-        s.acceptance_rate = self.acceptance_rate;
-        s.per_position = self.per_position.clone();
-        s.mean_accepted_length = self.mean_accepted_length;
-        s.history = self.history.clone();
-        s.draft_ms = self.draft_ms;
-        s.verify_ms = self.verify_ms;
-        s.snapshot_bytes = self.snapshot_bytes;
-        s
-    }
-}
-
 /// One `stats` event, as it arrived.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StatsSample {
@@ -202,27 +57,9 @@ pub struct StatsSample {
     pub thinking_tokens: usize,
     pub answer_tokens: usize,
     pub tok_s: f64,
-    pub memory: MemoryRecord,
+    pub memory: Memory,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mtp: Option<MtpRecord>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct UsageRecord {
-    pub prompt_tokens: usize,
-    pub thinking_tokens: usize,
-    pub answer_tokens: usize,
-    pub completion_tokens: usize,
-    #[serde(default)]
-    pub forced_tokens: usize,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct TimingRecord {
-    pub ttft_ms: f64,
-    pub prefill_tok_s: f64,
-    pub decode_tok_s: f64,
-    pub total_ms: f64,
+    pub mtp: Option<MtpStats>,
 }
 
 /// What the `done` event reported, plus timings the front end measured.
@@ -231,13 +68,13 @@ pub struct TurnStats {
     #[serde(default)]
     pub samples: Vec<StatsSample>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub usage: Option<UsageRecord>,
+    pub usage: Option<Usage>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timing: Option<TimingRecord>,
+    pub timing: Option<Timing>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mtp: Option<MtpRecord>,
+    pub mtp: Option<MtpStats>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memory: Option<MemoryRecord>,
+    pub memory: Option<Memory>,
     /// When the `start` event arrived (prefill begins).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_ms: Option<f64>,
@@ -262,7 +99,7 @@ pub struct Turn {
     pub prompt_tokens: usize,
     /// The phase the prompt left the model in.
     #[serde(default)]
-    pub start_phase: TokPhase,
+    pub start_phase: Phase,
     /// Final texts (from `done`; built from tokens while streaming).
     #[serde(default)]
     pub thinking: String,
@@ -291,7 +128,7 @@ impl Turn {
             enable_thinking,
             params,
             prompt_tokens: 0,
-            start_phase: TokPhase::Thinking,
+            start_phase: Phase::Thinking,
             thinking: String::new(),
             answer: String::new(),
             tokens: vec![],
@@ -310,17 +147,17 @@ impl Turn {
         match ev {
             EngineEvent::Start { prompt_tokens, phase, .. } => {
                 self.prompt_tokens = *prompt_tokens;
-                self.start_phase = (*phase).into();
+                self.start_phase = *phase;
                 self.stats.start_ms = Some(t_ms);
             }
             EngineEvent::Token { phase, id, text, logprob, draft, forced, top_logprobs, .. } => {
-                let phase = TokPhase::from(*phase);
+                let phase = *phase;
                 match phase {
-                    TokPhase::Thinking => {
+                    Phase::Thinking => {
                         self.stats.thinking_start_ms.get_or_insert(t_ms);
                         self.thinking.push_str(text);
                     }
-                    TokPhase::Answer => {
+                    Phase::Answer => {
                         if self.stats.thinking_start_ms.is_some() {
                             self.stats.thinking_end_ms.get_or_insert(t_ms);
                         }
@@ -333,12 +170,9 @@ impl Turn {
                     text: text.clone(),
                     phase,
                     logprob: *logprob,
-                    draft: (*draft).into(),
+                    draft: *draft,
                     forced: *forced,
-                    top: top_logprobs
-                        .iter()
-                        .map(|a| AltRecord { id: a.id, logprob: a.logprob, text: a.text.clone() })
-                        .collect(),
+                    top: top_logprobs.clone(),
                 });
             }
             EngineEvent::Stats { generated, thinking_tokens, answer_tokens, tok_s, memory, mtp } => {
@@ -348,14 +182,14 @@ impl Turn {
                     thinking_tokens: *thinking_tokens,
                     answer_tokens: *answer_tokens,
                     tok_s: *tok_s,
-                    memory: memory.into(),
-                    mtp: mtp.as_ref().map(MtpRecord::from),
+                    memory: memory.clone(),
+                    mtp: mtp.clone(),
                 });
             }
             EngineEvent::Diagnostic { kind, at_token, message, period, start } => {
                 self.diagnostics.push(DiagnosticRecord {
                     t_ms,
-                    kind: diagnostic_name(*kind).to_string(),
+                    kind: kind.as_str().to_string(),
                     at_token: *at_token,
                     message: message.clone(),
                     period: *period,
@@ -364,21 +198,10 @@ impl Turn {
             }
             EngineEvent::Done { finish_reason, usage, timing, mtp, memory, thinking, answer } => {
                 self.finish_reason = Some(finish_reason.as_str().to_string());
-                self.stats.usage = Some(UsageRecord {
-                    prompt_tokens: usage.prompt_tokens,
-                    thinking_tokens: usage.thinking_tokens,
-                    answer_tokens: usage.answer_tokens,
-                    completion_tokens: usage.completion_tokens,
-                    forced_tokens: usage.forced_tokens,
-                });
-                self.stats.timing = Some(TimingRecord {
-                    ttft_ms: timing.ttft_ms,
-                    prefill_tok_s: timing.prefill_tok_s,
-                    decode_tok_s: timing.decode_tok_s,
-                    total_ms: timing.total_ms,
-                });
-                self.stats.mtp = mtp.as_ref().map(MtpRecord::from);
-                self.stats.memory = Some(memory.into());
+                self.stats.usage = Some(usage.clone());
+                self.stats.timing = Some(timing.clone());
+                self.stats.mtp = mtp.clone();
+                self.stats.memory = Some(memory.clone());
                 if self.stats.thinking_start_ms.is_some() {
                     self.stats.thinking_end_ms.get_or_insert(t_ms);
                 }
@@ -399,11 +222,11 @@ impl Turn {
     }
 
     pub fn thinking_tokens(&self) -> usize {
-        self.tokens.iter().filter(|t| t.phase == TokPhase::Thinking).count()
+        self.tokens.iter().filter(|t| t.phase == Phase::Thinking).count()
     }
 
     pub fn answer_tokens(&self) -> usize {
-        self.tokens.iter().filter(|t| t.phase == TokPhase::Answer).count()
+        self.tokens.iter().filter(|t| t.phase == Phase::Answer).count()
     }
 
     /// How long thinking took, in ms (still running: up to the last token).
@@ -414,12 +237,12 @@ impl Turn {
     }
 
     /// The latest memory numbers (live sample, or the final ones).
-    pub fn memory(&self) -> Option<&MemoryRecord> {
+    pub fn memory(&self) -> Option<&Memory> {
         self.stats.memory.as_ref().or_else(|| self.stats.samples.last().map(|s| &s.memory))
     }
 
     /// The latest MTP numbers (live sample, or the final ones).
-    pub fn mtp(&self) -> Option<&MtpRecord> {
+    pub fn mtp(&self) -> Option<&MtpStats> {
         self.stats.mtp.as_ref().or_else(|| self.stats.samples.iter().rev().find_map(|s| s.mtp.as_ref()))
     }
 
@@ -432,7 +255,7 @@ impl Turn {
             EngineEvent::Start {
                 model: String::new(),
                 prompt_tokens: self.prompt_tokens,
-                phase: self.start_phase.into(),
+                phase: self.start_phase,
                 params: self.params.clone(),
             },
         ));
@@ -441,17 +264,13 @@ impl Turn {
                 t.t_ms,
                 EngineEvent::Token {
                     index,
-                    phase: t.phase.into(),
+                    phase: t.phase,
                     id: t.id,
                     text: t.text.clone(),
                     logprob: t.logprob,
-                    draft: t.draft.into(),
+                    draft: t.draft,
                     forced: t.forced,
-                    top_logprobs: t
-                        .top
-                        .iter()
-                        .map(|a| Alternative { id: a.id, logprob: a.logprob, text: a.text.clone() })
-                        .collect(),
+                    top_logprobs: t.top.clone(),
                 },
             ));
         }
@@ -463,13 +282,13 @@ impl Turn {
                     thinking_tokens: s.thinking_tokens,
                     answer_tokens: s.answer_tokens,
                     tok_s: s.tok_s,
-                    memory: (&s.memory).into(),
-                    mtp: s.mtp.as_ref().map(MtpRecord::to_stats),
+                    memory: s.memory.clone(),
+                    mtp: s.mtp.clone(),
                 },
             ));
         }
         for d in &self.diagnostics {
-            if let Some(kind) = parse_diagnostic(&d.kind) {
+            if let Some(kind) = parse_name::<DiagnosticKind>(&d.kind) {
                 out.push((
                     d.t_ms,
                     EngineEvent::Diagnostic {
@@ -483,28 +302,15 @@ impl Turn {
             }
         }
         let end_ms = self.stats.done_ms.unwrap_or_else(|| self.tokens.last().map(|t| t.t_ms).unwrap_or(start_ms));
-        if let Some(reason) = self.finish_reason.as_deref().and_then(parse_finish) {
-            let u = self.stats.usage.clone().unwrap_or_default();
-            let t = self.stats.timing.clone().unwrap_or_default();
+        if let Some(reason) = self.finish_reason.as_deref().and_then(parse_name::<FinishReason>) {
             out.push((
                 end_ms,
                 EngineEvent::Done {
                     finish_reason: reason,
-                    usage: Usage {
-                        prompt_tokens: u.prompt_tokens,
-                        thinking_tokens: u.thinking_tokens,
-                        answer_tokens: u.answer_tokens,
-                        completion_tokens: u.completion_tokens,
-                        forced_tokens: u.forced_tokens,
-                    },
-                    timing: Timing {
-                        ttft_ms: t.ttft_ms,
-                        prefill_tok_s: t.prefill_tok_s,
-                        decode_tok_s: t.decode_tok_s,
-                        total_ms: t.total_ms,
-                    },
-                    mtp: self.stats.mtp.as_ref().map(MtpRecord::to_stats),
-                    memory: self.stats.memory.as_ref().map(Memory::from).unwrap_or_default(),
+                    usage: self.stats.usage.clone().unwrap_or_default(),
+                    timing: self.stats.timing.clone().unwrap_or_default(),
+                    mtp: self.stats.mtp.clone(),
+                    memory: self.stats.memory.clone().unwrap_or_default(),
                     thinking: self.thinking.clone(),
                     answer: self.answer.clone(),
                 },
@@ -518,34 +324,10 @@ impl Turn {
     }
 }
 
-pub fn diagnostic_name(kind: DiagnosticKind) -> &'static str {
-    match kind {
-        DiagnosticKind::ThinkingExhaustedMaxTokens => "thinking_exhausted_max_tokens",
-        DiagnosticKind::ThinkingBudgetForced => "thinking_budget_forced",
-        DiagnosticKind::DegenerateLoop => "degenerate_loop",
-        DiagnosticKind::AnswerTruncated => "answer_truncated",
-    }
-}
-
-pub fn parse_diagnostic(s: &str) -> Option<DiagnosticKind> {
-    Some(match s {
-        "thinking_exhausted_max_tokens" => DiagnosticKind::ThinkingExhaustedMaxTokens,
-        "thinking_budget_forced" => DiagnosticKind::ThinkingBudgetForced,
-        "degenerate_loop" => DiagnosticKind::DegenerateLoop,
-        "answer_truncated" => DiagnosticKind::AnswerTruncated,
-        _ => return None,
-    })
-}
-
-pub fn parse_finish(s: &str) -> Option<FinishReason> {
-    Some(match s {
-        "stop" => FinishReason::Stop,
-        "length" => FinishReason::Length,
-        "stop_string" => FinishReason::StopString,
-        "cancelled" => FinishReason::Cancelled,
-        "loop" => FinishReason::Loop,
-        _ => return None,
-    })
+/// The engine enum spelled `s` in its snake_case serialisation (`None` for a name this version
+/// does not know, which replay then leaves out).
+fn parse_name<T: serde::de::DeserializeOwned>(s: &str) -> Option<T> {
+    serde_json::from_value(serde_json::Value::String(s.to_string())).ok()
 }
 
 /// A whole conversation.

@@ -111,7 +111,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
                 out.flush()?;
             }
             EngineEvent::Diagnostic { kind, message, .. } if !a.json => {
-                let kind = serde_json::to_value(kind)?.as_str().unwrap_or("diagnostic").to_string();
+                let kind = kind.as_str();
                 let (on, off) = if err_tty { ("\x1b[1;33m", "\x1b[0m") } else { ("", "") };
                 writeln!(err, "\n{on}[{kind}] {message}{off}")?;
             }

@@ -1,28 +1,31 @@
 //! The one event stream every front end consumes (design §2). `run --json` prints these
 //! serialised, one per line.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::request::GenerationParams;
 use super::speculative::MtpStats;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
+    /// Where a reasoning model's template leaves a prompt with thinking on.
+    #[default]
     Thinking,
     Answer,
 }
 
 /// Where a token came from (speculative decoding fills in the first two).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DraftKind {
     Accepted,
     Bonus,
+    #[default]
     None,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     /// A stop token (EOS / `<|im_end|>` / a requested stop id).
@@ -46,7 +49,7 @@ impl FinishReason {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DiagnosticKind {
     /// max_tokens ran out inside the thinking phase: the answer is empty.
@@ -59,17 +62,37 @@ pub enum DiagnosticKind {
     AnswerTruncated,
 }
 
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+impl DiagnosticKind {
+    pub const ALL: [DiagnosticKind; 4] = [
+        DiagnosticKind::ThinkingExhaustedMaxTokens,
+        DiagnosticKind::ThinkingBudgetForced,
+        DiagnosticKind::DegenerateLoop,
+        DiagnosticKind::AnswerTruncated,
+    ];
+
+    /// The name in the event stream (`degenerate_loop`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiagnosticKind::ThinkingExhaustedMaxTokens => "thinking_exhausted_max_tokens",
+            DiagnosticKind::ThinkingBudgetForced => "thinking_budget_forced",
+            DiagnosticKind::DegenerateLoop => "degenerate_loop",
+            DiagnosticKind::AnswerTruncated => "answer_truncated",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Usage {
     pub prompt_tokens: usize,
     pub thinking_tokens: usize,
     pub answer_tokens: usize,
     pub completion_tokens: usize,
     /// Of the completion tokens, how many the engine forced (budget bridge and `</think>`).
+    #[serde(default)]
     pub forced_tokens: usize,
 }
 
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Timing {
     /// Request start to the first generated token.
     pub ttft_ms: f64,
@@ -79,7 +102,7 @@ pub struct Timing {
     pub total_ms: f64,
 }
 
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Memory {
     pub weights_bytes: usize,
     pub kv_bytes: usize,
@@ -88,7 +111,7 @@ pub struct Memory {
 }
 
 /// An alternative token at a position.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Alternative {
     pub id: u32,
     pub logprob: f32,
@@ -160,4 +183,25 @@ pub enum EngineEvent {
     Error {
         message: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_match_the_serialised_form() {
+        for k in DiagnosticKind::ALL {
+            assert_eq!(serde_json::to_value(k).unwrap(), k.as_str());
+        }
+        for r in [
+            FinishReason::Stop,
+            FinishReason::Length,
+            FinishReason::StopString,
+            FinishReason::Cancelled,
+            FinishReason::Loop,
+        ] {
+            assert_eq!(serde_json::to_value(r).unwrap(), r.as_str());
+        }
+    }
 }

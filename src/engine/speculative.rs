@@ -22,7 +22,7 @@ pub struct MtpParams {
 
 pub const MAX_DEPTH: usize = 4;
 
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct MtpStats {
     /// The depth in use (changes under `auto`).
     pub depth: usize,
@@ -42,7 +42,9 @@ pub struct MtpStats {
     pub verify_ms: f64,
     /// Bytes held for rollback by the last verify pass (the GDN tapes).
     pub snapshot_bytes: usize,
-    #[serde(skip)]
+    /// `[drafted, accepted]` at each draft position: the counts behind `per_position`, kept so
+    /// stats merge exactly and a saved session reloads to the same value.
+    #[serde(default, rename = "position_counts")]
     counts: Vec<(usize, usize)>,
 }
 

@@ -7,7 +7,7 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph};
 
-use crate::chat::session::{Draft, TokPhase};
+use crate::engine::{DraftKind, Phase};
 use crate::tui::app::App;
 
 pub fn draw(app: &App, f: &mut Frame, area: Rect, cursor: usize) {
@@ -20,13 +20,13 @@ pub fn draw(app: &App, f: &mut Frame, area: Rect, cursor: usize) {
     f.render_widget(Clear, r);
     let origin = match (tok.forced, tok.draft) {
         (true, _) => "forced by the engine",
-        (false, Draft::Accepted) => "accepted MTP draft",
-        (false, Draft::Bonus) => "bonus (verify pass)",
-        (false, Draft::None) => "sampled",
+        (false, DraftKind::Accepted) => "accepted MTP draft",
+        (false, DraftKind::Bonus) => "bonus (verify pass)",
+        (false, DraftKind::None) => "sampled",
     };
     let phase = match tok.phase {
-        TokPhase::Thinking => "thinking",
-        TokPhase::Answer => "answer",
+        Phase::Thinking => "thinking",
+        Phase::Answer => "answer",
     };
     let label = |s: &str| Span::styled(format!("{s:<10}"), th.fg(th.dim));
     let mut lines = vec![

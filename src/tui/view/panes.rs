@@ -8,7 +8,8 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Scrollbar, ScrollbarOrientation, ScrollbarState};
 
 use super::wrap::wrap;
-use crate::chat::session::{Draft, TokPhase, TokenRecord, Turn};
+use crate::chat::session::{TokenRecord, Turn};
+use crate::engine::{DraftKind, Phase};
 use crate::tui::app::{App, ColourMode, Focus, PaneScroll, ThinkingView};
 use crate::tui::keymap::Action;
 use crate::tui::theme::Theme;
@@ -94,7 +95,7 @@ fn thinking_title(app: &App, turn: Option<&Turn>) -> Line<'static> {
     if let Some(t) = turn {
         let n = t.thinking_tokens();
         let dur = t.thinking_ms().map(|ms| format!(" · {:.1}s", ms / 1000.0)).unwrap_or_default();
-        let live = app.generating() && t.tokens.last().is_some_and(|x| x.phase == TokPhase::Thinking);
+        let live = app.generating() && t.tokens.last().is_some_and(|x| x.phase == Phase::Thinking);
         spans.push(Span::styled(format!("· {n} tok{dur}{} ", if live { " …" } else { "" }), th.fg(th.thinking)));
         if !t.enable_thinking {
             spans.push(Span::styled("(off) ", th.fg(th.dim)));
@@ -120,7 +121,7 @@ fn thinking(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>) {
         }
         return;
     }
-    let lines = turn.map(|t| token_lines(app, t, TokPhase::Thinking)).unwrap_or_default();
+    let lines = turn.map(|t| token_lines(app, t, Phase::Thinking)).unwrap_or_default();
     scrolled(app, f, area, block, lines, &app.thinking_scroll);
 }
 
@@ -138,11 +139,11 @@ fn answer(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>) {
         None => welcome(app),
         // Markdown in the default view; raw tokens when colouring or inspecting tokens.
         Some(t)
-            if app.colour_mode == ColourMode::Phase && app.inspector.is_none() && !has_loop_in(t, TokPhase::Answer) =>
+            if app.colour_mode == ColourMode::Phase && app.inspector.is_none() && !has_loop_in(t, Phase::Answer) =>
         {
             app.md.lines(t.answer.trim_start_matches('\n'), th)
         }
-        Some(t) => token_lines(app, t, TokPhase::Answer),
+        Some(t) => token_lines(app, t, Phase::Answer),
     };
     scrolled(app, f, area, block, lines, &app.answer_scroll);
 }
@@ -190,7 +191,7 @@ fn scrolled(app: &App, f: &mut Frame, area: Rect, block: Block, lines: Vec<Line<
     }
 }
 
-fn has_loop_in(t: &Turn, phase: TokPhase) -> bool {
+fn has_loop_in(t: &Turn, phase: Phase) -> bool {
     loop_ranges(t).iter().any(|(s, e)| (*s..=*e).any(|i| t.tokens.get(i).is_some_and(|x| x.phase == phase)))
 }
 
@@ -209,11 +210,11 @@ pub fn loop_ranges(t: &Turn) -> Vec<(usize, usize)> {
 }
 
 /// The tokens of one phase as styled lines (colour mode, inspector cursor, loop highlight).
-pub fn token_lines(app: &App, t: &Turn, phase: TokPhase) -> Vec<Line<'static>> {
+pub fn token_lines(app: &App, t: &Turn, phase: Phase) -> Vec<Line<'static>> {
     let loops = loop_ranges(t);
     let mut lines = vec![];
     let mut cur: Vec<Span<'static>> = vec![];
-    let mut leading = phase == TokPhase::Answer;
+    let mut leading = phase == Phase::Answer;
     for (i, tok) in t.tokens.iter().enumerate().filter(|(_, x)| x.phase == phase) {
         let mut text = tok.text.as_str();
         if leading {
@@ -248,7 +249,7 @@ pub fn token_lines(app: &App, t: &Turn, phase: TokPhase) -> Vec<Line<'static>> {
 }
 
 pub fn token_style(th: &Theme, mode: ColourMode, tok: &TokenRecord, in_loop: bool, cursor: bool) -> Style {
-    let phase_fg = if tok.phase == TokPhase::Thinking { th.thinking } else { th.answer };
+    let phase_fg = if tok.phase == Phase::Thinking { th.thinking } else { th.answer };
     let mut s = match mode {
         _ if tok.forced => Style::new().fg(th.forced).add_modifier(Modifier::ITALIC),
         ColourMode::Phase => Style::new().fg(phase_fg),
@@ -266,9 +267,9 @@ pub fn token_style(th: &Theme, mode: ColourMode, tok: &TokenRecord, in_loop: boo
             Style::new().fg(c)
         }
         ColourMode::Provenance => match tok.draft {
-            Draft::Accepted => Style::new().fg(th.accepted),
-            Draft::Bonus => Style::new().fg(th.bonus),
-            Draft::None => Style::new().fg(th.dim),
+            DraftKind::Accepted => Style::new().fg(th.accepted),
+            DraftKind::Bonus => Style::new().fg(th.bonus),
+            DraftKind::None => Style::new().fg(th.dim),
         },
     };
     if in_loop {
