@@ -2,7 +2,9 @@
 
 use std::path::PathBuf;
 
-use deltascope::model::{Family, LoadOptions, Model, ModelSource};
+use std::sync::{Arc, Mutex};
+
+use deltascope::model::{Family, LoadOptions, LoadProgress, Model, ModelSource};
 
 fn load(name: &str, skip_mtp: bool) -> Model {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
@@ -48,4 +50,25 @@ fn qwen35_moe_fused_experts_and_mtp() {
     assert_eq!(m.config.linear.head_ratio(), 3);
     assert_eq!(m.config.gqa_groups(), 3);
     assert!(m.mtp.is_some());
+}
+
+/// Progress counts the bytes of every tensor the model reads, and ends at the total: the
+/// vision tower (never read) is left out of the total, and so is MTP when it is skipped.
+#[test]
+fn progress_counts_the_bytes_read() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_5_vl");
+    for skip_mtp in [false, true] {
+        let seen = Arc::new(Mutex::new(vec![]));
+        let log = seen.clone();
+        let progress = LoadProgress(Arc::new(move |read, total| log.lock().unwrap().push((read, total))));
+        let opts = LoadOptions { skip_mtp, progress: Some(progress), ..Default::default() };
+        let m = Model::load(&ModelSource::Dir(dir.clone()), &opts).unwrap();
+        let seen = seen.lock().unwrap();
+        let total = seen[0].1;
+        assert!(seen.iter().all(|&(_, t)| t == total), "one total throughout");
+        assert!(seen.windows(2).all(|w| w[0].0 < w[1].0), "bytes only grow");
+        assert_eq!(seen.last().unwrap().0, total, "ends at the total (skip_mtp {skip_mtp})");
+        // Stored as bf16 (2 bytes a parameter), held as f32 (4 bytes): every byte read is accounted.
+        assert_eq!(2 * total, m.weight_bytes() as u64, "skip_mtp {skip_mtp}");
+    }
 }

@@ -36,7 +36,7 @@ fn welcome() {
 fn loading_progress() {
     let mut app = app();
     app.model = None;
-    app.loading = Some((1, 4, "tokenizer".into()));
+    app.loading = Some((9_500_000, 25_000_000, "weights of demo: 9.06 MiB of 23.84 MiB".into()));
     snap("loading", render(&app, 100, 24));
 }
 

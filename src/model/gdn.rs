@@ -83,7 +83,7 @@ impl GdnLayer {
     pub fn weight_bytes(&self) -> usize {
         self.in_proj.weight_bytes()
             + self.out_proj.weight_bytes()
-            + (self.conv_w.len() + 3 * self.a_neg.len() + self.norm_w.len()) * 4
+            + (self.conv_w.len() + self.a_neg.len() + self.dt_bias.len() + self.norm_w.len()) * 4
     }
 
     /// Runs the layer over `x`. With `verify`, every token goes through the recurrent rule — the

@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::attention::AttnLayer;
 use super::config::{Family, LayerKind, MlpKind, ModelConfig};
 use super::gdn::GdnLayer;
-use super::load::Loader;
+use super::load::{LoadProgress, Loader};
 use super::mlp::{DenseMlp, Mlp, MoeBlock};
 use super::norm::RmsNorm;
 use super::rope::Rope;
@@ -127,6 +127,7 @@ pub struct LoadOptions {
     pub precision: Precision,
     /// Skip the `mtp.*` tensors even when present.
     pub skip_mtp: bool,
+    pub progress: Option<LoadProgress>,
 }
 
 pub struct Model {
@@ -197,7 +198,6 @@ impl Model {
         let started = Instant::now();
         let config = super::read_config(source)?;
         let store = WeightStore::open(source)?;
-        let ld = Loader { store: &store, precision: opts.precision };
         let (v, h) = (config.vocab_size, config.hidden_size);
 
         let expected_prefix = if config.nested { "model.language_model." } else { "model." };
@@ -210,6 +210,17 @@ impl Model {
             })?
             .to_string();
         let p = &lm_prefix;
+        // What will be read: the language model, its head, and the MTP module unless skipped.
+        let total = store.bytes_where(|n| {
+            n.starts_with(p.as_str()) || n == "lm_head.weight" || (!opts.skip_mtp && n.starts_with("mtp."))
+        }) as u64;
+        let ld = Loader {
+            store: &store,
+            precision: opts.precision,
+            progress: opts.progress.as_ref(),
+            read: Default::default(),
+            total,
+        };
         let embed = Linear::new(ld.get(&format!("{p}embed_tokens.weight"), &[v, h])?, v, h)?;
         let lm_head = if store.contains("lm_head.weight") {
             Some(Linear::new(ld.get("lm_head.weight", &[v, h])?, v, h)?)

@@ -19,6 +19,7 @@ pub mod weights;
 pub use config::{Family, LayerKind, MlpKind, ModelConfig};
 pub use demo::demo_source;
 pub use hybrid::{ForwardOptions, ForwardOutput, LoadOptions, LogitsRows, Model, MtpOutput, MtpState};
+pub use load::LoadProgress;
 pub use source::{EmbeddedModel, ModelSource};
 pub use state::{SequenceState, StateBytes, StateSnapshot};
 pub use tensor::{Mat, Precision};

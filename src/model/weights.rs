@@ -114,6 +114,16 @@ impl WeightStore {
         self.index.values().map(|e| e.end - e.start).sum()
     }
 
+    /// Stored bytes of one tensor (0 when absent).
+    pub fn tensor_bytes(&self, name: &str) -> usize {
+        self.index.get(name).map_or(0, |e| e.end - e.start)
+    }
+
+    /// Stored bytes of the tensors whose names `keep` accepts.
+    pub fn bytes_where(&self, keep: impl Fn(&str) -> bool) -> usize {
+        self.index.iter().filter(|(n, _)| keep(n)).map(|(_, e)| e.end - e.start).sum()
+    }
+
     pub fn dtype_names(&self) -> Vec<String> {
         let mut v: Vec<String> = self.index.values().map(|e| format!("{:?}", e.dtype)).collect();
         v.sort();

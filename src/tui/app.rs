@@ -15,8 +15,8 @@ use super::highlight::Markdown;
 use super::keymap::{Action, Keymap};
 use super::sliders::{Settings, Slider};
 use super::theme::Theme;
-use crate::chat::session::{Session, SessionInfo, TokPhase, Turn, list_sessions};
-use crate::engine::{EngineEvent, GenerationParams};
+use crate::chat::session::{Session, SessionInfo, Turn, list_sessions};
+use crate::engine::{EngineEvent, GenerationParams, Phase};
 
 /// What the runner does for the app.
 #[derive(Debug, Clone, PartialEq)]
@@ -143,7 +143,7 @@ pub struct App {
     pub settings: Settings,
     pub model: Option<ModelInfo>,
     /// Loading progress: (done, total, what).
-    pub loading: Option<(usize, usize, String)>,
+    pub loading: Option<(u64, u64, String)>,
     pub fatal: Option<String>,
     pub session: Session,
     pub sessions_dir: Option<PathBuf>,
@@ -263,7 +263,7 @@ impl App {
                 }
                 match t.tokens.last() {
                     None => "prefill",
-                    Some(tok) if tok.phase == TokPhase::Thinking => "thinking",
+                    Some(tok) if tok.phase == Phase::Thinking => "thinking",
                     Some(_) => "answering",
                 }
             }

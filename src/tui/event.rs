@@ -19,10 +19,11 @@ pub enum Inbound {
     /// Time passes (replay, loading animation, the live thinking clock).
     Tick,
     Engine(EngineEvent),
-    /// Model loading progress: step `done` of `total`, and what is being loaded.
+    /// Model loading progress: `done` of `total` (bytes of weights, then whole steps), and
+    /// what is being loaded.
     LoadProgress {
-        done: usize,
-        total: usize,
+        done: u64,
+        total: u64,
         what: String,
     },
     /// Loading finished (boxed: `Loaded` is large).

@@ -27,9 +27,9 @@ use self::sliders::Settings;
 use self::theme::Theme;
 use crate::chat::session::{Session, default_sessions_dir};
 use crate::chat::{ChatTemplate, RenderOptions, TextTokenizer};
-use crate::cli::common::{GenArgs, Loaded, ModelArgs};
+use crate::cli::common::{GenArgs, Loaded, ModelArgs, human_bytes};
 use crate::engine::{EngineEvent, EngineHandle, GenerateRequest, GenerationParams, SamplingParams, check_prompt};
-use crate::model::{LayerKind, LoadOptions, Model};
+use crate::model::{LayerKind, LoadOptions, LoadProgress, Model};
 
 /// Everything `deltascope chat` (or plain `deltascope`) was asked for.
 pub struct TuiOptions {
@@ -120,7 +120,7 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
     };
     let mut app =
         App::new(AppConfig { theme, keymap, settings, sessions_dir, session_path: opts.session.clone(), session });
-    app.loading = Some((0, LOAD_STEPS, "starting".into()));
+    app.loading = Some((0, 1, "reading the checkpoint".into()));
 
     let (tx, rx) = mpsc::channel::<Inbound>();
     spawn_loader(opts.model.clone(), tx.clone())?;
@@ -269,29 +269,33 @@ fn model_info(l: &Loaded) -> ModelInfo {
     }
 }
 
-const LOAD_STEPS: usize = 4;
-
-/// Loads the model on its own thread, reporting each step (the same steps as
+/// Loads the model on its own thread, reporting progress: bytes of tensor data while the
+/// weights are read (the long part), then the small files (the same steps as
 /// `cli::common::load`, split so the progress bar can follow them).
 fn spawn_loader(args: ModelArgs, tx: Sender<Inbound>) -> anyhow::Result<()> {
     std::thread::Builder::new().name("deltascope-load".into()).spawn(move || {
-        let progress = |done: usize, what: &str| {
-            let _ = tx.send(Inbound::LoadProgress { done, total: LOAD_STEPS, what: what.into() });
-        };
         let load = || -> anyhow::Result<Loaded> {
             let source = args.source();
-            progress(0, &format!("weights of {}", source.label()));
-            let model = Model::load(&source, &LoadOptions { precision: args.precision()?, ..Default::default() })?;
-            progress(1, "tokenizer");
+            let label = source.label();
+            let weights_tx = tx.clone();
+            let weights = LoadProgress(std::sync::Arc::new(move |read: u64, total: u64| {
+                let what = format!("weights of {label}: {} of {}", human_bytes(read), human_bytes(total));
+                let _ = weights_tx.send(Inbound::LoadProgress { done: read, total, what });
+            }));
+            let opts = LoadOptions { precision: args.precision()?, progress: Some(weights), ..Default::default() };
+            let model = Model::load(&source, &opts)?;
+            let step = |what: &str| {
+                let _ = tx.send(Inbound::LoadProgress { done: 1, total: 1, what: what.into() });
+            };
+            step("tokenizer");
             let tokenizer = TextTokenizer::load(&source, &model.config)?;
-            progress(2, "chat template");
+            step("chat template");
             let template = ChatTemplate::load(&source, tokenizer.specials.think_start.is_some())?;
-            progress(3, "generation config");
+            step("generation config");
             let generation_defaults = source
                 .read_json("generation_config.json")?
                 .map(|g| SamplingParams::from_generation_config(&g))
                 .unwrap_or_default();
-            progress(4, "ready");
             Ok(Loaded {
                 name: source.label(),
                 model: std::sync::Arc::new(model),

@@ -132,7 +132,7 @@ fn loading(app: &App, f: &mut Frame, area: Rect) {
         .block(Block::bordered().title(Line::styled(" Loading model ", app.theme.title())))
         .gauge_style(Style::new().fg(app.theme.accent).bg(app.theme.headroom))
         .ratio(ratio.clamp(0.0, 1.0))
-        .label(format!("{what} ({done}/{total})"))
+        .label(what)
         .use_unicode(true);
     f.render_widget(g, r);
 }
@@ -228,7 +228,7 @@ fn banner_lines(app: &App) -> Vec<Line<'static>> {
 
 fn phase_of(t: &Turn, token: usize) -> &'static str {
     match t.tokens.get(token).map(|x| x.phase) {
-        Some(crate::chat::session::TokPhase::Answer) => "answer",
+        Some(crate::engine::Phase::Answer) => "answer",
         _ => "thinking",
     }
 }
