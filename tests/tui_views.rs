@@ -270,8 +270,24 @@ fn help_lists_every_key() {
     let screen = render(&app, W, H);
     for a in deltascope::tui::keymap::Action::ALL {
         assert!(screen.contains(a.name()), "{} missing from help", a.name());
+        assert!(screen.contains(a.describe()), "{}: description cut in help", a.name());
     }
     snap("help", screen);
+
+    // `?` opens it from an empty prompt, and is a character while a prompt is typed.
+    let mut empty = common::app();
+    key(&mut empty, KeyCode::Char('?'), KeyModifiers::SHIFT, 0.0);
+    assert_eq!(empty.overlay, Overlay::Help);
+    let mut typing = app_with_text("Why");
+    key(&mut typing, KeyCode::Char('?'), KeyModifiers::SHIFT, 0.0);
+    assert_eq!(typing.overlay, Overlay::None);
+    assert_eq!(typing.input.lines(), ["Why?"]);
+}
+
+fn app_with_text(s: &str) -> deltascope::tui::app::App {
+    let mut a = common::app();
+    type_text(&mut a, s, 0.0);
+    a
 }
 
 #[test]

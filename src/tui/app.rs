@@ -414,10 +414,9 @@ impl App {
         {
             return;
         }
-        if k.code == KeyCode::Char('?')
-            && self.focus != Focus::Input
-            && k.modifiers.difference(KeyModifiers::SHIFT).is_empty()
-        {
+        // `?` is help everywhere except in a prompt being typed (no question starts with it).
+        let typing = self.focus == Focus::Input && self.input.lines().iter().any(|l| !l.is_empty());
+        if k.code == KeyCode::Char('?') && !typing && k.modifiers.difference(KeyModifiers::SHIFT).is_empty() {
             self.overlay = Overlay::Help;
             return;
         }

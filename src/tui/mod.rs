@@ -5,6 +5,7 @@
 //! app's effects and draws at most one frame per interval (see [`render`]).
 
 pub mod app;
+pub mod config;
 pub mod event;
 pub mod highlight;
 pub mod keymap;
@@ -101,12 +102,17 @@ impl Drop for TerminalGuard {
 
 pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
     // Configuration errors are reported before the terminal switches to the TUI.
-    let theme = Theme::load(opts.theme.as_deref().unwrap_or("dark"), theme::user_theme_dir().as_deref())?;
+    let config = match config::default_config_path() {
+        Some(p) => config::Config::load(&p)?,
+        None => config::Config::default(),
+    };
+    let theme_name = opts.theme.as_deref().or(config.theme.as_deref()).unwrap_or("dark");
+    let theme = Theme::load(theme_name, theme::user_theme_dir().as_deref())?;
     let keymap = match opts.keymap.clone().or_else(keymap::default_keymap_path) {
         Some(p) => Keymap::load(&p)?,
         None => Keymap::default(),
     };
-    let sessions_dir = opts.sessions_dir.clone().or_else(default_sessions_dir);
+    let sessions_dir = opts.sessions_dir.clone().or(config.sessions_dir).or_else(default_sessions_dir);
     let resumed = match &opts.session {
         Some(p) if p.exists() => Some(Session::load(p)?),
         _ => None,

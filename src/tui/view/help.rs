@@ -4,7 +4,7 @@ use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Clear, Paragraph};
+use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
 
 use super::centered;
 use crate::chat::session::{SessionInfo, format_timestamp};
@@ -18,16 +18,13 @@ const CONTEXT_KEYS: [(&str, &str); 8] = [
     ("Shift+← → or [ ]", "big step; p cycles the presets"),
     ("↑ ↓ Home End (panes)", "scroll the focused thinking / answer pane"),
     ("← → ↑ ↓ Home End", "move the token inspector's cursor"),
-    ("? (outside the prompt)", "this help"),
+    ("? (not while typing)", "this help"),
     ("Enter / r (sessions)", "open / replay the selected session"),
     ("any key", "closes this help"),
 ];
 
 pub fn help(app: &App, f: &mut Frame, area: Rect) {
     let th = &app.theme;
-    let h = (Action::ALL.len() + CONTEXT_KEYS.len() + 5) as u16;
-    let r = centered(area, 86, h.min(area.height));
-    f.render_widget(Clear, r);
     let key_style = Style::new().fg(th.accent).add_modifier(Modifier::BOLD);
     let mut lines = vec![Line::styled("Keys (rebind in keymap.toml, see README)", th.fg(th.dim))];
     for a in Action::ALL {
@@ -41,8 +38,12 @@ pub fn help(app: &App, f: &mut Frame, area: Rect) {
     for (k, d) in CONTEXT_KEYS {
         lines.push(Line::from(vec![Span::styled(format!("{k:<24}"), key_style), Span::styled(d, th.fg(th.text))]));
     }
+    // As wide as the longest line (descriptions are not cut), wrapping only when the terminal is narrower.
+    let w = lines.iter().map(Line::width).max().unwrap_or(0) as u16 + 2;
+    let r = centered(area, w, lines.len() as u16 + 2);
+    f.render_widget(Clear, r);
     let block = Block::bordered().title(Line::styled(" Help ", th.title())).border_style(th.border(true));
-    f.render_widget(Paragraph::new(lines).block(block), r);
+    f.render_widget(Paragraph::new(lines).block(block).wrap(Wrap { trim: false }), r);
 }
 
 pub fn picker(app: &App, f: &mut Frame, area: Rect, items: &[SessionInfo], selected: usize) {
