@@ -210,19 +210,17 @@ fn mtp_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
         f.render_widget(Paragraph::new(lines), area);
         return;
     };
+    let (acc, len) = (m.acceptance_rate * 100.0, m.mean_accepted_length);
+    let full = format!("depth {} · acc {acc:.0}% ({}/{}) · len {len:.2}", m.depth, m.accepted, m.drafted);
+    // The counts go first when the column is narrow; the rates always fit.
+    let text = if full.chars().count() + 4 <= area.width as usize {
+        full
+    } else {
+        format!("depth {} · acc {acc:.0}% · len {len:.2}", m.depth)
+    };
     lines.push(Line::from(vec![
         Span::styled("MTP ", Style::new().fg(th.accent).add_modifier(Modifier::BOLD)),
-        Span::styled(
-            format!(
-                "depth {} · acc {:.0}% ({}/{}) · len {:.2}",
-                m.depth,
-                m.acceptance_rate * 100.0,
-                m.accepted,
-                m.drafted,
-                m.mean_accepted_length
-            ),
-            th.fg(th.text),
-        ),
+        Span::styled(text, th.fg(th.text)),
     ]));
     let bar_w = (area.width as usize).saturating_sub(10).max(4);
     for (i, p) in m.per_position.iter().take(4).enumerate() {
