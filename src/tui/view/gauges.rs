@@ -10,8 +10,8 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Sparkline, Widget};
 
-use super::bytes;
 use crate::chat::session::Turn;
+use crate::cli::common::short_bytes;
 use crate::tui::app::App;
 use crate::tui::theme::Theme;
 
@@ -107,7 +107,7 @@ pub fn panel(app: &App, f: &mut Frame, area: Rect) {
         let w = app.model.as_ref().map(|m| m.weights_bytes).unwrap_or(0);
         let lines = vec![
             Line::styled("no generation yet", th.fg(th.dim)),
-            Line::styled(format!("weights {}", bytes(w)), th.fg(th.text)),
+            Line::styled(format!("weights {}", short_bytes(w as u64)), th.fg(th.text)),
         ];
         f.render_widget(Paragraph::new(lines), inner);
         return;
@@ -253,13 +253,13 @@ fn memory_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
     let row = |label: &str, b: usize, note: &str, c: Color| -> Line<'static> {
         let mut spans = vec![Span::styled(format!("{label:<10}"), th.fg(th.dim))];
         spans.extend(bar(b as f64 / total, w, c, th.headroom));
-        spans.push(Span::styled(format!(" {:>9}{note}", bytes(b)), th.fg(th.text)));
+        spans.push(Span::styled(format!(" {:>9}{note}", short_bytes(b as u64)), th.fg(th.text)));
         Line::from(spans)
     };
     let lines = vec![
         Line::from(vec![
             Span::styled("Memory ", Style::new().fg(th.accent).add_modifier(Modifier::BOLD)),
-            Span::styled(format!("{devices}: {}", bytes(total as usize)), th.fg(th.text)),
+            Span::styled(format!("{devices}: {}", short_bytes(total as u64)), th.fg(th.text)),
         ]),
         row("weights", weights, "", th.prompt),
         row("KV cache", mem.kv_bytes, " ↑", th.answer),
@@ -294,6 +294,6 @@ pub fn strip(app: &App, f: &mut Frame, area: Rect) {
         .mtp()
         .map(|m| format!(" · MTP {:.0}% len {:.2}", m.acceptance_rate * 100.0, m.mean_accepted_length))
         .unwrap_or_default();
-    let kv = t.memory().map(|m| format!(" · KV {}", bytes(m.kv_bytes))).unwrap_or_default();
+    let kv = t.memory().map(|m| format!(" · KV {}", short_bytes(m.kv_bytes as u64))).unwrap_or_default();
     f.render_widget(Paragraph::new(Line::styled(format!("{tok_s:.1} tok/s{mtp}{kv}"), th.fg(th.dim))), nums);
 }

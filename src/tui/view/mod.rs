@@ -288,15 +288,3 @@ fn status(app: &App, f: &mut Frame, area: Rect) {
     }
     f.render_widget(Paragraph::new(Line::from(spans)), area);
 }
-
-/// Bytes in binary units, short.
-pub fn bytes(b: usize) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 { format!("{b} B") } else { format!("{v:.1} {}", U[i]) }
-}
