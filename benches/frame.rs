@@ -49,6 +49,32 @@ fn frame(c: &mut Criterion) {
     c.bench_function("frame_10k_tokens_logprob_colours", |b| {
         b.iter(|| term.draw(|f| deltascope::tui::view::draw(&app, f)).map(|_| ()).unwrap_or(()))
     });
+    // While streaming: every frame has new tokens (here one MTP step's worth, 3) after 8k
+    // thinking tokens, so the panes' caches add to what they hold rather than reuse it whole.
+    let mut app = streaming_transcript();
+    let mut i = 8_000;
+    c.bench_function("frame_streaming_after_8k_tokens", |b| {
+        b.iter(|| {
+            for _ in 0..3 {
+                let piece = if i % 12 == 11 { "\n".to_string() } else { format!("9973 / {} ", i % 97 + 2) };
+                engine(&mut app, token(i, Phase::Thinking, &piece, -0.1, DraftKind::Accepted, false), i as f64);
+                i += 1;
+            }
+            term.draw(|f| deltascope::tui::view::draw(&app, f)).map(|_| ()).unwrap_or(())
+        })
+    });
+}
+
+fn streaming_transcript() -> deltascope::tui::app::App {
+    let mut app = app();
+    let p = params(1_000_000, None);
+    ask(&mut app, "Is 9973 prime?", 0.0);
+    engine(&mut app, start(20, &p), 1.0);
+    for i in 0..8_000 {
+        let piece = if i % 12 == 11 { "\n".to_string() } else { format!("9973 / {} ", i % 97 + 2) };
+        engine(&mut app, token(i, Phase::Thinking, &piece, -0.1, DraftKind::Accepted, false), i as f64);
+    }
+    app
 }
 
 criterion_group!(benches, frame);

@@ -308,3 +308,84 @@ fn session_picker_lists_saved_sessions() {
     let screen = screen.replace(&dir.path().display().to_string(), "[DIR]");
     snap("picker", screen);
 }
+
+/// The full cell grid (symbols and styles) of one frame.
+fn cells(app: &deltascope::tui::app::App, w: u16, h: u16) -> ratatui::buffer::Buffer {
+    let mut term = terminal(w, h);
+    term.draw(|f| deltascope::tui::view::draw(app, f)).expect("draw");
+    term.backend().buffer().clone()
+}
+
+/// The panes keep their wrapped lines between frames and only add what streamed in since: a
+/// pane drawn after every event must look exactly (styles included) like one drawn once at the
+/// end, through a loop alarm, colour modes, the inspector's cursor and a resize.
+#[test]
+fn incremental_pane_lines_match_a_fresh_draw() {
+    let p = params(4096, None);
+    let mut events = vec![start(20, &p)];
+    for i in 0..240 {
+        let piece = match i % 11 {
+            10 => "\n".to_string(),
+            7 => "averyveryverylongwordthatmustbecutacrossseveralrowsofthepane ".to_string(),
+            _ => format!("step{i} "),
+        };
+        let draft = [DraftKind::None, DraftKind::Accepted, DraftKind::Bonus][i % 3];
+        events.push(token(i, Phase::Thinking, &piece, -0.3 * (i % 5) as f32, draft, false));
+        if i == 180 {
+            events.push(diag(DiagnosticKind::DegenerateLoop, 180, "a 22-token pattern repeats", Some((22, 130))));
+        }
+    }
+    events.push(token(240, Phase::Thinking, "</think>", -0.01, DraftKind::None, false));
+    events.push(token(241, Phase::Answer, "\n\n", -0.01, DraftKind::None, false));
+    for i in 242..300 {
+        let piece = if i % 9 == 0 { "\n".to_string() } else { format!("word{i} ") };
+        events.push(token(i, Phase::Answer, &piece, -0.2, DraftKind::Accepted, false));
+    }
+    events.push(done(FinishReason::Stop, 20, 241, 59, "", ""));
+
+    // A new app (so an empty cache) that got `n` events and then `keys`, drawn once.
+    let fresh = |n: usize, keys: &[(KeyCode, KeyModifiers)], w: u16, h: u16| {
+        let mut a = app();
+        ask(&mut a, "q", 0.0);
+        for (j, e) in events.iter().enumerate().take(n) {
+            engine(&mut a, e.clone(), j as f64);
+        }
+        for (c, m) in keys {
+            key(&mut a, *c, *m, 400.0);
+        }
+        cells(&a, w, h)
+    };
+    let mut live = app();
+    ask(&mut live, "q", 0.0);
+    let mut term = terminal(W, H);
+    for (i, e) in events.iter().enumerate() {
+        engine(&mut live, e.clone(), i as f64);
+        term.draw(|f| deltascope::tui::view::draw(&live, f)).unwrap();
+        if i == 150 {
+            assert_eq!(term.backend().buffer(), &fresh(i + 1, &[], W, H), "after {} events", i + 1);
+        }
+    }
+    let all = events.len();
+    assert_eq!(term.backend().buffer(), &fresh(all, &[], W, H), "streamed");
+    assert!(render(&live, W, H).contains("LOOP DETECTED"));
+
+    // Logprob colours: the answer pane shows tokens (not Markdown) and goes through the cache too.
+    let mut keys = vec![(KeyCode::Char('l'), KeyModifiers::CONTROL)];
+    key(&mut live, KeyCode::Char('l'), KeyModifiers::CONTROL, 400.0);
+    term.draw(|f| deltascope::tui::view::draw(&live, f)).unwrap();
+    assert_eq!(term.backend().buffer(), &fresh(all, &keys, W, H), "logprob colours");
+
+    // The inspector's cursor moves over the tokens.
+    keys.push((KeyCode::Char('g'), KeyModifiers::CONTROL));
+    keys.extend([(KeyCode::Left, KeyModifiers::NONE); 70]);
+    for (c, m) in &keys[1..] {
+        key(&mut live, *c, *m, 400.0);
+    }
+    term.draw(|f| deltascope::tui::view::draw(&live, f)).unwrap();
+    assert_eq!(term.backend().buffer(), &fresh(all, &keys, W, H), "inspector");
+
+    // A narrower terminal re-wraps.
+    let mut narrow = terminal(100, 30);
+    narrow.draw(|f| deltascope::tui::view::draw(&live, f)).unwrap();
+    assert_eq!(narrow.backend().buffer(), &fresh(all, &keys, 100, 30), "narrow");
+}

@@ -3,7 +3,7 @@
 //! a state from scripted events and snapshot it. The app never talks to the engine itself: it
 //! queues [`Effect`]s, which the runner executes.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::path::PathBuf;
 
@@ -88,6 +88,8 @@ pub struct PaneScroll {
     pub top: Option<usize>,
     pub last_total: Cell<usize>,
     pub last_height: Cell<usize>,
+    /// The pane's wrapped token lines, kept between frames.
+    pub lines: RefCell<crate::tui::view::PaneCache>,
 }
 
 impl PaneScroll {

@@ -10,6 +10,8 @@ mod panes;
 mod sliders;
 pub mod wrap;
 
+pub use panes::PaneCache;
+
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style};

@@ -121,8 +121,10 @@ fn thinking(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>) {
         }
         return;
     }
-    let lines = turn.map(|t| token_lines(app, t, Phase::Thinking)).unwrap_or_default();
-    scrolled(app, f, area, block, lines, &app.thinking_scroll);
+    match turn {
+        Some(t) => token_pane(app, f, area, block, t, Phase::Thinking, &app.thinking_scroll),
+        None => scrolled(app, f, area, block, vec![], &app.thinking_scroll),
+    }
 }
 
 fn answer(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>) {
@@ -143,7 +145,7 @@ fn answer(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>) {
         {
             app.md.lines(t.answer.trim_start_matches('\n'), th)
         }
-        Some(t) => token_lines(app, t, Phase::Answer),
+        Some(t) => return token_pane(app, f, area, block, t, Phase::Answer, &app.answer_scroll),
     };
     scrolled(app, f, area, block, lines, &app.answer_scroll);
 }
@@ -172,17 +174,51 @@ fn scrolled(app: &App, f: &mut Frame, area: Rect, block: Block, lines: Vec<Line<
     if inner.width < 2 || inner.height == 0 {
         return;
     }
-    let text_w = inner.width.saturating_sub(1) as usize;
-    let wrapped = wrap(&lines, text_w);
+    let wrapped = wrap(&lines, inner.width.saturating_sub(1) as usize);
+    show(app, f, inner, wrapped.len(), |r| wrapped[r].to_vec(), scroll);
+}
+
+/// Draws one phase's tokens inside `block`, wrapped through the pane's [`PaneCache`] so a frame
+/// only wraps what arrived since the last one.
+fn token_pane(app: &App, f: &mut Frame, area: Rect, block: Block, t: &Turn, phase: Phase, scroll: &PaneScroll) {
+    let inner = block.inner(area);
+    f.render_widget(block, area);
+    if inner.width < 2 || inner.height == 0 {
+        return;
+    }
+    let mut cache = scroll.lines.borrow_mut();
+    let tail = cache.update(app, t, phase, inner.width.saturating_sub(1) as usize);
+    let closed = &cache.wrapped;
+    let total = closed.len() + tail.len();
+    show(
+        app,
+        f,
+        inner,
+        total,
+        |r| r.map(|i| closed.get(i).unwrap_or_else(|| &tail[i - closed.len()]).clone()).collect(),
+        scroll,
+    );
+}
+
+/// Draws the visible rows of `total` wrapped lines (`rows` yields a range of them) and the
+/// scrollbar, following the tail unless scrolled back.
+fn show(
+    app: &App,
+    f: &mut Frame,
+    inner: Rect,
+    total: usize,
+    rows: impl FnOnce(std::ops::Range<usize>) -> Vec<Line<'static>>,
+    scroll: &PaneScroll,
+) {
     let h = inner.height as usize;
-    let first = scroll.first_line(wrapped.len(), h);
-    scroll.last_total.set(wrapped.len());
+    let first = scroll.first_line(total, h);
+    scroll.last_total.set(total);
     scroll.last_height.set(h);
-    let visible: Vec<Line> = wrapped[first..(first + h).min(wrapped.len())].to_vec();
+    let visible = rows(first..(first + h).min(total));
     let text_area = Rect { width: inner.width - 1, ..inner };
     f.render_widget(Paragraph::new(visible), text_area);
-    if wrapped.len() > h {
-        let mut state = ScrollbarState::new(wrapped.len().saturating_sub(h)).position(first);
+    if total > h {
+        let mut state = ScrollbarState::new(total.saturating_sub(h)).position(first);
         f.render_stateful_widget(
             Scrollbar::new(ScrollbarOrientation::VerticalRight).style(app.theme.fg(app.theme.dim)),
             inner,
@@ -209,43 +245,108 @@ pub fn loop_ranges(t: &Turn) -> Vec<(usize, usize)> {
         .collect()
 }
 
-/// The tokens of one phase as styled lines (colour mode, inspector cursor, loop highlight).
-pub fn token_lines(app: &App, t: &Turn, phase: Phase) -> Vec<Line<'static>> {
-    let loops = loop_ranges(t);
-    let mut lines = vec![];
-    let mut cur: Vec<Span<'static>> = vec![];
-    let mut leading = phase == Phase::Answer;
-    for (i, tok) in t.tokens.iter().enumerate().filter(|(_, x)| x.phase == phase) {
+/// One phase's tokens as styled lines (colour mode, inspector cursor, loop highlight), built
+/// token by token: `closed` lines ended by a newline, and the `open` one.
+#[derive(Debug)]
+struct LineBuilder {
+    closed: Vec<Line<'static>>,
+    open: Vec<Span<'static>>,
+    /// Still before the first shown answer token (whose leading newlines are dropped).
+    leading: bool,
+}
+
+impl LineBuilder {
+    fn new(phase: Phase) -> Self {
+        LineBuilder { closed: vec![], open: vec![], leading: phase == Phase::Answer }
+    }
+
+    /// Adds token `i` of the turn.
+    fn push(&mut self, app: &App, i: usize, tok: &TokenRecord, loops: &[(usize, usize)]) {
         let mut text = tok.text.as_str();
-        if leading {
+        if self.leading {
             // The blank line after </think> belongs to the answer phase; do not show it.
             text = text.trim_start_matches('\n');
             if text.is_empty() && app.inspector != Some(i) {
-                continue;
+                return;
             }
-            leading = false;
+            self.leading = false;
         }
         let in_loop = loops.iter().any(|(s, e)| (*s..=*e).contains(&i));
         let style = token_style(&app.theme, app.colour_mode, tok, in_loop, app.inspector == Some(i));
         if text.is_empty() && app.inspector == Some(i) {
             // Make an empty token (a stop token) visible under the cursor.
-            cur.push(Span::styled("∅", style));
-            continue;
+            self.open.push(Span::styled("∅", style));
+            return;
         }
         let mut parts = text.split('\n').peekable();
         while let Some(part) = parts.next() {
             if !part.is_empty() {
-                cur.push(Span::styled(part.to_string(), style));
+                self.open.push(Span::styled(part.to_string(), style));
             }
             if parts.peek().is_some() {
-                lines.push(Line::from(std::mem::take(&mut cur)));
+                self.closed.push(Line::from(std::mem::take(&mut self.open)));
             }
         }
     }
-    if !cur.is_empty() {
-        lines.push(Line::from(cur));
+}
+
+/// What the styling of a pane's tokens depends on besides the tokens themselves.
+#[derive(Debug, Clone, PartialEq)]
+struct CacheKey {
+    phase: Phase,
+    width: usize,
+    colour_mode: ColourMode,
+    inspector: Option<usize>,
+    loops: Vec<(usize, usize)>,
+    /// (id, arrival) of the turn's first token: another turn, or the same one re-run, differs.
+    first: Option<(u32, f64)>,
+}
+
+/// A pane's wrapped token lines, kept between frames. A line ended by a newline never changes
+/// while tokens stream in, so each frame styles and wraps only the new tokens and the open
+/// line; anything else that changes the styling (width, colour mode, the inspector's cursor,
+/// a loop alarm, another turn) starts it over.
+#[derive(Debug, Default)]
+pub struct PaneCache {
+    key: Option<CacheKey>,
+    /// Tokens of the turn (all phases) already fed, and the (id, arrival) of the last one.
+    fed: usize,
+    last: Option<(u32, f64)>,
+    builder: Option<LineBuilder>,
+    /// The closed lines, wrapped.
+    wrapped: Vec<Line<'static>>,
+}
+
+impl PaneCache {
+    /// Brings the cache up to `t`'s tokens; returns the open line, wrapped.
+    fn update(&mut self, app: &App, t: &Turn, phase: Phase, width: usize) -> Vec<Line<'static>> {
+        let stamp = |tok: &TokenRecord| (tok.id, tok.t_ms);
+        let key = CacheKey {
+            phase,
+            width,
+            colour_mode: app.colour_mode,
+            inspector: app.inspector,
+            loops: loop_ranges(t),
+            first: t.tokens.first().map(stamp),
+        };
+        let still_prefix =
+            self.fed <= t.tokens.len() && self.last == self.fed.checked_sub(1).map(|i| stamp(&t.tokens[i]));
+        if self.key.as_ref() != Some(&key) || !still_prefix || self.builder.is_none() {
+            self.fed = 0;
+            self.last = None;
+            self.wrapped.clear();
+            self.builder = Some(LineBuilder::new(phase));
+        }
+        let Some(b) = self.builder.as_mut() else { return vec![] };
+        for (i, tok) in t.tokens.iter().enumerate().skip(self.fed).filter(|(_, x)| x.phase == phase) {
+            b.push(app, i, tok, &key.loops);
+        }
+        self.wrapped.extend(wrap(&std::mem::take(&mut b.closed), width));
+        self.fed = t.tokens.len();
+        self.last = t.tokens.last().map(stamp);
+        self.key = Some(key);
+        if b.open.is_empty() { vec![] } else { wrap(&[Line::from(b.open.clone())], width) }
     }
-    lines
 }
 
 pub fn token_style(th: &Theme, mode: ColourMode, tok: &TokenRecord, in_loop: bool, cursor: bool) -> Style {
