@@ -7,7 +7,10 @@
 //! answers per token is what made other chat TUIs slow on long answers.
 //!
 //! Block structure (headings, list items, quotes, fences) is recognised per line; inline
-//! markup (emphasis, strong, code, links, strikethrough) is parsed by pulldown-cmark.
+//! markup (emphasis, strong, code, links, strikethrough) is parsed by pulldown-cmark. Tables
+//! are the exception to line by line: their column widths depend on every row, so a table's
+//! rows are held (and drawn aligned on each frame) until the first line after it, then
+//! rendered once.
 
 use std::sync::LazyLock;
 
@@ -56,6 +59,8 @@ pub struct Markdown {
     fence: Option<Fence>,
     /// Syntect theme used by `fence`.
     code_theme: String,
+    /// Finished rows of a table still growing.
+    table: Vec<String>,
     /// Finished lines re-highlighted so far (a test checks the incremental path).
     pub highlighted_lines: usize,
 }
@@ -76,6 +81,19 @@ impl Markdown {
         while let Some(nl) = text[self.consumed..].find('\n') {
             let line = &text[self.consumed..self.consumed + nl];
             self.consumed += nl + 1;
+            if self.fence.is_none() && is_table_row(line) {
+                self.table.push(line.to_string());
+                // A header must be followed by a delimiter row; otherwise it was just text.
+                if self.table.len() == 2 && !is_delimiter_row(&self.table[1]) {
+                    let first = self.table.remove(0);
+                    self.lines.push(block_line(&first, theme));
+                }
+                continue;
+            }
+            if !self.table.is_empty() {
+                let rows = std::mem::take(&mut self.table);
+                self.lines.extend(table_lines(&rows, theme));
+            }
             let rendered = self.finished_line(line, theme);
             self.lines.push(rendered);
         }
@@ -84,7 +102,16 @@ impl Markdown {
     /// The rendered text: the cached finished lines plus the unfinished tail of `text`.
     pub fn lines(&self, text: &str, theme: &Theme) -> Vec<Line<'static>> {
         let mut out = self.lines.clone();
-        let tail = text.get(self.consumed..).unwrap_or("");
+        let mut tail = text.get(self.consumed..).unwrap_or("");
+        if !self.table.is_empty() {
+            let mut rows = self.table.clone();
+            // A row being streamed joins the table; anything else follows it.
+            if !tail.is_empty() && is_table_row(tail) {
+                rows.push(tail.to_string());
+                tail = "";
+            }
+            out.extend(table_lines(&rows, theme));
+        }
         if !tail.is_empty() {
             out.push(match &self.fence {
                 // Unfinished code: plain, highlighted once the line is complete.
@@ -138,6 +165,112 @@ impl Markdown {
             .collect();
         Line::from(spans)
     }
+}
+
+fn is_table_row(line: &str) -> bool {
+    line.trim_start().starts_with('|')
+}
+
+/// `| --- | :---: | ---: |`: dashes with optional alignment colons in every cell.
+fn is_delimiter_row(line: &str) -> bool {
+    let cells = table_cells(line);
+    !cells.is_empty()
+        && cells.iter().all(|c| {
+            let d = c.trim_start_matches(':').trim_end_matches(':');
+            !d.is_empty() && d.chars().all(|ch| ch == '-')
+        })
+}
+
+/// The cells of a table row, trimmed; `\|` is a literal bar.
+fn table_cells(line: &str) -> Vec<String> {
+    let inner = line.trim();
+    let inner = inner.strip_prefix('|').unwrap_or(inner);
+    let inner = inner.strip_suffix('|').filter(|s| !s.ends_with('\\')).unwrap_or(inner);
+    let mut cells = vec![String::new()];
+    let mut chars = inner.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if chars.peek() == Some(&'|') => {
+                if let Some(s) = cells.last_mut() {
+                    s.push('|');
+                }
+                chars.next();
+            }
+            '|' => cells.push(String::new()),
+            _ => {
+                if let Some(s) = cells.last_mut() {
+                    s.push(c);
+                }
+            }
+        }
+    }
+    cells.into_iter().map(|c| c.trim().to_string()).collect()
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Align {
+    Left,
+    Centre,
+    Right,
+}
+
+/// A table (header, delimiter, body rows) with its columns aligned: cells separated by `│`, the
+/// header bold over a `─┼─` rule. Rows without a delimiter yet are shown as they are.
+fn table_lines(rows: &[String], theme: &Theme) -> Vec<Line<'static>> {
+    if rows.len() < 2 || !is_delimiter_row(&rows[1]) {
+        return rows.iter().map(|r| block_line(r, theme)).collect();
+    }
+    let aligns: Vec<Align> = table_cells(&rows[1])
+        .iter()
+        .map(|c| match (c.starts_with(':'), c.ends_with(':')) {
+            (true, true) => Align::Centre,
+            (false, true) => Align::Right,
+            _ => Align::Left,
+        })
+        .collect();
+    let n = aligns.len();
+    let header = Style::new().fg(theme.heading).add_modifier(Modifier::BOLD);
+    let body = Style::new().fg(theme.answer);
+    // Every row's cells as spans, padded or cut to the header's column count.
+    let cells: Vec<Vec<Vec<Span<'static>>>> = rows
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 1)
+        .map(|(i, r)| {
+            let mut c: Vec<Vec<Span<'static>>> =
+                table_cells(r).iter().map(|t| inline(t, if i == 0 { header } else { body }, theme)).collect();
+            c.resize(n, vec![]);
+            c
+        })
+        .collect();
+    let width = |spans: &[Span]| spans.iter().map(|s| s.width()).sum::<usize>();
+    let widths: Vec<usize> =
+        (0..n).map(|col| cells.iter().map(|row| width(&row[col])).max().unwrap_or(0).max(1)).collect();
+    let rule = Style::new().fg(theme.dim);
+    let mut out = vec![];
+    for (r, row) in cells.into_iter().enumerate() {
+        let mut spans = vec![];
+        for (col, cell) in row.into_iter().enumerate() {
+            if col > 0 {
+                spans.push(Span::styled(" │ ", rule));
+            }
+            let pad = widths[col] - width(&cell);
+            let (before, after) = match aligns[col] {
+                Align::Left => (0, pad),
+                Align::Right => (pad, 0),
+                Align::Centre => (pad / 2, pad - pad / 2),
+            };
+            spans.push(Span::raw(" ".repeat(before)));
+            spans.extend(cell);
+            spans.push(Span::raw(" ".repeat(after)));
+        }
+        out.push(Line::from(spans));
+        if r == 0 {
+            let parts: Vec<String> = widths.iter().map(|w| "─".repeat(*w)).collect();
+            out.push(Line::styled(parts.join("─┼─"), rule));
+        }
+    }
+    out
 }
 
 /// "```" or "~~~" (three or more) at the start of a line.
@@ -249,6 +382,47 @@ mod tests {
         assert!(lines[1].spans.iter().any(|s| s.content == "bold" && s.style.add_modifier.contains(Modifier::BOLD)));
         // The code line is split into several highlighted spans.
         assert!(lines[5].spans.len() > 1);
+    }
+
+    #[test]
+    fn tables_are_aligned_once_complete_and_while_streaming() {
+        let th = Theme::default();
+        let src = "Compare:\n| model | layers | ok |\n|:---|---:|:-:|\n| Qwen3.5-0.8B | 24 | **yes** |\n| `27B` | 64 | no |\nafter\n";
+        let mut md = Markdown::default();
+        md.sync(src, &th);
+        let texts: Vec<String> = md.lines(src, &th).iter().map(text_of).collect();
+        assert_eq!(
+            texts,
+            [
+                "Compare:",
+                "model        │ layers │ ok ",
+                "─────────────┼────────┼────",
+                "Qwen3.5-0.8B │     24 │ yes",
+                "27B          │     64 │ no ",
+                "after",
+            ]
+        );
+        // Streaming: the same table, fed a character at a time, ends identical; a partial row
+        // is drawn inside the table while it streams.
+        let mut live = Markdown::default();
+        let mut partial_rows_seen = 0;
+        for end in (1..=src.len()).filter(|e| src.is_char_boundary(*e)) {
+            live.sync(&src[..end], &th);
+            let shown = live.lines(&src[..end], &th);
+            if src[..end].ends_with("| `27B` | 6") {
+                assert_eq!(text_of(&shown[4]), "27B          │      6 │    ");
+                partial_rows_seen += 1;
+            }
+        }
+        assert_eq!(partial_rows_seen, 1);
+        assert_eq!(live.lines(src, &th), md.lines(src, &th));
+        // A line starting with a bar but not followed by a delimiter row is text.
+        let src = "| not a table\nplain\n";
+        let mut md = Markdown::default();
+        md.sync(src, &th);
+        let texts: Vec<String> = md.lines(src, &th).iter().map(text_of).collect();
+        assert_eq!(texts, ["| not a table", "plain"]);
+        assert_eq!(table_cells(r"| a \| b | c |"), ["a | b", "c"]);
     }
 
     #[test]
