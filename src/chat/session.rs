@@ -217,6 +217,26 @@ impl Turn {
         }
     }
 
+    /// This turn's settings, labelled, in the sliders' order (the compare view and the
+    /// Markdown export show them).
+    pub fn settings(&self) -> Vec<(&'static str, String)> {
+        let p = &self.params;
+        let s = &p.sampling;
+        vec![
+            ("max_tokens", p.max_tokens.to_string()),
+            ("thinking budget", budget_label(self.enable_thinking, p.thinking_budget)),
+            ("temperature", format!("{:.2}", s.temperature)),
+            ("top-p", format!("{:.2}", s.top_p)),
+            ("top-k", s.top_k.to_string()),
+            ("min-p", format!("{:.2}", s.min_p)),
+            ("presence", format!("{:.1}", s.presence_penalty)),
+            ("frequency", format!("{:.1}", s.frequency_penalty)),
+            ("repetition", format!("{:.2}", s.repetition_penalty)),
+            ("MTP depth", mtp_label(&p.mtp)),
+            ("seed", s.seed.to_string()),
+        ]
+    }
+
     pub fn is_finished(&self) -> bool {
         self.finish_reason.is_some() || self.error.is_some()
     }
@@ -322,6 +342,20 @@ impl Turn {
         out.sort_by(|a, b| a.0.total_cmp(&b.0));
         out
     }
+}
+
+/// The thinking budget as shown: off (thinking disabled), unlimited, or a token count.
+pub fn budget_label(enable_thinking: bool, budget: Option<usize>) -> String {
+    match (enable_thinking, budget) {
+        (false, _) => "off".into(),
+        (true, None) => "unlimited".into(),
+        (true, Some(b)) => b.to_string(),
+    }
+}
+
+/// The MTP setting as shown: `auto`, or the draft depth (0 = off).
+pub fn mtp_label(m: &crate::engine::MtpParams) -> String {
+    if m.auto { "auto".into() } else { m.depth.to_string() }
 }
 
 /// The engine enum spelled `s` in its snake_case serialisation (`None` for a name this version
@@ -441,26 +475,11 @@ impl Session {
                 let _ = writeln!(md, "\n</details>\n");
             }
             let _ = writeln!(md, "**Answer:**\n\n{}\n", t.answer);
-            let p = &t.params;
-            let s = &p.sampling;
-            let budget = match (t.enable_thinking, p.thinking_budget) {
-                (false, _) => "off".to_string(),
-                (true, None) => "unlimited".to_string(),
-                (true, Some(b)) => b.to_string(),
-            };
-            let _ = writeln!(
-                md,
-                "| max_tokens | thinking budget | temperature | top-p | top-k | min-p | presence | repetition | MTP | seed |\n|---|---|---|---|---|---|---|---|---|---|\n| {} | {budget} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-                p.max_tokens,
-                s.temperature,
-                s.top_p,
-                s.top_k,
-                s.min_p,
-                s.presence_penalty,
-                s.repetition_penalty,
-                p.mtp.depth,
-                s.seed
-            );
+            let settings = t.settings();
+            let row = |cells: Vec<&str>| format!("| {} |", cells.join(" | "));
+            let _ = writeln!(md, "{}", row(settings.iter().map(|(l, _)| *l).collect()));
+            let _ = writeln!(md, "{}", row(vec!["---"; settings.len()]));
+            let _ = writeln!(md, "{}\n", row(settings.iter().map(|(_, v)| v.as_str()).collect()));
             let finish = t.finish_reason.as_deref().or(t.error.as_deref().map(|_| "error")).unwrap_or("unfinished");
             let _ = write!(
                 md,

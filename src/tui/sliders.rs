@@ -1,6 +1,7 @@
 //! The generation settings the sliders edit, and how each slider steps. Changes apply to the
 //! next generation; the running one keeps the parameters it started with.
 
+use crate::chat::session::budget_label;
 use crate::engine::{GenerationParams, Preset};
 
 /// What the next generation will use.
@@ -24,6 +25,7 @@ pub enum Slider {
     TopK,
     MinP,
     PresencePenalty,
+    FrequencyPenalty,
     RepetitionPenalty,
     MtpDepth,
     Seed,
@@ -36,7 +38,7 @@ const BUDGETS: [usize; 12] = [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 81
 const TOP_K: [usize; 11] = [0, 1, 2, 3, 5, 10, 20, 40, 50, 100, 200];
 
 impl Slider {
-    pub const ALL: [Slider; 11] = [
+    pub const ALL: [Slider; 12] = [
         Slider::MaxTokens,
         Slider::ThinkingBudget,
         Slider::Temperature,
@@ -44,6 +46,7 @@ impl Slider {
         Slider::TopK,
         Slider::MinP,
         Slider::PresencePenalty,
+        Slider::FrequencyPenalty,
         Slider::RepetitionPenalty,
         Slider::MtpDepth,
         Slider::Seed,
@@ -59,6 +62,7 @@ impl Slider {
             Slider::TopK => "top-k",
             Slider::MinP => "min-p",
             Slider::PresencePenalty => "presence pen.",
+            Slider::FrequencyPenalty => "frequency pen.",
             Slider::RepetitionPenalty => "repetition pen.",
             Slider::MtpDepth => "MTP depth",
             Slider::Seed => "seed",
@@ -81,9 +85,11 @@ impl Slider {
             Slider::MinP if q.min_p == 0.0 => "0 (off)".into(),
             Slider::MinP => format!("{:.2}", q.min_p),
             Slider::PresencePenalty => format!("{:.1}", q.presence_penalty),
+            Slider::FrequencyPenalty => format!("{:.1}", q.frequency_penalty),
             Slider::RepetitionPenalty if q.repetition_penalty == 1.0 => "1.00 (off)".into(),
             Slider::RepetitionPenalty => format!("{:.2}", q.repetition_penalty),
             Slider::MtpDepth if !s.has_mtp => "n/a (no MTP head)".into(),
+            Slider::MtpDepth if p.mtp.auto => "auto (adapts)".into(),
             Slider::MtpDepth if p.mtp.depth == 0 => "0 (off)".into(),
             Slider::MtpDepth => p.mtp.depth.to_string(),
             Slider::Seed => q.seed.to_string(),
@@ -109,8 +115,10 @@ impl Slider {
             Slider::TopK => ladder(&TOP_K, q.top_k),
             Slider::MinP => q.min_p as f64,
             Slider::PresencePenalty => ((q.presence_penalty + 2.0) / 4.0) as f64,
+            Slider::FrequencyPenalty => ((q.frequency_penalty + 2.0) / 4.0) as f64,
             Slider::RepetitionPenalty => ((q.repetition_penalty - 0.5) / 1.5) as f64,
-            Slider::MtpDepth => p.mtp.depth as f64 / 4.0,
+            Slider::MtpDepth if p.mtp.auto => 1.0,
+            Slider::MtpDepth => p.mtp.depth as f64 / 5.0,
             Slider::Seed => 0.0,
             Slider::Preset => s
                 .preset
@@ -166,11 +174,21 @@ impl Slider {
             Slider::TopK => q.top_k = ladder_step(&TOP_K, q.top_k, up, big),
             Slider::MinP => q.min_p = step_f(q.min_p, 0.01, 0.0, 1.0),
             Slider::PresencePenalty => q.presence_penalty = step_f(q.presence_penalty, 0.1, -2.0, 2.0),
+            Slider::FrequencyPenalty => q.frequency_penalty = step_f(q.frequency_penalty, 0.1, -2.0, 2.0),
             Slider::RepetitionPenalty => q.repetition_penalty = step_f(q.repetition_penalty, 0.05, 0.5, 2.0),
             Slider::MtpDepth => {
+                // 0 (off) < 1 < … < 4 < auto (the engine adapts the depth to acceptance).
                 if s.has_mtp {
-                    p.mtp.auto = false;
-                    p.mtp.depth = if up { (p.mtp.depth + 1).min(4) } else { p.mtp.depth.saturating_sub(1) };
+                    let max = crate::engine::speculative::MAX_DEPTH;
+                    match (p.mtp.auto, up) {
+                        (true, true) => {}
+                        (true, false) => p.mtp = crate::engine::MtpParams { depth: max, auto: false },
+                        (false, true) if p.mtp.depth >= max => {
+                            p.mtp = crate::engine::MtpParams { depth: 0, auto: true }
+                        }
+                        (false, true) => p.mtp.depth += 1,
+                        (false, false) => p.mtp.depth = p.mtp.depth.saturating_sub(1),
+                    }
                 }
             }
             Slider::Seed => {
@@ -200,18 +218,11 @@ impl Slider {
                 | Slider::TopK
                 | Slider::MinP
                 | Slider::PresencePenalty
+                | Slider::FrequencyPenalty
                 | Slider::RepetitionPenalty
         ) {
             s.preset = None;
         }
-    }
-}
-
-pub fn budget_label(enable_thinking: bool, budget: Option<usize>) -> String {
-    match (enable_thinking, budget) {
-        (false, _) => "off".into(),
-        (true, None) => "unlimited".into(),
-        (true, Some(b)) => b.to_string(),
     }
 }
 
@@ -251,6 +262,33 @@ mod tests {
         Slider::ThinkingBudget.adjust(&mut s, 1, false);
         assert_eq!(Slider::ThinkingBudget.value(&s), "8");
         assert!(s.enable_thinking);
+    }
+
+    #[test]
+    fn mtp_depth_runs_from_off_to_auto_and_frequency_penalty_steps() {
+        let mut s = settings();
+        s.params.mtp = crate::engine::MtpParams { depth: 0, auto: false };
+        assert_eq!(Slider::MtpDepth.value(&s), "0 (off)");
+        for _ in 0..4 {
+            Slider::MtpDepth.adjust(&mut s, 1, false);
+        }
+        assert_eq!(s.params.mtp, crate::engine::MtpParams { depth: 4, auto: false });
+        Slider::MtpDepth.adjust(&mut s, 1, false);
+        assert!(s.params.mtp.auto);
+        assert_eq!(Slider::MtpDepth.value(&s), "auto (adapts)");
+        assert_eq!(Slider::MtpDepth.position(&s), 1.0);
+        Slider::MtpDepth.adjust(&mut s, 1, false);
+        assert!(s.params.mtp.auto, "auto is the top of the range");
+        Slider::MtpDepth.adjust(&mut s, -1, false);
+        assert_eq!(s.params.mtp, crate::engine::MtpParams { depth: 4, auto: false });
+
+        for _ in 0..3 {
+            Slider::FrequencyPenalty.adjust(&mut s, 1, false);
+        }
+        assert_eq!(Slider::FrequencyPenalty.value(&s), "0.3");
+        assert_eq!(s.params.sampling.frequency_penalty, 0.3);
+        Slider::FrequencyPenalty.adjust(&mut s, -1, true);
+        assert_eq!(Slider::FrequencyPenalty.value(&s), "-0.2");
     }
 
     #[test]

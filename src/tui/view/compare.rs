@@ -12,31 +12,12 @@ use super::wrap::wrap;
 use crate::chat::session::Turn;
 use crate::tui::app::App;
 use crate::tui::highlight::block_line;
-use crate::tui::sliders::budget_label;
-
-/// (label, value) of the settings that matter for a comparison.
-fn settings(t: &Turn) -> Vec<(&'static str, String)> {
-    let p = &t.params;
-    let s = &p.sampling;
-    vec![
-        ("max_tokens", p.max_tokens.to_string()),
-        ("thinking budget", budget_label(t.enable_thinking, p.thinking_budget)),
-        ("temperature", format!("{:.2}", s.temperature)),
-        ("top-p", format!("{:.2}", s.top_p)),
-        ("top-k", s.top_k.to_string()),
-        ("min-p", format!("{:.2}", s.min_p)),
-        ("presence", format!("{:.1}", s.presence_penalty)),
-        ("repetition", format!("{:.2}", s.repetition_penalty)),
-        ("MTP depth", p.mtp.depth.to_string()),
-        ("seed", s.seed.to_string()),
-    ]
-}
 
 pub fn draw(app: &App, f: &mut Frame, area: Rect, a: usize, b: usize) {
     let (Some(ta), Some(tb)) = (app.session.turns.get(a), app.session.turns.get(b)) else { return };
     let [left, right] = Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(area);
-    let sa = settings(ta);
-    let sb = settings(tb);
+    let sa = ta.settings();
+    let sb = tb.settings();
     column(app, f, left, &format!(" A · turn {} ", a + 1), ta, &sa, &sb);
     column(app, f, right, &format!(" B · turn {} (re-run) ", b + 1), tb, &sb, &sa);
 }

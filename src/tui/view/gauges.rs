@@ -134,7 +134,7 @@ fn budget_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
         h,
     );
     f.render_widget(BudgetBar::new(t, th), b);
-    let budget = crate::tui::sliders::budget_label(t.enable_thinking, t.params.thinking_budget);
+    let budget = crate::chat::session::budget_label(t.enable_thinking, t.params.thinking_budget);
     let legend_line = vec![
         Line::from(vec![
             Span::styled("▒", th.fg(th.prompt)),
