@@ -237,12 +237,17 @@ fn terminal_restored_after_panic_error_and_signal() {
     assert!(s.contains("error: injected error (DELTASCOPE_FAULT=error)"), "{s}");
     t.assert_restored("an error");
 
-    // SIGTERM mid-session: ask a question first, so there is a session to save.
+    // SIGTERM mid-generation: one answered question, then a second one held by step mode.
     launch("");
     t.wait("the workbench", 60, |s| s.contains("Type a question") && s.contains("embedded:demo"));
     t.text("What is 37 * 6?");
     t.keys(&["Enter"]);
     t.wait("the answer", 120, |s| s.contains("finish: stop"));
+    t.keys(&["C-s"]);
+    t.wait("step mode", 10, |s| s.contains("step mode"));
+    t.text("Is 91 prime?");
+    t.keys(&["Enter"]);
+    t.wait("the paused generation", 30, |s| s.contains("paused (step)"));
     let pid = t.cmd(&["display-message", "-p", "-t", &t.target, "#{pane_pid}"]);
     let shell_pid = String::from_utf8_lossy(&pid.stdout).trim().to_string();
     let tui = children(&shell_pid);
@@ -251,8 +256,14 @@ fn terminal_restored_after_panic_error_and_signal() {
     assert!(killed.success());
     t.wait("the exit after SIGTERM", 30, |s| s.contains("EXIT-CODE-0"));
     t.assert_restored("SIGTERM");
-    let sessions = std::fs::read_dir(data.join("deltascope/sessions")).unwrap().count();
-    assert_eq!(sessions, 1, "the session was saved on SIGTERM");
+    let saved: Vec<_> = std::fs::read_dir(data.join("deltascope/sessions")).unwrap().flatten().collect();
+    assert_eq!(saved.len(), 1, "the session was saved on SIGTERM");
+    let s = deltascope::chat::session::Session::load(&saved[0].path()).unwrap();
+    assert_eq!(s.turns.len(), 2);
+    assert_eq!(s.turns[0].finish_reason.as_deref(), Some("stop"));
+    // The interrupted turn was closed properly: cancelled, with its usage, not left open.
+    assert_eq!(s.turns[1].finish_reason.as_deref(), Some("cancelled"), "{:?}", s.turns[1]);
+    assert!(s.turns[1].stats.usage.is_some());
 }
 
 /// The pids whose parent is `parent` (from /proc, so the test needs no procps).

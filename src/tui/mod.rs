@@ -224,6 +224,21 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
             }
         }
     }
+    // Quitting cancelled a running generation: wait briefly for its `done` (the engine stops
+    // within a token) so the saved turn has its finish reason and stats, not an open end.
+    if let Some(e) = &engine
+        && app.generating()
+    {
+        e.cancel();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while app.generating() {
+            match e.events.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(ev) => app.update(Inbound::Engine(ev), now_ms()),
+                Err(_) => break,
+            }
+        }
+        app.autosave();
+    }
     // Dropping the engine cancels a running generation and joins its thread.
     drop(engine);
     Ok(())
