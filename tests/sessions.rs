@@ -34,6 +34,18 @@ fn save_is_atomic_and_round_trips() {
     assert_eq!(names, vec![std::ffi::OsString::from("s.json")]);
     let back = Session::load(&path).unwrap();
     assert_eq!(back, s);
+    // Saving an unchanged session leaves the file alone (same inode); a change replaces it.
+    use std::os::unix::fs::MetadataExt;
+    let inode = || std::fs::metadata(&path).unwrap().ino();
+    let before = inode();
+    back.save_atomic(&path).unwrap();
+    assert_eq!(inode(), before, "an unchanged session was rewritten");
+    let mut changed = back.clone();
+    changed.system = Some("be brief".into());
+    changed.save_atomic(&path).unwrap();
+    assert_ne!(inode(), before);
+    assert_eq!(Session::load(&path).unwrap(), changed);
+    s.save_atomic(&path).unwrap();
     let t = &back.turns[0];
     assert!(t.tokens.len() > 20 && t.tokens.iter().all(|x| x.top.len() == 3));
     assert_eq!(t.finish_reason.as_deref(), Some("stop"));

@@ -429,6 +429,11 @@ impl Session {
             std::fs::create_dir_all(dir).map_err(err)?;
         }
         let json = serde_json::to_vec(self).map_err(|e| err(std::io::Error::other(e)))?;
+        // Opening a session and quitting must not rewrite it (an example file, a file under
+        // version control): an unchanged session leaves the file as it is.
+        if std::fs::read(path).is_ok_and(|old| old == json) {
+            return Ok(());
+        }
         let tmp = path.with_extension(format!("json.tmp{}", std::process::id()));
         std::fs::write(&tmp, json).map_err(err)?;
         std::fs::rename(&tmp, path).map_err(|e| {
