@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use deltascope::chat::session::Session;
-use deltascope::engine::{DiagnosticKind, DraftKind, FinishReason, Phase};
+use deltascope::engine::{DiagnosticKind, DraftKind, EngineEvent, FinishReason, Phase};
 use deltascope::tui::app::{Effect, Focus, Overlay};
 use ratatui::crossterm::event::{KeyCode, KeyModifiers};
 
@@ -337,11 +337,16 @@ fn incremental_pane_lines_match_a_fresh_draw() {
     }
     events.push(token(240, Phase::Thinking, "</think>", -0.01, DraftKind::None, false));
     events.push(token(241, Phase::Answer, "\n\n", -0.01, DraftKind::None, false));
-    for i in 242..300 {
-        let piece = if i % 9 == 0 { "\n".to_string() } else { format!("word{i} ") };
-        events.push(token(i, Phase::Answer, &piece, -0.2, DraftKind::Accepted, false));
+    // A Markdown answer: text, a table (held until it ends), a code block, more text.
+    let markdown = "## Result\nword word **bold** word\n| n | prime |\n|---|:-:|\n| 91 | no |\n| 97 | yes |\nafter the table\n```rust\nfn main() { println!(\"{}\", 7 * 13); }\n```\n";
+    let mut pieces: Vec<String> = markdown.split_inclusive([' ', '\n', '|']).map(str::to_string).collect();
+    pieces.extend((0..40).map(|i| if i % 9 == 8 { "\n".to_string() } else { format!("word{i} ") }));
+    let mut answer = String::new();
+    for (k, piece) in pieces.iter().enumerate() {
+        events.push(token(242 + k, Phase::Answer, piece, -0.2, DraftKind::Accepted, false));
+        answer.push_str(piece);
     }
-    events.push(done(FinishReason::Stop, 20, 241, 59, "", ""));
+    events.push(done(FinishReason::Stop, 20, 241, pieces.len() + 1, "", &format!("\n\n{answer}")));
 
     // A new app (so an empty cache) that got `n` events and then `keys`, drawn once.
     let fresh = |n: usize, keys: &[(KeyCode, KeyModifiers)], w: u16, h: u16| {
@@ -361,13 +366,16 @@ fn incremental_pane_lines_match_a_fresh_draw() {
     for (i, e) in events.iter().enumerate() {
         engine(&mut live, e.clone(), i as f64);
         term.draw(|f| deltascope::tui::view::draw(&live, f)).unwrap();
-        if i == 150 {
+        // Midway through thinking, and inside the answer's table and code block.
+        if [150, 262, 275].contains(&i) {
             assert_eq!(term.backend().buffer(), &fresh(i + 1, &[], W, H), "after {} events", i + 1);
         }
     }
     let all = events.len();
     assert_eq!(term.backend().buffer(), &fresh(all, &[], W, H), "streamed");
-    assert!(render(&live, W, H).contains("LOOP DETECTED"));
+    let screen = render(&live, W, H);
+    assert!(screen.contains("LOOP DETECTED"));
+    assert!(screen.contains("91 │  no") && screen.contains("97 │  yes"), "the table is drawn aligned:\n{screen}");
 
     // Logprob colours: the answer pane shows tokens (not Markdown) and goes through the cache too.
     let mut keys = vec![(KeyCode::Char('l'), KeyModifiers::CONTROL)];
@@ -388,4 +396,41 @@ fn incremental_pane_lines_match_a_fresh_draw() {
     let mut narrow = terminal(100, 30);
     narrow.draw(|f| deltascope::tui::view::draw(&live, f)).unwrap();
     assert_eq!(narrow.backend().buffer(), &fresh(all, &keys, 100, 30), "narrow");
+}
+
+/// A new turn starts the answer pane's Markdown over, even when its first frame already holds
+/// more finished lines than the last turn had.
+#[test]
+fn a_new_turn_redraws_the_markdown_answer() {
+    let answer = |n: usize, word: &str| -> Vec<EngineEvent> {
+        let p = params(4096, None);
+        let mut ev = vec![start(10, &p), token(0, Phase::Thinking, "</think>", 0.0, DraftKind::None, false)];
+        let mut text = String::new();
+        for i in 0..n {
+            let piece = format!("{word} line {i}\n");
+            ev.push(token(i + 1, Phase::Answer, &piece, -0.1, DraftKind::None, false));
+            text.push_str(&piece);
+        }
+        ev.push(done(FinishReason::Stop, 10, 1, n, "", &text));
+        ev
+    };
+    let run = |draw_between: bool| {
+        let mut a = app();
+        let mut term = terminal(W, H);
+        for (q, evs) in [("first", answer(5, "alpha")), ("second", answer(12, "beta"))] {
+            ask(&mut a, q, 0.0);
+            for (t, e) in evs.into_iter().enumerate() {
+                engine(&mut a, e, t as f64);
+            }
+            if draw_between {
+                term.draw(|f| deltascope::tui::view::draw(&a, f)).unwrap();
+            }
+        }
+        term.draw(|f| deltascope::tui::view::draw(&a, f)).unwrap();
+        term.backend().buffer().clone()
+    };
+    let (live, fresh) = (run(true), run(false));
+    assert_eq!(live, fresh);
+    let screen: String = live.content.iter().map(|c| c.symbol()).collect();
+    assert!(screen.contains("beta line 11"), "{screen}");
 }

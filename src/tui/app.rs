@@ -88,8 +88,9 @@ pub struct PaneScroll {
     pub top: Option<usize>,
     pub last_total: Cell<usize>,
     pub last_height: Cell<usize>,
-    /// The pane's wrapped token lines, kept between frames.
+    /// The pane's wrapped token lines, and wrapped Markdown, kept between frames.
     pub lines: RefCell<crate::tui::view::PaneCache>,
+    pub markdown: RefCell<crate::tui::view::MarkdownWrap>,
 }
 
 impl PaneScroll {

@@ -50,8 +50,10 @@ struct Fence {
 }
 
 /// Rendered lines of a growing markdown text.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Markdown {
+    /// Unique per reset: a view caching what it made of `finished()` knows when to start over.
+    pub id: u64,
     /// Rendered finished lines.
     lines: Vec<Line<'static>>,
     /// Bytes of the source consumed (always just after a newline).
@@ -63,6 +65,21 @@ pub struct Markdown {
     table: Vec<String>,
     /// Finished lines re-highlighted so far (a test checks the incremental path).
     pub highlighted_lines: usize,
+}
+
+impl Default for Markdown {
+    fn default() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        Markdown {
+            id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            lines: vec![],
+            consumed: 0,
+            fence: None,
+            code_theme: String::new(),
+            table: vec![],
+            highlighted_lines: 0,
+        }
+    }
 }
 
 impl std::fmt::Debug for Markdown {
@@ -102,6 +119,18 @@ impl Markdown {
     /// The rendered text: the cached finished lines plus the unfinished tail of `text`.
     pub fn lines(&self, text: &str, theme: &Theme) -> Vec<Line<'static>> {
         let mut out = self.lines.clone();
+        out.extend(self.open_lines(text, theme));
+        out
+    }
+
+    /// The finished lines: they only grow until the next reset (a new `id`).
+    pub fn finished(&self) -> &[Line<'static>] {
+        &self.lines
+    }
+
+    /// What follows the finished lines: a table still growing and the unfinished last line.
+    pub fn open_lines(&self, text: &str, theme: &Theme) -> Vec<Line<'static>> {
+        let mut out = vec![];
         let mut tail = text.get(self.consumed..).unwrap_or("");
         if !self.table.is_empty() {
             let mut rows = self.table.clone();

@@ -10,7 +10,7 @@ mod panes;
 mod sliders;
 pub mod wrap;
 
-pub use panes::PaneCache;
+pub use panes::{MarkdownWrap, PaneCache};
 
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};

@@ -137,17 +137,16 @@ fn answer(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>) {
         }
     }
     let block = Block::bordered().title(Line::from(title)).border_style(th.border(app.focus == Focus::Answer));
-    let lines = match turn {
-        None => welcome(app),
+    match turn {
+        None => scrolled(app, f, area, block, welcome(app), &app.answer_scroll),
         // Markdown in the default view; raw tokens when colouring or inspecting tokens.
         Some(t)
             if app.colour_mode == ColourMode::Phase && app.inspector.is_none() && !has_loop_in(t, Phase::Answer) =>
         {
-            app.md.lines(t.answer.trim_start_matches('\n'), th)
+            markdown_pane(app, f, area, block, t, &app.answer_scroll)
         }
-        Some(t) => return token_pane(app, f, area, block, t, Phase::Answer, &app.answer_scroll),
-    };
-    scrolled(app, f, area, block, lines, &app.answer_scroll);
+        Some(t) => token_pane(app, f, area, block, t, Phase::Answer, &app.answer_scroll),
+    }
 }
 
 fn welcome(app: &App) -> Vec<Line<'static>> {
@@ -200,6 +199,46 @@ fn token_pane(app: &App, f: &mut Frame, area: Rect, block: Block, t: &Turn, phas
     );
 }
 
+/// Draws the answer as Markdown inside `block`: the finished lines wrapped once (kept in the
+/// pane's [`MarkdownWrap`]), the open ones each frame.
+fn markdown_pane(app: &App, f: &mut Frame, area: Rect, block: Block, t: &Turn, scroll: &PaneScroll) {
+    let inner = block.inner(area);
+    f.render_widget(block, area);
+    if inner.width < 2 || inner.height == 0 {
+        return;
+    }
+    let width = inner.width.saturating_sub(1) as usize;
+    let mut cache = scroll.markdown.borrow_mut();
+    let finished = app.md.finished();
+    if (cache.md_id, cache.width) != (Some(app.md.id), width) || cache.wrapped_from > finished.len() {
+        *cache = MarkdownWrap { md_id: Some(app.md.id), width, ..Default::default() };
+    }
+    let new = wrap(&finished[cache.wrapped_from..], width);
+    cache.wrapped.extend(new);
+    cache.wrapped_from = finished.len();
+    let open = wrap(&app.md.open_lines(t.answer.trim_start_matches('\n'), &app.theme), width);
+    let closed = &cache.wrapped;
+    let total = closed.len() + open.len();
+    show(
+        app,
+        f,
+        inner,
+        total,
+        |r| r.map(|i| closed.get(i).unwrap_or_else(|| &open[i - closed.len()]).clone()).collect(),
+        scroll,
+    );
+}
+
+/// The wrapped finished lines of one [`crate::tui::highlight::Markdown`] (by its id) at one width.
+#[derive(Debug, Default)]
+pub struct MarkdownWrap {
+    md_id: Option<u64>,
+    width: usize,
+    /// Finished lines wrapped so far.
+    wrapped_from: usize,
+    wrapped: Vec<Line<'static>>,
+}
+
 /// Draws the visible rows of `total` wrapped lines (`rows` yields a range of them) and the
 /// scrollbar, following the tail unless scrolled back.
 fn show(
@@ -231,16 +270,22 @@ fn has_loop_in(t: &Turn, phase: Phase) -> bool {
     loop_ranges(t).iter().any(|(s, e)| (*s..=*e).any(|i| t.tokens.get(i).is_some_and(|x| x.phase == phase)))
 }
 
-/// Token index ranges (inclusive) reported as degenerate loops.
+/// Token index ranges (inclusive) reported as degenerate loops: from where the pattern
+/// started to the last token that still repeats it (the loop usually runs on after the alarm;
+/// an answer that escapes it is not part of it).
 pub fn loop_ranges(t: &Turn) -> Vec<(usize, usize)> {
     t.diagnostics
         .iter()
         .filter(|d| d.kind == "degenerate_loop")
         .map(|d| {
             let start = d.start.unwrap_or(d.at_token);
-            // The loop keeps going after the alarm until generation ends.
-            let end = if t.is_finished() { t.tokens.len().saturating_sub(1) } else { d.at_token.max(start) };
-            (start, end.max(d.at_token))
+            let mut end = d.at_token.max(start);
+            if let Some(p) = d.period.filter(|p| *p > 0) {
+                while end + 1 < t.tokens.len() && end + 1 >= p && t.tokens[end + 1].id == t.tokens[end + 1 - p].id {
+                    end += 1;
+                }
+            }
+            (start, end)
         })
         .collect()
 }
@@ -297,7 +342,9 @@ struct CacheKey {
     width: usize,
     colour_mode: ColourMode,
     inspector: Option<usize>,
-    loops: Vec<(usize, usize)>,
+    /// The loop alarms (where each loop starts, its period). A loop's end only grows over new
+    /// tokens, which are styled as they arrive, so it is not part of the key.
+    loops: Vec<(Option<usize>, Option<usize>, usize)>,
     /// (id, arrival) of the turn's first token: another turn, or the same one re-run, differs.
     first: Option<(u32, f64)>,
 }
@@ -326,7 +373,12 @@ impl PaneCache {
             width,
             colour_mode: app.colour_mode,
             inspector: app.inspector,
-            loops: loop_ranges(t),
+            loops: t
+                .diagnostics
+                .iter()
+                .filter(|d| d.kind == "degenerate_loop")
+                .map(|d| (d.start, d.period, d.at_token))
+                .collect(),
             first: t.tokens.first().map(stamp),
         };
         let still_prefix =
@@ -338,8 +390,9 @@ impl PaneCache {
             self.builder = Some(LineBuilder::new(phase));
         }
         let Some(b) = self.builder.as_mut() else { return vec![] };
+        let loops = loop_ranges(t);
         for (i, tok) in t.tokens.iter().enumerate().skip(self.fed).filter(|(_, x)| x.phase == phase) {
-            b.push(app, i, tok, &key.loops);
+            b.push(app, i, tok, &loops);
         }
         self.wrapped.extend(wrap(&std::mem::take(&mut b.closed), width));
         self.fed = t.tokens.len();
