@@ -1,5 +1,5 @@
 //! End to end: the real binary in tmux on the demo model. Type a question, wait for the answer,
-//! check both panes and the gauges, change a slider, cancel a generation mid-stream (step mode
+//! check both panes and the gauges, copy the answer, change a slider, cancel a generation mid-stream (step mode
 //! holds it there), quit, and check that the terminal is back to normal.
 //!
 //! Needs tmux: when it is missing the test installs it (apt-get, as root) and fails with a clear
@@ -102,6 +102,8 @@ fn shell(name: &str) -> Tmux {
         "--noprofile",
     ]);
     assert!(out.status.success(), "tmux new-session: {}", String::from_utf8_lossy(&out.stderr));
+    // OSC 52 clipboard writes become tmux paste buffers (the copy keys are checked with them).
+    assert!(t.cmd(&["set-option", "-s", "set-clipboard", "on"]).status.success());
     t.wait("the shell prompt", 10, |s| s.contains('$'));
     t
 }
@@ -151,6 +153,15 @@ fn workbench_in_tmux() {
     assert!(s.contains("Memory cpu"), "{s}");
     assert!(s.contains("KV cache"), "{s}");
     assert!(s.contains("MTP depth 2"), "{s}");
+
+    // Copy keys put the answer, then the thinking, on the clipboard (OSC 52, here tmux's buffer).
+    t.keys(&["C-y"]);
+    t.wait("the copy message", 10, |s| s.contains("copied the answer"));
+    let buffer = |t: &Tmux| String::from_utf8_lossy(&t.cmd(&["show-buffer"]).stdout).to_string();
+    assert_eq!(buffer(&t), "No, 91 = 7 × 13, so 91 is not prime.");
+    t.keys(&["M-y"]);
+    t.wait("the copy message", 10, |s| s.contains("copied the thinking"));
+    assert!(buffer(&t).starts_with("Check divisors"), "{}", buffer(&t));
 
     // A slider: Tab focuses the settings, → raises max_tokens 1024 → 1536.
     t.keys(&["Tab"]);
@@ -228,12 +239,14 @@ fn terminal_restored_after_panic_error_and_signal() {
 
     // DELTASCOPE_FAULT makes the main loop panic / fail once the model is loaded and drawn.
     launch("DELTASCOPE_FAULT=panic");
-    let s = t.wait("the panic's exit", 60, |s| s.contains("EXIT-CODE-101"));
+    // Whole lines: the previous run's "EXIT-CODE-101" may still be on screen before `clear`.
+    let exited = |code: &'static str| move |s: &str| s.lines().any(|l| l.trim() == format!("EXIT-CODE-{code}"));
+    let s = t.wait("the panic's exit", 60, exited("101"));
     assert!(s.contains("injected panic (DELTASCOPE_FAULT=panic)"), "the panic message is readable:\n{s}");
     t.assert_restored("a panic");
 
     launch("DELTASCOPE_FAULT=error");
-    let s = t.wait("the error's exit", 60, |s| s.contains("EXIT-CODE-1"));
+    let s = t.wait("the error's exit", 60, exited("1"));
     assert!(s.contains("error: injected error (DELTASCOPE_FAULT=error)"), "{s}");
     t.assert_restored("an error");
 
@@ -254,7 +267,7 @@ fn terminal_restored_after_panic_error_and_signal() {
     assert_eq!(tui.len(), 1, "one process (the TUI) under the shell {shell_pid}: {tui:?}");
     let killed = Command::new("sh").args(["-c", &format!("kill -TERM {}", tui[0])]).status().unwrap();
     assert!(killed.success());
-    t.wait("the exit after SIGTERM", 30, |s| s.contains("EXIT-CODE-0"));
+    t.wait("the exit after SIGTERM", 30, exited("0"));
     t.assert_restored("SIGTERM");
     let saved: Vec<_> = std::fs::read_dir(data.join("deltascope/sessions")).unwrap().flatten().collect();
     assert_eq!(saved.len(), 1, "the session was saved on SIGTERM");

@@ -21,10 +21,16 @@ use crate::engine::{EngineEvent, GenerationParams, Phase};
 /// What the runner does for the app.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
-    Generate { messages: serde_json::Value, enable_thinking: bool, params: Box<GenerationParams> },
+    Generate {
+        messages: serde_json::Value,
+        enable_thinking: bool,
+        params: Box<GenerationParams>,
+    },
     Cancel,
     SetPaused(bool),
     Step,
+    /// Put this text on the terminal's clipboard.
+    Copy(String),
     Quit,
 }
 
@@ -574,6 +580,8 @@ impl App {
                 self.overlay = Overlay::Picker { items, selected: 0 };
             }
             Action::Export => self.export(),
+            Action::CopyAnswer => self.copy(Phase::Answer),
+            Action::CopyThinking => self.copy(Phase::Thinking),
             Action::Replay => self.start_replay(self.session.clone()),
             Action::RaiseMaxTokens => {
                 let max = self.model.as_ref().map(|m| m.context).filter(|c| *c > 0).unwrap_or(usize::MAX);
@@ -793,6 +801,21 @@ impl App {
             tracing::warn!("{e}");
             self.set_status(format!("autosave failed: {e}"));
         }
+    }
+
+    /// Copies the shown turn's answer or thinking (the text so far, while it streams).
+    fn copy(&mut self, phase: Phase) {
+        let (what, text) = match (self.shown(), phase) {
+            (Some(t), Phase::Answer) => ("answer", t.answer.trim().to_string()),
+            (Some(t), Phase::Thinking) => ("thinking", t.thinking.trim().to_string()),
+            (None, _) => ("text", String::new()),
+        };
+        if text.is_empty() {
+            self.set_status(format!("no {what} to copy"));
+            return;
+        }
+        self.set_status(format!("copied the {what} ({} chars) to the clipboard", text.chars().count()));
+        self.effects.push(Effect::Copy(text));
     }
 
     fn export(&mut self) {

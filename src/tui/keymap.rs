@@ -46,10 +46,12 @@ pub enum Action {
     ScrollUp,
     ScrollDown,
     FollowTail,
+    CopyAnswer,
+    CopyThinking,
 }
 
 impl Action {
-    pub const ALL: [Action; 28] = [
+    pub const ALL: [Action; 30] = [
         Action::Send,
         Action::Newline,
         Action::HistoryPrev,
@@ -73,6 +75,8 @@ impl Action {
         Action::FollowTail,
         Action::RaiseMaxTokens,
         Action::SetThinkingBudget,
+        Action::CopyAnswer,
+        Action::CopyThinking,
         Action::Picker,
         Action::Export,
         Action::Replay,
@@ -111,6 +115,8 @@ impl Action {
             Action::ScrollUp => "scroll_up",
             Action::ScrollDown => "scroll_down",
             Action::FollowTail => "follow_tail",
+            Action::CopyAnswer => "copy_answer",
+            Action::CopyThinking => "copy_thinking",
         }
     }
 
@@ -144,6 +150,8 @@ impl Action {
             Action::ScrollUp => "scroll the focused pane up",
             Action::ScrollDown => "scroll the focused pane down",
             Action::FollowTail => "follow the tail again",
+            Action::CopyAnswer => "copy the shown answer to the clipboard (OSC 52)",
+            Action::CopyThinking => "copy the shown thinking to the clipboard (OSC 52)",
         }
     }
 
@@ -177,6 +185,8 @@ impl Action {
             Action::ScrollUp => &["pageup"],
             Action::ScrollDown => &["pagedown"],
             Action::FollowTail => &["alt-g"],
+            Action::CopyAnswer => &["ctrl-y"],
+            Action::CopyThinking => &["alt-y"],
         }
     }
 

@@ -196,6 +196,14 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
             }
         }
         for effect in app.take_effects() {
+            if let Effect::Copy(text) = &effect {
+                // OSC 52: the terminal (or tmux, or the ssh client's terminal) sets its clipboard.
+                let copy = ratatui::crossterm::clipboard::CopyToClipboard::to_clipboard_from(text.as_bytes());
+                if let Err(err) = ratatui::crossterm::execute!(stdout, copy) {
+                    tracing::warn!("copying to the clipboard: {err}");
+                }
+                continue;
+            }
             let (Some(e), Some(l)) = (&engine, &loaded) else { continue };
             match effect {
                 Effect::Generate { messages, enable_thinking, params } => {
@@ -206,7 +214,7 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
                 Effect::Cancel => e.cancel(),
                 Effect::SetPaused(p) => e.set_paused(p),
                 Effect::Step => e.step(),
-                Effect::Quit => {}
+                Effect::Copy(_) | Effect::Quit => {}
             }
         }
         if app.quit {
