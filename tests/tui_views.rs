@@ -274,6 +274,19 @@ fn help_lists_every_key() {
     }
     snap("help", screen);
 
+    // On a short terminal it scrolls: every key can still be read, down to the last line.
+    let small = render(&app, 100, 24);
+    assert!(small.contains("↑↓ scroll (1–22 of"), "{small}");
+    assert!(!small.contains("closes this help"));
+    for _ in 0..40 {
+        key(&mut app, KeyCode::Down, KeyModifiers::NONE, 0.0);
+    }
+    assert_eq!(app.overlay, Overlay::Help);
+    let bottom = render(&app, 100, 24);
+    assert!(bottom.contains("closes this help") && bottom.contains("quit"), "{bottom}");
+    key(&mut app, KeyCode::Char('x'), KeyModifiers::NONE, 0.0);
+    assert_eq!(app.overlay, Overlay::None);
+
     // `?` opens it from an empty prompt, and is a character while a prompt is typed.
     let mut empty = common::app();
     key(&mut empty, KeyCode::Char('?'), KeyModifiers::SHIFT, 0.0);

@@ -172,6 +172,8 @@ pub struct App {
     pub show_compare: bool,
     pub step_mode: bool,
     /// The turn receiving engine events, and the app time its request was sent.
+    /// First line of the help overlay shown (the view clamps it).
+    pub help_scroll: u16,
     pub live: Option<(usize, f64)>,
     pub replay: Option<Replay>,
     pub status: Option<(String, f64)>,
@@ -215,6 +217,7 @@ impl App {
             overlay: Overlay::None,
             show_compare: false,
             step_mode: false,
+            help_scroll: 0,
             live: None,
             replay: None,
             status: None,
@@ -396,7 +399,18 @@ impl App {
     fn on_key(&mut self, k: KeyEvent) {
         match &mut self.overlay {
             Overlay::Help => {
-                self.overlay = Overlay::None;
+                // ↑/↓/PgUp/PgDn scroll a help taller than the terminal; any other key closes it.
+                let scroll = &mut self.help_scroll;
+                match k.code {
+                    KeyCode::Up => *scroll = scroll.saturating_sub(1),
+                    KeyCode::Down => *scroll = scroll.saturating_add(1),
+                    KeyCode::PageUp => *scroll = scroll.saturating_sub(10),
+                    KeyCode::PageDown => *scroll = scroll.saturating_add(10),
+                    _ => {
+                        self.overlay = Overlay::None;
+                        self.help_scroll = 0;
+                    }
+                }
                 return;
             }
             Overlay::Picker { items, selected } => {

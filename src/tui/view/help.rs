@@ -4,15 +4,16 @@ use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
+use ratatui::widgets::{Block, Clear, Paragraph};
 
 use super::centered;
+use super::wrap::wrap;
 use crate::chat::session::{SessionInfo, format_timestamp};
 use crate::tui::app::App;
 use crate::tui::keymap::Action;
 
 /// Keys that depend on the focused pane (not rebindable).
-const CONTEXT_KEYS: [(&str, &str); 8] = [
+const CONTEXT_KEYS: [(&str, &str); 9] = [
     ("↑ / ↓ (prompt)", "history recall on a one-line prompt"),
     ("↑ ↓ ← → (settings)", "select a slider / change its value"),
     ("Shift+← → or [ ]", "big step; p cycles the presets"),
@@ -20,7 +21,8 @@ const CONTEXT_KEYS: [(&str, &str); 8] = [
     ("← → ↑ ↓ Home End", "move the token inspector's cursor"),
     ("? (not while typing)", "this help"),
     ("Enter / r (sessions)", "open / replay the selected session"),
-    ("any key", "closes this help"),
+    ("↑ ↓ PgUp PgDn (help)", "scroll this help when it is taller than the terminal"),
+    ("any other key", "closes this help"),
 ];
 
 pub fn help(app: &App, f: &mut Frame, area: Rect) {
@@ -38,12 +40,21 @@ pub fn help(app: &App, f: &mut Frame, area: Rect) {
     for (k, d) in CONTEXT_KEYS {
         lines.push(Line::from(vec![Span::styled(format!("{k:<24}"), key_style), Span::styled(d, th.fg(th.text))]));
     }
-    // As wide as the longest line (descriptions are not cut), wrapping only when the terminal is narrower.
+    // As wide as the longest line (descriptions are not cut), wrapping only when the terminal is
+    // narrower; scrolled with ↑/↓ when taller.
     let w = lines.iter().map(Line::width).max().unwrap_or(0) as u16 + 2;
     let r = centered(area, w, lines.len() as u16 + 2);
     f.render_widget(Clear, r);
-    let block = Block::bordered().title(Line::styled(" Help ", th.title())).border_style(th.border(true));
-    f.render_widget(Paragraph::new(lines).block(block).wrap(Wrap { trim: false }), r);
+    let rows = wrap(&lines, r.width.saturating_sub(2) as usize);
+    let visible = r.height.saturating_sub(2) as usize;
+    let first = (app.help_scroll as usize).min(rows.len().saturating_sub(visible));
+    let title = if rows.len() > visible {
+        format!(" Help · ↑↓ scroll ({}–{} of {}) ", first + 1, (first + visible).min(rows.len()), rows.len())
+    } else {
+        " Help ".into()
+    };
+    let block = Block::bordered().title(Line::styled(title, th.title())).border_style(th.border(true));
+    f.render_widget(Paragraph::new(rows[first..].to_vec()).block(block), r);
 }
 
 pub fn picker(app: &App, f: &mut Frame, area: Rect, items: &[SessionInfo], selected: usize) {
