@@ -284,6 +284,9 @@ fn help_lists_every_key() {
     assert_eq!(app.overlay, Overlay::Help);
     let bottom = render(&app, 100, 24);
     assert!(bottom.contains("closes this help") && bottom.contains("quit"), "{bottom}");
+    // Scrolling past the end stops there: one ↑ moves up at once.
+    key(&mut app, KeyCode::Up, KeyModifiers::NONE, 0.0);
+    assert!(!render(&app, 100, 24).contains("closes this help"));
     key(&mut app, KeyCode::Char('x'), KeyModifiers::NONE, 0.0);
     assert_eq!(app.overlay, Overlay::None);
 

@@ -172,8 +172,9 @@ pub struct App {
     pub show_compare: bool,
     pub step_mode: bool,
     /// The turn receiving engine events, and the app time its request was sent.
-    /// First line of the help overlay shown (the view clamps it).
+    /// First line of the help overlay shown, and the largest useful value (the view sets it).
     pub help_scroll: u16,
+    pub help_scroll_max: Cell<u16>,
     pub live: Option<(usize, f64)>,
     pub replay: Option<Replay>,
     pub status: Option<(String, f64)>,
@@ -218,6 +219,7 @@ impl App {
             show_compare: false,
             step_mode: false,
             help_scroll: 0,
+            help_scroll_max: Cell::new(0),
             live: None,
             replay: None,
             status: None,
@@ -400,12 +402,12 @@ impl App {
         match &mut self.overlay {
             Overlay::Help => {
                 // ↑/↓/PgUp/PgDn scroll a help taller than the terminal; any other key closes it.
-                let scroll = &mut self.help_scroll;
+                let (scroll, max) = (&mut self.help_scroll, self.help_scroll_max.get());
                 match k.code {
                     KeyCode::Up => *scroll = scroll.saturating_sub(1),
-                    KeyCode::Down => *scroll = scroll.saturating_add(1),
+                    KeyCode::Down => *scroll = scroll.saturating_add(1).min(max),
                     KeyCode::PageUp => *scroll = scroll.saturating_sub(10),
-                    KeyCode::PageDown => *scroll = scroll.saturating_add(10),
+                    KeyCode::PageDown => *scroll = scroll.saturating_add(10).min(max),
                     _ => {
                         self.overlay = Overlay::None;
                         self.help_scroll = 0;

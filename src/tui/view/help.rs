@@ -47,7 +47,9 @@ pub fn help(app: &App, f: &mut Frame, area: Rect) {
     f.render_widget(Clear, r);
     let rows = wrap(&lines, r.width.saturating_sub(2) as usize);
     let visible = r.height.saturating_sub(2) as usize;
-    let first = (app.help_scroll as usize).min(rows.len().saturating_sub(visible));
+    let max = rows.len().saturating_sub(visible);
+    app.help_scroll_max.set(max as u16);
+    let first = (app.help_scroll as usize).min(max);
     let title = if rows.len() > visible {
         format!(" Help · ↑↓ scroll ({}–{} of {}) ", first + 1, (first + visible).min(rows.len()), rows.len())
     } else {
