@@ -323,6 +323,15 @@ fn session_picker_lists_saved_sessions() {
     let screen = render(&app, W, H);
     let screen = screen.replace(&dir.path().display().to_string(), "[DIR]");
     snap("picker", screen);
+
+    // Opening a session recorded with another model says so.
+    let mut foreign = Session::new("Qwen3.6-27B", None);
+    foreign.turns = app.session.turns.clone();
+    let path = dir.path().join("foreign.json");
+    foreign.save_atomic(&path).unwrap();
+    app.open_session(&path, false);
+    let (msg, _) = app.status.clone().unwrap();
+    assert_eq!(msg, "this session was recorded with Qwen3.6-27B; new turns use embedded:demo");
 }
 
 /// The full cell grid (symbols and styles) of one frame.

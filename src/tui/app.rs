@@ -297,6 +297,7 @@ impl App {
             self.session.model = info.name.clone();
         }
         self.model = Some(info);
+        self.warn_other_model();
         self.loading = None;
         self.dirty = true;
     }
@@ -873,9 +874,22 @@ impl App {
                     self.session = s;
                     self.sync_markdown();
                     self.set_status(format!("opened {}", path.display()));
+                    self.warn_other_model();
                 }
             }
             Err(e) => self.set_status(e.to_string()),
+        }
+    }
+
+    /// A session recorded with another model continues on the loaded one: say so, since its
+    /// old turns and the new ones are not comparable.
+    fn warn_other_model(&mut self) {
+        if let Some(m) = &self.model
+            && !self.session.turns.is_empty()
+            && self.session.model != m.name
+        {
+            let msg = format!("this session was recorded with {}; new turns use {}", self.session.model, m.name);
+            self.set_status(msg);
         }
     }
 
