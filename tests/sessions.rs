@@ -68,6 +68,37 @@ fn load_errors_name_the_file() {
     assert!(Session::load(&p).unwrap_err().to_string().contains("format version 99"));
 }
 
+/// The picker lists every `.json` file: sessions newest first (header and first prompt only),
+/// then files it cannot open, each with the reason, so nothing looks lost.
+#[test]
+fn listing_keeps_unreadable_files_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut old = recorded_app_session();
+    old.id = "old".into();
+    old.created = 1_000;
+    old.save_atomic(&dir.path().join("old.json")).unwrap();
+    let mut new = old.clone();
+    new.id = "new".into();
+    new.created = 2_000;
+    new.turns.push(new.turns[0].clone());
+    new.save_atomic(&dir.path().join("new.json")).unwrap();
+    std::fs::write(dir.path().join("broken.json"), "{\"version\": 1, \"id\": ").unwrap();
+    let mut future = old.clone();
+    future.version = 99;
+    future.save_atomic(&dir.path().join("future.json")).unwrap();
+    std::fs::write(dir.path().join("notes.md"), "not a session").unwrap();
+
+    let list = list_sessions(dir.path());
+    let ids: Vec<&str> = list.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids, ["new", "old", "broken", "future"]);
+    assert_eq!((list[0].turns, list[0].first_prompt.as_str()), (2, "Is 91 prime?"));
+    assert!(list[0].error.is_none() && list[1].error.is_none());
+    let broken = list[2].error.as_deref().unwrap();
+    assert!(broken.contains("broken.json is not a deltascope session"), "{broken}");
+    let future = list[3].error.as_deref().unwrap();
+    assert!(future.contains("session format version 99"), "{future}");
+}
+
 #[test]
 fn markdown_export() {
     let md = recorded_app_session().to_markdown();

@@ -332,6 +332,13 @@ fn session_picker_lists_saved_sessions() {
     app.open_session(&path, false);
     let (msg, _) = app.status.clone().unwrap();
     assert_eq!(msg, "this session was recorded with Qwen3.6-27B; new turns use embedded:demo");
+
+    // A file the picker cannot open is listed with the reason, not hidden.
+    std::fs::write(dir.path().join("broken.json"), "{").unwrap();
+    app.overlay = Overlay::None;
+    key(&mut app, KeyCode::Char('p'), KeyModifiers::CONTROL, 300.0);
+    let screen = render(&app, W, H);
+    assert!(screen.contains("✖") && screen.contains("broken.json is not a deltascope session"), "{screen}");
 }
 
 /// The full cell grid (symbols and styles) of one frame.

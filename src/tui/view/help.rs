@@ -77,6 +77,11 @@ pub fn picker(app: &App, f: &mut Frame, area: Rect, items: &[SessionInfo], selec
         } else {
             th.fg(th.text)
         };
+        if let Some(e) = &s.error {
+            let st = if sel { st } else { th.fg(th.bad) };
+            lines.push(Line::styled(format!("{} ✖ {e}", if sel { "▸" } else { " " }), st));
+            continue;
+        }
         let prompt: String = s.first_prompt.split_whitespace().collect::<Vec<_>>().join(" ");
         lines.push(Line::styled(
             format!(
