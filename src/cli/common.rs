@@ -203,10 +203,24 @@ pub struct Loaded {
 }
 
 pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
+    load_reporting(args, None, &|_| {})
+}
+
+/// [`load`], telling `weights` how many bytes of weights have been read and `step` which small
+/// file comes next (the TUI's loading screen follows both).
+pub fn load_reporting(
+    args: &ModelArgs,
+    weights: Option<crate::model::LoadProgress>,
+    step: &dyn Fn(&str),
+) -> anyhow::Result<Loaded> {
     let source = args.source();
-    let model = Model::load(&source, &LoadOptions { precision: args.precision()?, ..Default::default() })?;
+    let opts = LoadOptions { precision: args.precision()?, progress: weights, ..Default::default() };
+    let model = Model::load(&source, &opts)?;
+    step("tokenizer");
     let tokenizer = TextTokenizer::load(&source, &model.config)?;
+    step("chat template");
     let template = ChatTemplate::load(&source, tokenizer.specials.think_start.is_some())?;
+    step("generation config");
     let generation_defaults = source
         .read_json("generation_config.json")?
         .map(|g| SamplingParams::from_generation_config(&g))

@@ -26,11 +26,11 @@ use self::keymap::Keymap;
 use self::render::FrameClock;
 use self::sliders::Settings;
 use self::theme::Theme;
+use crate::chat::RenderOptions;
 use crate::chat::session::{Session, default_sessions_dir};
-use crate::chat::{ChatTemplate, RenderOptions, TextTokenizer};
-use crate::cli::common::{GenArgs, Loaded, ModelArgs, human_bytes};
-use crate::engine::{EngineEvent, EngineHandle, GenerateRequest, GenerationParams, SamplingParams, check_prompt};
-use crate::model::{LayerKind, LoadOptions, LoadProgress, Model};
+use crate::cli::common::{GenArgs, Loaded, ModelArgs, human_bytes, load_reporting};
+use crate::engine::{EngineEvent, EngineHandle, GenerateRequest, GenerationParams, check_prompt};
+use crate::model::{LayerKind, LoadProgress};
 
 /// Everything `deltascope chat` (or plain `deltascope`) was asked for.
 pub struct TuiOptions {
@@ -299,39 +299,20 @@ fn model_info(l: &Loaded) -> ModelInfo {
 }
 
 /// Loads the model on its own thread, reporting progress: bytes of tensor data while the
-/// weights are read (the long part), then the small files (the same steps as
-/// `cli::common::load`, split so the progress bar can follow them).
+/// weights are read (the long part), then the small files.
 fn spawn_loader(args: ModelArgs, tx: Sender<Inbound>) -> anyhow::Result<()> {
     std::thread::Builder::new().name("deltascope-load".into()).spawn(move || {
         let load = || -> anyhow::Result<Loaded> {
-            let source = args.source();
-            let label = source.label();
+            let label = args.source().label();
             let weights_tx = tx.clone();
             let weights = LoadProgress(std::sync::Arc::new(move |read: u64, total: u64| {
                 let what = format!("weights of {label}: {} of {}", human_bytes(read), human_bytes(total));
                 let _ = weights_tx.send(Inbound::LoadProgress { done: read, total, what });
             }));
-            let opts = LoadOptions { precision: args.precision()?, progress: Some(weights), ..Default::default() };
-            let model = Model::load(&source, &opts)?;
             let step = |what: &str| {
                 let _ = tx.send(Inbound::LoadProgress { done: 1, total: 1, what: what.into() });
             };
-            step("tokenizer");
-            let tokenizer = TextTokenizer::load(&source, &model.config)?;
-            step("chat template");
-            let template = ChatTemplate::load(&source, tokenizer.specials.think_start.is_some())?;
-            step("generation config");
-            let generation_defaults = source
-                .read_json("generation_config.json")?
-                .map(|g| SamplingParams::from_generation_config(&g))
-                .unwrap_or_default();
-            Ok(Loaded {
-                name: source.label(),
-                model: std::sync::Arc::new(model),
-                tokenizer: std::sync::Arc::new(tokenizer),
-                template,
-                generation_defaults,
-            })
+            load_reporting(&args, Some(weights), &step)
         };
         // A checkpoint that makes loading panic gets the same error screen as one that fails.
         let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(load)) {
