@@ -84,3 +84,12 @@ impl Error {
         Error::ConfigField { file: file.to_string(), field: field.to_string(), message: message.into() }
     }
 }
+
+/// The text a panic was raised with (`panic!` payloads are `&str` or `String`).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}

@@ -4,11 +4,15 @@
 //! Data flows one way: [`model`] (pure compute) → [`engine`] (sampling, budgets, phases) → one
 //! event stream → front ends ([`cli`], [`tui`]).
 
+pub mod backend;
 pub mod chat;
+pub mod checkpoint;
 pub mod cli;
 pub mod engine;
 pub mod error;
 pub mod model;
+pub mod session;
 pub mod tui;
+pub mod units;
 
 pub use error::{Error, Result};

@@ -312,7 +312,9 @@ fn run_top_logprobs_presets_and_sampling_flags() {
         .args(["run", "--prompt", "Hi", "--preset", "bogus"])
         .output()
         .unwrap();
-    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unknown preset \"bogus\""));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("invalid value 'bogus' for '--preset"), "{err}");
+    assert!(err.contains("thinking-general, thinking-coding, instruct-general, instruct-reasoning"), "{err}");
 }
 
 #[test]

@@ -21,7 +21,7 @@ struct Demo {
 fn demo() -> Demo {
     let source = demo_source();
     let model = Model::load(&source, &LoadOptions::default()).unwrap();
-    let tok = TextTokenizer::load(&source, &model.config).unwrap();
+    let tok = TextTokenizer::load(&source, Some(model.config.vocab_size), &model.config.eos_token_ids).unwrap();
     let template = ChatTemplate::load(&source, true).unwrap();
     Demo { model, tok, template }
 }

@@ -9,8 +9,8 @@ use deltascope::Result;
 use deltascope::chat::{ChatTemplate, RenderOptions, TextTokenizer};
 use deltascope::engine::events::Memory;
 use deltascope::engine::{
-    Control, DiagnosticKind, EngineEvent, FinishReason, GenerateRequest, GenerationParams, Generator, LogitsSource,
-    LoopParams, ModelSession, Outcome, Phase, QWEN_BUDGET_BRIDGE, SamplingParams, StepControl,
+    Control, Diagnostic, DiagnosticKind, DoneEvent, EngineEvent, FinishReason, GenerateRequest, GenerationParams,
+    Generator, LogitsSource, LoopParams, ModelSession, Outcome, Phase, QWEN_BUDGET_BRIDGE, SamplingParams, StepControl,
 };
 use deltascope::model::{LoadOptions, Model, ModelSource, demo_source, read_config};
 use serde_json::json;
@@ -55,7 +55,8 @@ fn onehot(id: u32) -> Vec<f32> {
 
 fn tokenizer() -> TextTokenizer {
     let s = ModelSource::Dir(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_5_vl"));
-    TextTokenizer::load(&s, &read_config(&s).unwrap()).unwrap()
+    let config = read_config(&s).unwrap();
+    TextTokenizer::load(&s, Some(config.vocab_size), &config.eos_token_ids).unwrap()
 }
 
 /// Runs a script; returns the outcome and every event.
@@ -88,7 +89,7 @@ fn diagnostics(events: &[EngineEvent]) -> Vec<(DiagnosticKind, usize, String)> {
     events
         .iter()
         .filter_map(|e| match e {
-            EngineEvent::Diagnostic { kind, at_token, message, .. } => Some((*kind, *at_token, message.clone())),
+            EngineEvent::Diagnostic(d) => Some((d.kind, d.at_token, d.message.clone())),
             _ => None,
         })
         .collect()
@@ -171,7 +172,7 @@ fn thinking_budget_forces_the_exact_close_sequence() {
     assert!(out.thinking.ends_with(QWEN_BUDGET_BRIDGE), "{:?}", out.thinking);
     assert_eq!(out.usage.forced_tokens, forced.len());
     // The forced tokens carry `forced: true` in the events, and one diagnostic says why.
-    let forced_events = events.iter().filter(|e| matches!(e, EngineEvent::Token { forced: true, .. })).count();
+    let forced_events = events.iter().filter(|e| matches!(e, EngineEvent::Token(t) if t.forced)).count();
     assert_eq!(forced_events, forced.len());
     let d = diagnostics(&events);
     assert_eq!((d[0].0, d[0].1), (DiagnosticKind::ThinkingBudgetForced, 5));
@@ -248,7 +249,7 @@ fn loop_alarm_and_auto_stop() {
     let loops: Vec<_> = events
         .iter()
         .filter_map(|e| match e {
-            EngineEvent::Diagnostic { kind: DiagnosticKind::DegenerateLoop, period, start, .. } => {
+            EngineEvent::Diagnostic(Diagnostic { kind: DiagnosticKind::DegenerateLoop, period, start, .. }) => {
                 Some((*period, *start))
             }
             _ => None,
@@ -286,7 +287,7 @@ fn cancellation_keeps_what_was_produced() {
     assert_eq!(out.tokens, vec![70; 4]);
     assert_eq!(out.usage.thinking_tokens, 4);
     match events.last().unwrap() {
-        EngineEvent::Done { finish_reason, thinking, .. } => {
+        EngineEvent::Done(DoneEvent { finish_reason, thinking, .. }) => {
             assert_eq!(*finish_reason, FinishReason::Cancelled);
             assert_eq!(thinking, &out.thinking);
             assert!(!thinking.is_empty());
@@ -316,7 +317,7 @@ fn step_mode_advances_one_token_per_command() {
         .unwrap()
     });
     let tokens_seen = |rx: &std::sync::mpsc::Receiver<EngineEvent>| {
-        rx.try_iter().filter(|e| matches!(e, EngineEvent::Token { .. })).count()
+        rx.try_iter().filter(|e| matches!(e, EngineEvent::Token(_))).count()
     };
     std::thread::sleep(std::time::Duration::from_millis(100));
     assert_eq!(tokens_seen(&rx), 0, "paused before the first token");
@@ -344,12 +345,13 @@ fn top_logprobs_come_with_each_token() {
     let (_, events) =
         run(&tok, vec![5], params, &no_cancel(), move |g| if g.len() < 2 { l.clone() } else { onehot(im_end) });
     let first = events.iter().find_map(|e| match e {
-        EngineEvent::Token { top_logprobs, logprob, id, .. } => Some((top_logprobs.clone(), *logprob, *id)),
+        EngineEvent::Token(t) => Some((t.top_logprobs.clone(), t.logprob, t.id)),
         _ => None,
     });
     let (alts, lp, id) = first.unwrap();
-    assert_eq!(id, 70);
-    assert_eq!(alts.iter().map(|a| a.id).collect::<Vec<_>>(), vec![70, 71, 72]);
+    let lp = lp.unwrap();
+    assert_eq!(id, Some(70));
+    assert_eq!(alts.iter().map(|a| a.id).collect::<Vec<_>>(), vec![Some(70), Some(71), Some(72)]);
     assert!((alts[0].logprob - lp).abs() < 1e-6 && alts[0].logprob > alts[1].logprob);
     assert_eq!(alts[0].text, tok.decode(&[70]));
 }
@@ -390,7 +392,7 @@ fn penalties_change_the_choice() {
 fn demo() -> (Model, TextTokenizer, ChatTemplate) {
     let s = demo_source();
     let m = Model::load(&s, &LoadOptions::default()).unwrap();
-    let t = TextTokenizer::load(&s, &m.config).unwrap();
+    let t = TextTokenizer::load(&s, Some(m.config.vocab_size), &m.config.eos_token_ids).unwrap();
     let c = ChatTemplate::load(&s, true).unwrap();
     (m, t, c)
 }
@@ -452,6 +454,6 @@ fn demo_budget_forcing_still_answers() {
     assert_eq!(out.forced.iter().position(|&f| f), Some(6));
     // Phases: the forced `</think>` switches to the answer.
     let phases: Vec<Phase> =
-        ev.iter().filter_map(|e| if let EngineEvent::Token { phase, .. } = e { Some(*phase) } else { None }).collect();
+        ev.iter().filter_map(|e| if let EngineEvent::Token(t) = e { Some(t.phase) } else { None }).collect();
     assert_eq!(*phases.last().unwrap(), Phase::Answer);
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use deltascope::chat::{ChatTemplate, RenderOptions, TextTokenizer};
 use deltascope::engine::{
     DraftKind, EngineEvent, FinishReason, GenerateRequest, GenerationParams, Generator, ModelSession, MtpParams,
-    Outcome, SamplingParams,
+    Outcome, SamplingParams, StatsEvent, TokenEvent,
 };
 use deltascope::model::{ForwardOptions, LoadOptions, Model, ModelSource, demo_source};
 use serde_json::json;
@@ -21,7 +21,7 @@ struct Setup {
 
 fn load(source: ModelSource) -> Setup {
     let model = Model::load(&source, &LoadOptions::default()).unwrap();
-    let tok = TextTokenizer::load(&source, &model.config).unwrap();
+    let tok = TextTokenizer::load(&source, Some(model.config.vocab_size), &model.config.eos_token_ids).unwrap();
     let tpl = ChatTemplate::load(&source, true).unwrap();
     Setup { model, tok, tpl }
 }
@@ -71,10 +71,8 @@ fn assert_identical(s: &Setup, prompt: &[u32], base: GenerationParams, label: &s
         assert_eq!((&spec.thinking, &spec.answer), (&plain.thinking, &plain.answer), "{label}");
         let stats = spec.mtp.expect("drafting ran");
         // Provenance: accepted drafts and the verify passes' own tokens.
-        let kinds: Vec<DraftKind> = ev
-            .iter()
-            .filter_map(|e| if let EngineEvent::Token { draft, .. } = e { Some(*draft) } else { None })
-            .collect();
+        let kinds: Vec<DraftKind> =
+            ev.iter().filter_map(|e| if let EngineEvent::Token(t) = e { t.draft } else { None }).collect();
         assert_eq!(kinds.iter().filter(|k| **k == DraftKind::Accepted).count(), stats.accepted, "{label}");
         assert!(kinds.iter().filter(|k| **k == DraftKind::Bonus).count() <= stats.steps);
         assert!(stats.per_position.len() <= depth, "{label}: depth {depth}: {stats:?}");
@@ -214,7 +212,7 @@ fn speculative_sampling_preserves_the_distribution() {
         assert!(
             ev.iter().any(|e| matches!(
                 e,
-                EngineEvent::Token { index: 1, draft: DraftKind::Accepted | DraftKind::Bonus, .. }
+                EngineEvent::Token(TokenEvent { index: 1, draft: Some(DraftKind::Accepted | DraftKind::Bonus), .. })
             )),
             "token 2 came from a verify pass"
         );
@@ -249,11 +247,9 @@ fn mtp_stats_are_reported_in_events() {
     assert!(st.snapshot_bytes > 0 && st.verify_ms > 0.0);
     let done = ev
         .iter()
-        .find_map(|e| {
-            if let EngineEvent::Done { mtp, memory, .. } = e { Some((mtp.clone(), memory.clone())) } else { None }
-        })
+        .find_map(|e| if let EngineEvent::Done(d) = e { Some((d.mtp.clone(), d.memory.clone())) } else { None })
         .unwrap();
     assert_eq!(done.0.unwrap().accepted, st.accepted);
-    assert!(ev.iter().any(|e| matches!(e, EngineEvent::Stats { mtp: Some(_), .. })));
+    assert!(ev.iter().any(|e| matches!(e, EngineEvent::Stats(StatsEvent { mtp: Some(_), .. }))));
     let _ = FinishReason::Stop;
 }

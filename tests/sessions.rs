@@ -9,7 +9,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use deltascope::chat::session::{Session, Turn, list_sessions};
+use deltascope::backend::{DiagnosticKind, FinishReason};
+use deltascope::session::{Session, Turn, list_sessions};
 use deltascope::tui::event::Inbound;
 
 fn examples_dir() -> PathBuf {
@@ -47,8 +48,8 @@ fn save_is_atomic_and_round_trips() {
     assert_eq!(Session::load(&path).unwrap(), changed);
     s.save_atomic(&path).unwrap();
     let t = &back.turns[0];
-    assert!(t.tokens.len() > 20 && t.tokens.iter().all(|x| x.top.len() == 3));
-    assert_eq!(t.finish_reason.as_deref(), Some("stop"));
+    assert!(t.tokens.len() > 20 && t.tokens.iter().all(|x| x.top_logprobs.len() == 3));
+    assert_eq!(t.finish_reason, Some(FinishReason::Stop));
     assert!(!t.stats.samples.is_empty());
     assert_eq!(list_sessions(path.parent().unwrap()).len(), 1);
 }
@@ -146,21 +147,21 @@ fn example(name: &str) -> Session {
 fn shipped_examples_show_each_failure_mode() {
     let healthy = example("healthy.json");
     let t = &healthy.turns[0];
-    assert_eq!(t.finish_reason.as_deref(), Some("stop"));
+    assert_eq!(t.finish_reason, Some(FinishReason::Stop));
     assert!(t.thinking_tokens() > 10 && t.answer.contains("not prime"), "{}", t.answer);
     assert!(t.diagnostics.is_empty());
 
     let starved = example("starved-by-max-tokens.json");
     let t = &starved.turns[0];
-    assert_eq!(t.finish_reason.as_deref(), Some("length"));
+    assert_eq!(t.finish_reason, Some(FinishReason::Length));
     assert!(t.answer.trim().is_empty());
-    assert!(t.diagnostics.iter().any(|d| d.kind == "thinking_exhausted_max_tokens"));
+    assert!(t.diagnostics.iter().any(|d| d.kind == DiagnosticKind::ThinkingExhaustedMaxTokens));
 
     let looping = example("degenerate-loop.json");
     let t = &looping.turns[0];
     // A loop of many tokens (like "2 + 2 = 2.2 + 2 = 2.…"), not one token stuck.
     assert!(
-        t.diagnostics.iter().any(|d| d.kind == "degenerate_loop" && d.period.is_some_and(|p| p >= 4)),
+        t.diagnostics.iter().any(|d| d.kind == DiagnosticKind::DegenerateLoop && d.period.is_some_and(|p| p >= 4)),
         "{:?}",
         t.diagnostics
     );
@@ -184,50 +185,30 @@ fn shipped_examples_show_each_failure_mode() {
 #[test]
 #[ignore = "regenerates sessions/*.json with the demo model"]
 fn make_example_sessions() {
+    use deltascope::backend::local::{LocalBackend, LocalSpec};
+    use deltascope::backend::{Backend, ChatMessage, ChatRequest, OpenProgress, Prompt, Role};
     use deltascope::cli::chat::ChatArgs;
-    use deltascope::cli::common::{ModelArgs, load};
 
-    let loaded = load(&ModelArgs { model: None, dtype: "f32".into() }).unwrap();
-    let engine =
-        deltascope::engine::EngineHandle::spawn(loaded.model.clone(), loaded.tokenizer.clone(), loaded.name.clone());
+    let backend = LocalBackend::open(&LocalSpec::new(None, "f32").unwrap(), &|_: OpenProgress| {}).unwrap();
     let record = |file: &str,
                   user: &str,
                   raw: bool,
                   thinking: bool,
-                  tweak: &dyn Fn(&mut deltascope::engine::GenerationParams)| {
+                  tweak: &dyn Fn(&mut deltascope::backend::GenerationParams)| {
         // The command line's defaults (loop thresholds, MTP depth), greedy.
         let mut args = ChatArgs::default().generation;
         args.temperature = Some(0.0);
-        let mut params = args.params(&loaded).unwrap();
+        let mut params = args.overrides().resolve(backend.info()).unwrap();
         params.top_logprobs = 5;
         tweak(&mut params);
-        let prompt = if raw {
-            user.to_string()
-        } else {
-            let msgs = serde_json::json!([{"role": "user", "content": user}]);
-            let opts = deltascope::chat::RenderOptions {
-                add_generation_prompt: true,
-                enable_thinking: Some(thinking),
-                ..Default::default()
-            };
-            loaded.template.render(&msgs, &opts).unwrap()
-        };
-        let ids = loaded.tokenizer.encode(&prompt).unwrap();
-        let mut session = Session::new(loaded.name.clone(), None);
+        let prompt =
+            if raw { Prompt::Text(user.to_string()) } else { Prompt::Chat(vec![ChatMessage::new(Role::User, user)]) };
+        let mut session = Session::new(backend.info().name.clone(), None);
         session.id = Path::new(file).file_stem().unwrap().to_string_lossy().to_string();
         let mut turn = Turn::new(user, thinking, params.clone());
         let t0 = std::time::Instant::now();
-        engine.generate(deltascope::engine::GenerateRequest { prompt_ids: ids, params });
-        for ev in engine.events.iter() {
-            let end = matches!(
-                ev,
-                deltascope::engine::EngineEvent::Done { .. } | deltascope::engine::EngineEvent::Error { .. }
-            );
-            turn.apply(&ev, t0.elapsed().as_secs_f64() * 1000.0);
-            if end {
-                break;
-            }
-        }
+        let generation = backend.start(ChatRequest { prompt, enable_thinking: thinking, params }).unwrap();
+        generation.for_each(|ev| turn.apply(ev, t0.elapsed().as_secs_f64() * 1000.0));
         session.turns.push(turn);
         session.save_atomic(&examples_dir().join(file)).unwrap();
         session

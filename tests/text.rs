@@ -48,7 +48,8 @@ fn templates_render_exactly_like_transformers() {
 
 fn fixture_tokenizer() -> TextTokenizer {
     let source = ModelSource::Dir(root().join("tests/fixtures/qwen3_5_vl"));
-    TextTokenizer::load(&source, &read_config(&source).unwrap()).unwrap()
+    let config = read_config(&source).unwrap();
+    TextTokenizer::load(&source, Some(config.vocab_size), &config.eos_token_ids).unwrap()
 }
 
 #[test]

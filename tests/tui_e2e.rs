@@ -207,9 +207,9 @@ fn workbench_in_tmux() {
     let sessions = data.join("deltascope/sessions");
     let saved: Vec<_> = std::fs::read_dir(&sessions).unwrap().filter_map(|e| e.ok()).collect();
     assert_eq!(saved.len(), 1, "one autosaved session in {}", sessions.display());
-    let s = deltascope::chat::session::Session::load(&saved[0].path()).unwrap();
+    let s = deltascope::session::Session::load(&saved[0].path()).unwrap();
     assert_eq!(s.turns.len(), 2);
-    assert_eq!(s.turns[1].finish_reason.as_deref(), Some("cancelled"));
+    assert_eq!(s.turns[1].finish_reason, Some(deltascope::backend::FinishReason::Cancelled));
     assert_eq!(s.turns[1].params.max_tokens, 1536);
 }
 
@@ -271,11 +271,11 @@ fn terminal_restored_after_panic_error_and_signal() {
     t.assert_restored("SIGTERM");
     let saved: Vec<_> = std::fs::read_dir(data.join("deltascope/sessions")).unwrap().flatten().collect();
     assert_eq!(saved.len(), 1, "the session was saved on SIGTERM");
-    let s = deltascope::chat::session::Session::load(&saved[0].path()).unwrap();
+    let s = deltascope::session::Session::load(&saved[0].path()).unwrap();
     assert_eq!(s.turns.len(), 2);
-    assert_eq!(s.turns[0].finish_reason.as_deref(), Some("stop"));
+    assert_eq!(s.turns[0].finish_reason, Some(deltascope::backend::FinishReason::Stop));
     // The interrupted turn was closed properly: cancelled, with its usage, not left open.
-    assert_eq!(s.turns[1].finish_reason.as_deref(), Some("cancelled"), "{:?}", s.turns[1]);
+    assert_eq!(s.turns[1].finish_reason, Some(deltascope::backend::FinishReason::Cancelled), "{:?}", s.turns[1]);
     assert!(s.turns[1].stats.usage.is_some());
 }
 

@@ -4,8 +4,8 @@
 mod common;
 
 use common::*;
-use deltascope::chat::session::Session;
 use deltascope::engine::{DiagnosticKind, DraftKind, EngineEvent, FinishReason, Phase};
+use deltascope::session::Session;
 use deltascope::tui::app::{Effect, Focus, Overlay};
 use ratatui::crossterm::event::{KeyCode, KeyModifiers};
 
@@ -222,7 +222,7 @@ fn cancel_keeps_output_and_step_mode_sends_steps() {
     assert_eq!(app.take_effects().last(), Some(&Effect::Cancel));
     engine(&mut app, done(FinishReason::Cancelled, 16, 20, 1, THINKING, ""), 101.0);
     assert!(!app.generating());
-    assert_eq!(app.shown().unwrap().finish_reason.as_deref(), Some("cancelled"));
+    assert_eq!(app.shown().unwrap().finish_reason, Some(FinishReason::Cancelled));
     assert!(app.shown().unwrap().thinking_tokens() > 0);
     key(&mut app, KeyCode::Char('s'), KeyModifiers::CONTROL, 102.0);
     key(&mut app, KeyCode::Char('n'), KeyModifiers::CONTROL, 102.0);

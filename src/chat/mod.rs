@@ -1,7 +1,6 @@
-//! Text around the model: tokenizer, chat template, conversations.
+//! Text around the model: tokenizer, chat templates, prompts.
 
 pub mod prompt;
-pub mod session;
 pub mod template;
 pub mod tokenizer;
 

@@ -7,8 +7,8 @@ use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, ErrorKind};
 use serde_json::Value as Json;
 
+use crate::checkpoint::ModelSource;
 use crate::error::{Error, Result};
-use crate::model::ModelSource;
 
 /// Used when a model ships no template: Qwen's ChatML, with the thinking switch when the
 /// tokenizer has `<think>` tokens.

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 use serde_json::Value as Json;
 
+use crate::checkpoint::ModelSource;
 use crate::error::{Error, Result};
-use crate::model::{ModelConfig, ModelSource};
 
 /// Special token ids, looked up by their strings in the tokenizer's vocabulary (never
 /// hard-coded: the demo model and the fixtures have ids of their own).
@@ -77,7 +77,10 @@ fn token_string(v: Option<&Json>) -> Option<String> {
 }
 
 impl TextTokenizer {
-    pub fn load(source: &ModelSource, config: &ModelConfig) -> Result<Self> {
+    /// Loads `tokenizer.json` (and the stop ids of generation_config.json and
+    /// tokenizer_config.json) for a model with `vocab_size` embedding rows (`None`: the weights
+    /// are not here, e.g. a remote server's model) whose config.json names `config_eos`.
+    pub fn load(source: &ModelSource, vocab_size: Option<usize>, config_eos: &[u32]) -> Result<Self> {
         let file = source.file_label("tokenizer.json");
         let bytes = source.read("tokenizer.json")?.ok_or_else(|| Error::MissingFile {
             dir: source.dir(),
@@ -90,12 +93,13 @@ impl TextTokenizer {
             serde_json::from_slice(&bytes).map_err(|e| Error::Json { file: file.clone(), message: e.to_string() })?;
         let len = inner.get_vocab_size(true);
         let max_id = inner.get_vocab(true).values().copied().max().unwrap_or(0) as usize;
-        if max_id >= config.vocab_size {
+        if let Some(vocab_size) = vocab_size
+            && max_id >= vocab_size
+        {
             return Err(Error::Tokenizer {
                 file,
                 message: format!(
-                    "has token id {max_id}, but the model's vocab_size is {} (tokenizer and weights do not belong together)",
-                    config.vocab_size
+                    "has token id {max_id}, but the model's vocab_size is {vocab_size} (tokenizer and weights do not belong together)"
                 ),
             });
         }
@@ -133,7 +137,7 @@ impl TextTokenizer {
         };
         let generation = source.read_json("generation_config.json")?;
         add_stop(json_ids(generation.as_ref().and_then(|g| g.get("eos_token_id"))));
-        add_stop(config.eos_token_ids.clone());
+        add_stop(config_eos.to_vec());
         let tok_cfg = source.read_json("tokenizer_config.json")?;
         if let Some(eos) = token_string(tok_cfg.as_ref().and_then(|c| c.get("eos_token"))) {
             add_stop(id_of(&eos).into_iter().collect());

@@ -8,7 +8,7 @@ use clap::Args;
 use serde::Serialize;
 
 use super::common::{self, ModelArgs};
-use crate::chat::PromptInput;
+use crate::backend::{ChatMessage, ChatRequest, Prompt, Role};
 use crate::engine::{GenerateRequest, GenerationParams, Generator, ModelSession, MtpParams, MtpStats, SamplingParams};
 use crate::model::gdn::replay_head;
 
@@ -61,14 +61,18 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
-    let loaded = common::load(&a.model)?;
+    let loaded = common::load_local(&a.model, "bench")?;
     let prompts: Vec<String> =
         if a.prompt.is_empty() { DEMO_PROMPTS.iter().map(|s| s.to_string()).collect() } else { a.prompt.clone() };
     let prompt_ids: Vec<Vec<u32>> = prompts
         .iter()
         .map(|p| {
-            let input = PromptInput { text: Some(p.clone()), enable_thinking: true, ..Default::default() };
-            crate::chat::build_prompt(&loaded.template, &loaded.tokenizer, &input).map(|p| p.ids)
+            let request = ChatRequest {
+                prompt: Prompt::Chat(vec![ChatMessage::new(Role::User, p.clone())]),
+                enable_thinking: true,
+                params: Default::default(),
+            };
+            loaded.render(&request).map(|(_, ids)| ids)
         })
         .collect::<Result<_, _>>()?;
     let generator = Generator { tokenizer: &loaded.tokenizer, model_name: loaded.name.clone() };

@@ -52,8 +52,8 @@ impl Default for ChatArgs {
 
 pub fn run(a: ChatArgs) -> anyhow::Result<()> {
     tui::run(TuiOptions {
-        model: a.model,
-        generation: a.generation,
+        backend: a.model.spec()?,
+        generation: a.generation.overrides(),
         system: a.system,
         no_think: a.no_think,
         theme: a.theme,

@@ -1,44 +1,111 @@
-//! Pieces shared by the subcommands: which model, loading it, and building the prompt.
+//! Pieces shared by the subcommands: which backend (a checkpoint, or a server), the prompt
+//! flags and the generation flags. Everything here is plain flag parsing; loading, rendering
+//! and validation live in the backend.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::time::Duration;
 
-use anyhow::Context;
 use clap::Args;
 
-use crate::chat::{ChatTemplate, Prompt, PromptInput, TextTokenizer, build_prompt, parse_ids};
-use crate::engine::speculative::MAX_DEPTH;
-use crate::engine::{GenerationParams, LoopParams, MtpParams, Preset, QWEN_BUDGET_BRIDGE, SamplingParams};
-use crate::model::{LoadOptions, Model, ModelSource, Precision, demo_source};
+use crate::backend::{
+    self, Backend, BackendSpec, BudgetMode, ChatMessage, KeySource, MtpChoice, OpenProgress, ParamOverrides, Preset,
+    Prompt, RemoteSpec, Role,
+    local::{Loaded, LocalSpec},
+};
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
     /// A Hugging Face model directory (config.json, *.safetensors, tokenizer.json), or `demo`
     /// for the embedded demo model (the default).
-    #[arg(long, value_name = "DIR|demo")]
+    #[arg(long, value_name = "DIR|demo", conflicts_with = "server")]
     pub model: Option<PathBuf>,
     /// Compute precision: f32, or bf16 with the cast points of the transformers reference.
     #[arg(long, default_value = "f32", value_name = "f32|bf16")]
     pub dtype: String,
+    #[command(flatten)]
+    pub server: ServerArgs,
 }
 
-/// `None` or `demo` is the embedded demo model (write `./demo` for a directory of that name).
-pub fn model_source(model: Option<&Path>) -> ModelSource {
-    match model {
-        None => demo_source(),
-        Some(p) if p == Path::new("demo") => demo_source(),
-        Some(p) => ModelSource::Dir(p.to_path_buf()),
-    }
+/// `--server URL` and what goes with it.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ServerArgs {
+    /// An OpenAI-compatible server (llama.cpp, vLLM, SGLang, …) instead of a local model:
+    /// `http://127.0.0.1:8080`.
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+    /// API key for the server (else $DELTASCOPE_API_KEY, else $OPENAI_API_KEY).
+    #[arg(long, value_name = "KEY", requires = "server")]
+    pub api_key: Option<String>,
+    /// The served model's id (default: the first of the server's /v1/models).
+    #[arg(long, value_name = "NAME", requires = "server")]
+    pub server_model: Option<String>,
+    /// A model directory with tokenizer.json and the chat template, for client-side thinking
+    /// budgets on servers without a budget field (llama.cpp's /props provides its own).
+    #[arg(long, value_name = "DIR", requires = "server")]
+    pub tokenizer: Option<PathBuf>,
+    /// How a thinking budget is enforced on a server: its own request field (`server`), or by
+    /// deltascope stopping the stream and continuing with the bridge text (`client`).
+    #[arg(long, value_enum, default_value = "server", value_name = "server|client")]
+    pub budget_mode: BudgetModeArg,
+    /// Seconds a stream may stay silent before it is cut.
+    #[arg(long, default_value_t = 60.0, value_name = "SECONDS", requires = "server")]
+    pub idle_timeout: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum BudgetModeArg {
+    #[default]
+    Server,
+    Client,
 }
 
 impl ModelArgs {
-    pub fn source(&self) -> ModelSource {
-        model_source(self.model.as_deref())
+    /// The backend these flags name.
+    pub fn spec(&self) -> anyhow::Result<BackendSpec> {
+        let Some(url) = &self.server.server else {
+            return Ok(BackendSpec::Local(LocalSpec::new(self.model.as_deref(), &self.dtype)?));
+        };
+        let s = &self.server;
+        let api_key = match &s.api_key {
+            Some(k) => Some((k.clone(), KeySource::Flag)),
+            None => ["DELTASCOPE_API_KEY", "OPENAI_API_KEY"]
+                .into_iter()
+                .find_map(|name| std::env::var(name).ok().filter(|v| !v.is_empty()).map(|v| (v, KeySource::Env(name)))),
+        };
+        anyhow::ensure!(
+            s.idle_timeout.is_finite() && s.idle_timeout > 0.0,
+            "--idle-timeout must be a positive number of seconds"
+        );
+        let mut spec = RemoteSpec::new(url.clone());
+        spec.api_key = api_key;
+        spec.model = s.server_model.clone();
+        spec.tokenizer = s.tokenizer.clone();
+        spec.budget_mode = match s.budget_mode {
+            BudgetModeArg::Server => BudgetMode::Server,
+            BudgetModeArg::Client => BudgetMode::Client,
+        };
+        spec.idle_timeout = Duration::from_secs_f64(s.idle_timeout);
+        Ok(BackendSpec::Remote(spec))
     }
+}
 
-    pub fn precision(&self) -> anyhow::Result<Precision> {
-        Ok(Precision::parse(&self.dtype)?)
+/// Opens the backend the flags name (loading a model reports nothing: headless commands).
+pub fn open(args: &ModelArgs) -> anyhow::Result<Box<dyn Backend>> {
+    Ok(backend::open(&args.spec()?, &|_: OpenProgress| {})?)
+}
+
+/// Loads the local checkpoint for a developer tool that measures the engine itself (`logits`,
+/// `bench`), which has no meaning on a server.
+pub fn load_local(args: &ModelArgs, command: &str) -> anyhow::Result<Loaded> {
+    if let Some(url) = &args.server.server {
+        anyhow::bail!("`{command}` runs the in-process engine; it cannot use --server {url}");
     }
+    Ok(Loaded::load(&LocalSpec::new(args.model.as_deref(), &args.dtype)?, &|_: OpenProgress| {})?)
+}
+
+/// The embedded demo model for `None` or `demo`, else a directory.
+pub fn local_spec(model: Option<&Path>, dtype: &str) -> anyhow::Result<LocalSpec> {
+    Ok(LocalSpec::new(model, dtype)?)
 }
 
 #[derive(Args, Debug, Clone)]
@@ -55,14 +122,15 @@ pub struct PromptArgs {
 }
 
 /// The generation flags shared by `run`, `sweep` and `chat`. Precedence for sampling: an
-/// explicit flag, then `--preset`, then the model's generation_config.json, then greedy.
+/// explicit flag, then `--preset`, then the backend's defaults (the model's
+/// generation_config.json, or the server's own), then greedy.
 #[derive(Args, Debug, Clone, Default)]
 pub struct GenArgs {
     /// Generated tokens, thinking + answer (forced tokens included).
     #[arg(long, default_value_t = 1024, value_name = "N")]
     pub max_tokens: usize,
-    /// Thinking tokens before the engine forces the end of thinking: -1 unlimited, 0 thinking
-    /// off (through the template).
+    /// Thinking tokens before the end of thinking is forced: -1 unlimited, 0 thinking off
+    /// (through the template).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub thinking_budget: Option<i64>,
     /// Text forced before `</think>` when the thinking budget runs out (default: Qwen's
@@ -72,9 +140,9 @@ pub struct GenArgs {
     /// Answer tokens after which generation stops.
     #[arg(long, value_name = "N")]
     pub answer_budget: Option<usize>,
-    /// Model-card sampling preset: thinking-general, thinking-coding, instruct-general, instruct-reasoning.
-    #[arg(long, value_name = "NAME")]
-    pub preset: Option<String>,
+    /// Model-card sampling preset.
+    #[arg(long, value_enum, value_name = "NAME")]
+    pub preset: Option<PresetArg>,
     /// Sampling temperature; 0 is greedy.
     #[arg(long, value_name = "T")]
     pub temperature: Option<f32>,
@@ -111,164 +179,98 @@ pub struct GenArgs {
     #[arg(long, default_value_t = 0, value_name = "K")]
     pub top_logprobs: usize,
     /// MTP speculative decoding: draft steps per verify pass (1–4), 0 = off, `auto` adapts the
-    /// depth to the acceptance. Default: 2 when the checkpoint has an MTP head.
+    /// depth to the acceptance. Default: 2 when the checkpoint has an MTP head. (A server
+    /// decides this itself.)
     #[arg(long, value_name = "K|auto")]
-    pub mtp: Option<String>,
+    pub mtp: Option<MtpChoice>,
+}
+
+/// The model-card presets, as flag values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PresetArg {
+    ThinkingGeneral,
+    ThinkingCoding,
+    InstructGeneral,
+    InstructReasoning,
+}
+
+impl From<PresetArg> for Preset {
+    fn from(p: PresetArg) -> Preset {
+        match p {
+            PresetArg::ThinkingGeneral => Preset::ThinkingGeneral,
+            PresetArg::ThinkingCoding => Preset::ThinkingCoding,
+            PresetArg::InstructGeneral => Preset::InstructGeneral,
+            PresetArg::InstructReasoning => Preset::InstructReasoning,
+        }
+    }
 }
 
 impl GenArgs {
     /// Whether the template should render thinking on (budget 0 turns it off).
     pub fn thinking_enabled(&self, no_think: bool) -> bool {
-        !no_think && self.thinking_budget != Some(0)
+        self.overrides().thinking_enabled(no_think)
     }
 
-    pub fn params(&self, l: &Loaded) -> anyhow::Result<GenerationParams> {
-        let mut sampling = l.generation_defaults.clone();
-        if let Some(name) = &self.preset {
-            let preset = Preset::parse(name).ok_or_else(|| {
-                anyhow::anyhow!(
-                    "unknown preset \"{name}\" (expected one of: {})",
-                    Preset::ALL.map(|p| p.name()).join(", ")
-                )
-            })?;
-            preset.apply(&mut sampling);
-        }
-        let s = &mut sampling;
-        s.temperature = self.temperature.unwrap_or(s.temperature);
-        s.top_k = self.top_k.unwrap_or(s.top_k);
-        s.top_p = self.top_p.unwrap_or(s.top_p);
-        s.min_p = self.min_p.unwrap_or(s.min_p);
-        s.presence_penalty = self.presence_penalty.unwrap_or(s.presence_penalty);
-        s.frequency_penalty = self.frequency_penalty.unwrap_or(s.frequency_penalty);
-        s.repetition_penalty = self.repetition_penalty.unwrap_or(s.repetition_penalty);
-        s.seed = self.seed;
-        anyhow::ensure!(s.temperature >= 0.0, "--temperature must be ≥ 0");
-        anyhow::ensure!(s.top_p > 0.0 && s.top_p <= 1.0, "--top-p must be in (0, 1]");
-        anyhow::ensure!((0.0..=1.0).contains(&s.min_p), "--min-p must be in [0, 1]");
-        anyhow::ensure!(s.repetition_penalty > 0.0, "--repetition-penalty must be > 0");
-        anyhow::ensure!(self.top_logprobs <= 20, "--top-logprobs is at most 20");
-        let thinking_budget = match self.thinking_budget {
-            None | Some(-1) => None,
-            Some(n) if n >= 0 => Some(n as usize),
-            Some(n) => {
-                anyhow::bail!("--thinking-budget {n}: use -1 for unlimited, 0 for thinking off, or a token count")
-            }
-        };
-        Ok(GenerationParams {
+    /// The flags as plain data, resolved later against the backend.
+    pub fn overrides(&self) -> ParamOverrides {
+        ParamOverrides {
             max_tokens: self.max_tokens,
-            sampling,
-            thinking_budget,
-            budget_bridge: self.budget_bridge.clone().unwrap_or_else(|| QWEN_BUDGET_BRIDGE.to_string()),
+            thinking_budget: self.thinking_budget,
+            budget_bridge: self.budget_bridge.clone(),
             answer_budget: self.answer_budget,
+            preset: self.preset.map(Preset::from),
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repetition_penalty: self.repetition_penalty,
+            seed: self.seed,
             stop: self.stop.clone(),
             stop_token_ids: self.stop_token_id.clone(),
-            loop_detection: LoopParams {
-                min_repeats: self.loop_min_repeats.max(2),
-                min_span: self.loop_min_span,
-                auto_stop: self.loop_stop,
-                ..Default::default()
-            },
+            loop_stop: self.loop_stop,
+            loop_min_repeats: self.loop_min_repeats,
+            loop_min_span: self.loop_min_span,
             top_logprobs: self.top_logprobs,
-            mtp: self.mtp_params(l)?,
-        })
-    }
-
-    fn mtp_params(&self, l: &Loaded) -> anyhow::Result<MtpParams> {
-        let has_head = l.model.mtp.is_some();
-        let p = match self.mtp.as_deref() {
-            None => MtpParams { depth: if has_head { 2 } else { 0 }, auto: false },
-            Some("auto") => MtpParams { depth: 2, auto: true },
-            Some(k) => {
-                let depth: usize =
-                    k.parse().map_err(|_| anyhow::anyhow!("--mtp {k}: expected 0–{MAX_DEPTH} or auto"))?;
-                anyhow::ensure!(depth <= MAX_DEPTH, "--mtp {depth}: at most {MAX_DEPTH} draft steps");
-                MtpParams { depth, auto: false }
-            }
-        };
-        if (p.depth > 0 || p.auto) && !has_head && self.mtp.is_some() {
-            anyhow::bail!("--mtp: {} has no MTP head (no mtp.* tensors); use --mtp 0", l.name);
+            mtp: self.mtp,
         }
-        Ok(p)
     }
 }
 
-/// A loaded model with its text side.
-pub struct Loaded {
-    pub model: Arc<Model>,
-    pub tokenizer: Arc<TextTokenizer>,
-    pub template: ChatTemplate,
-    pub name: String,
-    /// Sampling defaults from generation_config.json.
-    pub generation_defaults: SamplingParams,
-}
-
-pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
-    load_reporting(args, None, &|_| {})
-}
-
-/// [`load`], telling `weights` how many bytes of weights have been read and `step` which small
-/// file comes next (the TUI's loading screen follows both).
-pub fn load_reporting(
-    args: &ModelArgs,
-    weights: Option<crate::model::LoadProgress>,
-    step: &dyn Fn(&str),
-) -> anyhow::Result<Loaded> {
-    let source = args.source();
-    let opts = LoadOptions { precision: args.precision()?, progress: weights, ..Default::default() };
-    let model = Model::load(&source, &opts)?;
-    step("tokenizer");
-    let tokenizer = TextTokenizer::load(&source, &model.config)?;
-    step("chat template");
-    let template = ChatTemplate::load(&source, tokenizer.specials.think_start.is_some())?;
-    step("generation config");
-    let generation_defaults = source
-        .read_json("generation_config.json")?
-        .map(|g| SamplingParams::from_generation_config(&g))
-        .unwrap_or_default();
-    Ok(Loaded {
-        name: source.label(),
-        model: Arc::new(model),
-        tokenizer: Arc::new(tokenizer),
-        template,
-        generation_defaults,
-    })
-}
-
-pub fn prompt(
-    l: &Loaded,
-    text: Option<&str>,
-    ids: Option<&str>,
-    p: &PromptArgs,
-    thinking: bool,
-) -> anyhow::Result<Prompt> {
-    let ids = ids.map(parse_ids).transpose().context("--prompt-ids / --ids")?;
-    let input = PromptInput {
-        text: text.map(str::to_string),
-        ids,
-        raw: p.raw,
-        system: p.system.clone(),
-        enable_thinking: thinking && !p.no_think,
-    };
-    Ok(build_prompt(&l.template, &l.tokenizer, &input)?)
-}
-
-/// Bytes in human units (binary), two decimals: `1.50 GiB`.
-pub fn human_bytes(b: u64) -> String {
-    bytes_in_units(b, 2)
-}
-
-/// Bytes in human units with one decimal, for narrow gauges: `1.5 GiB`.
-pub fn short_bytes(b: u64) -> String {
-    bytes_in_units(b, 1)
-}
-
-fn bytes_in_units(b: u64, decimals: usize) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
+/// The prompt a subcommand was given: token ids, raw text, or a user message (with the
+/// system prompt) for the chat template.
+pub fn prompt(text: Option<&str>, ids: Option<&str>, p: &PromptArgs) -> anyhow::Result<Prompt> {
+    match (text, ids) {
+        (Some(_), Some(_)) => anyhow::bail!("give either a text prompt or token ids, not both"),
+        (None, None) => anyhow::bail!("no prompt given"),
+        (None, Some(ids)) => Ok(Prompt::Ids(parse_ids(ids)?)),
+        (Some(t), None) if p.raw => {
+            anyhow::ensure!(p.system.is_none(), "a system prompt needs the chat template; drop --raw");
+            Ok(Prompt::Text(t.to_string()))
+        }
+        (Some(t), None) => {
+            let mut m = vec![];
+            if let Some(s) = &p.system {
+                m.push(ChatMessage::new(Role::System, s.clone()));
+            }
+            m.push(ChatMessage::new(Role::User, t));
+            Ok(Prompt::Chat(m))
+        }
     }
-    if u == 0 { format!("{b} B") } else { format!("{v:.decimals$} {}", UNITS[u]) }
+}
+
+/// `1,2,3` → ids (`--prompt-ids`, `--ids`).
+pub fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            t.parse::<u32>().map_err(|_| {
+                anyhow::anyhow!(
+                    "--prompt-ids / --ids: `{t}` is not a token id (expected a comma-separated list like 1,2,3)"
+                )
+            })
+        })
+        .collect()
 }

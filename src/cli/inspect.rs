@@ -6,11 +6,13 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::common::{human_bytes, model_source};
+// A developer tool (architecture.json): it reads config, weights and the memory plan directly.
+use super::common::local_spec;
 use crate::model::config::{Family, LayerKind, MlpKind};
 use crate::model::plan::memory_plan;
 use crate::model::weights::WeightStore;
 use crate::model::{ModelConfig, read_config};
+use crate::units::human_bytes;
 
 #[derive(Args, Debug)]
 pub struct InspectArgs {
@@ -52,7 +54,7 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
             (ModelConfig::from_json_str(&text, &file.display().to_string())?, None)
         }
         m => {
-            let source = model_source(m.as_deref());
+            let source = local_spec(m.as_deref(), "f32")?.source;
             (read_config(&source)?, Some(source))
         }
     };

@@ -5,7 +5,13 @@ use std::io::Write;
 use clap::Args;
 
 use super::common::{self, ModelArgs, PromptArgs};
+// A developer tool (architecture.json): it reads the model's logits directly.
+use crate::backend::ChatRequest;
 use crate::model::ForwardOptions;
+
+struct Prompt {
+    ids: Vec<u32>,
+}
 
 #[derive(Args, Debug)]
 pub struct LogitsArgs {
@@ -28,8 +34,14 @@ pub struct LogitsArgs {
 }
 
 pub fn run(a: LogitsArgs) -> anyhow::Result<()> {
-    let loaded = common::load(&a.model)?;
-    let prompt = common::prompt(&loaded, a.text.as_deref(), a.ids.as_deref(), &a.prompt_opts, true)?;
+    let loaded = common::load_local(&a.model, "logits")?;
+    let request = ChatRequest {
+        prompt: common::prompt(a.text.as_deref(), a.ids.as_deref(), &a.prompt_opts)?,
+        enable_thinking: !a.prompt_opts.no_think,
+        params: Default::default(),
+    };
+    let (_, ids) = loaded.render(&request)?;
+    let prompt = Prompt { ids };
     let mut state = loaded.model.new_state();
     let out = loaded.model.forward(&prompt.ids, &mut state, ForwardOptions::default())?;
     let logits = out.logits.row(0);

@@ -5,7 +5,7 @@ use std::io::{IsTerminal, Write};
 use clap::{Args, ValueEnum};
 
 use super::common::{self, GenArgs, ModelArgs, PromptArgs};
-use crate::engine::{EngineEvent, EngineHandle, GenerateRequest, Phase, check_prompt};
+use crate::backend::{ChatRequest, Diagnostic, DoneEvent, EngineEvent, Phase, TokenEvent};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -40,54 +40,55 @@ pub enum ThinkingTo {
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<()> {
-    let loaded = common::load(&a.model)?;
-    let thinking = a.generation.thinking_enabled(a.prompt_opts.no_think);
-    let prompt = common::prompt(&loaded, a.prompt.as_deref(), a.prompt_ids.as_deref(), &a.prompt_opts, thinking)?;
+    let backend = common::open(&a.model)?;
+    let overrides = a.generation.overrides();
+    let request = ChatRequest {
+        prompt: common::prompt(a.prompt.as_deref(), a.prompt_ids.as_deref(), &a.prompt_opts)?,
+        enable_thinking: overrides.thinking_enabled(a.prompt_opts.no_think),
+        params: overrides.resolve(backend.info())?,
+    };
     let mut out = std::io::stdout().lock();
     if a.dry_run {
+        let d = backend.dry_run(&request)?;
         if a.json {
-            let v = serde_json::json!({"template": loaded.template.source_name, "prompt": prompt.text, "ids": prompt.ids, "prompt_tokens": prompt.ids.len()});
+            let v = serde_json::json!({"template": d.rendered_by, "prompt": d.text, "ids": d.ids, "prompt_tokens": d.ids.as_ref().map(Vec::len)});
             writeln!(out, "{v}")?;
         } else {
-            if let Some(t) = &prompt.text {
-                writeln!(
-                    out,
-                    "--- rendered prompt ({}) ---",
-                    if a.prompt_opts.raw { "raw" } else { loaded.template.source_name.as_str() }
-                )?;
+            if let Some(t) = &d.text {
+                writeln!(out, "--- rendered prompt ({}) ---", d.rendered_by)?;
                 writeln!(out, "{t}")?;
             }
-            writeln!(out, "--- {} token ids ---", prompt.ids.len())?;
-            writeln!(out, "{}", prompt.ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","))?;
+            if let Some(ids) = &d.ids {
+                writeln!(out, "--- {} token ids ---", ids.len())?;
+                writeln!(out, "{}", ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","))?;
+            }
         }
         return Ok(());
     }
 
-    let params = a.generation.params(&loaded)?;
-    check_prompt(&loaded.model, &prompt.ids, params.max_tokens)?;
-    let engine = EngineHandle::spawn(loaded.model.clone(), loaded.tokenizer.clone(), loaded.name.clone());
-    // Ctrl+C cancels the generation (within one token; the output so far and the `done` event
-    // are still printed); a second Ctrl+C exits at once.
-    let control = engine.control();
+    let generation = backend.start(request)?;
+    // Ctrl+C (and SIGTERM / SIGHUP) cancel the generation (within one token, or at once for
+    // a server's stream; the output so far and the `done` event are still printed); a second
+    // signal exits at once.
+    let control = generation.control();
     let _ = ctrlc::set_handler(move || {
         if control.is_cancelled() {
             std::process::exit(130);
         }
         control.cancel();
     });
-    engine.generate(GenerateRequest { prompt_ids: prompt.ids, params });
 
     let tty = std::io::stdout().is_terminal();
     let err_tty = std::io::stderr().is_terminal();
     let mut err = std::io::stderr().lock();
     let mut in_thinking = false;
-    for ev in engine.events.iter() {
+    for ev in generation.events().iter() {
         if a.json {
             writeln!(out, "{}", serde_json::to_string(&ev)?)?;
             out.flush()?;
         }
         match ev {
-            EngineEvent::Token { phase, text, .. } if !a.json => {
+            EngineEvent::Token(TokenEvent { phase, text, .. }) if !a.json => {
                 match (phase, a.thinking_to) {
                     (Phase::Thinking, ThinkingTo::None) => {}
                     (Phase::Thinking, ThinkingTo::Stderr) => write!(err, "{text}")?,
@@ -110,12 +111,12 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
                 }
                 out.flush()?;
             }
-            EngineEvent::Diagnostic { kind, message, .. } if !a.json => {
+            EngineEvent::Diagnostic(Diagnostic { kind, message, .. }) if !a.json => {
                 let kind = kind.as_str();
                 let (on, off) = if err_tty { ("\x1b[1;33m", "\x1b[0m") } else { ("", "") };
                 writeln!(err, "\n{on}[{kind}] {message}{off}")?;
             }
-            EngineEvent::Done { finish_reason, usage, timing, .. } => {
+            EngineEvent::Done(DoneEvent { finish_reason, usage, timing, .. }) => {
                 if !a.json {
                     if in_thinking && tty {
                         write!(out, "\x1b[0m")?;
@@ -127,9 +128,11 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
                     } else {
                         String::new()
                     };
+                    // "≈": a server that reports no reasoning count, counted one per frame.
+                    let approx = if usage.counted.is_estimate() { "≈" } else { "" };
                     writeln!(
                         err,
-                        "[finish: {} · prompt {} · thinking {}{forced} · answer {} tokens · TTFT {:.0} ms · prefill {:.1} tok/s · decode {:.1} tok/s]",
+                        "[finish: {} · prompt {} · thinking {approx}{}{forced} · answer {approx}{} tokens · TTFT {:.0} ms · prefill {:.1} tok/s · decode {:.1} tok/s]",
                         finish_reason.as_str(),
                         usage.prompt_tokens,
                         usage.thinking_tokens,
@@ -141,8 +144,8 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
                 }
                 break;
             }
-            EngineEvent::Error { message } => {
-                anyhow::bail!(message);
+            EngineEvent::Error(e) => {
+                anyhow::bail!("{}", e.message);
             }
             _ => {}
         }

@@ -9,7 +9,7 @@ use clap::Args;
 use serde::Serialize;
 
 use super::common::{self, GenArgs, ModelArgs, PromptArgs};
-use crate::engine::{EngineEvent, EngineHandle, FinishReason, GenerateRequest, check_prompt};
+use crate::backend::{ChatRequest, DiagnosticKind, EngineEvent, FinishReason};
 
 #[derive(Args, Debug)]
 pub struct SweepArgs {
@@ -73,47 +73,45 @@ fn budget_label(b: i64) -> String {
 }
 
 pub fn run(a: SweepArgs) -> anyhow::Result<()> {
-    let loaded = common::load(&a.model)?;
     let check = a.check.as_deref().map(regex::Regex::new).transpose().map_err(|e| anyhow::anyhow!("--check: {e}"))?;
     anyhow::ensure!(!a.thinking_budgets.is_empty(), "--thinking-budgets is empty");
     anyhow::ensure!(a.repeat >= 1, "--repeat must be at least 1");
-    let engine = EngineHandle::spawn(loaded.model.clone(), loaded.tokenizer.clone(), loaded.name.clone());
+    let backend = common::open(&a.model)?;
+    let prompt = common::prompt(Some(&a.prompt), None, &a.prompt_opts)?;
     let mut runs = vec![];
     let mut err = std::io::stderr().lock();
     for &budget in &a.thinking_budgets {
         for r in 0..a.repeat {
-            let mut g = a.generation.clone();
+            let mut g = a.generation.overrides();
             g.thinking_budget = Some(budget);
             g.seed = a.generation.seed + r;
-            let prompt = common::prompt(
-                &loaded,
-                Some(&a.prompt),
-                None,
-                &a.prompt_opts,
-                g.thinking_enabled(a.prompt_opts.no_think),
-            )?;
-            let params = g.params(&loaded)?;
-            check_prompt(&loaded.model, &prompt.ids, params.max_tokens)?;
-            engine.generate(GenerateRequest { prompt_ids: prompt.ids, params });
-            let run = loop {
-                match engine.events.recv()? {
-                    EngineEvent::Done { finish_reason, usage, timing, answer, .. } => {
-                        let correct = check.as_ref().map(|re| re.is_match(&answer));
-                        break SweepRun {
-                            budget,
-                            seed: g.seed,
-                            thinking_tokens: usage.thinking_tokens,
-                            answer_tokens: usage.answer_tokens,
-                            finish_reason,
-                            forced: usage.forced_tokens > 0,
-                            correct,
-                            decode_tok_s: timing.decode_tok_s,
-                            answer,
-                        };
-                    }
-                    EngineEvent::Error { message } => anyhow::bail!(message),
-                    _ => {}
+            let request = ChatRequest {
+                prompt: prompt.clone(),
+                enable_thinking: g.thinking_enabled(a.prompt_opts.no_think),
+                params: g.resolve(backend.info())?,
+            };
+            let generation = backend.start(request)?;
+            let mut budget_forced = false;
+            let end = generation.for_each(|ev| {
+                if let EngineEvent::Diagnostic(d) = ev {
+                    budget_forced |= d.kind == DiagnosticKind::ThinkingBudgetForced;
                 }
+            });
+            let run = match end {
+                EngineEvent::Done(d) => SweepRun {
+                    budget,
+                    seed: g.seed,
+                    thinking_tokens: d.usage.thinking_tokens,
+                    answer_tokens: d.usage.answer_tokens,
+                    finish_reason: d.finish_reason,
+                    // A server forces the end of thinking without saying which tokens it forced.
+                    forced: d.usage.forced_tokens > 0 || budget_forced,
+                    correct: check.as_ref().map(|re| re.is_match(&d.answer)),
+                    decode_tok_s: d.timing.decode_tok_s,
+                    answer: d.answer,
+                },
+                EngineEvent::Error(e) => anyhow::bail!("budget {}: {}", budget_label(budget), e.message),
+                _ => anyhow::bail!("budget {}: the generation ended without a done event", budget_label(budget)),
             };
             if !a.json {
                 writeln!(

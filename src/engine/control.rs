@@ -42,14 +42,6 @@ impl StepControl {
         self.cancel.load(Ordering::SeqCst)
     }
 
-    /// Clears the cancellation (a new generation starts).
-    pub fn reset(&self) {
-        self.cancel.store(false, Ordering::SeqCst);
-        if let Ok(mut g) = self.gate.lock() {
-            g.credits = 0;
-        }
-    }
-
     pub fn set_paused(&self, paused: bool) {
         if let Ok(mut g) = self.gate.lock() {
             g.paused = paused;

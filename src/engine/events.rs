@@ -1,5 +1,9 @@
 //! The one event stream every front end consumes (design §2). `run --json` prints these
-//! serialised, one per line.
+//! serialised, one per line; sessions store them (they deserialise too).
+//!
+//! The stream has two producers: the in-process engine and a remote OpenAI-compatible server
+//! (backend::openai). Fields a remote server cannot fill (token ids without logprobs, memory,
+//! per-token draft provenance) are `Option`s left `None`, never made up.
 
 use serde::{Deserialize, Serialize};
 
@@ -81,6 +85,57 @@ impl DiagnosticKind {
     }
 }
 
+/// Why a generation failed: a server maps these to HTTP statuses, the TUI to what it offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The request itself is wrong (bad parameter, empty prompt, unknown model, refused key).
+    InvalidRequest,
+    /// Prompt + max_tokens do not fit the context.
+    ContextOverflow,
+    /// Stopped on request before anything could be kept.
+    Cancelled,
+    /// The backend cannot be reached or stopped answering (connection, timeout, 5xx).
+    Unavailable,
+    /// A bug or a broken answer (panic, malformed stream).
+    Internal,
+}
+
+impl ErrorKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidRequest => "invalid_request",
+            ErrorKind::ContextOverflow => "context_overflow",
+            ErrorKind::Cancelled => "cancelled",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
+/// How thinking / answer token counts were obtained (the budget gauge marks estimates "≈").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CountSource {
+    /// Counted on token ids by the in-process engine: exact.
+    #[default]
+    Engine,
+    /// The server's own `reasoning_tokens` (exact thinking count; answer = completion − thinking).
+    ServerUsage,
+    /// One per logprob entry the server streamed (exact for visible tokens; markers such as
+    /// `</think>` that arrive without a frame are not seen).
+    Logprobs,
+    /// One per streamed frame: an estimate (servers may put several tokens in a frame).
+    Frames,
+}
+
+impl CountSource {
+    /// Whether the counts are estimates.
+    pub fn is_estimate(self) -> bool {
+        matches!(self, CountSource::Frames)
+    }
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Usage {
     pub prompt_tokens: usize,
@@ -90,6 +145,9 @@ pub struct Usage {
     /// Of the completion tokens, how many the engine forced (budget bridge and `</think>`).
     #[serde(default)]
     pub forced_tokens: usize,
+    /// Where the thinking / answer split comes from.
+    #[serde(default)]
+    pub counted: CountSource,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -102,6 +160,7 @@ pub struct Timing {
     pub total_ms: f64,
 }
 
+/// Bytes held by the in-process engine (a remote server reports none of these).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Memory {
     pub weights_bytes: usize,
@@ -110,79 +169,149 @@ pub struct Memory {
     pub snapshot_bytes: usize,
 }
 
+/// A remote server's own memory figure: the share of its KV pool in use (from `/metrics`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ServerMemory {
+    /// 0–1.
+    pub kv_used_fraction: f64,
+    /// The metric it was read from (`vllm:kv_cache_usage_perc`, …).
+    pub metric: String,
+}
+
 /// An alternative token at a position.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Alternative {
-    pub id: u32,
+    /// `None` when the server gives token texts only (OpenAI-style logprobs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<u32>,
     pub logprob: f32,
     pub text: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// The server behind a remote backend, as detected (status bar, `run --json` start event).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ServerLabel {
+    /// `llama.cpp`, `vLLM`, `SGLang` or `OpenAI-compatible`.
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    pub url: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StartEvent {
+    pub model: String,
+    /// Known up front for the in-process engine; a remote server reports it with the usage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<usize>,
+    /// The phase the prompt leaves the model in (a prompt ending inside `<think>` starts in
+    /// thinking).
+    pub phase: Phase,
+    pub params: GenerationParams,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerLabel>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TokenEvent {
+    /// 0-based index among the generated tokens (frames, for a remote server without logprobs).
+    #[serde(default)]
+    pub index: usize,
+    pub phase: Phase,
+    /// `None` when a remote server did not say (it gives ids only with logprobs, and not all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<u32>,
+    /// The text this token completes (empty while a UTF-8 character is incomplete, and
+    /// for stop tokens).
+    pub text: String,
+    /// Log-probability under the model's raw distribution (before penalties and
+    /// temperature); 0 for forced tokens; `None` when the server sent none for this token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprob: Option<f32>,
+    /// Speculative-decoding provenance; `None` when unknown (remote servers do not say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft: Option<DraftKind>,
+    /// Injected by the engine (thinking-budget bridge and `</think>`), not sampled.
+    #[serde(default)]
+    pub forced: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty", alias = "top")]
+    pub top_logprobs: Vec<Alternative>,
+}
+
+/// Running totals, every few tokens (for live gauges).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct StatsEvent {
+    pub generated: usize,
+    pub thinking_tokens: usize,
+    pub answer_tokens: usize,
+    #[serde(default)]
+    pub counted: CountSource,
+    pub tok_s: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Memory>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_memory: Option<ServerMemory>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtp: Option<MtpStats>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Diagnostic {
+    pub kind: DiagnosticKind,
+    /// Index of the generated token the diagnostic refers to.
+    pub at_token: usize,
+    pub message: String,
+    /// Loop period and start (degenerate_loop only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<usize>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DoneEvent {
+    pub finish_reason: FinishReason,
+    pub usage: Usage,
+    pub timing: Timing,
+    /// Speculative-decoding metrics (MTP), when drafting ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtp: Option<MtpStats>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Memory>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_memory: Option<ServerMemory>,
+    /// Thinking text (without the `</think>` marker).
+    pub thinking: String,
+    /// Answer text (without the stop token or stop string).
+    pub answer: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ErrorEvent {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum EngineEvent {
-    Start {
-        model: String,
-        prompt_tokens: usize,
-        /// The phase the prompt leaves the model in (a prompt ending inside `<think>` starts in
-        /// thinking).
-        phase: Phase,
-        params: GenerationParams,
-    },
-    Token {
-        /// 0-based index among the generated tokens.
-        index: usize,
-        phase: Phase,
-        id: u32,
-        /// The text this token completes (empty while a UTF-8 character is incomplete, and
-        /// for stop tokens).
-        text: String,
-        /// Log-probability under the model's raw distribution (before penalties and
-        /// temperature); 0 for forced tokens.
-        logprob: f32,
-        draft: DraftKind,
-        /// Injected by the engine (thinking-budget bridge and `</think>`), not sampled.
-        forced: bool,
-        #[serde(skip_serializing_if = "Vec::is_empty")]
-        top_logprobs: Vec<Alternative>,
-    },
-    /// Running totals, every few tokens (for live gauges).
-    Stats {
-        generated: usize,
-        thinking_tokens: usize,
-        answer_tokens: usize,
-        tok_s: f64,
-        memory: Memory,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        mtp: Option<MtpStats>,
-    },
-    Diagnostic {
-        kind: DiagnosticKind,
-        /// Index of the generated token the diagnostic refers to.
-        at_token: usize,
-        message: String,
-        /// Loop period and start (degenerate_loop only).
-        #[serde(skip_serializing_if = "Option::is_none")]
-        period: Option<usize>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        start: Option<usize>,
-    },
-    Done {
-        finish_reason: FinishReason,
-        usage: Usage,
-        timing: Timing,
-        /// Speculative-decoding metrics (MTP), when drafting ran.
-        #[serde(skip_serializing_if = "Option::is_none")]
-        mtp: Option<MtpStats>,
-        memory: Memory,
-        /// Thinking text (without the `</think>` marker).
-        thinking: String,
-        /// Answer text (without the stop token or stop string).
-        answer: String,
-    },
-    Error {
-        message: String,
-    },
+    Start(StartEvent),
+    Token(TokenEvent),
+    Stats(StatsEvent),
+    Diagnostic(Diagnostic),
+    Done(DoneEvent),
+    Error(ErrorEvent),
+}
+
+impl EngineEvent {
+    pub fn error(kind: ErrorKind, message: impl Into<String>) -> Self {
+        EngineEvent::Error(ErrorEvent { kind, message: message.into() })
+    }
+
+    /// `done` or `error`: nothing follows in this generation's stream.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, EngineEvent::Done(_) | EngineEvent::Error(_))
+    }
 }
 
 #[cfg(test)]
@@ -203,5 +332,36 @@ mod tests {
         ] {
             assert_eq!(serde_json::to_value(r).unwrap(), r.as_str());
         }
+        for k in [
+            ErrorKind::InvalidRequest,
+            ErrorKind::ContextOverflow,
+            ErrorKind::Cancelled,
+            ErrorKind::Unavailable,
+            ErrorKind::Internal,
+        ] {
+            assert_eq!(serde_json::to_value(k).unwrap(), k.as_str());
+        }
+    }
+
+    #[test]
+    fn events_round_trip_through_json() {
+        let ev = EngineEvent::Token(TokenEvent {
+            index: 3,
+            phase: Phase::Answer,
+            id: None,
+            text: "No".into(),
+            logprob: None,
+            draft: None,
+            forced: false,
+            top_logprobs: vec![Alternative { id: None, logprob: -0.5, text: "Yes".into() }],
+        });
+        let line = serde_json::to_string(&ev).unwrap();
+        assert!(line.starts_with(r#"{"event":"token","#), "{line}");
+        assert!(!line.contains("\"id\""), "an unknown id is left out, not faked: {line}");
+        assert_eq!(serde_json::from_str::<EngineEvent>(&line).unwrap(), ev);
+        let err = EngineEvent::error(ErrorKind::Unavailable, "connection refused");
+        let line = serde_json::to_string(&err).unwrap();
+        assert_eq!(line, r#"{"event":"error","kind":"unavailable","message":"connection refused"}"#);
+        assert_eq!(serde_json::from_str::<EngineEvent>(&line).unwrap(), err);
     }
 }

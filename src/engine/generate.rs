@@ -6,7 +6,10 @@
 use std::time::Instant;
 
 use super::control::Control;
-use super::events::{Alternative, DiagnosticKind, DraftKind, EngineEvent, FinishReason, Memory, Phase, Timing, Usage};
+use super::events::{
+    Alternative, CountSource, Diagnostic, DiagnosticKind, DoneEvent, DraftKind, EngineEvent, FinishReason, Memory,
+    Phase, StartEvent, StatsEvent, Timing, TokenEvent, Usage,
+};
 use super::reasoning::PhaseTracker;
 use super::request::GenerateRequest;
 use super::sampler::{Rng, Sampler, logprob, top_logprobs};
@@ -69,13 +72,13 @@ struct Run<'e> {
 impl Run<'_> {
     fn diagnostic(&mut self, kind: DiagnosticKind, at_token: usize, message: String, loop_at: Option<(usize, usize)>) {
         self.diagnostics.push((kind, at_token));
-        (self.emit)(EngineEvent::Diagnostic {
+        (self.emit)(EngineEvent::Diagnostic(Diagnostic {
             kind,
             at_token,
             message,
             period: loop_at.map(|l| l.0),
             start: loop_at.map(|l| l.1),
-        });
+        }));
     }
 }
 
@@ -101,14 +104,16 @@ fn emit_stats(run: &mut Run, source: &dyn LogitsSource, mtp: Option<&MtpStats>) 
     run.stats_at = run.tokens.len();
     let since = run.first_token_at.unwrap_or(0.0);
     let tok_s = (run.tokens.len() - 1) as f64 / (run.started.elapsed().as_secs_f64() - since).max(1e-9);
-    (run.emit)(EngineEvent::Stats {
+    (run.emit)(EngineEvent::Stats(StatsEvent {
         generated: run.tokens.len(),
         thinking_tokens: run.usage.thinking_tokens,
         answer_tokens: run.usage.answer_tokens,
+        counted: CountSource::Engine,
         tok_s,
-        memory: memory(source, mtp),
+        memory: Some(memory(source, mtp)),
+        server_memory: None,
         mtp: mtp.cloned(),
-    });
+    }));
 }
 
 /// Memory now, with the rollback tape of a verify pass counted: between steps the tape is
@@ -173,12 +178,13 @@ impl Generator<'_> {
             ));
         }
         let phases = PhaseTracker::new(specials, &req.prompt_ids);
-        emit(EngineEvent::Start {
+        emit(EngineEvent::Start(StartEvent {
             model: self.model_name.clone(),
-            prompt_tokens: req.prompt_ids.len(),
+            prompt_tokens: Some(req.prompt_ids.len()),
             phase: phases.phase(),
             params: p.clone(),
-        });
+            server: None,
+        }));
         let mut run = Run {
             emit,
             phases,
@@ -339,15 +345,16 @@ impl Generator<'_> {
             total_ms: total * 1e3,
         };
         let mtp = spec.map(|s| s.stats);
-        (run.emit)(EngineEvent::Done {
+        (run.emit)(EngineEvent::Done(DoneEvent {
             finish_reason: finish,
             usage: run.usage.clone(),
             timing: timing.clone(),
-            memory: memory(source, mtp.as_ref()),
+            memory: Some(memory(source, mtp.as_ref())),
+            server_memory: None,
             mtp: mtp.clone(),
             thinking: run.thinking.clone(),
             answer: run.answer.clone(),
-        });
+        }));
         Ok(Outcome {
             finish_reason: finish,
             tokens: run.tokens,
@@ -520,20 +527,20 @@ impl Generator<'_> {
         } else {
             let alts = top_logprobs(logits, p.top_logprobs)
                 .into_iter()
-                .map(|a| Alternative { id: a.id, logprob: a.logprob, text: self.tokenizer.decode(&[a.id]) })
+                .map(|a| Alternative { id: Some(a.id), logprob: a.logprob, text: self.tokenizer.decode(&[a.id]) })
                 .collect();
             (logprob(logits, id), alts)
         };
-        (run.emit)(EngineEvent::Token {
+        (run.emit)(EngineEvent::Token(TokenEvent {
             index,
             phase: step.phase,
-            id,
+            id: Some(id),
             text,
-            logprob: lp,
-            draft,
+            logprob: Some(lp),
+            draft: Some(draft),
             forced,
             top_logprobs: alts,
-        });
+        }));
         run.tokens.push(id);
         run.forced.push(forced);
         run.sampler.observe(id);

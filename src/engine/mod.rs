@@ -13,11 +13,14 @@ pub mod watchdog;
 pub mod worker;
 
 pub use control::{Control, StepControl};
-pub use events::{Alternative, DiagnosticKind, DraftKind, EngineEvent, FinishReason, Memory, Phase, Timing, Usage};
+pub use events::{
+    Alternative, CountSource, Diagnostic, DiagnosticKind, DoneEvent, DraftKind, EngineEvent, ErrorEvent, ErrorKind,
+    FinishReason, Memory, Phase, ServerLabel, ServerMemory, StartEvent, StatsEvent, Timing, TokenEvent, Usage,
+};
 pub use generate::{Generator, Outcome};
 pub use request::{GenerateRequest, GenerationParams, QWEN_BUDGET_BRIDGE};
 pub use sampler::{Preset, SamplingParams};
 pub use session::{LogitsSource, ModelSession, check_prompt};
 pub use speculative::{MtpParams, MtpStats};
 pub use watchdog::LoopParams;
-pub use worker::EngineHandle;
+pub use worker::{EngineHandle, Generation, error_kind};

@@ -46,6 +46,10 @@ pub struct MtpStats {
     /// stats merge exactly and a saved session reloads to the same value.
     #[serde(default, rename = "position_counts")]
     counts: Vec<(usize, usize)>,
+    /// Where a remote backend's figures come from (e.g. "llama.cpp timings.draft_n; per
+    /// position from /metrics"); `None` when the in-process engine measured them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 impl MtpStats {

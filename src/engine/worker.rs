@@ -1,76 +1,53 @@
 //! The engine on its own OS thread (generation is compute-bound and never runs on an async
-//! runtime): front ends send commands and read one stream of events.
+//! runtime). Each request gets its own event stream and its own control ([`Generation`]), so
+//! cancelling one request can never touch another; requests queue behind each other.
 
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 
 use super::control::StepControl;
-use super::events::EngineEvent;
+use super::events::{EngineEvent, ErrorKind};
 use super::generate::Generator;
 use super::request::GenerateRequest;
 use super::session::ModelSession;
 use crate::chat::TextTokenizer;
+use crate::error::{Error, panic_message};
 use crate::model::Model;
 
-pub enum Command {
-    Generate(Box<GenerateRequest>),
+enum Command {
+    Generate { req: Box<GenerateRequest>, events: Sender<EngineEvent>, control: Arc<StepControl> },
     Shutdown,
 }
 
-pub struct EngineHandle {
-    commands: Sender<Command>,
-    pub events: Receiver<EngineEvent>,
+/// One request's event stream and its controls. Dropping it does not stop the generation;
+/// [`Generation::cancel`] does (within one token, keeping what was produced).
+pub struct Generation {
+    events: Receiver<EngineEvent>,
     control: Arc<StepControl>,
-    thread: Option<JoinHandle<()>>,
 }
 
-impl EngineHandle {
-    pub fn spawn(model: Arc<Model>, tokenizer: Arc<TextTokenizer>, model_name: String) -> Self {
-        let (cmd_tx, cmd_rx) = mpsc::channel::<Command>();
-        let (ev_tx, ev_rx) = mpsc::channel::<EngineEvent>();
-        let control = Arc::new(StepControl::default());
-        let ctl = control.clone();
-        let thread = std::thread::Builder::new()
-            .name("deltascope-engine".into())
-            .spawn(move || {
-                let generator = Generator { tokenizer: &tokenizer, model_name };
-                while let Ok(Command::Generate(req)) = cmd_rx.recv() {
-                    let mut emit = |e: EngineEvent| {
-                        let _ = ev_tx.send(e);
-                    };
-                    let drafting = req.params.mtp.depth > 0 || req.params.mtp.auto;
-                    // A panic inside one generation (a bug, or a shape a checkpoint gets wrong)
-                    // ends that generation with an error event; the engine stays up for the next.
-                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        let mut session =
-                            if drafting { ModelSession::with_mtp(&model) } else { ModelSession::new(&model) };
-                        generator.generate(&mut session, &req, ctl.as_ref(), &mut emit)
-                    }));
-                    let message = match run {
-                        Ok(Ok(_)) => continue,
-                        Ok(Err(e)) => e.to_string(),
-                        Err(panic) => format!("internal error in the engine: {}", panic_message(panic.as_ref())),
-                    };
-                    let _ = ev_tx.send(EngineEvent::Error { message });
-                }
-            })
-            .expect("spawning the engine thread");
-        EngineHandle { commands: cmd_tx, events: ev_rx, control, thread: Some(thread) }
+impl Generation {
+    /// A generation fed by `events` and steered through `control` (the remote backend's
+    /// streaming task holds the other ends).
+    pub fn new(events: Receiver<EngineEvent>, control: Arc<StepControl>) -> Self {
+        Generation { events, control }
     }
 
-    /// Starts a generation (queued behind a running one). Clears a previous cancellation.
-    pub fn generate(&self, req: GenerateRequest) {
-        self.control.reset();
-        let _ = self.commands.send(Command::Generate(Box::new(req)));
+    pub fn events(&self) -> &Receiver<EngineEvent> {
+        &self.events
     }
 
-    /// Stops the running generation within one token; what was produced is kept.
+    /// Stops the generation; the stream still ends with `done` (finish `cancelled`).
     pub fn cancel(&self) {
         self.control.cancel();
     }
 
-    /// Step mode: pause before the next token; `step` then advances one token at a time.
+    pub fn is_cancelled(&self) -> bool {
+        self.control.is_cancelled()
+    }
+
+    /// Step mode: pause before the next token; [`Generation::step`] then advances one token.
     pub fn set_paused(&self, paused: bool) {
         self.control.set_paused(paused);
     }
@@ -79,23 +56,87 @@ impl EngineHandle {
         self.control.step(1);
     }
 
+    /// The control, for a signal handler that must cancel from another thread.
     pub fn control(&self) -> Arc<StepControl> {
         self.control.clone()
     }
+
+    /// Waits for the terminal event (`done` or `error`), handing every event to `on_event`.
+    /// A stream that ends without one (the producer died) ends with an internal error.
+    pub fn for_each(&self, mut on_event: impl FnMut(&EngineEvent)) -> EngineEvent {
+        for ev in self.events.iter() {
+            on_event(&ev);
+            if ev.is_terminal() {
+                return ev;
+            }
+        }
+        let ev = EngineEvent::error(ErrorKind::Internal, "the generation stopped without a done event");
+        on_event(&ev);
+        ev
+    }
 }
 
-/// The text a panic was raised with (`panic!` payloads are `&str` or `String`).
-pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into())
+/// The error kind of a library error raised while a generation runs.
+pub fn error_kind(e: &Error) -> ErrorKind {
+    match e {
+        Error::ContextOverflow { .. } => ErrorKind::ContextOverflow,
+        Error::InvalidArgument(_) | Error::TokenOutOfRange { .. } => ErrorKind::InvalidRequest,
+        _ => ErrorKind::Internal,
+    }
+}
+
+pub struct EngineHandle {
+    commands: Sender<Command>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EngineHandle {
+    pub fn spawn(model: Arc<Model>, tokenizer: Arc<TextTokenizer>, model_name: String) -> std::io::Result<Self> {
+        let (cmd_tx, cmd_rx) = mpsc::channel::<Command>();
+        let thread = std::thread::Builder::new().name("deltascope-engine".into()).spawn(move || {
+            let generator = Generator { tokenizer: &tokenizer, model_name };
+            while let Ok(Command::Generate { req, events, control }) = cmd_rx.recv() {
+                let mut emit = |e: EngineEvent| {
+                    let _ = events.send(e);
+                };
+                let drafting = req.params.mtp.depth > 0 || req.params.mtp.auto;
+                // A panic inside one generation (a bug, or a shape a checkpoint gets wrong)
+                // ends that generation with an error event; the engine stays up for the next.
+                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let mut session = if drafting { ModelSession::with_mtp(&model) } else { ModelSession::new(&model) };
+                    generator.generate(&mut session, &req, control.as_ref(), &mut emit)
+                }));
+                let error = match run {
+                    Ok(Ok(_)) => continue,
+                    Ok(Err(e)) => EngineEvent::error(error_kind(&e), e.to_string()),
+                    Err(panic) => EngineEvent::error(
+                        ErrorKind::Internal,
+                        format!("internal error in the engine: {}", panic_message(panic.as_ref())),
+                    ),
+                };
+                let _ = events.send(error);
+            }
+        })?;
+        Ok(EngineHandle { commands: cmd_tx, thread: Some(thread) })
+    }
+
+    /// Queues a generation (behind a running one) with its own stream and control.
+    pub fn generate(&self, req: GenerateRequest) -> Generation {
+        let (tx, rx) = mpsc::channel();
+        let control = Arc::new(StepControl::default());
+        if self
+            .commands
+            .send(Command::Generate { req: Box::new(req), events: tx.clone(), control: control.clone() })
+            .is_err()
+        {
+            let _ = tx.send(EngineEvent::error(ErrorKind::Unavailable, "the engine thread has stopped"));
+        }
+        Generation::new(rx, control)
+    }
 }
 
 impl Drop for EngineHandle {
     fn drop(&mut self) {
-        self.cancel();
         let _ = self.commands.send(Command::Shutdown);
         if let Some(t) = self.thread.take() {
             let _ = t.join();

@@ -11,10 +11,10 @@ use super::load::{LoadProgress, Loader};
 use super::mlp::{DenseMlp, Mlp, MoeBlock};
 use super::norm::RmsNorm;
 use super::rope::Rope;
-use super::source::ModelSource;
 use super::state::{LayerState, SequenceState};
 use super::tensor::{Linear, Mat, Precision};
 use super::weights::WeightStore;
+use crate::checkpoint::ModelSource;
 use crate::error::{Error, Result};
 
 enum Mixer {

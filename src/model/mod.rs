@@ -3,7 +3,6 @@
 
 pub mod attention;
 pub mod config;
-pub mod demo;
 pub mod gdn;
 pub mod hybrid;
 pub mod load;
@@ -11,16 +10,15 @@ pub mod mlp;
 pub mod norm;
 pub mod plan;
 pub mod rope;
-pub mod source;
 pub mod state;
 pub mod tensor;
 pub mod weights;
 
+pub use crate::checkpoint::demo_source;
+pub use crate::checkpoint::{EmbeddedModel, ModelSource};
 pub use config::{Family, LayerKind, MlpKind, ModelConfig};
-pub use demo::demo_source;
 pub use hybrid::{ForwardOptions, ForwardOutput, LoadOptions, LogitsRows, Model, MtpOutput, MtpState};
 pub use load::LoadProgress;
-pub use source::{EmbeddedModel, ModelSource};
 pub use state::{SequenceState, StateBytes, StateSnapshot};
 pub use tensor::{Mat, Precision};
 

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use safetensors::{Dtype, SafeTensors};
 
-use super::source::{FileBytes, ModelSource};
+use crate::checkpoint::{FileBytes, ModelSource};
 use crate::error::{Error, Result};
 
 const INDEX_FILE: &str = "model.safetensors.index.json";

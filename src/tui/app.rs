@@ -15,14 +15,14 @@ use super::highlight::Markdown;
 use super::keymap::{Action, Keymap};
 use super::sliders::{Settings, Slider};
 use super::theme::Theme;
-use crate::chat::session::{Session, SessionInfo, Turn, list_sessions};
-use crate::engine::{EngineEvent, GenerationParams, Phase};
+use crate::backend::{BackendInfo, ChatMessage, EngineEvent, GenerationParams, Phase, Support};
+use crate::session::{Session, SessionInfo, Turn, list_sessions};
 
 /// What the runner does for the app.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
     Generate {
-        messages: serde_json::Value,
+        messages: Vec<ChatMessage>,
         enable_thinking: bool,
         params: Box<GenerationParams>,
     },
@@ -32,19 +32,6 @@ pub enum Effect {
     /// Put this text on the terminal's clipboard.
     Copy(String),
     Quit,
-}
-
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ModelInfo {
-    pub name: String,
-    /// "local" (in-process engine).
-    pub backend: String,
-    pub devices: Vec<String>,
-    pub weights_bytes: usize,
-    pub has_mtp: bool,
-    /// e.g. "8 layers: 6 GDN + 2 attention".
-    pub layers: String,
-    pub context: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,7 +137,8 @@ pub struct App {
     pub theme: Theme,
     pub keymap: Keymap,
     pub settings: Settings,
-    pub model: Option<ModelInfo>,
+    /// What the backend said about itself, once it is open.
+    pub model: Option<BackendInfo>,
     /// Loading progress: (done, total, what).
     pub loading: Option<(u64, u64, String)>,
     pub fatal: Option<String>,
@@ -290,9 +278,13 @@ impl App {
         self.status = Some((msg.into(), self.now_ms));
     }
 
-    /// The model is ready (the runner spawned the engine).
-    pub fn set_model(&mut self, info: ModelInfo) {
-        self.settings.has_mtp = info.has_mtp;
+    /// The backend is ready (a model loaded, or a server answered).
+    pub fn set_model(&mut self, info: BackendInfo) {
+        self.settings.mtp = match (&info.mtp_control, info.has_mtp) {
+            (Support::No(why), _) => Support::No(why.clone()),
+            (Support::Yes, false) => Support::No("no MTP head".into()),
+            (Support::Yes, true) => Support::Yes,
+        };
         if self.session.model.is_empty() {
             self.session.model = info.name.clone();
         }
@@ -316,12 +308,12 @@ impl App {
             Inbound::Tick => self.on_tick(),
             Inbound::Engine(e) => self.on_engine(e),
             Inbound::LoadProgress { done, total, what } => self.loading = Some((done, total, what)),
-            Inbound::Loaded(Err(e)) => {
+            Inbound::Ready(Err(e)) => {
                 self.loading = None;
                 self.fatal = Some(e);
             }
-            // The runner takes `Loaded(Ok)` (it owns the model) and calls `set_model`.
-            Inbound::Loaded(Ok(_)) => {}
+            // The runner takes `Ready(Ok)` (it owns the backend) and calls `set_model`.
+            Inbound::Ready(Ok(_)) => {}
             Inbound::Terminate => self.do_quit(),
         }
         if !quiet {
@@ -373,12 +365,12 @@ impl App {
     /// An engine event for the live turn.
     pub fn on_engine(&mut self, ev: EngineEvent) {
         let Some((i, sent)) = self.live else { return };
-        let end = matches!(ev, EngineEvent::Done { .. } | EngineEvent::Error { .. });
+        let end = ev.is_terminal();
         if let Some(t) = self.session.turns.get_mut(i) {
             t.apply(&ev, self.now_ms - sent);
         }
-        if let EngineEvent::Error { message } = &ev {
-            self.set_status(format!("error: {message}"));
+        if let EngineEvent::Error(e) = &ev {
+            self.set_status(format!("error: {}", e.message));
         }
         self.sync_markdown();
         if end {
@@ -538,6 +530,10 @@ impl App {
                 };
             }
             Action::StepMode => {
+                if let Some(why) = self.model.as_ref().and_then(|m| m.step.reason()) {
+                    self.set_status(format!("step mode is not available: {why}"));
+                    return true;
+                }
                 self.step_mode = !self.step_mode;
                 self.effects.push(Effect::SetPaused(self.step_mode));
                 let step = self.keymap.first(Action::Step);
@@ -566,10 +562,16 @@ impl App {
                 }
             }
             Action::ColourMode => {
-                self.colour_mode = match self.colour_mode {
-                    ColourMode::Phase => ColourMode::Logprob,
-                    ColourMode::Logprob => ColourMode::Provenance,
-                    ColourMode::Provenance => ColourMode::Phase,
+                let provenance = self.model.as_ref().map(|m| m.provenance.clone());
+                self.colour_mode = match (self.colour_mode, provenance.as_ref().and_then(|p| p.reason())) {
+                    (ColourMode::Phase, _) => ColourMode::Logprob,
+                    (ColourMode::Logprob, None) => ColourMode::Provenance,
+                    (ColourMode::Logprob, Some(why)) => {
+                        self.colour_mode = ColourMode::Phase;
+                        self.set_status(format!("colour by phase (MTP provenance is not available: {why})"));
+                        return true;
+                    }
+                    (ColourMode::Provenance, _) => ColourMode::Phase,
                 };
                 self.set_status(format!("colour by {}", self.colour_mode.name()));
             }
@@ -601,7 +603,7 @@ impl App {
             Action::CopyThinking => self.copy(Phase::Thinking),
             Action::Replay => self.start_replay(self.session.clone()),
             Action::RaiseMaxTokens => {
-                let max = self.model.as_ref().map(|m| m.context).filter(|c| *c > 0).unwrap_or(usize::MAX);
+                let max = self.model.as_ref().and_then(|m| m.context).filter(|c| *c > 0).unwrap_or(usize::MAX);
                 let prompt = self.shown().map(|t| t.prompt_tokens).unwrap_or(0);
                 let p = &mut self.settings.params;
                 p.max_tokens = (p.max_tokens * 2).min(max.saturating_sub(prompt)).max(p.max_tokens);

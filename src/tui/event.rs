@@ -1,15 +1,14 @@
 //! The one inbound event type of the TUI, and the input thread that feeds it.
 //!
 //! Terminal input is read on its own small thread (crossterm's `read` blocks), so keys are
-//! taken while the engine streams at full speed; the engine's events arrive on the engine
-//! handle's channel and are wrapped into the same enum by the main loop.
+//! taken while the engine streams at full speed; the engine's events arrive on the live
+//! generation's channel and are wrapped into the same enum by the main loop.
 
 use std::sync::mpsc::Sender;
 
 use ratatui::crossterm::event::{self, Event as TermEvent};
 
-use crate::cli::common::Loaded;
-use crate::engine::EngineEvent;
+use crate::backend::{Backend, EngineEvent};
 
 // Events are moved once through a channel; boxing every token event would allocate per token.
 #[allow(clippy::large_enum_variant)]
@@ -26,8 +25,8 @@ pub enum Inbound {
         total: u64,
         what: String,
     },
-    /// Loading finished (boxed: `Loaded` is large).
-    Loaded(Result<Box<Loaded>, String>),
+    /// The backend is open (a model loaded, or a server answered), or why not.
+    Ready(Result<Box<dyn Backend>, String>),
     /// SIGINT, SIGTERM or SIGHUP from outside: save and quit, restoring the terminal. (Ctrl+C
     /// typed in the TUI is a key, since raw mode turns off the terminal's own signal keys.)
     Terminate,

@@ -1,8 +1,10 @@
 //! The workbench TUI: ratatui over the engine's event stream.
 //!
-//! Threads: the engine (its own OS thread, [`EngineHandle`]), a terminal-input thread, a
-//! model-loading thread at start, and the main thread, which owns the state, executes the
-//! app's effects and draws at most one frame per interval (see [`render`]).
+//! Threads: the backend's (the engine's OS thread, or a server stream's), a terminal-input
+//! thread, a thread that opens the backend at start (loading a model, or asking a server what
+//! it is), and the main thread, which owns the state, executes the app's effects and draws at
+//! most one frame per interval (see [`render`]). The TUI talks to the backend only through
+//! [`crate::backend`]: one [`Generation`] per request.
 
 pub mod app;
 pub mod config;
@@ -20,22 +22,25 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use self::app::{App, AppConfig, Effect, ModelInfo};
+use self::app::{App, AppConfig, Effect};
 use self::event::Inbound;
 use self::keymap::Keymap;
 use self::render::FrameClock;
 use self::sliders::Settings;
 use self::theme::Theme;
-use crate::chat::RenderOptions;
-use crate::chat::session::{Session, default_sessions_dir};
-use crate::cli::common::{GenArgs, Loaded, ModelArgs, human_bytes, load_reporting};
-use crate::engine::{EngineEvent, EngineHandle, GenerateRequest, GenerationParams, check_prompt};
-use crate::model::{LayerKind, LoadProgress};
+use crate::backend::{
+    self, Backend, BackendInfo, BackendSpec, ChatRequest, EngineEvent, ErrorKind, Generation, GenerationParams,
+    OpenProgress, ParamOverrides, Prompt, Support,
+};
+use crate::error::panic_message;
+use crate::session::{Session, default_sessions_dir};
 
 /// Everything `deltascope chat` (or plain `deltascope`) was asked for.
 pub struct TuiOptions {
-    pub model: ModelArgs,
-    pub generation: GenArgs,
+    /// The model to load, or the server to attach to.
+    pub backend: BackendSpec,
+    /// The sliders' starting values, as flags gave them.
+    pub generation: ParamOverrides,
     pub system: Option<String>,
     pub no_think: bool,
     pub theme: Option<String>,
@@ -121,15 +126,15 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
     let settings = Settings {
         params: GenerationParams::default(),
         enable_thinking: opts.generation.thinking_enabled(opts.no_think),
-        preset: opts.generation.preset.as_deref().and_then(crate::engine::Preset::parse),
-        has_mtp: false,
+        preset: opts.generation.preset,
+        mtp: Support::Yes,
     };
     let mut app =
         App::new(AppConfig { theme, keymap, settings, sessions_dir, session_path: opts.session.clone(), session });
-    app.loading = Some((0, 1, "reading the checkpoint".into()));
+    app.loading = Some((0, 1, opening_message(&opts.backend)));
 
     let (tx, rx) = mpsc::channel::<Inbound>();
-    spawn_loader(opts.model.clone(), tx.clone())?;
+    spawn_opener(opts.backend.clone(), tx.clone())?;
 
     let mut terminal = ratatui::try_init().context("cannot switch the terminal to the TUI")?;
     let _guard = TerminalGuard;
@@ -147,8 +152,8 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
 
     let start = Instant::now();
     let now_ms = || start.elapsed().as_secs_f64() * 1000.0;
-    let mut engine: Option<EngineHandle> = None;
-    let mut loaded: Option<Box<Loaded>> = None;
+    let mut backend: Option<Box<dyn Backend>> = None;
+    let mut live: Option<Generation> = None;
     let mut clock = FrameClock::default();
     let mut stdout = std::io::stdout();
     loop {
@@ -165,34 +170,24 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
         }
         for ev in batch {
             match ev {
-                Inbound::Loaded(Ok(l)) => {
-                    match l.params_for(&opts, resumed.as_ref()) {
+                Inbound::Ready(Ok(b)) => {
+                    match starting_settings(b.info(), &opts, resumed.as_ref()) {
                         Ok((params, thinking)) => {
                             app.settings.params = params;
                             app.settings.enable_thinking = thinking;
                         }
                         Err(e) => app.fatal = Some(format!("{e:#}")),
                     }
-                    app.set_model(model_info(&l));
-                    engine = Some(EngineHandle::spawn(l.model.clone(), l.tokenizer.clone(), l.name.clone()));
-                    loaded = Some(l);
+                    app.set_model(b.info().clone());
+                    backend = Some(b);
                 }
                 other => app.update(other, now_ms()),
             }
         }
-        if let Some(e) = &engine {
-            // Bounded, so a flood of tokens cannot starve the keys.
-            for _ in 0..20_000 {
-                match e.events.try_recv() {
-                    Ok(ev) => app.update(Inbound::Engine(ev), now_ms()),
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => {
-                        if app.generating() {
-                            app.on_engine(EngineEvent::Error { message: "the engine thread stopped".into() });
-                        }
-                        break;
-                    }
-                }
+        if let Some(g) = &live {
+            pump(&mut app, g, now_ms());
+            if !app.generating() {
+                live = None;
             }
         }
         for effect in app.take_effects() {
@@ -204,16 +199,18 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
                 }
                 continue;
             }
-            let (Some(e), Some(l)) = (&engine, &loaded) else { continue };
             match effect {
                 Effect::Generate { messages, enable_thinking, params } => {
-                    if let Err(err) = start_generation(e, l, &messages, enable_thinking, *params) {
-                        app.on_engine(EngineEvent::Error { message: format!("{err:#}") });
+                    let Some(b) = &backend else { continue };
+                    let request = ChatRequest { prompt: Prompt::Chat(messages), enable_thinking, params: *params };
+                    match b.start(request) {
+                        Ok(g) => live = Some(g),
+                        Err(err) => app.on_engine(EngineEvent::error(err.kind, err.message)),
                     }
                 }
-                Effect::Cancel => e.cancel(),
-                Effect::SetPaused(p) => e.set_paused(p),
-                Effect::Step => e.step(),
+                Effect::Cancel => live.iter().for_each(Generation::cancel),
+                Effect::SetPaused(p) => live.iter().for_each(|g| g.set_paused(p)),
+                Effect::Step => live.iter().for_each(Generation::step),
                 Effect::Copy(_) | Effect::Quit => {}
             }
         }
@@ -227,99 +224,87 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
         if clock.due(now) {
             render::draw(&mut terminal, &app, Some(&mut stdout))?;
             clock.drawn(now);
-            if engine.is_some() {
+            if backend.is_some() {
                 fault.strike()?;
             }
         }
     }
     // Quitting cancelled a running generation: wait briefly for its `done` (the engine stops
-    // within a token) so the saved turn has its finish reason and stats, not an open end.
-    if let Some(e) = &engine
+    // within a token, a server stream at once) so the saved turn has its finish reason and
+    // stats, not an open end.
+    if let Some(g) = &live
         && app.generating()
     {
-        e.cancel();
+        g.cancel();
         let deadline = Instant::now() + Duration::from_secs(2);
         while app.generating() {
-            match e.events.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            match g.events().recv_timeout(deadline.saturating_duration_since(Instant::now())) {
                 Ok(ev) => app.update(Inbound::Engine(ev), now_ms()),
                 Err(_) => break,
             }
         }
         app.autosave();
     }
-    // Dropping the engine cancels a running generation and joins its thread.
-    drop(engine);
+    // Dropping the backend stops its engine thread (or its server connections).
+    drop(live);
+    drop(backend);
     Ok(())
 }
 
-fn start_generation(
-    e: &EngineHandle,
-    l: &Loaded,
-    messages: &serde_json::Value,
-    enable_thinking: bool,
-    params: GenerationParams,
-) -> anyhow::Result<()> {
-    let opts =
-        RenderOptions { add_generation_prompt: true, enable_thinking: Some(enable_thinking), ..Default::default() };
-    let text = l.template.render(messages, &opts)?;
-    let ids = l.tokenizer.encode(&text)?;
-    check_prompt(&l.model, &ids, params.max_tokens)?;
-    e.generate(GenerateRequest { prompt_ids: ids, params });
-    Ok(())
-}
-
-trait StartSettings {
-    fn params_for(&self, opts: &TuiOptions, resumed: Option<&Session>) -> anyhow::Result<(GenerationParams, bool)>;
-}
-
-impl StartSettings for Loaded {
-    /// The sliders' starting values: a resumed session's last settings, else the flags
-    /// (resolved exactly like `run`'s).
-    fn params_for(&self, opts: &TuiOptions, resumed: Option<&Session>) -> anyhow::Result<(GenerationParams, bool)> {
-        if let Some(t) = resumed.and_then(|s| s.turns.iter().rev().find(|t| t.compare_of.is_none())) {
-            return Ok((t.params.clone(), t.enable_thinking));
+/// Moves the live generation's events into the app (bounded, so a flood of tokens cannot
+/// starve the keys).
+fn pump(app: &mut App, g: &Generation, now_ms: f64) {
+    for _ in 0..20_000 {
+        match g.events().try_recv() {
+            Ok(ev) => app.update(Inbound::Engine(ev), now_ms),
+            Err(TryRecvError::Empty) => break,
+            Err(TryRecvError::Disconnected) => {
+                if app.generating() {
+                    app.on_engine(EngineEvent::error(
+                        ErrorKind::Internal,
+                        "the generation stopped without a done event",
+                    ));
+                }
+                break;
+            }
         }
-        let params = opts.generation.params(self)?;
-        Ok((params, opts.generation.thinking_enabled(opts.no_think)))
     }
 }
 
-fn model_info(l: &Loaded) -> ModelInfo {
-    let c = &l.model.config;
-    let gdn = c.layer_types.iter().filter(|k| matches!(k, LayerKind::LinearAttention)).count();
-    ModelInfo {
-        name: l.name.clone(),
-        backend: "local".into(),
-        devices: vec!["cpu".into()],
-        weights_bytes: l.model.weight_bytes(),
-        has_mtp: l.model.mtp.is_some(),
-        layers: format!("{} layers: {gdn} GDN + {} attention", c.layer_types.len(), c.layer_types.len() - gdn),
-        context: c.max_position_embeddings,
+/// The sliders' starting values: a resumed session's last settings, else the flags (resolved
+/// exactly like `run`'s).
+fn starting_settings(
+    info: &BackendInfo,
+    opts: &TuiOptions,
+    resumed: Option<&Session>,
+) -> anyhow::Result<(GenerationParams, bool)> {
+    if let Some(t) = resumed.and_then(|s| s.turns.iter().rev().find(|t| t.compare_of.is_none())) {
+        return Ok((t.params.clone(), t.enable_thinking));
+    }
+    let params = opts.generation.resolve(info)?;
+    Ok((params, opts.generation.thinking_enabled(opts.no_think)))
+}
+
+fn opening_message(spec: &BackendSpec) -> String {
+    match spec {
+        BackendSpec::Local(_) => "reading the checkpoint".into(),
+        BackendSpec::Remote(r) => format!("asking {} what it serves", r.url),
     }
 }
 
-/// Loads the model on its own thread, reporting progress: bytes of tensor data while the
-/// weights are read (the long part), then the small files.
-fn spawn_loader(args: ModelArgs, tx: Sender<Inbound>) -> anyhow::Result<()> {
+/// Opens the backend on its own thread, reporting progress: bytes of tensor data while
+/// weights are read (the long part), then the small files; or the server's answers.
+fn spawn_opener(spec: BackendSpec, tx: Sender<Inbound>) -> anyhow::Result<()> {
     std::thread::Builder::new().name("deltascope-load".into()).spawn(move || {
-        let load = || -> anyhow::Result<Loaded> {
-            let label = args.source().label();
-            let weights_tx = tx.clone();
-            let weights = LoadProgress(std::sync::Arc::new(move |read: u64, total: u64| {
-                let what = format!("weights of {label}: {} of {}", human_bytes(read), human_bytes(total));
-                let _ = weights_tx.send(Inbound::LoadProgress { done: read, total, what });
-            }));
-            let step = |what: &str| {
-                let _ = tx.send(Inbound::LoadProgress { done: 1, total: 1, what: what.into() });
-            };
-            load_reporting(&args, Some(weights), &step)
+        let progress = |p: OpenProgress| {
+            let _ = tx.send(Inbound::LoadProgress { done: p.done, total: p.total, what: p.what });
         };
         // A checkpoint that makes loading panic gets the same error screen as one that fails.
-        let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(load)) {
-            Ok(r) => r.map(Box::new).map_err(|e| format!("{e:#}")),
-            Err(p) => Err(format!("loading failed: {}", crate::engine::worker::panic_message(p.as_ref()))),
+        let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| backend::open(&spec, &progress))) {
+            Ok(r) => r.map_err(|e| e.message),
+            Err(p) => Err(format!("loading failed: {}", panic_message(p.as_ref()))),
         };
-        let _ = tx.send(Inbound::Loaded(result));
+        let _ = tx.send(Inbound::Ready(result));
     })?;
     Ok(())
 }

@@ -1,8 +1,8 @@
 //! The generation settings the sliders edit, and how each slider steps. Changes apply to the
 //! next generation; the running one keeps the parameters it started with.
 
-use crate::chat::session::budget_label;
-use crate::engine::{GenerationParams, Preset};
+use crate::backend::{GenerationParams, MAX_DEPTH, MtpParams, Preset, Support};
+use crate::session::budget_label;
 
 /// What the next generation will use.
 #[derive(Debug, Clone, PartialEq)]
@@ -12,8 +12,9 @@ pub struct Settings {
     pub enable_thinking: bool,
     /// The preset last applied (cleared when a sampling slider moves).
     pub preset: Option<Preset>,
-    /// Whether the model has an MTP head (the depth slider is fixed at 0 otherwise).
-    pub has_mtp: bool,
+    /// Whether the MTP depth can be set here (no MTP head, or a server that decides itself:
+    /// the slider is fixed, and says why).
+    pub mtp: Support,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,7 +89,7 @@ impl Slider {
             Slider::FrequencyPenalty => format!("{:.1}", q.frequency_penalty),
             Slider::RepetitionPenalty if q.repetition_penalty == 1.0 => "1.00 (off)".into(),
             Slider::RepetitionPenalty => format!("{:.2}", q.repetition_penalty),
-            Slider::MtpDepth if !s.has_mtp => "n/a (no MTP head)".into(),
+            Slider::MtpDepth if !s.mtp.is_yes() => format!("n/a ({})", s.mtp.reason().unwrap_or_default()),
             Slider::MtpDepth if p.mtp.auto => "auto (adapts)".into(),
             Slider::MtpDepth if p.mtp.depth == 0 => "0 (off)".into(),
             Slider::MtpDepth => p.mtp.depth.to_string(),
@@ -178,14 +179,12 @@ impl Slider {
             Slider::RepetitionPenalty => q.repetition_penalty = step_f(q.repetition_penalty, 0.05, 0.5, 2.0),
             Slider::MtpDepth => {
                 // 0 (off) < 1 < … < 4 < auto (the engine adapts the depth to acceptance).
-                if s.has_mtp {
-                    let max = crate::engine::speculative::MAX_DEPTH;
+                if s.mtp.is_yes() {
+                    let max = MAX_DEPTH;
                     match (p.mtp.auto, up) {
                         (true, true) => {}
-                        (true, false) => p.mtp = crate::engine::MtpParams { depth: max, auto: false },
-                        (false, true) if p.mtp.depth >= max => {
-                            p.mtp = crate::engine::MtpParams { depth: 0, auto: true }
-                        }
+                        (true, false) => p.mtp = MtpParams { depth: max, auto: false },
+                        (false, true) if p.mtp.depth >= max => p.mtp = MtpParams { depth: 0, auto: true },
                         (false, true) => p.mtp.depth += 1,
                         (false, false) => p.mtp.depth = p.mtp.depth.saturating_sub(1),
                     }
@@ -245,7 +244,7 @@ mod tests {
     use super::*;
 
     fn settings() -> Settings {
-        Settings { params: GenerationParams::default(), enable_thinking: true, preset: None, has_mtp: true }
+        Settings { params: GenerationParams::default(), enable_thinking: true, preset: None, mtp: Support::Yes }
     }
 
     #[test]
@@ -267,12 +266,12 @@ mod tests {
     #[test]
     fn mtp_depth_runs_from_off_to_auto_and_frequency_penalty_steps() {
         let mut s = settings();
-        s.params.mtp = crate::engine::MtpParams { depth: 0, auto: false };
+        s.params.mtp = MtpParams { depth: 0, auto: false };
         assert_eq!(Slider::MtpDepth.value(&s), "0 (off)");
         for _ in 0..4 {
             Slider::MtpDepth.adjust(&mut s, 1, false);
         }
-        assert_eq!(s.params.mtp, crate::engine::MtpParams { depth: 4, auto: false });
+        assert_eq!(s.params.mtp, MtpParams { depth: 4, auto: false });
         Slider::MtpDepth.adjust(&mut s, 1, false);
         assert!(s.params.mtp.auto);
         assert_eq!(Slider::MtpDepth.value(&s), "auto (adapts)");
@@ -280,7 +279,7 @@ mod tests {
         Slider::MtpDepth.adjust(&mut s, 1, false);
         assert!(s.params.mtp.auto, "auto is the top of the range");
         Slider::MtpDepth.adjust(&mut s, -1, false);
-        assert_eq!(s.params.mtp, crate::engine::MtpParams { depth: 4, auto: false });
+        assert_eq!(s.params.mtp, MtpParams { depth: 4, auto: false });
 
         for _ in 0..3 {
             Slider::FrequencyPenalty.adjust(&mut s, 1, false);
@@ -308,7 +307,7 @@ mod tests {
         Slider::TopK.adjust(&mut s, 1, false);
         assert_eq!(s.params.sampling.top_k, 40);
         assert_eq!(Slider::Preset.value(&s), "custom");
-        s.has_mtp = false;
+        s.mtp = Support::No("no MTP head".into());
         Slider::MtpDepth.adjust(&mut s, 1, false);
         assert_eq!(Slider::MtpDepth.value(&s), "n/a (no MTP head)");
     }

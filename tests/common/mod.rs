@@ -1,12 +1,13 @@
 //! Scripted engine event streams and an app without a model, for the TUI tests and the bench.
 #![allow(dead_code)]
 
-use deltascope::chat::session::Session;
-use deltascope::engine::{
-    Alternative, DiagnosticKind, DraftKind, EngineEvent, FinishReason, GenerationParams, Memory, MtpParams, MtpStats,
-    Phase, Timing, Usage,
+use deltascope::backend::{
+    Alternative, BackendInfo, BackendKind, CountSource, Diagnostic, DiagnosticKind, DoneEvent, DraftKind, EngineEvent,
+    FinishReason, GenerationParams, Memory, MtpParams, MtpStats, Phase, SamplingParams, StartEvent, StatsEvent,
+    Support, Timing, TokenEvent, Usage,
 };
-use deltascope::tui::app::{App, AppConfig, ModelInfo};
+use deltascope::session::Session;
+use deltascope::tui::app::{App, AppConfig};
 use deltascope::tui::event::Inbound;
 use deltascope::tui::keymap::Keymap;
 use deltascope::tui::sliders::Settings;
@@ -15,15 +16,18 @@ use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 use ratatui::crossterm::event::{Event, KeyCode, KeyEvent, KeyModifiers};
 
-pub fn model() -> ModelInfo {
-    ModelInfo {
+pub fn model() -> BackendInfo {
+    BackendInfo {
         name: "embedded:demo".into(),
-        backend: "local".into(),
-        devices: vec!["cpu".into()],
-        weights_bytes: 16_142_336,
+        kind: BackendKind::Local { devices: vec!["cpu".into()], dtype: "f32".into() },
+        context: Some(4096),
         has_mtp: true,
-        layers: "8 layers: 6 GDN + 2 attention".into(),
-        context: 4096,
+        layers: Some("8 layers: 6 GDN + 2 attention".into()),
+        weights_bytes: Some(16_142_336),
+        defaults: SamplingParams::default(),
+        step: Support::Yes,
+        provenance: Support::Yes,
+        mtp_control: Support::Yes,
     }
 }
 
@@ -37,13 +41,13 @@ pub fn params(max_tokens: usize, budget: Option<usize>) -> GenerationParams {
 }
 
 pub fn diag(kind: DiagnosticKind, at_token: usize, message: &str, loop_at: Option<(usize, usize)>) -> EngineEvent {
-    EngineEvent::Diagnostic {
+    EngineEvent::Diagnostic(Diagnostic {
         kind,
         at_token,
         message: message.into(),
         period: loop_at.map(|l| l.0),
         start: loop_at.map(|l| l.1),
-    }
+    })
 }
 
 /// An app with the demo model "loaded" (no engine: effects are just collected).
@@ -54,7 +58,7 @@ pub fn app() -> App {
     let mut app = App::new(AppConfig {
         theme: Theme::default(),
         keymap: Keymap::default(),
-        settings: Settings { params: params(256, None), enable_thinking: true, preset: None, has_mtp: true },
+        settings: Settings { params: params(256, None), enable_thinking: true, preset: None, mtp: Support::Yes },
         sessions_dir: None,
         session_path: None,
         session,
@@ -84,24 +88,30 @@ pub fn engine(app: &mut App, e: EngineEvent, t: f64) {
 }
 
 pub fn start(prompt_tokens: usize, p: &GenerationParams) -> EngineEvent {
-    EngineEvent::Start { model: "embedded:demo".into(), prompt_tokens, phase: Phase::Thinking, params: p.clone() }
+    EngineEvent::Start(StartEvent {
+        model: "embedded:demo".into(),
+        prompt_tokens: Some(prompt_tokens),
+        phase: Phase::Thinking,
+        params: p.clone(),
+        server: None,
+    })
 }
 
 pub fn token(index: usize, phase: Phase, text: &str, logprob: f32, draft: DraftKind, forced: bool) -> EngineEvent {
-    EngineEvent::Token {
+    EngineEvent::Token(TokenEvent {
         index,
         phase,
-        id: 100 + (index as u32 % 300),
+        id: Some(100 + (index as u32 % 300)),
         text: text.into(),
-        logprob,
-        draft,
+        logprob: Some(logprob),
+        draft: Some(draft),
         forced,
         top_logprobs: vec![
-            Alternative { id: 100 + (index as u32 % 300), logprob, text: text.into() },
-            Alternative { id: 7, logprob: logprob - 2.5, text: " the".into() },
-            Alternative { id: 9, logprob: logprob - 3.75, text: "3".into() },
+            Alternative { id: Some(100 + (index as u32 % 300)), logprob, text: text.into() },
+            Alternative { id: Some(7), logprob: logprob - 2.5, text: " the".into() },
+            Alternative { id: Some(9), logprob: logprob - 3.75, text: "3".into() },
         ],
-    }
+    })
 }
 
 pub fn memory(kv: usize) -> Memory {
@@ -118,18 +128,20 @@ pub fn mtp(steps: usize) -> MtpStats {
 }
 
 pub fn stats(generated: usize, thinking: usize, answer: usize, tok_s: f64, steps: usize) -> EngineEvent {
-    EngineEvent::Stats {
+    EngineEvent::Stats(StatsEvent {
         generated,
         thinking_tokens: thinking,
         answer_tokens: answer,
+        counted: CountSource::Engine,
         tok_s,
-        memory: memory(4096 * (24 + generated)),
+        memory: Some(memory(4096 * (24 + generated))),
+        server_memory: None,
         mtp: Some(mtp(steps)),
-    }
+    })
 }
 
 pub fn done(reason: FinishReason, prompt: usize, thinking: usize, answer: usize, tt: &str, at: &str) -> EngineEvent {
-    EngineEvent::Done {
+    EngineEvent::Done(DoneEvent {
         finish_reason: reason,
         usage: Usage {
             prompt_tokens: prompt,
@@ -137,13 +149,15 @@ pub fn done(reason: FinishReason, prompt: usize, thinking: usize, answer: usize,
             answer_tokens: answer,
             completion_tokens: thinking + answer,
             forced_tokens: 0,
+            counted: CountSource::Engine,
         },
         timing: Timing { ttft_ms: 14.0, prefill_tok_s: 1143.0, decode_tok_s: 612.5, total_ms: 120.0 },
         mtp: Some(mtp(thinking / 2)),
-        memory: memory(4096 * (24 + thinking + answer)),
+        memory: Some(memory(4096 * (24 + thinking + answer))),
+        server_memory: None,
         thinking: tt.into(),
         answer: at.into(),
-    }
+    })
 }
 
 pub const THINKING: &str = "Check divisors of 91 up to 9.\n91 / 2 = 45 r 1\n91 / 3 = 30 r 1\n91 / 5 = 18 r 1\n91 / 7 = 13 r 0\n7 divides 91.\n";

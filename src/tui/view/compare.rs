@@ -9,7 +9,7 @@ use ratatui::widgets::{Block, Paragraph};
 
 use super::gauges::BudgetBar;
 use super::wrap::wrap;
-use crate::chat::session::Turn;
+use crate::session::Turn;
 use crate::tui::app::App;
 use crate::tui::highlight::block_line;
 
@@ -47,8 +47,7 @@ fn column(
         }
         lines.push(Line::from(spans));
     }
-    let finish =
-        t.finish_reason.clone().unwrap_or_else(|| if t.error.is_some() { "error".into() } else { "running…".into() });
+    let finish = t.finish_reason.map(|r| r.as_str()).unwrap_or(if t.error.is_some() { "error" } else { "running…" });
     let fin_style = if finish == "stop" { th.fg(th.good) } else { th.fg(th.warn) };
     lines.push(Line::from(vec![
         Span::styled("finish ", th.fg(th.dim)),
@@ -68,7 +67,7 @@ fn column(
         .unwrap_or_else(|| "MTP off".into());
     lines.push(Line::styled(mtp, th.fg(th.text)));
     for d in &t.diagnostics {
-        lines.push(Line::styled(format!("⚠ {} at {}", d.kind, d.at_token), th.fg(th.bad)));
+        lines.push(Line::styled(format!("⚠ {} at {}", d.kind.as_str(), d.at_token), th.fg(th.bad)));
     }
     let header = lines.len() as u16;
     if inner.height <= header + 2 {

@@ -10,10 +10,10 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Sparkline, Widget};
 
-use crate::chat::session::Turn;
-use crate::cli::common::short_bytes;
+use crate::session::Turn;
 use crate::tui::app::App;
 use crate::tui::theme::Theme;
+use crate::units::short_bytes;
 
 pub const MIN_HEIGHT: u16 = 18;
 
@@ -104,11 +104,10 @@ pub fn panel(app: &App, f: &mut Frame, area: Rect) {
     let inner = block.inner(area);
     f.render_widget(block, area);
     let Some(t) = app.shown() else {
-        let w = app.model.as_ref().map(|m| m.weights_bytes).unwrap_or(0);
-        let lines = vec![
-            Line::styled("no generation yet", th.fg(th.dim)),
-            Line::styled(format!("weights {}", short_bytes(w as u64)), th.fg(th.text)),
-        ];
+        let mut lines = vec![Line::styled("no generation yet", th.fg(th.dim))];
+        if let Some(w) = app.model.as_ref().and_then(|m| m.weights_bytes) {
+            lines.push(Line::styled(format!("weights {}", short_bytes(w as u64)), th.fg(th.text)));
+        }
         f.render_widget(Paragraph::new(lines), inner);
         return;
     };
@@ -134,15 +133,17 @@ fn budget_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
         h,
     );
     f.render_widget(BudgetBar::new(t, th), b);
-    let budget = crate::chat::session::budget_label(t.enable_thinking, t.params.thinking_budget);
+    let budget = crate::session::budget_label(t.enable_thinking, t.params.thinking_budget);
+    // "≈": a server that reports no reasoning count, counted one per streamed frame.
+    let approx = if t.counted().is_estimate() { "≈" } else { "" };
     let legend_line = vec![
         Line::from(vec![
             Span::styled("▒", th.fg(th.prompt)),
             Span::styled(format!("prompt {} ", t.prompt_tokens), th.fg(th.text)),
             Span::styled("█", th.fg(th.thinking)),
-            Span::styled(format!("think {} ", t.thinking_tokens()), th.fg(th.text)),
+            Span::styled(format!("think {approx}{} ", t.thinking_tokens()), th.fg(th.text)),
             Span::styled("█", th.fg(th.answer)),
-            Span::styled(format!("answer {}", t.answer_tokens()), th.fg(th.text)),
+            Span::styled(format!("answer {approx}{}", t.answer_tokens()), th.fg(th.text)),
         ]),
         Line::from(vec![
             Span::styled("░", th.fg(th.headroom)),
@@ -196,7 +197,12 @@ fn mtp_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
     let th = &app.theme;
     let mut lines = vec![];
     let Some(m) = t.mtp() else {
-        let why = if !app.model.as_ref().is_some_and(|m| m.has_mtp) {
+        let remote = app.model.as_ref().is_some_and(|m| m.is_remote());
+        let why = if remote && !t.is_finished() {
+            "waiting for the server's figures".to_string()
+        } else if remote {
+            "not reported by the server".to_string()
+        } else if !app.model.as_ref().is_some_and(|m| m.has_mtp) {
             "off (no MTP head)".to_string()
         } else if t.params.mtp.depth == 0 && !t.params.mtp.auto {
             "off (depth 0)".to_string()
@@ -222,6 +228,9 @@ fn mtp_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
         Span::styled("MTP ", Style::new().fg(th.accent).add_modifier(Modifier::BOLD)),
         Span::styled(text, th.fg(th.text)),
     ]));
+    if let Some(src) = &m.source {
+        lines.push(Line::styled(format!("from {src}"), th.fg(th.dim)));
+    }
     let bar_w = (area.width as usize).saturating_sub(10).max(4);
     for (i, p) in m.per_position.iter().take(4).enumerate() {
         let mut spans = vec![Span::styled(format!("d{} ", i + 1), th.fg(th.dim))];
@@ -244,10 +253,32 @@ fn mtp_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
 
 fn memory_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
     let th = &app.theme;
-    let weights = app.model.as_ref().map(|m| m.weights_bytes).unwrap_or(0);
-    let mem = t.memory().cloned().unwrap_or_default();
+    let title = Span::styled("Memory ", Style::new().fg(th.accent).add_modifier(Modifier::BOLD));
+    let Some(mem) = t.memory().cloned() else {
+        // A remote server: only what it exposes on /metrics.
+        let line = match t.server_memory() {
+            Some(s) => {
+                let mut spans = vec![title, Span::styled("server KV ", th.fg(th.text))];
+                spans.extend(bar(
+                    s.kv_used_fraction,
+                    (area.width as usize).saturating_sub(24).max(4),
+                    th.answer,
+                    th.headroom,
+                ));
+                spans.push(Span::styled(format!(" {:.1}%", s.kv_used_fraction * 100.0), th.fg(th.text)));
+                vec![Line::from(spans), Line::styled(format!("from {}", s.metric), th.fg(th.dim))]
+            }
+            None => vec![Line::from(vec![title, Span::styled("remote: not reported", th.fg(th.dim))])],
+        };
+        f.render_widget(Paragraph::new(line), area);
+        return;
+    };
+    let weights = app.model.as_ref().and_then(|m| m.weights_bytes).unwrap_or(0);
     let weights = if mem.weights_bytes > 0 { mem.weights_bytes } else { weights };
-    let devices = app.model.as_ref().map(|m| m.devices.join(",")).unwrap_or_else(|| "cpu".into());
+    let devices = match app.model.as_ref().map(|m| &m.kind) {
+        Some(crate::backend::BackendKind::Local { devices, .. }) => devices.join(","),
+        _ => "cpu".into(),
+    };
     let total = (weights + mem.kv_bytes + mem.recurrent_bytes + mem.snapshot_bytes).max(1) as f64;
     let w = (area.width as usize).saturating_sub(25).max(4);
     let row = |label: &str, b: usize, note: &str, c: Color| -> Line<'static> {
@@ -257,10 +288,7 @@ fn memory_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
         Line::from(spans)
     };
     let lines = vec![
-        Line::from(vec![
-            Span::styled("Memory ", Style::new().fg(th.accent).add_modifier(Modifier::BOLD)),
-            Span::styled(format!("{devices}: {}", short_bytes(total as u64)), th.fg(th.text)),
-        ]),
+        Line::from(vec![title, Span::styled(format!("{devices}: {}", short_bytes(total as u64)), th.fg(th.text))]),
         row("weights", weights, "", th.prompt),
         row("KV cache", mem.kv_bytes, " ↑", th.answer),
         row("recurrent", mem.recurrent_bytes, " =", th.thinking),

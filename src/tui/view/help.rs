@@ -8,7 +8,7 @@ use ratatui::widgets::{Block, Clear, Paragraph};
 
 use super::centered;
 use super::wrap::wrap;
-use crate::chat::session::{SessionInfo, format_timestamp};
+use crate::session::{SessionInfo, format_timestamp};
 use crate::tui::app::App;
 use crate::tui::keymap::Action;
 

@@ -20,7 +20,7 @@ use ratatui::widgets::{Block, Clear, Gauge, Paragraph, Wrap};
 
 use super::app::{App, Overlay};
 use super::keymap::Action;
-use crate::chat::session::Turn;
+use crate::session::Turn;
 
 /// Below this the layout cannot show a usable workbench.
 pub const MIN_WIDTH: u16 = 60;
@@ -230,7 +230,7 @@ fn banner_lines(app: &App) -> Vec<Line<'static>> {
 
 fn phase_of(t: &Turn, token: usize) -> &'static str {
     match t.tokens.get(token).map(|x| x.phase) {
-        Some(crate::engine::Phase::Answer) => "answer",
+        Some(crate::backend::Phase::Answer) => "answer",
         _ => "thinking",
     }
 }
@@ -253,21 +253,15 @@ fn status(app: &App, f: &mut Frame, area: Rect) {
         sep.clone(),
         Span::styled(m.map(|m| m.name.clone()).unwrap_or_default(), th.fg(th.text)),
         sep.clone(),
-        Span::styled(
-            format!(
-                "{} · {}",
-                m.map(|m| m.backend.clone()).unwrap_or_default(),
-                m.map(|m| m.devices.join(",")).unwrap_or_default()
-            ),
-            th.fg(th.text),
-        ),
+        Span::styled(m.map(|m| m.label()).unwrap_or_default(), th.fg(th.text)),
         sep.clone(),
         Span::styled(format!("● {state}"), state_style),
     ];
     if let Some(t) = app.shown()
         && !app.generating()
     {
-        let finish = t.finish_reason.clone().or_else(|| t.error.as_ref().map(|_| "error".to_string()));
+        let finish =
+            t.finish_reason.map(|r| r.as_str().to_string()).or_else(|| t.error.as_ref().map(|_| "error".to_string()));
         if let Some(fr) = finish {
             let st = if fr == "stop" { th.fg(th.good) } else { th.fg(th.warn) };
             spans.push(sep.clone());

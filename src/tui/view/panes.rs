@@ -8,8 +8,8 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Scrollbar, ScrollbarOrientation, ScrollbarState};
 
 use super::wrap::wrap;
-use crate::chat::session::{TokenRecord, Turn};
-use crate::engine::{DraftKind, Phase};
+use crate::backend::{DiagnosticKind, DraftKind, Phase, TokenEvent};
+use crate::session::{Timed, Turn};
 use crate::tui::app::{App, ColourMode, Focus, PaneScroll, ThinkingView};
 use crate::tui::keymap::Action;
 use crate::tui::theme::Theme;
@@ -32,8 +32,7 @@ pub fn history(app: &App, f: &mut Frame, area: Rect) {
             Span::styled(format!("{mark}{tag} "), th.fg(th.accent)),
             Span::styled(one_line(&t.user), style),
         ]));
-        let finish =
-            t.finish_reason.clone().unwrap_or_else(|| if t.error.is_some() { "error".into() } else { "…".into() });
+        let finish = t.finish_reason.map(|r| r.as_str()).unwrap_or(if t.error.is_some() { "error" } else { "…" });
         lines.push(Line::styled(
             format!("   {} · {}+{} tok", finish, t.thinking_tokens(), t.answer_tokens()),
             th.fg(th.dim),
@@ -276,18 +275,27 @@ fn has_loop_in(t: &Turn, phase: Phase) -> bool {
 pub fn loop_ranges(t: &Turn) -> Vec<(usize, usize)> {
     t.diagnostics
         .iter()
-        .filter(|d| d.kind == "degenerate_loop")
+        .filter(|d| d.kind == DiagnosticKind::DegenerateLoop)
         .map(|d| {
             let start = d.start.unwrap_or(d.at_token);
             let mut end = d.at_token.max(start);
             if let Some(p) = d.period.filter(|p| *p > 0) {
-                while end + 1 < t.tokens.len() && end + 1 >= p && t.tokens[end + 1].id == t.tokens[end + 1 - p].id {
+                while end + 1 < t.tokens.len() && end + 1 >= p && same_token(&t.tokens[end + 1], &t.tokens[end + 1 - p])
+                {
                     end += 1;
                 }
             }
             (start, end)
         })
         .collect()
+}
+
+/// The same token: by id, or by text when a server sent no ids.
+fn same_token(a: &TokenEvent, b: &TokenEvent) -> bool {
+    match (a.id, b.id) {
+        (Some(x), Some(y)) => x == y,
+        _ => a.text == b.text,
+    }
 }
 
 /// One phase's tokens as styled lines (colour mode, inspector cursor, loop highlight), built
@@ -306,7 +314,7 @@ impl LineBuilder {
     }
 
     /// Adds token `i` of the turn.
-    fn push(&mut self, app: &App, i: usize, tok: &TokenRecord, loops: &[(usize, usize)]) {
+    fn push(&mut self, app: &App, i: usize, tok: &TokenEvent, loops: &[(usize, usize)]) {
         let mut text = tok.text.as_str();
         if self.leading {
             // The blank line after </think> belongs to the answer phase; do not show it.
@@ -346,7 +354,7 @@ struct CacheKey {
     /// tokens, which are styled as they arrive, so it is not part of the key.
     loops: Vec<(Option<usize>, Option<usize>, usize)>,
     /// (id, arrival) of the turn's first token: another turn, or the same one re-run, differs.
-    first: Option<(u32, f64)>,
+    first: Option<(usize, f64)>,
 }
 
 /// A pane's wrapped token lines, kept between frames. A line ended by a newline never changes
@@ -358,7 +366,7 @@ pub struct PaneCache {
     key: Option<CacheKey>,
     /// Tokens of the turn (all phases) already fed, and the (id, arrival) of the last one.
     fed: usize,
-    last: Option<(u32, f64)>,
+    last: Option<(usize, f64)>,
     builder: Option<LineBuilder>,
     /// The closed lines, wrapped.
     wrapped: Vec<Line<'static>>,
@@ -367,7 +375,7 @@ pub struct PaneCache {
 impl PaneCache {
     /// Brings the cache up to `t`'s tokens; returns the open line, wrapped.
     fn update(&mut self, app: &App, t: &Turn, phase: Phase, width: usize) -> Vec<Line<'static>> {
-        let stamp = |tok: &TokenRecord| (tok.id, tok.t_ms);
+        let stamp = |tok: &Timed<TokenEvent>| (tok.index, tok.t_ms);
         let key = CacheKey {
             phase,
             width,
@@ -376,7 +384,7 @@ impl PaneCache {
             loops: t
                 .diagnostics
                 .iter()
-                .filter(|d| d.kind == "degenerate_loop")
+                .filter(|d| d.kind == DiagnosticKind::DegenerateLoop)
                 .map(|d| (d.start, d.period, d.at_token))
                 .collect(),
             first: t.tokens.first().map(stamp),
@@ -402,13 +410,15 @@ impl PaneCache {
     }
 }
 
-pub fn token_style(th: &Theme, mode: ColourMode, tok: &TokenRecord, in_loop: bool, cursor: bool) -> Style {
+pub fn token_style(th: &Theme, mode: ColourMode, tok: &TokenEvent, in_loop: bool, cursor: bool) -> Style {
     let phase_fg = if tok.phase == Phase::Thinking { th.thinking } else { th.answer };
     let mut s = match mode {
         _ if tok.forced => Style::new().fg(th.forced).add_modifier(Modifier::ITALIC),
         ColourMode::Phase => Style::new().fg(phase_fg),
+        // A server sends no logprob for some tokens (llama.cpp: accepted MTP drafts).
+        ColourMode::Logprob if tok.logprob.is_none() => Style::new().fg(th.dim),
         ColourMode::Logprob => {
-            let p = (tok.logprob as f64).exp();
+            let p = (tok.logprob.unwrap_or(0.0) as f64).exp();
             let c = if p >= 0.9 {
                 th.good
             } else if p >= 0.5 {
@@ -421,9 +431,9 @@ pub fn token_style(th: &Theme, mode: ColourMode, tok: &TokenRecord, in_loop: boo
             Style::new().fg(c)
         }
         ColourMode::Provenance => match tok.draft {
-            DraftKind::Accepted => Style::new().fg(th.accepted),
-            DraftKind::Bonus => Style::new().fg(th.bonus),
-            DraftKind::None => Style::new().fg(th.dim),
+            Some(DraftKind::Accepted) => Style::new().fg(th.accepted),
+            Some(DraftKind::Bonus) => Style::new().fg(th.bonus),
+            Some(DraftKind::None) | None => Style::new().fg(th.dim),
         },
     };
     if in_loop {

@@ -2,7 +2,7 @@
 //! Qwen3.5-architecture reasoning model compiled into the binary, so `deltascope` works on a fresh
 //! machine, offline. It goes through exactly the loader of any checkpoint.
 
-use super::source::{EmbeddedModel, ModelSource};
+use super::{EmbeddedModel, ModelSource};
 
 pub static DEMO: EmbeddedModel = EmbeddedModel {
     name: "demo",

@@ -9,6 +9,9 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
+mod demo;
+pub use demo::{DEMO, demo_source};
+
 /// Files compiled into the binary: `(file name, bytes)`.
 #[derive(Debug)]
 pub struct EmbeddedModel {

@@ -12,61 +12,37 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{
-    Alternative, DiagnosticKind, DraftKind, EngineEvent, FinishReason, GenerationParams, Memory, MtpStats, Phase,
-    Timing, Usage,
+use crate::backend::{
+    ChatMessage, CountSource, Diagnostic, DoneEvent, EngineEvent, ErrorEvent, FinishReason, GenerationParams, Memory,
+    MtpParams, MtpStats, Phase, Role, ServerLabel, ServerMemory, StartEvent, StatsEvent, Timing, TokenEvent, Usage,
 };
 
-/// Bumped when the file format changes incompatibly.
-pub const SESSION_VERSION: u32 = 1;
+/// The file format this build writes. Version 1 files (before the remote backend; their
+/// tokens always had ids) still load: version 2 only made fields optional.
+pub const SESSION_VERSION: u32 = 2;
+const OLDEST_READABLE: u32 = 1;
 
-/// One generated token and when it arrived (milliseconds since the request was sent).
+/// An engine event and when it arrived (milliseconds since the request was sent). Stored
+/// flattened: `{"t_ms": 12.5, "phase": "thinking", "text": "…", …}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TokenRecord {
+pub struct Timed<T> {
     pub t_ms: f64,
-    pub id: u32,
-    pub text: String,
-    pub phase: Phase,
-    pub logprob: f32,
-    #[serde(default)]
-    pub draft: DraftKind,
-    #[serde(default)]
-    pub forced: bool,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub top: Vec<Alternative>,
+    #[serde(flatten)]
+    pub ev: T,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DiagnosticRecord {
-    pub t_ms: f64,
-    /// The engine's snake_case kind (`degenerate_loop`, …).
-    pub kind: String,
-    pub at_token: usize,
-    pub message: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub period: Option<usize>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub start: Option<usize>,
-}
-
-/// One `stats` event, as it arrived.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct StatsSample {
-    pub t_ms: f64,
-    pub generated: usize,
-    pub thinking_tokens: usize,
-    pub answer_tokens: usize,
-    pub tok_s: f64,
-    pub memory: Memory,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mtp: Option<MtpStats>,
+impl<T> std::ops::Deref for Timed<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.ev
+    }
 }
 
 /// What the `done` event reported, plus timings the front end measured.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TurnStats {
     #[serde(default)]
-    pub samples: Vec<StatsSample>,
+    pub samples: Vec<Timed<StatsEvent>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -75,6 +51,8 @@ pub struct TurnStats {
     pub mtp: Option<MtpStats>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<Memory>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_memory: Option<ServerMemory>,
     /// When the `start` event arrived (prefill begins).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_ms: Option<f64>,
@@ -95,8 +73,12 @@ pub struct Turn {
     /// Whether the template rendered thinking on.
     pub enable_thinking: bool,
     pub params: GenerationParams,
+    /// From `start` (local engine) or the final usage (remote server).
     #[serde(default)]
     pub prompt_tokens: usize,
+    /// The server that generated this turn (`None`: the in-process engine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerLabel>,
     /// The phase the prompt left the model in.
     #[serde(default)]
     pub start_phase: Phase,
@@ -106,16 +88,18 @@ pub struct Turn {
     #[serde(default)]
     pub answer: String,
     #[serde(default)]
-    pub tokens: Vec<TokenRecord>,
+    pub tokens: Vec<Timed<TokenEvent>>,
     #[serde(default)]
-    pub diagnostics: Vec<DiagnosticRecord>,
+    pub diagnostics: Vec<Timed<Diagnostic>>,
     #[serde(default)]
     pub stats: TurnStats,
     /// `None` while streaming (or when the program stopped mid-turn).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub finish_reason: Option<String>,
+    pub finish_reason: Option<FinishReason>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<crate::backend::ErrorKind>,
     /// This turn re-ran turn N's prompt with other settings (a comparison).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compare_of: Option<usize>,
@@ -128,6 +112,7 @@ impl Turn {
             enable_thinking,
             params,
             prompt_tokens: 0,
+            server: None,
             start_phase: Phase::Thinking,
             thinking: String::new(),
             answer: String::new(),
@@ -136,6 +121,7 @@ impl Turn {
             stats: TurnStats::default(),
             finish_reason: None,
             error: None,
+            error_kind: None,
             compare_of: None,
         }
     }
@@ -145,73 +131,50 @@ impl Turn {
         // Microsecond resolution is plenty, and short decimals keep the JSON small.
         let t_ms = (t_ms * 1000.0).round() / 1000.0;
         match ev {
-            EngineEvent::Start { prompt_tokens, phase, .. } => {
-                self.prompt_tokens = *prompt_tokens;
-                self.start_phase = *phase;
+            EngineEvent::Start(st) => {
+                self.prompt_tokens = st.prompt_tokens.unwrap_or(0);
+                self.start_phase = st.phase;
+                self.server = st.server.clone();
                 self.stats.start_ms = Some(t_ms);
             }
-            EngineEvent::Token { phase, id, text, logprob, draft, forced, top_logprobs, .. } => {
-                let phase = *phase;
-                match phase {
+            EngineEvent::Token(tok) => {
+                match tok.phase {
                     Phase::Thinking => {
                         self.stats.thinking_start_ms.get_or_insert(t_ms);
-                        self.thinking.push_str(text);
+                        self.thinking.push_str(&tok.text);
                     }
                     Phase::Answer => {
                         if self.stats.thinking_start_ms.is_some() {
                             self.stats.thinking_end_ms.get_or_insert(t_ms);
                         }
-                        self.answer.push_str(text);
+                        self.answer.push_str(&tok.text);
                     }
                 }
-                self.tokens.push(TokenRecord {
-                    t_ms,
-                    id: *id,
-                    text: text.clone(),
-                    phase,
-                    logprob: *logprob,
-                    draft: *draft,
-                    forced: *forced,
-                    top: top_logprobs.clone(),
-                });
+                self.tokens.push(Timed { t_ms, ev: tok.clone() });
             }
-            EngineEvent::Stats { generated, thinking_tokens, answer_tokens, tok_s, memory, mtp } => {
-                self.stats.samples.push(StatsSample {
-                    t_ms,
-                    generated: *generated,
-                    thinking_tokens: *thinking_tokens,
-                    answer_tokens: *answer_tokens,
-                    tok_s: *tok_s,
-                    memory: memory.clone(),
-                    mtp: mtp.clone(),
-                });
-            }
-            EngineEvent::Diagnostic { kind, at_token, message, period, start } => {
-                self.diagnostics.push(DiagnosticRecord {
-                    t_ms,
-                    kind: kind.as_str().to_string(),
-                    at_token: *at_token,
-                    message: message.clone(),
-                    period: *period,
-                    start: *start,
-                });
-            }
-            EngineEvent::Done { finish_reason, usage, timing, mtp, memory, thinking, answer } => {
-                self.finish_reason = Some(finish_reason.as_str().to_string());
-                self.stats.usage = Some(usage.clone());
-                self.stats.timing = Some(timing.clone());
-                self.stats.mtp = mtp.clone();
-                self.stats.memory = Some(memory.clone());
+            EngineEvent::Stats(s) => self.stats.samples.push(Timed { t_ms, ev: s.clone() }),
+            EngineEvent::Diagnostic(d) => self.diagnostics.push(Timed { t_ms, ev: d.clone() }),
+            EngineEvent::Done(d) => {
+                self.finish_reason = Some(d.finish_reason);
+                if self.prompt_tokens == 0 {
+                    self.prompt_tokens = d.usage.prompt_tokens;
+                }
+                self.stats.usage = Some(d.usage.clone());
+                self.stats.timing = Some(d.timing.clone());
+                self.stats.mtp = d.mtp.clone();
+                self.stats.memory = d.memory.clone();
+                self.stats.server_memory = d.server_memory.clone();
                 if self.stats.thinking_start_ms.is_some() {
                     self.stats.thinking_end_ms.get_or_insert(t_ms);
                 }
                 self.stats.done_ms = Some(t_ms);
                 // The engine's texts are authoritative: stop strings are cut from them.
-                self.thinking = thinking.clone();
-                self.answer = answer.clone();
+                self.thinking = d.thinking.clone();
+                self.answer = d.answer.clone();
             }
-            EngineEvent::Error { message } => {
-                self.error = Some(message.clone());
+            EngineEvent::Error(e) => {
+                self.error = Some(e.message.clone());
+                self.error_kind = Some(e.kind);
                 self.stats.done_ms.get_or_insert(t_ms);
             }
         }
@@ -241,12 +204,28 @@ impl Turn {
         self.finish_reason.is_some() || self.error.is_some()
     }
 
+    /// Thinking tokens: the final usage once done (a server may generate tokens it does not
+    /// stream, such as `</think>`), else the token events so far.
     pub fn thinking_tokens(&self) -> usize {
-        self.tokens.iter().filter(|t| t.phase == Phase::Thinking).count()
+        match &self.stats.usage {
+            Some(u) => u.thinking_tokens,
+            None => self.tokens.iter().filter(|t| t.phase == Phase::Thinking).count(),
+        }
     }
 
     pub fn answer_tokens(&self) -> usize {
-        self.tokens.iter().filter(|t| t.phase == Phase::Answer).count()
+        match &self.stats.usage {
+            Some(u) => u.answer_tokens,
+            None => self.tokens.iter().filter(|t| t.phase == Phase::Answer).count(),
+        }
+    }
+
+    /// How the thinking / answer counts were obtained (estimates are shown with "≈").
+    pub fn counted(&self) -> CountSource {
+        match &self.stats.usage {
+            Some(u) => u.counted,
+            None => self.stats.samples.last().map(|s| s.counted).unwrap_or_default(),
+        }
     }
 
     /// How long thinking took, in ms (still running: up to the last token).
@@ -256,9 +235,14 @@ impl Turn {
         Some((end - start).max(0.0))
     }
 
-    /// The latest memory numbers (live sample, or the final ones).
+    /// The latest memory numbers (live sample, or the final ones); `None` from a remote server.
     pub fn memory(&self) -> Option<&Memory> {
-        self.stats.memory.as_ref().or_else(|| self.stats.samples.last().map(|s| &s.memory))
+        self.stats.memory.as_ref().or_else(|| self.stats.samples.last().and_then(|s| s.memory.as_ref()))
+    }
+
+    /// A remote server's latest KV usage, when it reports one.
+    pub fn server_memory(&self) -> Option<&ServerMemory> {
+        self.stats.server_memory.as_ref().or_else(|| self.stats.samples.last().and_then(|s| s.server_memory.as_ref()))
     }
 
     /// The latest MTP numbers (live sample, or the final ones).
@@ -272,71 +256,35 @@ impl Turn {
         let start_ms = self.stats.start_ms.unwrap_or(0.0);
         out.push((
             start_ms,
-            EngineEvent::Start {
+            EngineEvent::Start(StartEvent {
                 model: String::new(),
-                prompt_tokens: self.prompt_tokens,
+                prompt_tokens: Some(self.prompt_tokens).filter(|&n| n > 0),
                 phase: self.start_phase,
                 params: self.params.clone(),
-            },
+                server: self.server.clone(),
+            }),
         ));
-        for (index, t) in self.tokens.iter().enumerate() {
-            out.push((
-                t.t_ms,
-                EngineEvent::Token {
-                    index,
-                    phase: t.phase,
-                    id: t.id,
-                    text: t.text.clone(),
-                    logprob: t.logprob,
-                    draft: t.draft,
-                    forced: t.forced,
-                    top_logprobs: t.top.clone(),
-                },
-            ));
-        }
-        for s in &self.stats.samples {
-            out.push((
-                s.t_ms,
-                EngineEvent::Stats {
-                    generated: s.generated,
-                    thinking_tokens: s.thinking_tokens,
-                    answer_tokens: s.answer_tokens,
-                    tok_s: s.tok_s,
-                    memory: s.memory.clone(),
-                    mtp: s.mtp.clone(),
-                },
-            ));
-        }
-        for d in &self.diagnostics {
-            if let Some(kind) = parse_name::<DiagnosticKind>(&d.kind) {
-                out.push((
-                    d.t_ms,
-                    EngineEvent::Diagnostic {
-                        kind,
-                        at_token: d.at_token,
-                        message: d.message.clone(),
-                        period: d.period,
-                        start: d.start,
-                    },
-                ));
-            }
-        }
+        out.extend(self.tokens.iter().map(|t| (t.t_ms, EngineEvent::Token(t.ev.clone()))));
+        out.extend(self.stats.samples.iter().map(|s| (s.t_ms, EngineEvent::Stats(s.ev.clone()))));
+        out.extend(self.diagnostics.iter().map(|d| (d.t_ms, EngineEvent::Diagnostic(d.ev.clone()))));
         let end_ms = self.stats.done_ms.unwrap_or_else(|| self.tokens.last().map(|t| t.t_ms).unwrap_or(start_ms));
-        if let Some(reason) = self.finish_reason.as_deref().and_then(parse_name::<FinishReason>) {
+        if let Some(reason) = self.finish_reason {
             out.push((
                 end_ms,
-                EngineEvent::Done {
+                EngineEvent::Done(DoneEvent {
                     finish_reason: reason,
                     usage: self.stats.usage.clone().unwrap_or_default(),
                     timing: self.stats.timing.clone().unwrap_or_default(),
                     mtp: self.stats.mtp.clone(),
-                    memory: self.stats.memory.clone().unwrap_or_default(),
+                    memory: self.stats.memory.clone(),
+                    server_memory: self.stats.server_memory.clone(),
                     thinking: self.thinking.clone(),
                     answer: self.answer.clone(),
-                },
+                }),
             ));
         } else if let Some(message) = &self.error {
-            out.push((end_ms, EngineEvent::Error { message: message.clone() }));
+            let kind = self.error_kind.unwrap_or(crate::backend::ErrorKind::Internal);
+            out.push((end_ms, EngineEvent::Error(ErrorEvent { kind, message: message.clone() })));
         }
         // A stable sort keeps the engine's order for events with the same timestamp.
         out.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -354,14 +302,8 @@ pub fn budget_label(enable_thinking: bool, budget: Option<usize>) -> String {
 }
 
 /// The MTP setting as shown: `auto`, or the draft depth (0 = off).
-pub fn mtp_label(m: &crate::engine::MtpParams) -> String {
+pub fn mtp_label(m: &MtpParams) -> String {
     if m.auto { "auto".into() } else { m.depth.to_string() }
-}
-
-/// The engine enum spelled `s` in its snake_case serialisation (`None` for a name this version
-/// does not know, which replay then leaves out).
-fn parse_name<T: serde::de::DeserializeOwned>(s: &str) -> Option<T> {
-    serde_json::from_value(serde_json::Value::String(s.to_string())).ok()
 }
 
 /// A whole conversation.
@@ -387,7 +329,7 @@ pub enum SessionError {
     Write { path: PathBuf, source: std::io::Error },
     #[error("{path} is not a deltascope session: {source}")]
     Parse { path: PathBuf, source: serde_json::Error },
-    #[error("{path}: session format version {found}, this build reads version {SESSION_VERSION}")]
+    #[error("{path}: session format version {found}, this build reads versions {OLDEST_READABLE} to {SESSION_VERSION}")]
     Version { path: PathBuf, found: u32 },
 }
 
@@ -400,21 +342,25 @@ impl Session {
         Session { version: SESSION_VERSION, id, created, model: model.into(), system, turns: vec![] }
     }
 
-    /// The chat-template messages for a new user message after the turns in `upto`
-    /// (comparison turns are not part of the conversation).
-    pub fn messages(&self, upto: usize, user: &str) -> serde_json::Value {
+    /// The chat messages for a new user message after the turns in `upto` (comparison turns
+    /// are not part of the conversation).
+    pub fn messages(&self, upto: usize, user: &str) -> Vec<ChatMessage> {
         let mut m = vec![];
         if let Some(s) = &self.system {
-            m.push(serde_json::json!({"role": "system", "content": s}));
+            m.push(ChatMessage::new(Role::System, s.clone()));
         }
         for t in self.turns.iter().take(upto).filter(|t| t.compare_of.is_none()) {
-            m.push(serde_json::json!({"role": "user", "content": t.user}));
+            m.push(ChatMessage::new(Role::User, t.user.clone()));
             if t.is_finished() && t.error.is_none() {
-                m.push(serde_json::json!({"role": "assistant", "content": t.answer, "reasoning_content": t.thinking}));
+                m.push(ChatMessage {
+                    role: Role::Assistant,
+                    content: t.answer.clone(),
+                    reasoning: Some(t.thinking.clone()),
+                });
             }
         }
-        m.push(serde_json::json!({"role": "user", "content": user}));
-        serde_json::Value::Array(m)
+        m.push(ChatMessage::new(Role::User, user));
+        m
     }
 
     pub fn file_name(&self) -> String {
@@ -446,9 +392,19 @@ impl Session {
         let text = std::fs::read_to_string(path).map_err(|source| SessionError::Read { path: path.into(), source })?;
         let s: Session =
             serde_json::from_str(&text).map_err(|source| SessionError::Parse { path: path.into(), source })?;
-        if s.version != SESSION_VERSION {
+        if !(OLDEST_READABLE..=SESSION_VERSION).contains(&s.version) {
             return Err(SessionError::Version { path: path.into(), found: s.version });
         }
+        let mut s = s;
+        if s.version == 1 {
+            // Version 1 token records had no index: it is their position.
+            for t in &mut s.turns {
+                for (i, tok) in t.tokens.iter_mut().enumerate() {
+                    tok.ev.index = i;
+                }
+            }
+        }
+        s.version = SESSION_VERSION;
         Ok(s)
     }
 
@@ -485,7 +441,8 @@ impl Session {
             let _ = writeln!(md, "{}", row(settings.iter().map(|(l, _)| *l).collect()));
             let _ = writeln!(md, "{}", row(vec!["---"; settings.len()]));
             let _ = writeln!(md, "{}\n", row(settings.iter().map(|(_, v)| v.as_str()).collect()));
-            let finish = t.finish_reason.as_deref().or(t.error.as_deref().map(|_| "error")).unwrap_or("unfinished");
+            let finish =
+                t.finish_reason.map(FinishReason::as_str).or(t.error.as_ref().map(|_| "error")).unwrap_or("unfinished");
             let _ = write!(
                 md,
                 "finish: **{finish}** · thinking {} · answer {} tokens",
@@ -509,7 +466,7 @@ impl Session {
             }
             let _ = writeln!(md);
             for d in &t.diagnostics {
-                let _ = writeln!(md, "\n> **{}** at token {}: {}", d.kind, d.at_token, d.message);
+                let _ = writeln!(md, "\n> **{}** at token {}: {}", d.kind.as_str(), d.at_token, d.message);
             }
             if let Some(e) = &t.error {
                 let _ = writeln!(md, "\n> **error:** {e}");
@@ -569,7 +526,7 @@ impl SessionInfo {
         };
         match serde_json::from_str::<SessionHead>(&text) {
             Err(source) => broken(path.clone(), SessionError::Parse { path, source }),
-            Ok(h) if h.version != SESSION_VERSION => {
+            Ok(h) if !(OLDEST_READABLE..=SESSION_VERSION).contains(&h.version) => {
                 broken(path.clone(), SessionError::Version { path, found: h.version })
             }
             Ok(h) => SessionInfo {

@@ -1,0 +1,187 @@
+//! The in-process engine as a [`Backend`]: loads a checkpoint (or the embedded demo model),
+//! renders prompts through its chat template, validates them against the model and queues
+//! generations on the engine thread.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::{
+    Backend, BackendError, BackendInfo, BackendKind, BackendResult, ChatMessage, ChatRequest, DryRun, OpenProgress,
+    Prompt, Support,
+};
+use crate::chat::{ChatTemplate, RenderOptions, TextTokenizer};
+use crate::checkpoint::{ModelSource, demo_source};
+use crate::engine::{EngineHandle, GenerateRequest, Generation, SamplingParams, check_prompt};
+use crate::model::{LayerKind, LoadOptions, LoadProgress, Model, Precision};
+use crate::units::human_bytes;
+
+/// Which checkpoint, at which precision.
+#[derive(Debug, Clone)]
+pub struct LocalSpec {
+    pub source: ModelSource,
+    pub precision: Precision,
+}
+
+impl LocalSpec {
+    /// `model`: a Hugging Face directory, `None` or `demo` for the embedded demo model (write
+    /// `./demo` for a directory of that name); `dtype`: `f32` or `bf16`.
+    pub fn new(model: Option<&Path>, dtype: &str) -> BackendResult<Self> {
+        let source = match model {
+            None => demo_source(),
+            Some(p) if p == Path::new("demo") => demo_source(),
+            Some(p) => ModelSource::Dir(p.to_path_buf()),
+        };
+        Ok(LocalSpec { source, precision: Precision::parse(dtype)? })
+    }
+}
+
+/// A loaded model with its text side.
+pub struct Loaded {
+    pub model: Arc<Model>,
+    pub tokenizer: Arc<TextTokenizer>,
+    pub template: ChatTemplate,
+    pub name: String,
+    /// Sampling defaults from generation_config.json.
+    pub generation_defaults: SamplingParams,
+}
+
+impl Loaded {
+    /// Loads a checkpoint, reporting the bytes of weights read and then each small file.
+    pub fn load(spec: &LocalSpec, progress: &dyn Fn(OpenProgress)) -> crate::Result<Self> {
+        let source = &spec.source;
+        let label = source.label();
+        // The weight reader runs on this thread but wants a shareable callback; it forwards
+        // through a channel drained below, so `progress` itself need not be `Sync`.
+        let (tx, rx) = std::sync::mpsc::channel::<(u64, u64)>();
+        let tx = std::sync::Mutex::new(tx);
+        let weights = LoadProgress(Arc::new(move |read: u64, total: u64| {
+            if let Ok(tx) = tx.lock() {
+                let _ = tx.send((read, total));
+            }
+        }));
+        let opts = LoadOptions { precision: spec.precision, progress: Some(weights), ..Default::default() };
+        let loading = std::thread::scope(|scope| {
+            // `opts` (holding the sender) moves into the reader, so the loop below ends when
+            // loading does, however it ends.
+            let reader = scope.spawn(move || Model::load(source, &opts));
+            for (read, total) in rx.iter() {
+                let what = format!("weights of {label}: {} of {}", human_bytes(read), human_bytes(total));
+                progress(OpenProgress { done: read, total, what });
+            }
+            reader.join()
+        });
+        let model = match loading {
+            Ok(r) => r?,
+            Err(p) => std::panic::resume_unwind(p),
+        };
+        let step = |what: &str| progress(OpenProgress { done: 1, total: 1, what: what.into() });
+        step("tokenizer");
+        let tokenizer = TextTokenizer::load(source, Some(model.config.vocab_size), &model.config.eos_token_ids)?;
+        step("chat template");
+        let template = ChatTemplate::load(source, tokenizer.specials.think_start.is_some())?;
+        step("generation config");
+        let generation_defaults = source
+            .read_json("generation_config.json")?
+            .map(|g| SamplingParams::from_generation_config(&g))
+            .unwrap_or_default();
+        Ok(Loaded {
+            name: label,
+            model: Arc::new(model),
+            tokenizer: Arc::new(tokenizer),
+            template,
+            generation_defaults,
+        })
+    }
+
+    /// The prompt's token ids (and the text they were tokenised from).
+    pub fn render(&self, req: &ChatRequest) -> BackendResult<(Option<String>, Vec<u32>)> {
+        let text = match &req.prompt {
+            Prompt::Ids(ids) => {
+                if ids.is_empty() {
+                    return Err(BackendError::invalid("the list of prompt ids is empty"));
+                }
+                return Ok((None, ids.clone()));
+            }
+            Prompt::Text(t) => t.clone(),
+            Prompt::Chat(messages) => render_chat(&self.template, messages, req.enable_thinking)?,
+        };
+        let ids = self.tokenizer.encode(&text)?;
+        if ids.is_empty() {
+            return Err(BackendError::invalid("the prompt tokenises to nothing"));
+        }
+        Ok((Some(text), ids))
+    }
+}
+
+/// Renders messages through a chat template with the generation prompt.
+pub fn render_chat(template: &ChatTemplate, messages: &[ChatMessage], enable_thinking: bool) -> BackendResult<String> {
+    let opts =
+        RenderOptions { add_generation_prompt: true, enable_thinking: Some(enable_thinking), ..Default::default() };
+    let value = serde_json::to_value(messages).map_err(|e| BackendError::invalid(format!("messages: {e}")))?;
+    Ok(template.render(&value, &opts)?)
+}
+
+pub struct LocalBackend {
+    loaded: Loaded,
+    engine: EngineHandle,
+    info: BackendInfo,
+}
+
+impl LocalBackend {
+    pub fn open(spec: &LocalSpec, progress: &dyn Fn(OpenProgress)) -> BackendResult<Self> {
+        let loaded = Loaded::load(spec, progress)?;
+        Self::from_loaded(loaded)
+    }
+
+    pub fn from_loaded(loaded: Loaded) -> BackendResult<Self> {
+        let engine =
+            EngineHandle::spawn(loaded.model.clone(), loaded.tokenizer.clone(), loaded.name.clone()).map_err(|e| {
+                BackendError::new(super::ErrorKind::Internal, format!("cannot start the engine thread: {e}"))
+            })?;
+        let info = describe(&loaded);
+        Ok(LocalBackend { loaded, engine, info })
+    }
+
+    pub fn loaded(&self) -> &Loaded {
+        &self.loaded
+    }
+}
+
+fn describe(l: &Loaded) -> BackendInfo {
+    let c = &l.model.config;
+    let gdn = c.layer_types.iter().filter(|k| matches!(k, LayerKind::LinearAttention)).count();
+    BackendInfo {
+        name: l.name.clone(),
+        kind: BackendKind::Local { devices: vec!["cpu".into()], dtype: l.model.precision.name().into() },
+        context: Some(c.max_position_embeddings),
+        has_mtp: l.model.mtp.is_some(),
+        layers: Some(format!("{} layers: {gdn} GDN + {} attention", c.layer_types.len(), c.layer_types.len() - gdn)),
+        weights_bytes: Some(l.model.weight_bytes()),
+        defaults: l.generation_defaults.clone(),
+        step: Support::Yes,
+        provenance: Support::Yes,
+        mtp_control: Support::Yes,
+    }
+}
+
+impl Backend for LocalBackend {
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+
+    fn start(&self, req: ChatRequest) -> BackendResult<Generation> {
+        let (_, ids) = self.loaded.render(&req)?;
+        check_prompt(&self.loaded.model, &ids, req.params.max_tokens)?;
+        Ok(self.engine.generate(GenerateRequest { prompt_ids: ids, params: req.params }))
+    }
+
+    fn dry_run(&self, req: &ChatRequest) -> BackendResult<DryRun> {
+        let (text, ids) = self.loaded.render(req)?;
+        let rendered_by = match req.prompt {
+            Prompt::Chat(_) => self.loaded.template.source_name.clone(),
+            Prompt::Text(_) => "raw".into(),
+            Prompt::Ids(_) => "ids".into(),
+        };
+        Ok(DryRun { rendered_by, text, ids: Some(ids) })
+    }
+}

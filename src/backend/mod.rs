@@ -1,0 +1,261 @@
+//! The backend seam: the only thing front ends (TUI, `run`, `sweep`, `serve`, sessions) import
+//! to generate. A [`Backend`] is either the in-process engine ([`local`]) or a remote
+//! OpenAI-compatible server ([`openai`]); it describes itself ([`BackendInfo`]) and starts one
+//! [`Generation`] per request, each with its own event stream and controls.
+//!
+//! The engine's event types are the spine of the program and are re-exported here, so front
+//! ends read them through `backend` and never import `engine` or `model`.
+
+pub mod local;
+pub mod params;
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::checkpoint::ModelSource;
+pub use crate::engine::events::*;
+pub use crate::engine::speculative::MAX_DEPTH;
+pub use crate::engine::{
+    Generation, GenerationParams, LoopParams, MtpParams, MtpStats, Preset, QWEN_BUDGET_BRIDGE, SamplingParams,
+};
+pub use params::{MtpChoice, ParamOverrides};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+}
+
+/// One chat message, as chat templates and OpenAI-compatible servers take it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: Role,
+    pub content: String,
+    /// An earlier assistant turn's thinking (templates decide whether to show it again).
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "reasoning_content")]
+    pub reasoning: Option<String>,
+}
+
+impl ChatMessage {
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        ChatMessage { role, content: content.into(), reasoning: None }
+    }
+}
+
+/// What to generate from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    /// Messages rendered through the chat template (the model's, or the server's).
+    Chat(Vec<ChatMessage>),
+    /// Text tokenised as is, no template (`--raw`).
+    Text(String),
+    /// Token ids used as they are (`--prompt-ids`; local only).
+    Ids(Vec<u32>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatRequest {
+    pub prompt: Prompt,
+    /// The template's `enable_thinking` (off: the empty think block, the answer comes at once).
+    pub enable_thinking: bool,
+    pub params: GenerationParams,
+}
+
+/// What a request would send, without sending it (`run --dry-run`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DryRun {
+    /// What renders the prompt: the template's name, or the server's URL.
+    pub rendered_by: String,
+    /// The prompt text that would be tokenised, or the request body that would be sent.
+    pub text: Option<String>,
+    /// The prompt's token ids, when known here.
+    pub ids: Option<Vec<u32>>,
+}
+
+/// Whether a backend can do something, and why not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Support {
+    Yes,
+    No(String),
+}
+
+impl Support {
+    pub fn is_yes(&self) -> bool {
+        matches!(self, Support::Yes)
+    }
+
+    /// Why not (`None` when supported).
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Support::Yes => None,
+            Support::No(r) => Some(r),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum BackendKind {
+    /// The in-process engine.
+    Local { devices: Vec<String>, dtype: String },
+    /// An OpenAI-compatible server.
+    Remote(ServerLabel),
+}
+
+/// What a backend says about itself (status bar, gauges, what the sliders may do).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendInfo {
+    /// The model's name (checkpoint label, or the server's model id).
+    pub name: String,
+    pub kind: BackendKind,
+    /// Context length in tokens, when known.
+    pub context: Option<usize>,
+    /// Whether MTP speculative decoding runs (local: the checkpoint has a head; remote: the
+    /// server reports speculative decoding).
+    pub has_mtp: bool,
+    /// e.g. "8 layers: 6 GDN + 2 attention" (local only).
+    pub layers: Option<String>,
+    pub weights_bytes: Option<usize>,
+    /// Sampling defaults: generation_config.json, the server's own, or the model card's.
+    pub defaults: SamplingParams,
+    /// Step mode (pause / one token at a time).
+    pub step: Support,
+    /// Per-token MTP provenance (accepted draft / bonus).
+    pub provenance: Support,
+    /// Whether `--mtp` / the MTP slider change anything (the server decides for itself).
+    pub mtp_control: Support,
+}
+
+impl BackendInfo {
+    pub fn is_remote(&self) -> bool {
+        matches!(self.kind, BackendKind::Remote(_))
+    }
+
+    /// "local · cpu" or "llama.cpp b10434 · http://…": the status bar's backend label.
+    pub fn label(&self) -> String {
+        match &self.kind {
+            BackendKind::Local { devices, .. } => format!("local · {}", devices.join(",")),
+            BackendKind::Remote(s) => match &s.version {
+                Some(v) => format!("{} {v} · {}", s.kind, s.url),
+                None => format!("{} · {}", s.kind, s.url),
+            },
+        }
+    }
+}
+
+/// A failure to start or describe a generation.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct BackendError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl BackendError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        BackendError { kind, message: message.into() }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        BackendError::new(ErrorKind::InvalidRequest, message)
+    }
+}
+
+impl From<crate::Error> for BackendError {
+    fn from(e: crate::Error) -> Self {
+        BackendError::new(crate::engine::error_kind(&e), e.to_string())
+    }
+}
+
+pub type BackendResult<T> = std::result::Result<T, BackendError>;
+
+/// A model to generate with: the in-process engine or a remote server.
+pub trait Backend: Send + Sync {
+    fn info(&self) -> &BackendInfo;
+    /// Validates the request synchronously (an `Err` means nothing started), then streams.
+    fn start(&self, req: ChatRequest) -> BackendResult<Generation>;
+    /// What `start` would send, without sending it.
+    fn dry_run(&self, req: &ChatRequest) -> BackendResult<DryRun>;
+}
+
+/// Progress while a backend opens (loading weights, asking a server what it is).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenProgress {
+    pub done: u64,
+    pub total: u64,
+    pub what: String,
+}
+
+/// Which backend to open.
+#[derive(Debug, Clone)]
+pub enum BackendSpec {
+    Local(local::LocalSpec),
+    Remote(RemoteSpec),
+}
+
+/// Where an API key came from (named in 401/403 errors).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    Flag,
+    Env(&'static str),
+}
+
+impl std::fmt::Display for KeySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeySource::Flag => write!(f, "--api-key"),
+            KeySource::Env(name) => write!(f, "${name}"),
+        }
+    }
+}
+
+/// How a thinking budget is enforced on a remote server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BudgetMode {
+    /// The server's own per-request field (llama.cpp, vLLM, SGLang).
+    #[default]
+    Server,
+    /// deltascope stops the stream at the budget and continues with `/v1/completions` on the
+    /// rendered prompt + thinking + bridge + `</think>` (needs the chat template).
+    Client,
+}
+
+#[derive(Debug, Clone)]
+pub struct RemoteSpec {
+    /// The server's base URL (`http://127.0.0.1:8080`; a trailing `/v1` is accepted).
+    pub url: String,
+    pub api_key: Option<(String, KeySource)>,
+    /// The served model's id; default: the first of `/v1/models`.
+    pub model: Option<String>,
+    /// A model directory with the tokenizer and chat template (client-side budgets).
+    pub tokenizer: Option<PathBuf>,
+    pub budget_mode: BudgetMode,
+    /// A stream that sends nothing for this long is cut (error `unavailable`).
+    pub idle_timeout: std::time::Duration,
+    /// Connecting and the first response headers.
+    pub connect_timeout: std::time::Duration,
+}
+
+impl RemoteSpec {
+    pub fn new(url: impl Into<String>) -> Self {
+        RemoteSpec {
+            url: url.into(),
+            api_key: None,
+            model: None,
+            tokenizer: None,
+            budget_mode: BudgetMode::Server,
+            idle_timeout: std::time::Duration::from_secs(60),
+            connect_timeout: std::time::Duration::from_secs(10),
+        }
+    }
+}
+
+/// Opens a backend: loads a checkpoint, or asks a server what it is.
+pub fn open(spec: &BackendSpec, progress: &dyn Fn(OpenProgress)) -> BackendResult<Box<dyn Backend>> {
+    match spec {
+        BackendSpec::Local(s) => Ok(Box::new(local::LocalBackend::open(s, progress)?)),
+        BackendSpec::Remote(_) => Err(BackendError::new(ErrorKind::Unavailable, "the remote backend is not built yet")),
+    }
+}

@@ -1,0 +1,158 @@
+//! From what the user asked for (flags, plain data) to the parameters of a generation, resolved
+//! against what a backend says about itself. Precedence for sampling: an explicit value, then
+//! the preset, then the backend's defaults (generation_config.json, or the server's own).
+
+use super::{BackendError, BackendInfo, BackendResult, MAX_DEPTH};
+use crate::engine::{GenerationParams, LoopParams, MtpParams, Preset, QWEN_BUDGET_BRIDGE};
+
+/// MTP speculative decoding as asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MtpChoice {
+    /// A fixed number of draft steps (0 = off).
+    Depth(usize),
+    /// Adapt the depth to the acceptance.
+    Auto,
+}
+
+impl std::str::FromStr for MtpChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "auto" {
+            return Ok(MtpChoice::Auto);
+        }
+        let depth: usize = s.parse().map_err(|_| format!("expected 0–{MAX_DEPTH} or auto, found \"{s}\""))?;
+        if depth > MAX_DEPTH {
+            return Err(format!("at most {MAX_DEPTH} draft steps, found {depth}"));
+        }
+        Ok(MtpChoice::Depth(depth))
+    }
+}
+
+/// The generation settings a user asked for; `None` means "the backend's default".
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamOverrides {
+    pub max_tokens: usize,
+    /// -1 unlimited, 0 thinking off (through the template), N tokens.
+    pub thinking_budget: Option<i64>,
+    pub budget_bridge: Option<String>,
+    pub answer_budget: Option<usize>,
+    pub preset: Option<Preset>,
+    pub temperature: Option<f32>,
+    pub top_k: Option<usize>,
+    pub top_p: Option<f32>,
+    pub min_p: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub seed: u64,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub loop_stop: bool,
+    pub loop_min_repeats: usize,
+    pub loop_min_span: usize,
+    pub top_logprobs: usize,
+    pub mtp: Option<MtpChoice>,
+}
+
+impl Default for ParamOverrides {
+    fn default() -> Self {
+        ParamOverrides {
+            max_tokens: 1024,
+            thinking_budget: None,
+            budget_bridge: None,
+            answer_budget: None,
+            preset: None,
+            temperature: None,
+            top_k: None,
+            top_p: None,
+            min_p: None,
+            presence_penalty: None,
+            frequency_penalty: None,
+            repetition_penalty: None,
+            seed: 0,
+            stop: vec![],
+            stop_token_ids: vec![],
+            loop_stop: false,
+            loop_min_repeats: 4,
+            loop_min_span: 48,
+            top_logprobs: 0,
+            mtp: None,
+        }
+    }
+}
+
+impl ParamOverrides {
+    /// Whether the template should render thinking on (budget 0 turns it off).
+    pub fn thinking_enabled(&self, no_think: bool) -> bool {
+        !no_think && self.thinking_budget != Some(0)
+    }
+
+    pub fn resolve(&self, info: &BackendInfo) -> BackendResult<GenerationParams> {
+        let mut sampling = info.defaults.clone();
+        if let Some(preset) = self.preset {
+            preset.apply(&mut sampling);
+        }
+        let s = &mut sampling;
+        s.temperature = self.temperature.unwrap_or(s.temperature);
+        s.top_k = self.top_k.unwrap_or(s.top_k);
+        s.top_p = self.top_p.unwrap_or(s.top_p);
+        s.min_p = self.min_p.unwrap_or(s.min_p);
+        s.presence_penalty = self.presence_penalty.unwrap_or(s.presence_penalty);
+        s.frequency_penalty = self.frequency_penalty.unwrap_or(s.frequency_penalty);
+        s.repetition_penalty = self.repetition_penalty.unwrap_or(s.repetition_penalty);
+        s.seed = self.seed;
+        let check = |ok: bool, message: &str| if ok { Ok(()) } else { Err(BackendError::invalid(message)) };
+        check(s.temperature >= 0.0, "--temperature must be ≥ 0")?;
+        check(s.top_p > 0.0 && s.top_p <= 1.0, "--top-p must be in (0, 1]")?;
+        check((0.0..=1.0).contains(&s.min_p), "--min-p must be in [0, 1]")?;
+        check(s.repetition_penalty > 0.0, "--repetition-penalty must be > 0")?;
+        check(self.top_logprobs <= 20, "--top-logprobs is at most 20")?;
+        check(self.max_tokens >= 1, "--max-tokens must be at least 1")?;
+        let thinking_budget = match self.thinking_budget {
+            None | Some(-1) => None,
+            Some(n) if n >= 0 => Some(n as usize),
+            Some(n) => {
+                return Err(BackendError::invalid(format!(
+                    "--thinking-budget {n}: use -1 for unlimited, 0 for thinking off, or a token count"
+                )));
+            }
+        };
+        Ok(GenerationParams {
+            max_tokens: self.max_tokens,
+            sampling,
+            thinking_budget,
+            budget_bridge: self.budget_bridge.clone().unwrap_or_else(|| QWEN_BUDGET_BRIDGE.to_string()),
+            answer_budget: self.answer_budget,
+            stop: self.stop.clone(),
+            stop_token_ids: self.stop_token_ids.clone(),
+            loop_detection: LoopParams {
+                min_repeats: self.loop_min_repeats.max(2),
+                min_span: self.loop_min_span,
+                auto_stop: self.loop_stop,
+                ..Default::default()
+            },
+            top_logprobs: self.top_logprobs,
+            mtp: self.mtp_params(info)?,
+        })
+    }
+
+    fn mtp_params(&self, info: &BackendInfo) -> BackendResult<MtpParams> {
+        if let (Some(_), Some(why)) = (self.mtp, info.mtp_control.reason()) {
+            return Err(BackendError::invalid(format!("--mtp: speculative decoding is {why}")));
+        }
+        let p = match self.mtp {
+            None if info.mtp_control.is_yes() && info.has_mtp => MtpParams { depth: 2, auto: false },
+            None => MtpParams { depth: 0, auto: false },
+            Some(MtpChoice::Auto) => MtpParams { depth: 2, auto: true },
+            Some(MtpChoice::Depth(depth)) => MtpParams { depth, auto: false },
+        };
+        if (p.depth > 0 || p.auto) && !info.has_mtp {
+            return Err(BackendError::invalid(format!(
+                "--mtp: {} has no MTP head (no mtp.* tensors); use --mtp 0",
+                info.name
+            )));
+        }
+        Ok(p)
+    }
+}

@@ -1,0 +1,22 @@
+//! Unit formatting shared by the front ends.
+
+/// Bytes in human units (binary), two decimals: `1.50 GiB`.
+pub fn human_bytes(b: u64) -> String {
+    bytes_in_units(b, 2)
+}
+
+/// Bytes in human units with one decimal, for narrow gauges: `1.5 GiB`.
+pub fn short_bytes(b: u64) -> String {
+    bytes_in_units(b, 1)
+}
+
+fn bytes_in_units(b: u64, decimals: usize) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{b} B") } else { format!("{v:.decimals$} {}", UNITS[u]) }
+}
