@@ -7,6 +7,7 @@
 //! ends read them through `backend` and never import `engine` or `model`.
 
 pub mod local;
+pub mod openai;
 pub mod params;
 
 use std::path::PathBuf;
@@ -222,6 +223,19 @@ pub enum BudgetMode {
     Client,
 }
 
+/// Who separates thinking from the answer on a remote server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReasoningSplit {
+    /// The server's reasoning parser (llama.cpp is asked per request; SGLang and vLLM need
+    /// `--reasoning-parser qwen3`).
+    #[default]
+    Server,
+    /// deltascope splits `content` on `</think>` and asks the server not to (llama.cpp
+    /// `reasoning_format: none`, SGLang `separate_reasoning: false`): `</think>` then arrives
+    /// as a token with its logprob, so thinking is counted token-exactly.
+    Client,
+}
+
 #[derive(Debug, Clone)]
 pub struct RemoteSpec {
     /// The server's base URL (`http://127.0.0.1:8080`; a trailing `/v1` is accepted).
@@ -232,6 +246,7 @@ pub struct RemoteSpec {
     /// A model directory with the tokenizer and chat template (client-side budgets).
     pub tokenizer: Option<PathBuf>,
     pub budget_mode: BudgetMode,
+    pub reasoning_split: ReasoningSplit,
     /// A stream that sends nothing for this long is cut (error `unavailable`).
     pub idle_timeout: std::time::Duration,
     /// Connecting and the first response headers.
@@ -246,6 +261,7 @@ impl RemoteSpec {
             model: None,
             tokenizer: None,
             budget_mode: BudgetMode::Server,
+            reasoning_split: ReasoningSplit::Server,
             idle_timeout: std::time::Duration::from_secs(60),
             connect_timeout: std::time::Duration::from_secs(10),
         }
@@ -256,6 +272,6 @@ impl RemoteSpec {
 pub fn open(spec: &BackendSpec, progress: &dyn Fn(OpenProgress)) -> BackendResult<Box<dyn Backend>> {
     match spec {
         BackendSpec::Local(s) => Ok(Box::new(local::LocalBackend::open(s, progress)?)),
-        BackendSpec::Remote(_) => Err(BackendError::new(ErrorKind::Unavailable, "the remote backend is not built yet")),
+        BackendSpec::Remote(s) => Ok(Box::new(openai::RemoteBackend::open(s, progress)?)),
     }
 }

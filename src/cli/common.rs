@@ -9,7 +9,7 @@ use clap::Args;
 
 use crate::backend::{
     self, Backend, BackendSpec, BudgetMode, ChatMessage, KeySource, MtpChoice, OpenProgress, ParamOverrides, Preset,
-    Prompt, RemoteSpec, Role,
+    Prompt, ReasoningSplit, RemoteSpec, Role,
     local::{Loaded, LocalSpec},
 };
 
@@ -47,9 +47,21 @@ pub struct ServerArgs {
     /// deltascope stopping the stream and continuing with the bridge text (`client`).
     #[arg(long, value_enum, default_value = "server", value_name = "server|client")]
     pub budget_mode: BudgetModeArg,
+    /// Who separates thinking from the answer: the server's reasoning parser (`server`), or
+    /// deltascope on `</think>` in the text (`client`: token-exact thinking counts; llama.cpp
+    /// and SGLang are asked not to split).
+    #[arg(long, value_enum, default_value = "server", value_name = "server|client")]
+    pub reasoning_split: SplitArg,
     /// Seconds a stream may stay silent before it is cut.
     #[arg(long, default_value_t = 60.0, value_name = "SECONDS", requires = "server")]
     pub idle_timeout: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum SplitArg {
+    #[default]
+    Server,
+    Client,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -83,6 +95,10 @@ impl ModelArgs {
         spec.budget_mode = match s.budget_mode {
             BudgetModeArg::Server => BudgetMode::Server,
             BudgetModeArg::Client => BudgetMode::Client,
+        };
+        spec.reasoning_split = match s.reasoning_split {
+            SplitArg::Server => ReasoningSplit::Server,
+            SplitArg::Client => ReasoningSplit::Client,
         };
         spec.idle_timeout = Duration::from_secs_f64(s.idle_timeout);
         Ok(BackendSpec::Remote(spec))

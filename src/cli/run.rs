@@ -105,6 +105,10 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
                                 write!(out, "\x1b[0m")?;
                             }
                             in_thinking = false;
+                            // A server's reasoning parser drops the blank line after `</think>`.
+                            if !text.starts_with('\n') {
+                                writeln!(out)?;
+                            }
                         }
                         write!(out, "{text}")?;
                     }

@@ -79,6 +79,32 @@ impl MtpStats {
         self.mean_accepted_length = self.history.iter().sum::<usize>() as f64 / self.steps.max(1) as f64;
     }
 
+    /// A remote server's figures for one request: `steps` verify passes (0 when it does not
+    /// say), `drafted` / `accepted` draft tokens, `[drafted, accepted]` per draft position
+    /// where known, and where the numbers came from.
+    pub fn from_server(
+        depth: usize,
+        steps: usize,
+        drafted: usize,
+        accepted: usize,
+        counts: Vec<(usize, usize)>,
+        mean_accepted_length: f64,
+        source: String,
+    ) -> Self {
+        MtpStats {
+            depth,
+            steps,
+            drafted,
+            accepted,
+            acceptance_rate: accepted as f64 / drafted.max(1) as f64,
+            per_position: counts.iter().map(|(d, a)| *a as f64 / (*d).max(1) as f64).collect(),
+            mean_accepted_length,
+            counts,
+            source: Some(source),
+            ..Default::default()
+        }
+    }
+
     /// Records one verify pass: `drafted` drafts, the first `accepted` of them kept, `produced`
     /// tokens appended in all (accepted + bonus, or fewer when generation stopped inside).
     pub fn record(&mut self, drafted: usize, accepted: usize, produced: usize) {

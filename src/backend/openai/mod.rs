@@ -1,0 +1,184 @@
+//! A remote OpenAI-compatible server (llama.cpp, vLLM, SGLang, …) as a [`Backend`]: every
+//! front end works on it as on the local engine, with the fields a server cannot fill left
+//! empty (token ids without logprobs, memory, per-token draft provenance).
+//!
+//! Streaming runs on a small tokio runtime owned by the backend; each generation is one task
+//! that feeds a std channel, so front ends see the same [`Generation`] as for the local engine.
+
+mod detect;
+mod frames;
+mod http;
+mod metrics;
+mod request;
+mod stream;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+pub use detect::{ServerFacts, ServerKind};
+
+use self::frames::{FrameMapper, Split};
+use self::http::Http;
+use self::stream::{ClientBudget, StreamJob};
+use super::local::render_chat;
+use super::{
+    Backend, BackendError, BackendInfo, BackendKind, BackendResult, BudgetMode, ChatRequest, DryRun, ErrorKind,
+    OpenProgress, Prompt, ReasoningSplit, RemoteSpec, Support,
+};
+use crate::chat::ChatTemplate;
+use crate::checkpoint::ModelSource;
+use crate::engine::{EngineEvent, Generation, Preset, SamplingParams, ServerLabel, StartEvent, StepControl};
+
+pub struct RemoteBackend {
+    runtime: tokio::runtime::Runtime,
+    http: Http,
+    facts: Arc<ServerFacts>,
+    spec: RemoteSpec,
+    /// For client-side budgets: the chat template (from --tokenizer, or the server's).
+    template: Option<ChatTemplate>,
+    info: BackendInfo,
+}
+
+impl RemoteBackend {
+    pub fn open(spec: &RemoteSpec, progress: &dyn Fn(OpenProgress)) -> BackendResult<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("deltascope-http")
+            .enable_all()
+            .build()
+            .map_err(|e| BackendError::new(ErrorKind::Internal, format!("cannot start the HTTP runtime: {e}")))?;
+        let http = Http::new(&spec.url, spec.api_key.clone(), spec.connect_timeout)?;
+        progress(OpenProgress { done: 0, total: 1, what: format!("asking {} what it serves", http.base) });
+        let facts = runtime.block_on(detect::detect(&http, spec.model.as_deref()))?;
+        progress(OpenProgress { done: 1, total: 1, what: format!("{} at {}", facts.kind.name(), http.base) });
+        let template = client_template(spec, &facts)?;
+        let info = describe(&http, &facts);
+        Ok(RemoteBackend { runtime, http, facts: Arc::new(facts), spec: spec.clone(), template, info })
+    }
+
+    pub fn facts(&self) -> &ServerFacts {
+        &self.facts
+    }
+
+    fn label(&self) -> ServerLabel {
+        ServerLabel {
+            kind: self.facts.kind.name().into(),
+            version: self.facts.version.clone(),
+            url: self.http.base.clone(),
+        }
+    }
+
+    fn client_budget(&self, req: &ChatRequest) -> BackendResult<Option<ClientBudget>> {
+        let (BudgetMode::Client, Some(budget), true) =
+            (self.spec.budget_mode, req.params.thinking_budget, req.enable_thinking)
+        else {
+            return Ok(None);
+        };
+        let template = self.template.as_ref().ok_or_else(|| {
+            BackendError::invalid(
+                "--budget-mode client needs the chat template: pass --tokenizer DIR (a model directory with tokenizer_config.json or chat_template.jinja)",
+            )
+        })?;
+        let Prompt::Chat(messages) = &req.prompt else { return Ok(None) };
+        let rendered_prompt = render_chat(template, messages, true)?;
+        let facts = self.facts.clone();
+        let request = req.clone();
+        Ok(Some(ClientBudget {
+            budget,
+            rendered_prompt,
+            bridge: req.params.budget_bridge.clone(),
+            max_tokens: req.params.max_tokens,
+            continuation: Box::new(move |prompt, max| request::continuation_body(&facts, &request, prompt, max)),
+        }))
+    }
+}
+
+/// The template a client-side budget renders with: `--tokenizer DIR`'s, else llama.cpp's own.
+fn client_template(spec: &RemoteSpec, facts: &ServerFacts) -> BackendResult<Option<ChatTemplate>> {
+    if let Some(dir) = &spec.tokenizer {
+        return Ok(Some(ChatTemplate::load(&ModelSource::Dir(dir.clone()), true)?));
+    }
+    match &facts.chat_template {
+        Some(t) if spec.budget_mode == BudgetMode::Client => {
+            Ok(Some(ChatTemplate::new(t, &format!("{} /props chat_template", facts.kind.name()))?))
+        }
+        _ => Ok(None),
+    }
+}
+
+fn describe(http: &Http, f: &ServerFacts) -> BackendInfo {
+    // A server that does not report its sampling defaults (vLLM, SGLang) starts from the
+    // model card's thinking preset, sent explicitly (serving-notes.md §5: SGLang leaves
+    // presence_penalty at 0 unless the client sends it).
+    let defaults = f.defaults.clone().unwrap_or_else(|| {
+        let mut s = SamplingParams::default();
+        Preset::ThinkingGeneral.apply(&mut s);
+        s
+    });
+    BackendInfo {
+        name: f.model.clone(),
+        kind: BackendKind::Remote(ServerLabel {
+            kind: f.kind.name().into(),
+            version: f.version.clone(),
+            url: http.base.clone(),
+        }),
+        context: f.context,
+        has_mtp: f.speculative,
+        layers: None,
+        weights_bytes: None,
+        defaults,
+        step: Support::No("a server generates without pausing between tokens".into()),
+        provenance: Support::No("servers do not say which tokens came from accepted drafts".into()),
+        mtp_control: Support::No("set on the server".into()),
+    }
+}
+
+impl Backend for RemoteBackend {
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+
+    fn start(&self, req: ChatRequest) -> BackendResult<Generation> {
+        let body = request::chat_body(&self.facts, &req, self.spec.budget_mode, self.spec.reasoning_split)?;
+        let client_budget = self.client_budget(&req)?;
+        let split = match (self.spec.reasoning_split, self.facts.kind, self.facts.reasoning_parser) {
+            (ReasoningSplit::Client, _, _) => Split::Auto,
+            // llama.cpp is asked to split per request; SGLang says whether it runs a parser.
+            (_, ServerKind::LlamaCpp, _) | (_, _, Some(true)) => Split::Server,
+            _ => Split::Auto,
+        };
+        let started = Instant::now();
+        let mapper = FrameMapper::new(req.params.clone(), split, req.enable_thinking, started);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let control = Arc::new(StepControl::default());
+        let _ = tx.send(EngineEvent::Start(StartEvent {
+            model: self.facts.model.clone(),
+            prompt_tokens: None,
+            phase: mapper.start_phase(),
+            params: req.params.clone(),
+            server: Some(self.label()),
+        }));
+        let job = StreamJob {
+            http: self.http.clone(),
+            facts: self.facts.clone(),
+            path: "/v1/chat/completions",
+            body,
+            mapper,
+            idle_timeout: self.spec.idle_timeout,
+            control: control.clone(),
+            events: tx,
+            client_budget,
+        };
+        self.runtime.spawn(stream::run(job));
+        Ok(Generation::new(rx, control))
+    }
+
+    fn dry_run(&self, req: &ChatRequest) -> BackendResult<DryRun> {
+        let body = request::chat_body(&self.facts, req, self.spec.budget_mode, self.spec.reasoning_split)?;
+        let text = serde_json::to_string_pretty(&body).map_err(|e| BackendError::invalid(e.to_string()))?;
+        Ok(DryRun { rendered_by: format!("POST {}/v1/chat/completions", self.http.base), text: Some(text), ids: None })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,134 @@
+//! The `/v1/chat/completions` request body for one generation: the sampling sliders, every
+//! value sent explicitly (what the workbench shows is what the server gets), and each server's
+//! own thinking-budget field (serving-notes.md §4).
+
+use serde_json::{Value, json};
+
+use super::detect::{ServerFacts, ServerKind};
+use crate::backend::{BackendError, BackendResult, BudgetMode, ChatRequest, Prompt, ReasoningSplit};
+
+pub fn chat_body(
+    facts: &ServerFacts,
+    req: &ChatRequest,
+    budget_mode: BudgetMode,
+    split: ReasoningSplit,
+) -> BackendResult<Value> {
+    let messages = match &req.prompt {
+        Prompt::Chat(m) => serde_json::to_value(m).map_err(|e| BackendError::invalid(format!("messages: {e}")))?,
+        Prompt::Text(_) => {
+            return Err(BackendError::invalid("--raw needs the local model (a server renders its own chat template)"));
+        }
+        Prompt::Ids(_) => return Err(BackendError::invalid("--prompt-ids needs the local model")),
+    };
+    let p = &req.params;
+    let s = &p.sampling;
+    if p.answer_budget.is_some() {
+        return Err(BackendError::invalid("--answer-budget needs the local engine (servers have no such field)"));
+    }
+    let mut body = json!({
+        "model": facts.model,
+        "messages": messages,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+        "max_tokens": p.max_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "min_p": s.min_p,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "repetition_penalty": s.repetition_penalty,
+        "seed": s.seed,
+        "chat_template_kwargs": {"enable_thinking": req.enable_thinking},
+    });
+    let o = body.as_object_mut().ok_or_else(|| BackendError::invalid("request body"))?;
+    if !p.stop.is_empty() {
+        o.insert("stop".into(), json!(p.stop));
+    }
+    if p.top_logprobs > 0 {
+        o.insert("logprobs".into(), json!(true));
+        o.insert("top_logprobs".into(), json!(p.top_logprobs));
+    }
+    match facts.kind {
+        ServerKind::LlamaCpp => {
+            // Its own name for the repetition penalty; and the split done server-side, per
+            // request, whatever --reasoning-format the server was started with.
+            o.insert("repeat_penalty".into(), json!(s.repetition_penalty));
+            let format = if split == ReasoningSplit::Server { "deepseek" } else { "none" };
+            o.insert("reasoning_format".into(), json!(format));
+        }
+        ServerKind::Sglang => {
+            if facts.speculative {
+                o.insert("return_spec_tokens_details".into(), json!(true));
+            }
+            if split == ReasoningSplit::Client {
+                o.insert("separate_reasoning".into(), json!(false));
+            }
+        }
+        _ => {}
+    }
+    if !p.stop_token_ids.is_empty() {
+        match facts.kind {
+            ServerKind::Vllm | ServerKind::Sglang => {
+                o.insert("stop_token_ids".into(), json!(p.stop_token_ids));
+            }
+            k => {
+                return Err(BackendError::invalid(format!("--stop-token-id: {} takes no stop token ids", k.name())));
+            }
+        }
+    }
+    if let (Some(budget), true, BudgetMode::Server) = (p.thinking_budget, req.enable_thinking, budget_mode) {
+        match facts.kind {
+            ServerKind::LlamaCpp => {
+                o.insert("reasoning_budget_tokens".into(), json!(budget));
+                if !p.budget_bridge.is_empty() {
+                    o.insert("reasoning_budget_message".into(), json!(p.budget_bridge));
+                }
+            }
+            ServerKind::Vllm => {
+                o.insert("thinking_token_budget".into(), json!(budget));
+            }
+            // Strict thinking (--enable-strict-thinking): exact, `</think>` only.
+            ServerKind::Sglang => {
+                o.insert("custom_params".into(), json!({"thinking_budget": budget}));
+            }
+            ServerKind::Generic => {
+                return Err(BackendError::invalid(
+                    "--thinking-budget: this server has no known per-request budget field; use --budget-mode client (with --tokenizer DIR for the chat template)",
+                ));
+            }
+        }
+    }
+    Ok(body)
+}
+
+/// The `/v1/completions` body that continues a client-forced end of thinking: the rendered
+/// prompt, the thinking so far, the bridge and `</think>`, then the answer.
+pub fn continuation_body(facts: &ServerFacts, req: &ChatRequest, prompt: String, max_tokens: usize) -> Value {
+    let p = &req.params;
+    let s = &p.sampling;
+    let mut body = json!({
+        "model": facts.model,
+        "prompt": prompt,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+        "max_tokens": max_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "min_p": s.min_p,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "repetition_penalty": s.repetition_penalty,
+        "seed": s.seed,
+    });
+    if let Some(o) = body.as_object_mut() {
+        if !p.stop.is_empty() {
+            o.insert("stop".into(), json!(p.stop));
+        }
+        if facts.kind == ServerKind::LlamaCpp {
+            o.insert("repeat_penalty".into(), json!(s.repetition_penalty));
+        }
+    }
+    body
+}

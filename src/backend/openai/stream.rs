@@ -1,0 +1,284 @@
+//! One generation against a server: POST the request, read the SSE stream frame by frame into
+//! the [`FrameMapper`], and end with `done` or `error` — never a hang: an idle timeout bounds a
+//! silent server, a frame larger than [`MAX_FRAME`] is refused, a cancel closes the connection
+//! within one poll interval, and whatever arrived is kept.
+
+use std::sync::Arc;
+use std::sync::mpsc::Sender;
+use std::time::Duration;
+
+use eventsource_stream::Eventsource;
+use futures_util::StreamExt;
+use serde_json::Value;
+
+use super::detect::{ServerFacts, ServerKind};
+use super::frames::{End, Flow, FrameMapper, MetricsDelta};
+use super::http::{Http, check_status, transport_error};
+use super::metrics;
+use crate::engine::{EngineEvent, ErrorKind, FinishReason, StepControl};
+
+/// The largest SSE frame accepted (a runaway or hostile server cannot fill memory).
+pub const MAX_FRAME: usize = 1 << 20;
+/// How often a running stream looks at the cancel flag.
+const CANCEL_POLL: Duration = Duration::from_millis(20);
+
+pub struct StreamJob {
+    pub http: Http,
+    pub facts: Arc<ServerFacts>,
+    pub path: &'static str,
+    pub body: Value,
+    pub mapper: FrameMapper,
+    pub idle_timeout: Duration,
+    pub control: Arc<StepControl>,
+    pub events: Sender<EngineEvent>,
+    /// Client-side thinking budget: stop the stream here and continue from the bridge.
+    pub client_budget: Option<ClientBudget>,
+}
+
+/// What a client-forced end of thinking needs to continue with `/v1/completions`.
+pub struct ClientBudget {
+    pub budget: usize,
+    /// The prompt rendered through the chat template (with the generation prompt).
+    pub rendered_prompt: String,
+    pub bridge: String,
+    pub max_tokens: usize,
+    pub continuation: Box<dyn Fn(String, usize) -> Value + Send>,
+}
+
+enum Outcome {
+    End(End),
+    /// The thinking budget ran out: continue from the bridge.
+    Budget,
+}
+
+pub async fn run(mut job: StreamJob) {
+    let before = metrics_snapshot(&job.http, &job.facts).await;
+    let tx = job.events.clone();
+    let mut emit = |e: EngineEvent| {
+        let _ = tx.send(e);
+    };
+    let (path, body) = (job.path, job.body.clone());
+    let mut outcome = one_stream(&mut job, path, body, &mut emit).await;
+    if let Outcome::Budget = outcome {
+        outcome = continue_after_budget(&mut job, &mut emit).await;
+    }
+    let end = match outcome {
+        Outcome::End(e) => e,
+        Outcome::Budget => End::Complete,
+    };
+    let delta = if matches!(end, End::Complete) {
+        let after = metrics_snapshot(&job.http, &job.facts).await;
+        if let Some(mem) = after.as_ref().and_then(|(_, m)| m.clone()) {
+            job.mapper.server_memory = Some(mem);
+        }
+        match (before, after) {
+            (Some((Some(b), _)), Some((Some(a), _))) => {
+                let d = a.since(&b);
+                Some(MetricsDelta {
+                    drafts: d.drafts,
+                    per_position: d.per_position,
+                    source: format!(
+                        "{} /metrics (server-wide counters, read around the request)",
+                        job.facts.kind.name()
+                    ),
+                })
+            }
+            _ => None,
+        }
+    } else {
+        None
+    };
+    job.mapper.finish(end, delta, &mut emit);
+}
+
+type Snapshot = (Option<metrics::SpecCounters>, Option<crate::engine::ServerMemory>);
+
+async fn metrics_snapshot(http: &Http, facts: &ServerFacts) -> Option<Snapshot> {
+    if !facts.metrics {
+        return None;
+    }
+    let text = http.try_get_text("/metrics").await?;
+    let samples = metrics::parse(&text);
+    let prefix = match facts.kind {
+        ServerKind::LlamaCpp => "llamacpp:",
+        ServerKind::Vllm => "vllm:",
+        _ => "",
+    };
+    let spec = if prefix.is_empty() { None } else { metrics::spec_counters(&samples, prefix) };
+    Some((spec, metrics::kv_usage(&samples)))
+}
+
+async fn one_stream(
+    job: &mut StreamJob,
+    path: &str,
+    body: Value,
+    emit: &mut (dyn FnMut(EngineEvent) + Send),
+) -> Outcome {
+    let url = job.http.url(path);
+    let send = job.http.post(path).json(&body).send();
+    let resp = tokio::select! {
+        r = send => r,
+        _ = cancelled(&job.control) => return Outcome::End(End::Cancelled),
+    };
+    let resp = match resp {
+        Ok(r) => r,
+        Err(e) => return fail(transport_error(&url, &e)),
+    };
+    let resp = match check_status(path, resp, &job.http.key_hint(), &job.facts.models).await {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let ctype =
+        resp.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_lowercase();
+    if ctype.starts_with("application/json") {
+        return whole_answer(job, resp, emit).await;
+    }
+    if !ctype.starts_with("text/event-stream") {
+        let first: String = resp.text().await.unwrap_or_default().chars().take(60).collect();
+        return fail_with(
+            ErrorKind::Unavailable,
+            format!(
+                "{url} answered {ctype} (\"{}…\"), not an event stream: this URL does not look like an OpenAI-compatible API",
+                first.replace(['\n', '\r'], " ")
+            ),
+        );
+    }
+    let mut since_boundary = 0usize;
+    let bytes = resp.bytes_stream().map(move |chunk| {
+        let chunk = chunk?;
+        // Bytes since the last blank line: one frame, which must stay under MAX_FRAME.
+        match chunk.windows(2).rposition(|w| w == b"\n\n") {
+            Some(at) => since_boundary = chunk.len() - at - 2,
+            None => since_boundary += chunk.len(),
+        }
+        if since_boundary > MAX_FRAME {
+            return Err(FrameTooLarge.into());
+        }
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(chunk)
+    });
+    let mut events = bytes.eventsource();
+    let mut got_done = false;
+    loop {
+        let next = tokio::select! {
+            n = tokio::time::timeout(job.idle_timeout, events.next()) => n,
+            _ = cancelled(&job.control) => return Outcome::End(End::Cancelled),
+        };
+        let ev = match next {
+            Err(_) => {
+                return fail_with(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "{url}: the server sent nothing for {:.0} s (--idle-timeout)",
+                        job.idle_timeout.as_secs_f64()
+                    ),
+                );
+            }
+            Ok(None) => break,
+            Ok(Some(Err(e))) => {
+                let text = e.to_string();
+                let why = if text.contains("frame larger") {
+                    format!("{url}: a stream frame is larger than {} MiB; refusing it", MAX_FRAME >> 20)
+                } else {
+                    format!("{url}: the stream broke: {text}")
+                };
+                return fail_with(ErrorKind::Unavailable, why);
+            }
+            Ok(Some(Ok(ev))) => ev,
+        };
+        let data = ev.data.trim();
+        if data.is_empty() {
+            continue;
+        }
+        if data == "[DONE]" {
+            got_done = true;
+            break;
+        }
+        let value: Value = match serde_json::from_str(data) {
+            Ok(v) => v,
+            Err(e) => {
+                let head: String = data.chars().take(60).collect();
+                return fail_with(
+                    ErrorKind::Internal,
+                    format!("{url}: malformed JSON in a stream frame ({e}): {head}…"),
+                );
+            }
+        };
+        // Named events (SGLang's `sglext_ids`) carry no tokens of their own.
+        if !ev.event.is_empty() && ev.event != "message" && value.get("choices").is_none() {
+            continue;
+        }
+        if job.mapper.frame(&value, emit) == Flow::StopLoop {
+            return Outcome::End(End::Stopped(FinishReason::Loop));
+        }
+        if let Some(b) = &job.client_budget
+            && job.mapper.in_thinking()
+            && job.mapper.thinking_tokens() >= b.budget
+        {
+            return Outcome::Budget;
+        }
+    }
+    let _ = got_done;
+    Outcome::End(End::Complete)
+}
+
+/// A client-forced end of thinking: the bridge and `</think>` go out as forced tokens, then
+/// `/v1/completions` continues from the rendered prompt + thinking + bridge + `</think>\n\n`.
+async fn continue_after_budget(job: &mut StreamJob, emit: &mut (dyn FnMut(EngineEvent) + Send)) -> Outcome {
+    let Some(b) = job.client_budget.take() else { return Outcome::End(End::Complete) };
+    job.mapper.force_end_of_thinking(&b.bridge, b.budget, emit);
+    let used = job.mapper.tokens();
+    let prompt = format!("{}{}{}</think>\n\n", b.rendered_prompt, job.mapper.thinking_text(), b.bridge);
+    let remaining = b.max_tokens.saturating_sub(used);
+    if remaining == 0 {
+        return Outcome::End(End::Stopped(FinishReason::Length));
+    }
+    let body = (b.continuation)(prompt, remaining);
+    one_stream(job, "/v1/completions", body, emit).await
+}
+
+#[derive(Debug)]
+struct FrameTooLarge;
+
+impl std::fmt::Display for FrameTooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "frame larger than {} bytes", MAX_FRAME)
+    }
+}
+
+impl std::error::Error for FrameTooLarge {}
+
+/// A server that ignored `stream: true` and sent one `chat.completion`: its text is kept, and
+/// the run ends with an error that says so.
+async fn whole_answer(
+    job: &mut StreamJob,
+    resp: reqwest::Response,
+    emit: &mut (dyn FnMut(EngineEvent) + Send),
+) -> Outcome {
+    let url = resp.url().to_string();
+    let value: Value = match resp.json().await {
+        Ok(v) => v,
+        Err(e) => return fail_with(ErrorKind::Internal, format!("{url}: malformed JSON answer: {e}")),
+    };
+    job.mapper.frame(&value, emit);
+    fail_with(
+        ErrorKind::Internal,
+        format!(
+            "{url} ignored \"stream\": true and sent the whole answer at once (kept, but nothing streamed: no timings or live gauges)"
+        ),
+    )
+}
+
+fn fail(e: crate::backend::BackendError) -> Outcome {
+    Outcome::End(End::Failed(e.kind, e.message))
+}
+
+fn fail_with(kind: ErrorKind, message: String) -> Outcome {
+    Outcome::End(End::Failed(kind, message))
+}
+
+/// Resolves once the generation is cancelled.
+async fn cancelled(control: &StepControl) {
+    while !control.is_cancelled() {
+        tokio::time::sleep(CANCEL_POLL).await;
+    }
+}

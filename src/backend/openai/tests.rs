@@ -1,0 +1,245 @@
+//! The frame mapper on recorded bytes: real llama.cpp streams, and SGLang / vLLM streams
+//! reconstructed from their sources (tests/fixtures/wire/README.md).
+
+use std::time::Instant;
+
+use serde_json::Value;
+
+use super::frames::{End, Flow, FrameMapper, MetricsDelta, Split};
+use crate::engine::{
+    CountSource, DiagnosticKind, DoneEvent, EngineEvent, FinishReason, GenerationParams, Phase, TokenEvent,
+};
+
+const THINKING: &str = "Check divisors up to the square root of 91.\n";
+const ANSWER: &str = "No, 91 = 7 × 13, so 91 is not prime.";
+
+fn wire(name: &str) -> String {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wire").join(name);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Feeds every `data:` frame of an SSE body (skipping `[DONE]`), then finishes.
+fn replay(
+    sse: &str,
+    params: GenerationParams,
+    split: Split,
+    thinking: bool,
+    metrics: Option<MetricsDelta>,
+) -> Vec<EngineEvent> {
+    let mut m = FrameMapper::new(params, split, thinking, Instant::now());
+    let mut out = vec![];
+    let mut emit = |e: EngineEvent| out.push(e);
+    for line in sse.lines() {
+        let Some(data) = line.strip_prefix("data: ") else { continue };
+        if data == "[DONE]" {
+            break;
+        }
+        let v: Value = serde_json::from_str(data).unwrap();
+        assert_eq!(m.frame(&v, &mut emit), Flow::Continue);
+    }
+    m.finish(End::Complete, metrics, &mut emit);
+    out
+}
+
+fn done(ev: &[EngineEvent]) -> &DoneEvent {
+    match ev.last() {
+        Some(EngineEvent::Done(d)) => d,
+        other => panic!("last event {other:?}"),
+    }
+}
+
+fn tokens(ev: &[EngineEvent]) -> Vec<&TokenEvent> {
+    ev.iter().filter_map(|e| if let EngineEvent::Token(t) = e { Some(t) } else { None }).collect()
+}
+
+fn params() -> GenerationParams {
+    GenerationParams { max_tokens: 256, ..Default::default() }
+}
+
+#[test]
+fn llama_cpp_reasoning_stream() {
+    let ev = replay(&wire("llamacpp/llamacpp-b10434-chat-stream-reasoning.sse"), params(), Split::Server, true, None);
+    let d = done(&ev);
+    assert_eq!(d.finish_reason, FinishReason::Stop);
+    assert!(d.thinking.starts_with(THINKING) && d.thinking.ends_with("7 divides 91.\n"), "{:?}", d.thinking);
+    assert_eq!(d.answer, ANSWER);
+    let t = tokens(&ev);
+    assert_eq!(t.len(), 91, "one token per frame");
+    assert!(t.iter().all(|t| t.id.is_some() && t.logprob.is_some() && t.top_logprobs.len() == 2));
+    assert_eq!(t.iter().filter(|t| t.phase == Phase::Thinking).count(), 70);
+    // 94 completion tokens: `</think>` (thinking), the blank line and <|im_end|> (answer) came
+    // without frames, and are counted where the engine counts them.
+    let u = &d.usage;
+    assert_eq!((u.prompt_tokens, u.completion_tokens, u.thinking_tokens, u.answer_tokens), (16, 94, 71, 23));
+    assert_eq!(u.counted, CountSource::Logprobs);
+    assert!(d.mtp.is_none() && d.memory.is_none());
+    assert!(!ev.iter().any(|e| matches!(e, EngineEvent::Diagnostic(_))));
+}
+
+#[test]
+fn llama_cpp_mtp_figures_and_missing_logprobs() {
+    let metrics =
+        MetricsDelta { drafts: 34.0, per_position: vec![34.0, 18.0, 7.0], source: "llama.cpp /metrics".into() };
+    let mut p = params();
+    p.top_logprobs = 2;
+    let ev =
+        replay(&wire("llamacpp/llamacpp-b10434-mtp-chat-stream-reasoning.sse"), p, Split::Server, true, Some(metrics));
+    let d = done(&ev);
+    assert_eq!(d.answer, ANSWER);
+    let m = d.mtp.as_ref().unwrap();
+    assert_eq!((m.drafted, m.accepted, m.steps, m.depth), (102, 59, 34, 3));
+    assert_eq!(m.per_position.len(), 3);
+    assert!((m.per_position[1] - 18.0 / 34.0).abs() < 1e-9);
+    assert!((m.mean_accepted_length - 94.0 / 34.0).abs() < 1e-9);
+    assert!(m.source.as_deref().unwrap().contains("draft_n"));
+    // Accepted drafts carry no logprob: left empty, not made up.
+    let t = tokens(&ev);
+    assert!(t.iter().filter(|t| t.logprob.is_none()).count() > 80);
+    assert_eq!(d.usage.counted, CountSource::Frames);
+}
+
+#[test]
+fn llama_cpp_length_cut_inside_thinking_raises_the_banner() {
+    let mut p = params();
+    p.max_tokens = 12;
+    let ev = replay(&wire("llamacpp/llamacpp-b10434-chat-stream-length.sse"), p, Split::Server, true, None);
+    let d = done(&ev);
+    assert_eq!(d.finish_reason, FinishReason::Length);
+    assert!(d.answer.is_empty() && !d.thinking.is_empty());
+    let diag = ev.iter().find_map(|e| if let EngineEvent::Diagnostic(x) = e { Some(x) } else { None }).unwrap();
+    assert_eq!(diag.kind, DiagnosticKind::ThinkingExhaustedMaxTokens);
+    assert!(diag.message.contains("max_tokens (12) ran out inside the thinking phase"), "{}", diag.message);
+}
+
+#[test]
+fn llama_cpp_budget_is_recognised_as_forced() {
+    let mut p = params();
+    p.thinking_budget = Some(8);
+    for f in ["llamacpp/llamacpp-b10434-chat-stream-budget8.sse", "llamacpp/llamacpp-b11549-chat-stream-budget8.sse"] {
+        let ev = replay(&wire(f), p.clone(), Split::Server, true, None);
+        assert!(
+            ev.iter()
+                .any(|e| matches!(e, EngineEvent::Diagnostic(d) if d.kind == DiagnosticKind::ThinkingBudgetForced)),
+            "{f}"
+        );
+        assert!(!done(&ev).answer.is_empty(), "{f}");
+    }
+}
+
+#[test]
+fn no_reasoning_parser_is_split_here() {
+    let ev = replay(
+        &wire("llamacpp/llamacpp-b10434-chat-stream-reasoning-format-none.sse"),
+        params(),
+        Split::Auto,
+        true,
+        None,
+    );
+    let d = done(&ev);
+    assert!(d.thinking.starts_with(THINKING), "{:?}", d.thinking);
+    assert!(!d.thinking.contains("<think>") && !d.thinking.contains("</think>"));
+    assert_eq!(d.answer.trim_start(), ANSWER);
+    let t = tokens(&ev);
+    let marker = t.iter().find(|t| t.text == "</think>").expect("the marker is a token");
+    assert_eq!((marker.phase, marker.id), (Phase::Thinking, Some(505)));
+}
+
+#[test]
+fn thinking_off_is_all_answer() {
+    let ev = replay(&wire("llamacpp/llamacpp-b10434-chat-stream-nothink.sse"), params(), Split::Server, false, None);
+    let d = done(&ev);
+    assert!(d.thinking.is_empty() && !d.answer.is_empty());
+    assert_eq!(d.usage.thinking_tokens, 0);
+}
+
+#[test]
+fn sglang_stream_with_spec_details_and_reasoning_tokens() {
+    for f in ["sglang/chat-stream-reasoning.sse", "sglang/chat-stream-reasoning-pydantic.sse"] {
+        let ev = replay(&wire(f), params(), Split::Auto, true, None);
+        let d = done(&ev);
+        assert!(d.thinking.starts_with(THINKING), "{f}");
+        assert_eq!(d.answer, ANSWER, "{f}");
+        assert_eq!(d.usage.counted, CountSource::ServerUsage, "{f}");
+        assert_eq!((d.usage.thinking_tokens, d.usage.completion_tokens), (71, 94), "{f}");
+        if f.ends_with("reasoning.sse") {
+            let m = d.mtp.as_ref().unwrap();
+            assert_eq!((m.steps, m.drafted, m.accepted), (34, 102, 59));
+            assert_eq!(m.per_position.len(), 3);
+            assert!(m.source.as_deref().unwrap().starts_with("SGLang"));
+        }
+    }
+}
+
+#[test]
+fn sglang_error_frame_keeps_what_arrived() {
+    let ev = replay(&wire("sglang/chat-stream-error.sse"), params(), Split::Auto, true, None);
+    assert!(!tokens(&ev).is_empty());
+    match ev.last() {
+        Some(EngineEvent::Error(e)) => assert!(e.message.contains("kept the"), "{}", e.message),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn vllm_stream_with_reasoning_field_and_spec_metrics() {
+    for f in ["vllm/chat-stream-reasoning.sse", "vllm/chat-stream-reasoning-content.sse"] {
+        let ev = replay(&wire(f), params(), Split::Auto, true, None);
+        let d = done(&ev);
+        assert!(d.thinking.starts_with(THINKING), "{f}");
+        assert_eq!(d.answer, ANSWER, "{f}");
+    }
+    let ev = replay(&wire("vllm/chat-stream-reasoning.sse"), params(), Split::Auto, true, None);
+    assert_eq!(done(&ev).usage.counted, CountSource::ServerUsage);
+    assert_eq!(done(&ev).usage.thinking_tokens, 70);
+    let m = done(&ev).mtp.clone().unwrap();
+    assert_eq!((m.depth, m.steps, m.drafted, m.accepted), (3, 34, 102, 59));
+    assert!(m.per_position.windows(2).all(|w| w[0] >= w[1]), "{:?}", m.per_position);
+}
+
+#[test]
+fn vllm_and_sglang_length_cuts() {
+    for f in ["vllm/chat-stream-length.sse", "sglang/chat-stream-length.sse"] {
+        let ev = replay(&wire(f), params(), Split::Auto, true, None);
+        let d = done(&ev);
+        assert_eq!(d.finish_reason, FinishReason::Length, "{f}");
+        assert!(d.answer.is_empty(), "{f}");
+        assert!(
+            ev.iter().any(
+                |e| matches!(e, EngineEvent::Diagnostic(x) if x.kind == DiagnosticKind::ThinkingExhaustedMaxTokens)
+            )
+        );
+    }
+}
+
+#[test]
+fn loops_are_caught_on_token_text_without_ids() {
+    let mut m = FrameMapper::new(params(), Split::Server, true, Instant::now());
+    let mut out = vec![];
+    let mut emit = |e: EngineEvent| out.push(e);
+    let pattern = ["2", " +", " 2", " =", " 2", "."];
+    for i in 0..120 {
+        let v = serde_json::json!({"choices":[{"index":0,"delta":{"reasoning_content": pattern[i % 6]}}]});
+        m.frame(&v, &mut emit);
+    }
+    let d = out.iter().find_map(|e| if let EngineEvent::Diagnostic(d) = e { Some(d.clone()) } else { None }).unwrap();
+    assert_eq!(d.kind, DiagnosticKind::DegenerateLoop);
+    assert_eq!(d.period, Some(6));
+}
+
+#[test]
+fn cut_stream_is_an_error_that_keeps_the_tokens() {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wire/faults/cut-mid-token.sse");
+    // Cut inside a UTF-8 character: the last frame is not even text.
+    let sse = String::from_utf8_lossy(&std::fs::read(p).unwrap()).to_string();
+    let mut m = FrameMapper::new(params(), Split::Server, true, Instant::now());
+    let mut out = vec![];
+    let mut emit = |e: EngineEvent| out.push(e);
+    for line in sse.lines() {
+        if let Some(v) = line.strip_prefix("data: ").and_then(|d| serde_json::from_str::<Value>(d).ok()) {
+            m.frame(&v, &mut emit);
+        }
+    }
+    m.finish(End::Complete, None, &mut emit);
+    assert!(!tokens(&out).is_empty());
+    assert!(matches!(out.last(), Some(EngineEvent::Error(e)) if e.message.contains("without a finish reason")));
+}
