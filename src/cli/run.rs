@@ -5,7 +5,7 @@ use std::io::{IsTerminal, Write};
 use clap::{Args, ValueEnum};
 
 use super::common::{self, GenArgs, ModelArgs, PromptArgs};
-use crate::backend::{ChatRequest, Diagnostic, DoneEvent, EngineEvent, Phase, TokenEvent};
+use crate::backend::{ChatRequest, Diagnostic, DoneEvent, EngineEvent, FinishReason, Phase, TokenEvent};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -145,6 +145,11 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
                         timing.prefill_tok_s,
                         timing.decode_tok_s
                     )?;
+                }
+                if finish_reason == FinishReason::Cancelled {
+                    // Cut short: what arrived was printed, and the exit status says so.
+                    out.flush()?;
+                    std::process::exit(130);
                 }
                 break;
             }
