@@ -19,7 +19,8 @@ pub struct BenchArgs {
     /// Prompts to run (repeatable); the default set suits the demo model.
     #[arg(long, value_name = "TEXT")]
     pub prompt: Vec<String>,
-    /// MTP depths to compare (0 = plain decoding; `auto` adapts).
+    /// MTP depths to compare (0 = plain decoding; `auto` adapts). Local engine only: a
+    /// server's speculative decoding is set where it was started.
     #[arg(long, value_delimiter = ',', default_value = "0,1,2,3", value_name = "LIST")]
     pub mtp: Vec<String>,
     #[arg(long, default_value_t = 256, value_name = "N")]
@@ -34,7 +35,7 @@ pub struct BenchArgs {
     pub json: bool,
 }
 
-const DEMO_PROMPTS: [&str; 4] =
+pub const DEMO_PROMPTS: [&str; 4] =
     ["Sort 93, 17, 56, 41, 8, 72.", "How many r are in strawberry?", "What is 482 + 739?", "Is 197 prime?"];
 
 #[derive(Debug, Serialize)]
@@ -55,12 +56,19 @@ pub struct BenchRow {
     pub snapshot_bytes: usize,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    if a.model.server.server.is_some() {
+        // A server: only its per-request figures can be measured (see bench_remote).
+        return super::bench_remote::run(&a);
+    }
     let loaded = common::load_local(&a.model, "bench")?;
     let prompts: Vec<String> =
         if a.prompt.is_empty() { DEMO_PROMPTS.iter().map(|s| s.to_string()).collect() } else { a.prompt.clone() };

@@ -2,6 +2,7 @@
 //! library (model, chat, engine events).
 
 pub mod bench;
+pub mod bench_remote;
 pub mod chat;
 pub mod common;
 pub mod inspect;

@@ -1,0 +1,124 @@
+//! `deltascope bench --server URL`: the per-request figures a server reports — TTFT, prefill
+//! and decode speed, tokens, and its speculative-decoding acceptance — over the same prompts,
+//! repeated, with medians. (The local bench measures the engine itself; a server's engine is
+//! its own, so only what the wire carries is measured here.)
+
+use std::io::Write;
+
+use serde::Serialize;
+
+use super::bench::{BenchArgs, DEMO_PROMPTS, median};
+use super::common;
+use crate::backend::{ChatMessage, ChatRequest, EngineEvent, FinishReason, MtpStats, Prompt, Role};
+
+#[derive(Debug, Serialize)]
+pub struct RequestRow {
+    pub prompt: usize,
+    pub run: usize,
+    pub finish_reason: FinishReason,
+    pub completion_tokens: usize,
+    pub thinking_tokens: usize,
+    pub ttft_ms: f64,
+    pub prefill_tok_s: f64,
+    pub decode_tok_s: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mtp: Option<MtpStats>,
+}
+
+pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
+    let backend = common::open(&a.model)?;
+    let info = backend.info().clone();
+    let prompts: Vec<String> =
+        if a.prompt.is_empty() { DEMO_PROMPTS.iter().map(|s| s.to_string()).collect() } else { a.prompt.clone() };
+    let mut overrides = crate::backend::ParamOverrides { max_tokens: a.max_tokens, ..Default::default() };
+    overrides.temperature = Some(0.0);
+    let params = overrides.resolve(&info)?;
+    let mut rows = vec![];
+    let mut err = std::io::stderr().lock();
+    for run in 0..a.repeat {
+        for (i, p) in prompts.iter().enumerate() {
+            let req = ChatRequest {
+                prompt: Prompt::Chat(vec![ChatMessage::new(Role::User, p.clone())]),
+                enable_thinking: true,
+                params: params.clone(),
+            };
+            let d = match backend.start(req)?.for_each(|_| {}) {
+                EngineEvent::Done(d) => d,
+                EngineEvent::Error(e) => anyhow::bail!("prompt {}: {}", i + 1, e.message),
+                _ => anyhow::bail!("prompt {}: the stream ended without a done event", i + 1),
+            };
+            let row = RequestRow {
+                prompt: i,
+                run,
+                finish_reason: d.finish_reason,
+                completion_tokens: d.usage.completion_tokens,
+                thinking_tokens: d.usage.thinking_tokens,
+                ttft_ms: d.timing.ttft_ms,
+                prefill_tok_s: d.timing.prefill_tok_s,
+                decode_tok_s: d.timing.decode_tok_s,
+                mtp: d.mtp,
+            };
+            if !a.json {
+                writeln!(
+                    err,
+                    "run {} prompt {}: {} tokens, TTFT {:.1} ms, decode {:.1} tok/s",
+                    run + 1,
+                    i + 1,
+                    row.completion_tokens,
+                    row.ttft_ms,
+                    row.decode_tok_s
+                )?;
+            }
+            rows.push(row);
+        }
+    }
+    let med = |f: &dyn Fn(&RequestRow) -> f64| median(rows.iter().map(f).collect());
+    let with_mtp: Vec<&MtpStats> = rows.iter().filter_map(|r| r.mtp.as_ref()).collect();
+    let mut total = MtpStats::default();
+    with_mtp.iter().for_each(|m| total.merge(m));
+    let summary = serde_json::json!({
+        "ttft_ms": med(&|r| r.ttft_ms),
+        "prefill_tok_s": med(&|r| r.prefill_tok_s),
+        "decode_tok_s": med(&|r| r.decode_tok_s),
+        "mtp_acceptance_rate": if with_mtp.is_empty() { None } else { Some(total.acceptance_rate) },
+        "mtp_per_position": if with_mtp.is_empty() { None } else { Some(total.per_position.clone()) },
+        "mtp_source": with_mtp.first().and_then(|m| m.source.clone()),
+    });
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        let v = serde_json::json!({"server": info.label(), "model": info.name, "prompts": prompts, "max_tokens": a.max_tokens, "requests": rows, "median": summary});
+        writeln!(out, "{v}")?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{} · {} · {} prompts × {} · greedy · max_tokens {}",
+        info.label(),
+        info.name,
+        prompts.len(),
+        a.repeat,
+        a.max_tokens
+    )?;
+    writeln!(
+        out,
+        "median TTFT {:.1} ms · prefill {:.1} tok/s · decode {:.1} tok/s (as seen by the client)",
+        med(&|r| r.ttft_ms),
+        med(&|r| r.prefill_tok_s),
+        med(&|r| r.decode_tok_s)
+    )?;
+    if with_mtp.is_empty() {
+        writeln!(out, "MTP: not reported by the server")?;
+    } else {
+        let pos = total.per_position.iter().map(|x| format!("{:.0}", x * 100.0)).collect::<Vec<_>>().join("/");
+        writeln!(
+            out,
+            "MTP: acceptance {:.0}% ({} of {} drafts) · per position {} % · from {}",
+            total.acceptance_rate * 100.0,
+            total.accepted,
+            total.drafted,
+            if pos.is_empty() { "-".into() } else { pos },
+            with_mtp[0].source.clone().unwrap_or_default()
+        )?;
+    }
+    Ok(())
+}
