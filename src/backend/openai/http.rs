@@ -33,6 +33,15 @@ impl Http {
         Ok(Http { client, base, key, timeout })
     }
 
+    /// A client whose host names resolve through `resolver` (tests: a DNS failure without
+    /// contacting a resolver).
+    #[cfg(test)]
+    pub fn with_resolver<R: reqwest::dns::Resolve + 'static>(url: &str, resolver: std::sync::Arc<R>) -> Self {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder().dns_resolver(resolver).build().expect("test client");
+        Http { client, base: normalise(url).expect("test url"), key: None, timeout: Duration::from_secs(5) }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }

@@ -243,3 +243,31 @@ fn cut_stream_is_an_error_that_keeps_the_tokens() {
     assert!(!tokens(&out).is_empty());
     assert!(matches!(out.last(), Some(EngineEvent::Error(e)) if e.message.contains("without a finish reason")));
 }
+
+/// Resolves nothing, as getaddrinfo does for an unknown host (no resolver is contacted).
+struct NoSuchHost;
+
+impl reqwest::dns::Resolve for NoSuchHost {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_string();
+        Box::pin(async move {
+            let e: Box<dyn std::error::Error + Send + Sync> =
+                format!("failed to lookup address information: Name or service not known ({host})").into();
+            Err(e)
+        })
+    }
+}
+
+#[test]
+fn dns_failure_is_one_line_naming_the_host() {
+    let http = super::http::Http::with_resolver("http://gpu-box.example:8080/v1", std::sync::Arc::new(NoSuchHost));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let err = rt.block_on(http.get_json("/v1/models")).unwrap_err();
+    assert_eq!(err.kind, crate::engine::ErrorKind::Unavailable);
+    assert!(
+        err.message.starts_with("cannot reach http://gpu-box.example:8080/v1/models: cannot resolve the host name"),
+        "{}",
+        err.message
+    );
+    assert!(!err.message.contains('\n'));
+}
