@@ -119,6 +119,9 @@ pub struct FrameMapper {
     first_token_at: Option<f64>,
     stats_at: usize,
     pub server_memory: Option<ServerMemory>,
+    /// The user's prompt length when the usage cannot tell it (a client-side budget's
+    /// continuation re-sends the thinking in its prompt).
+    pub prompt_tokens: Option<usize>,
 }
 
 impl FrameMapper {
@@ -157,6 +160,7 @@ impl FrameMapper {
             first_token_at: None,
             stats_at: 0,
             server_memory: None,
+            prompt_tokens: None,
         }
     }
 
@@ -555,9 +559,9 @@ impl FrameMapper {
             let after = completion.unwrap_or(self.index - before - self.forced);
             let total = before + self.forced + after;
             return Usage {
-                // The continuation's prompt re-sent the thinking; what the user's prompt held
-                // is that less the tokens generated and forced before it.
-                prompt_tokens: prompt.saturating_sub(before + self.forced),
+                // The continuation's prompt re-sent the thinking and the bridge, so the user's
+                // prompt length comes from the server's tokenizer (0 when it has none to ask).
+                prompt_tokens: self.prompt_tokens.unwrap_or(0),
                 thinking_tokens: self.thinking_tokens,
                 answer_tokens: total.saturating_sub(self.thinking_tokens),
                 completion_tokens: total,

@@ -226,6 +226,8 @@ async fn one_stream(
 async fn continue_after_budget(job: &mut StreamJob, emit: &mut (dyn FnMut(EngineEvent) + Send)) -> Outcome {
     let Some(b) = job.client_budget.take() else { return Outcome::End(End::Complete) };
     job.mapper.force_end_of_thinking(&b.bridge, b.budget, emit);
+    // The first stream was closed before its usage came: ask the server how long the prompt is.
+    job.mapper.prompt_tokens = prompt_length(&job.http, &job.facts, &b.rendered_prompt).await;
     let used = job.mapper.tokens();
     let prompt = format!("{}{}{}</think>\n\n", b.rendered_prompt, job.mapper.thinking_text(), b.bridge);
     let remaining = b.max_tokens.saturating_sub(used);
@@ -234,6 +236,21 @@ async fn continue_after_budget(job: &mut StreamJob, emit: &mut (dyn FnMut(Engine
     }
     let body = (b.continuation)(prompt, remaining);
     one_stream(job, "/v1/completions", body, emit).await
+}
+
+/// The rendered prompt's length in the server's own tokens (llama.cpp and vLLM `/tokenize`).
+async fn prompt_length(http: &Http, facts: &ServerFacts, prompt: &str) -> Option<usize> {
+    let body = match facts.kind {
+        ServerKind::LlamaCpp => serde_json::json!({"content": prompt}),
+        ServerKind::Vllm => serde_json::json!({"model": facts.model, "prompt": prompt}),
+        _ => return None,
+    };
+    let resp = http.post("/tokenize").json(&body).timeout(http.timeout).send().await.ok()?;
+    let v: Value = resp.error_for_status().ok()?.json().await.ok()?;
+    v.get("tokens")
+        .and_then(Value::as_array)
+        .map(Vec::len)
+        .or_else(|| v.get("count").and_then(Value::as_u64).map(|c| c as usize))
 }
 
 #[derive(Debug)]
