@@ -11,7 +11,7 @@ use super::{
 };
 use crate::chat::{ChatTemplate, RenderOptions, TextTokenizer};
 use crate::checkpoint::{ModelSource, demo_source};
-use crate::engine::{EngineHandle, GenerateRequest, Generation, SamplingParams, check_prompt};
+use crate::engine::{EngineHandle, GenerateRequest, Generation, SamplingParams, StepControl, check_prompt};
 use crate::model::{LayerKind, LoadOptions, LoadProgress, Model, Precision};
 use crate::units::human_bytes;
 
@@ -169,10 +169,10 @@ impl Backend for LocalBackend {
         &self.info
     }
 
-    fn start(&self, req: ChatRequest) -> BackendResult<Generation> {
+    fn start_with(&self, req: ChatRequest, control: Arc<StepControl>) -> BackendResult<Generation> {
         let (_, ids) = self.loaded.render(&req)?;
         check_prompt(&self.loaded.model, &ids, req.params.max_tokens)?;
-        Ok(self.engine.generate(GenerateRequest { prompt_ids: ids, params: req.params }))
+        Ok(self.engine.generate_with(GenerateRequest { prompt_ids: ids, params: req.params }, control))
     }
 
     fn dry_run(&self, req: &ChatRequest) -> BackendResult<DryRun> {

@@ -11,6 +11,7 @@ pub mod openai;
 pub mod params;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +20,7 @@ pub use crate::engine::events::*;
 pub use crate::engine::speculative::MAX_DEPTH;
 pub use crate::engine::{
     Generation, GenerationParams, LoopParams, MtpParams, MtpStats, Preset, QWEN_BUDGET_BRIDGE, SamplingParams,
+    StepControl,
 };
 pub use params::{MtpChoice, ParamOverrides};
 
@@ -176,7 +178,12 @@ pub type BackendResult<T> = std::result::Result<T, BackendError>;
 pub trait Backend: Send + Sync {
     fn info(&self) -> &BackendInfo;
     /// Validates the request synchronously (an `Err` means nothing started), then streams.
-    fn start(&self, req: ChatRequest) -> BackendResult<Generation>;
+    fn start(&self, req: ChatRequest) -> BackendResult<Generation> {
+        self.start_with(req, Arc::new(StepControl::default()))
+    }
+    /// [`Backend::start`] steered by `control` from the first token (the TUI's step mode,
+    /// switched on before the prompt is sent, holds the generation before it begins).
+    fn start_with(&self, req: ChatRequest, control: Arc<StepControl>) -> BackendResult<Generation>;
     /// What `start` would send, without sending it.
     fn dry_run(&self, req: &ChatRequest) -> BackendResult<DryRun>;
 }

@@ -122,8 +122,13 @@ impl EngineHandle {
 
     /// Queues a generation (behind a running one) with its own stream and control.
     pub fn generate(&self, req: GenerateRequest) -> Generation {
+        self.generate_with(req, Arc::new(StepControl::default()))
+    }
+
+    /// [`EngineHandle::generate`] steered by `control` from the start (step mode set before
+    /// the request holds it before its first token).
+    pub fn generate_with(&self, req: GenerateRequest, control: Arc<StepControl>) -> Generation {
         let (tx, rx) = mpsc::channel();
-        let control = Arc::new(StepControl::default());
         if self
             .commands
             .send(Command::Generate { req: Box::new(req), events: tx.clone(), control: control.clone() })

@@ -17,6 +17,7 @@ pub mod theme;
 pub mod view;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::mpsc::{self, RecvTimeoutError, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
@@ -30,7 +31,7 @@ use self::sliders::Settings;
 use self::theme::Theme;
 use crate::backend::{
     self, Backend, BackendInfo, BackendSpec, ChatRequest, EngineEvent, ErrorKind, Generation, GenerationParams,
-    OpenProgress, ParamOverrides, Prompt, Support,
+    OpenProgress, ParamOverrides, Prompt, StepControl, Support,
 };
 use crate::error::panic_message;
 use crate::session::{Session, default_sessions_dir};
@@ -203,7 +204,10 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
                 Effect::Generate { messages, enable_thinking, params } => {
                     let Some(b) = &backend else { continue };
                     let request = ChatRequest { prompt: Prompt::Chat(messages), enable_thinking, params: *params };
-                    match b.start(request) {
+                    // Step mode switched on before sending holds the new generation too.
+                    let control = Arc::new(StepControl::default());
+                    control.set_paused(app.step_mode);
+                    match b.start_with(request, control) {
                         Ok(g) => live = Some(g),
                         Err(err) => app.on_engine(EngineEvent::error(err.kind, err.message)),
                     }

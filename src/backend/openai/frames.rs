@@ -704,7 +704,12 @@ impl FrameMapper {
                 let from = metrics.map(|m| m.source).unwrap_or_default();
                 (steps, counts, format!("llama.cpp timings.draft_n; per position from {from}"))
             }
-            None => (0, vec![], "llama.cpp timings.draft_n (per position needs --metrics)".to_string()),
+            None => (
+                0,
+                vec![],
+                "llama.cpp timings.draft_n (per position: /metrics was not readable; start the server with --metrics)"
+                    .to_string(),
+            ),
         };
         let depth = if steps > 0 { drafted.div_ceil(steps) } else { 0 };
         let len = if steps > 0 { completion as f64 / steps as f64 } else { 0.0 };

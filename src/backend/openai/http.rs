@@ -84,8 +84,14 @@ impl Http {
         resp.json().await.ok()
     }
 
+    /// GET a text endpoint a server may not have (`None` for any failure). Tried twice: a
+    /// server that closes a kept-alive connection right after a stream (llama.cpp) fails the
+    /// first request sent on it.
     pub async fn try_get_text(&self, path: &str) -> Option<String> {
-        let resp = self.get(path).send().await.ok()?;
+        let resp = match self.get(path).send().await {
+            Ok(r) => r,
+            Err(_) => self.get(path).send().await.ok()?,
+        };
         if !resp.status().is_success() {
             return None;
         }
@@ -176,7 +182,7 @@ pub async fn check_status(
         400..=499 => {
             let lower = message.to_lowercase();
             let overflow = lower.contains("context")
-                && (lower.contains("exceed") || lower.contains("too long") || lower.contains("maximum"));
+                && ["exceed", "too long", "maximum", "longer than"].iter().any(|w| lower.contains(w));
             let kind = if overflow { ErrorKind::ContextOverflow } else { ErrorKind::InvalidRequest };
             (kind, format!("{url}: HTTP {code}: {message}"))
         }

@@ -138,7 +138,8 @@ impl Backend for RemoteBackend {
         &self.info
     }
 
-    fn start(&self, req: ChatRequest) -> BackendResult<Generation> {
+    /// A server does not pause; `control` carries the cancel.
+    fn start_with(&self, req: ChatRequest, control: Arc<StepControl>) -> BackendResult<Generation> {
         let body = request::chat_body(&self.facts, &req, self.spec.budget_mode, self.spec.reasoning_split)?;
         let client_budget = self.client_budget(&req)?;
         let split = match (self.spec.reasoning_split, self.facts.kind, self.facts.reasoning_parser) {
@@ -150,7 +151,6 @@ impl Backend for RemoteBackend {
         let started = Instant::now();
         let mapper = FrameMapper::new(req.params.clone(), split, req.enable_thinking, started);
         let (tx, rx) = std::sync::mpsc::channel();
-        let control = Arc::new(StepControl::default());
         let _ = tx.send(EngineEvent::Start(StartEvent {
             model: self.facts.model.clone(),
             prompt_tokens: None,

@@ -31,13 +31,13 @@ pub fn chat_body(
         "stream": true,
         "stream_options": {"include_usage": true},
         "max_tokens": p.max_tokens,
-        "temperature": s.temperature,
-        "top_p": s.top_p,
+        "temperature": shortest(s.temperature),
+        "top_p": shortest(s.top_p),
         "top_k": s.top_k,
-        "min_p": s.min_p,
-        "presence_penalty": s.presence_penalty,
-        "frequency_penalty": s.frequency_penalty,
-        "repetition_penalty": s.repetition_penalty,
+        "min_p": shortest(s.min_p),
+        "presence_penalty": shortest(s.presence_penalty),
+        "frequency_penalty": shortest(s.frequency_penalty),
+        "repetition_penalty": shortest(s.repetition_penalty),
         "seed": s.seed,
         "chat_template_kwargs": {"enable_thinking": req.enable_thinking},
     });
@@ -53,7 +53,7 @@ pub fn chat_body(
         ServerKind::LlamaCpp => {
             // Its own name for the repetition penalty; and the split done server-side, per
             // request, whatever --reasoning-format the server was started with.
-            o.insert("repeat_penalty".into(), json!(s.repetition_penalty));
+            o.insert("repeat_penalty".into(), json!(shortest(s.repetition_penalty)));
             let format = if split == ReasoningSplit::Server { "deepseek" } else { "none" };
             o.insert("reasoning_format".into(), json!(format));
         }
@@ -113,13 +113,13 @@ pub fn continuation_body(facts: &ServerFacts, req: &ChatRequest, prompt: String,
         "stream": true,
         "stream_options": {"include_usage": true},
         "max_tokens": max_tokens,
-        "temperature": s.temperature,
-        "top_p": s.top_p,
+        "temperature": shortest(s.temperature),
+        "top_p": shortest(s.top_p),
         "top_k": s.top_k,
-        "min_p": s.min_p,
-        "presence_penalty": s.presence_penalty,
-        "frequency_penalty": s.frequency_penalty,
-        "repetition_penalty": s.repetition_penalty,
+        "min_p": shortest(s.min_p),
+        "presence_penalty": shortest(s.presence_penalty),
+        "frequency_penalty": shortest(s.frequency_penalty),
+        "repetition_penalty": shortest(s.repetition_penalty),
         "seed": s.seed,
     });
     if let Some(o) = body.as_object_mut() {
@@ -127,8 +127,14 @@ pub fn continuation_body(facts: &ServerFacts, req: &ChatRequest, prompt: String,
             o.insert("stop".into(), json!(p.stop));
         }
         if facts.kind == ServerKind::LlamaCpp {
-            o.insert("repeat_penalty".into(), json!(s.repetition_penalty));
+            o.insert("repeat_penalty".into(), json!(shortest(s.repetition_penalty)));
         }
     }
     body
+}
+
+/// An f32 setting as the decimal it was written as (0.8, not 0.800000011920929 — what the
+/// sliders show is what the server gets).
+fn shortest(x: f32) -> f64 {
+    x.to_string().parse().unwrap_or(f64::from(x))
 }

@@ -143,17 +143,10 @@ async fn one_stream(
             ),
         );
     }
-    let mut since_boundary = 0usize;
+    let mut frame = FrameSize::default();
     let bytes = resp.bytes_stream().map(move |chunk| {
         let chunk = chunk?;
-        // Bytes since the last blank line: one frame, which must stay under MAX_FRAME.
-        match chunk.windows(2).rposition(|w| w == b"\n\n") {
-            Some(at) => since_boundary = chunk.len() - at - 2,
-            None => since_boundary += chunk.len(),
-        }
-        if since_boundary > MAX_FRAME {
-            return Err(FrameTooLarge.into());
-        }
+        frame.feed(&chunk)?;
         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(chunk)
     });
     let mut events = bytes.eventsource();
@@ -175,11 +168,11 @@ async fn one_stream(
             }
             Ok(None) => break,
             Ok(Some(Err(e))) => {
-                let text = e.to_string();
+                let text = error_chain(&e);
                 let why = if text.contains("frame larger") {
                     format!("{url}: a stream frame is larger than {} MiB; refusing it", MAX_FRAME >> 20)
                 } else {
-                    format!("{url}: the stream broke: {text}")
+                    format!("{url}: the connection closed before the stream ended ({text})")
                 };
                 return fail_with(ErrorKind::Unavailable, why);
             }
@@ -253,6 +246,40 @@ async fn prompt_length(http: &Http, facts: &ServerFacts, prompt: &str) -> Option
         .or_else(|| v.get("count").and_then(Value::as_u64).map(|c| c as usize))
 }
 
+/// Bytes of the SSE frame being received, across chunks: a blank line (after `\n`, `\r\n`
+/// or `\r` line ends, as the SSE spec allows) ends a frame.
+#[derive(Debug, Default)]
+struct FrameSize {
+    frame: usize,
+    line: usize,
+    prev_cr: bool,
+}
+
+impl FrameSize {
+    fn feed(&mut self, chunk: &[u8]) -> Result<(), FrameTooLarge> {
+        for &b in chunk {
+            if b == b'\n' && self.prev_cr {
+                self.prev_cr = false;
+                continue; // the second half of a CRLF
+            }
+            self.prev_cr = b == b'\r';
+            if b == b'\n' || b == b'\r' {
+                if self.line == 0 {
+                    self.frame = 0;
+                }
+                self.line = 0;
+            } else {
+                self.line += 1;
+                self.frame += 1;
+                if self.frame > MAX_FRAME {
+                    return Err(FrameTooLarge);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug)]
 struct FrameTooLarge;
 
@@ -291,6 +318,21 @@ fn fail(e: crate::backend::BackendError) -> Outcome {
 
 fn fail_with(kind: ErrorKind, message: String) -> Outcome {
     Outcome::End(End::Failed(kind, message))
+}
+
+/// An error with its causes, one line ("error decoding response body: …: connection closed
+/// before message completed").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut src = e.source();
+    while let Some(s) = src {
+        let t = s.to_string();
+        if !parts.iter().any(|p| p.contains(&t)) {
+            parts.push(t);
+        }
+        src = s.source();
+    }
+    parts.join(": ")
 }
 
 /// Resolves once the generation is cancelled.
