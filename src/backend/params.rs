@@ -138,8 +138,10 @@ impl ParamOverrides {
     }
 
     fn mtp_params(&self, info: &BackendInfo) -> BackendResult<MtpParams> {
-        if let (Some(_), Some(why)) = (self.mtp, info.mtp_control.reason()) {
-            return Err(BackendError::invalid(format!("--mtp: speculative decoding is {why}")));
+        if self.mtp.is_some() && !info.mtp_control.is_yes() {
+            return Err(BackendError::invalid(
+                "--mtp: a server decides speculative decoding itself (set it where the server is started)",
+            ));
         }
         let p = match self.mtp {
             None if info.mtp_control.is_yes() && info.has_mtp => MtpParams { depth: 2, auto: false },

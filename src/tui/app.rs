@@ -282,7 +282,7 @@ impl App {
     pub fn set_model(&mut self, info: BackendInfo) {
         self.settings.mtp = match (&info.mtp_control, info.has_mtp) {
             (Support::No(why), _) => Support::No(why.clone()),
-            (Support::Yes, false) => Support::No("no MTP head".into()),
+            (Support::Yes, false) => Support::No("no head".into()),
             (Support::Yes, true) => Support::Yes,
         };
         if self.session.model.is_empty() {

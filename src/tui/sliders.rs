@@ -307,8 +307,8 @@ mod tests {
         Slider::TopK.adjust(&mut s, 1, false);
         assert_eq!(s.params.sampling.top_k, 40);
         assert_eq!(Slider::Preset.value(&s), "custom");
-        s.mtp = Support::No("no MTP head".into());
+        s.mtp = Support::No("no head".into());
         Slider::MtpDepth.adjust(&mut s, 1, false);
-        assert_eq!(Slider::MtpDepth.value(&s), "n/a (no MTP head)");
+        assert_eq!(Slider::MtpDepth.value(&s), "n/a (no head)");
     }
 }

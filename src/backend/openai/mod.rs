@@ -127,9 +127,9 @@ fn describe(http: &Http, f: &ServerFacts) -> BackendInfo {
         layers: None,
         weights_bytes: None,
         defaults,
-        step: Support::No("a server generates without pausing between tokens".into()),
+        step: Support::No("servers do not pause".into()),
         provenance: Support::No("servers do not say which tokens came from accepted drafts".into()),
-        mtp_control: Support::No("set on the server".into()),
+        mtp_control: Support::No("server".into()),
     }
 }
 

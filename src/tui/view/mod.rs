@@ -251,7 +251,7 @@ fn status(app: &App, f: &mut Frame, area: Rect) {
     let mut spans = vec![
         Span::styled(" deltascope ", th.title()),
         sep.clone(),
-        Span::styled(m.map(|m| m.name.clone()).unwrap_or_default(), th.fg(th.text)),
+        Span::styled(m.map(|m| short_model_name(&m.name)).unwrap_or_default(), th.fg(th.text)),
         sep.clone(),
         Span::styled(m.map(|m| m.label()).unwrap_or_default(), th.fg(th.text)),
         sep.clone(),
@@ -268,19 +268,34 @@ fn status(app: &App, f: &mut Frame, area: Rect) {
             spans.push(Span::styled(format!("finish: {fr}"), st));
         }
     }
-    spans.push(sep.clone());
-    spans.push(Span::styled(
-        format!("thinking {}", if app.settings.enable_thinking { "on" } else { "off" }),
-        th.fg(th.text),
-    ));
-    spans.push(sep.clone());
-    spans.push(Span::styled(format!("colour: {}", app.colour_mode.name()), th.fg(th.text)));
+    let settings = [
+        sep.clone(),
+        Span::styled(format!("thinking {}", if app.settings.enable_thinking { "on" } else { "off" }), th.fg(th.text)),
+        sep.clone(),
+        Span::styled(format!("colour: {}", app.colour_mode.name()), th.fg(th.text)),
+    ];
+    let width = |spans: &[Span]| spans.iter().map(Span::width).sum::<usize>();
     if let Some((msg, _)) = &app.status {
-        spans.push(sep.clone());
-        spans.push(Span::styled(msg.clone(), th.fg(th.accent)));
+        let message = [sep.clone(), Span::styled(msg.clone(), th.fg(th.accent))];
+        // A message matters more than settings the panes already show: they give way to it.
+        if width(&spans) + width(&settings) + width(&message) <= area.width as usize {
+            spans.extend(settings);
+        }
+        spans.extend(message);
     } else {
+        spans.extend(settings);
         spans.push(sep);
         spans.push(Span::styled(format!("{} help", app.keymap.first(Action::Help)), th.fg(th.dim)));
     }
     f.render_widget(Paragraph::new(Line::from(spans)), area);
+}
+
+/// A model shown by its file name when a server reports a path (llama.cpp's default id is
+/// the GGUF's full path); repository ids such as `Qwen/Qwen3.6-27B` stay whole.
+fn short_model_name(name: &str) -> String {
+    if name.starts_with('/') || name.contains('\\') {
+        name.rsplit(['/', '\\']).next().unwrap_or(name).to_string()
+    } else {
+        name.to_string()
+    }
 }
