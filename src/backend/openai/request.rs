@@ -21,7 +21,6 @@ pub fn chat_body(
         Prompt::Ids(_) => return Err(BackendError::invalid("--prompt-ids needs the local model")),
     };
     let p = &req.params;
-    let s = &p.sampling;
     if p.answer_budget.is_some() {
         return Err(BackendError::invalid("--answer-budget needs the local engine (servers have no such field)"));
     }
@@ -31,29 +30,18 @@ pub fn chat_body(
         "stream": true,
         "stream_options": {"include_usage": true},
         "max_tokens": p.max_tokens,
-        "temperature": shortest(s.temperature),
-        "top_p": shortest(s.top_p),
-        "top_k": s.top_k,
-        "min_p": shortest(s.min_p),
-        "presence_penalty": shortest(s.presence_penalty),
-        "frequency_penalty": shortest(s.frequency_penalty),
-        "repetition_penalty": shortest(s.repetition_penalty),
-        "seed": s.seed,
         "chat_template_kwargs": {"enable_thinking": req.enable_thinking},
     });
     let o = body.as_object_mut().ok_or_else(|| BackendError::invalid("request body"))?;
-    if !p.stop.is_empty() {
-        o.insert("stop".into(), json!(p.stop));
-    }
+    add_sampling(o, facts, req);
     if p.top_logprobs > 0 {
         o.insert("logprobs".into(), json!(true));
         o.insert("top_logprobs".into(), json!(p.top_logprobs));
     }
     match facts.kind {
         ServerKind::LlamaCpp => {
-            // Its own name for the repetition penalty; and the split done server-side, per
-            // request, whatever --reasoning-format the server was started with.
-            o.insert("repeat_penalty".into(), json!(shortest(s.repetition_penalty)));
+            // The split done server-side, per request, whatever --reasoning-format the server
+            // was started with.
             let format = if split == ReasoningSplit::Server { "deepseek" } else { "none" };
             o.insert("reasoning_format".into(), json!(format));
         }
@@ -105,32 +93,43 @@ pub fn chat_body(
 /// The `/v1/completions` body that continues a client-forced end of thinking: the rendered
 /// prompt, the thinking so far, the bridge and `</think>`, then the answer.
 pub fn continuation_body(facts: &ServerFacts, req: &ChatRequest, prompt: String, max_tokens: usize) -> Value {
-    let p = &req.params;
-    let s = &p.sampling;
     let mut body = json!({
         "model": facts.model,
         "prompt": prompt,
         "stream": true,
         "stream_options": {"include_usage": true},
         "max_tokens": max_tokens,
-        "temperature": shortest(s.temperature),
-        "top_p": shortest(s.top_p),
-        "top_k": s.top_k,
-        "min_p": shortest(s.min_p),
-        "presence_penalty": shortest(s.presence_penalty),
-        "frequency_penalty": shortest(s.frequency_penalty),
-        "repetition_penalty": shortest(s.repetition_penalty),
-        "seed": s.seed,
     });
     if let Some(o) = body.as_object_mut() {
-        if !p.stop.is_empty() {
-            o.insert("stop".into(), json!(p.stop));
-        }
-        if facts.kind == ServerKind::LlamaCpp {
-            o.insert("repeat_penalty".into(), json!(shortest(s.repetition_penalty)));
-        }
+        add_sampling(o, facts, req);
     }
     body
+}
+
+/// The sampling settings and stop strings, every value explicit, in both request kinds.
+fn add_sampling(o: &mut serde_json::Map<String, Value>, facts: &ServerFacts, req: &ChatRequest) {
+    let p = &req.params;
+    let s = &p.sampling;
+    let fields = [
+        ("temperature", json!(shortest(s.temperature))),
+        ("top_p", json!(shortest(s.top_p))),
+        ("top_k", json!(s.top_k)),
+        ("min_p", json!(shortest(s.min_p))),
+        ("presence_penalty", json!(shortest(s.presence_penalty))),
+        ("frequency_penalty", json!(shortest(s.frequency_penalty))),
+        ("repetition_penalty", json!(shortest(s.repetition_penalty))),
+        ("seed", json!(s.seed)),
+    ];
+    for (k, v) in fields {
+        o.insert(k.into(), v);
+    }
+    // llama.cpp's own name for the repetition penalty.
+    if facts.kind == ServerKind::LlamaCpp {
+        o.insert("repeat_penalty".into(), json!(shortest(s.repetition_penalty)));
+    }
+    if !p.stop.is_empty() {
+        o.insert("stop".into(), json!(p.stop));
+    }
 }
 
 /// An f32 setting as the decimal it was written as (0.8, not 0.800000011920929 — what the
