@@ -292,3 +292,65 @@ fn children(parent: &str) -> Vec<String> {
     }
     out
 }
+
+/// A paste arrives as one bracketed paste: its lines land in the prompt and nothing is sent
+/// until Enter. Then the terminal goes away under the TUI mid-generation (the tmux server is
+/// killed: the pty hangs up, as when a window closes or an ssh connection drops): the session
+/// is saved, with the interrupted turn closed, and the program exits without a panic.
+#[test]
+fn paste_and_hangup() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let log = dir.path().join("tui.log");
+    let stderr = dir.path().join("stderr.txt");
+    ensure_tmux();
+    let t = Tmux { socket: format!("deltascope-hup-{}", std::process::id()), target: "hup".into() };
+    // The TUI is the pane's process itself (exec), so the hangup reaches it, not a shell.
+    let cmd = format!(
+        "exec env XDG_DATA_HOME={} {} chat --log-file {} 2>{}",
+        shell_quote(&data),
+        shell_quote(Path::new(env!("CARGO_BIN_EXE_deltascope"))),
+        shell_quote(&log),
+        shell_quote(&stderr)
+    );
+    let out = t.cmd(&["new-session", "-d", "-s", "hup", "-x", "160", "-y", "48", &cmd]);
+    assert!(out.status.success(), "tmux new-session: {}", String::from_utf8_lossy(&out.stderr));
+    t.wait("the workbench", 60, |s| s.contains("Type a question") && s.contains("embedded:demo"));
+    let pid = String::from_utf8_lossy(&t.cmd(&["display-message", "-p", "-t", "hup", "#{pane_pid}"]).stdout)
+        .trim()
+        .to_string();
+
+    // tmux sends the buffer as a bracketed paste (-p) because the TUI asked for them.
+    assert!(t.cmd(&["set-buffer", "-b", "q", "Is 91 prime?\nPlease think it through."]).status.success());
+    assert!(t.cmd(&["paste-buffer", "-p", "-b", "q", "-t", "hup"]).status.success());
+    let s = t.wait("the pasted lines", 10, |s| s.contains("Please think it through."));
+    assert!(s.contains("Is 91 prime?"), "both lines are in the prompt:\n{s}");
+    std::thread::sleep(Duration::from_millis(500));
+    let s = t.screen();
+    assert!(s.contains("● idle"), "the paste sent nothing:\n{s}");
+    t.keys(&["Enter"]);
+    t.wait("the answer", 120, |s| s.contains("finish: stop"));
+
+    // A second question, held mid-generation by step mode; then the terminal disappears.
+    t.keys(&["C-s"]);
+    t.wait("step mode", 10, |s| s.contains("step mode"));
+    t.text("What is 37 * 6?");
+    t.keys(&["Enter"]);
+    t.wait("the paused generation", 30, |s| s.contains("paused (step)"));
+    let _ = t.cmd(&["kill-server"]);
+    let gone = Instant::now() + Duration::from_secs(20);
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(Instant::now() < gone, "the TUI (pid {pid}) is still running 20 s after the hangup");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let saved: Vec<_> = std::fs::read_dir(data.join("deltascope/sessions")).unwrap().flatten().collect();
+    assert_eq!(saved.len(), 1, "the session was saved on hangup");
+    let s = deltascope::session::Session::load(&saved[0].path()).unwrap();
+    assert_eq!(s.turns.len(), 2, "{:?}", s.turns.iter().map(|t| &t.user).collect::<Vec<_>>());
+    assert_eq!(s.turns[0].user, "Is 91 prime?\nPlease think it through.");
+    assert_eq!(s.turns[1].finish_reason, Some(deltascope::backend::FinishReason::Cancelled));
+    let err = std::fs::read_to_string(&stderr).unwrap_or_default();
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!err.contains("panicked") && !log.contains("panic"), "no panic:\nstderr: {err}\nlog: {log}");
+}

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use deltascope::engine::{DiagnosticKind, DraftKind, EngineEvent, FinishReason, Phase};
 use deltascope::session::Session;
-use deltascope::tui::app::{Effect, Focus, Overlay};
+use deltascope::tui::app::{EditTarget, Effect, Focus, Overlay};
 use ratatui::crossterm::event::{KeyCode, KeyModifiers};
 
 const W: u16 = 160;
@@ -102,7 +102,7 @@ fn thinking_ate_max_tokens_banner_and_fixes() {
     assert_eq!(app.settings.params.max_tokens, 32);
     let effects = app.take_effects();
     assert!(matches!(effects.last(), Some(Effect::Generate { params, .. }) if params.max_tokens == 32), "{effects:?}");
-    assert_eq!(app.session.turns.len(), 1);
+    assert_eq!(app.convo.session.turns.len(), 1);
     engine(&mut app, done(FinishReason::Cancelled, 16, 0, 0, "", ""), 21.0);
     // F4 sets a thinking budget of half of max_tokens.
     key(&mut app, KeyCode::F(4), KeyModifiers::NONE, 22.0);
@@ -155,7 +155,7 @@ fn token_inspector_and_colour_modes() {
     let mut app = app();
     healthy_turn(&mut app, true);
     key(&mut app, KeyCode::Char('g'), KeyModifiers::CONTROL, 200.0);
-    assert!(app.inspector.is_some());
+    assert!(app.view.inspector.is_some());
     for _ in 0..12 {
         key(&mut app, KeyCode::Left, KeyModifiers::NONE, 200.0);
     }
@@ -170,7 +170,7 @@ fn token_inspector_and_colour_modes() {
 fn sliders_change_the_next_generation() {
     let mut app = app();
     key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 0.0);
-    assert_eq!(app.focus, Focus::Sliders);
+    assert_eq!(app.view.focus, Focus::Sliders);
     key(&mut app, KeyCode::Right, KeyModifiers::NONE, 0.0); // max_tokens 256 → 384
     key(&mut app, KeyCode::Down, KeyModifiers::NONE, 0.0);
     key(&mut app, KeyCode::Left, KeyModifiers::NONE, 0.0); // budget unlimited → 16384
@@ -181,7 +181,7 @@ fn sliders_change_the_next_generation() {
     key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 0.0);
     key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 0.0);
     key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 0.0);
-    assert_eq!(app.focus, Focus::Input);
+    assert_eq!(app.view.focus, Focus::Input);
     ask(&mut app, "Is 7 prime?", 1.0);
     let effects = app.take_effects();
     let Some(Effect::Generate { params, enable_thinking, .. }) = effects.last() else { panic!("{effects:?}") };
@@ -202,7 +202,7 @@ fn compare_runs_side_by_side() {
     key(&mut app, KeyCode::Char('o'), KeyModifiers::CONTROL, 300.0);
     let effects = app.take_effects();
     assert!(matches!(effects.last(), Some(Effect::Generate { params, .. }) if params.max_tokens == 64));
-    assert!(app.show_compare);
+    assert!(app.view.show_compare);
     assert_eq!(app.compare_pair(), Some((0, 1)));
     let p = params(64, None);
     engine(&mut app, start(16, &p), 301.0);
@@ -224,11 +224,16 @@ fn cancel_keeps_output_and_step_mode_sends_steps() {
     assert!(!app.generating());
     assert_eq!(app.shown().unwrap().finish_reason, Some(FinishReason::Cancelled));
     assert!(app.shown().unwrap().thinking_tokens() > 0);
+    // The cancelled turn is saved like any other.
+    assert_eq!(app.take_effects(), vec![Effect::Save]);
     key(&mut app, KeyCode::Char('s'), KeyModifiers::CONTROL, 102.0);
     key(&mut app, KeyCode::Char('n'), KeyModifiers::CONTROL, 102.0);
     assert_eq!(app.take_effects(), vec![Effect::SetPaused(true), Effect::Step]);
-    // Ctrl+C when idle quits.
+    // Ctrl+C when idle quits; this app has no sessions directory, so it asks first.
     key(&mut app, KeyCode::Char('c'), KeyModifiers::CONTROL, 103.0);
+    settle(&mut app);
+    assert_eq!(app.overlay.name(), "confirm-quit");
+    key(&mut app, KeyCode::Char('q'), KeyModifiers::NONE, 103.0);
     assert!(app.quit);
 }
 
@@ -237,18 +242,18 @@ fn edit_last_prompt_and_history_recall() {
     let mut app = app();
     healthy_turn(&mut app, true);
     key(&mut app, KeyCode::Char('e'), KeyModifiers::CONTROL, 200.0);
-    assert!(app.editing_last);
-    assert_eq!(app.input.lines(), ["Is 91 prime?"]);
+    assert_eq!(app.composer.target, EditTarget::Turn(0));
+    assert_eq!(app.composer.input.lines(), ["Is 91 prime?"]);
     key(&mut app, KeyCode::Backspace, KeyModifiers::NONE, 200.0);
     type_text(&mut app, " at all?", 200.0);
     key(&mut app, KeyCode::Enter, KeyModifiers::ALT, 200.0);
-    assert_eq!(app.input.lines().len(), 2, "Alt+Enter adds a line");
+    assert_eq!(app.composer.input.lines().len(), 2, "Alt+Enter adds a line");
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 200.0);
-    assert_eq!(app.session.turns.len(), 1, "the edited prompt replaced the last turn");
-    assert_eq!(app.session.turns[0].user, "Is 91 prime at all?\n");
+    assert_eq!(app.convo.session.turns.len(), 1, "the edited prompt replaced the last turn");
+    assert_eq!(app.convo.session.turns[0].user, "Is 91 prime at all?\n");
     engine(&mut app, done(FinishReason::Stop, 16, 0, 0, "", ""), 201.0);
     key(&mut app, KeyCode::Up, KeyModifiers::NONE, 202.0);
-    assert_eq!(app.input.lines(), ["Is 91 prime at all?", ""]);
+    assert_eq!(app.composer.input.lines(), ["Is 91 prime at all?", ""]);
 }
 
 #[test]
@@ -266,7 +271,7 @@ fn collapse_and_hide_thinking() {
 fn help_lists_every_key() {
     let mut app = app();
     key(&mut app, KeyCode::F(1), KeyModifiers::NONE, 0.0);
-    assert_eq!(app.overlay, Overlay::Help);
+    assert_eq!(app.overlay.name(), Overlay::Help.name());
     let screen = render(&app, W, H);
     for a in deltascope::tui::keymap::Action::ALL {
         assert!(screen.contains(a.name()), "{} missing from help", a.name());
@@ -281,23 +286,23 @@ fn help_lists_every_key() {
     for _ in 0..40 {
         key(&mut app, KeyCode::Down, KeyModifiers::NONE, 0.0);
     }
-    assert_eq!(app.overlay, Overlay::Help);
+    assert_eq!(app.overlay.name(), Overlay::Help.name());
     let bottom = render(&app, 100, 24);
     assert!(bottom.contains("closes this help") && bottom.contains("quit"), "{bottom}");
     // Scrolling past the end stops there: one ↑ moves up at once.
     key(&mut app, KeyCode::Up, KeyModifiers::NONE, 0.0);
     assert!(!render(&app, 100, 24).contains("closes this help"));
     key(&mut app, KeyCode::Char('x'), KeyModifiers::NONE, 0.0);
-    assert_eq!(app.overlay, Overlay::None);
+    assert_eq!(app.overlay.name(), Overlay::None.name());
 
     // `?` opens it from an empty prompt, and is a character while a prompt is typed.
     let mut empty = common::app();
     key(&mut empty, KeyCode::Char('?'), KeyModifiers::SHIFT, 0.0);
-    assert_eq!(empty.overlay, Overlay::Help);
+    assert_eq!(empty.overlay.name(), Overlay::Help.name());
     let mut typing = app_with_text("Why");
     key(&mut typing, KeyCode::Char('?'), KeyModifiers::SHIFT, 0.0);
-    assert_eq!(typing.overlay, Overlay::None);
-    assert_eq!(typing.input.lines(), ["Why?"]);
+    assert_eq!(typing.overlay.name(), Overlay::None.name());
+    assert_eq!(typing.composer.input.lines(), ["Why?"]);
 }
 
 fn app_with_text(s: &str) -> deltascope::tui::app::App {
@@ -310,8 +315,9 @@ fn app_with_text(s: &str) -> deltascope::tui::app::App {
 fn session_picker_lists_saved_sessions() {
     let dir = tempfile::tempdir().unwrap();
     let mut app = app();
-    app.sessions_dir = Some(dir.path().to_path_buf());
+    app.convo.save.dir.path = Some(dir.path().to_path_buf());
     healthy_turn(&mut app, true);
+    settle(&mut app);
     // The finished turn was autosaved atomically: one JSON file, no temporary left over.
     let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(files, vec![std::ffi::OsString::from("test-session.json")]);
@@ -326,11 +332,11 @@ fn session_picker_lists_saved_sessions() {
 
     // Opening a session recorded with another model says so.
     let mut foreign = Session::new("Qwen3.6-27B", None);
-    foreign.turns = app.session.turns.clone();
+    foreign.turns = app.convo.session.turns.clone();
     let path = dir.path().join("foreign.json");
     foreign.save_atomic(&path).unwrap();
     app.open_session(&path, false);
-    let (msg, _) = app.status.clone().unwrap();
+    let msg = app.status().unwrap().to_string();
     assert_eq!(msg, "this session was recorded with Qwen3.6-27B; new turns use embedded:demo");
 
     // A file the picker cannot open is listed with the reason, not hidden.

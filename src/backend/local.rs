@@ -104,6 +104,9 @@ impl Loaded {
             }
             Prompt::Text(t) => t.clone(),
             Prompt::Chat(messages) => render_chat(&self.template, messages, req.enable_thinking)?,
+            Prompt::Continue { messages, generated } => {
+                render_chat(&self.template, messages, req.enable_thinking)? + generated
+            }
         };
         let ids = self.tokenizer.encode(&text)?;
         if ids.is_empty() {
@@ -161,6 +164,7 @@ fn describe(l: &Loaded) -> BackendInfo {
         step: Support::Yes,
         provenance: Support::Yes,
         mtp_control: Support::Yes,
+        continuation: Support::Yes,
     }
 }
 
@@ -178,7 +182,7 @@ impl Backend for LocalBackend {
     fn dry_run(&self, req: &ChatRequest) -> BackendResult<DryRun> {
         let (text, ids) = self.loaded.render(req)?;
         let rendered_by = match req.prompt {
-            Prompt::Chat(_) => self.loaded.template.source_name.clone(),
+            Prompt::Chat(_) | Prompt::Continue { .. } => self.loaded.template.source_name.clone(),
             Prompt::Text(_) => "raw".into(),
             Prompt::Ids(_) => "ids".into(),
         };

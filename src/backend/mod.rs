@@ -57,6 +57,10 @@ pub enum Prompt {
     Text(String),
     /// Token ids used as they are (`--prompt-ids`; local only).
     Ids(Vec<u32>),
+    /// More of an assistant turn that was cut short (by `max_tokens`, or cancelled): the
+    /// messages rendered with the generation prompt, then the text generated so far verbatim
+    /// (thinking, `</think>`, answer), so the model carries on where it stopped.
+    Continue { messages: Vec<ChatMessage>, generated: String },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -129,6 +133,8 @@ pub struct BackendInfo {
     pub provenance: Support,
     /// Whether `--mtp` / the MTP slider change anything (the server decides for itself).
     pub mtp_control: Support,
+    /// Whether a cut answer can be continued ([`Prompt::Continue`]).
+    pub continuation: Support,
 }
 
 impl BackendInfo {

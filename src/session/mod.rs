@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::backend::{
-    ChatMessage, CountSource, Diagnostic, DoneEvent, EngineEvent, ErrorEvent, FinishReason, GenerationParams, Memory,
-    MtpParams, MtpStats, Phase, Role, ServerLabel, ServerMemory, StartEvent, StatsEvent, Timing, TokenEvent, Usage,
+    ChatMessage, CountSource, Diagnostic, DiagnosticKind, DoneEvent, EngineEvent, ErrorEvent, FinishReason,
+    GenerationParams, Memory, MtpParams, MtpStats, Phase, Role, ServerLabel, ServerMemory, StartEvent, StatsEvent,
+    Timing, TokenEvent, Usage,
 };
 
 /// The file format this build writes. Version 1 files (before the remote backend; their
@@ -103,6 +104,26 @@ pub struct Turn {
     /// This turn re-ran turn N's prompt with other settings (a comparison).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compare_of: Option<usize>,
+    /// How many times the answer was continued after being cut short.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub continued: u32,
+    /// While a continuation streams: what the turn held before it (events of the continuation
+    /// are appended to it, not put in its place).
+    #[serde(skip)]
+    continuation: Option<ContinuationBase>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// A turn as it was when a continuation started.
+#[derive(Debug, Clone, PartialEq)]
+struct ContinuationBase {
+    tokens: usize,
+    thinking: String,
+    answer: String,
+    usage: Option<Usage>,
 }
 
 impl Turn {
@@ -123,7 +144,43 @@ impl Turn {
             error: None,
             error_kind: None,
             compare_of: None,
+            continued: 0,
+            continuation: None,
         }
+    }
+
+    /// Whether this turn can be continued: it stopped at `max_tokens` or was cancelled, with
+    /// no error.
+    pub fn can_continue(&self) -> bool {
+        self.error.is_none() && matches!(self.finish_reason, Some(FinishReason::Length | FinishReason::Cancelled))
+    }
+
+    /// Everything generated so far, verbatim (thinking, `</think>`, answer): what a
+    /// continuation's prompt ends with.
+    pub fn generated_text(&self) -> String {
+        self.tokens.iter().map(|t| t.text.as_str()).collect()
+    }
+
+    /// Prepares the turn to receive a continuation's events: they extend it. The diagnostics
+    /// of the cut (empty answer, answer cut) are resolved by continuing, so they go.
+    pub fn begin_continuation(&mut self) {
+        self.continuation = Some(ContinuationBase {
+            tokens: self.tokens.len(),
+            thinking: self.thinking.clone(),
+            answer: self.answer.clone(),
+            usage: self.stats.usage.clone(),
+        });
+        self.continued += 1;
+        self.finish_reason = None;
+        self.diagnostics.retain(|d| {
+            !matches!(d.kind, DiagnosticKind::ThinkingExhaustedMaxTokens | DiagnosticKind::AnswerTruncated)
+        });
+    }
+
+    /// The arrival time of the last event so far (a continuation's times carry on from it).
+    pub fn last_event_ms(&self) -> f64 {
+        let last_token = self.tokens.last().map(|t| t.t_ms).unwrap_or(0.0);
+        last_token.max(self.stats.done_ms.unwrap_or(0.0))
     }
 
     /// Records one engine event that arrived `t_ms` after the request was sent.
@@ -131,6 +188,7 @@ impl Turn {
         // Microsecond resolution is plenty, and short decimals keep the JSON small.
         let t_ms = (t_ms * 1000.0).round() / 1000.0;
         match ev {
+            EngineEvent::Start(st) if self.continuation.is_some() => self.server = st.server.clone(),
             EngineEvent::Start(st) => {
                 self.prompt_tokens = st.prompt_tokens.unwrap_or(0);
                 self.start_phase = st.phase;
@@ -150,7 +208,11 @@ impl Turn {
                         self.answer.push_str(&tok.text);
                     }
                 }
-                self.tokens.push(Timed { t_ms, ev: tok.clone() });
+                let mut tok = tok.clone();
+                if let Some(base) = &self.continuation {
+                    tok.index += base.tokens;
+                }
+                self.tokens.push(Timed { t_ms, ev: tok });
             }
             EngineEvent::Stats(s) => self.stats.samples.push(Timed { t_ms, ev: s.clone() }),
             EngineEvent::Diagnostic(d) => self.diagnostics.push(Timed { t_ms, ev: d.clone() }),
@@ -159,7 +221,18 @@ impl Turn {
                 if self.prompt_tokens == 0 {
                     self.prompt_tokens = d.usage.prompt_tokens;
                 }
-                self.stats.usage = Some(d.usage.clone());
+                let base = self.continuation.take();
+                self.stats.usage = Some(match base.as_ref().and_then(|b| b.usage.as_ref()) {
+                    Some(before) => Usage {
+                        prompt_tokens: before.prompt_tokens,
+                        thinking_tokens: before.thinking_tokens + d.usage.thinking_tokens,
+                        answer_tokens: before.answer_tokens + d.usage.answer_tokens,
+                        completion_tokens: before.completion_tokens + d.usage.completion_tokens,
+                        forced_tokens: before.forced_tokens + d.usage.forced_tokens,
+                        counted: d.usage.counted,
+                    },
+                    None => d.usage.clone(),
+                });
                 self.stats.timing = Some(d.timing.clone());
                 self.stats.mtp = d.mtp.clone();
                 self.stats.memory = d.memory.clone();
@@ -169,10 +242,19 @@ impl Turn {
                 }
                 self.stats.done_ms = Some(t_ms);
                 // The engine's texts are authoritative: stop strings are cut from them.
-                self.thinking = d.thinking.clone();
-                self.answer = d.answer.clone();
+                match base {
+                    Some(b) => {
+                        self.thinking = b.thinking + &d.thinking;
+                        self.answer = b.answer + &d.answer;
+                    }
+                    None => {
+                        self.thinking = d.thinking.clone();
+                        self.answer = d.answer.clone();
+                    }
+                }
             }
             EngineEvent::Error(e) => {
+                self.continuation = None;
                 self.error = Some(e.message.clone());
                 self.error_kind = Some(e.kind);
                 self.stats.done_ms.get_or_insert(t_ms);
@@ -319,6 +401,22 @@ pub struct Session {
     pub system: Option<String>,
     #[serde(default)]
     pub turns: Vec<Turn>,
+    /// Continuations replaced by an edit or a delete: kept, never dropped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub branches: Vec<Branch>,
+}
+
+/// Turns taken out of the conversation (an earlier prompt edited and re-run, or a turn
+/// deleted): they stay in the session file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Branch {
+    /// The index the first of these turns had in the conversation.
+    pub at: usize,
+    /// Why they were set aside: "edited" or "deleted".
+    pub reason: String,
+    /// Seconds since the Unix epoch.
+    pub created: u64,
+    pub turns: Vec<Turn>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -335,11 +433,44 @@ pub enum SessionError {
 
 impl Session {
     pub fn new(model: impl Into<String>, system: Option<String>) -> Self {
-        let created =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default();
+        let created = now_secs();
         // Seconds plus the process id keep two sessions started in the same second apart.
         let id = format!("{}-{}", format_timestamp(created), std::process::id());
-        Session { version: SESSION_VERSION, id, created, model: model.into(), system, turns: vec![] }
+        Session { version: SESSION_VERSION, id, created, model: model.into(), system, turns: vec![], branches: vec![] }
+    }
+
+    /// Sets turns `from..` aside as a branch (an earlier prompt is edited and re-run).
+    /// Comparisons of the moved turns go with them.
+    pub fn branch_from(&mut self, from: usize, reason: &str) {
+        if from >= self.turns.len() {
+            return;
+        }
+        let turns = self.turns.split_off(from);
+        self.branches.push(Branch { at: from, reason: reason.into(), created: now_secs(), turns });
+    }
+
+    /// Takes turn `i` (and the comparisons of it) out of the conversation, keeping it as a
+    /// branch. Later comparison indices are renumbered.
+    pub fn delete_turn(&mut self, i: usize) {
+        if i >= self.turns.len() {
+            return;
+        }
+        let mut moved = vec![];
+        let mut kept = vec![];
+        for (j, t) in std::mem::take(&mut self.turns).into_iter().enumerate() {
+            if j == i || t.compare_of == Some(i) { moved.push(t) } else { kept.push((j, t)) }
+        }
+        let new_index = |old: usize| kept.iter().position(|(j, _)| *j == old);
+        let renumbered: Vec<Turn> = kept
+            .iter()
+            .map(|(_, t)| {
+                let mut t = t.clone();
+                t.compare_of = t.compare_of.and_then(new_index);
+                t
+            })
+            .collect();
+        self.turns = renumbered;
+        self.branches.push(Branch { at: i, reason: "deleted".into(), created: now_secs(), turns: moved });
     }
 
     /// The chat messages for a new user message after the turns in `upto` (comparison turns
@@ -349,9 +480,11 @@ impl Session {
         if let Some(s) = &self.system {
             m.push(ChatMessage::new(Role::System, s.clone()));
         }
-        for t in self.turns.iter().take(upto).filter(|t| t.compare_of.is_none()) {
+        // A turn that failed (context overflow, engine error) asked nothing the model
+        // answered: it is not part of the context.
+        for t in self.turns.iter().take(upto).filter(|t| t.compare_of.is_none() && t.error.is_none()) {
             m.push(ChatMessage::new(Role::User, t.user.clone()));
-            if t.is_finished() && t.error.is_none() {
+            if t.is_finished() {
                 m.push(ChatMessage {
                     role: Role::Assistant,
                     content: t.answer.clone(),
@@ -565,6 +698,10 @@ pub fn list_sessions(dir: &Path) -> Vec<SessionInfo> {
 /// `$XDG_DATA_HOME/deltascope/sessions` (or the platform's data directory).
 pub fn default_sessions_dir() -> Option<PathBuf> {
     dirs::data_dir().map(|d| d.join("deltascope").join("sessions"))
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default()
 }
 
 /// `YYYY-MM-DDTHH-MM-SS` (UTC) without a date library: days-from-civil inverted.

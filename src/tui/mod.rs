@@ -22,8 +22,9 @@ use std::sync::mpsc::{self, RecvTimeoutError, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use ratatui::crossterm::event::{DisableBracketedPaste, EnableBracketedPaste};
 
-use self::app::{App, AppConfig, Effect};
+use self::app::{App, AppConfig, Effect, SessionsDir};
 use self::event::Inbound;
 use self::keymap::Keymap;
 use self::render::FrameClock;
@@ -31,7 +32,7 @@ use self::sliders::Settings;
 use self::theme::Theme;
 use crate::backend::{
     self, Backend, BackendInfo, BackendSpec, ChatRequest, EngineEvent, ErrorKind, Generation, GenerationParams,
-    OpenProgress, ParamOverrides, Prompt, StepControl, Support,
+    OpenProgress, ParamOverrides, StepControl, Support,
 };
 use crate::error::panic_message;
 use crate::session::{Session, default_sessions_dir};
@@ -60,6 +61,7 @@ fn install_panic_hook() {
         let thread = std::thread::current();
         tracing::error!("panic on thread {}: {info}", thread.name().unwrap_or("unnamed"));
         if thread.name() == Some("main") {
+            let _ = ratatui::crossterm::execute!(std::io::stdout(), DisableBracketedPaste);
             restore_and_report(info);
         }
     }));
@@ -101,6 +103,8 @@ impl Drop for TerminalGuard {
         // While unwinding from a panic the hook has already restored (and printed below the
         // TUI); leaving the alternate screen twice would move the cursor back over that message.
         if !std::thread::panicking() {
+            // Errors are ignored: a terminal that is gone cannot be restored, and that is fine.
+            let _ = ratatui::crossterm::execute!(std::io::stdout(), DisableBracketedPaste);
             ratatui::restore();
         }
     }
@@ -118,7 +122,9 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
         Some(p) => Keymap::load(&p)?,
         None => Keymap::default(),
     };
-    let sessions_dir = opts.sessions_dir.clone().or(config.sessions_dir).or_else(default_sessions_dir);
+    // A directory that cannot be written falls back (and the first screen says so).
+    let sessions_dir =
+        SessionsDir::choose(opts.sessions_dir.clone().or(config.sessions_dir).or_else(default_sessions_dir));
     let resumed = match &opts.session {
         Some(p) if p.exists() => Some(Session::load(p)?),
         _ => None,
@@ -129,6 +135,7 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
         enable_thinking: opts.generation.thinking_enabled(opts.no_think),
         preset: opts.generation.preset,
         mtp: Support::Yes,
+        context: None,
     };
     let mut app =
         App::new(AppConfig { theme, keymap, settings, sessions_dir, session_path: opts.session.clone(), session });
@@ -140,7 +147,11 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
     let mut terminal = ratatui::try_init().context("cannot switch the terminal to the TUI")?;
     let _guard = TerminalGuard;
     install_panic_hook();
-    // SIGINT / SIGTERM / SIGHUP from outside quit like Ctrl+Q: saved, and the terminal restored.
+    // A paste arrives as one event (its line breaks kept), never as keys that would send it.
+    if let Err(e) = ratatui::crossterm::execute!(std::io::stdout(), EnableBracketedPaste) {
+        tracing::warn!("bracketed paste is not available: {e}");
+    }
+    // SIGINT / SIGTERM / SIGHUP from outside save and quit, restoring the terminal.
     let signals = tx.clone();
     if let Err(e) = ctrlc::set_handler(move || {
         let _ = signals.send(Inbound::Terminate);
@@ -153,10 +164,8 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
 
     let start = Instant::now();
     let now_ms = || start.elapsed().as_secs_f64() * 1000.0;
-    let mut backend: Option<Box<dyn Backend>> = None;
-    let mut live: Option<Generation> = None;
+    let mut runner = Runner { backend: None, live: None, stdout: std::io::stdout() };
     let mut clock = FrameClock::default();
-    let mut stdout = std::io::stdout();
     loop {
         let idle = if app.busy() { Duration::from_millis(50) } else { Duration::from_millis(500) };
         let mut batch = vec![];
@@ -171,53 +180,12 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
         }
         for ev in batch {
             match ev {
-                Inbound::Ready(Ok(b)) => {
-                    match starting_settings(b.info(), &opts, resumed.as_ref()) {
-                        Ok((params, thinking)) => {
-                            app.settings.params = params;
-                            app.settings.enable_thinking = thinking;
-                        }
-                        Err(e) => app.fatal = Some(format!("{e:#}")),
-                    }
-                    app.set_model(b.info().clone());
-                    backend = Some(b);
-                }
+                Inbound::Ready(Ok(b)) => runner.opened(&mut app, b, &opts, resumed.as_ref()),
                 other => app.update(other, now_ms()),
             }
         }
-        if let Some(g) = &live {
-            pump(&mut app, g, now_ms());
-            if !app.generating() {
-                live = None;
-            }
-        }
-        for effect in app.take_effects() {
-            if let Effect::Copy(text) = &effect {
-                // OSC 52: the terminal (or tmux, or the ssh client's terminal) sets its clipboard.
-                let copy = ratatui::crossterm::clipboard::CopyToClipboard::to_clipboard_from(text.as_bytes());
-                if let Err(err) = ratatui::crossterm::execute!(stdout, copy) {
-                    tracing::warn!("copying to the clipboard: {err}");
-                }
-                continue;
-            }
-            match effect {
-                Effect::Generate { messages, enable_thinking, params } => {
-                    let Some(b) = &backend else { continue };
-                    let request = ChatRequest { prompt: Prompt::Chat(messages), enable_thinking, params: *params };
-                    // Step mode switched on before sending holds the new generation too.
-                    let control = Arc::new(StepControl::default());
-                    control.set_paused(app.step_mode);
-                    match b.start_with(request, control) {
-                        Ok(g) => live = Some(g),
-                        Err(err) => app.on_engine(EngineEvent::error(err.kind, err.message)),
-                    }
-                }
-                Effect::Cancel => live.iter().for_each(Generation::cancel),
-                Effect::SetPaused(p) => live.iter().for_each(|g| g.set_paused(p)),
-                Effect::Step => live.iter().for_each(Generation::step),
-                Effect::Copy(_) | Effect::Quit => {}
-            }
-        }
+        runner.pump(&mut app, now_ms());
+        runner.run_effects(&mut app);
         if app.quit {
             break;
         }
@@ -226,33 +194,113 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
         }
         let now = Instant::now();
         if clock.due(now) {
-            render::draw(&mut terminal, &app, Some(&mut stdout))?;
+            // A terminal that is gone (its window closed, an ssh connection dropped) cannot
+            // be drawn on: save and leave as for a signal.
+            if let Err(e) = render::draw(&mut terminal, &app, Some(&mut runner.stdout)) {
+                tracing::warn!("the terminal is gone ({e}): saving and quitting");
+                break;
+            }
             clock.drawn(now);
-            if backend.is_some() {
+            if runner.backend.is_some() {
                 fault.strike()?;
             }
         }
     }
-    // Quitting cancelled a running generation: wait briefly for its `done` (the engine stops
-    // within a token, a server stream at once) so the saved turn has its finish reason and
-    // stats, not an open end.
-    if let Some(g) = &live
-        && app.generating()
-    {
-        g.cancel();
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while app.generating() {
-            match g.events().recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(ev) => app.update(Inbound::Engine(ev), now_ms()),
-                Err(_) => break,
+    runner.shutdown(&mut app, now_ms);
+    match app.loss_report() {
+        Some(loss) => anyhow::bail!("{loss}"),
+        None => Ok(()),
+    }
+}
+
+/// What the runner owns: the backend, the live generation and the terminal's output stream.
+struct Runner {
+    backend: Option<Box<dyn Backend>>,
+    live: Option<Generation>,
+    stdout: std::io::Stdout,
+}
+
+impl Runner {
+    /// The backend is open: the sliders start from the session or the flags.
+    fn opened(&mut self, app: &mut App, b: Box<dyn Backend>, opts: &TuiOptions, resumed: Option<&Session>) {
+        match starting_settings(b.info(), opts, resumed) {
+            Ok((params, thinking)) => {
+                app.settings.params = params;
+                app.settings.enable_thinking = thinking;
+            }
+            Err(e) => app.fatal = Some(format!("{e:#}")),
+        }
+        app.set_model(b.info().clone());
+        self.backend = Some(b);
+    }
+
+    /// Moves the live generation's events into the app.
+    fn pump(&mut self, app: &mut App, now_ms: f64) {
+        if let Some(g) = &self.live {
+            pump(app, g, now_ms);
+            if !app.generating() {
+                self.live = None;
             }
         }
-        app.autosave();
     }
-    // Dropping the backend stops its engine thread (or its server connections).
-    drop(live);
-    drop(backend);
-    Ok(())
+
+    fn run_effects(&mut self, app: &mut App) {
+        for effect in app.take_effects() {
+            match effect {
+                Effect::Generate { prompt, enable_thinking, params } => {
+                    let Some(b) = &self.backend else { continue };
+                    let request = ChatRequest { prompt, enable_thinking, params: *params };
+                    // Step mode switched on before sending holds the new generation too.
+                    let control = Arc::new(StepControl::default());
+                    control.set_paused(app.view.step_mode);
+                    match b.start_with(request, control) {
+                        Ok(g) => self.live = Some(g),
+                        Err(err) => app.on_engine(EngineEvent::error(err.kind, err.message)),
+                    }
+                }
+                Effect::DryRun { prompt, enable_thinking, params } => {
+                    let Some(b) = &self.backend else { continue };
+                    let request = ChatRequest { prompt, enable_thinking, params: *params };
+                    app.show_dry_run(b.dry_run(&request).map_err(|e| e.message));
+                }
+                Effect::Cancel => self.live.iter().for_each(Generation::cancel),
+                Effect::SetPaused(p) => self.live.iter().for_each(|g| g.set_paused(p)),
+                Effect::Step => self.live.iter().for_each(Generation::step),
+                Effect::Save => app.save_now(),
+                Effect::Export(path) => app.export_to(&path),
+                Effect::Copy(text) => {
+                    // OSC 52: the terminal (or tmux, or the ssh client's terminal) sets its clipboard.
+                    let copy = ratatui::crossterm::clipboard::CopyToClipboard::to_clipboard_from(text.as_bytes());
+                    if let Err(err) = ratatui::crossterm::execute!(self.stdout, copy) {
+                        tracing::warn!("copying to the clipboard: {err}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Quitting cancelled a running generation: wait briefly for its `done` (the engine stops
+    /// within a token, a server stream at once) so the saved turn has its finish reason and
+    /// stats, not an open end. Then the last save.
+    fn shutdown(mut self, app: &mut App, now_ms: impl Fn() -> f64) {
+        if let Some(g) = &self.live
+            && app.generating()
+        {
+            g.cancel();
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while app.generating() {
+                match g.events().recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                    Ok(ev) => app.update(Inbound::Engine(ev), now_ms()),
+                    Err(_) => break,
+                }
+            }
+        }
+        app.take_effects();
+        app.save_now();
+        // Dropping the backend stops its engine thread (or its server connections).
+        self.live = None;
+        self.backend = None;
+    }
 }
 
 /// Moves the live generation's events into the app (bounded, so a flood of tokens cannot

@@ -15,6 +15,18 @@ pub struct Settings {
     /// Whether the MTP depth can be set here (no MTP head, or a server that decides itself:
     /// the slider is fixed, and says why).
     pub mtp: Support,
+    /// The model's context length, when known: `max_tokens` stops there.
+    pub context: Option<usize>,
+}
+
+impl Settings {
+    /// The largest `max_tokens` that fits the context after a prompt of `prompt` tokens.
+    pub fn max_tokens_cap(&self, prompt: usize) -> usize {
+        match self.context {
+            Some(c) => c.saturating_sub(prompt).max(1),
+            None => usize::MAX,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +142,121 @@ impl Slider {
         v.clamp(0.0, 1.0)
     }
 
+    /// The value as typed in the value field (what [`Slider::set`] reads back).
+    pub fn typed_value(self, s: &Settings) -> String {
+        let p = &s.params;
+        let q = &p.sampling;
+        match self {
+            Slider::MaxTokens => p.max_tokens.to_string(),
+            Slider::ThinkingBudget => budget_label(s.enable_thinking, p.thinking_budget),
+            Slider::Temperature => q.temperature.to_string(),
+            Slider::TopP => q.top_p.to_string(),
+            Slider::TopK => q.top_k.to_string(),
+            Slider::MinP => q.min_p.to_string(),
+            Slider::PresencePenalty => q.presence_penalty.to_string(),
+            Slider::FrequencyPenalty => q.frequency_penalty.to_string(),
+            Slider::RepetitionPenalty => q.repetition_penalty.to_string(),
+            Slider::MtpDepth if p.mtp.auto => "auto".into(),
+            Slider::MtpDepth => p.mtp.depth.to_string(),
+            Slider::Seed => q.seed.to_string(),
+            Slider::Preset => s.preset.map(|p| p.name().to_string()).unwrap_or_default(),
+        }
+    }
+
+    /// Sets a typed value (Enter on a slider, then a number), checked like the command-line
+    /// flag of the same setting; the error says what is accepted.
+    pub fn set(self, s: &mut Settings, text: &str) -> Result<(), String> {
+        let text = text.trim();
+        let label = self.label();
+        let float = |lo: f32, hi: f32, lo_open: bool| -> Result<f32, String> {
+            let v: f32 = text.parse().map_err(|_| format!("{label}: {text:?} is not a number"))?;
+            let ok = v.is_finite() && (if lo_open { v > lo } else { v >= lo }) && v <= hi;
+            let range = if lo_open { format!("({lo}, {hi}]") } else { format!("[{lo}, {hi}]") };
+            if ok { Ok(v) } else { Err(format!("{label} must be in {range}; got {text}")) }
+        };
+        let count = |what: &str| -> Result<usize, String> {
+            text.parse::<usize>().map_err(|_| format!("{label}: {text:?} is not {what}"))
+        };
+        let q = &mut s.params.sampling;
+        match self {
+            Slider::MaxTokens => {
+                let n = count("a whole number of tokens")?;
+                let cap = s.max_tokens_cap(0);
+                if n == 0 {
+                    return Err("max_tokens must be at least 1".into());
+                }
+                if n > cap {
+                    return Err(format!("max_tokens {n} is more than the model's context ({cap} tokens)"));
+                }
+                s.params.max_tokens = n;
+            }
+            Slider::ThinkingBudget => match text.to_ascii_lowercase().as_str() {
+                "off" | "no" | "false" => {
+                    s.enable_thinking = false;
+                    s.params.thinking_budget = None;
+                }
+                "unlimited" | "none" | "-1" | "inf" => {
+                    s.enable_thinking = true;
+                    s.params.thinking_budget = None;
+                }
+                _ => {
+                    let n = count("a number of tokens, off or unlimited")?;
+                    s.enable_thinking = true;
+                    s.params.thinking_budget = Some(n);
+                }
+            },
+            Slider::Temperature => q.temperature = float(0.0, 2.0, false)?,
+            Slider::TopP => q.top_p = float(0.0, 1.0, true)?,
+            Slider::TopK => q.top_k = count("a whole number (0 = off)")?,
+            Slider::MinP => q.min_p = float(0.0, 1.0, false)?,
+            Slider::PresencePenalty => q.presence_penalty = float(-2.0, 2.0, false)?,
+            Slider::FrequencyPenalty => q.frequency_penalty = float(-2.0, 2.0, false)?,
+            Slider::RepetitionPenalty => q.repetition_penalty = float(0.0, 2.0, true)?,
+            Slider::MtpDepth => {
+                if let Some(why) = s.mtp.reason() {
+                    return Err(format!("the MTP depth cannot be set here: {why}"));
+                }
+                s.params.mtp = if text.eq_ignore_ascii_case("auto") {
+                    MtpParams { depth: 0, auto: true }
+                } else {
+                    let d = count(&format!("0–{MAX_DEPTH} or auto"))?;
+                    if d > MAX_DEPTH {
+                        return Err(format!("MTP depth must be 0–{MAX_DEPTH} or auto; got {d}"));
+                    }
+                    MtpParams { depth: d, auto: false }
+                };
+            }
+            Slider::Seed => q.seed = text.parse().map_err(|_| format!("seed: {text:?} is not a whole number"))?,
+            Slider::Preset => {
+                let preset =
+                    Preset::ALL.iter().copied().find(|p| p.name().eq_ignore_ascii_case(text)).ok_or_else(|| {
+                        let names: Vec<&str> = Preset::ALL.iter().map(|p| p.name()).collect();
+                        format!("preset must be one of {}; got {text:?}", names.join(", "))
+                    })?;
+                preset.apply(q);
+                s.preset = Some(preset);
+                return Ok(());
+            }
+        }
+        if self.is_sampling() {
+            s.preset = None;
+        }
+        Ok(())
+    }
+
+    fn is_sampling(self) -> bool {
+        matches!(
+            self,
+            Slider::Temperature
+                | Slider::TopP
+                | Slider::TopK
+                | Slider::MinP
+                | Slider::PresencePenalty
+                | Slider::FrequencyPenalty
+                | Slider::RepetitionPenalty
+        )
+    }
+
     /// Moves the slider one step (`dir` ±1), or a big step.
     pub fn adjust(self, s: &mut Settings, dir: i32, big: bool) {
         let up = dir > 0;
@@ -210,16 +337,7 @@ impl Slider {
                 }
             }
         }
-        if matches!(
-            self,
-            Slider::Temperature
-                | Slider::TopP
-                | Slider::TopK
-                | Slider::MinP
-                | Slider::PresencePenalty
-                | Slider::FrequencyPenalty
-                | Slider::RepetitionPenalty
-        ) {
+        if self.is_sampling() {
             s.preset = None;
         }
     }
@@ -244,7 +362,13 @@ mod tests {
     use super::*;
 
     fn settings() -> Settings {
-        Settings { params: GenerationParams::default(), enable_thinking: true, preset: None, mtp: Support::Yes }
+        Settings {
+            params: GenerationParams::default(),
+            enable_thinking: true,
+            preset: None,
+            mtp: Support::Yes,
+            context: Some(4096),
+        }
     }
 
     #[test]
@@ -288,6 +412,40 @@ mod tests {
         assert_eq!(s.params.sampling.frequency_penalty, 0.3);
         Slider::FrequencyPenalty.adjust(&mut s, -1, true);
         assert_eq!(Slider::FrequencyPenalty.value(&s), "-0.2");
+    }
+
+    #[test]
+    fn typed_values_set_the_field_reports_and_budgets() {
+        let mut s = settings();
+        // The field report's numbers: max_tokens 4000, thinking budget 3000.
+        Slider::MaxTokens.set(&mut s, "4000").unwrap();
+        Slider::ThinkingBudget.set(&mut s, "3000").unwrap();
+        assert_eq!((s.params.max_tokens, s.params.thinking_budget), (4000, Some(3000)));
+        Slider::Temperature.set(&mut s, "0.6").unwrap();
+        assert_eq!(s.params.sampling.temperature, 0.6);
+        Slider::ThinkingBudget.set(&mut s, "off").unwrap();
+        assert!(!s.enable_thinking);
+        Slider::MtpDepth.set(&mut s, "auto").unwrap();
+        assert!(s.params.mtp.auto);
+        Slider::Preset.set(&mut s, "thinking-general").unwrap();
+        assert_eq!(s.preset, Some(Preset::ALL[0]));
+        // Checked like the flags, and the error says what is accepted.
+        assert_eq!(
+            Slider::MaxTokens.set(&mut s, "5000").unwrap_err(),
+            "max_tokens 5000 is more than the model's context (4096 tokens)"
+        );
+        assert_eq!(Slider::MaxTokens.set(&mut s, "0").unwrap_err(), "max_tokens must be at least 1");
+        assert_eq!(Slider::TopP.set(&mut s, "7").unwrap_err(), "top-p must be in (0, 1]; got 7");
+        assert_eq!(Slider::Temperature.set(&mut s, "-5").unwrap_err(), "temperature must be in [0, 2]; got -5");
+        assert!(Slider::TopK.set(&mut s, "many").unwrap_err().contains("is not a whole number"));
+        assert!(Slider::MtpDepth.set(&mut s, "9").unwrap_err().contains("0–"));
+        assert_eq!(s.params.max_tokens, 4000, "a refused value changes nothing");
+        for slider in Slider::ALL {
+            let typed = slider.typed_value(&s);
+            let mut t = s.clone();
+            slider.set(&mut t, &typed).unwrap_or_else(|e| panic!("{slider:?} {typed:?}: {e}"));
+            assert_eq!(slider.value(&t), slider.value(&s), "{slider:?} reads back what it shows");
+        }
     }
 
     #[test]

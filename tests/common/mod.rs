@@ -7,7 +7,7 @@ use deltascope::backend::{
     Support, Timing, TokenEvent, Usage,
 };
 use deltascope::session::Session;
-use deltascope::tui::app::{App, AppConfig};
+use deltascope::tui::app::{App, AppConfig, Effect, SessionsDir};
 use deltascope::tui::event::Inbound;
 use deltascope::tui::keymap::Keymap;
 use deltascope::tui::sliders::Settings;
@@ -28,6 +28,7 @@ pub fn model() -> BackendInfo {
         step: Support::Yes,
         provenance: Support::Yes,
         mtp_control: Support::Yes,
+        continuation: Support::Yes,
     }
 }
 
@@ -58,13 +59,32 @@ pub fn app() -> App {
     let mut app = App::new(AppConfig {
         theme: Theme::default(),
         keymap: Keymap::default(),
-        settings: Settings { params: params(256, None), enable_thinking: true, preset: None, mtp: Support::Yes },
-        sessions_dir: None,
+        settings: Settings {
+            params: params(256, None),
+            enable_thinking: true,
+            preset: None,
+            mtp: Support::Yes,
+            context: None,
+        },
+        sessions_dir: SessionsDir::fixed(None),
         session_path: None,
         session,
     });
     app.set_model(model());
     app
+}
+
+/// Runs the app's disk effects as the runner does (saves, exports); the others are returned.
+pub fn settle(app: &mut App) -> Vec<Effect> {
+    let mut rest = vec![];
+    for e in app.take_effects() {
+        match e {
+            Effect::Save => app.save_now(),
+            Effect::Export(p) => app.export_to(&p),
+            other => rest.push(other),
+        }
+    }
+    rest
 }
 
 pub fn key(app: &mut App, code: KeyCode, m: KeyModifiers, t: f64) {

@@ -130,6 +130,8 @@ fn describe(http: &Http, f: &ServerFacts) -> BackendInfo {
         step: Support::No("servers do not pause".into()),
         provenance: Support::No("servers do not say which tokens came from accepted drafts".into()),
         mtp_control: Support::No("server".into()),
+        // Chat completions always start a fresh assistant message.
+        continuation: Support::No("a server starts every answer afresh".into()),
     }
 }
 

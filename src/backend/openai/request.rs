@@ -19,6 +19,11 @@ pub fn chat_body(
             return Err(BackendError::invalid("--raw needs the local model (a server renders its own chat template)"));
         }
         Prompt::Ids(_) => return Err(BackendError::invalid("--prompt-ids needs the local model")),
+        Prompt::Continue { .. } => {
+            return Err(BackendError::invalid(
+                "continuing a cut answer needs the local engine (a chat-completions server starts every answer afresh)",
+            ));
+        }
     };
     let p = &req.params;
     if p.answer_budget.is_some() {

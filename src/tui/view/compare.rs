@@ -14,7 +14,7 @@ use crate::tui::app::App;
 use crate::tui::highlight::block_line;
 
 pub fn draw(app: &App, f: &mut Frame, area: Rect, a: usize, b: usize) {
-    let (Some(ta), Some(tb)) = (app.session.turns.get(a), app.session.turns.get(b)) else { return };
+    let (Some(ta), Some(tb)) = (app.convo.session.turns.get(a), app.convo.session.turns.get(b)) else { return };
     let [left, right] = Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(area);
     let sa = ta.settings();
     let sb = tb.settings();

@@ -112,7 +112,7 @@ pub fn panel(app: &App, f: &mut Frame, area: Rect) {
         return;
     };
     let [budget, speed, mtp, memory] =
-        Layout::vertical([Constraint::Length(4), Constraint::Length(4), Constraint::Length(6), Constraint::Min(5)])
+        Layout::vertical([Constraint::Length(5), Constraint::Length(4), Constraint::Length(6), Constraint::Min(5)])
             .areas(inner);
     budget_section(app, t, f, budget);
     speed_section(app, t, f, speed);
@@ -151,8 +151,19 @@ fn budget_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
             Span::styled("┃", th.fg(th.budget_marker)),
             Span::styled(format!("budget {budget}"), th.fg(th.text)),
         ]),
+        Line::styled(context_in_use(app), th.fg(th.dim)),
     ];
     f.render_widget(Paragraph::new(legend_line), legend);
+}
+
+/// How much of the context the conversation takes before the next prompt (≈: the last
+/// answered turn's prompt and answer; the template drops earlier thinking).
+fn context_in_use(app: &App) -> String {
+    let history = app.next_prompt_estimate();
+    match app.settings.context {
+        Some(c) => format!("history ≈{history} of {c} context tokens"),
+        None => format!("history ≈{history} tokens before the next prompt"),
+    }
 }
 
 /// TTFT and prefill speed: from `done`, or measured from the first token while streaming.
@@ -307,10 +318,11 @@ pub fn strip(app: &App, f: &mut Frame, area: Rect) {
     f.render_widget(
         Paragraph::new(Line::styled(
             format!(
-                "budget {used}/{} · thinking {} · answer {}",
+                "budget {used}/{} · thinking {} · answer {} · {}",
                 t.params.max_tokens,
                 t.thinking_tokens(),
-                t.answer_tokens()
+                t.answer_tokens(),
+                context_in_use(app)
             ),
             th.fg(th.text),
         )),

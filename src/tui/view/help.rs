@@ -13,15 +13,16 @@ use crate::tui::app::App;
 use crate::tui::keymap::Action;
 
 /// Keys that depend on the focused pane (not rebindable).
-const CONTEXT_KEYS: [(&str, &str); 9] = [
+const CONTEXT_KEYS: [(&str, &str); 10] = [
     ("↑ / ↓ (prompt)", "history recall on a one-line prompt"),
     ("↑ ↓ ← → (settings)", "select a slider / change its value"),
+    ("Enter (settings)", "type the selected slider's value (e.g. 4000)"),
     ("Shift+← → or [ ]", "big step; p cycles the presets"),
     ("↑ ↓ Home End (panes)", "scroll the focused thinking / answer pane"),
     ("← → ↑ ↓ Home End", "move the token inspector's cursor"),
     ("? (not while typing)", "this help"),
     ("Enter / r (sessions)", "open / replay the selected session"),
-    ("↑ ↓ PgUp PgDn (help)", "scroll this help when it is taller than the terminal"),
+    ("↑ ↓ PgUp PgDn (popups)", "scroll help, messages or the prompt view when taller than the terminal"),
     ("any other key", "closes this help"),
 ];
 
@@ -48,8 +49,8 @@ pub fn help(app: &App, f: &mut Frame, area: Rect) {
     let rows = wrap(&lines, r.width.saturating_sub(2) as usize);
     let visible = r.height.saturating_sub(2) as usize;
     let max = rows.len().saturating_sub(visible);
-    app.help_scroll_max.set(max as u16);
-    let first = (app.help_scroll as usize).min(max);
+    app.view.popup_scroll_max.set(max as u16);
+    let first = (app.view.popup_scroll as usize).min(max);
     let title = if rows.len() > visible {
         format!(" Help · ↑↓ scroll ({}–{} of {}) ", first + 1, (first + visible).min(rows.len()), rows.len())
     } else {
@@ -65,7 +66,7 @@ pub fn picker(app: &App, f: &mut Frame, area: Rect, items: &[SessionInfo], selec
     f.render_widget(Clear, r);
     let mut lines = vec![];
     if items.is_empty() {
-        let dir = app.sessions_dir.as_ref().map(|d| d.display().to_string()).unwrap_or_else(|| "(none)".into());
+        let dir = app.convo.save.dir.path.as_ref().map(|d| d.display().to_string()).unwrap_or_else(|| "(none)".into());
         lines.push(Line::styled(format!("no saved sessions in {dir}"), th.fg(th.dim)));
     }
     let visible = r.height.saturating_sub(2) as usize;

@@ -7,6 +7,7 @@ mod gauges;
 mod help;
 mod inspector;
 mod panes;
+mod popups;
 mod sliders;
 pub mod wrap;
 
@@ -18,7 +19,7 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Gauge, Paragraph, Wrap};
 
-use super::app::{App, Overlay};
+use super::app::{App, Level, Overlay};
 use super::keymap::Action;
 use crate::session::Turn;
 
@@ -54,8 +55,11 @@ pub fn draw(app: &App, f: &mut Frame) {
         return loading(app, f, area);
     }
 
-    let banners = banner_lines(app);
-    let input_h = (app.input.lines().len() as u16 + 2).clamp(3, 8);
+    // Banners wrap rather than being cut at the terminal's width.
+    let mut banners = wrap::wrap(&banner_lines(app), area.width as usize);
+    banners.truncate(area.height.saturating_sub(MIN_HEIGHT) as usize + 2);
+    // The prompt box grows with its wrapped text (then scrolls, keeping the cursor in view).
+    let input_h = app.composer.rows(area.width.saturating_sub(2)) + 2;
     let [banner_area, main, input_area, status_area] = Layout::vertical([
         Constraint::Length(banners.len() as u16),
         Constraint::Min(6),
@@ -90,7 +94,7 @@ pub fn draw(app: &App, f: &mut Frame) {
             c
         }
     };
-    if app.show_compare
+    if app.view.show_compare
         && let Some((a, b)) = app.compare_pair()
     {
         compare::draw(app, f, center, a, b);
@@ -103,18 +107,25 @@ pub fn draw(app: &App, f: &mut Frame) {
     panes::input(app, f, input_area);
     status(app, f, status_area);
 
-    if side.is_none() && app.focus == super::app::Focus::Sliders {
+    if side.is_none() && app.view.focus == super::app::Focus::Sliders {
         let r = centered(area, SIDE_WIDTH, (sliders::HEIGHT + 2).min(area.height));
         f.render_widget(Clear, r);
         sliders::draw(app, f, r);
     }
-    if let Some(cur) = app.inspector {
+    if let Some(cur) = app.view.inspector {
         inspector::draw(app, f, center, cur);
     }
     match &app.overlay {
         Overlay::None => {}
         Overlay::Help => help::help(app, f, area),
         Overlay::Picker { items, selected } => help::picker(app, f, area, items, *selected),
+        Overlay::Messages => popups::messages(app, f, area),
+        Overlay::Prompt(result) => popups::prompt(app, f, area, result),
+        Overlay::ConfirmQuit => popups::confirm_quit(app, f, area),
+        Overlay::SaveAs { input, error } => popups::save_as(app, f, area, input, error.as_deref()),
+        Overlay::SliderValue { slider, input, error } => {
+            popups::slider_value(app, f, area, *slider, input, error.as_deref())
+        }
     }
 }
 
@@ -224,7 +235,6 @@ fn banner_lines(app: &App) -> Vec<Line<'static>> {
             Span::styled(format!(" {e}"), th.fg(th.text)),
         ]));
     }
-    out.truncate(4);
     out
 }
 
@@ -272,11 +282,48 @@ fn status(app: &App, f: &mut Frame, area: Rect) {
         sep.clone(),
         Span::styled(format!("thinking {}", if app.settings.enable_thinking { "on" } else { "off" }), th.fg(th.text)),
         sep.clone(),
-        Span::styled(format!("colour: {}", app.colour_mode.name()), th.fg(th.text)),
+        Span::styled(format!("colour: {}", app.view.colour_mode.name()), th.fg(th.text)),
     ];
+    // What is not saved stays on the status line until a save works.
+    if app.convo.save.error.is_some() {
+        spans.push(sep.clone());
+        spans.push(Span::styled(
+            format!("⚠ NOT SAVED ({} shows why)", app.keymap.first(Action::Messages)),
+            Style::new().fg(th.bad).add_modifier(Modifier::BOLD | Modifier::REVERSED),
+        ));
+    } else if app.convo.save.dir.fallback.is_some()
+        && let Some(dir) = &app.convo.save.dir.path
+    {
+        spans.push(sep.clone());
+        spans.push(Span::styled(format!("sessions → {}", dir.display()), th.fg(th.warn)));
+    }
     let width = |spans: &[Span]| spans.iter().map(Span::width).sum::<usize>();
-    if let Some((msg, _)) = &app.status {
-        let message = [sep.clone(), Span::styled(msg.clone(), th.fg(th.accent))];
+    if let Some(m) = app.messages.current() {
+        let style = match m.level {
+            Level::Info => th.fg(th.accent),
+            Level::Warning => th.fg(th.warn),
+            Level::Error => th.fg(th.bad),
+        };
+        let room = (area.width as usize).saturating_sub(width(&spans) + 3);
+        // A message too long for the line is cut with a pointer to the log, where it is whole.
+        let text = if unicode_width::UnicodeWidthStr::width(m.text.as_str()) > room {
+            let more = format!("… ({} all)", app.keymap.first(Action::Messages));
+            let keep = room.saturating_sub(unicode_width::UnicodeWidthStr::width(more.as_str()));
+            let mut cut = String::new();
+            for c in m.text.chars() {
+                if unicode_width::UnicodeWidthStr::width(cut.as_str())
+                    + unicode_width::UnicodeWidthChar::width(c).unwrap_or(0)
+                    > keep
+                {
+                    break;
+                }
+                cut.push(c);
+            }
+            cut + &more
+        } else {
+            m.text.clone()
+        };
+        let message = [sep.clone(), Span::styled(text, style)];
         // A message matters more than settings the panes already show: they give way to it.
         if width(&spans) + width(&settings) + width(&message) <= area.width as usize {
             spans.extend(settings);

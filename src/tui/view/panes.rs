@@ -10,7 +10,7 @@ use ratatui::widgets::{Block, Paragraph, Scrollbar, ScrollbarOrientation, Scroll
 use super::wrap::wrap;
 use crate::backend::{DiagnosticKind, DraftKind, Phase, TokenEvent};
 use crate::session::{Timed, Turn};
-use crate::tui::app::{App, ColourMode, Focus, PaneScroll, ThinkingView};
+use crate::tui::app::{App, ColourMode, EditTarget, Focus, PaneScroll, ThinkingView};
 use crate::tui::keymap::Action;
 use crate::tui::theme::Theme;
 
@@ -20,14 +20,14 @@ const SIDE_BY_SIDE_FROM: u16 = 70;
 pub fn history(app: &App, f: &mut Frame, area: Rect) {
     let th = &app.theme;
     let mut lines = vec![];
-    let n = app.session.turns.len();
-    for (i, t) in app.session.turns.iter().enumerate() {
-        let mark = if i + 1 == n { "▶" } else { " " };
+    let shown = app.shown_index();
+    for (i, t) in app.convo.session.turns.iter().enumerate() {
+        let mark = if Some(i) == shown { "▶" } else { " " };
         let tag = match t.compare_of {
             Some(o) => format!("{}≈{}", i + 1, o + 1),
             None => format!("{}", i + 1),
         };
-        let style = if i + 1 == n { th.fg(th.text).add_modifier(Modifier::BOLD) } else { th.fg(th.text) };
+        let style = if Some(i) == shown { th.fg(th.text).add_modifier(Modifier::BOLD) } else { th.fg(th.text) };
         lines.push(Line::from(vec![
             Span::styled(format!("{mark}{tag} "), th.fg(th.accent)),
             Span::styled(one_line(&t.user), style),
@@ -60,7 +60,7 @@ fn one_line(s: &str) -> String {
 
 /// Thinking and answer panes for the shown turn.
 pub fn conversation(app: &App, f: &mut Frame, area: Rect) {
-    let thinking_w = match app.thinking_view {
+    let thinking_w = match app.view.thinking_view {
         ThinkingView::Shown => None,
         ThinkingView::Collapsed => Some(3),
         ThinkingView::Hidden => Some(0),
@@ -100,7 +100,7 @@ fn thinking_title(app: &App, turn: Option<&Turn>) -> Line<'static> {
             spans.push(Span::styled("(off) ", th.fg(th.dim)));
         }
     }
-    if app.thinking_view != ThinkingView::Shown {
+    if app.view.thinking_view != ThinkingView::Shown {
         spans.push(Span::styled(format!("[{}] ", app.keymap.first(Action::CollapseThinking)), th.fg(th.dim)));
     }
     Line::from(spans)
@@ -109,8 +109,8 @@ fn thinking_title(app: &App, turn: Option<&Turn>) -> Line<'static> {
 fn thinking(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>) {
     let th = &app.theme;
     let block =
-        Block::bordered().title(thinking_title(app, turn)).border_style(th.border(app.focus == Focus::Thinking));
-    if app.thinking_view == ThinkingView::Collapsed {
+        Block::bordered().title(thinking_title(app, turn)).border_style(th.border(app.view.focus == Focus::Thinking));
+    if app.view.thinking_view == ThinkingView::Collapsed {
         let inner = block.inner(area);
         f.render_widget(block, area);
         if let Some(t) = turn {
@@ -121,8 +121,8 @@ fn thinking(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>) {
         return;
     }
     match turn {
-        Some(t) => token_pane(app, f, area, block, t, Phase::Thinking, &app.thinking_scroll),
-        None => scrolled(app, f, area, block, vec![], &app.thinking_scroll),
+        Some(t) => token_pane(app, f, area, block, t, Phase::Thinking, &app.view.thinking_scroll),
+        None => scrolled(app, f, area, block, vec![], &app.view.thinking_scroll),
     }
 }
 
@@ -135,23 +135,31 @@ fn answer(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>) {
             title.push(Span::styled(format!("· {:.1} tok/s ", tm.decode_tok_s), th.fg(th.dim)));
         }
     }
-    let block = Block::bordered().title(Line::from(title)).border_style(th.border(app.focus == Focus::Answer));
+    let block = Block::bordered().title(Line::from(title)).border_style(th.border(app.view.focus == Focus::Answer));
     match turn {
-        None => scrolled(app, f, area, block, welcome(app), &app.answer_scroll),
+        None => scrolled(app, f, area, block, welcome(app), &app.view.answer_scroll),
         // Markdown in the default view; raw tokens when colouring or inspecting tokens.
         Some(t)
-            if app.colour_mode == ColourMode::Phase && app.inspector.is_none() && !has_loop_in(t, Phase::Answer) =>
+            if app.view.colour_mode == ColourMode::Phase
+                && app.view.inspector.is_none()
+                && !has_loop_in(t, Phase::Answer) =>
         {
-            markdown_pane(app, f, area, block, t, &app.answer_scroll)
+            markdown_pane(app, f, area, block, t, &app.view.answer_scroll)
         }
-        Some(t) => token_pane(app, f, area, block, t, Phase::Answer, &app.answer_scroll),
+        Some(t) => token_pane(app, f, area, block, t, Phase::Answer, &app.view.answer_scroll),
     }
 }
 
 fn welcome(app: &App) -> Vec<Line<'static>> {
     let th = &app.theme;
     let k = |a| app.keymap.first(a);
-    vec![
+    let mut lines = vec![];
+    // A sessions directory that cannot be used is said on the first screen.
+    if let Some(why) = &app.convo.save.dir.fallback {
+        lines.push(Line::styled(format!("⚠ {why}"), th.fg(th.warn)));
+        lines.push(Line::raw(""));
+    }
+    lines.extend([
         Line::styled("Type a question and press Enter.", th.fg(th.text)),
         Line::raw(""),
         Line::styled("The demo model knows: primality (Is 91 prime?), addition", th.fg(th.dim)),
@@ -162,7 +170,8 @@ fn welcome(app: &App) -> Vec<Line<'static>> {
             format!("{} sliders · {} sessions · {} help", k(Action::FocusNext), k(Action::Picker), k(Action::Help)),
             th.fg(th.dim),
         ),
-    ]
+    ]);
+    lines
 }
 
 /// Draws `lines` wrapped inside `block`, following the tail unless scrolled back.
@@ -319,14 +328,14 @@ impl LineBuilder {
         if self.leading {
             // The blank line after </think> belongs to the answer phase; do not show it.
             text = text.trim_start_matches('\n');
-            if text.is_empty() && app.inspector != Some(i) {
+            if text.is_empty() && app.view.inspector != Some(i) {
                 return;
             }
             self.leading = false;
         }
         let in_loop = loops.iter().any(|(s, e)| (*s..=*e).contains(&i));
-        let style = token_style(&app.theme, app.colour_mode, tok, in_loop, app.inspector == Some(i));
-        if text.is_empty() && app.inspector == Some(i) {
+        let style = token_style(&app.theme, app.view.colour_mode, tok, in_loop, app.view.inspector == Some(i));
+        if text.is_empty() && app.view.inspector == Some(i) {
             // Make an empty token (a stop token) visible under the cursor.
             self.open.push(Span::styled("∅", style));
             return;
@@ -379,8 +388,8 @@ impl PaneCache {
         let key = CacheKey {
             phase,
             width,
-            colour_mode: app.colour_mode,
-            inspector: app.inspector,
+            colour_mode: app.view.colour_mode,
+            inspector: app.view.inspector,
             loops: t
                 .diagnostics
                 .iter()
@@ -449,8 +458,12 @@ pub fn input(app: &App, f: &mut Frame, area: Rect) {
     let th = &app.theme;
     let k = |a| app.keymap.first(a);
     let mut title = vec![Span::styled(" Prompt ", th.title())];
-    if app.editing_last {
-        title.push(Span::styled("(editing the last prompt) ", th.fg(th.warn)));
+    match app.composer.target {
+        EditTarget::NewTurn => {}
+        EditTarget::Turn(i) => {
+            title.push(Span::styled(format!("(editing turn {}: Enter re-runs from it) ", i + 1), th.fg(th.warn)))
+        }
+        EditTarget::System => title.push(Span::styled("(editing the system prompt) ", th.fg(th.warn))),
     }
     let hint = format!(
         " {} send · {} newline · {} cancel · {} regenerate · {} compare · {} thinking {} ",
@@ -465,8 +478,8 @@ pub fn input(app: &App, f: &mut Frame, area: Rect) {
     let block = Block::bordered()
         .title(Line::from(title))
         .title_bottom(Line::styled(hint, th.fg(th.dim)))
-        .border_style(th.border(app.focus == Focus::Input));
+        .border_style(th.border(app.view.focus == Focus::Input));
     let inner = block.inner(area);
     f.render_widget(block, area);
-    f.render_widget(&app.input, inner);
+    f.render_widget(&app.composer.input, inner);
 }

@@ -17,7 +17,7 @@ pub const HEIGHT: u16 = Slider::ALL.len() as u16 + 1;
 
 pub fn draw(app: &App, f: &mut Frame, area: Rect) {
     let th = &app.theme;
-    let focused = app.focus == Focus::Sliders;
+    let focused = app.view.focus == Focus::Sliders;
     let title = if focused {
         Line::styled(" Settings (next run) ↑↓ ←→ ", th.title())
     } else {
@@ -33,7 +33,7 @@ pub fn draw(app: &App, f: &mut Frame, area: Rect) {
     let label_w = 16usize;
     let mut lines = vec![];
     for (i, s) in Slider::ALL.iter().enumerate() {
-        let selected = focused && i == app.slider;
+        let selected = focused && i == app.view.slider;
         let pos = s.position(&app.settings);
         let knob = ((pos * (bar_w - 1) as f64).round() as usize).min(bar_w - 1);
         let track: String = (0..bar_w).map(|x| if x == knob { '●' } else { '─' }).collect();

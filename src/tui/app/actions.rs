@@ -1,0 +1,313 @@
+//! What each bound action does. Actions are grouped by what they change: the generation in
+//! flight, the conversation, the view, the settings, and the files.
+
+use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+
+use super::messages::Level;
+use super::overlay::{Overlay, line_input};
+use super::view_state::ColourMode;
+use super::{App, EditTarget, Effect, Focus};
+use crate::backend::Phase;
+use crate::session::list_sessions;
+use crate::tui::keymap::Action;
+use crate::tui::sliders::Slider;
+
+impl App {
+    /// Runs an action; `false` lets the key fall through (e.g. Enter outside the input).
+    pub fn dispatch(&mut self, a: Action) -> bool {
+        match a {
+            Action::Quit => self.request_quit(),
+            Action::CancelOrQuit | Action::Cancel => self.cancel(a == Action::CancelOrQuit),
+            Action::Send => return self.send_key(),
+            Action::Newline => {
+                if self.view.focus != Focus::Input {
+                    return false;
+                }
+                self.composer.newline();
+            }
+            Action::HistoryPrev => self.composer.recall(-1),
+            Action::HistoryNext => self.composer.recall(1),
+            Action::Regenerate => self.regenerate(),
+            Action::EditPrompt => self.edit_prompt(),
+            Action::EditSystem => self.edit_system(),
+            Action::DeleteTurn => self.delete_turn(),
+            Action::Continue => self.continue_turn(),
+            Action::NewConversation => self.new_conversation(),
+            Action::ShowPrompt => self.show_prompt(),
+            Action::Compare => self.compare(),
+            Action::StepMode | Action::Step => self.step_action(a),
+            Action::RaiseMaxTokens | Action::SetThinkingBudget => self.fix_action(a),
+            Action::ToggleThinking => {
+                self.settings.enable_thinking = !self.settings.enable_thinking;
+                let on = if self.settings.enable_thinking { "on" } else { "off" };
+                self.say(Level::Info, format!("thinking {on} for the next generation"));
+            }
+            Action::Picker | Action::Export | Action::Replay | Action::Messages | Action::Help => self.file_action(a),
+            Action::CopyAnswer => self.copy(Phase::Answer),
+            Action::CopyThinking => self.copy(Phase::Thinking),
+            _ => self.view_action(a),
+        }
+        true
+    }
+
+    /// A key no action took: the focused pane's own keys.
+    pub(super) fn focused_key(&mut self, k: KeyEvent) {
+        if let Some(cur) = self.view.inspector {
+            let n = self.shown().map(|t| t.tokens.len()).unwrap_or(0);
+            let moved = match k.code {
+                KeyCode::Left => Some(cur.saturating_sub(1)),
+                KeyCode::Right => Some((cur + 1).min(n.saturating_sub(1))),
+                KeyCode::Up => Some(cur.saturating_sub(10)),
+                KeyCode::Down => Some((cur + 10).min(n.saturating_sub(1))),
+                KeyCode::Home => Some(0),
+                KeyCode::End => Some(n.saturating_sub(1)),
+                _ => None,
+            };
+            if let Some(m) = moved {
+                self.view.inspector = Some(m);
+                return;
+            }
+        }
+        match self.view.focus {
+            Focus::Input => self.composer.key(k),
+            Focus::Sliders => self.slider_key(k),
+            Focus::Thinking | Focus::Answer => {
+                let scroll = if self.view.focus == Focus::Thinking {
+                    &mut self.view.thinking_scroll
+                } else {
+                    &mut self.view.answer_scroll
+                };
+                match k.code {
+                    KeyCode::Up => scroll.scroll(-1),
+                    KeyCode::Down => scroll.scroll(1),
+                    KeyCode::Home => scroll.top = Some(0),
+                    KeyCode::End => scroll.follow(),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn send_key(&mut self) -> bool {
+        match self.view.focus {
+            Focus::Input => self.send(),
+            // Enter on a slider: type its value.
+            Focus::Sliders => {
+                let slider = Slider::ALL[self.view.slider];
+                let current = slider.typed_value(&self.settings);
+                self.overlay = Overlay::SliderValue { slider, input: line_input(&current), error: None };
+            }
+            Focus::Thinking | Focus::Answer => return false,
+        }
+        true
+    }
+
+    fn cancel(&mut self, or_quit: bool) {
+        if self.generating() {
+            self.effects.push(Effect::Cancel);
+            self.say(Level::Info, "cancelling… (output kept)");
+        } else if self.convo.replay.take().is_some() {
+            self.say(Level::Info, "replay stopped");
+        } else if or_quit {
+            self.request_quit();
+        } else if self.view.inspector.is_some() || self.view.show_compare {
+            self.view.inspector = None;
+            self.view.show_compare = false;
+        } else if self.view.focus != Focus::Input {
+            self.view.focus = Focus::Input;
+        } else if self.composer.target != EditTarget::NewTurn {
+            self.composer.clear();
+            self.say(Level::Info, "editing abandoned");
+        } else if self.view.selected_turn.is_some() {
+            self.view.selected_turn = None;
+            self.view.reset_panes();
+            self.sync_markdown();
+        }
+    }
+
+    fn step_action(&mut self, a: Action) {
+        if a == Action::Step {
+            if self.view.step_mode {
+                self.effects.push(Effect::Step);
+            } else {
+                let key = self.keymap.first(Action::StepMode);
+                self.say(Level::Info, format!("not in step mode ({key} turns it on)"));
+            }
+            return;
+        }
+        if let Some(why) = self.model.as_ref().and_then(|m| m.step.reason()) {
+            self.say(Level::Info, format!("step mode is not available: {why}"));
+            return;
+        }
+        self.view.step_mode = !self.view.step_mode;
+        self.effects.push(Effect::SetPaused(self.view.step_mode));
+        let step = self.keymap.first(Action::Step);
+        let msg =
+            if self.view.step_mode { format!("step mode: {step} advances one token") } else { "step mode off".into() };
+        self.say(Level::Info, msg);
+    }
+
+    /// The banners' one-key fixes.
+    fn fix_action(&mut self, a: Action) {
+        if a == Action::RaiseMaxTokens {
+            let prompt = self.shown().map(|t| t.prompt_tokens).unwrap_or(0);
+            let cap = self.settings.max_tokens_cap(prompt);
+            let p = &mut self.settings.params;
+            p.max_tokens = (p.max_tokens * 2).min(cap).max(p.max_tokens);
+            let n = p.max_tokens;
+            self.say(Level::Info, format!("max_tokens = {n}"));
+        } else {
+            let p = &mut self.settings.params;
+            let b = (p.max_tokens / 2).max(1);
+            p.thinking_budget = Some(b);
+            self.settings.enable_thinking = true;
+            self.say(Level::Info, format!("thinking budget = {b}"));
+        }
+        self.regenerate();
+    }
+
+    fn file_action(&mut self, a: Action) {
+        match a {
+            Action::Help => self.overlay = Overlay::Help,
+            Action::Messages => {
+                if self.messages.items.is_empty() {
+                    self.say(Level::Info, "no messages yet");
+                }
+                self.overlay = Overlay::Messages;
+            }
+            Action::Picker => {
+                let items = self.convo.save.dir.path.as_deref().map(list_sessions).unwrap_or_default();
+                if items.is_empty() {
+                    self.say(Level::Info, "no saved sessions");
+                }
+                self.overlay = Overlay::Picker { items, selected: 0 };
+            }
+            Action::Export => self.export(),
+            Action::Replay => self.start_replay(self.convo.session.clone()),
+            _ => {}
+        }
+    }
+
+    fn view_action(&mut self, a: Action) {
+        match a {
+            Action::CollapseThinking => self.view.thinking_view = self.view.thinking_view.next(),
+            Action::CompareView => {
+                if self.compare_pair().is_some() {
+                    self.view.show_compare = !self.view.show_compare;
+                } else {
+                    let key = self.keymap.first(Action::Compare);
+                    self.say(Level::Info, format!("no comparison yet ({key} re-runs the last prompt)"));
+                }
+            }
+            Action::ColourMode => {
+                let why = self.model.as_ref().and_then(|m| m.provenance.reason().map(str::to_string));
+                self.view.colour_mode = match (self.view.colour_mode, why) {
+                    (ColourMode::Phase, _) => ColourMode::Logprob,
+                    (ColourMode::Logprob, None) => ColourMode::Provenance,
+                    (ColourMode::Logprob, Some(why)) => {
+                        self.view.colour_mode = ColourMode::Phase;
+                        self.say(Level::Info, format!("colour by phase (MTP provenance is not available: {why})"));
+                        return;
+                    }
+                    (ColourMode::Provenance, _) => ColourMode::Phase,
+                };
+                let name = self.view.colour_mode.name();
+                self.say(Level::Info, format!("colour by {name}"));
+            }
+            Action::Inspector => {
+                self.view.inspector = match self.view.inspector {
+                    Some(_) => None,
+                    None => self.shown().and_then(|t| t.tokens.len().checked_sub(1)),
+                };
+                if self.view.inspector.is_none() && self.shown().is_none_or(|t| t.tokens.is_empty()) {
+                    self.say(Level::Info, "no tokens to inspect yet");
+                }
+            }
+            Action::FocusNext | Action::FocusPrev => self.view.focus = self.view.focus.cycle(a == Action::FocusNext),
+            Action::ScrollUp | Action::ScrollDown => {
+                let d = if a == Action::ScrollUp { -1 } else { 1 };
+                let s = if self.view.focus == Focus::Thinking {
+                    &mut self.view.thinking_scroll
+                } else {
+                    &mut self.view.answer_scroll
+                };
+                s.page(d);
+            }
+            Action::FollowTail => {
+                self.view.thinking_scroll.follow();
+                self.view.answer_scroll.follow();
+            }
+            Action::PrevTurn | Action::NextTurn => self.browse_turns(a == Action::NextTurn),
+            _ => {}
+        }
+    }
+
+    /// Shows the previous / next turn in the panes (the latest follows new turns).
+    fn browse_turns(&mut self, forward: bool) {
+        let n = self.convo.session.turns.len();
+        if n == 0 {
+            self.say(Level::Info, "no turns yet");
+            return;
+        }
+        let cur = self.shown_index().unwrap_or(n - 1);
+        let next = if forward { (cur + 1).min(n - 1) } else { cur.saturating_sub(1) };
+        self.view.selected_turn = if next + 1 == n { None } else { Some(next) };
+        self.view.reset_panes();
+        self.view.show_compare = false;
+        self.sync_markdown();
+        self.say(Level::Info, format!("turn {} of {n}", next + 1));
+    }
+
+    fn slider_key(&mut self, k: KeyEvent) {
+        let n = Slider::ALL.len();
+        let big = k.modifiers.contains(KeyModifiers::SHIFT);
+        let cap = self.settings.max_tokens_cap(self.next_prompt_estimate());
+        let slider = Slider::ALL[self.view.slider];
+        match k.code {
+            KeyCode::Up => self.view.slider = (self.view.slider + n - 1) % n,
+            KeyCode::Down => self.view.slider = (self.view.slider + 1) % n,
+            KeyCode::Left | KeyCode::Char('h') | KeyCode::Char('-') => slider.adjust(&mut self.settings, -1, big),
+            KeyCode::Right | KeyCode::Char('l') | KeyCode::Char('+') | KeyCode::Char('=') => {
+                slider.adjust(&mut self.settings, 1, big)
+            }
+            KeyCode::Char('[') => slider.adjust(&mut self.settings, -1, true),
+            KeyCode::Char(']') => slider.adjust(&mut self.settings, 1, true),
+            KeyCode::Char('p') => Slider::Preset.adjust(&mut self.settings, 1, false),
+            _ => {}
+        }
+        // Steps stop at the model's context.
+        if self.settings.params.max_tokens > cap {
+            self.settings.params.max_tokens = cap;
+            self.say(Level::Info, format!("max_tokens stops at {cap}: the model's context less the conversation"));
+        }
+    }
+
+    /// Tokens the next prompt will take before generation (≈ the history so far).
+    pub fn next_prompt_estimate(&self) -> usize {
+        self.convo.history_tokens(self.convo.session.turns.len())
+    }
+
+    /// Copies the shown turn's answer or thinking (the text so far, while it streams).
+    fn copy(&mut self, phase: Phase) {
+        let (what, text) = match (self.shown(), phase) {
+            (Some(t), Phase::Answer) => ("answer", t.answer.trim().to_string()),
+            (Some(t), Phase::Thinking) => ("thinking", t.thinking.trim().to_string()),
+            (None, _) => ("text", String::new()),
+        };
+        if text.is_empty() {
+            self.say(Level::Info, format!("no {what} to copy"));
+            return;
+        }
+        self.say(Level::Info, format!("copied the {what} ({} chars) to the clipboard", text.chars().count()));
+        self.effects.push(Effect::Copy(text));
+    }
+
+    fn export(&mut self) {
+        let Some(json) = self.convo.save.file(&self.convo.session) else {
+            self.say(Level::Error, "no sessions directory to export to");
+            return;
+        };
+        let md = json.with_extension("md");
+        self.effects.push(Effect::Export(md));
+    }
+}

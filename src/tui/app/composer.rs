@@ -1,0 +1,129 @@
+//! The prompt box: the text being written, prompt history recall, and what sending it does
+//! (a new turn, the re-run of an earlier prompt, or a new system prompt).
+
+use ratatui::crossterm::event::{KeyCode, KeyEvent};
+use ratatui_textarea::{CursorMove, TextArea, WrapMode};
+use unicode_width::UnicodeWidthStr;
+
+const PLACEHOLDER: &str = "Ask something — e.g. Is 91 prime?";
+
+/// Rows the prompt box may grow to before its text scrolls.
+pub const MAX_ROWS: u16 = 10;
+
+/// What sending the prompt box does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EditTarget {
+    /// A new turn after the conversation.
+    NewTurn,
+    /// Replaces turn N's prompt and re-runs from there (the old continuation is kept as a
+    /// branch of the session).
+    Turn(usize),
+    /// The system prompt (empty: none).
+    System,
+}
+
+pub struct Composer {
+    pub input: TextArea<'static>,
+    history: Vec<String>,
+    history_pos: Option<usize>,
+    pub target: EditTarget,
+}
+
+impl Composer {
+    pub fn new(history: Vec<String>) -> Composer {
+        Composer { input: fresh(""), history, history_pos: None, target: EditTarget::NewTurn }
+    }
+
+    pub fn text(&self) -> String {
+        self.input.lines().join("\n")
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.input.lines().iter().all(|l| l.is_empty())
+    }
+
+    /// Empties the box and goes back to writing a new turn.
+    pub fn clear(&mut self) {
+        self.input = fresh("");
+        self.history_pos = None;
+        self.target = EditTarget::NewTurn;
+    }
+
+    /// Puts `text` in the box to edit `target`.
+    pub fn edit(&mut self, text: &str, target: EditTarget) {
+        self.input = fresh(text);
+        self.target = target;
+    }
+
+    pub fn set_history(&mut self, history: Vec<String>) {
+        self.history = history;
+        self.history_pos = None;
+    }
+
+    /// Records a sent prompt for recall (not twice in a row).
+    pub fn remember(&mut self, text: &str) {
+        if self.history.last().map(String::as_str) != Some(text) {
+            self.history.push(text.to_string());
+        }
+        self.history_pos = None;
+    }
+
+    /// Recalls the previous (`-1`) or next (`1`) prompt of the history.
+    pub fn recall(&mut self, dir: i32) {
+        if self.history.is_empty() {
+            return;
+        }
+        let last = self.history.len() - 1;
+        let pos = match (self.history_pos, dir < 0) {
+            (None, true) => Some(last),
+            (None, false) => None,
+            (Some(p), true) => Some(p.saturating_sub(1)),
+            (Some(p), false) if p >= last => None,
+            (Some(p), false) => Some(p + 1),
+        };
+        self.history_pos = pos;
+        let text = pos.and_then(|p| self.history.get(p)).cloned().unwrap_or_default();
+        self.input = fresh(&text);
+    }
+
+    /// A key typed in the box: ↑/↓ recall history on a one-line prompt; everything else
+    /// edits (Home/End, Ctrl+←/→ by word, and the textarea's other keys).
+    pub fn key(&mut self, k: KeyEvent) {
+        let single = self.input.lines().len() <= 1;
+        match k.code {
+            KeyCode::Up if single && k.modifiers.is_empty() => self.recall(-1),
+            KeyCode::Down if single && k.modifiers.is_empty() => self.recall(1),
+            _ => {
+                self.input.input(k);
+            }
+        }
+    }
+
+    /// A bracketed paste: inserted as text, its line breaks kept (terminals send `\r`).
+    pub fn paste(&mut self, text: &str) {
+        let text = text.replace("\r\n", "\n").replace('\r', "\n");
+        self.input.insert_str(text);
+    }
+
+    pub fn newline(&mut self) {
+        self.input.insert_newline();
+    }
+
+    /// The rows the text takes wrapped at `width` cells (the box grows to show them, up to
+    /// [`MAX_ROWS`]).
+    pub fn rows(&self, width: u16) -> u16 {
+        let w = width.max(1) as usize;
+        let rows: usize = self.input.lines().iter().map(|l| l.width().max(1).div_ceil(w)).sum();
+        rows.clamp(1, MAX_ROWS as usize) as u16
+    }
+}
+
+fn fresh(text: &str) -> TextArea<'static> {
+    let mut t = TextArea::new(text.split('\n').map(str::to_string).collect());
+    t.set_placeholder_text(PLACEHOLDER);
+    // Long prompts wrap at words (long words by glyph) instead of scrolling sideways.
+    t.set_wrap_mode(WrapMode::WordOrGlyph);
+    t.move_cursor(CursorMove::Bottom);
+    t.move_cursor(CursorMove::End);
+    t
+}

@@ -1,0 +1,155 @@
+//! Popups over the workbench. Each one owns its keys while it is open: help, the session
+//! picker, the message log, the rendered prompt of the next turn, the quit question when the
+//! conversation is not saved, a path to save it to, and a typed slider value.
+
+use ratatui::crossterm::event::{KeyCode, KeyEvent};
+use ratatui_textarea::TextArea;
+
+use super::messages::Level;
+use super::{App, Effect};
+use crate::backend::DryRun;
+use crate::session::SessionInfo;
+use crate::tui::sliders::Slider;
+
+pub enum Overlay {
+    None,
+    Help,
+    Picker {
+        items: Vec<SessionInfo>,
+        selected: usize,
+    },
+    /// Every message so far, wrapped.
+    Messages,
+    /// The next turn's prompt as the backend renders it (the `--dry-run` view), or why not.
+    Prompt(Result<DryRun, String>),
+    /// Quitting with turns that could not be saved: save elsewhere / quit anyway / cancel.
+    ConfirmQuit,
+    /// A path to save the conversation to, and why the last try failed.
+    SaveAs {
+        input: TextArea<'static>,
+        error: Option<String>,
+    },
+    /// A typed value for a slider, and why the last one was refused.
+    SliderValue {
+        slider: Slider,
+        input: TextArea<'static>,
+        error: Option<String>,
+    },
+}
+
+impl Overlay {
+    pub fn is_open(&self) -> bool {
+        !matches!(self, Overlay::None)
+    }
+
+    /// A short name (tests, logs).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Overlay::None => "none",
+            Overlay::Help => "help",
+            Overlay::Picker { .. } => "sessions",
+            Overlay::Messages => "messages",
+            Overlay::Prompt(_) => "prompt",
+            Overlay::ConfirmQuit => "confirm-quit",
+            Overlay::SaveAs { .. } => "save-as",
+            Overlay::SliderValue { .. } => "slider-value",
+        }
+    }
+}
+
+/// A one-line text field.
+pub fn line_input(text: &str) -> TextArea<'static> {
+    let mut t = TextArea::new(vec![text.to_string()]);
+    t.move_cursor(ratatui_textarea::CursorMove::End);
+    t
+}
+
+fn first_line(t: &TextArea) -> String {
+    t.lines().first().cloned().unwrap_or_default().trim().to_string()
+}
+
+impl App {
+    /// A key while a popup is open (it takes every key).
+    pub(super) fn overlay_key(&mut self, k: KeyEvent) {
+        let overlay = std::mem::replace(&mut self.overlay, Overlay::None);
+        self.overlay = match overlay {
+            Overlay::None => Overlay::None,
+            Overlay::Help | Overlay::Messages | Overlay::Prompt(_) => {
+                // ↑/↓/PgUp/PgDn scroll a popup taller than the terminal; any other key closes it.
+                match k.code {
+                    KeyCode::Up => self.view.scroll_popup(-1),
+                    KeyCode::Down => self.view.scroll_popup(1),
+                    KeyCode::PageUp => self.view.scroll_popup(-10),
+                    KeyCode::PageDown => self.view.scroll_popup(10),
+                    _ => {
+                        self.view.popup_scroll = 0;
+                        return;
+                    }
+                }
+                overlay
+            }
+            Overlay::Picker { items, mut selected } => match k.code {
+                KeyCode::Esc => Overlay::None,
+                KeyCode::Up => Overlay::Picker { selected: selected.saturating_sub(1), items },
+                KeyCode::Down => {
+                    selected = (selected + 1).min(items.len().saturating_sub(1));
+                    Overlay::Picker { items, selected }
+                }
+                KeyCode::Enter | KeyCode::Char('r') => {
+                    if let Some(info) = items.get(selected).cloned() {
+                        self.open_session(&info.path, k.code == KeyCode::Char('r'));
+                    }
+                    // Opening may have opened another popup (nothing): keep what it set.
+                    return;
+                }
+                _ => Overlay::Picker { items, selected },
+            },
+            Overlay::ConfirmQuit => match k.code {
+                KeyCode::Char('s') => {
+                    let suggestion = std::env::temp_dir().join(self.convo.session.file_name());
+                    Overlay::SaveAs { input: line_input(&suggestion.display().to_string()), error: None }
+                }
+                KeyCode::Char('q') => {
+                    self.quit = true;
+                    Overlay::None
+                }
+                KeyCode::Esc | KeyCode::Char('c') => Overlay::None,
+                _ => Overlay::ConfirmQuit,
+            },
+            Overlay::SaveAs { mut input, error } => match k.code {
+                KeyCode::Esc => Overlay::None,
+                KeyCode::Enter => {
+                    let path = first_line(&input);
+                    if path.is_empty() {
+                        Overlay::SaveAs { input, error: Some("type a file path".into()) }
+                    } else {
+                        self.convo.save.path = Some(path.into());
+                        self.quit_after_save = true;
+                        self.effects.push(Effect::Save);
+                        Overlay::None
+                    }
+                }
+                _ => {
+                    input.input(k);
+                    Overlay::SaveAs { input, error }
+                }
+            },
+            Overlay::SliderValue { slider, mut input, error } => match k.code {
+                KeyCode::Esc => Overlay::None,
+                KeyCode::Enter => match slider.set(&mut self.settings, &first_line(&input)) {
+                    Ok(()) => {
+                        let msg =
+                            format!("{} = {} for the next generation", slider.label(), slider.value(&self.settings));
+                        self.say(Level::Info, msg);
+                        Overlay::None
+                    }
+                    Err(e) => Overlay::SliderValue { slider, input, error: Some(e) },
+                },
+                _ => {
+                    input.input(k);
+                    Overlay::SliderValue { slider, input, error }
+                }
+            },
+        };
+    }
+}

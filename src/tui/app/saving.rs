@@ -1,0 +1,128 @@
+//! Where the conversation is saved, whether the last save worked, and what is not saved yet.
+//! The app decides when to save (after each turn, on quit); the runner does the disk I/O
+//! ([`super::Effect::Save`]) and reports back, so `App::update` never touches the disk.
+
+use std::path::{Path, PathBuf};
+
+use crate::session::Session;
+
+/// The sessions directory in use, and why it is not the one asked for (when it is a fallback).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SessionsDir {
+    pub path: Option<PathBuf>,
+    /// Set when the wanted directory could not be used: what went wrong and where sessions go
+    /// instead. Shown on the first screen and in the status bar.
+    pub fallback: Option<String>,
+}
+
+impl SessionsDir {
+    /// Just this directory, unchecked (tests, or no saving at all with `None`).
+    pub fn fixed(path: Option<PathBuf>) -> SessionsDir {
+        SessionsDir { path, fallback: None }
+    }
+
+    /// Checks `wanted` (exists or can be created, and a file can be written in it); when it
+    /// cannot be used, tries `$XDG_STATE_HOME/deltascope/sessions` (or the platform's state
+    /// directory), then the temp dir.
+    pub fn choose(wanted: Option<PathBuf>) -> SessionsDir {
+        let Some(wanted) = wanted else { return SessionsDir::fixed(None) };
+        let why = match check_writable(&wanted) {
+            Ok(()) => return SessionsDir::fixed(Some(wanted)),
+            Err(e) => e,
+        };
+        let candidates = [
+            std::env::var_os("XDG_STATE_HOME").map(PathBuf::from).or_else(dirs::state_dir),
+            Some(std::env::temp_dir()),
+        ];
+        for base in candidates.into_iter().flatten() {
+            let dir = base.join("deltascope").join("sessions");
+            if dir != wanted && check_writable(&dir).is_ok() {
+                let fallback = Some(format!(
+                    "sessions cannot be saved in {}: {why}; saving to {} instead",
+                    wanted.display(),
+                    dir.display()
+                ));
+                return SessionsDir { path: Some(dir), fallback };
+            }
+        }
+        SessionsDir {
+            path: None,
+            fallback: Some(format!(
+                "sessions cannot be saved in {}: {why}, nor in the state or temp directory: this conversation is not saved",
+                wanted.display()
+            )),
+        }
+    }
+}
+
+/// Creates `dir` if needed and writes (then removes) a probe file in it.
+pub fn check_writable(dir: &Path) -> Result<(), String> {
+    if dir.exists() && !dir.is_dir() {
+        return Err("it is not a directory".into());
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create it ({e})"))?;
+    let probe = dir.join(format!(".deltascope-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"probe").map_err(|e| format!("cannot write in it ({e})"))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+#[derive(Debug, Default)]
+pub struct SaveState {
+    pub dir: SessionsDir,
+    /// The file this session is saved to (`--session FILE`, an opened session, or a path
+    /// given after a failed save); default `dir/ID.json`.
+    pub path: Option<PathBuf>,
+    /// Turns changed since the last good save (opening a session and quitting writes nothing).
+    pub unsaved: bool,
+    /// The last failed save, until a save works. Shown until then.
+    pub error: Option<String>,
+    /// Where the last good copy was written.
+    pub last_good: Option<PathBuf>,
+}
+
+impl SaveState {
+    /// The file a save goes to.
+    pub fn file(&self, session: &Session) -> Option<PathBuf> {
+        self.path.clone().or_else(|| self.dir.path.as_ref().map(|d| d.join(session.file_name())))
+    }
+
+    /// Writes the session if a turn changed. Returns the error message of a failed write.
+    pub fn save(&mut self, session: &Session) -> Result<(), String> {
+        if !self.unsaved || session.turns.is_empty() && session.branches.is_empty() {
+            return Ok(());
+        }
+        let Some(path) = self.file(session) else {
+            let msg = "no sessions directory: this conversation is not saved".to_string();
+            self.error = Some(msg.clone());
+            return Err(msg);
+        };
+        match session.save_atomic(&path) {
+            Ok(()) => {
+                self.unsaved = false;
+                self.error = None;
+                self.last_good = Some(path);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!("{e}");
+                let msg = e.to_string();
+                self.error = Some(msg.clone());
+                Err(msg)
+            }
+        }
+    }
+
+    /// What is lost if the program ends now (printed after the terminal is restored).
+    pub fn loss_report(&self, session: &Session) -> Option<String> {
+        if !self.unsaved || session.turns.is_empty() {
+            return None;
+        }
+        let why = self.error.clone().unwrap_or_else(|| "it was not saved".into());
+        let copy = match &self.last_good {
+            Some(p) => format!("the last good copy is {}", p.display()),
+            None => "no copy was written".into(),
+        };
+        Some(format!("the conversation ({} turns) was not saved: {why}; {copy}", session.turns.len()))
+    }
+}

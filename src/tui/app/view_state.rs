@@ -1,0 +1,114 @@
+//! What the screen shows, apart from the conversation itself: focus, the shown turn, pane
+//! scrolling, the token inspector and the display toggles.
+
+use std::cell::Cell;
+
+use super::scroll::PaneScroll;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Focus {
+    Input,
+    Sliders,
+    Thinking,
+    Answer,
+}
+
+impl Focus {
+    const ORDER: [Focus; 4] = [Focus::Input, Focus::Sliders, Focus::Thinking, Focus::Answer];
+
+    /// The next (`forward`) or previous pane in Tab order.
+    pub fn cycle(self, forward: bool) -> Focus {
+        let i = Self::ORDER.iter().position(|f| *f == self).unwrap_or(0);
+        let d = if forward { 1 } else { Self::ORDER.len() - 1 };
+        Self::ORDER[(i + d) % Self::ORDER.len()]
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThinkingView {
+    Shown,
+    Collapsed,
+    Hidden,
+}
+
+impl ThinkingView {
+    pub fn next(self) -> ThinkingView {
+        match self {
+            ThinkingView::Shown => ThinkingView::Collapsed,
+            ThinkingView::Collapsed => ThinkingView::Hidden,
+            ThinkingView::Hidden => ThinkingView::Shown,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColourMode {
+    Phase,
+    Logprob,
+    Provenance,
+}
+
+impl ColourMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            ColourMode::Phase => "phase",
+            ColourMode::Logprob => "logprob",
+            ColourMode::Provenance => "MTP provenance",
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct ViewState {
+    pub focus: Focus,
+    /// The selected slider.
+    pub slider: usize,
+    pub thinking_view: ThinkingView,
+    pub colour_mode: ColourMode,
+    /// Token inspector cursor (index into the shown turn's tokens).
+    pub inspector: Option<usize>,
+    pub show_compare: bool,
+    pub step_mode: bool,
+    /// The turn the panes show; `None` follows the latest.
+    pub selected_turn: Option<usize>,
+    pub thinking_scroll: PaneScroll,
+    pub answer_scroll: PaneScroll,
+    /// First line of a scrollable popup (help, messages, prompt view), and the largest useful
+    /// value (the view sets it).
+    pub popup_scroll: u16,
+    pub popup_scroll_max: Cell<u16>,
+}
+
+impl Default for ViewState {
+    fn default() -> Self {
+        ViewState {
+            focus: Focus::Input,
+            slider: 0,
+            thinking_view: ThinkingView::Shown,
+            colour_mode: ColourMode::Phase,
+            inspector: None,
+            show_compare: false,
+            step_mode: false,
+            selected_turn: None,
+            thinking_scroll: PaneScroll::default(),
+            answer_scroll: PaneScroll::default(),
+            popup_scroll: 0,
+            popup_scroll_max: Cell::new(0),
+        }
+    }
+}
+
+impl ViewState {
+    /// A new turn (or another shown turn): panes follow their tails, the inspector closes.
+    pub fn reset_panes(&mut self) {
+        self.inspector = None;
+        self.thinking_scroll.follow();
+        self.answer_scroll.follow();
+    }
+
+    /// Scrolls the popup by `delta` lines within what the view last laid out.
+    pub fn scroll_popup(&mut self, delta: i32) {
+        let max = self.popup_scroll_max.get() as i32;
+        self.popup_scroll = (self.popup_scroll as i32 + delta).clamp(0, max) as u16;
+    }
+}

@@ -1,0 +1,145 @@
+//! The popups that take typed input or show long text: the message log, the next turn's
+//! rendered prompt, the quit question, save-as, and a typed slider value. Long text wraps and
+//! scrolls; nothing is cut.
+
+use ratatui::Frame;
+use ratatui::layout::Rect;
+use ratatui::style::{Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Clear, Paragraph};
+use ratatui_textarea::TextArea;
+
+use super::centered;
+use super::wrap::wrap;
+use crate::backend::DryRun;
+use crate::tui::app::{App, Level};
+use crate::tui::keymap::Action;
+use crate::tui::sliders::Slider;
+
+/// A scrollable popup of `lines`, wrapped to the popup's width (↑/↓/PgUp/PgDn scroll).
+fn scrolled_popup(app: &App, f: &mut Frame, area: Rect, title: &str, lines: Vec<Line<'static>>) {
+    let th = &app.theme;
+    let r = centered(area, area.width.saturating_sub(6).clamp(20, 110), area.height.saturating_sub(4));
+    f.render_widget(Clear, r);
+    let rows = wrap(&lines, r.width.saturating_sub(2) as usize);
+    let visible = r.height.saturating_sub(2) as usize;
+    let max = rows.len().saturating_sub(visible);
+    app.view.popup_scroll_max.set(max.min(u16::MAX as usize) as u16);
+    let first = (app.view.popup_scroll as usize).min(max);
+    let title = if rows.len() > visible {
+        format!(" {title} · ↑↓ scroll ({}–{} of {}) ", first + 1, (first + visible).min(rows.len()), rows.len())
+    } else {
+        format!(" {title} ")
+    };
+    let block = Block::bordered().title(Line::styled(title, th.title())).border_style(th.border(true));
+    f.render_widget(Paragraph::new(rows[first..].to_vec()).block(block), r);
+}
+
+pub fn messages(app: &App, f: &mut Frame, area: Rect) {
+    let th = &app.theme;
+    let mut lines = vec![];
+    if let Some(err) = &app.convo.save.error {
+        lines.push(Line::styled(format!("NOT SAVED: {err}"), th.fg(th.bad).add_modifier(Modifier::BOLD)));
+        lines.push(Line::raw(""));
+    }
+    for m in app.messages.items.iter().rev() {
+        let (tag, style) = match m.level {
+            Level::Info => ("  ", th.fg(th.text)),
+            Level::Warning => ("⚠ ", th.fg(th.warn)),
+            Level::Error => ("✖ ", th.fg(th.bad)),
+        };
+        lines.push(Line::from(vec![
+            Span::styled(format!("{:>7.1}s ", m.at_ms / 1000.0), th.fg(th.dim)),
+            Span::styled(format!("{tag}{}", m.text), style),
+        ]));
+    }
+    if lines.is_empty() {
+        lines.push(Line::styled("no messages yet", th.fg(th.dim)));
+    }
+    scrolled_popup(app, f, area, "Messages (newest first)", lines);
+}
+
+pub fn prompt(app: &App, f: &mut Frame, area: Rect, result: &Result<DryRun, String>) {
+    let th = &app.theme;
+    let mut lines = vec![];
+    match result {
+        Err(e) => lines.push(Line::styled(format!("cannot render the prompt: {e}"), th.fg(th.bad))),
+        Ok(d) => {
+            lines.push(Line::styled(format!("rendered by {}", d.rendered_by), th.fg(th.dim)));
+            if let Some(text) = &d.text {
+                lines.push(Line::styled("--- prompt ---", th.fg(th.accent)));
+                lines.extend(text.split('\n').map(|l| Line::styled(l.to_string(), th.fg(th.text))));
+            }
+            if let Some(ids) = &d.ids {
+                lines.push(Line::styled(format!("--- {} token ids ---", ids.len()), th.fg(th.accent)));
+                let joined = ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+                lines.push(Line::styled(joined, th.fg(th.text)));
+            }
+        }
+    }
+    scrolled_popup(app, f, area, "Next turn's prompt", lines);
+}
+
+pub fn confirm_quit(app: &App, f: &mut Frame, area: Rect) {
+    let th = &app.theme;
+    let why = app.convo.save.error.clone().unwrap_or_else(|| "it has not been saved".into());
+    let last = match &app.convo.save.last_good {
+        Some(p) => format!("The last good copy is {}.", p.display()),
+        None => "No copy of it was written.".into(),
+    };
+    let key = Style::new().fg(th.accent).add_modifier(Modifier::BOLD);
+    let lines = vec![
+        Line::styled(
+            format!("This conversation ({} turns) is not saved: {why}", app.convo.session.turns.len()),
+            th.fg(th.bad),
+        ),
+        Line::styled(last, th.fg(th.text)),
+        Line::raw(""),
+        Line::from(vec![Span::styled("s", key), Span::raw("  save it to another path")]),
+        Line::from(vec![Span::styled("q", key), Span::raw("  quit anyway (what is lost is printed)")]),
+        Line::from(vec![Span::styled("Esc", key), Span::raw("  cancel")]),
+    ];
+    let r = centered(area, 76.min(area.width), 12);
+    f.render_widget(Clear, r);
+    let rows = wrap(&lines, r.width.saturating_sub(2) as usize);
+    let block = Block::bordered().title(Line::styled(" Quit? ", th.title())).border_style(th.border(true));
+    f.render_widget(Paragraph::new(rows).block(block), r);
+}
+
+fn field(app: &App, f: &mut Frame, area: Rect, title: &str, help: &str, input: &TextArea, error: Option<&str>) {
+    let th = &app.theme;
+    let mut lines = vec![Line::styled(help.to_string(), th.fg(th.dim))];
+    if let Some(e) = error {
+        lines.push(Line::styled(e.to_string(), th.fg(th.bad)));
+    }
+    let w = 76.min(area.width);
+    let text_rows = wrap(&lines, w.saturating_sub(2) as usize);
+    let r = centered(area, w, text_rows.len() as u16 + 5);
+    f.render_widget(Clear, r);
+    let block = Block::bordered().title(Line::styled(format!(" {title} "), th.title())).border_style(th.border(true));
+    let inner = block.inner(r);
+    f.render_widget(block, r);
+    let n = text_rows.len() as u16;
+    f.render_widget(Paragraph::new(text_rows), Rect { height: n.min(inner.height), ..inner });
+    let field = Rect { y: inner.y + n + 1, height: 1, ..inner };
+    if field.y < inner.bottom() {
+        f.render_widget(input, field);
+    }
+}
+
+pub fn save_as(app: &App, f: &mut Frame, area: Rect, input: &TextArea, error: Option<&str>) {
+    field(app, f, area, "Save the conversation to", "Enter saves (then quits) · Esc cancels", input, error);
+}
+
+pub fn slider_value(app: &App, f: &mut Frame, area: Rect, slider: Slider, input: &TextArea, error: Option<&str>) {
+    let accepts = match slider {
+        Slider::MaxTokens => "tokens (1 up to the context)",
+        Slider::ThinkingBudget => "tokens, off or unlimited",
+        Slider::MtpDepth => "0–4 or auto",
+        Slider::Preset => "a preset name",
+        Slider::Seed | Slider::TopK => "a whole number",
+        _ => "a number",
+    };
+    let help = format!("{accepts} · Enter sets · Esc cancels · {} help", app.keymap.first(Action::Help));
+    field(app, f, area, &format!("{} (next run)", slider.label()), &help, input, error);
+}
