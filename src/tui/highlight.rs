@@ -25,6 +25,11 @@ use super::theme::Theme;
 static SYNTAXES: LazyLock<SyntaxSet> = LazyLock::new(SyntaxSet::load_defaults_newlines);
 static THEMES: LazyLock<ThemeSet> = LazyLock::new(ThemeSet::load_defaults);
 
+/// The names a theme's `code_theme` may take (syntect's built-in themes).
+pub fn code_themes() -> impl Iterator<Item = &'static str> {
+    THEMES.themes.keys().map(String::as_str)
+}
+
 /// syntect's style to ratatui's: foreground colour and font style. The background is
 /// ignored so the terminal theme shows through.
 pub fn syntect_to_ratatui(s: syntect::highlighting::Style) -> Style {

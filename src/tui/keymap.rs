@@ -394,6 +394,10 @@ pub enum KeymapError {
     UnknownTable { file: String, key: String },
     #[error("cannot read keymap {file}: {message}")]
     Read { file: String, message: String },
+    #[error("{file}: {key} is bound to both {first} and {second}{hint}")]
+    Conflict { file: String, key: String, first: String, second: String, hint: String },
+    #[error("{file}: {action} has no key: without one there is no way to {what}")]
+    Unbound { file: String, action: String, what: &'static str },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -412,7 +416,8 @@ impl Default for Keymap {
 }
 
 impl Keymap {
-    /// The defaults with the file's overrides (a missing file is just the defaults).
+    /// The defaults with the overrides of the file in the config directory (a missing one is
+    /// just the defaults).
     pub fn load(path: &Path) -> Result<Keymap, KeymapError> {
         match std::fs::read_to_string(path) {
             Ok(src) => Keymap::parse(&src, &path.display().to_string()),
@@ -421,10 +426,18 @@ impl Keymap {
         }
     }
 
+    /// A keymap the user named (`--keymap FILE`): it must exist.
+    pub fn load_named(path: &Path) -> Result<Keymap, KeymapError> {
+        let src = std::fs::read_to_string(path)
+            .map_err(|e| KeymapError::Read { file: path.display().to_string(), message: e.to_string() })?;
+        Keymap::parse(&src, &path.display().to_string())
+    }
+
     pub fn parse(src: &str, file: &str) -> Result<Keymap, KeymapError> {
         let table: toml::Table =
             toml::from_str(src).map_err(|e| KeymapError::Toml { file: file.into(), message: e.to_string() })?;
         let mut map = Keymap::default();
+        let mut overridden = vec![];
         for (k, v) in &table {
             if k != "keys" {
                 return Err(KeymapError::UnknownTable { file: file.into(), key: k.clone() });
@@ -459,9 +472,42 @@ impl Keymap {
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 map.bindings.insert(action, chords);
+                overridden.push(action);
             }
         }
+        map.check(file, &overridden)?;
         Ok(map)
+    }
+
+    /// One key, one action: a key bound twice would silently do only one of them. And the
+    /// prompt must still be sendable and the program quittable.
+    fn check(&self, file: &str, overridden: &[Action]) -> Result<(), KeymapError> {
+        let mut owner: BTreeMap<Chord, Action> = BTreeMap::new();
+        for a in Action::ALL {
+            for c in &self.bindings[&a] {
+                if let Some(first) = owner.insert(*c, a) {
+                    // Name the binding that still has its default, so the fix is obvious.
+                    let hint = match (overridden.contains(&first), overridden.contains(&a)) {
+                        (false, _) => format!(" ({} by default: rebind it too)", first.name()),
+                        (_, false) => format!(" ({} by default: rebind it too)", a.name()),
+                        _ => String::new(),
+                    };
+                    return Err(KeymapError::Conflict {
+                        file: file.into(),
+                        key: c.to_string(),
+                        first: first.name().into(),
+                        second: a.name().into(),
+                        hint,
+                    });
+                }
+            }
+        }
+        for (a, what) in [(Action::Send, "send a prompt"), (Action::Quit, "quit")] {
+            if self.bindings[&a].is_empty() {
+                return Err(KeymapError::Unbound { file: file.into(), action: a.name().into(), what });
+            }
+        }
+        Ok(())
     }
 
     /// The action bound to a key press, if any. Later actions in [`Action::ALL`] never shadow
@@ -539,8 +585,30 @@ mod tests {
     }
 
     #[test]
-    fn missing_file_is_the_defaults() {
+    fn missing_file_is_the_defaults_unless_named() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(Keymap::load(&dir.path().join("none.toml")).unwrap(), Keymap::default());
+        let none = dir.path().join("none.toml");
+        assert_eq!(Keymap::load(&none).unwrap(), Keymap::default());
+        let e = Keymap::load_named(&none).unwrap_err();
+        assert!(e.to_string().starts_with(&format!("cannot read keymap {}: ", none.display())), "{e}");
+    }
+
+    #[test]
+    fn a_key_bound_twice_or_no_way_to_send_or_quit_is_an_error() {
+        // Quit moved onto regenerate's default key.
+        let e = Keymap::parse("[keys]\nquit = \"ctrl-r\"\n", "k.toml").unwrap_err();
+        assert_eq!(e.to_string(), "k.toml: Ctrl+R is bound to both regenerate and quit (regenerate by default: rebind it too)");
+        // Both named in the file.
+        let e = Keymap::parse("[keys]\nquit = \"f9\"\nhelp = [\"f1\", \"f9\"]\n", "k.toml").unwrap_err();
+        assert_eq!(e.to_string(), "k.toml: F9 is bound to both help and quit");
+        // Swapping two keys is fine.
+        let k = Keymap::parse("[keys]\nquit = \"ctrl-r\"\nregenerate = \"ctrl-q\"\n", "k.toml").unwrap();
+        assert_eq!(k.action(&key(KeyCode::Char('r'), KeyModifiers::CONTROL)), Some(Action::Quit));
+        let e = Keymap::parse("[keys]\nsend = []\n", "k.toml").unwrap_err();
+        assert_eq!(e.to_string(), "k.toml: send has no key: without one there is no way to send a prompt");
+        let e = Keymap::parse("[keys]\nquit = []\n", "k.toml").unwrap_err();
+        assert_eq!(e.to_string(), "k.toml: quit has no key: without one there is no way to quit");
+        // Other actions may be left without a key.
+        assert!(Keymap::parse("[keys]\nexport = []\n", "k.toml").is_ok());
     }
 }

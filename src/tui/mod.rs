@@ -118,9 +118,11 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
     };
     let theme_name = opts.theme.as_deref().or(config.theme.as_deref()).unwrap_or("dark");
     let theme = Theme::load(theme_name, theme::user_theme_dir().as_deref())?;
-    let keymap = match opts.keymap.clone().or_else(keymap::default_keymap_path) {
-        Some(p) => Keymap::load(&p)?,
-        None => Keymap::default(),
+    // A keymap named on the command line must exist; the one in the config directory may not.
+    let keymap = match (&opts.keymap, keymap::default_keymap_path()) {
+        (Some(p), _) => Keymap::load_named(p)?,
+        (None, Some(p)) => Keymap::load(&p)?,
+        (None, None) => Keymap::default(),
     };
     // A directory that cannot be written falls back (and the first screen says so).
     let sessions_dir =

@@ -61,6 +61,8 @@ pub enum ThemeError {
     Cycle { file: String, name: String },
     #[error("cannot read theme {file}: {message}")]
     Read { file: String, message: String },
+    #[error("{file}: code_theme = \"{name}\": not a code theme (known: {known})")]
+    UnknownCodeTheme { file: String, name: String, known: String },
 }
 
 const COLOR_KEYS: [&str; 23] = [
@@ -214,6 +216,14 @@ impl Theme {
             theme.name = n;
         }
         if let Some(c) = string("code_theme")? {
+            // An unknown name would silently highlight code with some other theme.
+            if !super::highlight::code_themes().any(|known| known == c) {
+                return Err(ThemeError::UnknownCodeTheme {
+                    file: file.into(),
+                    name: c,
+                    known: super::highlight::code_themes().collect::<Vec<_>>().join(", "),
+                });
+            }
             theme.code_theme = c;
         }
         if let Some(colors) = table.get("colors") {
@@ -318,6 +328,13 @@ mod tests {
         assert_eq!(e.to_string(), "my.toml: `name` must be a string");
         let e = Theme::parse("[colors\n", "my.toml", &|_| None).unwrap_err();
         assert!(e.to_string().starts_with("my.toml: not valid TOML"), "{e}");
+        let e = Theme::parse("code_theme = \"Solarized\"\n", "my.toml", &|_| None).unwrap_err();
+        assert!(
+            e.to_string().starts_with("my.toml: code_theme = \"Solarized\": not a code theme (known: ")
+                && e.to_string().contains("Solarized (dark)"),
+            "{e}"
+        );
+        assert!(Theme::parse("code_theme = \"Solarized (dark)\"\n", "my.toml", &|_| None).is_ok());
     }
 
     #[test]
