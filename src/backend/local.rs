@@ -80,10 +80,14 @@ impl Loaded {
         step("chat template");
         let template = ChatTemplate::load(source, tokenizer.specials.think_start.is_some())?;
         step("generation config");
-        let generation_defaults = source
-            .read_json("generation_config.json")?
-            .map(|g| SamplingParams::from_generation_config(&g))
-            .unwrap_or_default();
+        let generation_defaults = match source.read_json("generation_config.json")? {
+            Some(g) => SamplingParams::from_generation_config(&g).map_err(|p| crate::Error::ConfigField {
+                file: source.file_label("generation_config.json"),
+                field: p.field,
+                message: format!("{}: must be {}", p.value, p.expected),
+            })?,
+            None => SamplingParams::default(),
+        };
         Ok(Loaded {
             name: label,
             model: Arc::new(model),

@@ -102,11 +102,17 @@ impl ParamOverrides {
         s.frequency_penalty = self.frequency_penalty.unwrap_or(s.frequency_penalty);
         s.repetition_penalty = self.repetition_penalty.unwrap_or(s.repetition_penalty);
         s.seed = self.seed;
+        // A value out of range is blamed on whoever gave it: the flag when one was passed,
+        // else the backend's defaults (presets are in range by construction).
+        if let Err(p) = sampling.check() {
+            let message = if self.gives(&p.field) {
+                format!("--{} {}: must be {}", p.field.replace('_', "-"), p.value, p.expected)
+            } else {
+                format!("the sampling defaults of {}: {p}", info.name)
+            };
+            return Err(BackendError::invalid(message));
+        }
         let check = |ok: bool, message: &str| if ok { Ok(()) } else { Err(BackendError::invalid(message)) };
-        check(s.temperature >= 0.0, "--temperature must be ≥ 0")?;
-        check(s.top_p > 0.0 && s.top_p <= 1.0, "--top-p must be in (0, 1]")?;
-        check((0.0..=1.0).contains(&s.min_p), "--min-p must be in [0, 1]")?;
-        check(s.repetition_penalty > 0.0, "--repetition-penalty must be > 0")?;
         check(self.top_logprobs <= 20, "--top-logprobs is at most 20")?;
         check(self.max_tokens >= 1, "--max-tokens must be at least 1")?;
         let thinking_budget = match self.thinking_budget {
@@ -135,6 +141,19 @@ impl ParamOverrides {
             top_logprobs: self.top_logprobs,
             mtp: self.mtp_params(info)?,
         })
+    }
+
+    /// Whether this sampling field (`top_p`, …) was given explicitly.
+    fn gives(&self, field: &str) -> bool {
+        match field {
+            "temperature" => self.temperature.is_some(),
+            "top_p" => self.top_p.is_some(),
+            "min_p" => self.min_p.is_some(),
+            "presence_penalty" => self.presence_penalty.is_some(),
+            "frequency_penalty" => self.frequency_penalty.is_some(),
+            "repetition_penalty" => self.repetition_penalty.is_some(),
+            _ => false,
+        }
     }
 
     fn mtp_params(&self, info: &BackendInfo) -> BackendResult<MtpParams> {

@@ -19,7 +19,7 @@ pub use events::{
 };
 pub use generate::{Generator, Outcome};
 pub use request::{GenerateRequest, GenerationParams, QWEN_BUDGET_BRIDGE};
-pub use sampler::{Preset, SamplingParams};
+pub use sampler::{ParamProblem, Preset, SamplingParams};
 pub use session::{LogitsSource, ModelSession, check_prompt};
 pub use speculative::{MtpParams, MtpStats};
 pub use watchdog::LoopParams;

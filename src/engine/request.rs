@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::sampler::SamplingParams;
+use super::sampler::{ParamProblem, SamplingParams};
 use super::speculative::MtpParams;
 use super::watchdog::LoopParams;
 
@@ -49,6 +49,24 @@ impl Default for GenerationParams {
             top_logprobs: 0,
             mtp: MtpParams::default(),
         }
+    }
+}
+
+impl GenerationParams {
+    /// The first setting out of its range, if any (sampling fields as `sampling.temperature`).
+    pub fn check(&self) -> Result<(), ParamProblem> {
+        self.sampling.check().map_err(|p| ParamProblem { field: format!("sampling.{}", p.field), ..p })?;
+        if self.max_tokens == 0 {
+            return Err(ParamProblem { field: "max_tokens".into(), value: "0".into(), expected: "at least 1" });
+        }
+        if self.top_logprobs > 20 {
+            return Err(ParamProblem {
+                field: "top_logprobs".into(),
+                value: self.top_logprobs.to_string(),
+                expected: "at most 20",
+            });
+        }
+        Ok(())
     }
 }
 

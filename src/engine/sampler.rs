@@ -70,23 +70,77 @@ impl Default for SamplingParams {
     }
 }
 
+/// A generation setting out of its range: which field (as the JSON names it), the value, and
+/// what it must be. Whoever reports it names the source (a flag, a file and its field path).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamProblem {
+    pub field: String,
+    pub value: String,
+    pub expected: &'static str,
+}
+
+impl std::fmt::Display for ParamProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} = {}: must be {}", self.field, self.value, self.expected)
+    }
+}
+
+type Range = (&'static str, fn(&SamplingParams) -> f32, fn(f32) -> bool, &'static str);
+
+/// The one list of allowed ranges, checked for every source of sampling values (flags,
+/// generation_config.json, sessions, a server's defaults).
+const RANGES: [Range; 6] = [
+    ("temperature", |p| p.temperature, |v| v >= 0.0 && v.is_finite(), "≥ 0 (0 is greedy)"),
+    ("top_p", |p| p.top_p, |v| v > 0.0 && v <= 1.0, "in (0, 1]"),
+    ("min_p", |p| p.min_p, |v| (0.0..=1.0).contains(&v), "in [0, 1]"),
+    ("presence_penalty", |p| p.presence_penalty, f32::is_finite, "a finite number"),
+    ("frequency_penalty", |p| p.frequency_penalty, f32::is_finite, "a finite number"),
+    ("repetition_penalty", |p| p.repetition_penalty, |v| v > 0.0 && v.is_finite(), "> 0 (1 is off)"),
+];
+
 impl SamplingParams {
-    /// The sampling defaults a checkpoint ships in generation_config.json (`do_sample: false`
-    /// means greedy; absent fields keep the neutral values).
-    pub fn from_generation_config(g: &serde_json::Value) -> Self {
-        let f = |k: &str| g.get(k).and_then(serde_json::Value::as_f64).map(|v| v as f32);
-        let mut p = SamplingParams::default();
-        let sample = g.get("do_sample").and_then(serde_json::Value::as_bool).unwrap_or(true);
-        if sample {
-            p.temperature = f("temperature").unwrap_or(1.0);
+    /// The first value out of its range, if any.
+    pub fn check(&self) -> Result<(), ParamProblem> {
+        for (field, get, ok, expected) in RANGES {
+            let v = get(self);
+            if !ok(v) {
+                return Err(ParamProblem { field: field.into(), value: v.to_string(), expected });
+            }
         }
-        p.top_k = g.get("top_k").and_then(serde_json::Value::as_u64).map(|v| v as usize).unwrap_or(0);
-        p.top_p = f("top_p").unwrap_or(1.0);
-        p.min_p = f("min_p").unwrap_or(0.0);
-        p.repetition_penalty = f("repetition_penalty").unwrap_or(1.0);
-        p.presence_penalty = f("presence_penalty").unwrap_or(0.0);
-        p.frequency_penalty = f("frequency_penalty").unwrap_or(0.0);
-        p
+        Ok(())
+    }
+
+    /// The sampling defaults a checkpoint ships in generation_config.json (`do_sample: false`
+    /// means greedy; absent fields keep the neutral values). A value of the wrong type or out
+    /// of range is an error naming the field, not a setting the user never chose.
+    pub fn from_generation_config(g: &serde_json::Value) -> Result<Self, ParamProblem> {
+        let wrong =
+            |k: &str, v: &serde_json::Value, expected| ParamProblem { field: k.into(), value: v.to_string(), expected };
+        let number = |k: &'static str| -> Result<Option<f32>, ParamProblem> {
+            match g.get(k) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| wrong(k, v, "a number")),
+            }
+        };
+        let mut p = SamplingParams::default();
+        let sample = match g.get("do_sample") {
+            None | Some(serde_json::Value::Null) => true,
+            Some(v) => v.as_bool().ok_or_else(|| wrong("do_sample", v, "true or false"))?,
+        };
+        if sample {
+            p.temperature = number("temperature")?.unwrap_or(1.0);
+        }
+        p.top_k = match g.get("top_k") {
+            None | Some(serde_json::Value::Null) => 0,
+            Some(v) => v.as_u64().ok_or_else(|| wrong("top_k", v, "a whole number ≥ 0"))? as usize,
+        };
+        p.top_p = number("top_p")?.unwrap_or(1.0);
+        p.min_p = number("min_p")?.unwrap_or(0.0);
+        p.repetition_penalty = number("repetition_penalty")?.unwrap_or(1.0);
+        p.presence_penalty = number("presence_penalty")?.unwrap_or(0.0);
+        p.frequency_penalty = number("frequency_penalty")?.unwrap_or(0.0);
+        p.check()?;
+        Ok(p)
     }
 }
 
