@@ -1,6 +1,8 @@
+use std::io::{ErrorKind, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
+use deltascope::cli::interrupt::Interrupted;
 use deltascope::cli::{Cli, main_with};
 
 fn init_logging(cli: &Cli) -> anyhow::Result<()> {
@@ -31,9 +33,24 @@ fn init_logging(cli: &Cli) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(e) = init_logging(&cli).and_then(|_| main_with(cli)) {
-        eprintln!("error: {e:#}");
-        return ExitCode::FAILURE;
+    match init_logging(&cli).and_then(|_| main_with(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => exit_for(&e),
     }
-    ExitCode::SUCCESS
+}
+
+fn exit_for(e: &anyhow::Error) -> ExitCode {
+    // Stopped by a signal after printing what finished: the status says which one.
+    if let Some(i) = e.downcast_ref::<Interrupted>() {
+        return ExitCode::from(i.exit_code());
+    }
+    // The reader went away (`| head -1`): nothing to say, and no one to say it to.
+    let broken_pipe =
+        e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == ErrorKind::BrokenPipe));
+    if broken_pipe {
+        return ExitCode::SUCCESS;
+    }
+    // A closed stderr must not turn an error into a panic.
+    let _ = writeln!(std::io::stderr(), "error: {e:#}");
+    ExitCode::FAILURE
 }

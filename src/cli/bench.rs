@@ -2,23 +2,31 @@
 //! depth, memory; and the cost of the two rollback schemes for speculative decoding.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
 use serde::Serialize;
 
 use super::common::{self, ModelArgs};
+use super::interrupt::Interrupt;
 use crate::backend::{ChatMessage, ChatRequest, Prompt, Role};
-use crate::engine::{GenerateRequest, GenerationParams, Generator, ModelSession, MtpParams, MtpStats, SamplingParams};
+use crate::engine::{
+    GenerateRequest, GenerationParams, Generator, Memory, ModelSession, MtpParams, MtpStats, SamplingParams,
+};
 use crate::model::gdn::replay_head;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Prompts to run (repeatable); the default set suits the demo model.
+    /// Prompts to run (repeatable; `-` reads one from standard input); the default set suits
+    /// the demo model.
     #[arg(long, value_name = "TEXT")]
     pub prompt: Vec<String>,
+    /// A prompt from a file (repeatable; each file is one prompt).
+    #[arg(long, value_name = "FILE")]
+    pub prompt_file: Vec<PathBuf>,
     /// MTP depths to compare (0 = plain decoding; `auto` adapts). Local engine only: a
     /// server's speculative decoding is set where it was started.
     #[arg(long, value_delimiter = ',', default_value = "0,1,2,3", value_name = "LIST")]
@@ -41,6 +49,8 @@ pub const DEMO_PROMPTS: [&str; 4] =
 #[derive(Debug, Serialize)]
 pub struct BenchRow {
     pub mtp: String,
+    /// Passes over the prompts that finished (fewer than `--repeat` when interrupted).
+    pub passes: usize,
     pub generated_tokens: usize,
     pub decode_tok_s: f64,
     pub speedup: Option<f64>,
@@ -56,6 +66,23 @@ pub struct BenchRow {
     pub snapshot_bytes: usize,
 }
 
+/// The prompts to run: `--prompt` (one of them may be `-`, standard input), then each
+/// `--prompt-file`; the demo set when none is given.
+pub fn prompts(a: &BenchArgs) -> anyhow::Result<Vec<String>> {
+    anyhow::ensure!(a.prompt.iter().filter(|p| *p == "-").count() <= 1, "--prompt -: standard input can be read once");
+    let mut out = vec![];
+    for p in &a.prompt {
+        out.extend(common::prompt_text(Some(p), None)?);
+    }
+    for f in &a.prompt_file {
+        out.extend(common::prompt_text(None, Some(f))?);
+    }
+    if out.is_empty() {
+        out = DEMO_PROMPTS.iter().map(|s| s.to_string()).collect();
+    }
+    Ok(out)
+}
+
 pub fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -65,13 +92,15 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 }
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.repeat >= 1, "--repeat must be at least 1");
+    anyhow::ensure!(a.max_tokens >= 1, "--max-tokens must be at least 1");
+    let prompts = prompts(&a)?;
     if a.model.server.server.is_some() {
         // A server: only its per-request figures can be measured (see bench_remote).
-        return super::bench_remote::run(&a);
+        return super::bench_remote::run(&a, &prompts);
     }
     let loaded = common::load_local(&a.model, "bench")?;
-    let prompts: Vec<String> =
-        if a.prompt.is_empty() { DEMO_PROMPTS.iter().map(|s| s.to_string()).collect() } else { a.prompt.clone() };
+    let interrupt = Interrupt::install()?;
     let prompt_ids: Vec<Vec<u32>> = prompts
         .iter()
         .map(|p| {
@@ -86,7 +115,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let generator = Generator { tokenizer: &loaded.tokenizer, model_name: loaded.name.clone() };
     let mut rows: Vec<BenchRow> = vec![];
     let mut err = std::io::stderr().lock();
-    for setting in &a.mtp {
+    'settings: for setting in &a.mtp {
         let mtp = match setting.as_str() {
             "auto" => MtpParams { depth: 2, auto: true },
             k => MtpParams {
@@ -102,7 +131,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         let (mut decode, mut prefill, mut ttft) = (vec![], vec![], vec![]);
         let mut stats: Option<MtpStats> = None;
         let mut generated = 0;
-        let mut memory = Default::default();
+        let mut memory = Memory::default();
+        let mut runs = 0;
         for _ in 0..a.repeat {
             // One pass over every prompt: tokens and decode time add up across prompts.
             let (mut toks, mut secs, mut pre_toks, mut pre_secs, mut first) = (0usize, 0f64, 0usize, 0f64, vec![]);
@@ -123,9 +153,16 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 let out = generator.generate(
                     &mut session,
                     &GenerateRequest { prompt_ids: ids.clone(), params },
-                    &std::sync::atomic::AtomicBool::new(false),
+                    interrupt.cancel_flag(),
                     &mut |_| {},
                 )?;
+                if interrupt.interrupted() {
+                    // A pass cut short measures the interruption, not the engine: it goes.
+                    if runs > 0 {
+                        rows.push(row(setting, runs, generated, &decode, &prefill, &ttft, stats.as_ref(), &memory));
+                    }
+                    break 'settings;
+                }
                 let total = started.elapsed().as_secs_f64();
                 let t = out.timing.ttft_ms / 1e3;
                 toks += out.tokens.len().saturating_sub(1);
@@ -145,23 +182,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             if mtp.depth > 0 || mtp.auto {
                 stats = Some(run_stats);
             }
+            runs += 1;
         }
-        let row = BenchRow {
-            mtp: setting.clone(),
-            generated_tokens: generated,
-            decode_tok_s: median(decode),
-            speedup: None,
-            prefill_tok_s: median(prefill),
-            ttft_ms: median(ttft),
-            acceptance_rate: stats.as_ref().map(|s| s.acceptance_rate),
-            mean_accepted_length: stats.as_ref().map(|s| s.mean_accepted_length),
-            per_position: stats.as_ref().map(|s| s.per_position.clone()),
-            final_depth: stats.as_ref().map(|s| s.depth),
-            draft_share: stats.as_ref().map(|s| s.draft_ms / (s.draft_ms + s.verify_ms).max(1e-9)),
-            kv_bytes: memory.kv_bytes,
-            recurrent_bytes: memory.recurrent_bytes,
-            snapshot_bytes: stats.as_ref().map_or(0, |s| s.snapshot_bytes),
-        };
+        let row = row(setting, runs, generated, &decode, &prefill, &ttft, stats.as_ref(), &memory);
         if !a.json {
             writeln!(err, "mtp {setting}: {:.1} tok/s", row.decode_tok_s)?;
         }
@@ -172,19 +195,20 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             r.speedup = Some(r.decode_tok_s / base);
         }
     }
-    let rollback = if a.rollback { Some(rollback_costs()) } else { None };
+    let rollback = if a.rollback && !interrupt.interrupted() { Some(rollback_costs()) } else { None };
+    let stopped = interrupt.interrupted().then(|| serde_json::json!({"signal": interrupt.signal_name()}));
     let mut out = std::io::stdout().lock();
     if a.json {
-        writeln!(
-            out,
-            "{}",
-            serde_json::json!({"model": loaded.name, "prompts": prompts, "max_tokens": a.max_tokens, "rows": rows, "rollback": rollback})
-        )?;
-        return Ok(());
+        let mut v = serde_json::json!({"model": loaded.name, "prompts": prompts, "max_tokens": a.max_tokens, "rows": rows, "rollback": rollback});
+        if let Some(s) = stopped {
+            v["interrupted"] = s;
+        }
+        writeln!(out, "{v}")?;
+        return finish(&interrupt, rows.len(), a.mtp.len());
     }
     writeln!(
         out,
-        "{} · {} prompts · greedy · max_tokens {} · median of {}",
+        "{} · {} prompts · greedy · max_tokens {} · median of {} passes",
         loaded.name,
         prompts.len(),
         a.max_tokens,
@@ -192,8 +216,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     )?;
     writeln!(
         out,
-        "{:>5} {:>10} {:>8} {:>10} {:>9} {:>9} {:>8} {:>16} {:>7}",
-        "mtp", "decode/s", "speedup", "prefill/s", "TTFT ms", "accept", "mean len", "per position", "draft%"
+        "{:>5} {:>10} {:>8} {:>10} {:>9} {:>9} {:>8} {:>16} {:>7} {:>6}",
+        "mtp", "decode/s", "speedup", "prefill/s", "TTFT ms", "accept", "mean len", "per position", "draft%", "passes"
     )?;
     for r in &rows {
         let opt = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map(f).unwrap_or_else(|| "-".into());
@@ -203,7 +227,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         };
         writeln!(
             out,
-            "{:>5} {:>10.1} {:>8} {:>10.1} {:>9.1} {:>9} {:>8} {:>16} {:>7}",
+            "{:>5} {:>10.1} {:>8} {:>10.1} {:>9.1} {:>9} {:>8} {:>16} {:>7} {:>6}",
             depth,
             r.decode_tok_s,
             opt(r.speedup, &|x| format!("{x:.2}×")),
@@ -216,6 +240,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 .map(|p| p.iter().map(|x| format!("{:.0}", x * 100.0)).collect::<Vec<_>>().join("/"))
                 .unwrap_or_else(|| "-".into()),
             opt(r.draft_share, &|x| format!("{:.0}%", x * 100.0)),
+            r.passes,
         )?;
     }
     if let Some(rb) = rollback {
@@ -230,7 +255,51 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             2.0 * rb.replay_token_ms
         )?;
     }
-    Ok(())
+    finish(&interrupt, rows.len(), a.mtp.len())
+}
+
+/// After the table: an interrupted bench says what it measured, and exits with the signal.
+fn finish(interrupt: &Interrupt, done: usize, planned: usize) -> anyhow::Result<()> {
+    if !interrupt.interrupted() {
+        return Ok(());
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "interrupted by {}: {done} of {planned} MTP settings measured (the pass in flight was left out)",
+        interrupt.signal_name()
+    );
+    Err(interrupt.stopped().into())
+}
+
+/// One setting's row: medians over its finished passes.
+#[allow(clippy::too_many_arguments)]
+fn row(
+    setting: &str,
+    passes: usize,
+    generated: usize,
+    decode: &[f64],
+    prefill: &[f64],
+    ttft: &[f64],
+    stats: Option<&MtpStats>,
+    memory: &Memory,
+) -> BenchRow {
+    BenchRow {
+        mtp: setting.to_string(),
+        passes,
+        generated_tokens: generated,
+        decode_tok_s: median(decode.to_vec()),
+        speedup: None,
+        prefill_tok_s: median(prefill.to_vec()),
+        ttft_ms: median(ttft.to_vec()),
+        acceptance_rate: stats.map(|s| s.acceptance_rate),
+        mean_accepted_length: stats.map(|s| s.mean_accepted_length),
+        per_position: stats.map(|s| s.per_position.clone()),
+        final_depth: stats.map(|s| s.depth),
+        draft_share: stats.map(|s| s.draft_ms / (s.draft_ms + s.verify_ms).max(1e-9)),
+        kv_bytes: memory.kv_bytes,
+        recurrent_bytes: memory.recurrent_bytes,
+        snapshot_bytes: stats.map_or(0, |s| s.snapshot_bytes),
+    }
 }
 
 #[derive(Debug, Serialize)]

@@ -7,9 +7,10 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use super::bench::{BenchArgs, DEMO_PROMPTS, median};
+use super::bench::{BenchArgs, median};
 use super::common;
-use crate::backend::{ChatMessage, ChatRequest, EngineEvent, FinishReason, MtpStats, Prompt, Role};
+use super::interrupt::Interrupt;
+use crate::backend::{ChatMessage, ChatRequest, EngineEvent, ErrorKind, FinishReason, MtpStats, Prompt, Role};
 
 #[derive(Debug, Serialize)]
 pub struct RequestRow {
@@ -25,24 +26,32 @@ pub struct RequestRow {
     pub mtp: Option<MtpStats>,
 }
 
-pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
+pub fn run(a: &BenchArgs, prompts: &[String]) -> anyhow::Result<()> {
     let backend = common::open(&a.model)?;
     let info = backend.info().clone();
-    let prompts: Vec<String> =
-        if a.prompt.is_empty() { DEMO_PROMPTS.iter().map(|s| s.to_string()).collect() } else { a.prompt.clone() };
+    let interrupt = Interrupt::install()?;
     let mut overrides = crate::backend::ParamOverrides { max_tokens: a.max_tokens, ..Default::default() };
     overrides.temperature = Some(0.0);
     let params = overrides.resolve(&info)?;
     let mut rows = vec![];
     let mut err = std::io::stderr().lock();
-    for run in 0..a.repeat {
+    'runs: for run in 0..a.repeat {
         for (i, p) in prompts.iter().enumerate() {
+            if interrupt.interrupted() {
+                break 'runs;
+            }
             let req = ChatRequest {
                 prompt: Prompt::Chat(vec![ChatMessage::new(Role::User, p.clone())]),
                 enable_thinking: true,
                 params: params.clone(),
             };
-            let d = match backend.start(req)?.for_each(|_| {}) {
+            let generation = backend.start(req)?;
+            let control = generation.control();
+            interrupt.on_signal(move || control.cancel());
+            // A request cut short by the signal measures the interruption: it is left out.
+            let d = match generation.for_each(|_| {}) {
+                EngineEvent::Done(d) if d.finish_reason == FinishReason::Cancelled => break 'runs,
+                EngineEvent::Error(e) if e.kind == ErrorKind::Cancelled => break 'runs,
                 EngineEvent::Done(d) => d,
                 EngineEvent::Error(e) => anyhow::bail!("prompt {}: {}", i + 1, e.message),
                 _ => anyhow::bail!("prompt {}: the stream ended without a done event", i + 1),
@@ -85,10 +94,14 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         "mtp_source": with_mtp.first().and_then(|m| m.source.clone()),
     });
     let mut out = std::io::stdout().lock();
+    let planned = a.repeat * prompts.len();
     if a.json {
-        let v = serde_json::json!({"server": info.label(), "model": info.name, "prompts": prompts, "max_tokens": a.max_tokens, "requests": rows, "median": summary});
+        let mut v = serde_json::json!({"server": info.label(), "model": info.name, "prompts": prompts, "max_tokens": a.max_tokens, "requests": rows, "median": summary});
+        if interrupt.interrupted() {
+            v["interrupted"] = serde_json::json!({"signal": interrupt.signal_name(), "completed_requests": rows.len(), "planned_requests": planned});
+        }
         writeln!(out, "{v}")?;
-        return Ok(());
+        return finish(&interrupt, rows.len(), planned);
     }
     writeln!(
         out,
@@ -120,5 +133,17 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             with_mtp[0].source.clone().unwrap_or_default()
         )?;
     }
-    Ok(())
+    finish(&interrupt, rows.len(), planned)
+}
+
+fn finish(interrupt: &Interrupt, done: usize, planned: usize) -> anyhow::Result<()> {
+    if !interrupt.interrupted() {
+        return Ok(());
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "interrupted by {}: {done} of {planned} requests measured (the one in flight was left out)",
+        interrupt.signal_name()
+    );
+    Err(interrupt.stopped().into())
 }

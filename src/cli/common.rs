@@ -276,6 +276,31 @@ pub fn prompt(text: Option<&str>, ids: Option<&str>, p: &PromptArgs) -> anyhow::
     }
 }
 
+/// `--prompt TEXT` (`-`: standard input) or `--prompt-file FILE`, for prompts longer than a
+/// command line can hold (Linux caps one argument at 128 KiB). One line break at the end of a
+/// file or of piped input is dropped (files and `echo` end with one).
+pub fn prompt_text(text: Option<&str>, file: Option<&Path>) -> anyhow::Result<Option<String>> {
+    let (read, from) = match (text, file) {
+        (Some(_), Some(_)) => anyhow::bail!("give either --prompt or --prompt-file, not both"),
+        (None, None) => return Ok(None),
+        (Some("-"), None) => {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+                .map_err(|e| anyhow::anyhow!("--prompt -: cannot read standard input: {e}"))?;
+            (s, "standard input".to_string())
+        }
+        (Some(t), None) => return Ok(Some(t.to_string())),
+        (None, Some(f)) => {
+            let s = std::fs::read_to_string(f)
+                .map_err(|e| anyhow::anyhow!("--prompt-file {}: cannot read it: {e}", f.display()))?;
+            (s, f.display().to_string())
+        }
+    };
+    let t = read.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&read);
+    anyhow::ensure!(!t.trim().is_empty(), "the prompt from {from} is empty");
+    Ok(Some(t.to_string()))
+}
+
 /// `1,2,3` → ids (`--prompt-ids`, `--ids`).
 pub fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
     s.split(',')

@@ -6,6 +6,7 @@ pub mod bench_remote;
 pub mod chat;
 pub mod common;
 pub mod inspect;
+pub mod interrupt;
 pub mod logits;
 pub mod run;
 pub mod sweep;

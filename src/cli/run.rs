@@ -1,19 +1,30 @@
 //! `deltascope run`: one generation, headless.
 
 use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
 use super::common::{self, GenArgs, ModelArgs, PromptArgs};
+use super::interrupt::Interrupt;
 use crate::backend::{ChatRequest, Diagnostic, DoneEvent, EngineEvent, FinishReason, Phase, TokenEvent};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// The user message (rendered through the chat template unless --raw).
-    #[arg(long, value_name = "TEXT", conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
+    /// The user message (rendered through the chat template unless --raw); `-` reads it from
+    /// standard input.
+    #[arg(
+        long,
+        value_name = "TEXT",
+        conflicts_with_all = ["prompt_ids", "prompt_file"],
+        required_unless_present_any = ["prompt_ids", "prompt_file"]
+    )]
     pub prompt: Option<String>,
+    /// The user message from a file (for prompts longer than a command line can hold).
+    #[arg(long, value_name = "FILE", conflicts_with = "prompt_ids")]
+    pub prompt_file: Option<PathBuf>,
     /// Prompt token ids, comma-separated (used as is).
     #[arg(long, value_name = "1,2,3")]
     pub prompt_ids: Option<String>,
@@ -40,10 +51,12 @@ pub enum ThinkingTo {
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<()> {
+    let text = common::prompt_text(a.prompt.as_deref(), a.prompt_file.as_deref())?;
+    let prompt = common::prompt(text.as_deref(), a.prompt_ids.as_deref(), &a.prompt_opts)?;
     let backend = common::open(&a.model)?;
     let overrides = a.generation.overrides();
     let request = ChatRequest {
-        prompt: common::prompt(a.prompt.as_deref(), a.prompt_ids.as_deref(), &a.prompt_opts)?,
+        prompt,
         enable_thinking: overrides.thinking_enabled(a.prompt_opts.no_think),
         params: overrides.resolve(backend.info())?,
     };
@@ -66,17 +79,13 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
         return Ok(());
     }
 
+    let interrupt = Interrupt::install()?;
     let generation = backend.start(request)?;
     // Ctrl+C (and SIGTERM / SIGHUP) cancel the generation (within one token, or at once for
     // a server's stream; the output so far and the `done` event are still printed); a second
     // signal exits at once.
     let control = generation.control();
-    let _ = ctrlc::set_handler(move || {
-        if control.is_cancelled() {
-            std::process::exit(130);
-        }
-        control.cancel();
-    });
+    interrupt.on_signal(move || control.cancel());
 
     let tty = std::io::stdout().is_terminal();
     let err_tty = std::io::stderr().is_terminal();
@@ -147,9 +156,10 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
                     )?;
                 }
                 if finish_reason == FinishReason::Cancelled {
-                    // Cut short: what arrived was printed, and the exit status says so.
+                    // Cut short: what arrived was printed, and the exit status says which
+                    // signal did it.
                     out.flush()?;
-                    std::process::exit(130);
+                    return Err(interrupt.stopped().into());
                 }
                 break;
             }

@@ -9,15 +9,19 @@ use clap::Args;
 use serde::Serialize;
 
 use super::common::{self, GenArgs, ModelArgs, PromptArgs};
-use crate::backend::{ChatRequest, DiagnosticKind, EngineEvent, FinishReason};
+use super::interrupt::Interrupt;
+use crate::backend::{Backend, ChatRequest, DiagnosticKind, EngineEvent, ErrorKind, FinishReason, Prompt};
 
 #[derive(Args, Debug)]
 pub struct SweepArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// The user message.
-    #[arg(long, value_name = "TEXT")]
-    pub prompt: String,
+    /// The user message; `-` reads it from standard input.
+    #[arg(long, value_name = "TEXT", required_unless_present = "prompt_file", conflicts_with = "prompt_file")]
+    pub prompt: Option<String>,
+    /// The user message from a file (for prompts longer than a command line can hold).
+    #[arg(long, value_name = "FILE")]
+    pub prompt_file: Option<PathBuf>,
     #[command(flatten)]
     pub prompt_opts: PromptArgs,
     /// Thinking budgets to try: -1 unlimited, 0 thinking off.
@@ -76,12 +80,63 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
     let check = a.check.as_deref().map(regex::Regex::new).transpose().map_err(|e| anyhow::anyhow!("--check: {e}"))?;
     anyhow::ensure!(!a.thinking_budgets.is_empty(), "--thinking-budgets is empty");
     anyhow::ensure!(a.repeat >= 1, "--repeat must be at least 1");
+    let text = common::prompt_text(a.prompt.as_deref(), a.prompt_file.as_deref())?
+        .ok_or_else(|| anyhow::anyhow!("no prompt given (--prompt TEXT, --prompt - or --prompt-file FILE)"))?;
+    let prompt = common::prompt(Some(&text), None, &a.prompt_opts)?;
     let backend = common::open(&a.model)?;
-    let prompt = common::prompt(Some(&a.prompt), None, &a.prompt_opts)?;
+    let interrupt = Interrupt::install()?;
+    let planned = a.thinking_budgets.len() * a.repeat as usize;
+    let runs = collect_runs(&a, backend.as_ref(), &prompt, check.as_ref(), &interrupt)?;
+    // Budgets with no finished run (an interrupted sweep) have nothing to summarise.
+    let summary: Vec<SweepSummary> =
+        a.thinking_budgets.iter().filter_map(|&b| summarise(b, &runs, check.is_some())).collect();
+    let stopped = interrupt.interrupted().then(|| {
+        serde_json::json!({"signal": interrupt.signal_name(), "completed_runs": runs.len(), "planned_runs": planned})
+    });
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        let mut v = serde_json::json!({"prompt": text, "runs": runs, "summary": summary});
+        if let Some(s) = &stopped {
+            v["interrupted"] = s.clone();
+        }
+        writeln!(out, "{v}")?;
+    } else {
+        print_table(&mut out, &runs, &summary, a.repeat > 1 || check.is_some())?;
+    }
+    let mut err = std::io::stderr().lock();
+    if let Some(path) = &a.plot {
+        std::fs::write(path, plot_svg(&text, &summary))
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+        writeln!(err, "wrote {}", path.display())?;
+    }
+    if interrupt.interrupted() {
+        writeln!(
+            err,
+            "interrupted by {}: {} of {planned} runs finished (the run in flight was cancelled and left out)",
+            interrupt.signal_name(),
+            runs.len()
+        )?;
+        return Err(interrupt.stopped().into());
+    }
+    Ok(())
+}
+
+/// Every budget × seed, in order, until done or interrupted (the run in flight is cancelled
+/// and left out: its numbers would describe a generation cut short by the user).
+fn collect_runs(
+    a: &SweepArgs,
+    backend: &dyn Backend,
+    prompt: &Prompt,
+    check: Option<&regex::Regex>,
+    interrupt: &Interrupt,
+) -> anyhow::Result<Vec<SweepRun>> {
     let mut runs = vec![];
     let mut err = std::io::stderr().lock();
     for &budget in &a.thinking_budgets {
         for r in 0..a.repeat {
+            if interrupt.interrupted() {
+                return Ok(runs);
+            }
             let mut g = a.generation.overrides();
             g.thinking_budget = Some(budget);
             g.seed = a.generation.seed + r;
@@ -91,6 +146,8 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
                 params: g.resolve(backend.info())?,
             };
             let generation = backend.start(request)?;
+            let control = generation.control();
+            interrupt.on_signal(move || control.cancel());
             let mut budget_forced = false;
             let end = generation.for_each(|ev| {
                 if let EngineEvent::Diagnostic(d) = ev {
@@ -98,6 +155,7 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
                 }
             });
             let run = match end {
+                EngineEvent::Done(d) if d.finish_reason == FinishReason::Cancelled => return Ok(runs),
                 EngineEvent::Done(d) => SweepRun {
                     budget,
                     seed: g.seed,
@@ -106,10 +164,11 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
                     finish_reason: d.finish_reason,
                     // A server forces the end of thinking without saying which tokens it forced.
                     forced: d.usage.forced_tokens > 0 || budget_forced,
-                    correct: check.as_ref().map(|re| re.is_match(&d.answer)),
+                    correct: check.map(|re| re.is_match(&d.answer)),
                     decode_tok_s: d.timing.decode_tok_s,
                     answer: d.answer,
                 },
+                EngineEvent::Error(e) if e.kind == ErrorKind::Cancelled => return Ok(runs),
                 EngineEvent::Error(e) => anyhow::bail!("budget {}: {}", budget_label(budget), e.message),
                 _ => anyhow::bail!("budget {}: the generation ended without a done event", budget_label(budget)),
             };
@@ -127,77 +186,76 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
             runs.push(run);
         }
     }
-    let summary: Vec<SweepSummary> = a
-        .thinking_budgets
-        .iter()
-        .map(|&b| {
-            let rs: Vec<&SweepRun> = runs.iter().filter(|r| r.budget == b).collect();
-            let n = rs.len() as f64;
-            SweepSummary {
-                budget: b,
-                runs: rs.len(),
-                mean_thinking_tokens: rs.iter().map(|r| r.thinking_tokens as f64).sum::<f64>() / n,
-                mean_answer_tokens: rs.iter().map(|r| r.answer_tokens as f64).sum::<f64>() / n,
-                forced: rs.iter().filter(|r| r.forced).count(),
-                accuracy: check.as_ref().map(|_| rs.iter().filter(|r| r.correct == Some(true)).count() as f64 / n),
-            }
-        })
-        .collect();
+    Ok(runs)
+}
 
-    let mut out = std::io::stdout().lock();
-    if a.json {
-        writeln!(out, "{}", serde_json::json!({"prompt": a.prompt, "runs": runs, "summary": summary}))?;
-    } else {
+/// The mean of one budget's finished runs; `None` when none finished.
+fn summarise(budget: i64, runs: &[SweepRun], checked: bool) -> Option<SweepSummary> {
+    let rs: Vec<&SweepRun> = runs.iter().filter(|r| r.budget == budget).collect();
+    if rs.is_empty() {
+        return None;
+    }
+    let n = rs.len() as f64;
+    Some(SweepSummary {
+        budget,
+        runs: rs.len(),
+        mean_thinking_tokens: rs.iter().map(|r| r.thinking_tokens as f64).sum::<f64>() / n,
+        mean_answer_tokens: rs.iter().map(|r| r.answer_tokens as f64).sum::<f64>() / n,
+        forced: rs.iter().filter(|r| r.forced).count(),
+        accuracy: checked.then(|| rs.iter().filter(|r| r.correct == Some(true)).count() as f64 / n),
+    })
+}
+
+fn print_table(
+    out: &mut impl Write,
+    runs: &[SweepRun],
+    summary: &[SweepSummary],
+    with_summary: bool,
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:>6} {:>5} {:>9} {:>7} {:>12} {:>6} {:>8} {:>8}",
+        "budget", "seed", "thinking", "answer", "finish", "forced", "correct", "tok/s"
+    )?;
+    for r in runs {
+        let correct = match r.correct {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "-",
+        };
         writeln!(
             out,
-            "{:>6} {:>5} {:>9} {:>7} {:>12} {:>6} {:>8} {:>8}",
-            "budget", "seed", "thinking", "answer", "finish", "forced", "correct", "tok/s"
+            "{:>6} {:>5} {:>9} {:>7} {:>12} {:>6} {:>8} {:>8.1}",
+            budget_label(r.budget),
+            r.seed,
+            r.thinking_tokens,
+            r.answer_tokens,
+            r.finish_reason.as_str(),
+            if r.forced { "yes" } else { "no" },
+            correct,
+            r.decode_tok_s
         )?;
-        for r in &runs {
-            let correct = match r.correct {
-                Some(true) => "yes",
-                Some(false) => "no",
-                None => "-",
-            };
-            writeln!(
-                out,
-                "{:>6} {:>5} {:>9} {:>7} {:>12} {:>6} {:>8} {:>8.1}",
-                budget_label(r.budget),
-                r.seed,
-                r.thinking_tokens,
-                r.answer_tokens,
-                r.finish_reason.as_str(),
-                if r.forced { "yes" } else { "no" },
-                correct,
-                r.decode_tok_s
-            )?;
-        }
-        if a.repeat > 1 || check.is_some() {
-            writeln!(out)?;
-            writeln!(
-                out,
-                "{:>6} {:>5} {:>14} {:>12} {:>6} {:>9}",
-                "budget", "runs", "mean thinking", "mean answer", "forced", "accuracy"
-            )?;
-            for s in &summary {
-                let acc = s.accuracy.map(|x| format!("{:.0}%", x * 100.0)).unwrap_or_else(|| "-".into());
-                writeln!(
-                    out,
-                    "{:>6} {:>5} {:>14.1} {:>12.1} {:>6} {:>9}",
-                    budget_label(s.budget),
-                    s.runs,
-                    s.mean_thinking_tokens,
-                    s.mean_answer_tokens,
-                    s.forced,
-                    acc
-                )?;
-            }
-        }
     }
-    if let Some(path) = &a.plot {
-        std::fs::write(path, plot_svg(&a.prompt, &summary))
-            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
-        writeln!(err, "wrote {}", path.display())?;
+    if with_summary {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "{:>6} {:>5} {:>14} {:>12} {:>6} {:>9}",
+            "budget", "runs", "mean thinking", "mean answer", "forced", "accuracy"
+        )?;
+        for s in summary {
+            let acc = s.accuracy.map(|x| format!("{:.0}%", x * 100.0)).unwrap_or_else(|| "-".into());
+            writeln!(
+                out,
+                "{:>6} {:>5} {:>14.1} {:>12.1} {:>6} {:>9}",
+                budget_label(s.budget),
+                s.runs,
+                s.mean_thinking_tokens,
+                s.mean_answer_tokens,
+                s.forced,
+                acc
+            )?;
+        }
     }
     Ok(())
 }

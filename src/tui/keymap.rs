@@ -597,7 +597,10 @@ mod tests {
     fn a_key_bound_twice_or_no_way_to_send_or_quit_is_an_error() {
         // Quit moved onto regenerate's default key.
         let e = Keymap::parse("[keys]\nquit = \"ctrl-r\"\n", "k.toml").unwrap_err();
-        assert_eq!(e.to_string(), "k.toml: Ctrl+R is bound to both regenerate and quit (regenerate by default: rebind it too)");
+        assert_eq!(
+            e.to_string(),
+            "k.toml: Ctrl+R is bound to both regenerate and quit (regenerate by default: rebind it too)"
+        );
         // Both named in the file.
         let e = Keymap::parse("[keys]\nquit = \"f9\"\nhelp = [\"f1\", \"f9\"]\n", "k.toml").unwrap_err();
         assert_eq!(e.to_string(), "k.toml: F9 is bound to both help and quit");
