@@ -8,7 +8,7 @@ mod common;
 
 use common::*;
 use deltascope::backend::{DryRun, ErrorKind, Prompt, Role};
-use deltascope::engine::{DraftKind, EngineEvent, FinishReason, Phase};
+use deltascope::engine::{DiagnosticKind, DraftKind, EngineEvent, FinishReason, Phase};
 use deltascope::session::Session;
 use deltascope::tui::app::{App, AppConfig, EditTarget, Effect, Focus, SessionsDir};
 use deltascope::tui::event::Inbound;
@@ -126,6 +126,7 @@ fn an_answer_cut_by_max_tokens_is_continued_in_place() {
     }
     engine(&mut app, done(FinishReason::Length, 10, 4, 0, "Check divisors\n91", ""), 6.0);
     app.take_effects();
+    let budget_before = app.convo.session.turns[0].params.max_tokens;
     key(&mut app, KeyCode::F(5), KeyModifiers::NONE, 10.0);
     let effects = app.take_effects();
     let Some(Effect::Generate { prompt: Prompt::Continue { messages, generated }, enable_thinking, .. }) =
@@ -142,6 +143,8 @@ fn an_answer_cut_by_max_tokens_is_continued_in_place() {
     engine(&mut app, token(0, Phase::Thinking, " ÷ 7", -0.1, DraftKind::None, false), 12.0);
     engine(&mut app, token(1, Phase::Thinking, "</think>", -0.1, DraftKind::None, false), 13.0);
     engine(&mut app, token(2, Phase::Answer, "No.", -0.1, DraftKind::None, false), 14.0);
+    // A diagnostic of the continuation points at the turn's token, not the continuation's.
+    engine(&mut app, common::diag(DiagnosticKind::AnswerTruncated, 2, "cut", None), 14.5);
     engine(&mut app, done(FinishReason::Stop, 14, 2, 1, " ÷ 7", "No."), 15.0);
     let s = &app.convo.session;
     assert_eq!(s.turns.len(), 1);
@@ -149,12 +152,15 @@ fn an_answer_cut_by_max_tokens_is_continued_in_place() {
     assert_eq!(t.finish_reason, Some(FinishReason::Stop));
     assert_eq!(t.tokens.len(), 7);
     assert_eq!(t.tokens.iter().map(|x| x.index).collect::<Vec<_>>(), [0, 1, 2, 3, 4, 5, 6]);
+    assert_eq!(t.diagnostics.iter().map(|d| d.at_token).collect::<Vec<_>>(), [6]);
     assert_eq!(t.thinking, "Check divisors\n91 ÷ 7");
     assert_eq!(t.answer, "No.");
     assert_eq!(t.thinking_tokens(), 6);
     assert_eq!(t.answer_tokens(), 1);
     assert_eq!(t.prompt_tokens, 10, "the turn's own prompt, not the continuation's");
     assert_eq!(t.continued, 1);
+    // The turn's budget is what both generations together could use.
+    assert_eq!(t.params.max_tokens, budget_before + app.settings.params.max_tokens);
     // Times carry on from the first part.
     assert!(t.tokens[4].t_ms > t.tokens[3].t_ms, "{:?}", t.tokens.iter().map(|x| x.t_ms).collect::<Vec<_>>());
     // A finished answer has nothing to continue.
@@ -242,9 +248,7 @@ fn sliders_take_typed_values_and_stop_at_the_context() {
     // Enter on max_tokens, then the field report's 4000.
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 0.0);
     assert_eq!(app.overlay.name(), "slider-value");
-    for _ in 0..6 {
-        key(&mut app, KeyCode::Backspace, KeyModifiers::NONE, 0.0);
-    }
+    // The current value is shown selected: typing replaces it.
     type_text(&mut app, "9000", 0.0);
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 0.0);
     let screen = render(&app, 80, 30);
@@ -259,9 +263,6 @@ fn sliders_take_typed_values_and_stop_at_the_context() {
     // The thinking budget: 3000.
     key(&mut app, KeyCode::Down, KeyModifiers::NONE, 0.0);
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 0.0);
-    for _ in 0..12 {
-        key(&mut app, KeyCode::Backspace, KeyModifiers::NONE, 0.0);
-    }
     type_text(&mut app, "3000", 0.0);
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 0.0);
     assert_eq!(app.settings.params.thinking_budget, Some(3000));
@@ -349,7 +350,7 @@ fn a_failed_autosave_stays_visible_and_quitting_asks() {
     key(&mut app, KeyCode::Char('q'), KeyModifiers::NONE, 62_000.0);
     assert!(app.quit);
     let loss = app.loss_report().expect("a loss report");
-    assert!(loss.contains("1 turns") && loss.contains("no copy was written"), "{loss}");
+    assert!(loss.contains("(1 turn)") && loss.contains("no copy was written"), "{loss}");
 }
 
 #[test]

@@ -157,9 +157,12 @@ impl Turn {
         self.tokens.iter().map(|t| t.text.as_str()).collect()
     }
 
-    /// Prepares the turn to receive a continuation's events: they extend it. The diagnostics
-    /// of the cut (empty answer, answer cut) are resolved by continuing, so they go.
-    pub fn begin_continuation(&mut self) {
+    /// Prepares the turn to receive a continuation of up to `more` tokens: its events extend
+    /// the turn, and its `max_tokens` grows by `more` (the turn's budget is what all its
+    /// generations together may use). The diagnostics of the cut (empty answer, answer cut)
+    /// are resolved by continuing, so they go.
+    pub fn begin_continuation(&mut self, more: usize) {
+        self.params.max_tokens += more;
         self.continuation = Some(ContinuationBase {
             tokens: self.tokens.len(),
             thinking: self.thinking.clone(),
@@ -217,7 +220,15 @@ impl Turn {
                     clear_repeated_history(&mut self.stats.samples[n - 2..]);
                 }
             }
-            EngineEvent::Diagnostic(d) => self.diagnostics.push(Timed { t_ms, ev: d.clone() }),
+            EngineEvent::Diagnostic(d) => {
+                let mut d = d.clone();
+                // A continuation counts its tokens from 0; the turn counts from its first.
+                if let Some(base) = &self.continuation {
+                    d.at_token += base.tokens;
+                    d.start = d.start.map(|s| s + base.tokens);
+                }
+                self.diagnostics.push(Timed { t_ms, ev: d });
+            }
             EngineEvent::Done(d) => {
                 self.finish_reason = Some(d.finish_reason);
                 if self.prompt_tokens == 0 {

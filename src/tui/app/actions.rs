@@ -95,7 +95,10 @@ impl App {
             Focus::Sliders => {
                 let slider = Slider::ALL[self.view.slider];
                 let current = slider.typed_value(&self.settings);
-                self.overlay = Overlay::SliderValue { slider, input: line_input(&current), error: None };
+                // Shown selected, so typing replaces it (←/→ keep it for editing).
+                let mut input = line_input(&current);
+                input.select_all();
+                self.overlay = Overlay::SliderValue { slider, input, error: None };
             }
             Focus::Thinking | Focus::Answer => return false,
         }

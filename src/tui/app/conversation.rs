@@ -253,7 +253,7 @@ impl App {
         params.thinking_budget = params.thinking_budget.map(|b| b.saturating_sub(t.thinking_tokens()).max(1));
         let since = t.last_event_ms();
         let t = &mut self.convo.session.turns[i];
-        t.begin_continuation();
+        t.begin_continuation(params.max_tokens);
         self.convo.live = Some(Live { turn: i, sent_ms: self.now_ms - since });
         self.view.reset_panes();
         let n = params.max_tokens;

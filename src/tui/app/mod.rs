@@ -28,7 +28,7 @@ pub use self::conversation::{Conversation, Live};
 pub use self::messages::{Level, Message, MessageLog};
 pub use self::overlay::Overlay;
 pub use self::replay::{Replay, ReplayItem};
-pub use self::saving::{SaveState, SessionsDir, check_writable};
+pub use self::saving::{SaveState, SessionsDir, check_writable, turns_label};
 pub use self::scroll::PaneScroll;
 pub use self::view_state::{ColourMode, Focus, ThinkingView, ViewState};
 use super::event::Inbound;

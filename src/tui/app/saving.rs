@@ -123,6 +123,11 @@ impl SaveState {
             Some(p) => format!("the last good copy is {}", p.display()),
             None => "no copy was written".into(),
         };
-        Some(format!("the conversation ({} turns) was not saved: {why}; {copy}", session.turns.len()))
+        Some(format!("the conversation ({}) was not saved: {why}; {copy}", turns_label(session.turns.len())))
     }
+}
+
+/// "1 turn", "3 turns".
+pub fn turns_label(n: usize) -> String {
+    if n == 1 { "1 turn".into() } else { format!("{n} turns") }
 }

@@ -26,27 +26,55 @@ const CONTEXT_KEYS: [(&str, &str); 10] = [
     ("any other key", "closes this help"),
 ];
 
+/// Columns of the key and action-name columns before a description.
+const KEY_COLS: usize = 24;
+const NAME_COLS: usize = 20;
+
 pub fn help(app: &App, f: &mut Frame, area: Rect) {
     let th = &app.theme;
     let key_style = Style::new().fg(th.accent).add_modifier(Modifier::BOLD);
-    let mut lines = vec![Line::styled("Keys (rebind in keymap.toml, see README)", th.fg(th.dim))];
-    for a in Action::ALL {
-        lines.push(Line::from(vec![
-            Span::styled(format!("{:<24}", app.keymap.label(a)), key_style),
-            Span::styled(format!("{:<20}", a.name()), th.fg(th.dim)),
-            Span::styled(a.describe(), th.fg(th.text)),
-        ]));
-    }
-    lines.push(Line::raw(""));
-    for (k, d) in CONTEXT_KEYS {
-        lines.push(Line::from(vec![Span::styled(format!("{k:<24}"), key_style), Span::styled(d, th.fg(th.text))]));
-    }
+    // (key, action name, description) rows; the name is empty for the context keys.
+    let mut entries: Vec<(String, &str, &str)> =
+        Action::ALL.iter().map(|a| (app.keymap.label(*a), a.name(), a.describe())).collect();
+    let first_context = entries.len();
+    entries.extend(CONTEXT_KEYS.iter().map(|(k, d)| (k.to_string(), "", *d)));
+    let indent = |i: usize| if i < first_context { KEY_COLS + NAME_COLS } else { KEY_COLS };
+    let heading = Line::styled("Keys (rebind in keymap.toml, see README)", th.fg(th.dim));
     // As wide as the longest line (descriptions are not cut), wrapping only when the terminal is
-    // narrower; scrolled with ↑/↓ when taller.
-    let w = lines.iter().map(Line::width).max().unwrap_or(0) as u16 + 2;
-    let r = centered(area, w, lines.len() as u16 + 2);
+    // narrower (a description then continues under itself); scrolled with ↑/↓ when taller.
+    let natural = entries.iter().enumerate().map(|(i, e)| indent(i) + e.2.chars().count()).max().unwrap_or(0);
+    let height = entries.len() as u16 + 4;
+    let r = centered(area, natural.max(heading.width()) as u16 + 2, height);
     f.render_widget(Clear, r);
-    let rows = wrap(&lines, r.width.saturating_sub(2) as usize);
+    let inner = r.width.saturating_sub(2) as usize;
+    let mut rows = wrap(&[heading], inner);
+    for (i, (k, name, d)) in entries.iter().enumerate() {
+        if i == first_context {
+            rows.push(Line::raw(""));
+        }
+        let cols = indent(i);
+        let mut head = vec![Span::styled(format!("{k:<KEY_COLS$}"), key_style)];
+        if cols > KEY_COLS {
+            head.push(Span::styled(format!("{name:<NAME_COLS$}"), th.fg(th.dim)));
+        }
+        let desc = Line::styled(d.to_string(), th.fg(th.text));
+        if inner < cols + 16 {
+            // Too narrow for columns: plain wrapping.
+            head.extend(desc.spans);
+            rows.extend(wrap(&[Line::from(head)], inner));
+            continue;
+        }
+        for (j, mut part) in wrap(&[desc], inner - cols).into_iter().enumerate() {
+            let mut spans = if j == 0 { std::mem::take(&mut head) } else { vec![Span::raw(" ".repeat(cols))] };
+            if j > 0
+                && let Some(s) = part.spans.first_mut()
+            {
+                s.content = s.content.trim_start().to_string().into();
+            }
+            spans.extend(part.spans);
+            rows.push(Line::from(spans));
+        }
+    }
     let visible = r.height.saturating_sub(2) as usize;
     let max = rows.len().saturating_sub(visible);
     app.view.popup_scroll_max.set(max as u16);

@@ -12,7 +12,7 @@ use ratatui_textarea::TextArea;
 use super::centered;
 use super::wrap::wrap;
 use crate::backend::DryRun;
-use crate::tui::app::{App, Level};
+use crate::tui::app::{App, Level, turns_label};
 use crate::tui::keymap::Action;
 use crate::tui::sliders::Slider;
 
@@ -90,7 +90,7 @@ pub fn confirm_quit(app: &App, f: &mut Frame, area: Rect) {
     let key = Style::new().fg(th.accent).add_modifier(Modifier::BOLD);
     let lines = vec![
         Line::styled(
-            format!("This conversation ({} turns) is not saved: {why}", app.convo.session.turns.len()),
+            format!("This conversation ({}) is not saved: {why}", turns_label(app.convo.session.turns.len())),
             th.fg(th.bad),
         ),
         Line::styled(last, th.fg(th.text)),
