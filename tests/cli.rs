@@ -362,33 +362,3 @@ fn sweep_table_json_and_plot() {
     ]);
     assert!(table.contains("budget") && table.contains("mean thinking") && table.lines().count() >= 8, "{table}");
 }
-
-#[test]
-fn ctrl_c_cancels_and_keeps_the_output() {
-    use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
-    // A raw prompt on the demo model: it never reaches a stop token within 100k tokens.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_deltascope"))
-        .args(["run", "--prompt", "Sort", "--raw", "--max-tokens", "3000", "--temperature", "0", "--json"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut tokens = 0;
-    while tokens < 5 {
-        let l = lines.next().unwrap().unwrap();
-        if l.contains("\"event\":\"token\"") {
-            tokens += 1;
-        }
-    }
-    let status = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
-    assert!(status.success());
-    let rest: Vec<Value> = lines.map(|l| serde_json::from_str(&l.unwrap()).unwrap()).collect();
-    let done = rest.last().unwrap();
-    assert_eq!(done["event"], "done");
-    assert_eq!(done["finish_reason"], "cancelled");
-    let generated = done["usage"]["completion_tokens"].as_u64().unwrap();
-    assert!((5..3000).contains(&generated), "{generated}");
-    // Cut short: the output is kept, and the exit status says so (130, as for SIGINT).
-    assert_eq!(child.wait().unwrap().code(), Some(130));
-}

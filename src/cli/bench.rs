@@ -204,7 +204,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             v["interrupted"] = s;
         }
         writeln!(out, "{v}")?;
-        return finish(&interrupt, rows.len(), a.mtp.len());
+        return interrupt.finish(measured(rows.len(), a.mtp.len()));
     }
     writeln!(
         out,
@@ -255,20 +255,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             2.0 * rb.replay_token_ms
         )?;
     }
-    finish(&interrupt, rows.len(), a.mtp.len())
+    interrupt.finish(measured(rows.len(), a.mtp.len()))
 }
 
-/// After the table: an interrupted bench says what it measured, and exits with the signal.
-fn finish(interrupt: &Interrupt, done: usize, planned: usize) -> anyhow::Result<()> {
-    if !interrupt.interrupted() {
-        return Ok(());
-    }
-    let _ = writeln!(
-        std::io::stderr(),
-        "interrupted by {}: {done} of {planned} MTP settings measured (the pass in flight was left out)",
-        interrupt.signal_name()
-    );
-    Err(interrupt.stopped().into())
+fn measured(done: usize, planned: usize) -> String {
+    format!("{done} of {planned} MTP settings measured (the pass in flight was left out)")
 }
 
 /// One setting's row: medians over its finished passes.

@@ -101,7 +101,7 @@ pub fn run(a: &BenchArgs, prompts: &[String]) -> anyhow::Result<()> {
             v["interrupted"] = serde_json::json!({"signal": interrupt.signal_name(), "completed_requests": rows.len(), "planned_requests": planned});
         }
         writeln!(out, "{v}")?;
-        return finish(&interrupt, rows.len(), planned);
+        return interrupt.finish(measured(rows.len(), planned));
     }
     writeln!(
         out,
@@ -133,17 +133,9 @@ pub fn run(a: &BenchArgs, prompts: &[String]) -> anyhow::Result<()> {
             with_mtp[0].source.clone().unwrap_or_default()
         )?;
     }
-    finish(&interrupt, rows.len(), planned)
+    interrupt.finish(measured(rows.len(), planned))
 }
 
-fn finish(interrupt: &Interrupt, done: usize, planned: usize) -> anyhow::Result<()> {
-    if !interrupt.interrupted() {
-        return Ok(());
-    }
-    let _ = writeln!(
-        std::io::stderr(),
-        "interrupted by {}: {done} of {planned} requests measured (the one in flight was left out)",
-        interrupt.signal_name()
-    );
-    Err(interrupt.stopped().into())
+fn measured(done: usize, planned: usize) -> String {
+    format!("{done} of {planned} requests measured (the one in flight was left out)")
 }

@@ -3,6 +3,7 @@
 //! is kept and printed. A second one exits at once. The exit status names the signal (128 + its
 //! number: 130, 143, 129), so scripts can tell an interrupted run from a finished one.
 
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -70,6 +71,16 @@ impl Interrupt {
     /// The error a command returns once it has printed what finished before the signal.
     pub fn stopped(&self) -> Interrupted {
         Interrupted { signal: self.signal.load(Ordering::SeqCst) }
+    }
+
+    /// The end of a command: `Ok` when no signal came; else says on stderr what was done
+    /// (`"3 of 5 runs finished"`) and returns the [`Interrupted`] error `main` exits with.
+    pub fn finish(&self, what: impl std::fmt::Display) -> anyhow::Result<()> {
+        if !self.interrupted() {
+            return Ok(());
+        }
+        let _ = writeln!(std::io::stderr(), "interrupted by {}: {what}", self.signal_name());
+        Err(self.stopped().into())
     }
 
     /// `SIGINT` / `SIGTERM` / `SIGHUP`.

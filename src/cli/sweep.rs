@@ -109,16 +109,8 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
         writeln!(err, "wrote {}", path.display())?;
     }
-    if interrupt.interrupted() {
-        writeln!(
-            err,
-            "interrupted by {}: {} of {planned} runs finished (the run in flight was cancelled and left out)",
-            interrupt.signal_name(),
-            runs.len()
-        )?;
-        return Err(interrupt.stopped().into());
-    }
-    Ok(())
+    interrupt
+        .finish(format!("{} of {planned} runs finished (the run in flight was cancelled and left out)", runs.len()))
 }
 
 /// Every budget × seed, in order, until done or interrupted (the run in flight is cancelled

@@ -267,15 +267,7 @@ impl App {
 
     /// A fresh conversation with the same settings; the current one stays saved.
     pub(super) fn new_conversation(&mut self) {
-        if self.generating() || self.convo.replay.is_some() {
-            self.say(Level::Info, "busy — cancel first");
-            return;
-        }
-        if self.convo.save.unsaved {
-            self.say(
-                Level::Error,
-                format!("this conversation is not saved ({}): quit offers another path", self.save_reason()),
-            );
+        if !self.can_leave_conversation() {
             return;
         }
         let old = self.convo.save.file(&self.convo.session);
@@ -322,15 +314,7 @@ impl App {
 
     /// Opens a saved session to continue it (or to replay it).
     pub fn open_session(&mut self, path: &std::path::Path, replay: bool) {
-        if self.generating() {
-            self.say(Level::Info, "generating — cancel first");
-            return;
-        }
-        if self.convo.save.unsaved {
-            self.say(
-                Level::Error,
-                format!("this conversation is not saved ({}): quit offers another path", self.save_reason()),
-            );
+        if !self.can_leave_conversation() {
             return;
         }
         match Session::load(path) {
@@ -374,6 +358,21 @@ impl App {
         self.view.selected_turn = None;
         self.sync_markdown();
         self.say(Level::Info, "replaying with the original timing (Esc stops)");
+    }
+
+    /// Whether the current conversation may be left for another (a new one, or one opened):
+    /// not while it runs or replays, nor while it has turns that could not be saved.
+    fn can_leave_conversation(&mut self) -> bool {
+        if self.generating() || self.convo.replay.is_some() {
+            self.say(Level::Info, "busy — cancel first");
+            return false;
+        }
+        if self.convo.save.unsaved {
+            let why = self.save_reason();
+            self.say(Level::Error, format!("this conversation is not saved ({why}): quit offers another path"));
+            return false;
+        }
+        true
     }
 
     pub(super) fn save_reason(&self) -> String {
