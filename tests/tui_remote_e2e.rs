@@ -1,7 +1,7 @@
 //! End to end: the workbench (`deltascope chat --server`) in tmux against a real llama.cpp server
-//! (llama-server b10434 with MTP on) on 127.0.0.1. Ask a question, wait for the answer, check the
-//! thinking pane, the server's MTP figures in the gauges and the remote memory line, check that
-//! step mode is refused, quit, and check the terminal and the saved session.
+//! (b10566, through xllamacpp, with MTP on) on 127.0.0.1. Ask a question, wait for the answer,
+//! check the thinking pane, the server's MTP figures in the gauges and the remote memory line,
+//! check that step mode is refused, quit, and check the terminal and the saved session.
 //!
 //! Needs tmux (installed with apt-get when missing, else the test fails with a clear message) and
 //! the servers of `scripts/setup-servers.sh` (run by the test). It never skips.
@@ -139,7 +139,7 @@ fn thinking_count(screen: &str) -> Option<usize> {
 fn workbench_on_a_llama_cpp_server_in_tmux() {
     // `--alias`: the status bar shows the served model id, by default the GGUF's full path, which
     // would leave no room at 160 columns for the status message checked below.
-    let server = LlamaServer::start_with(ServerConfig::new(Build::Skulk).mtp(3).alias("demo"));
+    let server = LlamaServer::start_with(ServerConfig::new(Build::B10566).mtp(3).alias("demo"));
     let version = server.build_info();
 
     let dir = tempfile::tempdir().unwrap();

