@@ -82,23 +82,41 @@ def task_prime(rng: random.Random):
     return q, "\n".join(lines), ans, f"{n} is not prime"
 
 
+PLACES = ["ones", "tens", "hundreds"]
+
+
+def place_digits(n: int) -> str:
+    """`450 = 4 hundreds, 5 tens, 0 ones`: every digit with its place name, so a column step
+    finds its digits by the name (an index hint) instead of by counting positions back from the
+    end of a number in the question (where the previous model picked wrong digits)."""
+    s = str(n)
+    return f"{n} = " + ", ".join(f"{d} {PLACES[len(s) - 1 - i]}" for i, d in enumerate(s))
+
+
 def task_add(rng: random.Random):
     a = rng.randint(0, 10 ** rng.randint(1, 3) - 1)
     b = rng.randint(0, 10 ** rng.randint(1, 3) - 1)
     q = rng.choice(["What is {a} + {b}?", "Compute {a} + {b}.", "{a} + {b} = ?"]).format(a=a, b=b)
     da, db = str(a)[::-1], str(b)[::-1]
     width = max(len(da), len(db))
-    lines = ["Add column by column from the right."]
+    lines = ["Add column by column from the right.", place_digits(a), place_digits(b)]
     carry = 0
+    so_far = ""
     for i in range(width):
         x = int(da[i]) if i < len(da) else 0
         y = int(db[i]) if i < len(db) else 0
-        s = x + y + carry
-        expr = f"{x} + {y}" + (f" + {carry}" if carry else "")
+        t = x + y
+        s = t + carry
+        # One fact per step (as in multiplication): the column's sum, then the carry added.
+        expr = f"{PLACES[i]}: {x} + {y} = {t}" + (f", {t} + {carry} = {s}" if carry else "")
+        # The digits written so far end every line, so the result is copied from one line
+        # instead of gathered backwards from every column (where carries used to go wrong).
         if i == width - 1:
-            lines.append(f"{expr} = {s}, write {s}")
+            so_far = f"{s}{so_far}"
+            lines.append(f"{expr}, write {s}, so far {so_far}")
         else:
-            lines.append(f"{expr} = {s}, write {s % 10}" + (f", carry {s // 10}" if s >= 10 else ""))
+            so_far = f"{s % 10}{so_far}"
+            lines.append(f"{expr}, write {s % 10}" + (f", carry {s // 10}" if s >= 10 else "") + f", so far {so_far}")
         carry = s // 10
     lines.append(f"Result: {a + b}")
     return q, "\n".join(lines), f"{a} + {b} = {a + b}.", f"= {a + b}."
@@ -109,17 +127,20 @@ def task_mul(rng: random.Random):
     b = rng.randint(2, 9)
     q = rng.choice(["What is {a} * {b}?", "Compute {a} * {b}.", "{a} * {b} = ?"]).format(a=a, b=b)
     da = str(a)[::-1]
-    lines = ["Multiply digit by digit from the right."]
+    lines = ["Multiply digit by digit from the right.", place_digits(a)]
     carry = 0
+    so_far = ""
     for i, d in enumerate(da):
         m = int(d) * b
         p = m + carry
-        # One fact per step: the table product, then the carry added.
-        expr = f"{d} × {b} = {m}" + (f", {m} + {carry} = {p}" if carry else "")
+        # One fact per step: the table product, then the carry added; the digits so far last.
+        expr = f"{PLACES[i]}: {d} × {b} = {m}" + (f", {m} + {carry} = {p}" if carry else "")
         if i == len(da) - 1:
-            lines.append(f"{expr}, write {p}")
+            so_far = f"{p}{so_far}"
+            lines.append(f"{expr}, write {p}, so far {so_far}")
         else:
-            lines.append(f"{expr}, write {p % 10}" + (f", carry {p // 10}" if p >= 10 else ""))
+            so_far = f"{p % 10}{so_far}"
+            lines.append(f"{expr}, write {p % 10}" + (f", carry {p // 10}" if p >= 10 else "") + f", so far {so_far}")
         carry = p // 10
     lines.append(f"Result: {a * b}")
     return q, "\n".join(lines), f"{a} * {b} = {a * b}.", f"= {a * b}."
@@ -174,11 +195,25 @@ def task_sort(rng: random.Random):
     rest = [f"{chr(97 + i)}{x}" for i, x in enumerate(xs)]
     done: list[str] = []
     while rest:
-        m = min(rest, key=lambda s: (int(s[1:]), s))
+        # The minimum is found by a scan, one comparison with the smallest so far at a time:
+        # picking it among 4–5 numbers in one step was the model's weakest skill.
+        m = rest[0]
+        steps = []
+        for s in rest[1:]:
+            x, y = int(m[1:]), int(s[1:])
+            step = f"{m} {'>' if y < x else '<' if x < y else '='} {s}"
+            # Two numbers with the same tens digit are told apart by their ones, said aloud
+            # (close numbers were the old model's wrong comparisons).
+            if x != y and x >= 10 and y >= 10 and x // 10 == y // 10:
+                step += f" ({x % 10} {'>' if y < x else '<'} {y % 10})"
+            steps.append(step)
+            if y < x:
+                m = s
         done.append(m[1:])
         # The sorted prefix grows line by line, so the answer copies one line instead of
         # gathering the minimum of every line.
-        lines.append(" ".join(rest) + f" → {m}, sorted: " + ", ".join(done))
+        scan = (": " + ", ".join(steps)) if steps else ""
+        lines.append(" ".join(rest) + scan + f" → {m}, sorted: " + ", ".join(done))
         rest.remove(m)
     out = ", ".join(map(str, sorted(xs)))
     return q, "\n".join(lines), out, out
@@ -208,36 +243,59 @@ def task_compare(rng: random.Random):
 
 
 TASKS = {
-    "prime": (task_prime, 0.17),
-    "add": (task_add, 0.15),
+    # Shares follow difficulty: addition and sorting were the weakest tasks.
+    "prime": (task_prime, 0.16),
+    "add": (task_add, 0.19),
     "mul": (task_mul, 0.17),
-    "count": (task_count, 0.21),
-    "sort": (task_sort, 0.22),
-    "compare": (task_compare, 0.08),
+    "count": (task_count, 0.17),
+    "sort": (task_sort, 0.24),
+    "compare": (task_compare, 0.07),
 }
 SYSTEMS = ["You are a helpful assistant.", "Answer briefly.", "You are a careful assistant that thinks step by step."]
 
 
-def prompt_text(question: str, system: str | None, think: bool) -> str:
-    """Exactly what the Qwen3.5 chat template renders (checked against transformers at start)."""
+def prompt_text(question: str, system: str | None, think: bool, history: list[tuple[str, str]] = ()) -> str:
+    """Exactly what the Qwen3.5 chat template renders (checked against transformers at export).
+    Earlier turns are (question, answer): the template drops their thinking."""
     s = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
+    for hq, ha in history:
+        s += f"<|im_start|>user\n{hq}<|im_end|>\n<|im_start|>assistant\n{ha}<|im_end|>\n"
     s += f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
     return s + ("<think>\n" if think else "<think>\n\n</think>\n\n")
 
 
+def pick_task(rng: random.Random) -> str:
+    return rng.choices(list(TASKS), weights=[w for _, w in TASKS.values()])[0]
+
+
+def make_history(rng: random.Random, share: float) -> list[tuple[str, str]]:
+    """Earlier turns of the conversation (none for 1 - share of examples): their questions and
+    answers, thinking dropped as the template drops it, so a second question is answered as
+    well as a first (the model learns to work on the last question, not an earlier one)."""
+    if rng.random() >= share:
+        return []
+    turns = 1 if rng.random() < 0.85 else 2
+    hist = []
+    for _ in range(turns):
+        q, _, a, _ = TASKS[pick_task(rng)][0](rng)
+        hist.append((q, a))
+    return hist
+
+
 def make_example(rng: random.Random) -> tuple[str, str]:
     """(prompt, completion) of one training example."""
-    name = rng.choices(list(TASKS), weights=[w for _, w in TASKS.values()])[0]
+    name = pick_task(rng)
     q, thinking, answer, _ = TASKS[name][0](rng)
     system = rng.choice(SYSTEMS) if rng.random() < 0.1 else None
+    hist = make_history(rng, 0.3)
     mode = rng.random()
     if mode < 0.15:  # enable_thinking=false: answer directly
-        return prompt_text(q, system, False), f"{answer}<|im_end|>"
+        return prompt_text(q, system, False, hist), f"{answer}<|im_end|>"
     if mode < 0.20:  # a thinking budget ran out: cut short, bridge, answer
         lines = thinking.split("\n")
         cut = "\n".join(lines[: rng.randint(1, max(1, len(lines) - 1))])
-        return prompt_text(q, system, True), f"{cut}{BUDGET_BRIDGE}</think>\n\n{answer}<|im_end|>"
-    return prompt_text(q, system, True), f"{thinking}\n</think>\n\n{answer}<|im_end|>"
+        return prompt_text(q, system, True, hist), f"{cut}{BUDGET_BRIDGE}</think>\n\n{answer}<|im_end|>"
+    return prompt_text(q, system, True, hist), f"{thinking}\n</think>\n\n{answer}<|im_end|>"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -405,16 +463,26 @@ def batches(tok: Tokenizer, rng: random.Random, batch: int, pool: int = 16):
 # ------------------------------------------------------------------------------------------------
 # Evaluation
 
-def heldout_problems(seed: int, n: int = 200):
+def heldout_problems(seed: int, n: int = 240):
+    """n problems, the tasks in turn; every third one is a second turn (after an earlier question
+    and its answer, of any task), as in a conversation in the workbench."""
     rng = random.Random(seed + 99)
     names = list(TASKS)
     probs = []
     for i in range(n):
         name = names[i % len(names)]
+        hist = make_history(rng, 1.0 if (i // len(names)) % 3 == 1 else 0.0)[:1]
         q, thinking, answer, check = TASKS[name][0](rng)
-        probs.append({"task": name, "question": q, "expected": check, "answer": answer,
+        history = [m for hq, ha in hist for m in ({"role": "user", "content": hq},
+                                                  {"role": "assistant", "content": ha})]
+        probs.append({"task": name, "history": history, "question": q, "expected": check, "answer": answer,
                       "thinking_lines": thinking.count("\n") + 1})
     return probs
+
+
+def problem_history(p) -> list[tuple[str, str]]:
+    h = p["history"]
+    return [(h[i]["content"], h[i + 1]["content"]) for i in range(0, len(h), 2)]
 
 
 @torch.no_grad()
@@ -449,9 +517,10 @@ def mtp_agreement(model: Demo, sequences: list[list[int]]):
 def evaluate(model: Demo, tok: Tokenizer, probs, label: str, think: bool = True, sample_mtp: bool = True):
     model.eval()
     stop = tok.token_to_id("<|im_end|>")
-    prompts = [prompt_text(p["question"], None, think) for p in probs]
+    prompts = [prompt_text(p["question"], None, think, problem_history(p)) for p in probs]
     outs = greedy(model, tok, prompts, stop=stop)
     by_task: dict[str, list[int]] = {}
+    second = []
     seqs = []
     failures = []
     for p, pr, o in zip(probs, prompts, outs):
@@ -459,6 +528,8 @@ def evaluate(model: Demo, tok: Tokenizer, probs, label: str, think: bool = True,
         ans = text.split("</think>")[-1] if think else text
         ok = p["expected"] in ans
         by_task.setdefault(p["task"], []).append(ok)
+        if p["history"]:
+            second.append(ok)
         seqs.append(tok.encode(pr, add_special_tokens=False).ids + o)
         if not ok and len(failures) < 4:
             failures.append(f"{p['question']!r} → {text!r}")
@@ -467,7 +538,8 @@ def evaluate(model: Demo, tok: Tokenizer, probs, label: str, think: bool = True,
         print("   failed: " + f[:400], flush=True)
     detail = ", ".join(f"{k} {sum(v)}/{len(v)}" for k, v in by_task.items())
     mtp = mtp_agreement(model, seqs) if sample_mtp else float("nan")
-    print(f"[{label}] accuracy {acc:.3f} ({detail}); MTP draft agreement {mtp:.3f}", flush=True)
+    print(f"[{label}] accuracy {acc:.3f} ({detail}; second turns {sum(second)}/{len(second)}); "
+          f"MTP draft agreement {mtp:.3f}", flush=True)
     model.train()
     return acc, mtp
 
@@ -503,7 +575,8 @@ def export(model: Demo, tok: Tokenizer, config: Qwen3_5TextConfig, probs):
     write_tokenizer_files(OUT, tok)
     with open(OUT / "heldout.jsonl", "w") as f:
         for p in probs:
-            f.write(json.dumps({k: p[k] for k in ("task", "question", "expected", "answer")}, ensure_ascii=False) + "\n")
+            f.write(json.dumps({k: p[k] for k in ("task", "history", "question", "expected", "answer")},
+                               ensure_ascii=False) + "\n")
 
 
 def check_export(model: Demo, tok: Tokenizer):
@@ -521,6 +594,12 @@ def check_export(model: Demo, tok: Tokenizer):
         rendered = hf_tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
                                               add_generation_prompt=True, enable_thinking=think)
         assert rendered == prompt_text(q, None, think), (rendered, prompt_text(q, None, think))
+        # A second turn: the earlier answer without its thinking, as the corpus has it.
+        q0, t0, a0, _ = TASKS["prime"][0](rng)
+        msgs = [{"role": "user", "content": q0}, {"role": "assistant", "content": f"<think>\n{t0}\n</think>\n\n{a0}"},
+                {"role": "user", "content": q}]
+        rendered = hf_tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=think)
+        assert rendered == prompt_text(q, None, think, [(q0, a0)]), (rendered, prompt_text(q, None, think, [(q0, a0)]))
     ids = torch.tensor([tok.encode(prompt_text("Is 91 prime?", None, True), add_special_tokens=False).ids])
     with torch.no_grad():
         a = hf(input_ids=ids).logits
@@ -535,12 +614,12 @@ def check_export(model: Demo, tok: Tokenizer):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--steps", type=int, default=2500)
+    ap.add_argument("--steps", type=int, default=3200)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--vocab", type=int, default=480, help="BPE vocabulary before the special tokens")
     ap.add_argument("--eval-every", type=int, default=0)
-    ap.add_argument("--eval-n", type=int, default=200, help="held-out problems graded at the end")
+    ap.add_argument("--eval-n", type=int, default=240, help="held-out problems graded at the end")
     args = ap.parse_args()
 
     torch.set_num_threads(2)

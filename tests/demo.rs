@@ -28,6 +28,8 @@ fn demo() -> Demo {
 
 struct Problem {
     task: String,
+    /// Earlier turns (user, assistant answer) when this is a second question of a conversation.
+    history: Vec<Value>,
     question: String,
     expected: String,
 }
@@ -39,6 +41,7 @@ fn heldout() -> Vec<Problem> {
             let v: Value = serde_json::from_str(l).unwrap();
             Problem {
                 task: v["task"].as_str().unwrap().into(),
+                history: v["history"].as_array().cloned().unwrap_or_default(),
                 question: v["question"].as_str().unwrap().into(),
                 expected: v["expected"].as_str().unwrap().into(),
             }
@@ -47,9 +50,17 @@ fn heldout() -> Vec<Problem> {
 }
 
 impl Demo {
-    fn prompt(&self, q: &str, think: bool) -> Vec<u32> {
+    /// The prompt of `q` asked after the earlier turns `history` (the template drops their
+    /// thinking, as it does in a conversation).
+    fn prompt_after(&self, history: &[Value], q: &str, think: bool) -> Vec<u32> {
         let opts = RenderOptions { add_generation_prompt: true, enable_thinking: Some(think), ..Default::default() };
-        self.tok.encode(&self.template.render(&json!([{"role": "user", "content": q}]), &opts).unwrap()).unwrap()
+        let mut messages = history.to_vec();
+        messages.push(json!({"role": "user", "content": q}));
+        self.tok.encode(&self.template.render(&Value::Array(messages), &opts).unwrap()).unwrap()
+    }
+
+    fn problem_prompt(&self, p: &Problem, think: bool) -> Vec<u32> {
+        self.prompt_after(&p.history, &p.question, think)
     }
 
     fn generate(&self, ids: Vec<u32>) -> Outcome {
@@ -70,11 +81,14 @@ fn answers_held_out_problems_with_thinking_and_drafts_well() {
     let s = &d.tok.specials;
     let (think_end, im_end) = (s.think_end.unwrap(), s.im_end.unwrap());
     let probs = heldout();
-    assert_eq!(probs.len(), 200);
+    assert_eq!(probs.len(), 240);
+    let second_turns = probs.iter().filter(|p| !p.history.is_empty()).count();
+    assert!(second_turns >= 70, "the held-out set asks {second_turns} second questions");
     let mut by_task: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     let (mut correct, mut agree, mut drafted) = (0, 0, 0);
+    let mut second = (0, 0);
     for p in &probs {
-        let prompt = d.prompt(&p.question, true);
+        let prompt = d.problem_prompt(p, true);
         let out = d.generate(prompt.clone());
         // Well-formed: thinking, `</think>`, answer, `<|im_end|>`.
         assert_eq!(out.finish_reason, FinishReason::Stop, "{}: {:?}", p.question, out.answer);
@@ -83,6 +97,10 @@ fn answers_held_out_problems_with_thinking_and_drafts_well() {
         assert!(!out.thinking.trim().is_empty() && !out.answer.trim().is_empty(), "{}: {:?}", p.question, out);
         let ok = out.answer.contains(&p.expected);
         correct += ok as usize;
+        if !p.history.is_empty() {
+            second.0 += ok as usize;
+            second.1 += 1;
+        }
         let e = by_task.entry(p.task.clone()).or_default();
         e.0 += ok as usize;
         e.1 += 1;
@@ -107,34 +125,48 @@ fn answers_held_out_problems_with_thinking_and_drafts_well() {
     let acc = correct as f64 / probs.len() as f64;
     let agreement = agree as f64 / drafted as f64;
     eprintln!(
-        "demo, thinking on: accuracy {acc:.3} ({}); MTP draft agreement {agreement:.3} over {drafted} drafts",
-        summary(&by_task)
+        "demo, thinking on: accuracy {acc:.3} ({}; second turns {}/{}); MTP draft agreement {agreement:.3} over {drafted} drafts",
+        summary(&by_task),
+        second.0,
+        second.1
     );
-    assert!(acc >= 0.95, "held-out accuracy {acc} < 0.95 ({})", summary(&by_task));
+    assert!(acc >= 0.97, "held-out accuracy {acc} < 0.97 ({})", summary(&by_task));
+    for (task, (ok, n)) in &by_task {
+        assert!(*ok as f64 >= 0.9 * *n as f64, "{task}: {ok}/{n} < 90 % ({})", summary(&by_task));
+    }
+    assert!(second.0 as f64 >= 0.9 * second.1 as f64, "second turns: {}/{} < 90 %", second.0, second.1);
     assert!(agreement >= 0.7, "MTP draft agreement {agreement} < 0.7");
 }
 
+/// With thinking off (the template's empty think block) the model answers directly. It is then
+/// often wrong on the multi-step tasks, as a real model would be; the test checks that it stops,
+/// does not think, and that a stray `</think>` in the answer stays rare (this model writes one in
+/// 1 of the 240 held-out problems: a 5-number sort that loops).
 #[test]
 fn answers_directly_with_thinking_disabled() {
     let d = demo();
     let think_end = d.tok.specials.think_end.unwrap();
     let probs = heldout();
     let mut by_task: BTreeMap<String, (usize, usize)> = BTreeMap::new();
-    for p in probs.iter().take(60) {
-        let out = d.generate(d.prompt(&p.question, false));
+    let mut stray = vec![];
+    for p in &probs {
+        let out = d.generate(d.problem_prompt(p, false));
         assert_eq!(out.finish_reason, FinishReason::Stop, "{}", p.question);
         assert_eq!(
             out.usage.thinking_tokens, 0,
             "{}: thought although thinking is off: {:?}",
             p.question, out.thinking
         );
-        assert!(!out.tokens.contains(&think_end));
-        assert!(!out.answer.trim().is_empty());
+        assert!(!out.answer.trim().is_empty(), "{}: an empty answer", p.question);
+        if out.tokens.contains(&think_end) {
+            stray.push(format!("{} → {:?}", p.question, out.answer));
+        }
         let e = by_task.entry(p.task.clone()).or_default();
         e.0 += out.answer.contains(&p.expected) as usize;
         e.1 += 1;
     }
-    eprintln!("demo, thinking off: {}", summary(&by_task));
+    eprintln!("demo, thinking off: {}; a stray </think> in {} answers: {stray:?}", summary(&by_task), stray.len());
+    assert!(stray.len() <= 2, "a stray </think> in {} of {} answers: {stray:#?}", stray.len(), probs.len());
 }
 
 /// Greedy generation that forces `</think>` once `budget` thinking tokens are spent (the simple
@@ -181,7 +213,7 @@ fn cutting_thinking_short_costs_accuracy() {
     let mut table = vec![];
     for budget in [0usize, 8, 16, 32, 64, 10_000] {
         let ok =
-            probs.iter().filter(|p| with_budget(&d, d.prompt(&p.question, true), budget).contains(&p.expected)).count();
+            probs.iter().filter(|p| with_budget(&d, d.problem_prompt(p, true), budget).contains(&p.expected)).count();
         table.push((budget, ok as f64 / probs.len() as f64));
     }
     eprintln!("thinking budget → accuracy on {} multi-step problems: {table:?}", probs.len());
@@ -189,4 +221,31 @@ fn cutting_thinking_short_costs_accuracy() {
     let (_, at8) = table[1];
     assert!(full >= 0.9, "full-thinking accuracy {full}");
     assert!(at8 <= full - 0.3, "cutting thinking to 8 tokens should cost accuracy: {table:?}");
+}
+
+/// The problems the previous demo model got wrong: a second question in the same conversation
+/// (it answered about the first one), carries in addition, and sorting 4–5 numbers.
+#[test]
+fn answers_a_second_question_and_carries() {
+    let d = demo();
+    let answer = |history: &[Value], q: &str| {
+        let out = d.generate(d.prompt_after(history, q, true));
+        assert_eq!(out.finish_reason, FinishReason::Stop, "{q}: {:?}", out.answer);
+        out.answer
+    };
+    let first = answer(&[], "Is 91 prime?");
+    assert!(first.contains("91 = 7 × 13"), "{first}");
+    let history =
+        [json!({"role": "user", "content": "Is 91 prime?"}), json!({"role": "assistant", "content": first.trim()})];
+    let second = answer(&history, "What is 482 + 739?");
+    assert!(second.contains("482 + 739 = 1221."), "the second question is answered: {second}");
+    for (q, want) in [
+        ("What is 627 + 594?", "= 1221."),
+        ("What is 698 + 999?", "= 1697."),
+        ("Sort 42, 7, 93, 18.", "7, 18, 42, 93"),
+        ("Sort 55, 3, 87, 21, 40.", "3, 21, 40, 55, 87"),
+    ] {
+        let a = answer(&[], q);
+        assert!(a.contains(want), "{q} → {a:?}, expected {want:?}");
+    }
 }

@@ -217,9 +217,9 @@ fn make_example_sessions() {
     let s = record("starved-by-max-tokens.json", "Is 199 prime?", false, true, &|p| p.max_tokens = 24);
     // A repetition penalty below 1 rewards tokens already produced, as a broken kernel can:
     // the demo model falls into a many-token loop inside its thinking until max_tokens.
-    let l = record("degenerate-loop.json", "Sort 5, 2, 9, 1.", false, true, &|p| {
+    let l = record("degenerate-loop.json", "What is 482 + 739?", false, true, &|p| {
         p.max_tokens = 200;
-        p.sampling.repetition_penalty = 0.6;
+        p.sampling.repetition_penalty = 0.5;
     });
     for s in [&h, &s, &l] {
         let t = &s.turns[0];
