@@ -257,13 +257,17 @@ fn file_bytes(turn: Turn) -> (usize, Session) {
 }
 
 /// Tokens are stored as columns, and stats samples do not repeat the MTP history of the one
-/// before: the file grows linearly with the turn (the shipped examples, written one object per
-/// token with every sample's full history, shrink by half), and it replays to the same events.
+/// before: the file grows linearly with the turn (the example sessions as shipped before format 3,
+/// kept in tests/fixtures/sessions-v2 — written one object per token with every sample's full
+/// history — shrink by half), and it replays to the same events.
 #[test]
 fn sessions_are_compact_and_grow_linearly() {
+    let old_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sessions-v2");
     for name in ["healthy.json", "degenerate-loop.json"] {
-        let file = examples_dir().join(name);
-        let old = std::fs::metadata(&file).unwrap().len() as usize;
+        let file = old_dir.join(name);
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(text.starts_with("{\"version\":1,"), "{name}: a file of the old format");
+        let old = text.len();
         let s = Session::load(&file).unwrap();
         let tokens: usize = s.turns.iter().map(|t| t.tokens.len()).sum();
         let (new, back) = file_bytes(s.turns[0].clone());
@@ -271,6 +275,16 @@ fn sessions_are_compact_and_grow_linearly() {
         eprintln!("{name}: {} → {} bytes per token", old / tokens, new / tokens);
         assert!(new * 100 <= old * 55, "{name}: {old} → {new} bytes");
         assert!(new / tokens <= 230, "{name}: {} bytes per token", new / tokens);
+    }
+    // The shipped examples are written in the compact format (the 24-token one is mostly its
+    // settings, so only the longer two are held to the per-token size).
+    for name in ["healthy.json", "degenerate-loop.json", "starved-by-max-tokens.json"] {
+        let text = std::fs::read_to_string(examples_dir().join(name)).unwrap();
+        assert!(text.starts_with("{\"version\":3,"), "{name} is not in format 3");
+        let tokens: usize = example(name).turns.iter().map(|t| t.tokens.len()).sum();
+        if tokens >= 100 {
+            assert!(text.len() / tokens <= 230, "{name}: {} bytes per token", text.len() / tokens);
+        }
     }
     let (short, _) = file_bytes(long_turn(1500));
     let (long, back) = file_bytes(long_turn(3000));
