@@ -67,6 +67,10 @@ pub enum Error {
 
     #[error("compute: {0}")]
     Compute(String),
+
+    /// A forward pass produced NaN or ±Inf (found by `model::finite`).
+    #[error("non-finite values: {0}")]
+    NonFinite(NonFinite),
 }
 
 impl From<candle_core::Error> for Error {
@@ -92,4 +96,118 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .map(|s| s.to_string())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic without a message".into())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Where a forward pass first went non-finite (the payload of `Error::NonFinite`; the check itself
+// is `model::finite`).
+
+/// The part of the model whose output held the first non-finite value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sublayer {
+    /// The token's embedding row.
+    Embedding,
+    /// The RMSNorm before the token mixer.
+    InputNorm,
+    /// Gated full attention.
+    Attention,
+    /// Gated DeltaNet (linear attention).
+    Gdn,
+    /// The RMSNorm before the feed-forward block.
+    PostNorm,
+    /// The dense MLP, or the MoE block's experts.
+    Mlp,
+    /// The MoE router's logits.
+    MoeRouter,
+    /// The final RMSNorm.
+    FinalNorm,
+    /// The LM head's logits.
+    LmHead,
+    /// The MTP module (its norms, projection, layer or logits).
+    MtpHead,
+}
+
+impl Sublayer {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Sublayer::Embedding => "embedding",
+            Sublayer::InputNorm => "input norm",
+            Sublayer::Attention => "attention",
+            Sublayer::Gdn => "GDN",
+            Sublayer::PostNorm => "post-attention norm",
+            Sublayer::Mlp => "MLP",
+            Sublayer::MoeRouter => "MoE router",
+            Sublayer::FinalNorm => "final norm",
+            Sublayer::LmHead => "LM head",
+            Sublayer::MtpHead => "MTP head",
+        }
+    }
+
+    /// The tensors to look at first, as a name pattern (`N` is the layer).
+    fn suspects(self, layer: Option<usize>) -> String {
+        let l = layer.map_or("N".to_string(), |l| l.to_string());
+        match self {
+            Sublayer::Embedding => "embed_tokens.weight (that token's row)".into(),
+            Sublayer::InputNorm => format!("layers.{l}.input_layernorm.weight and rms_norm_eps"),
+            Sublayer::Attention => format!("layers.{l}.self_attn.* (q/k/v/o_proj, q_norm, k_norm)"),
+            Sublayer::Gdn => format!("layers.{l}.linear_attn.* (in_proj_*, conv1d, A_log, dt_bias, norm, out_proj)"),
+            Sublayer::PostNorm => format!("layers.{l}.post_attention_layernorm.weight and rms_norm_eps"),
+            Sublayer::Mlp => format!("layers.{l}.mlp.* (gate_proj, up_proj, down_proj, or the experts)"),
+            Sublayer::MoeRouter => format!("layers.{l}.mlp.gate.weight"),
+            Sublayer::FinalNorm => "norm.weight and rms_norm_eps".into(),
+            Sublayer::LmHead => "lm_head.weight (or embed_tokens.weight when tied)".into(),
+            Sublayer::MtpHead => "mtp.* (pre_fc_norm_*, fc, layers, norm)".into(),
+        }
+    }
+}
+
+/// The first non-finite value of a forward pass: which sublayer, which layer, which token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NonFinite {
+    /// Decoder layer index; `None` for the embedding, the final norm, the LM head and MTP.
+    pub layer: Option<usize>,
+    pub sublayer: Sublayer,
+    /// Sequence position of the first row that held one.
+    pub position: usize,
+    /// The token at that position.
+    pub token: u32,
+    /// NaN, +Inf or -Inf: the first such value's kind.
+    pub value: f32,
+}
+
+impl NonFinite {
+    /// What to check, most likely cause first.
+    pub fn advice(&self) -> String {
+        format!(
+            "the weights {} (`deltascope inspect --model DIR --verify-weights` scans every tensor), rms_norm_eps in config.json, and the dtype (values past f16's range overflow)",
+            self.sublayer.suspects(self.layer)
+        )
+    }
+
+    /// "layer 3's MLP", "the LM head".
+    pub fn location(&self) -> String {
+        match self.layer {
+            Some(l) => format!("layer {l}'s {}", self.sublayer.as_str()),
+            None => format!("the {}", self.sublayer.as_str()),
+        }
+    }
+}
+
+impl std::fmt::Display for NonFinite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = if self.value.is_nan() {
+            "NaN"
+        } else if self.value > 0.0 {
+            "+Inf"
+        } else {
+            "-Inf"
+        };
+        write!(
+            f,
+            "{what} first appeared in {} output at sequence position {} (token id {})",
+            self.location(),
+            self.position,
+            self.token
+        )
+    }
 }

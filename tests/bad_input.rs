@@ -1,20 +1,13 @@
 //! Bad input gets a specific error — naming the file, tensor or field, with expected vs found —
 //! a non-zero exit, and no panic. Each case breaks a copy of a fixture and runs the real binary.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use tempfile::TempDir;
+#[path = "common/fixture_edit.rs"]
+mod fixture_edit;
 
-fn fixture_copy(name: &str) -> TempDir {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
-    let dir = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(&src).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
-    }
-    dir
-}
+use fixture_edit::{edit_tensors, fixture_copy};
 
 /// Runs the binary; asserts a failure exit without a panic and returns stderr.
 fn fails(args: &[&str]) -> String {
@@ -47,23 +40,6 @@ fn edit_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
     let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     f(&mut v);
     std::fs::write(path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
-}
-
-/// Rewrites `model.safetensors` through `f(name, shape, bytes) -> Option<(shape, bytes)>`.
-fn edit_tensors(path: &Path, f: impl Fn(&str, &[usize], &[u8]) -> Option<(Vec<usize>, Vec<u8>)>) {
-    let bytes = std::fs::read(path).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut kept: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = vec![];
-    for (name, view) in st.tensors() {
-        if let Some((shape, data)) = f(&name, view.shape(), view.data()) {
-            kept.push((name, view.dtype(), shape, data));
-        }
-    }
-    let views: Vec<(String, safetensors::tensor::TensorView)> = kept
-        .iter()
-        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap()))
-        .collect();
-    safetensors::serialize_to_file(views, None, path).unwrap();
 }
 
 #[test]

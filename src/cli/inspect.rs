@@ -9,6 +9,7 @@ use clap::Args;
 // A developer tool (architecture.json): it reads config, weights and the memory plan directly.
 use super::common::local_spec;
 use crate::model::config::{Family, LayerKind, MlpKind};
+use crate::model::finite::{SUSPICIOUS_ABS, TensorHealth, scan_weights};
 use crate::model::plan::memory_plan;
 use crate::model::weights::WeightStore;
 use crate::model::{ModelConfig, read_config};
@@ -22,6 +23,10 @@ pub struct InspectArgs {
     /// Print the plan as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Read every tensor and report NaN, ±Inf and out-of-range values by tensor name (exit 1
+    /// when any tensor holds a non-finite value).
+    #[arg(long)]
+    pub verify_weights: bool,
 }
 
 fn family_name(f: Family) -> &'static str {
@@ -68,6 +73,15 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
         _ => None,
     };
     let mtp_tensors = weights.as_ref().map(|w| w.names().filter(|n| n.starts_with("mtp.")).count());
+    if a.verify_weights {
+        let Some(store) = &weights else {
+            anyhow::bail!(
+                "--verify-weights needs the weights: {} holds no model.safetensors (or index)",
+                a.model.as_ref().map_or("the model".to_string(), |m| m.display().to_string())
+            );
+        };
+        return verify_weights(store, a.json);
+    }
 
     if a.json {
         let v = serde_json::json!({
@@ -205,6 +219,41 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
             gb(plan.mtp_weights_bytes),
             human_bytes(mtp_kv)
         )?;
+    }
+    Ok(())
+}
+
+/// `inspect --verify-weights`: every tensor read and checked; the unhealthy ones named.
+fn verify_weights(store: &WeightStore, json: bool) -> anyhow::Result<()> {
+    let report = scan_weights(store)?;
+    let bad: Vec<&TensorHealth> = report.iter().filter(|h| !h.is_healthy()).collect();
+    let nonfinite = report.iter().filter(|h| h.nonfinite() > 0).count();
+    let mut w = std::io::stdout().lock();
+    if json {
+        let v = serde_json::json!({ "tensors": report.len(), "unhealthy": bad, "suspicious_abs": SUSPICIOUS_ABS });
+        writeln!(w, "{}", serde_json::to_string_pretty(&v)?)?;
+    } else {
+        let elements: usize = report.iter().map(|h| h.elements).sum();
+        writeln!(w, "checked {} tensors ({} values)", report.len(), count(elements as u64))?;
+        for h in &bad {
+            let mut parts = vec![];
+            for (n, what) in [(h.nan, "NaN"), (h.pos_inf, "+Inf"), (h.neg_inf, "-Inf")] {
+                if n > 0 {
+                    parts.push(format!("{n} {what}"));
+                }
+            }
+            if h.out_of_range > 0 {
+                parts.push(format!("{} with |x| > {SUSPICIOUS_ABS:e} (max {:e})", h.out_of_range, h.max_abs));
+            }
+            writeln!(w, "  {}: {} of {} values", h.name, parts.join(", "), h.elements)?;
+        }
+        if bad.is_empty() {
+            writeln!(w, "all finite, none beyond |x| = {SUSPICIOUS_ABS:e}")?;
+        }
+    }
+    w.flush()?;
+    if nonfinite > 0 {
+        anyhow::bail!("{nonfinite} of {} tensors hold NaN or ±Inf (listed above)", report.len());
     }
     Ok(())
 }

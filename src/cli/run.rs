@@ -155,6 +155,13 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
                         timing.decode_tok_s
                     )?;
                 }
+                if finish_reason == FinishReason::Error {
+                    // What came before was printed; the nonfinite diagnostic said where.
+                    out.flush()?;
+                    anyhow::bail!(
+                        "generation stopped: the model produced NaN or ±Inf (finish reason error; the nonfinite diagnostic names the layer)"
+                    );
+                }
                 if finish_reason == FinishReason::Cancelled {
                     // Cut short: what arrived was printed, and the exit status says which
                     // signal did it.

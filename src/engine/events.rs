@@ -39,6 +39,9 @@ pub enum FinishReason {
     StopString,
     Cancelled,
     Loop,
+    /// The model produced NaN / ±Inf (a `nonfinite` diagnostic says where); what came before is
+    /// kept.
+    Error,
 }
 
 impl FinishReason {
@@ -49,6 +52,7 @@ impl FinishReason {
             FinishReason::StopString => "stop_string",
             FinishReason::Cancelled => "cancelled",
             FinishReason::Loop => "loop",
+            FinishReason::Error => "error",
         }
     }
 }
@@ -64,14 +68,17 @@ pub enum DiagnosticKind {
     DegenerateLoop,
     /// max_tokens or the answer budget cut the answer.
     AnswerTruncated,
+    /// The forward pass produced NaN / ±Inf: the message names the layer and sublayer.
+    Nonfinite,
 }
 
 impl DiagnosticKind {
-    pub const ALL: [DiagnosticKind; 4] = [
+    pub const ALL: [DiagnosticKind; 5] = [
         DiagnosticKind::ThinkingExhaustedMaxTokens,
         DiagnosticKind::ThinkingBudgetForced,
         DiagnosticKind::DegenerateLoop,
         DiagnosticKind::AnswerTruncated,
+        DiagnosticKind::Nonfinite,
     ];
 
     /// The name in the event stream (`degenerate_loop`, …).
@@ -81,6 +88,7 @@ impl DiagnosticKind {
             DiagnosticKind::ThinkingBudgetForced => "thinking_budget_forced",
             DiagnosticKind::DegenerateLoop => "degenerate_loop",
             DiagnosticKind::AnswerTruncated => "answer_truncated",
+            DiagnosticKind::Nonfinite => "nonfinite",
         }
     }
 }
@@ -329,6 +337,7 @@ mod tests {
             FinishReason::StopString,
             FinishReason::Cancelled,
             FinishReason::Loop,
+            FinishReason::Error,
         ] {
             assert_eq!(serde_json::to_value(r).unwrap(), r.as_str());
         }

@@ -140,6 +140,31 @@ fn draw(dist: &[(u32, f64)], rng: &mut Rng) -> u32 {
     dist[dist.len() - 1].0
 }
 
+/// A forward pass that went non-finite ends the generation with finish `error` and a
+/// `nonfinite` diagnostic naming where (everything generated before it is kept); any other error
+/// fails the generation.
+fn stop_on_nonfinite(run: &mut Run, e: Error, prompt_at: usize, prompt_len: usize) -> Result<FinishReason> {
+    let Error::NonFinite(nf) = e else { return Err(e) };
+    let n = run.tokens.len();
+    let token = if nf.position < prompt_at + prompt_len {
+        format!("prompt token {} of {prompt_len}", nf.position.saturating_sub(prompt_at) + 1)
+    } else {
+        format!("generated token {}", nf.position - prompt_at - prompt_len + 1)
+    };
+    let when = match n {
+        0 => "before the first token".to_string(),
+        1 => "after 1 token".to_string(),
+        n => format!("after {n} tokens"),
+    };
+    run.diagnostic(
+        DiagnosticKind::Nonfinite,
+        n.saturating_sub(1),
+        format!("{nf}, {token}; generation stopped {when}. What to check: {}", nf.advice()),
+        None,
+    );
+    Ok(FinishReason::Error)
+}
+
 /// What appending one token decided.
 enum After {
     Continue,
@@ -216,10 +241,19 @@ impl Generator<'_> {
 
         let mut finish = FinishReason::Length;
         let mut prefill_s = 0.0;
+        let prompt_at = source.position();
+        let nonfinite = |run: &mut Run, e: Error| stop_on_nonfinite(run, e, prompt_at, req.prompt_ids.len());
         let mut logits = if control.proceed() {
-            let l = source.feed(&req.prompt_ids)?;
-            prefill_s = started.elapsed().as_secs_f64();
-            Some(l)
+            match source.feed(&req.prompt_ids) {
+                Ok(l) => {
+                    prefill_s = started.elapsed().as_secs_f64();
+                    Some(l)
+                }
+                Err(e) => {
+                    finish = nonfinite(&mut run, e)?;
+                    None
+                }
+            }
         } else {
             finish = FinishReason::Cancelled;
             None
@@ -268,7 +302,10 @@ impl Generator<'_> {
                         finish = f;
                         break;
                     }
-                    logits = Some(source.feed(block)?);
+                    match source.feed(block) {
+                        Ok(l) => logits = Some(l),
+                        Err(e) => finish = nonfinite(&mut run, e)?,
+                    }
                     continue;
                 }
             }
@@ -277,15 +314,20 @@ impl Generator<'_> {
                 finish = f;
                 break;
             }
-            match spec.as_mut() {
-                Some(sp) if source.can_draft() => match self.speculate(&mut run, source, req, id, control, sp)? {
-                    Rounds::Finished(f) => {
-                        finish = f;
-                        break;
-                    }
-                    Rounds::Fed(next) => logits = Some(next),
-                },
-                _ => logits = Some(source.feed(&[id])?),
+            let fed = match spec.as_mut() {
+                Some(sp) if source.can_draft() => self.speculate(&mut run, source, req, id, control, sp),
+                _ => source.feed(&[id]).map(Rounds::Fed),
+            };
+            match fed {
+                Ok(Rounds::Finished(f)) => {
+                    finish = f;
+                    break;
+                }
+                Ok(Rounds::Fed(next)) => logits = Some(next),
+                Err(e) => {
+                    finish = nonfinite(&mut run, e)?;
+                    break;
+                }
             }
             emit_stats(&mut run, source, spec.as_ref().map(|s| &s.stats));
         }
@@ -340,7 +382,9 @@ impl Generator<'_> {
         let n = run.tokens.len();
         let timing = Timing {
             ttft_ms: ttft * 1e3,
-            prefill_tok_s: req.prompt_ids.len() as f64 / prefill_s.max(1e-9),
+            // No prefill time when the prompt was never read through (cancelled first, or
+            // stopped by a non-finite value): no rate rather than an absurd one.
+            prefill_tok_s: if prefill_s > 0.0 { req.prompt_ids.len() as f64 / prefill_s } else { 0.0 },
             decode_tok_s: if n > 1 { (n - 1) as f64 / (total - ttft).max(1e-9) } else { 0.0 },
             total_ms: total * 1e3,
         };

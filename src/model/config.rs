@@ -171,6 +171,20 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// A norm epsilon: finite and > 0 (≤ 0 makes `rsqrt(mean(x²) + eps)` NaN or ±Inf for small
+    /// activations, and the model emits garbage from the first layer on).
+    fn eps_or(&self, key: &str, default: f64) -> Result<f64> {
+        let eps = self.f64_opt(key)?.unwrap_or(default);
+        if !(eps.is_finite() && eps > 0.0) {
+            return Err(Error::field(
+                self.file,
+                &self.path(key),
+                format!("must be a small positive number (typically 1e-6), found {eps}"),
+            ));
+        }
+        Ok(eps)
+    }
+
     fn bool_opt(&self, key: &str) -> Result<Option<bool>> {
         match self.get(key) {
             None => Ok(None),
@@ -521,7 +535,7 @@ impl ModelConfig {
             intermediate_size,
             hidden_act,
             max_position_embeddings: f.positive_or("max_position_embeddings", 32768)?,
-            rms_norm_eps: f.f64_opt("rms_norm_eps")?.unwrap_or(1e-6),
+            rms_norm_eps: f.eps_or("rms_norm_eps", 1e-6)?,
             tie_word_embeddings,
             attention_bias: f.bool_opt("attention_bias")?.unwrap_or(false),
             attn_output_gate: f.bool_opt("attn_output_gate")?.unwrap_or(true),

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use super::attention::AttnLayer;
 use super::config::{Family, LayerKind, MlpKind, ModelConfig};
+use super::finite::{self, Sublayer};
 use super::gdn::GdnLayer;
 use super::load::{LoadProgress, Loader};
 use super::mlp::{DenseMlp, Mlp, MoeBlock};
@@ -105,11 +106,52 @@ pub struct ForwardOptions {
     /// arithmetic of one-token decoding, so verified tokens are bit-identical to decoded ones) and
     /// keep a tape; [`SequenceState::accept`] then keeps a prefix.
     pub verify: bool,
+    /// Check every sublayer's output for NaN / ±Inf and fail with [`Error::NonFinite`] naming
+    /// the first (on by default: one pass over the activations per sublayer, see
+    /// [`super::finite`]).
+    pub check_finite: bool,
 }
 
 impl Default for ForwardOptions {
     fn default() -> Self {
-        ForwardOptions { logits: LogitsRows::Last, hidden_norms: false, verify: false }
+        ForwardOptions { logits: LogitsRows::Last, hidden_norms: false, verify: false, check_finite: true }
+    }
+}
+
+/// What `run_layer` checks for non-finite values: the layer's index and the tokens of its rows.
+#[derive(Clone, Copy)]
+struct FiniteCheck<'a> {
+    layer: usize,
+    ids: &'a [u32],
+}
+
+impl FiniteCheck<'_> {
+    fn sublayer(&self, m: &Mat, sublayer: Sublayer, pos0: usize) -> Result<()> {
+        match finite::check(m, Some(self.layer), sublayer, pos0, self.ids) {
+            Some(nf) => Err(Error::NonFinite(nf)),
+            None => Ok(()),
+        }
+    }
+
+    /// The MoE router reports its row; this names the layer, the position and the token.
+    fn place(&self, e: Error, pos0: usize) -> Error {
+        match e {
+            Error::NonFinite(mut nf) if nf.layer.is_none() => {
+                nf.layer = Some(self.layer);
+                nf.token = self.ids.get(nf.position).copied().unwrap_or(0);
+                nf.position += pos0;
+                Error::NonFinite(nf)
+            }
+            e => e,
+        }
+    }
+}
+
+/// Fails with the first non-finite row of `m`, outside any decoder layer.
+fn check_outside(m: &Mat, sublayer: Sublayer, pos0: usize, ids: &[u32]) -> Result<()> {
+    match finite::check(m, None, sublayer, pos0, ids) {
+        Some(nf) => Err(Error::NonFinite(nf)),
+        None => Ok(()),
     }
 }
 
@@ -357,7 +399,16 @@ impl Model {
         let mut u = mtp.fc.forward(&cat, prec)?;
         let pos0 = state.position;
         for (layer, ls) in mtp.layers.iter().zip(state.layers.iter_mut()) {
-            u = self.run_layer(layer, u, ls, pos0, false)?;
+            // A MoE router inside the MTP layer reports its row: name the head instead.
+            u = self.run_layer(layer, u, ls, pos0, false, None).map_err(|e| match e {
+                Error::NonFinite(mut nf) if nf.layer.is_none() => {
+                    nf.sublayer = Sublayer::MtpHead;
+                    nf.token = next_ids.get(nf.position).copied().unwrap_or(0);
+                    nf.position += pos0;
+                    Error::NonFinite(nf)
+                }
+                e => e,
+            })?;
         }
         state.position += next_ids.len();
         let out = mtp.norm.forward(&u, prec);
@@ -365,6 +416,10 @@ impl Model {
             LogitsRows::All => self.logits_of(&out)?,
             LogitsRows::Last => self.logits_of(&out.gather_rows(&[out.rows - 1]))?,
         };
+        // Drafts only propose tokens, so one check of what the head produced is enough to name
+        // it (the MTP module's sublayers are not told apart).
+        let base = next_ids.len() - logits.rows;
+        check_outside(&logits, Sublayer::MtpHead, pos0 + base, &next_ids[base..])?;
         Ok(MtpOutput { logits, hidden: out })
     }
 
@@ -402,20 +457,31 @@ impl Model {
         state: &mut LayerState,
         pos0: usize,
         verify: bool,
+        check: Option<FiniteCheck>,
     ) -> Result<Mat> {
         let prec = self.precision;
+        let checked = |m: &Mat, sub: Sublayer| check.map_or(Ok(()), |c| c.sublayer(m, sub, pos0));
         let n = layer.input_norm.forward(&x, prec);
-        let mixed = match (&layer.mixer, state) {
-            (Mixer::Linear(g), LayerState::Linear(s)) => g.forward(&n, s, prec, verify)?,
-            (Mixer::Attention(a), LayerState::Attention(kv)) => a.forward(&n, pos0, kv, &self.rope, prec)?,
+        checked(&n, Sublayer::InputNorm)?;
+        let (mixed, sub) = match (&layer.mixer, state) {
+            (Mixer::Linear(g), LayerState::Linear(s)) => (g.forward(&n, s, prec, verify)?, Sublayer::Gdn),
+            (Mixer::Attention(a), LayerState::Attention(kv)) => {
+                (a.forward(&n, pos0, kv, &self.rope, prec)?, Sublayer::Attention)
+            }
             _ => return Err(Error::State("the state does not match the model's layer plan".into())),
         };
+        checked(&mixed, sub)?;
         let mut h = x;
         for (a, b) in h.data.iter_mut().zip(&mixed.data) {
             *a = prec.round(*a + b);
         }
         let n = layer.post_norm.forward(&h, prec);
-        let m = layer.mlp.forward(&n, prec)?;
+        checked(&n, Sublayer::PostNorm)?;
+        let m = layer.mlp.forward(&n, prec).map_err(|e| match check {
+            Some(c) => c.place(e, pos0),
+            None => e,
+        })?;
+        checked(&m, Sublayer::Mlp)?;
         for (a, b) in h.data.iter_mut().zip(&m.data) {
             *a = prec.round(*a + b);
         }
@@ -442,23 +508,34 @@ impl Model {
             )));
         }
         let pos0 = state.position;
+        let check = opts.check_finite;
         let mut h = self.embed_rows(ids)?;
+        if check {
+            check_outside(&h, Sublayer::Embedding, pos0, ids)?;
+        }
         let mut norms = opts.hidden_norms.then(Vec::new);
-        for (layer, ls) in self.layers.iter().zip(state.layers.iter_mut()) {
-            h = self.run_layer(layer, h, ls, pos0, opts.verify)?;
+        for (i, (layer, ls)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
+            let c = check.then_some(FiniteCheck { layer: i, ids });
+            h = self.run_layer(layer, h, ls, pos0, opts.verify, c)?;
             if let Some(n) = norms.as_mut() {
                 n.push(row_norms(&h));
             }
         }
         let hidden = self.norm.forward(&h, self.precision);
+        if check {
+            check_outside(&hidden, Sublayer::FinalNorm, pos0, ids)?;
+        }
         if let Some(n) = norms.as_mut() {
             n.push(row_norms(&hidden));
         }
         state.position += ids.len();
-        let logits = match opts.logits {
-            LogitsRows::All => self.logits_of(&hidden)?,
-            LogitsRows::Last => self.logits_of(&hidden.gather_rows(&[hidden.rows - 1]))?,
+        let (logits, first) = match opts.logits {
+            LogitsRows::All => (self.logits_of(&hidden)?, 0),
+            LogitsRows::Last => (self.logits_of(&hidden.gather_rows(&[hidden.rows - 1]))?, ids.len() - 1),
         };
+        if check {
+            check_outside(&logits, Sublayer::LmHead, pos0 + first, &ids[first..])?;
+        }
         Ok(ForwardOutput { logits, hidden_norms: norms, hidden })
     }
 }

@@ -157,9 +157,9 @@ impl Session {
         if let Some(s) = &self.system {
             m.push(ChatMessage::new(Role::System, s.clone()));
         }
-        // A turn that failed (context overflow, engine error) asked nothing the model
-        // answered: it is not part of the context.
-        for t in self.turns.iter().take(upto).filter(|t| t.compare_of.is_none() && t.error.is_none()) {
+        // A turn that failed (context overflow, engine error, NaN from the model) asked nothing
+        // the model answered: it is not part of the context.
+        for t in self.turns.iter().take(upto).filter(|t| t.compare_of.is_none() && !t.failed()) {
             m.push(ChatMessage::new(Role::User, t.user.clone()));
             if t.is_finished() {
                 m.push(ChatMessage {

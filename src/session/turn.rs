@@ -145,6 +145,12 @@ impl Turn {
         }
     }
 
+    /// Whether the turn failed: an error event, or a generation the engine stopped with finish
+    /// `error` (NaN / ±Inf from the model). A failed turn is not part of the conversation.
+    pub fn failed(&self) -> bool {
+        self.error.is_some() || self.finish_reason == Some(FinishReason::Error)
+    }
+
     /// Whether this turn can be continued: it stopped at `max_tokens` or was cancelled, with
     /// no error.
     pub fn can_continue(&self) -> bool {

@@ -42,7 +42,7 @@ impl Conversation {
             .iter()
             .take(upto)
             .rev()
-            .find(|t| t.compare_of.is_none() && t.error.is_none() && t.is_finished())
+            .find(|t| t.compare_of.is_none() && !t.failed() && t.is_finished())
             .map(|t| t.prompt_tokens + t.answer_tokens())
             .unwrap_or(0)
     }
