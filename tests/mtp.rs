@@ -253,3 +253,95 @@ fn mtp_stats_are_reported_in_events() {
     assert!(ev.iter().any(|e| matches!(e, EngineEvent::Stats(StatsEvent { mtp: Some(_), .. }))));
     let _ = FinishReason::Stop;
 }
+
+/// A model session that logs what the generator asks of it, and how many tokens had been
+/// emitted at each call.
+struct Logged<'m> {
+    inner: ModelSession<'m>,
+    log: std::sync::Arc<std::sync::Mutex<Vec<(String, usize)>>>,
+    emitted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Logged<'_> {
+    fn note(&self, what: String) {
+        let n = self.emitted.load(std::sync::atomic::Ordering::SeqCst);
+        self.log.lock().unwrap().push((what, n));
+    }
+}
+
+impl deltascope::engine::LogitsSource for Logged<'_> {
+    fn feed(&mut self, ids: &[u32]) -> deltascope::Result<Vec<f32>> {
+        self.note(format!("feed {}", ids.len()));
+        self.inner.feed(ids)
+    }
+    fn position(&self) -> usize {
+        self.inner.position()
+    }
+    fn context_len(&self) -> usize {
+        self.inner.context_len()
+    }
+    fn memory(&self) -> deltascope::engine::events::Memory {
+        self.inner.memory()
+    }
+    fn can_draft(&self) -> bool {
+        self.inner.can_draft()
+    }
+    fn catch_up_draft(&mut self) -> deltascope::Result<()> {
+        self.note("catch up".into());
+        self.inner.catch_up_draft()
+    }
+    fn draft(
+        &mut self,
+        last: u32,
+        k: usize,
+        choose: &mut dyn FnMut(&[f32]) -> u32,
+    ) -> deltascope::Result<Vec<(u32, Vec<f32>)>> {
+        self.note("draft".into());
+        self.inner.draft(last, k, choose)
+    }
+    fn verify(&mut self, ids: &[u32]) -> deltascope::Result<Vec<Vec<f32>>> {
+        self.inner.verify(ids)
+    }
+    fn accept(&mut self, keep: usize) -> deltascope::Result<()> {
+        self.inner.accept(keep)
+    }
+    fn rollback_bytes(&self) -> usize {
+        self.inner.rollback_bytes()
+    }
+}
+
+/// The MTP head's pass over the prompt belongs to reading the prompt: it runs right after the
+/// prompt is fed, before the first token (so prefill and TTFT hold it), and the drafts during
+/// decoding cover only the newest positions — and greedy output is still plain greedy's.
+#[test]
+fn the_mtp_head_reads_the_prompt_during_prefill() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    let s = load(demo_source());
+    let prompt = s.prompt("Sort 55, 3, 87, 21, 40.");
+    let params = with_mtp(&GenerationParams { max_tokens: 60, ..Default::default() }, 2);
+    let (plain, _) = s.run(&prompt, GenerationParams { max_tokens: 60, ..Default::default() });
+    let log = Arc::new(Mutex::new(vec![]));
+    let emitted = Arc::new(AtomicUsize::new(0));
+    let mut src = Logged { inner: ModelSession::with_mtp(&s.model), log: log.clone(), emitted: emitted.clone() };
+    let g = Generator { tokenizer: &s.tok, model_name: "t".into() };
+    let out = g
+        .generate(
+            &mut src,
+            &GenerateRequest { prompt_ids: prompt.clone(), params },
+            &AtomicBool::new(false),
+            &mut |e| {
+                if matches!(e, EngineEvent::Token(_)) {
+                    emitted.fetch_add(1, Ordering::SeqCst);
+                }
+            },
+        )
+        .unwrap();
+    assert_eq!(out.tokens, plain.tokens, "speculative greedy is plain greedy");
+    let log = log.lock().unwrap().clone();
+    assert_eq!(log[0], (format!("feed {}", prompt.len()), 0), "{log:?}");
+    assert_eq!(log[1], ("catch up".to_string(), 0), "the head reads the prompt before any token: {log:?}");
+    assert_eq!(log.iter().filter(|(w, _)| w == "catch up").count(), 1, "{log:?}");
+    let first_draft = log.iter().find(|(w, _)| w == "draft").expect("drafting ran");
+    assert!(first_draft.1 >= 1, "drafts come after the first token: {log:?}");
+}

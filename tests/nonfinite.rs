@@ -165,21 +165,83 @@ fn nan_in_a_moe_router_is_named_as_the_router() {
     stopped_at(&r, "layer 0's MoE router output", "layers.0.mlp.gate.weight");
 }
 
-/// The MTP head only drafts, so it is found at the first draft, after the first token; that
-/// token is kept.
+/// The MTP head reads the prompt with the model (part of prefill), so a broken head is found
+/// before the first token; without drafting the same weights generate normally.
 #[test]
 fn nan_in_the_mtp_head_is_named_as_the_mtp_head() {
     let dir = fixture_copy("qwen3_5_moe");
     poison_bf16_nan(&dir.path().join("model.safetensors"), "mtp.fc.weight", 0);
-    let healthy = run_with(fixture_copy("qwen3_5_moe").path(), &["--mtp", "0"]);
-    let first = healthy.events.iter().find(|e| e["event"] == "token").unwrap()["id"].clone();
     let r = run_with(dir.path(), &["--mtp", "2"]);
     let msg = stopped_at(&r, "the MTP head output", "mtp.*");
-    assert!(msg.contains("after 1 token."), "{msg}");
-    let tokens: Vec<&Value> = r.events.iter().filter(|e| e["event"] == "token").collect();
-    assert_eq!(tokens.len(), 1, "the token before the draft is kept: {:?}", r.events);
-    assert_eq!(tokens[0]["id"], first);
+    assert!(msg.contains("before the first token"), "{msg}");
+    assert!(!r.events.iter().any(|e| e["event"] == "token"), "{:?}", r.events);
     // Without drafting the same weights generate normally: only the head is broken.
     let plain = run_with(dir.path(), &["--mtp", "0"]);
     assert_eq!(plain.code, Some(0), "{}", plain.stderr);
+}
+
+/// A NaN that only a generated token reaches (its embedding row, untied from the LM head) stops
+/// generation at that token: the tokens before it are kept, the same as a healthy run's.
+#[test]
+fn a_nan_reached_mid_generation_keeps_the_tokens_before_it() {
+    let dir = fixture_copy("qwen3_5_text");
+    let st = dir.path().join("model.safetensors");
+    // Untie: an LM head equal to the embedding, so poisoning an embedding row leaves the logits.
+    let bytes = std::fs::read(&st).unwrap();
+    let embed = safetensors::SafeTensors::deserialize(&bytes)
+        .unwrap()
+        .tensor("model.embed_tokens.weight")
+        .unwrap()
+        .data()
+        .to_vec();
+    let cfg = dir.path().join("config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    v["tie_word_embeddings"] = false.into();
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    let add_head = |st: &Path, row: Option<usize>| {
+        let bytes = std::fs::read(st).unwrap();
+        let t = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = t
+            .tensors()
+            .into_iter()
+            .filter(|(n, _)| n != "lm_head.weight")
+            .map(|(n, view)| (n, view.shape().to_vec(), view.data().to_vec()))
+            .collect();
+        let shape = tensors.iter().find(|(n, ..)| n == "model.embed_tokens.weight").unwrap().1.clone();
+        tensors.push(("lm_head.weight".into(), shape.clone(), embed.clone()));
+        if let Some(r) = row {
+            let e = tensors.iter_mut().find(|(n, ..)| n == "model.embed_tokens.weight").unwrap();
+            let mut vals = f32s(&e.2);
+            vals[r * shape[1]..(r + 1) * shape[1]].fill(f32::NAN);
+            e.2 = f32_bytes(&vals);
+        }
+        let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+            .iter()
+            .map(|(n, s, b)| {
+                (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b).unwrap())
+            })
+            .collect();
+        safetensors::serialize_to_file(views, None, st).unwrap();
+    };
+    add_head(&st, None);
+    let healthy = run(dir.path());
+    assert_eq!(healthy.code, Some(0), "{}", healthy.stderr);
+    let ids: Vec<u64> =
+        healthy.events.iter().filter(|e| e["event"] == "token").map(|e| e["id"].as_u64().unwrap()).collect();
+    // The prompt's ids, to pick a token that only generation reaches.
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))
+        .args(["run", "--model", dir.path().to_str().unwrap(), "--prompt", "Is 91 prime?", "--dry-run", "--json"])
+        .output()
+        .unwrap();
+    let dry: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let prompt: Vec<u64> = dry["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    let k = (2..ids.len())
+        .find(|&k| !prompt.contains(&ids[k]) && !ids[..k].contains(&ids[k]))
+        .expect("a generated token that neither the prompt nor earlier tokens hold");
+    add_head(&st, Some(ids[k] as usize));
+    let r = run(dir.path());
+    let msg = stopped_at(&r, "the embedding output", "embed_tokens.weight");
+    assert!(msg.contains(&format!("generated token {}", k + 1)), "{msg}");
+    let kept: Vec<u64> = r.events.iter().filter(|e| e["event"] == "token").map(|e| e["id"].as_u64().unwrap()).collect();
+    assert_eq!(kept, ids[..=k].to_vec(), "the tokens up to the one that reads the NaN row are kept");
 }

@@ -16,9 +16,9 @@ fn snap(name: &str, screen: String) {
     insta::with_settings!({
         filters => vec![
             (r"\d+(\.\d+)? tok/s", "[RATE] tok/s"),
-            (r"TTFT \d+ ms", "TTFT [MS] ms"),
-            (r"· \d+\.\ds", "· [DUR]s"),
-            (r"\d+\.\d s\b", "[DUR] s"),
+            // Durations: "340 ms" below a second, else "2.4 s".
+            (r"TTFT (\d+ ms|\d+\.\d s)", "TTFT [DUR]"),
+            (r"· (\d+ ms|\d+\.\d s)", "· [DUR]"),
         ],
         omit_expression => true,
     }, {

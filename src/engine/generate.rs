@@ -243,8 +243,16 @@ impl Generator<'_> {
         let mut prefill_s = 0.0;
         let prompt_at = source.position();
         let nonfinite = |run: &mut Run, e: Error| stop_on_nonfinite(run, e, prompt_at, req.prompt_ids.len());
+        let drafting = (p.mtp.depth > 0 || p.mtp.auto) && source.can_draft();
         let mut logits = if control.proceed() {
-            match source.feed(&req.prompt_ids) {
+            // With drafting on, the MTP head reads the prompt too: part of prefill, not decode.
+            let read = source.feed(&req.prompt_ids).and_then(|l| {
+                if drafting {
+                    source.catch_up_draft()?;
+                }
+                Ok(l)
+            });
+            match read {
                 Ok(l) => {
                     prefill_s = started.elapsed().as_secs_f64();
                     Some(l)

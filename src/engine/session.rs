@@ -27,6 +27,14 @@ pub trait LogitsSource {
         Err(Error::InvalidArgument("this model cannot draft (no MTP head)".into()))
     }
 
+    /// Runs the MTP head over every position the target has read whose next token is known
+    /// (all but the last), so the next [`LogitsSource::draft`] only covers the newest one. Called
+    /// right after the prompt: that pass is part of reading the prompt (prefill and TTFT), not of
+    /// decoding.
+    fn catch_up_draft(&mut self) -> Result<()> {
+        Ok(())
+    }
+
     /// Feeds `ids` as one verify pass; returns the logits after each of them.
     fn verify(&mut self, _ids: &[u32]) -> Result<Vec<Vec<f32>>> {
         Err(Error::InvalidArgument("this model cannot verify drafts".into()))
@@ -112,6 +120,22 @@ impl LogitsSource for ModelSession<'_> {
 
     fn can_draft(&self) -> bool {
         self.mtp.is_some()
+    }
+
+    fn catch_up_draft(&mut self) -> Result<()> {
+        let Some(mtp) = self.mtp.as_mut() else { return Ok(()) };
+        let n = self.pending_ids.len();
+        if n < 2 {
+            return Ok(());
+        }
+        let h = self.model.config.hidden_size;
+        // Entry p pairs x_{p+1} with h_p: every pending position but the last has its x_{p+1}.
+        let next = self.pending_ids[1..].to_vec();
+        let hidden = Mat::from_vec(n - 1, h, self.pending_hidden[..(n - 1) * h].to_vec());
+        self.model.mtp_forward(&next, &hidden, mtp, LogitsRows::Last)?;
+        self.pending_ids.drain(..n - 1);
+        self.pending_hidden.drain(..(n - 1) * h);
+        Ok(())
     }
 
     fn draft(&mut self, last: u32, k: usize, choose: &mut dyn FnMut(&[f32]) -> u32) -> Result<Vec<(u32, Vec<f32>)>> {

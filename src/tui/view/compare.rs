@@ -12,6 +12,7 @@ use super::wrap::wrap;
 use crate::session::Turn;
 use crate::tui::app::App;
 use crate::tui::highlight::block_line;
+use crate::units::duration_ms;
 
 pub fn draw(app: &App, f: &mut Frame, area: Rect, a: usize, b: usize) {
     let (Some(ta), Some(tb)) = (app.convo.session.turns.get(a), app.convo.session.turns.get(b)) else { return };
@@ -56,7 +57,12 @@ fn column(
     ]));
     let timing = match &t.stats.timing {
         Some(tm) => {
-            format!("TTFT {:.0} ms · decode {:.1} tok/s · {:.1} s", tm.ttft_ms, tm.decode_tok_s, tm.total_ms / 1000.0)
+            format!(
+                "TTFT {} · decode {:.1} tok/s · {}",
+                duration_ms(tm.ttft_ms),
+                tm.decode_tok_s,
+                duration_ms(tm.total_ms)
+            )
         }
         None => format!("tok/s {:.1}", t.stats.samples.last().map(|s| s.tok_s).unwrap_or(0.0)),
     };

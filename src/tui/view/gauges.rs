@@ -13,7 +13,7 @@ use ratatui::widgets::{Block, Paragraph, Sparkline, Widget};
 use crate::session::Turn;
 use crate::tui::app::App;
 use crate::tui::theme::Theme;
-use crate::units::short_bytes;
+use crate::units::{duration_ms, short_bytes};
 
 pub const MIN_HEIGHT: u16 = 18;
 
@@ -167,14 +167,23 @@ fn context_in_use(app: &App) -> String {
 }
 
 /// TTFT and prefill speed: from `done`, or measured from the first token while streaming.
-fn ttft(t: &Turn) -> Option<(f64, f64)> {
+/// `None` where there is nothing honest to show: no token yet, no start time, or a prompt that
+/// was never read through (prefill 0).
+fn ttft(t: &Turn) -> Option<(f64, Option<f64>)> {
     if let Some(tm) = &t.stats.timing {
-        return Some((tm.ttft_ms, tm.prefill_tok_s));
+        if t.tokens.is_empty() {
+            return None;
+        }
+        return Some((tm.ttft_ms, (tm.prefill_tok_s > 0.0).then_some(tm.prefill_tok_s)));
     }
     let first = t.tokens.first()?.t_ms;
-    let start = t.stats.start_ms.unwrap_or(0.0);
-    let prefill_s = ((first - start) / 1000.0).max(1e-6);
-    Some((first, t.prompt_tokens as f64 / prefill_s))
+    let start = t.stats.start_ms?;
+    // Times from another generation (a cancel and a regenerate) would make an absurd rate.
+    if first <= start {
+        return None;
+    }
+    let ms = first - start;
+    Some((ms, Some(t.prompt_tokens as f64 / (ms / 1000.0))))
 }
 
 fn speed_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
@@ -186,16 +195,18 @@ fn speed_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
         .as_ref()
         .map(|tm| tm.decode_tok_s)
         .or_else(|| t.stats.samples.last().map(|s| s.tok_s))
-        .unwrap_or(0.0);
+        .filter(|v| *v > 0.0 && t.tokens.len() > 1);
+    let speed = tok_s.map_or("—".to_string(), |v| format!("{v:.1} tok/s"));
     f.render_widget(
         Paragraph::new(Line::from(vec![
             Span::styled("Speed ", Style::new().fg(th.accent).add_modifier(Modifier::BOLD)),
-            Span::styled(format!("{tok_s:.1} tok/s"), th.fg(th.text)),
+            Span::styled(speed, th.fg(th.text)),
         ])),
         h,
     );
     let line = match ttft(t) {
-        Some((ms, pf)) => format!("TTFT {ms:.0} ms · prefill {pf:.0} tok/s"),
+        Some((ms, Some(pf))) => format!("TTFT {} · prefill {pf:.0} tok/s", duration_ms(ms)),
+        Some((ms, None)) => format!("TTFT {} · prefill —", duration_ms(ms)),
         None => "TTFT — · prefill —".to_string(),
     };
     f.render_widget(Paragraph::new(Line::styled(line, th.fg(th.text))), l);
@@ -336,4 +347,50 @@ pub fn strip(app: &App, f: &mut Frame, area: Rect) {
         .unwrap_or_default();
     let kv = t.memory().map(|m| format!(" · KV {}", short_bytes(m.kv_bytes as u64))).unwrap_or_default();
     f.render_widget(Paragraph::new(Line::styled(format!("{tok_s:.1} tok/s{mtp}{kv}"), th.fg(th.dim))), nums);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ttft;
+    use crate::backend::{EngineEvent, GenerationParams, Phase, StartEvent, TokenEvent};
+    use crate::session::Turn;
+
+    fn start() -> EngineEvent {
+        EngineEvent::Start(StartEvent {
+            model: "m".into(),
+            prompt_tokens: Some(2000),
+            phase: Phase::Thinking,
+            params: GenerationParams::default(),
+            server: None,
+        })
+    }
+
+    fn token() -> EngineEvent {
+        EngineEvent::Token(TokenEvent {
+            index: 0,
+            phase: Phase::Thinking,
+            id: None,
+            text: "a".into(),
+            logprob: None,
+            draft: None,
+            forced: false,
+            top_logprobs: vec![],
+        })
+    }
+
+    #[test]
+    fn streaming_ttft_is_measured_from_the_start_and_never_absurd() {
+        let mut t = Turn::new("q", true, GenerationParams::default());
+        assert_eq!(ttft(&t), None, "no token yet");
+        t.apply(&start(), 1000.0);
+        t.apply(&token(), 1500.0);
+        let (ms, rate) = ttft(&t).unwrap();
+        assert_eq!(ms, 500.0, "TTFT counts from the start, not from when the app started");
+        assert_eq!(rate, Some(4000.0));
+        // A token stamped before the start (another generation's clock): nothing, not 10⁶ tok/s.
+        let mut t = Turn::new("q", true, GenerationParams::default());
+        t.apply(&start(), 1000.0);
+        t.apply(&token(), 1000.0);
+        assert_eq!(ttft(&t), None);
+    }
 }

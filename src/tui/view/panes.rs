@@ -13,6 +13,7 @@ use crate::session::{Timed, Turn};
 use crate::tui::app::{App, ColourMode, EditTarget, Focus, PaneScroll, ThinkingView};
 use crate::tui::keymap::Action;
 use crate::tui::theme::Theme;
+use crate::units::duration_ms;
 
 /// Side by side from this width of the centre area.
 const SIDE_BY_SIDE_FROM: u16 = 70;
@@ -93,7 +94,7 @@ fn thinking_title(app: &App, turn: Option<&Turn>) -> Line<'static> {
     let mut spans = vec![Span::styled(" Thinking ", th.title())];
     if let Some(t) = turn {
         let n = t.thinking_tokens();
-        let dur = t.thinking_ms().map(|ms| format!(" · {:.1}s", ms / 1000.0)).unwrap_or_default();
+        let dur = t.thinking_ms().filter(|_| n > 0).map(|ms| format!(" · {}", duration_ms(ms))).unwrap_or_default();
         let live = app.generating() && t.tokens.last().is_some_and(|x| x.phase == Phase::Thinking);
         spans.push(Span::styled(format!("· {n} tok{dur}{} ", if live { " …" } else { "" }), th.fg(th.thinking)));
         if !t.enable_thinking {
@@ -131,7 +132,8 @@ fn answer(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>) {
     let mut title = vec![Span::styled(" Answer ", th.title())];
     if let Some(t) = turn {
         title.push(Span::styled(format!("· {} tok ", t.answer_tokens()), th.fg(th.answer)));
-        if let Some(tm) = &t.stats.timing {
+        // No speed for an empty answer: there was nothing to time.
+        if let Some(tm) = t.stats.timing.as_ref().filter(|tm| t.answer_tokens() > 0 && tm.decode_tok_s > 0.0) {
             title.push(Span::styled(format!("· {:.1} tok/s ", tm.decode_tok_s), th.fg(th.dim)));
         }
     }
