@@ -206,3 +206,32 @@ fn template_error_is_reported() {
     let err = fails_run(dir.path());
     assert!(err.contains("chat template") && err.contains("chat_template.jinja"), "{err}");
 }
+
+/// Values that used to be taken silently (an empty stop string, a stop id past the vocabulary,
+/// loop thresholds of 0, an answer budget of 0) are errors naming the flag and what it allows;
+/// negative numbers reach that validation instead of clap's "unexpected argument".
+#[test]
+fn generation_flags_out_of_range_name_the_flag() {
+    let base = ["run", "--prompt", "Is 91 prime?", "--max-tokens", "8"];
+    for (extra, want) in [
+        (vec!["--stop="], "--stop \"\": a stop string must not be empty"),
+        (vec!["--stop-token-id", "99999"], "stop token id 99999 (--stop-token-id) is out of the vocabulary"),
+        (vec!["--loop-min-repeats", "0"], "--loop-min-repeats 0: must be at least 2"),
+        (vec!["--loop-min-span", "0"], "--loop-min-span 0: must be at least 1"),
+        (vec!["--answer-budget", "0"], "--answer-budget 0: must be at least 1"),
+        (vec!["--temperature", "-1"], "--temperature -1: must be ≥ 0"),
+        (vec!["--top-p", "-0.5"], "--top-p -0.5: must be in (0, 1]"),
+    ] {
+        let args: Vec<&str> = base.iter().copied().chain(extra.iter().copied()).collect();
+        let err = fails(&args);
+        assert!(err.contains(want), "{extra:?}: {err}");
+    }
+    // A negative count is refused by the flag's parser, saying what it takes.
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))
+        .args(["run", "--prompt", "Hi", "--max-tokens", "-1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("'--max-tokens <N>': expected a whole number (0 or more), found -1"), "{err}");
+}

@@ -180,6 +180,13 @@ impl Backend for LocalBackend {
     fn start_with(&self, req: ChatRequest, control: Arc<StepControl>) -> BackendResult<Generation> {
         let (_, ids) = self.loaded.render(&req)?;
         check_prompt(&self.loaded.model, &ids, req.params.max_tokens)?;
+        let vocab = self.loaded.model.config.vocab_size;
+        if let Some(id) = req.params.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(BackendError::invalid(format!(
+                "stop token id {id} (--stop-token-id) is out of the vocabulary: the model has {vocab} ids, 0..{}",
+                vocab - 1
+            )));
+        }
         Ok(self.engine.generate_with(GenerateRequest { prompt_ids: ids, params: req.params }, control))
     }
 

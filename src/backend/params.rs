@@ -115,6 +115,19 @@ impl ParamOverrides {
         let check = |ok: bool, message: &str| if ok { Ok(()) } else { Err(BackendError::invalid(message)) };
         check(self.top_logprobs <= 20, "--top-logprobs is at most 20")?;
         check(self.max_tokens >= 1, "--max-tokens must be at least 1")?;
+        check(!self.stop.iter().any(String::is_empty), "--stop \"\": a stop string must not be empty")?;
+        if self.answer_budget == Some(0) {
+            return Err(BackendError::invalid(
+                "--answer-budget 0: must be at least 1 (leave it out for no answer budget)",
+            ));
+        }
+        if self.loop_min_repeats < 2 {
+            return Err(BackendError::invalid(format!(
+                "--loop-min-repeats {}: must be at least 2 (a loop is a pattern seen more than once)",
+                self.loop_min_repeats
+            )));
+        }
+        check(self.loop_min_span >= 1, "--loop-min-span 0: must be at least 1 token")?;
         let thinking_budget = match self.thinking_budget {
             None | Some(-1) => None,
             Some(n) if n >= 0 => Some(n as usize),
@@ -133,7 +146,7 @@ impl ParamOverrides {
             stop: self.stop.clone(),
             stop_token_ids: self.stop_token_ids.clone(),
             loop_detection: LoopParams {
-                min_repeats: self.loop_min_repeats.max(2),
+                min_repeats: self.loop_min_repeats,
                 min_span: self.loop_min_span,
                 auto_stop: self.loop_stop,
                 ..Default::default()

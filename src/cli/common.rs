@@ -143,7 +143,7 @@ pub struct PromptArgs {
 #[derive(Args, Debug, Clone, Default)]
 pub struct GenArgs {
     /// Generated tokens, thinking + answer (forced tokens included).
-    #[arg(long, default_value_t = 1024, value_name = "N")]
+    #[arg(long, default_value_t = 1024, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
     pub max_tokens: usize,
     /// Thinking tokens before the end of thinking is forced: -1 unlimited, 0 thinking off
     /// (through the template).
@@ -154,25 +154,25 @@ pub struct GenArgs {
     #[arg(long, value_name = "TEXT")]
     pub budget_bridge: Option<String>,
     /// Answer tokens after which generation stops.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
     pub answer_budget: Option<usize>,
     /// Model-card sampling preset.
     #[arg(long, value_enum, value_name = "NAME")]
     pub preset: Option<PresetArg>,
     /// Sampling temperature; 0 is greedy.
-    #[arg(long, value_name = "T")]
+    #[arg(long, value_name = "T", allow_hyphen_values = true)]
     pub temperature: Option<f32>,
-    #[arg(long, value_name = "K")]
+    #[arg(long, value_name = "K", allow_hyphen_values = true, value_parser = whole_number)]
     pub top_k: Option<usize>,
-    #[arg(long, value_name = "P")]
+    #[arg(long, value_name = "P", allow_hyphen_values = true)]
     pub top_p: Option<f32>,
-    #[arg(long, value_name = "P")]
+    #[arg(long, value_name = "P", allow_hyphen_values = true)]
     pub min_p: Option<f32>,
     #[arg(long, value_name = "X", allow_hyphen_values = true)]
     pub presence_penalty: Option<f32>,
     #[arg(long, value_name = "X", allow_hyphen_values = true)]
     pub frequency_penalty: Option<f32>,
-    #[arg(long, value_name = "X")]
+    #[arg(long, value_name = "X", allow_hyphen_values = true)]
     pub repetition_penalty: Option<f32>,
     #[arg(long, default_value_t = 0, value_name = "S")]
     pub seed: u64,
@@ -186,13 +186,13 @@ pub struct GenArgs {
     #[arg(long)]
     pub loop_stop: bool,
     /// Copies of a repeating pattern that count as a loop.
-    #[arg(long, default_value_t = 4, value_name = "N")]
+    #[arg(long, default_value_t = 4, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
     pub loop_min_repeats: usize,
     /// Tokens a repeating pattern must span to count as a loop.
-    #[arg(long, default_value_t = 48, value_name = "N")]
+    #[arg(long, default_value_t = 48, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
     pub loop_min_span: usize,
     /// Report the K most likely alternatives with every token (K ≤ 20).
-    #[arg(long, default_value_t = 0, value_name = "K")]
+    #[arg(long, default_value_t = 0, value_name = "K", allow_hyphen_values = true, value_parser = whole_number)]
     pub top_logprobs: usize,
     /// MTP speculative decoding: draft steps per verify pass (1–4), 0 = off, `auto` adapts the
     /// depth to the acceptance. Default: 2 when the checkpoint has an MTP head. (A server
@@ -314,4 +314,10 @@ pub fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
             })
         })
         .collect()
+}
+
+/// A count flag: a whole number, 0 or more (so `--max-tokens -1` says what is allowed instead
+/// of clap's "unexpected argument"); each flag's own range is checked where the settings meet.
+fn whole_number(s: &str) -> Result<usize, String> {
+    s.trim().parse::<usize>().map_err(|_| format!("expected a whole number (0 or more), found {s}"))
 }

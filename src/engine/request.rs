@@ -59,6 +59,30 @@ impl GenerationParams {
         if self.max_tokens == 0 {
             return Err(ParamProblem { field: "max_tokens".into(), value: "0".into(), expected: "at least 1" });
         }
+        if self.answer_budget == Some(0) {
+            return Err(ParamProblem {
+                field: "answer_budget".into(),
+                value: "0".into(),
+                expected: "at least 1 (or null)",
+            });
+        }
+        if self.stop.iter().any(String::is_empty) {
+            return Err(ParamProblem { field: "stop".into(), value: "\"\"".into(), expected: "non-empty strings" });
+        }
+        if self.loop_detection.min_repeats < 2 {
+            return Err(ParamProblem {
+                field: "loop_detection.min_repeats".into(),
+                value: self.loop_detection.min_repeats.to_string(),
+                expected: "at least 2",
+            });
+        }
+        if self.loop_detection.min_span == 0 {
+            return Err(ParamProblem {
+                field: "loop_detection.min_span".into(),
+                value: "0".into(),
+                expected: "at least 1",
+            });
+        }
         if self.top_logprobs > 20 {
             return Err(ParamProblem {
                 field: "top_logprobs".into(),
