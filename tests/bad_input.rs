@@ -235,3 +235,28 @@ fn generation_flags_out_of_range_name_the_flag() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("'--max-tokens <N>': expected a whole number (0 or more), found -1"), "{err}");
 }
+
+#[test]
+fn an_eos_id_past_the_vocabulary_is_refused_naming_the_field() {
+    let dir = fixture_copy("qwen3_5_text");
+    edit_json(&dir.path().join("config.json"), |v| v["eos_token_id"] = 4096.into());
+    let err = fails_run(dir.path());
+    assert!(err.contains("config.json: field `eos_token_id`: 4096 is out of the vocabulary (vocab_size 512"), "{err}");
+}
+
+#[test]
+fn sweep_refuses_a_thinking_budget_next_to_thinking_budgets() {
+    let err = fails(&["sweep", "--prompt", "Hi", "--thinking-budgets", "0,8", "--thinking-budget", "4"]);
+    assert!(err.contains("--thinking-budget is set by each run of --thinking-budgets"), "{err}");
+}
+
+#[test]
+fn a_thinking_budget_not_below_max_tokens_is_a_warning() {
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))
+        .args(["run", "--prompt", "Is 91 prime?", "--max-tokens", "8", "--thinking-budget", "8"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("warning: --thinking-budget 8 is not below --max-tokens 8"), "{err}");
+}

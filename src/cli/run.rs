@@ -60,6 +60,12 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
         enable_thinking: overrides.thinking_enabled(a.prompt_opts.no_think),
         params: overrides.resolve(backend.info())?,
     };
+    if let Some(b) = request.params.thinking_budget.filter(|&b| b > 0 && b >= request.params.max_tokens) {
+        eprintln!(
+            "warning: --thinking-budget {b} is not below --max-tokens {}: max_tokens ends generation first, so the budget never forces the end of thinking",
+            request.params.max_tokens
+        );
+    }
     let mut out = std::io::stdout().lock();
     if a.dry_run {
         let d = backend.dry_run(&request)?;

@@ -79,6 +79,10 @@ fn budget_label(b: i64) -> String {
 pub fn run(a: SweepArgs) -> anyhow::Result<()> {
     let check = a.check.as_deref().map(regex::Regex::new).transpose().map_err(|e| anyhow::anyhow!("--check: {e}"))?;
     anyhow::ensure!(!a.thinking_budgets.is_empty(), "--thinking-budgets is empty");
+    anyhow::ensure!(
+        a.generation.thinking_budget.is_none(),
+        "--thinking-budget is set by each run of --thinking-budgets; leave --thinking-budget out"
+    );
     anyhow::ensure!(a.repeat >= 1, "--repeat must be at least 1");
     let text = common::prompt_text(a.prompt.as_deref(), a.prompt_file.as_deref())?
         .ok_or_else(|| anyhow::anyhow!("no prompt given (--prompt TEXT, --prompt - or --prompt-file FILE)"))?;

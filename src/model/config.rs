@@ -549,6 +549,14 @@ impl ModelConfig {
             mamba_ssm_dtype: f.str_opt("mamba_ssm_dtype")?.map(str::to_string),
             eos_token_ids,
         };
+        // An EOS id past the vocabulary can never be produced: generation would never stop.
+        if let Some(id) = cfg.eos_token_ids.iter().find(|&&id| id as usize >= cfg.vocab_size) {
+            return Err(Error::field(
+                file,
+                &f.path("eos_token_id"),
+                format!("{id} is out of the vocabulary (vocab_size {}: ids 0..{})", cfg.vocab_size, cfg.vocab_size - 1),
+            ));
+        }
         if cfg.attention_bias {
             return Err(Error::Unsupported {
                 file: file.to_string(),
