@@ -214,7 +214,7 @@ fn template_error_is_reported() {
 fn generation_flags_out_of_range_name_the_flag() {
     let base = ["run", "--prompt", "Is 91 prime?", "--max-tokens", "8"];
     for (extra, want) in [
-        (vec!["--stop="], "--stop \"\": a stop string must not be empty"),
+        (vec!["--stop="], "--stop \"\": must be non-empty"),
         (vec!["--stop-token-id", "99999"], "stop token id 99999 (--stop-token-id) is out of the vocabulary"),
         (vec!["--loop-min-repeats", "0"], "--loop-min-repeats 0: must be at least 2"),
         (vec!["--loop-min-span", "0"], "--loop-min-span 0: must be at least 1"),

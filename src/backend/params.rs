@@ -115,19 +115,6 @@ impl ParamOverrides {
         let check = |ok: bool, message: &str| if ok { Ok(()) } else { Err(BackendError::invalid(message)) };
         check(self.top_logprobs <= 20, "--top-logprobs is at most 20")?;
         check(self.max_tokens >= 1, "--max-tokens must be at least 1")?;
-        check(!self.stop.iter().any(String::is_empty), "--stop \"\": a stop string must not be empty")?;
-        if self.answer_budget == Some(0) {
-            return Err(BackendError::invalid(
-                "--answer-budget 0: must be at least 1 (leave it out for no answer budget)",
-            ));
-        }
-        if self.loop_min_repeats < 2 {
-            return Err(BackendError::invalid(format!(
-                "--loop-min-repeats {}: must be at least 2 (a loop is a pattern seen more than once)",
-                self.loop_min_repeats
-            )));
-        }
-        check(self.loop_min_span >= 1, "--loop-min-span 0: must be at least 1 token")?;
         let thinking_budget = match self.thinking_budget {
             None | Some(-1) => None,
             Some(n) if n >= 0 => Some(n as usize),
@@ -137,7 +124,7 @@ impl ParamOverrides {
                 )));
             }
         };
-        Ok(GenerationParams {
+        let params = GenerationParams {
             max_tokens: self.max_tokens,
             sampling,
             thinking_budget,
@@ -153,7 +140,18 @@ impl ParamOverrides {
             },
             top_logprobs: self.top_logprobs,
             mtp: self.mtp_params(info)?,
-        })
+        };
+        // The rest of the ranges are the ones a session's values are checked with; every field
+        // they cover here came from a flag.
+        params.check().map_err(|p| {
+            let flag = match p.field.as_str() {
+                "loop_detection.min_repeats" => "loop-min-repeats".to_string(),
+                "loop_detection.min_span" => "loop-min-span".to_string(),
+                f => f.replace('_', "-"),
+            };
+            BackendError::invalid(format!("--{flag} {}: must be {}", p.value, p.expected))
+        })?;
+        Ok(params)
     }
 
     /// Whether this sampling field (`top_p`, …) was given explicitly.

@@ -63,17 +63,21 @@ impl GenerationParams {
             return Err(ParamProblem {
                 field: "answer_budget".into(),
                 value: "0".into(),
-                expected: "at least 1 (or null)",
+                expected: "at least 1 (or no answer budget)",
             });
         }
         if self.stop.iter().any(String::is_empty) {
-            return Err(ParamProblem { field: "stop".into(), value: "\"\"".into(), expected: "non-empty strings" });
+            return Err(ParamProblem {
+                field: "stop".into(),
+                value: "\"\"".into(),
+                expected: "non-empty (an empty stop string would match anywhere)",
+            });
         }
         if self.loop_detection.min_repeats < 2 {
             return Err(ParamProblem {
                 field: "loop_detection.min_repeats".into(),
                 value: self.loop_detection.min_repeats.to_string(),
-                expected: "at least 2",
+                expected: "at least 2 (a loop is a pattern seen more than once)",
             });
         }
         if self.loop_detection.min_span == 0 {

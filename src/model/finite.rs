@@ -8,6 +8,7 @@
 //! the first one, naming it.
 
 use super::tensor::Mat;
+use crate::error::{Error, Result};
 pub use crate::error::{NonFinite, Sublayer};
 
 /// The first row of `m` holding a NaN or ±Inf, and that value.
@@ -26,11 +27,34 @@ pub fn first_nonfinite_row(m: &Mat) -> Option<(usize, f32)> {
     Some((i / m.cols.max(1), m.data[i]))
 }
 
-/// Checks `m` (rows at positions `pos0..`, tokens `ids`) and names `sublayer` of `layer` when a
-/// row is non-finite.
-pub fn check(m: &Mat, layer: Option<usize>, sublayer: Sublayer, pos0: usize, ids: &[u32]) -> Option<NonFinite> {
-    let (row, value) = first_nonfinite_row(m)?;
-    Some(NonFinite { layer, sublayer, position: pos0 + row, token: ids.get(row).copied().unwrap_or(0), value })
+/// Checks `m` (rows at positions `pos0..`, tokens `ids`): a non-finite row fails with
+/// [`Error::NonFinite`] naming `sublayer` of `layer`.
+pub fn check(m: &Mat, layer: Option<usize>, sublayer: Sublayer, pos0: usize, ids: &[u32]) -> Result<()> {
+    match first_nonfinite_row(m) {
+        None => Ok(()),
+        Some((row, value)) => Err(Error::NonFinite(NonFinite {
+            layer,
+            sublayer,
+            position: pos0 + row,
+            token: ids.get(row).copied().unwrap_or(0),
+            value,
+        })),
+    }
+}
+
+/// A block that reports only its row (the MoE router, `layer: None`, position = row) is placed
+/// by its caller: `label` fills in which part it was, then the position and token follow from
+/// `pos0` and `ids`. Other errors pass through.
+pub fn place(e: Error, pos0: usize, ids: &[u32], label: impl FnOnce(&mut NonFinite)) -> Error {
+    match e {
+        Error::NonFinite(mut nf) if nf.layer.is_none() => {
+            nf.token = ids.get(nf.position).copied().unwrap_or(0);
+            nf.position += pos0;
+            label(&mut nf);
+            Error::NonFinite(nf)
+        }
+        e => e,
+    }
 }
 
 /// Beyond this magnitude a weight is reported as out of range: trained weights (norm scales,
@@ -123,7 +147,7 @@ mod tests {
     fn names_the_layer_the_position_and_what_to_check() {
         let mut m = Mat::zeros(2, 2);
         m.data[3] = f32::INFINITY;
-        let nf = check(&m, Some(3), Sublayer::Mlp, 10, &[7, 8]).unwrap();
+        let Err(Error::NonFinite(nf)) = check(&m, Some(3), Sublayer::Mlp, 10, &[7, 8]) else { panic!("not caught") };
         assert_eq!((nf.position, nf.token), (11, 8));
         assert_eq!(nf.to_string(), "+Inf first appeared in layer 3's MLP output at sequence position 11 (token id 8)");
         assert!(nf.advice().contains("layers.3.mlp.*"), "{}", nf.advice());

@@ -125,36 +125,6 @@ struct FiniteCheck<'a> {
     ids: &'a [u32],
 }
 
-impl FiniteCheck<'_> {
-    fn sublayer(&self, m: &Mat, sublayer: Sublayer, pos0: usize) -> Result<()> {
-        match finite::check(m, Some(self.layer), sublayer, pos0, self.ids) {
-            Some(nf) => Err(Error::NonFinite(nf)),
-            None => Ok(()),
-        }
-    }
-
-    /// The MoE router reports its row; this names the layer, the position and the token.
-    fn place(&self, e: Error, pos0: usize) -> Error {
-        match e {
-            Error::NonFinite(mut nf) if nf.layer.is_none() => {
-                nf.layer = Some(self.layer);
-                nf.token = self.ids.get(nf.position).copied().unwrap_or(0);
-                nf.position += pos0;
-                Error::NonFinite(nf)
-            }
-            e => e,
-        }
-    }
-}
-
-/// Fails with the first non-finite row of `m`, outside any decoder layer.
-fn check_outside(m: &Mat, sublayer: Sublayer, pos0: usize, ids: &[u32]) -> Result<()> {
-    match finite::check(m, None, sublayer, pos0, ids) {
-        Some(nf) => Err(Error::NonFinite(nf)),
-        None => Ok(()),
-    }
-}
-
 pub struct ForwardOutput {
     /// One row per requested position, `vocab_size` columns.
     pub logits: Mat,
@@ -400,15 +370,9 @@ impl Model {
         let pos0 = state.position;
         for (layer, ls) in mtp.layers.iter().zip(state.layers.iter_mut()) {
             // A MoE router inside the MTP layer reports its row: name the head instead.
-            u = self.run_layer(layer, u, ls, pos0, false, None).map_err(|e| match e {
-                Error::NonFinite(mut nf) if nf.layer.is_none() => {
-                    nf.sublayer = Sublayer::MtpHead;
-                    nf.token = next_ids.get(nf.position).copied().unwrap_or(0);
-                    nf.position += pos0;
-                    Error::NonFinite(nf)
-                }
-                e => e,
-            })?;
+            u = self
+                .run_layer(layer, u, ls, pos0, false, None)
+                .map_err(|e| finite::place(e, pos0, next_ids, |nf| nf.sublayer = Sublayer::MtpHead))?;
         }
         state.position += next_ids.len();
         let out = mtp.norm.forward(&u, prec);
@@ -419,7 +383,7 @@ impl Model {
         // Drafts only propose tokens, so one check of what the head produced is enough to name
         // it (the MTP module's sublayers are not told apart).
         let base = next_ids.len() - logits.rows;
-        check_outside(&logits, Sublayer::MtpHead, pos0 + base, &next_ids[base..])?;
+        finite::check(&logits, None, Sublayer::MtpHead, pos0 + base, &next_ids[base..])?;
         Ok(MtpOutput { logits, hidden: out })
     }
 
@@ -460,7 +424,8 @@ impl Model {
         check: Option<FiniteCheck>,
     ) -> Result<Mat> {
         let prec = self.precision;
-        let checked = |m: &Mat, sub: Sublayer| check.map_or(Ok(()), |c| c.sublayer(m, sub, pos0));
+        let checked =
+            |m: &Mat, sub: Sublayer| check.map_or(Ok(()), |c| finite::check(m, Some(c.layer), sub, pos0, c.ids));
         let n = layer.input_norm.forward(&x, prec);
         checked(&n, Sublayer::InputNorm)?;
         let (mixed, sub) = match (&layer.mixer, state) {
@@ -478,7 +443,7 @@ impl Model {
         let n = layer.post_norm.forward(&h, prec);
         checked(&n, Sublayer::PostNorm)?;
         let m = layer.mlp.forward(&n, prec).map_err(|e| match check {
-            Some(c) => c.place(e, pos0),
+            Some(c) => finite::place(e, pos0, c.ids, |nf| nf.layer = Some(c.layer)),
             None => e,
         })?;
         checked(&m, Sublayer::Mlp)?;
@@ -511,7 +476,7 @@ impl Model {
         let check = opts.check_finite;
         let mut h = self.embed_rows(ids)?;
         if check {
-            check_outside(&h, Sublayer::Embedding, pos0, ids)?;
+            finite::check(&h, None, Sublayer::Embedding, pos0, ids)?;
         }
         let mut norms = opts.hidden_norms.then(Vec::new);
         for (i, (layer, ls)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
@@ -523,7 +488,7 @@ impl Model {
         }
         let hidden = self.norm.forward(&h, self.precision);
         if check {
-            check_outside(&hidden, Sublayer::FinalNorm, pos0, ids)?;
+            finite::check(&hidden, None, Sublayer::FinalNorm, pos0, ids)?;
         }
         if let Some(n) = norms.as_mut() {
             n.push(row_norms(&hidden));
@@ -534,7 +499,7 @@ impl Model {
             LogitsRows::Last => (self.logits_of(&hidden.gather_rows(&[hidden.rows - 1]))?, ids.len() - 1),
         };
         if check {
-            check_outside(&logits, Sublayer::LmHead, pos0 + first, &ids[first..])?;
+            finite::check(&logits, None, Sublayer::LmHead, pos0 + first, &ids[first..])?;
         }
         Ok(ForwardOutput { logits, hidden_norms: norms, hidden })
     }

@@ -2,7 +2,7 @@
 //! optional renormalisation, experts accumulated in ascending id order, sigmoid-gated shared
 //! expert), model-spec §5.2–§5.3.
 
-use super::finite::{self, NonFinite, Sublayer};
+use super::finite::{self, Sublayer};
 use super::load::Loader;
 use super::tensor::{Linear, Mat, Precision, sigmoid, silu};
 use crate::error::{Error, Result};
@@ -125,15 +125,7 @@ impl MoeBlock {
         let logits = self.router.forward(x, prec)?;
         // NaN router logits would pick experts by NaN comparisons: stop here instead (the layer
         // and position are filled in by the caller).
-        if let Some((row, value)) = finite::first_nonfinite_row(&logits) {
-            return Err(Error::NonFinite(NonFinite {
-                layer: None,
-                sublayer: Sublayer::MoeRouter,
-                position: row,
-                token: 0,
-                value,
-            }));
-        }
+        finite::check(&logits, None, Sublayer::MoeRouter, 0, &[])?;
         // Per token: softmax in f32, top-k, optional renormalisation, weights in the activation dtype.
         let mut routed: Vec<Vec<(usize, f32)>> = vec![vec![]; self.experts.len()];
         for t in 0..t_len {
