@@ -341,6 +341,9 @@ fn sweep_table_json_and_plot() {
     assert_eq!(runs[0]["thinking_tokens"], 0);
     assert_eq!(runs[1]["forced"], true);
     assert_eq!(runs[2]["forced"], false);
+    // Forced tokens counted apart: the budget's 4 thinking tokens, then 53 forced.
+    assert_eq!((runs[1]["thinking_tokens"].as_u64(), runs[1]["forced_tokens"].as_u64()), (Some(4), Some(53)));
+    assert_eq!(runs[2]["forced_tokens"], 0);
     assert_eq!(runs[2]["correct"], true, "unlimited thinking gets 482 + 739 right: {}", runs[2]);
     assert!(runs[2]["thinking_tokens"].as_u64().unwrap() > runs[1]["thinking_tokens"].as_u64().unwrap());
     let summary = v["summary"].as_array().unwrap();
@@ -348,6 +351,7 @@ fn sweep_table_json_and_plot() {
     assert_eq!(summary[2]["accuracy"], 1.0);
     let s = std::fs::read_to_string(&svg).unwrap();
     assert!(s.starts_with("<svg") && s.contains("polyline") && s.contains("∞"));
+    assert!(s.contains("<title>forced 53.0</title>"), "the forced tokens have their own bar segment");
     // The human table.
     let table = ok(&[
         "sweep",
@@ -361,4 +365,9 @@ fn sweep_table_json_and_plot() {
         "0.7",
     ]);
     assert!(table.contains("budget") && table.contains("mean thinking") && table.lines().count() >= 8, "{table}");
+    assert!(table.contains("mean forced"), "{table}");
+    // Budget 8: 8 thinking tokens and 53 forced in each row, apart.
+    let row = table.lines().find(|l| l.split_whitespace().next() == Some("8")).unwrap();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!((cells[2], cells[5]), ("8", "53"), "{table}");
 }

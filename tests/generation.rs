@@ -457,3 +457,27 @@ fn demo_budget_forcing_still_answers() {
         ev.iter().filter_map(|e| if let EngineEvent::Token(t) = e { Some(t.phase) } else { None }).collect();
     assert_eq!(*phases.last().unwrap(), Phase::Answer);
 }
+
+/// Step mode can hold a request before its prompt is read: the wait counts in TTFT (the user
+/// sees it) but not in the prefill rate (the engine did nothing meanwhile).
+#[test]
+fn a_hold_before_the_prompt_is_not_booked_as_prefill() {
+    struct HoldFirst(AtomicBool);
+    impl Control for HoldFirst {
+        fn proceed(&self) -> bool {
+            if !self.0.swap(true, Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
+            true
+        }
+    }
+    let tok = tokenizer();
+    let prompt = thinking_prompt(&tok);
+    let n = prompt.len() as f64;
+    let params = GenerationParams { max_tokens: 4, ..Default::default() };
+    let (out, _) = run(&tok, prompt, params, &HoldFirst(AtomicBool::new(false)), |_| onehot(70));
+    assert!(out.timing.ttft_ms >= 500.0, "{:?}", out.timing);
+    // Reading a scripted prompt takes microseconds; booked with the hold it would be 500 ms.
+    let prefill_s = n / out.timing.prefill_tok_s;
+    assert!(prefill_s < 0.1, "prefill took {prefill_s} s by its rate: {:?}", out.timing);
+}

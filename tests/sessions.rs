@@ -280,7 +280,7 @@ fn sessions_are_compact_and_grow_linearly() {
     // settings, so only the longer two are held to the per-token size).
     for name in ["healthy.json", "degenerate-loop.json", "starved-by-max-tokens.json"] {
         let text = std::fs::read_to_string(examples_dir().join(name)).unwrap();
-        assert!(text.starts_with("{\"version\":3,"), "{name} is not in format 3");
+        assert!(text.starts_with("{\"version\":4,"), "{name} is not in format 4");
         let tokens: usize = example(name).turns.iter().map(|t| t.tokens.len()).sum();
         if tokens >= 100 {
             assert!(text.len() / tokens <= 230, "{name}: {} bytes per token", text.len() / tokens);
@@ -448,4 +448,42 @@ fn bad_settings_in_a_session_name_the_file_and_field() {
         let e = Session::load(&path).unwrap_err().to_string();
         assert_eq!(e, format!("{}: {message}", path.display()));
     }
+}
+
+/// Format 3 counted the tokens a thinking budget forced inside the thinking and answer counts
+/// as well; read now, they are counted apart, and a format-4 file is read as it is.
+#[test]
+fn a_format_3_file_counts_forced_tokens_apart_when_read() {
+    let p = params(256, Some(1));
+    let mut turn = Turn::new("Is 97 prime?", true, p.clone());
+    turn.apply(&start(5, &p), 0.0);
+    let toks = [
+        (Phase::Thinking, "97 / 2", false),
+        (Phase::Thinking, "Considering the limited time…", true),
+        (Phase::Thinking, "</think>", true),
+        (Phase::Answer, "\n\n", true),
+        (Phase::Answer, "97 is prime.", false),
+    ];
+    for (i, (phase, text, forced)) in toks.into_iter().enumerate() {
+        turn.apply(&token(i, phase, text, if forced { 0.0 } else { -0.1 }, DraftKind::None, forced), 1.0 + i as f64);
+    }
+    let mut end = done(FinishReason::Stop, 5, 3, 2, "97 / 2", "97 is prime.");
+    if let deltascope::backend::EngineEvent::Done(d) = &mut end {
+        d.usage.forced_tokens = 3;
+    }
+    turn.apply(&end, 9.0);
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Session::new("embedded:demo", None);
+    s.turns.push(turn);
+    s.version = 3;
+    let old = dir.path().join("v3.json");
+    s.save_atomic(&old).unwrap();
+    let t = &Session::load(&old).unwrap().turns[0];
+    assert_eq!((t.thinking_tokens(), t.forced_tokens(), t.answer_tokens(), t.completion_tokens()), (1, 3, 1, 5));
+
+    s.version = 4;
+    let new = dir.path().join("v4.json");
+    s.save_atomic(&new).unwrap();
+    let t = &Session::load(&new).unwrap().turns[0];
+    assert_eq!((t.thinking_tokens(), t.forced_tokens(), t.answer_tokens()), (3, 3, 2), "format 4 is read as it is");
 }

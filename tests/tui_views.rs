@@ -96,17 +96,26 @@ fn thinking_ate_max_tokens_banner_and_fixes() {
         18.0,
     );
     engine(&mut app, done(FinishReason::Length, 16, 16, 0, "199 / 3 ", ""), 18.0);
-    snap("exhausted", render(&app, W, H));
-    // F3 doubles max_tokens and re-runs the prompt in place.
+    // A diagnostic without fixes (a file from an older build): worked out from the turn's
+    // settings, the forced end of thinking estimated from the bridge text (56 tokens).
+    let screen = render(&app, W, H);
+    assert!(
+        screen.contains("max_tokens → 528") && screen.contains("budget → 8, max_tokens → 96 (≈56 forced, ≈32 answer)"),
+        "{screen}"
+    );
+    snap("exhausted", screen);
+    // F3 raises max_tokens and re-runs the prompt in place; the starved turn is kept aside.
     key(&mut app, KeyCode::F(3), KeyModifiers::NONE, 20.0);
-    assert_eq!(app.settings.params.max_tokens, 32);
+    assert_eq!(app.settings.params.max_tokens, 528);
     let effects = app.take_effects();
-    assert!(matches!(effects.last(), Some(Effect::Generate { params, .. }) if params.max_tokens == 32), "{effects:?}");
+    assert!(matches!(effects.last(), Some(Effect::Generate { params, .. }) if params.max_tokens == 528), "{effects:?}");
     assert_eq!(app.convo.session.turns.len(), 1);
+    assert_eq!(app.convo.session.branches[0].reason, "regenerated");
     engine(&mut app, done(FinishReason::Cancelled, 16, 0, 0, "", ""), 21.0);
-    // F4 sets a thinking budget of half of max_tokens.
+    // The re-run (cancelled) has nothing to fix: F4 changes nothing.
     key(&mut app, KeyCode::F(4), KeyModifiers::NONE, 22.0);
-    assert_eq!(app.settings.params.thinking_budget, Some(16));
+    assert_eq!(app.settings.params.thinking_budget, None);
+    assert!(app.take_effects().iter().all(|e| !matches!(e, Effect::Generate { .. })));
 }
 
 #[test]
@@ -136,6 +145,7 @@ fn loop_banner_highlights_the_loop() {
 #[test]
 fn forced_end_of_thinking_banner() {
     let mut app = app();
+    app.settings.params.thinking_budget = Some(8);
     let p = params(256, Some(8));
     ask(&mut app, "Is 97 prime?", 0.0);
     engine(&mut app, start(16, &p), 1.0);
@@ -146,8 +156,20 @@ fn forced_end_of_thinking_banner() {
     engine(&mut app, token(8, Phase::Thinking, "Considering the limited time…", 0.0, DraftKind::None, true), 10.0);
     engine(&mut app, token(9, Phase::Thinking, "</think>", 0.0, DraftKind::None, true), 10.0);
     engine(&mut app, token(10, Phase::Answer, "97 is prime.", -0.2, DraftKind::None, false), 11.0);
-    engine(&mut app, done(FinishReason::Stop, 16, 10, 1, "", "97 is prime."), 12.0);
-    snap("forced", render(&app, W, H));
+    // While streaming the forced tokens are counted apart from the thinking.
+    let screen = render(&app, W, H);
+    assert!(screen.contains("Thinking · 8 tok + 2 forced"), "{screen}");
+    let mut end = done(FinishReason::Stop, 16, 8, 1, "", "97 is prime.");
+    if let EngineEvent::Done(d) = &mut end {
+        d.usage.forced_tokens = 2;
+        d.usage.completion_tokens = 11;
+    }
+    engine(&mut app, end, 12.0);
+    let screen = render(&app, W, H);
+    assert!(screen.contains("Thinking · 8 tok + 2 forced"), "{screen}");
+    assert!(screen.contains("think 8 ") && screen.contains("forced 2") && screen.contains("answer 1 "), "{screen}");
+    assert!(screen.contains("11/256 max_tokens"), "{screen}");
+    snap("forced", screen);
 }
 
 #[test]

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 pub use crate::checkpoint::ModelSource;
+pub use crate::engine::advice::{self, BudgetFix, Fix};
 pub use crate::engine::events::*;
 pub use crate::engine::speculative::MAX_DEPTH;
 pub use crate::engine::{

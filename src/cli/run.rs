@@ -7,7 +7,7 @@ use clap::{Args, ValueEnum};
 
 use super::common::{self, GenArgs, ModelArgs, PromptArgs};
 use super::interrupt::Interrupt;
-use crate::backend::{ChatRequest, Diagnostic, DoneEvent, EngineEvent, FinishReason, Phase, TokenEvent};
+use crate::backend::{ChatRequest, Diagnostic, DoneEvent, EngineEvent, FinishReason, Fix, Phase, TokenEvent};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -130,10 +130,13 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
                 }
                 out.flush()?;
             }
-            EngineEvent::Diagnostic(Diagnostic { kind, message, .. }) if !a.json => {
+            EngineEvent::Diagnostic(Diagnostic { kind, message, fix, .. }) if !a.json => {
                 let kind = kind.as_str();
                 let (on, off) = if err_tty { ("\x1b[1;33m", "\x1b[0m") } else { ("", "") };
                 writeln!(err, "\n{on}[{kind}] {message}{off}")?;
+                if let Some(flags) = fix.as_ref().and_then(fix_flags) {
+                    writeln!(err, "fix: {flags}")?;
+                }
             }
             EngineEvent::Done(DoneEvent { finish_reason, usage, timing, .. }) => {
                 if !a.json {
@@ -142,8 +145,10 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
                     }
                     writeln!(out)?;
                     out.flush()?;
+                    // Forced by the thinking budget (bridge, `</think>`, blank line): neither
+                    // thinking nor answer.
                     let forced = if usage.forced_tokens > 0 {
-                        format!(" ({} forced)", usage.forced_tokens)
+                        format!(" · forced {}", usage.forced_tokens)
                     } else {
                         String::new()
                     };
@@ -183,4 +188,16 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A diagnostic's fixes as the flags that apply them (`--max-tokens 536`, or
+/// `--thinking-budget 12 --max-tokens 97`).
+fn fix_flags(fix: &Fix) -> Option<String> {
+    let raise = fix.max_tokens.map(|m| format!("--max-tokens {m}"));
+    let budget =
+        fix.thinking_budget.map(|b| format!("--thinking-budget {} --max-tokens {}", b.thinking_budget, b.max_tokens));
+    match (raise, budget) {
+        (Some(r), Some(b)) => Some(format!("{r}, or {b}")),
+        (r, b) => r.or(b),
+    }
 }

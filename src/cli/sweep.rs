@@ -53,9 +53,14 @@ pub struct SweepArgs {
 pub struct SweepRun {
     pub budget: i64,
     pub seed: u64,
+    /// Generated thinking tokens (the forced ones are counted apart).
     pub thinking_tokens: usize,
+    /// Tokens the budget forced: bridge text, `</think>`, blank line (0 from a server that
+    /// forces the end of thinking without saying how many).
+    pub forced_tokens: usize,
     pub answer_tokens: usize,
     pub finish_reason: FinishReason,
+    /// Whether the budget ended thinking.
     pub forced: bool,
     pub correct: Option<bool>,
     pub decode_tok_s: f64,
@@ -67,7 +72,9 @@ pub struct SweepSummary {
     pub budget: i64,
     pub runs: usize,
     pub mean_thinking_tokens: f64,
+    pub mean_forced_tokens: f64,
     pub mean_answer_tokens: f64,
+    /// Runs whose thinking the budget ended.
     pub forced: usize,
     pub accuracy: Option<f64>,
 }
@@ -156,6 +163,7 @@ fn collect_runs(
                     budget,
                     seed: g.seed,
                     thinking_tokens: d.usage.thinking_tokens,
+                    forced_tokens: d.usage.forced_tokens,
                     answer_tokens: d.usage.answer_tokens,
                     finish_reason: d.finish_reason,
                     // A server forces the end of thinking without saying which tokens it forced.
@@ -171,10 +179,11 @@ fn collect_runs(
             if !a.json {
                 writeln!(
                     err,
-                    "budget {:>5} seed {:>3}: {} thinking, {} answer tokens, {}",
+                    "budget {:>5} seed {:>3}: {} thinking, {} forced, {} answer tokens, {}",
                     budget_label(budget),
                     run.seed,
                     run.thinking_tokens,
+                    run.forced_tokens,
                     run.answer_tokens,
                     run.finish_reason.as_str()
                 )?;
@@ -196,6 +205,7 @@ fn summarise(budget: i64, runs: &[SweepRun], checked: bool) -> Option<SweepSumma
         budget,
         runs: rs.len(),
         mean_thinking_tokens: rs.iter().map(|r| r.thinking_tokens as f64).sum::<f64>() / n,
+        mean_forced_tokens: rs.iter().map(|r| r.forced_tokens as f64).sum::<f64>() / n,
         mean_answer_tokens: rs.iter().map(|r| r.answer_tokens as f64).sum::<f64>() / n,
         forced: rs.iter().filter(|r| r.forced).count(),
         accuracy: checked.then(|| rs.iter().filter(|r| r.correct == Some(true)).count() as f64 / n),
@@ -227,7 +237,7 @@ fn print_table(
             r.thinking_tokens,
             r.answer_tokens,
             r.finish_reason.as_str(),
-            if r.forced { "yes" } else { "no" },
+            forced_cell(r),
             correct,
             r.decode_tok_s
         )?;
@@ -236,17 +246,18 @@ fn print_table(
         writeln!(out)?;
         writeln!(
             out,
-            "{:>6} {:>5} {:>14} {:>12} {:>6} {:>9}",
-            "budget", "runs", "mean thinking", "mean answer", "forced", "accuracy"
+            "{:>6} {:>5} {:>14} {:>12} {:>12} {:>6} {:>9}",
+            "budget", "runs", "mean thinking", "mean forced", "mean answer", "forced", "accuracy"
         )?;
         for s in summary {
             let acc = s.accuracy.map(|x| format!("{:.0}%", x * 100.0)).unwrap_or_else(|| "-".into());
             writeln!(
                 out,
-                "{:>6} {:>5} {:>14.1} {:>12.1} {:>6} {:>9}",
+                "{:>6} {:>5} {:>14.1} {:>12.1} {:>12.1} {:>6} {:>9}",
                 budget_label(s.budget),
                 s.runs,
                 s.mean_thinking_tokens,
+                s.mean_forced_tokens,
                 s.mean_answer_tokens,
                 s.forced,
                 acc
@@ -254,6 +265,16 @@ fn print_table(
         }
     }
     Ok(())
+}
+
+/// The forced tokens of a run: how many, "yes" when a server forced the end of thinking
+/// without saying how many, "-" when thinking ended by itself.
+fn forced_cell(r: &SweepRun) -> String {
+    match (r.forced_tokens, r.forced) {
+        (0, true) => "yes".into(),
+        (0, false) => "-".into(),
+        (n, _) => n.to_string(),
+    }
 }
 
 fn xml_escape(s: &str) -> String {
@@ -267,7 +288,10 @@ pub fn plot_svg(prompt: &str, summary: &[SweepSummary]) -> String {
     let (left, right, top, bottom) = (70.0, 70.0, 50.0, 60.0);
     let pw = w - left - right;
     let ph = h - top - bottom;
-    let max_tokens = summary.iter().map(|s| s.mean_thinking_tokens + s.mean_answer_tokens).fold(1.0, f64::max);
+    let max_tokens = summary
+        .iter()
+        .map(|s| s.mean_thinking_tokens + s.mean_forced_tokens + s.mean_answer_tokens)
+        .fold(1.0, f64::max);
     // A round axis maximum.
     let mag = 10f64.powf(max_tokens.log10().floor());
     let axis = (max_tokens / mag).ceil() * mag;
@@ -309,7 +333,8 @@ pub fn plot_svg(prompt: &str, summary: &[SweepSummary]) -> String {
         let x = left + slot * i as f64 + slot * 0.25;
         let bw = slot * 0.5;
         let yt = y_tok(sm.mean_thinking_tokens);
-        let ya = y_tok(sm.mean_thinking_tokens + sm.mean_answer_tokens);
+        let yf = y_tok(sm.mean_thinking_tokens + sm.mean_forced_tokens);
+        let ya = y_tok(sm.mean_thinking_tokens + sm.mean_forced_tokens + sm.mean_answer_tokens);
         let _ = writeln!(
             s,
             r##"<rect x="{x:.1}" y="{yt:.1}" width="{bw:.1}" height="{:.1}" fill="#8a9bd0"><title>thinking {:.1}</title></rect>"##,
@@ -318,8 +343,14 @@ pub fn plot_svg(prompt: &str, summary: &[SweepSummary]) -> String {
         );
         let _ = writeln!(
             s,
+            r##"<rect x="{x:.1}" y="{yf:.1}" width="{bw:.1}" height="{:.1}" fill="#c678dd"><title>forced {:.1}</title></rect>"##,
+            yt - yf,
+            sm.mean_forced_tokens
+        );
+        let _ = writeln!(
+            s,
             r##"<rect x="{x:.1}" y="{ya:.1}" width="{bw:.1}" height="{:.1}" fill="#e0a458"><title>answer {:.1}</title></rect>"##,
-            yt - ya,
+            yf - ya,
             sm.mean_answer_tokens
         );
         let _ = writeln!(
@@ -376,9 +407,15 @@ pub fn plot_svg(prompt: &str, summary: &[SweepSummary]) -> String {
     );
     let _ = writeln!(
         s,
-        r##"<rect x="{:.1}" y="33" width="12" height="12" fill="#e0a458"/><text x="{:.1}" y="43" fill="#333">answer</text>"##,
+        r##"<rect x="{:.1}" y="33" width="12" height="12" fill="#c678dd"/><text x="{:.1}" y="43" fill="#333">forced</text>"##,
         left + 90.0,
         left + 106.0
+    );
+    let _ = writeln!(
+        s,
+        r##"<rect x="{:.1}" y="33" width="12" height="12" fill="#e0a458"/><text x="{:.1}" y="43" fill="#333">answer</text>"##,
+        left + 164.0,
+        left + 180.0
     );
     s.push_str("</svg>\n");
     s

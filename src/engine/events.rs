@@ -274,6 +274,9 @@ pub struct Diagnostic {
     pub period: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start: Option<usize>,
+    /// The settings that fix it (thinking_exhausted_max_tokens, answer_truncated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fix: Option<super::advice::Fix>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use super::advice::{self, Fix};
 use super::control::Control;
 use super::events::{
     Alternative, CountSource, Diagnostic, DiagnosticKind, DoneEvent, DraftKind, EngineEvent, FinishReason, Memory,
@@ -78,6 +79,20 @@ impl Run<'_> {
             message,
             period: loop_at.map(|l| l.0),
             start: loop_at.map(|l| l.1),
+            fix: None,
+        }));
+    }
+
+    /// A diagnostic with its one-key fixes.
+    fn diagnostic_fix(&mut self, kind: DiagnosticKind, at_token: usize, message: String, fix: Fix) {
+        self.diagnostics.push((kind, at_token));
+        (self.emit)(EngineEvent::Diagnostic(Diagnostic {
+            kind,
+            at_token,
+            message,
+            period: None,
+            start: None,
+            fix: Some(fix),
         }));
     }
 }
@@ -229,15 +244,18 @@ impl Generator<'_> {
             stats_at: 0,
         };
         // The forced end of thinking: bridge text, `</think>`, blank line (Qwen's sequence).
-        let forced_close: Option<Vec<u32>> = match (p.thinking_budget, specials.think_end) {
-            (Some(_), Some(end)) => {
+        // Built without a budget too: its length sizes the fix offered for a starved answer.
+        let forced_close: Option<Vec<u32>> = match specials.think_end {
+            Some(end) => {
                 let mut f = self.tokenizer.encode(&p.budget_bridge)?;
                 f.push(end);
                 f.extend(self.tokenizer.encode("\n\n")?);
                 Some(f)
             }
-            _ => None,
+            None => None,
         };
+        // The most max_tokens could be for this prompt (the fixes stay inside the context).
+        let cap = source.context_len() - source.position() - req.prompt_ids.len();
 
         let mut finish = FinishReason::Length;
         let mut prefill_s = 0.0;
@@ -245,6 +263,8 @@ impl Generator<'_> {
         let nonfinite = |run: &mut Run, e: Error| stop_on_nonfinite(run, e, prompt_at, req.prompt_ids.len());
         let drafting = (p.mtp.depth > 0 || p.mtp.auto) && source.can_draft();
         let mut logits = if control.proceed() {
+            // Timed from here: step mode may have held the request in `proceed` first.
+            let reading = Instant::now();
             // With drafting on, the MTP head reads the prompt too: part of prefill, not decode.
             let read = source.feed(&req.prompt_ids).and_then(|l| {
                 if drafting {
@@ -254,7 +274,7 @@ impl Generator<'_> {
             });
             match read {
                 Ok(l) => {
-                    prefill_s = started.elapsed().as_secs_f64();
+                    prefill_s = reading.elapsed().as_secs_f64();
                     Some(l)
                 }
                 Err(e) => {
@@ -282,7 +302,7 @@ impl Generator<'_> {
             // UTF-8 character the model is in the middle of (at most 4 more tokens).
             let budget_spent =
                 run.phases.phase() == Phase::Thinking && p.thinking_budget.is_some_and(|b| run.thought >= b);
-            if let (true, Some(close)) = (budget_spent, &forced_close) {
+            if let (true, Some(close)) = (budget_spent, forced_close.as_ref().filter(|_| p.thinking_budget.is_some())) {
                 if run.decoder.has_pending() && utf8_grace < 4 {
                     utf8_grace += 1;
                 } else {
@@ -359,32 +379,23 @@ impl Generator<'_> {
         if finish == FinishReason::Length {
             let max = p.max_tokens;
             if run.phases.phase() == Phase::Thinking {
-                let suggest = (max * 2).max(max + 512);
-                run.diagnostic(
-                    DiagnosticKind::ThinkingExhaustedMaxTokens,
-                    last,
-                    format!(
-                        "max_tokens ({max}) ran out inside the thinking phase after {} thinking tokens, so the answer is empty; raise max_tokens (e.g. {suggest}) or set a thinking budget below it (e.g. {}) to leave room for the answer",
-                        run.usage.thinking_tokens,
-                        max * 3 / 4
-                    ),
-                    None,
-                );
+                let forced = forced_close.as_ref().map_or(0, Vec::len);
+                let (fix, message) =
+                    advice::starved(max, run.usage.thinking_tokens, p.thinking_budget, (forced, true), cap);
+                run.diagnostic_fix(DiagnosticKind::ThinkingExhaustedMaxTokens, last, message, fix);
             } else {
-                let by = if p.answer_budget.is_some_and(|b| run.usage.answer_tokens >= b) {
-                    "the answer budget"
-                } else {
-                    "max_tokens"
-                };
-                run.diagnostic(
+                let by_budget = p.answer_budget.is_some_and(|b| run.usage.answer_tokens >= b);
+                let by = if by_budget { "the answer budget" } else { "max_tokens" };
+                let message = format!("{by} cut the answer after {} answer tokens", run.usage.answer_tokens);
+                run.diagnostic_fix(
                     DiagnosticKind::AnswerTruncated,
                     last,
-                    format!("{by} cut the answer after {} answer tokens", run.usage.answer_tokens),
-                    None,
+                    message,
+                    advice::truncated(max, by_budget, cap),
                 );
             }
         }
-        run.usage.completion_tokens = run.usage.thinking_tokens + run.usage.answer_tokens;
+        run.usage.completion_tokens = run.usage.thinking_tokens + run.usage.forced_tokens + run.usage.answer_tokens;
         let total = started.elapsed().as_secs_f64();
         let ttft = run.first_token_at.unwrap_or(total);
         let n = run.tokens.len();
@@ -553,9 +564,14 @@ impl Generator<'_> {
         let is_stop = step.is_stop || p.stop_token_ids.contains(&id);
         let text = if is_stop { String::new() } else { run.decoder.push(self.tokenizer, id) };
         let index = run.tokens.len();
+        // Forced tokens are counted apart: thinking and answer count what the model generated.
+        match (forced, step.phase) {
+            (true, _) => run.usage.forced_tokens += 1,
+            (false, Phase::Thinking) => run.usage.thinking_tokens += 1,
+            (false, Phase::Answer) => run.usage.answer_tokens += 1,
+        }
         match step.phase {
             Phase::Thinking => {
-                run.usage.thinking_tokens += 1;
                 // The budget counts thinking content, not the <think> / </think> markers.
                 if !forced && !step.is_marker {
                     run.thought += 1;
@@ -565,14 +581,10 @@ impl Generator<'_> {
                 }
             }
             Phase::Answer => {
-                run.usage.answer_tokens += 1;
                 if !step.is_marker {
                     run.answer.push_str(&text);
                 }
             }
-        }
-        if forced {
-            run.usage.forced_tokens += 1;
         }
         let (lp, alts) = if forced {
             (0.0, vec![])

@@ -1,6 +1,7 @@
 //! The engine: decides what to compute (sampling, budgets, phases, the loop alarm) and emits one
 //! event stream. It never renders.
 
+pub mod advice;
 pub mod control;
 pub mod events;
 pub mod generate;
@@ -12,6 +13,7 @@ pub mod speculative;
 pub mod watchdog;
 pub mod worker;
 
+pub use advice::{BudgetFix, Fix};
 pub use control::{Control, StepControl};
 pub use events::{
     Alternative, CountSource, Diagnostic, DiagnosticKind, DoneEvent, DraftKind, EngineEvent, ErrorEvent, ErrorKind,

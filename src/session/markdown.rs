@@ -27,7 +27,11 @@ impl Session {
             }
             let _ = writeln!(md, "**User:** {}\n", t.user);
             if !t.thinking.is_empty() {
-                let _ = writeln!(md, "<details><summary>Thinking ({} tokens)</summary>\n", t.thinking_tokens());
+                let forced = match t.forced_tokens() {
+                    0 => String::new(),
+                    n => format!(", then {n} forced by the thinking budget"),
+                };
+                let _ = writeln!(md, "<details><summary>Thinking ({} tokens{forced})</summary>\n", t.thinking_tokens());
                 for line in t.thinking.lines() {
                     let _ = writeln!(md, "> {line}");
                 }
@@ -43,8 +47,12 @@ impl Session {
                 t.finish_reason.map(FinishReason::as_str).or(t.error.as_ref().map(|_| "error")).unwrap_or("unfinished");
             let _ = write!(
                 md,
-                "finish: **{finish}** · thinking {} · answer {} tokens",
+                "finish: **{finish}** · thinking {}{} · answer {} tokens",
                 t.thinking_tokens(),
+                match t.forced_tokens() {
+                    0 => String::new(),
+                    n => format!(" · forced {n}"),
+                },
                 t.answer_tokens()
             );
             if let Some(tm) = &t.stats.timing {

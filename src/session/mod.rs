@@ -24,8 +24,9 @@ use crate::backend::EngineEvent;
 use crate::backend::{ChatMessage, Role};
 
 /// The file format this build writes. Version 1 files (before the remote backend; their
-/// tokens always had ids) and version 2 files (one JSON object per token) still load.
-pub const SESSION_VERSION: u32 = 3;
+/// tokens always had ids), version 2 files (one JSON object per token) and version 3 files
+/// (forced tokens counted inside the thinking and answer counts too) still load.
+pub const SESSION_VERSION: u32 = 4;
 const OLDEST_READABLE: u32 = 1;
 
 /// A whole conversation.
@@ -53,13 +54,13 @@ pub struct Session {
     pub unknown_fields: Vec<String>,
 }
 
-/// Turns taken out of the conversation (an earlier prompt edited and re-run, or a turn
-/// deleted): they stay in the session file.
+/// Turns taken out of the conversation (an earlier prompt edited and re-run, a turn deleted
+/// or regenerated): they stay in the session file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Branch {
     /// The index the first of these turns had in the conversation.
     pub at: usize,
-    /// Why they were set aside: "edited" or "deleted".
+    /// Why they were set aside: "edited", "deleted" or "regenerated".
     pub reason: String,
     /// Seconds since the Unix epoch.
     pub created: u64,
@@ -218,6 +219,11 @@ impl Session {
         }
         for t in s.turns.iter_mut().chain(s.branches.iter_mut().flat_map(|b| b.turns.iter_mut())) {
             t.clear_repeated_histories();
+        }
+        if s.version <= 3 {
+            for t in s.turns.iter_mut().chain(s.branches.iter_mut().flat_map(|b| b.turns.iter_mut())) {
+                t.uncount_forced_tokens();
+            }
         }
         if s.version == 1 {
             // Version 1 token records had no index: it is their position.

@@ -5,8 +5,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::backend::{
-    CountSource, Diagnostic, DiagnosticKind, DoneEvent, EngineEvent, ErrorEvent, FinishReason, GenerationParams,
+    CountSource, Diagnostic, DiagnosticKind, DoneEvent, EngineEvent, ErrorEvent, FinishReason, Fix, GenerationParams,
     Memory, MtpParams, MtpStats, Phase, ServerLabel, ServerMemory, StartEvent, StatsEvent, Timing, TokenEvent, Usage,
+    advice,
 };
 
 /// An engine event and when it arrived (milliseconds since the request was sent). Stored
@@ -307,17 +308,66 @@ impl Turn {
 
     /// Thinking tokens: the final usage once done (a server may generate tokens it does not
     /// stream, such as `</think>`), else the token events so far.
+    /// Generated thinking tokens; the forced ones are counted apart ([`Turn::forced_tokens`]).
     pub fn thinking_tokens(&self) -> usize {
         match &self.stats.usage {
             Some(u) => u.thinking_tokens,
-            None => self.tokens.iter().filter(|t| t.phase == Phase::Thinking).count(),
+            None => self.tokens.iter().filter(|t| t.phase == Phase::Thinking && !t.forced).count(),
         }
     }
 
+    /// Generated answer tokens (a forced blank line after `</think>` is not one).
     pub fn answer_tokens(&self) -> usize {
         match &self.stats.usage {
             Some(u) => u.answer_tokens,
-            None => self.tokens.iter().filter(|t| t.phase == Phase::Answer).count(),
+            None => self.tokens.iter().filter(|t| t.phase == Phase::Answer && !t.forced).count(),
+        }
+    }
+
+    /// The one-key fixes of the turn's last diagnostic that has any: the engine's, or for a
+    /// file written before diagnostics carried them, worked out the same way from the turn's
+    /// settings (the forced end of thinking estimated from the bridge text). `cap`: the most
+    /// max_tokens may be (the context).
+    pub fn fix(&self, cap: usize) -> Option<Fix> {
+        self.diagnostics.iter().rev().find_map(|d| {
+            let p = &self.params;
+            match (d.fix, d.kind) {
+                (Some(f), _) => Some(f),
+                (None, DiagnosticKind::ThinkingExhaustedMaxTokens) => {
+                    let forced = (advice::estimate_forced(&p.budget_bridge), false);
+                    Some(advice::starved(p.max_tokens, self.thinking_tokens(), p.thinking_budget, forced, cap).0)
+                }
+                (None, DiagnosticKind::AnswerTruncated) => {
+                    let by_budget = p.answer_budget.is_some_and(|b| self.answer_tokens() >= b);
+                    Some(advice::truncated(p.max_tokens, by_budget, cap))
+                }
+                _ => None,
+            }
+        })
+    }
+
+    /// Tokens forced by a thinking budget: bridge text, `</think>`, blank line.
+    pub fn forced_tokens(&self) -> usize {
+        match &self.stats.usage {
+            Some(u) => u.forced_tokens,
+            None => self.tokens.iter().filter(|t| t.forced).count(),
+        }
+    }
+
+    /// All generated tokens, forced ones included (what max_tokens counts).
+    pub fn completion_tokens(&self) -> usize {
+        self.thinking_tokens() + self.forced_tokens() + self.answer_tokens()
+    }
+
+    /// Format 3 and older counted forced tokens inside the thinking and answer counts too.
+    pub(super) fn uncount_forced_tokens(&mut self) {
+        let (thinking, answer) = self.tokens.iter().filter(|t| t.forced).fold((0, 0), |(t, a), x| match x.phase {
+            Phase::Thinking => (t + 1, a),
+            Phase::Answer => (t, a + 1),
+        });
+        if let Some(u) = self.stats.usage.as_mut().filter(|u| u.forced_tokens > 0) {
+            u.thinking_tokens = u.thinking_tokens.saturating_sub(thinking);
+            u.answer_tokens = u.answer_tokens.saturating_sub(answer);
         }
     }
 

@@ -48,6 +48,7 @@ pub fn diag(kind: DiagnosticKind, at_token: usize, message: &str, loop_at: Optio
         message: message.into(),
         period: loop_at.map(|l| l.0),
         start: loop_at.map(|l| l.1),
+        fix: None,
     })
 }
 

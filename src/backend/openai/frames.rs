@@ -20,6 +20,7 @@ use std::time::Instant;
 
 use serde_json::Value;
 
+use crate::engine::advice;
 use crate::engine::watchdog::LoopDetector;
 use crate::engine::{
     Alternative, CountSource, Diagnostic, DiagnosticKind, DoneEvent, EngineEvent, ErrorKind, FinishReason,
@@ -341,6 +342,7 @@ impl FrameMapper {
             ),
             period: None,
             start: None,
+            fix: None,
         }));
         for text in [bridge, THINK_END] {
             if text.is_empty() {
@@ -348,7 +350,6 @@ impl FrameMapper {
             }
             let index = self.index;
             self.index += 1;
-            self.thinking_tokens += 1;
             self.forced += 1;
             if text != THINK_END {
                 self.thinking.push_str(text);
@@ -424,6 +425,7 @@ impl FrameMapper {
                 ),
                 period: Some(r.period),
                 start: Some(r.start),
+                fix: None,
             }));
             if stop {
                 flow = Flow::StopLoop;
@@ -563,7 +565,7 @@ impl FrameMapper {
                 // prompt length comes from the server's tokenizer (0 when it has none to ask).
                 prompt_tokens: self.prompt_tokens.unwrap_or(0),
                 thinking_tokens: self.thinking_tokens,
-                answer_tokens: total.saturating_sub(self.thinking_tokens),
+                answer_tokens: total.saturating_sub(self.thinking_tokens + self.forced),
                 completion_tokens: total,
                 forced_tokens: self.forced,
                 counted: self.counted(),
@@ -605,23 +607,25 @@ impl FrameMapper {
     fn length_diagnostic(&self, usage: &Usage, emit: &mut dyn FnMut(EngineEvent)) {
         let max = self.params.max_tokens;
         let last = self.index.saturating_sub(1);
-        let (kind, message) = if self.phase == Phase::Thinking {
-            let suggest = (max * 2).max(max + 512);
-            (
-                DiagnosticKind::ThinkingExhaustedMaxTokens,
-                format!(
-                    "max_tokens ({max}) ran out inside the thinking phase after {} thinking tokens, so the answer is empty; raise max_tokens (e.g. {suggest}) or set a thinking budget below it (e.g. {}) to leave room for the answer",
-                    usage.thinking_tokens,
-                    max * 3 / 4
-                ),
-            )
+        // The server's context is not known here: the TUI caps the fix by it when applying it.
+        let cap = usize::MAX / 4;
+        let (kind, message, fix) = if self.phase == Phase::Thinking {
+            // No tokenizer here: the forced end of thinking is estimated from the bridge text.
+            let forced = (advice::estimate_forced(&self.params.budget_bridge), false);
+            let (fix, message) = advice::starved(max, usage.thinking_tokens, self.params.thinking_budget, forced, cap);
+            (DiagnosticKind::ThinkingExhaustedMaxTokens, message, fix)
         } else {
-            (
-                DiagnosticKind::AnswerTruncated,
-                format!("max_tokens cut the answer after {} answer tokens", usage.answer_tokens),
-            )
+            let message = format!("max_tokens cut the answer after {} answer tokens", usage.answer_tokens);
+            (DiagnosticKind::AnswerTruncated, message, advice::truncated(max, false, cap))
         };
-        emit(EngineEvent::Diagnostic(Diagnostic { kind, at_token: last, message, period: None, start: None }));
+        emit(EngineEvent::Diagnostic(Diagnostic {
+            kind,
+            at_token: last,
+            message,
+            period: None,
+            start: None,
+            fix: Some(fix),
+        }));
     }
 
     /// A thinking budget that ended thinking: the server forced `</think>` (it does not say
@@ -644,6 +648,7 @@ impl FrameMapper {
             ),
             period: None,
             start: None,
+            fix: None,
         }));
     }
 

@@ -150,22 +150,69 @@ impl App {
         self.say(Level::Info, msg);
     }
 
-    /// The banners' one-key fixes.
+    /// The banners' one-key fixes: the shown turn's diagnostic says what to change (F3: a
+    /// larger max_tokens; F4: a thinking budget with room for the forced end of thinking and an
+    /// answer), and the last turn is re-run with it. Nothing changes when there is nothing to
+    /// fix, or when the fix would offer the current value again.
     fn fix_action(&mut self, a: Action) {
-        if a == Action::RaiseMaxTokens {
-            let prompt = self.shown().map(|t| t.prompt_tokens).unwrap_or(0);
-            let cap = self.settings.max_tokens_cap(prompt);
-            let p = &mut self.settings.params;
-            p.max_tokens = (p.max_tokens * 2).min(cap).max(p.max_tokens);
-            let n = p.max_tokens;
-            self.say(Level::Info, format!("max_tokens = {n}"));
-        } else {
-            let p = &mut self.settings.params;
-            let b = (p.max_tokens / 2).max(1);
-            p.thinking_budget = Some(b);
-            self.settings.enable_thinking = true;
-            self.say(Level::Info, format!("thinking budget = {b}"));
+        let key = self.keymap.first(a);
+        let (Some(t), Some(shown)) = (self.shown(), self.shown_index()) else {
+            self.say(Level::Info, format!("{key}: nothing to fix yet"));
+            return;
+        };
+        let cap = self.settings.max_tokens_cap(t.prompt_tokens);
+        let Some(fix) = t.fix(cap) else {
+            let what = if a == Action::RaiseMaxTokens {
+                "an empty or cut answer"
+            } else {
+                "an empty answer (thinking ate max_tokens)"
+            };
+            self.say(Level::Info, format!("{key} fixes {what}; turn {} has none", shown + 1));
+            return;
+        };
+        if shown + 1 != self.convo.session.turns.len() {
+            self.say(Level::Info, format!("{key} re-runs the last turn: show it to fix it"));
+            return;
         }
+        let (max_tokens, budget) = (t.params.max_tokens, t.params.thinking_budget);
+        let p = &mut self.settings.params;
+        let msg = if a == Action::RaiseMaxTokens {
+            match fix.max_tokens.map(|m| m.min(cap)).filter(|&m| m > max_tokens) {
+                Some(m) => {
+                    p.max_tokens = m;
+                    format!("max_tokens = {m}")
+                }
+                None => {
+                    return self.say(
+                        Level::Warning,
+                        format!("max_tokens {max_tokens} cannot grow: the context has no more room"),
+                    );
+                }
+            }
+        } else {
+            let fits = fix
+                .thinking_budget
+                .filter(|b| b.max_tokens <= cap && budget.is_none_or(|c| b.thinking_budget < c) && b.answer_room > 0);
+            match fits {
+                Some(b) => {
+                    p.thinking_budget = Some(b.thinking_budget);
+                    p.max_tokens = b.max_tokens;
+                    self.settings.enable_thinking = true;
+                    let approx = if b.forced_exact { "" } else { "≈" };
+                    format!(
+                        "thinking budget = {}, max_tokens = {} ({approx}{} forced to end thinking, {approx}{} left for the answer)",
+                        b.thinking_budget, b.max_tokens, b.forced_tokens, b.answer_room
+                    )
+                }
+                None => {
+                    return self.say(
+                        Level::Warning,
+                        "no thinking budget leaves room for the forced end of thinking and an answer in this context",
+                    );
+                }
+            }
+        };
+        self.say(Level::Info, msg);
         self.regenerate();
     }
 

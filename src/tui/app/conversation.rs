@@ -147,10 +147,15 @@ impl App {
             self.say(Level::Info, "nothing to regenerate yet");
             return;
         };
-        let turn = self.convo.session.turns.remove(last);
+        let (user, compare_of) = {
+            let t = &self.convo.session.turns[last];
+            (t.user.clone(), t.compare_of)
+        };
+        // The old answer stays in the session file, as a branch.
+        self.convo.session.branch_from(last, "regenerated");
         // A comparison re-runs with the context of the turn it compares with.
-        let upto = turn.compare_of.unwrap_or(self.convo.session.turns.len());
-        self.start_turn(turn.user, upto, turn.compare_of);
+        let upto = compare_of.unwrap_or(self.convo.session.turns.len());
+        self.start_turn(user, upto, compare_of);
     }
 
     /// Re-runs the last prompt with the current settings, next to the original.

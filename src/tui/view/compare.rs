@@ -53,7 +53,13 @@ fn column(
     lines.push(Line::from(vec![
         Span::styled("finish ", th.fg(th.dim)),
         Span::styled(finish, fin_style.add_modifier(Modifier::BOLD)),
-        Span::styled(format!("  thinking {}  answer {}", t.thinking_tokens(), t.answer_tokens()), th.fg(th.text)),
+        Span::styled(
+            match t.forced_tokens() {
+                0 => format!("  thinking {}  answer {}", t.thinking_tokens(), t.answer_tokens()),
+                n => format!("  thinking {}  forced {n}  answer {}", t.thinking_tokens(), t.answer_tokens()),
+            },
+            th.fg(th.text),
+        ),
     ]));
     let timing = match &t.stats.timing {
         Some(tm) => {

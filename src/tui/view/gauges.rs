@@ -21,11 +21,14 @@ pub const MIN_HEIGHT: u16 = 18;
 pub struct BudgetBar {
     pub prompt: usize,
     pub thinking: usize,
+    /// Forced by the thinking budget (bridge, `</think>`, blank line), between the two.
+    pub forced: usize,
     pub answer: usize,
     pub max_tokens: usize,
     /// Thinking budget (tokens after the prompt), drawn as a marker.
     pub budget: Option<usize>,
-    pub colors: [Color; 4],
+    /// prompt, thinking, forced, answer, headroom.
+    pub colors: [Color; 5],
     pub marker: Color,
 }
 
@@ -34,10 +37,11 @@ impl BudgetBar {
         BudgetBar {
             prompt: t.prompt_tokens,
             thinking: t.thinking_tokens(),
+            forced: t.forced_tokens(),
             answer: t.answer_tokens(),
             max_tokens: t.params.max_tokens,
             budget: if t.enable_thinking { t.params.thinking_budget } else { None },
-            colors: [th.prompt, th.thinking, th.answer, th.headroom],
+            colors: [th.prompt, th.thinking, th.forced, th.answer, th.headroom],
             marker: th.budget_marker,
         }
     }
@@ -51,9 +55,9 @@ impl Widget for BudgetBar {
         let total = (self.prompt + self.max_tokens).max(1) as f64;
         let w = area.width as f64;
         // Cumulative boundaries in cells; every non-empty segment gets at least one cell.
-        let generated = self.thinking + self.answer;
-        let counts = [self.prompt, self.thinking, self.answer, self.max_tokens.saturating_sub(generated)];
-        let mut bounds = [0u16; 4];
+        let generated = self.thinking + self.forced + self.answer;
+        let counts = [self.prompt, self.thinking, self.forced, self.answer, self.max_tokens.saturating_sub(generated)];
+        let mut bounds = [0u16; 5];
         let mut acc = 0usize;
         let mut prev = 0u16;
         for (i, c) in counts.iter().enumerate() {
@@ -65,10 +69,10 @@ impl Widget for BudgetBar {
             bounds[i] = b.min(area.width);
             prev = bounds[i];
         }
-        bounds[3] = area.width;
-        let glyphs = ['▒', '█', '█', '░'];
+        bounds[4] = area.width;
+        let glyphs = ['▒', '█', '▓', '█', '░'];
         for x in 0..area.width {
-            let seg = bounds.iter().position(|b| x < *b).unwrap_or(3);
+            let seg = bounds.iter().position(|b| x < *b).unwrap_or(4);
             for y in area.top()..area.bottom() {
                 if let Some(cell) = buf.cell_mut((area.x + x, y)) {
                     cell.set_char(glyphs[seg]).set_style(Style::new().fg(self.colors[seg]));
@@ -124,7 +128,7 @@ fn budget_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
     let th = &app.theme;
     let [h, b, legend] =
         Layout::vertical([Constraint::Length(1), Constraint::Length(1), Constraint::Min(1)]).areas(area);
-    let used = t.thinking_tokens() + t.answer_tokens();
+    let used = t.completion_tokens();
     f.render_widget(
         Paragraph::new(Line::from(vec![
             Span::styled("Token budget ", Style::new().fg(th.accent).add_modifier(Modifier::BOLD)),
@@ -142,10 +146,12 @@ fn budget_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
             Span::styled(format!("prompt {} ", t.prompt_tokens), th.fg(th.text)),
             Span::styled("█", th.fg(th.thinking)),
             Span::styled(format!("think {approx}{} ", t.thinking_tokens()), th.fg(th.text)),
-            Span::styled("█", th.fg(th.answer)),
-            Span::styled(format!("answer {approx}{}", t.answer_tokens()), th.fg(th.text)),
+            Span::styled("▓", th.fg(th.forced)),
+            Span::styled(format!("forced {}", t.forced_tokens()), th.fg(th.text)),
         ]),
         Line::from(vec![
+            Span::styled("█", th.fg(th.answer)),
+            Span::styled(format!("answer {approx}{} ", t.answer_tokens()), th.fg(th.text)),
             Span::styled("░", th.fg(th.headroom)),
             Span::styled(format!("free {} ", t.params.max_tokens.saturating_sub(used)), th.fg(th.text)),
             Span::styled("┃", th.fg(th.budget_marker)),
@@ -325,11 +331,15 @@ pub fn strip(app: &App, f: &mut Frame, area: Rect) {
     let Some(t) = app.shown() else { return };
     let [title, b, nums] =
         Layout::vertical([Constraint::Length(1), Constraint::Length(1), Constraint::Length(1)]).areas(area);
-    let used = t.thinking_tokens() + t.answer_tokens();
+    let used = t.completion_tokens();
+    let forced = match t.forced_tokens() {
+        0 => String::new(),
+        n => format!(" · forced {n}"),
+    };
     f.render_widget(
         Paragraph::new(Line::styled(
             format!(
-                "budget {used}/{} · thinking {} · answer {} · {}",
+                "budget {used}/{} · thinking {}{forced} · answer {} · {}",
                 t.params.max_tokens,
                 t.thinking_tokens(),
                 t.answer_tokens(),

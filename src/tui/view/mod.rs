@@ -164,31 +164,53 @@ fn side_panel(app: &App, f: &mut Frame, area: Rect) {
     sliders::draw(app, f, s);
 }
 
+/// A fix's key and what it sets, or nothing when there is no such fix.
+fn fix_spans<T>(app: &App, value: Option<T>, action: Action, what: impl Fn(T) -> String) -> Vec<Span<'static>> {
+    let th = &app.theme;
+    match value {
+        Some(v) => vec![
+            Span::styled(format!("[{}]", app.keymap.first(action)), th.fg(th.accent).add_modifier(Modifier::BOLD)),
+            Span::styled(what(v), th.fg(th.text)),
+        ],
+        None => vec![],
+    }
+}
+
 /// One line per diagnostic of the shown turn, with its fixes.
 fn banner_lines(app: &App) -> Vec<Line<'static>> {
     let th = &app.theme;
     let Some(t) = app.shown() else { return vec![] };
     let mut out = vec![];
     let bold = Modifier::BOLD;
+    // The same fixes F3 / F4 apply.
+    let fix = t.fix(app.settings.max_tokens_cap(t.prompt_tokens));
     for d in &t.diagnostics {
         let line = match d.kind.as_str() {
-            "thinking_exhausted_max_tokens" => Line::from(vec![
-                Span::styled(" ✖ EMPTY ANSWER ", Style::new().fg(th.bad).add_modifier(bold | Modifier::REVERSED)),
-                Span::styled(
-                    format!(" thinking used all {} of max_tokens (token {}). ", t.params.max_tokens, d.at_token),
-                    th.fg(th.text),
-                ),
-                Span::styled(
-                    format!("[{}]", app.keymap.first(Action::RaiseMaxTokens)),
-                    th.fg(th.accent).add_modifier(bold),
-                ),
-                Span::styled(format!(" max_tokens → {}  ", t.params.max_tokens * 2), th.fg(th.text)),
-                Span::styled(
-                    format!("[{}]", app.keymap.first(Action::SetThinkingBudget)),
-                    th.fg(th.accent).add_modifier(bold),
-                ),
-                Span::styled(format!(" thinking budget → {}", (t.params.max_tokens / 2).max(1)), th.fg(th.text)),
-            ]),
+            "thinking_exhausted_max_tokens" => {
+                let mut spans = vec![
+                    Span::styled(" ✖ EMPTY ANSWER ", Style::new().fg(th.bad).add_modifier(bold | Modifier::REVERSED)),
+                    Span::styled(
+                        format!(" thinking used all {} of max_tokens (token {}). ", t.params.max_tokens, d.at_token),
+                        th.fg(th.text),
+                    ),
+                ];
+                spans.extend(fix_spans(app, fix.and_then(|f| f.max_tokens), Action::RaiseMaxTokens, |m| {
+                    format!(" max_tokens → {m}  ")
+                }));
+                spans.extend(fix_spans(app, fix.and_then(|f| f.thinking_budget), Action::SetThinkingBudget, |b| {
+                    let approx = if b.forced_exact { "" } else { "≈" };
+                    let max = if b.max_tokens != t.params.max_tokens {
+                        format!(", max_tokens → {}", b.max_tokens)
+                    } else {
+                        String::new()
+                    };
+                    format!(
+                        " budget → {}{max} ({approx}{} forced, {approx}{} answer)",
+                        b.thinking_budget, b.forced_tokens, b.answer_room
+                    )
+                }));
+                Line::from(spans)
+            }
             "thinking_budget_forced" => Line::from(vec![
                 Span::styled(
                     " ⏵ FORCED END OF THINKING ",
@@ -216,15 +238,16 @@ fn banner_lines(app: &App) -> Vec<Line<'static>> {
                     th.fg(th.text),
                 ),
             ]),
-            "answer_truncated" => Line::from(vec![
-                Span::styled(" ✂ ANSWER CUT ", Style::new().fg(th.warn).add_modifier(bold | Modifier::REVERSED)),
-                Span::styled(format!(" {} ", d.message), th.fg(th.text)),
-                Span::styled(
-                    format!("[{}]", app.keymap.first(Action::RaiseMaxTokens)),
-                    th.fg(th.accent).add_modifier(bold),
-                ),
-                Span::styled(format!(" max_tokens → {}", t.params.max_tokens * 2), th.fg(th.text)),
-            ]),
+            "answer_truncated" => {
+                let mut spans = vec![
+                    Span::styled(" ✂ ANSWER CUT ", Style::new().fg(th.warn).add_modifier(bold | Modifier::REVERSED)),
+                    Span::styled(format!(" {} ", d.message), th.fg(th.text)),
+                ];
+                spans.extend(fix_spans(app, fix.and_then(|f| f.max_tokens), Action::RaiseMaxTokens, |m| {
+                    format!(" max_tokens → {m}")
+                }));
+                Line::from(spans)
+            }
             other => Line::styled(format!(" {other}: {}", d.message), th.fg(th.warn)),
         };
         out.push(line);

@@ -96,7 +96,12 @@ fn thinking_title(app: &App, turn: Option<&Turn>) -> Line<'static> {
         let n = t.thinking_tokens();
         let dur = t.thinking_ms().filter(|_| n > 0).map(|ms| format!(" · {}", duration_ms(ms))).unwrap_or_default();
         let live = app.generating() && t.tokens.last().is_some_and(|x| x.phase == Phase::Thinking);
-        spans.push(Span::styled(format!("· {n} tok{dur}{} ", if live { " …" } else { "" }), th.fg(th.thinking)));
+        spans.push(Span::styled(format!("· {n} tok"), th.fg(th.thinking)));
+        // What the thinking budget forced (bridge, `</think>`, blank line) is not thinking.
+        if let n @ 1.. = t.forced_tokens() {
+            spans.push(Span::styled(format!(" + {n} forced"), th.fg(th.forced)));
+        }
+        spans.push(Span::styled(format!("{dur}{} ", if live { " …" } else { "" }), th.fg(th.thinking)));
         if !t.enable_thinking {
             spans.push(Span::styled("(off) ", th.fg(th.dim)));
         }
