@@ -371,3 +371,37 @@ fn sweep_table_json_and_plot() {
     let cells: Vec<&str> = row.split_whitespace().collect();
     assert_eq!((cells[2], cells[5]), ("8", "53"), "{table}");
 }
+
+/// `bench`: warm-up passes, then measured passes interleaved; every figure as median, min, max
+/// and spread; speed-ups against `--mtp 0` say whether they are inside the spread.
+#[test]
+fn bench_reports_median_min_max_and_whether_a_difference_is_noise() {
+    let out = ok(&["bench", "--mtp", "0,1", "--repeat", "3", "--warmup", "1", "--max-tokens", "24", "--json"]);
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!((v["warmup"].as_u64(), v["repeat"].as_u64()), (Some(1), Some(3)));
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in rows {
+        assert_eq!(r["passes"], 3, "{r}");
+        for k in ["decode_tok_s", "prefill_tok_s", "ttft_ms"] {
+            let f = |x: &str| r[k][x].as_f64().unwrap_or_else(|| panic!("{k}.{x} in {r}"));
+            assert!(f("min") <= f("median") && f("median") <= f("max"), "{k}: {r}");
+            assert!(f("min") > 0.0, "{k}: {r}");
+            assert!((f("spread") - (f("max") - f("min")) / f("median")).abs() < 1e-9, "{k}: {r}");
+        }
+    }
+    assert!(rows[0]["speedup"].is_null(), "the baseline has no speed-up: {}", rows[0]);
+    let s = &rows[1]["speedup"];
+    let (lo, mid, hi) = (s["min"].as_f64().unwrap(), s["median"].as_f64().unwrap(), s["max"].as_f64().unwrap());
+    assert!(lo <= mid && mid <= hi, "{s}");
+    let d = |i: usize, x: &str| rows[i]["decode_tok_s"][x].as_f64().unwrap();
+    let noise = (d(1, "median") - d(0, "median")).abs() < (d(0, "max") - d(0, "min")).max(d(1, "max") - d(1, "min"));
+    assert_eq!(s["within_spread"].as_bool(), Some(noise), "{s}");
+
+    // Long prompts: every prompt padded to at least --prompt-len tokens.
+    let out = ok(&["bench", "--mtp", "0", "--repeat", "1", "--max-tokens", "8", "--prompt-len", "600", "--json"]);
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    let lens: Vec<u64> = v["prompt_tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    assert_eq!(lens.len(), 4);
+    assert!(lens.iter().all(|&n| (600..700).contains(&n)), "{lens:?}");
+}

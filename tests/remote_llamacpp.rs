@@ -266,6 +266,19 @@ fn length_cut_inside_thinking() {
     let msg = str_of(diag[0], "message");
     assert!(msg.contains("max_tokens (12)"), "the message names max_tokens: {msg}");
     assert_eq!(diagnostics(&evs, "answer_truncated").len(), 0, "nothing of the answer was cut: {evs:?}");
+    // Its fixes: without a tokenizer the forced end of thinking is estimated (≈) from the bridge.
+    let fix = &diag[0]["fix"];
+    assert_eq!(fix["max_tokens"], 524, "{fix}");
+    let b = &fix["thinking_budget"];
+    assert_eq!(b["forced_exact"], false, "{fix}");
+    assert!(msg.contains("≈"), "{msg}");
+    let (budget, max) = (u64_of(b, "thinking_budget"), u64_of(b, "max_tokens"));
+    assert!(budget < 12 && max >= budget + u64_of(b, "forced_tokens") + 32, "{fix}");
+    // And the fix works on the server: the answer comes.
+    let fixed = remote(&server, PRIME, &["--thinking-budget", &budget.to_string(), "--max-tokens", &max.to_string()]);
+    let d = done(&fixed);
+    assert_eq!(d["finish_reason"], "stop", "{d}");
+    assert!(!str_of(d, "answer").trim().is_empty(), "{d}");
 
     // Human output: the thinking on stdout, the banner and the finish line on stderr.
     let ran =
@@ -400,7 +413,43 @@ fn mtp_server_b11549() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 8. `sweep --server`.
+// 8. `bench --server`: what the server reports per request, after a warm-up.
+
+#[test]
+fn bench_on_a_server() {
+    let server = LlamaServer::start(Build::B10566);
+    let ran = deltascope(&[
+        "bench",
+        "--server",
+        &server.url,
+        "--prompt",
+        PRIME,
+        "--repeat",
+        "3",
+        "--warmup",
+        "1",
+        "--max-tokens",
+        "16",
+        "--json",
+    ]);
+    assert!(ran.success(), "{}\n{}", ran.describe_exit(), ran.stderr);
+    let v: Value = serde_json::from_str(ran.stdout.trim()).expect("bench JSON");
+    assert_eq!(v["warmup"], 1);
+    let requests = v["requests"].as_array().expect("requests");
+    assert_eq!(requests.len(), 3, "the warm-up is not measured: {v}");
+    assert!(requests.iter().all(|r| u64_of(r, "completion_tokens") == 16), "{v}");
+    for k in ["ttft_ms", "prefill_tok_s", "decode_tok_s"] {
+        let s = &v["summary"][k];
+        let (lo, mid, hi) = (f64_of(s, "min"), f64_of(s, "median"), f64_of(s, "max"));
+        assert!(0.0 < lo && lo <= mid && mid <= hi, "{k}: {s}");
+        let mut xs: Vec<f64> = requests.iter().map(|r| f64_of(r, k)).collect();
+        xs.sort_by(f64::total_cmp);
+        assert_eq!((lo, mid, hi), (xs[0], xs[1], xs[2]), "{k}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8b. `sweep --server`.
 
 #[test]
 fn sweep_on_a_server() {

@@ -8,9 +8,11 @@ use std::time::Instant;
 use clap::Args;
 use serde::Serialize;
 
+use super::bench_stats::{Speedup, Spread};
 use super::common::{self, ModelArgs};
 use super::interrupt::Interrupt;
-use crate::backend::{ChatMessage, ChatRequest, Prompt, Role};
+use crate::backend::local::Loaded;
+use crate::backend::{ChatMessage, ChatRequest, MAX_DEPTH, Prompt, Role};
 use crate::engine::{
     GenerateRequest, GenerationParams, Generator, Memory, ModelSession, MtpParams, MtpStats, SamplingParams,
 };
@@ -27,15 +29,22 @@ pub struct BenchArgs {
     /// A prompt from a file (repeatable; each file is one prompt).
     #[arg(long, value_name = "FILE")]
     pub prompt_file: Vec<PathBuf>,
-    /// MTP depths to compare (0 = plain decoding; `auto` adapts). Local engine only: a
-    /// server's speculative decoding is set where it was started.
+    /// Pad every prompt to at least N tokens (a neutral preamble before the question): MTP's
+    /// speed-up and TTFT at long prompts.
+    #[arg(long, value_name = "N", value_parser = super::common::whole_number)]
+    pub prompt_len: Option<usize>,
+    /// MTP depths to compare (0 = plain decoding, 1 to 4 draft steps, `auto` adapts). Local
+    /// engine only: a server's speculative decoding is set where it was started.
     #[arg(long, value_delimiter = ',', default_value = "0,1,2,3", value_name = "LIST")]
     pub mtp: Vec<String>,
-    #[arg(long, default_value_t = 256, value_name = "N")]
+    #[arg(long, default_value_t = 256, value_name = "N", value_parser = super::common::whole_number)]
     pub max_tokens: usize,
-    /// Runs per setting (the median is reported).
-    #[arg(long, default_value_t = 3, value_name = "N")]
+    /// Measured passes per setting, interleaved (A B C A B C …); median, min and max are reported.
+    #[arg(long, default_value_t = 3, value_name = "N", value_parser = super::common::whole_number)]
     pub repeat: usize,
+    /// Passes per setting run first and not measured (caches, page faults, CPU clocks).
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = super::common::whole_number)]
+    pub warmup: usize,
     /// Also time the rollback schemes on a Qwen3.6-27B-shaped GDN layer.
     #[arg(long)]
     pub rollback: bool,
@@ -46,16 +55,22 @@ pub struct BenchArgs {
 pub const DEMO_PROMPTS: [&str; 4] =
     ["Sort 93, 17, 56, 41, 8, 72.", "How many r are in strawberry?", "What is 482 + 739?", "Is 197 prime?"];
 
+/// What `--prompt-len` puts before the question, repeated: plain text that asks for nothing.
+const PREAMBLE: &str = "The numbers 93, 17, 56 and 41 were written on the board. ";
+
 #[derive(Debug, Serialize)]
 pub struct BenchRow {
     pub mtp: String,
-    /// Passes over the prompts that finished (fewer than `--repeat` when interrupted).
+    /// Measured passes over the prompts (fewer than `--repeat` when interrupted).
     pub passes: usize,
+    /// Tokens generated in one pass (greedy: the same in every pass).
     pub generated_tokens: usize,
-    pub decode_tok_s: f64,
-    pub speedup: Option<f64>,
-    pub prefill_tok_s: f64,
-    pub ttft_ms: f64,
+    pub decode_tok_s: Spread,
+    /// Against `--mtp 0`'s decode speed (when it was measured).
+    pub speedup: Option<Speedup>,
+    pub prefill_tok_s: Spread,
+    /// The median TTFT of a pass's prompts.
+    pub ttft_ms: Spread,
     pub acceptance_rate: Option<f64>,
     pub mean_accepted_length: Option<f64>,
     pub per_position: Option<Vec<f64>>,
@@ -83,166 +98,145 @@ pub fn prompts(a: &BenchArgs) -> anyhow::Result<Vec<String>> {
     Ok(out)
 }
 
-pub fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
+pub fn median(v: Vec<f64>) -> f64 {
+    Spread::of(&v).map_or(0.0, |s| s.median)
+}
+
+/// One `--mtp` entry, checked before anything runs.
+fn mtp_setting(s: &str) -> anyhow::Result<MtpParams> {
+    if s == "auto" {
+        return Ok(MtpParams { depth: 2, auto: true });
     }
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    match s.parse::<usize>() {
+        Ok(depth) if depth <= MAX_DEPTH => Ok(MtpParams { depth, auto: false }),
+        _ => anyhow::bail!("--mtp {s}: a draft depth is 0 (plain decoding) to {MAX_DEPTH}, or auto"),
+    }
+}
+
+/// What one setting measured over its passes.
+#[derive(Default)]
+struct Samples {
+    decode: Vec<f64>,
+    prefill: Vec<f64>,
+    ttft: Vec<f64>,
+    generated: usize,
+    stats: Option<MtpStats>,
+    memory: Memory,
+}
+
+/// The user message padded with the preamble until the rendered prompt holds `len` tokens.
+fn padded(loaded: &Loaded, question: &str, len: usize) -> anyhow::Result<Vec<u32>> {
+    let ids = |copies: usize| -> anyhow::Result<Vec<u32>> {
+        let text = format!("{}\n\n{question}", PREAMBLE.repeat(copies));
+        let request = ChatRequest {
+            prompt: Prompt::Chat(vec![ChatMessage::new(Role::User, text)]),
+            enable_thinking: true,
+            params: Default::default(),
+        };
+        Ok(loaded.render(&request)?.1)
+    };
+    let (none, one) = (ids(0)?.len(), ids(1)?.len());
+    let per = one.saturating_sub(none).max(1);
+    let mut copies = len.saturating_sub(none).div_ceil(per);
+    let mut out = ids(copies)?;
+    while out.len() < len {
+        copies += 1;
+        out = ids(copies)?;
+    }
+    Ok(out)
 }
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.repeat >= 1, "--repeat must be at least 1");
     anyhow::ensure!(a.max_tokens >= 1, "--max-tokens must be at least 1");
+    let settings: Vec<MtpParams> = a.mtp.iter().map(|s| mtp_setting(s)).collect::<anyhow::Result<_>>()?;
     let prompts = prompts(&a)?;
     if a.model.server.server.is_some() {
         // A server: only its per-request figures can be measured (see bench_remote).
         return super::bench_remote::run(&a, &prompts);
     }
     let loaded = common::load_local(&a.model, "bench")?;
+    if let Some(m) = settings.iter().find(|m| (m.depth > 0 || m.auto) && loaded.model.mtp.is_none()) {
+        let which = if m.auto { "auto".to_string() } else { m.depth.to_string() };
+        anyhow::bail!("--mtp {which}: {} has no MTP head, so only --mtp 0 can be measured", loaded.name);
+    }
+    let context = loaded.model.config.max_position_embeddings;
+    if let Some(n) = a.prompt_len {
+        anyhow::ensure!(
+            n + a.max_tokens <= context,
+            "--prompt-len {n} with --max-tokens {}: {} tokens, more than the model's context of {context}",
+            a.max_tokens,
+            n + a.max_tokens
+        );
+    }
     let interrupt = Interrupt::install()?;
     let prompt_ids: Vec<Vec<u32>> = prompts
         .iter()
-        .map(|p| {
-            let request = ChatRequest {
-                prompt: Prompt::Chat(vec![ChatMessage::new(Role::User, p.clone())]),
-                enable_thinking: true,
-                params: Default::default(),
-            };
-            loaded.render(&request).map(|(_, ids)| ids)
+        .map(|p| match a.prompt_len {
+            Some(n) => padded(&loaded, p, n),
+            None => {
+                let request = ChatRequest {
+                    prompt: Prompt::Chat(vec![ChatMessage::new(Role::User, p.clone())]),
+                    enable_thinking: true,
+                    params: Default::default(),
+                };
+                Ok(loaded.render(&request)?.1)
+            }
         })
-        .collect::<Result<_, _>>()?;
+        .collect::<anyhow::Result<_>>()?;
     let generator = Generator { tokenizer: &loaded.tokenizer, model_name: loaded.name.clone() };
-    let mut rows: Vec<BenchRow> = vec![];
+    let mut samples: Vec<Samples> = settings.iter().map(|_| Samples::default()).collect();
     let mut err = std::io::stderr().lock();
-    'settings: for setting in &a.mtp {
-        let mtp = match setting.as_str() {
-            "auto" => MtpParams { depth: 2, auto: true },
-            k => MtpParams {
-                depth: k.parse().map_err(|_| anyhow::anyhow!("--mtp {k}: expected a depth or auto"))?,
-                auto: false,
-            },
-        };
-        anyhow::ensure!(
-            mtp.depth == 0 || loaded.model.mtp.is_some(),
-            "{} has no MTP head: only --mtp 0 can be measured",
-            loaded.name
-        );
-        let (mut decode, mut prefill, mut ttft) = (vec![], vec![], vec![]);
-        let mut stats: Option<MtpStats> = None;
-        let mut generated = 0;
-        let mut memory = Memory::default();
-        let mut runs = 0;
-        for _ in 0..a.repeat {
-            // One pass over every prompt: tokens and decode time add up across prompts.
-            let (mut toks, mut secs, mut pre_toks, mut pre_secs, mut first) = (0usize, 0f64, 0usize, 0f64, vec![]);
-            let mut run_stats = MtpStats::new(mtp.depth);
-            for ids in &prompt_ids {
-                let params = GenerationParams {
-                    max_tokens: a.max_tokens,
-                    sampling: SamplingParams::default(),
-                    mtp,
-                    ..Default::default()
-                };
-                let mut session = if mtp.depth > 0 || mtp.auto {
-                    ModelSession::with_mtp(&loaded.model)
-                } else {
-                    ModelSession::new(&loaded.model)
-                };
-                let started = Instant::now();
-                let out = generator.generate(
-                    &mut session,
-                    &GenerateRequest { prompt_ids: ids.clone(), params },
-                    interrupt.cancel_flag(),
-                    &mut |_| {},
-                )?;
-                if interrupt.interrupted() {
-                    // A pass cut short measures the interruption, not the engine: it goes.
-                    if runs > 0 {
-                        rows.push(row(setting, runs, generated, &decode, &prefill, &ttft, stats.as_ref(), &memory));
-                    }
-                    break 'settings;
-                }
-                let total = started.elapsed().as_secs_f64();
-                let t = out.timing.ttft_ms / 1e3;
-                toks += out.tokens.len().saturating_sub(1);
-                secs += total - t;
-                pre_toks += ids.len();
-                pre_secs += ids.len() as f64 / out.timing.prefill_tok_s.max(1e-9);
-                first.push(out.timing.ttft_ms);
-                memory = crate::engine::LogitsSource::memory(&session);
-                if let Some(s) = out.mtp {
-                    run_stats.merge(&s);
-                }
+    // Rounds of one pass per setting, interleaved, so that a machine getting slower or faster
+    // (clocks, other work) shifts every setting alike instead of favouring the first.
+    'rounds: for round in 0..a.warmup + a.repeat {
+        let warm = round < a.warmup;
+        for (i, &mtp) in settings.iter().enumerate() {
+            let Some(pass) = one_pass(&generator, &loaded, &prompt_ids, mtp, a.max_tokens, &interrupt)? else {
+                // A pass cut short measures the interruption, not the engine: it goes.
+                break 'rounds;
+            };
+            if !a.json {
+                let what =
+                    if warm { format!("warm-up {}", round + 1) } else { format!("round {}", round + 1 - a.warmup) };
+                writeln!(err, "{what} mtp {}: {:.1} tok/s", a.mtp[i], pass.decode)?;
             }
-            generated = toks;
-            decode.push(toks as f64 / secs.max(1e-9));
-            prefill.push(pre_toks as f64 / pre_secs.max(1e-9));
-            ttft.push(median(first));
-            if mtp.depth > 0 || mtp.auto {
-                stats = Some(run_stats);
+            if warm {
+                continue;
             }
-            runs += 1;
+            let s = &mut samples[i];
+            s.decode.push(pass.decode);
+            s.prefill.push(pass.prefill);
+            s.ttft.push(pass.ttft);
+            s.generated = pass.generated;
+            s.memory = pass.memory;
+            s.stats = pass.stats;
         }
-        let row = row(setting, runs, generated, &decode, &prefill, &ttft, stats.as_ref(), &memory);
-        if !a.json {
-            writeln!(err, "mtp {setting}: {:.1} tok/s", row.decode_tok_s)?;
-        }
-        rows.push(row);
     }
+    let mut rows: Vec<BenchRow> = a.mtp.iter().zip(&samples).filter_map(|(name, s)| row(name, s)).collect();
     if let Some(base) = rows.iter().find(|r| r.mtp == "0").map(|r| r.decode_tok_s) {
-        for r in &mut rows {
-            r.speedup = Some(r.decode_tok_s / base);
+        for r in rows.iter_mut().filter(|r| r.mtp != "0") {
+            r.speedup = Some(Speedup::of(&r.decode_tok_s, &base));
         }
     }
+    let measured_passes: usize = rows.iter().map(|r| r.passes).sum();
+    let planned = a.repeat * settings.len();
     let rollback = if a.rollback && !interrupt.interrupted() { Some(rollback_costs()) } else { None };
-    let stopped = interrupt.interrupted().then(|| serde_json::json!({"signal": interrupt.signal_name()}));
+    let stopped = interrupt.interrupted().then(|| serde_json::json!({"signal": interrupt.signal_name(), "measured_passes": measured_passes, "planned_passes": planned}));
+    let lens: Vec<usize> = prompt_ids.iter().map(Vec::len).collect();
     let mut out = std::io::stdout().lock();
     if a.json {
-        let mut v = serde_json::json!({"model": loaded.name, "prompts": prompts, "max_tokens": a.max_tokens, "rows": rows, "rollback": rollback});
+        let mut v = serde_json::json!({
+            "model": loaded.name, "prompts": prompts, "prompt_tokens": lens, "max_tokens": a.max_tokens,
+            "warmup": a.warmup, "repeat": a.repeat, "rows": rows, "rollback": rollback,
+        });
         if let Some(s) = stopped {
             v["interrupted"] = s;
         }
         writeln!(out, "{v}")?;
-        return interrupt.finish(measured(rows.len(), a.mtp.len()));
+        return interrupt.finish(measured(measured_passes, planned));
     }
-    writeln!(
-        out,
-        "{} · {} prompts · greedy · max_tokens {} · median of {} passes",
-        loaded.name,
-        prompts.len(),
-        a.max_tokens,
-        a.repeat
-    )?;
-    writeln!(
-        out,
-        "{:>5} {:>10} {:>8} {:>10} {:>9} {:>9} {:>8} {:>16} {:>7} {:>6}",
-        "mtp", "decode/s", "speedup", "prefill/s", "TTFT ms", "accept", "mean len", "per position", "draft%", "passes"
-    )?;
-    for r in &rows {
-        let opt = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map(f).unwrap_or_else(|| "-".into());
-        let depth = match (r.mtp.as_str(), r.final_depth) {
-            ("auto", Some(d)) => format!("auto→{d}"),
-            _ => r.mtp.clone(),
-        };
-        writeln!(
-            out,
-            "{:>5} {:>10.1} {:>8} {:>10.1} {:>9.1} {:>9} {:>8} {:>16} {:>7} {:>6}",
-            depth,
-            r.decode_tok_s,
-            opt(r.speedup, &|x| format!("{x:.2}×")),
-            r.prefill_tok_s,
-            r.ttft_ms,
-            opt(r.acceptance_rate, &|x| format!("{:.0}%", x * 100.0)),
-            opt(r.mean_accepted_length, &|x| format!("{x:.2}")),
-            r.per_position
-                .as_ref()
-                .map(|p| p.iter().map(|x| format!("{:.0}", x * 100.0)).collect::<Vec<_>>().join("/"))
-                .unwrap_or_else(|| "-".into()),
-            opt(r.draft_share, &|x| format!("{:.0}%", x * 100.0)),
-            r.passes,
-        )?;
-    }
+    print_table(&mut out, &loaded.name, &lens, &a, &rows)?;
     if let Some(rb) = rollback {
         writeln!(out, "\nrollback on one Qwen3.6-27B-shaped GDN layer (48 heads × 128 × 128, f32):")?;
         writeln!(out, "  copy the state once:          {:.3} ms", rb.copy_ms)?;
@@ -255,42 +249,172 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             2.0 * rb.replay_token_ms
         )?;
     }
-    interrupt.finish(measured(rows.len(), a.mtp.len()))
+    interrupt.finish(measured(measured_passes, planned))
+}
+
+/// What one pass over every prompt measured: tokens and decode time add up across prompts.
+struct Pass {
+    decode: f64,
+    prefill: f64,
+    ttft: f64,
+    generated: usize,
+    stats: Option<MtpStats>,
+    memory: Memory,
+}
+
+/// One pass of one setting over every prompt; `None` when a signal cut it short.
+fn one_pass(
+    generator: &Generator,
+    loaded: &Loaded,
+    prompt_ids: &[Vec<u32>],
+    mtp: MtpParams,
+    max_tokens: usize,
+    interrupt: &Interrupt,
+) -> anyhow::Result<Option<Pass>> {
+    let drafting = mtp.depth > 0 || mtp.auto;
+    let (mut toks, mut secs, mut pre_toks, mut pre_secs, mut first) = (0usize, 0f64, 0usize, 0f64, vec![]);
+    let mut generated = 0;
+    let mut stats = MtpStats::new(mtp.depth);
+    let mut memory = Memory::default();
+    for ids in prompt_ids {
+        let params = GenerationParams { max_tokens, sampling: SamplingParams::default(), mtp, ..Default::default() };
+        let mut session =
+            if drafting { ModelSession::with_mtp(&loaded.model) } else { ModelSession::new(&loaded.model) };
+        let started = Instant::now();
+        let out = generator.generate(
+            &mut session,
+            &GenerateRequest { prompt_ids: ids.clone(), params },
+            interrupt.cancel_flag(),
+            &mut |_| {},
+        )?;
+        if interrupt.interrupted() {
+            return Ok(None);
+        }
+        let total = started.elapsed().as_secs_f64();
+        generated += out.tokens.len();
+        // Decoding is every token after the first (which TTFT holds).
+        toks += out.tokens.len().saturating_sub(1);
+        secs += total - out.timing.ttft_ms / 1e3;
+        pre_toks += ids.len();
+        pre_secs += ids.len() as f64 / out.timing.prefill_tok_s.max(1e-9);
+        first.push(out.timing.ttft_ms);
+        memory = crate::engine::LogitsSource::memory(&session);
+        if let Some(s) = out.mtp {
+            stats.merge(&s);
+        }
+    }
+    Ok(Some(Pass {
+        decode: toks as f64 / secs.max(1e-9),
+        prefill: pre_toks as f64 / pre_secs.max(1e-9),
+        ttft: median(first),
+        generated,
+        stats: drafting.then_some(stats),
+        memory,
+    }))
+}
+
+fn print_table(
+    out: &mut impl Write,
+    model: &str,
+    lens: &[usize],
+    a: &BenchArgs,
+    rows: &[BenchRow],
+) -> std::io::Result<()> {
+    let (lo, hi) = (lens.iter().min().copied().unwrap_or(0), lens.iter().max().copied().unwrap_or(0));
+    let tokens = if lo == hi { format!("{lo}") } else { format!("{lo}–{hi}") };
+    writeln!(
+        out,
+        "{model} · {} prompts of {tokens} tokens · greedy · max_tokens {} · {} warm-up + {} measured passes per setting, interleaved",
+        lens.len(),
+        a.max_tokens,
+        a.warmup,
+        a.repeat
+    )?;
+    writeln!(
+        out,
+        "{:>6} {:>9} {:>15} {:>8} {:>15} {:>9} {:>10} {:>7} {:>5} {:>13} {:>6} {:>6}",
+        "mtp",
+        "decode/s",
+        "min–max",
+        "spread",
+        "speedup",
+        "prefill/s",
+        "TTFT ms",
+        "accept",
+        "len",
+        "per position",
+        "draft%",
+        "passes"
+    )?;
+    let mut noisy = false;
+    for r in rows {
+        let opt = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map(f).unwrap_or_else(|| "-".into());
+        let depth = match (r.mtp.as_str(), r.final_depth) {
+            ("auto", Some(d)) => format!("auto→{d}"),
+            _ => r.mtp.clone(),
+        };
+        let speedup = match r.speedup {
+            Some(s) => {
+                noisy |= s.within_spread;
+                format!("{}{:.2}× {:.2}–{:.2}", if s.within_spread { "≈" } else { "" }, s.median, s.min, s.max)
+            }
+            None if r.mtp == "0" => "base".into(),
+            None => "-".into(),
+        };
+        let d = &r.decode_tok_s;
+        writeln!(
+            out,
+            "{:>6} {:>9.1} {:>15} {:>7.0}% {:>15} {:>9.1} {:>10.1} {:>7} {:>5} {:>13} {:>6} {:>6}",
+            depth,
+            d.median,
+            format!("{:.1}–{:.1}", d.min, d.max),
+            d.spread * 100.0,
+            speedup,
+            r.prefill_tok_s.median,
+            r.ttft_ms.median,
+            opt(r.acceptance_rate, &|x| format!("{:.0}%", x * 100.0)),
+            opt(r.mean_accepted_length, &|x| format!("{x:.2}")),
+            r.per_position
+                .as_ref()
+                .map(|p| p.iter().map(|x| format!("{:.0}", x * 100.0)).collect::<Vec<_>>().join("/"))
+                .unwrap_or_else(|| "-".into()),
+            opt(r.draft_share, &|x| format!("{:.0}%", x * 100.0)),
+            r.passes,
+        )?;
+    }
+    if noisy {
+        writeln!(
+            out,
+            "≈: the difference from mtp 0 is smaller than the spread of the passes: it cannot be told from noise (more --repeat, a quieter machine)"
+        )?;
+    }
+    Ok(())
 }
 
 fn measured(done: usize, planned: usize) -> String {
-    format!("{done} of {planned} MTP settings measured (the pass in flight was left out)")
+    format!("{done} of {planned} passes measured (the pass in flight was left out)")
 }
 
-/// One setting's row: medians over its finished passes.
-#[allow(clippy::too_many_arguments)]
-fn row(
-    setting: &str,
-    passes: usize,
-    generated: usize,
-    decode: &[f64],
-    prefill: &[f64],
-    ttft: &[f64],
-    stats: Option<&MtpStats>,
-    memory: &Memory,
-) -> BenchRow {
-    BenchRow {
+/// One setting's row: median, min and max over its measured passes; `None` without any.
+fn row(setting: &str, s: &Samples) -> Option<BenchRow> {
+    let stats = s.stats.as_ref();
+    Some(BenchRow {
         mtp: setting.to_string(),
-        passes,
-        generated_tokens: generated,
-        decode_tok_s: median(decode.to_vec()),
+        passes: s.decode.len(),
+        generated_tokens: s.generated,
+        decode_tok_s: Spread::of(&s.decode)?,
         speedup: None,
-        prefill_tok_s: median(prefill.to_vec()),
-        ttft_ms: median(ttft.to_vec()),
+        prefill_tok_s: Spread::of(&s.prefill)?,
+        ttft_ms: Spread::of(&s.ttft)?,
         acceptance_rate: stats.map(|s| s.acceptance_rate),
         mean_accepted_length: stats.map(|s| s.mean_accepted_length),
         per_position: stats.map(|s| s.per_position.clone()),
         final_depth: stats.map(|s| s.depth),
         draft_share: stats.map(|s| s.draft_ms / (s.draft_ms + s.verify_ms).max(1e-9)),
-        kv_bytes: memory.kv_bytes,
-        recurrent_bytes: memory.recurrent_bytes,
+        kv_bytes: s.memory.kv_bytes,
+        recurrent_bytes: s.memory.recurrent_bytes,
         snapshot_bytes: stats.map_or(0, |s| s.snapshot_bytes),
-    }
+    })
 }
 
 #[derive(Debug, Serialize)]

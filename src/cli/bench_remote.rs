@@ -7,7 +7,8 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use super::bench::{BenchArgs, median};
+use super::bench::BenchArgs;
+use super::bench_stats::Spread;
 use super::common;
 use super::interrupt::Interrupt;
 use crate::backend::{ChatMessage, ChatRequest, EngineEvent, ErrorKind, FinishReason, MtpStats, Prompt, Role};
@@ -35,7 +36,10 @@ pub fn run(a: &BenchArgs, prompts: &[String]) -> anyhow::Result<()> {
     let params = overrides.resolve(&info)?;
     let mut rows = vec![];
     let mut err = std::io::stderr().lock();
-    'runs: for run in 0..a.repeat {
+    // The first `--warmup` passes are run and not measured (the server's caches, its clocks).
+    'runs: for pass in 0..a.warmup + a.repeat {
+        let warm = pass < a.warmup;
+        let run = pass.saturating_sub(a.warmup);
         for (i, p) in prompts.iter().enumerate() {
             if interrupt.interrupted() {
                 break 'runs;
@@ -70,25 +74,29 @@ pub fn run(a: &BenchArgs, prompts: &[String]) -> anyhow::Result<()> {
             if !a.json {
                 writeln!(
                     err,
-                    "run {} prompt {}: {} tokens, TTFT {:.1} ms, decode {:.1} tok/s",
-                    run + 1,
+                    "{} {} prompt {}: {} tokens, TTFT {:.1} ms, decode {:.1} tok/s",
+                    if warm { "warm-up" } else { "run" },
+                    if warm { pass + 1 } else { run + 1 },
                     i + 1,
                     row.completion_tokens,
                     row.ttft_ms,
                     row.decode_tok_s
                 )?;
             }
-            rows.push(row);
+            if !warm {
+                rows.push(row);
+            }
         }
     }
-    let med = |f: &dyn Fn(&RequestRow) -> f64| median(rows.iter().map(f).collect());
+    let spread =
+        |f: &dyn Fn(&RequestRow) -> f64| Spread::of(&rows.iter().map(f).collect::<Vec<_>>()).unwrap_or_default();
     let with_mtp: Vec<&MtpStats> = rows.iter().filter_map(|r| r.mtp.as_ref()).collect();
     let mut total = MtpStats::default();
     with_mtp.iter().for_each(|m| total.merge(m));
     let summary = serde_json::json!({
-        "ttft_ms": med(&|r| r.ttft_ms),
-        "prefill_tok_s": med(&|r| r.prefill_tok_s),
-        "decode_tok_s": med(&|r| r.decode_tok_s),
+        "ttft_ms": spread(&|r| r.ttft_ms),
+        "prefill_tok_s": spread(&|r| r.prefill_tok_s),
+        "decode_tok_s": spread(&|r| r.decode_tok_s),
         "mtp_acceptance_rate": if with_mtp.is_empty() { None } else { Some(total.acceptance_rate) },
         "mtp_per_position": if with_mtp.is_empty() { None } else { Some(total.per_position.clone()) },
         "mtp_source": with_mtp.first().and_then(|m| m.source.clone()),
@@ -96,7 +104,7 @@ pub fn run(a: &BenchArgs, prompts: &[String]) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     let planned = a.repeat * prompts.len();
     if a.json {
-        let mut v = serde_json::json!({"server": info.label(), "model": info.name, "prompts": prompts, "max_tokens": a.max_tokens, "requests": rows, "median": summary});
+        let mut v = serde_json::json!({"server": info.label(), "model": info.name, "prompts": prompts, "max_tokens": a.max_tokens, "warmup": a.warmup, "requests": rows, "summary": summary});
         if interrupt.interrupted() {
             v["interrupted"] = serde_json::json!({"signal": interrupt.signal_name(), "completed_requests": rows.len(), "planned_requests": planned});
         }
@@ -105,19 +113,21 @@ pub fn run(a: &BenchArgs, prompts: &[String]) -> anyhow::Result<()> {
     }
     writeln!(
         out,
-        "{} · {} · {} prompts × {} · greedy · max_tokens {}",
+        "{} · {} · {} prompts × {} (after {} warm-up) · greedy · max_tokens {}",
         info.label(),
         info.name,
         prompts.len(),
         a.repeat,
+        a.warmup,
         a.max_tokens
     )?;
+    let range = |s: Spread, unit: &str| format!("{:.1} {unit} (min {:.1}, max {:.1})", s.median, s.min, s.max);
     writeln!(
         out,
-        "median TTFT {:.1} ms · prefill {:.1} tok/s · decode {:.1} tok/s (as seen by the client)",
-        med(&|r| r.ttft_ms),
-        med(&|r| r.prefill_tok_s),
-        med(&|r| r.decode_tok_s)
+        "median TTFT {} · prefill {} · decode {} (as seen by the client)",
+        range(spread(&|r| r.ttft_ms), "ms"),
+        range(spread(&|r| r.prefill_tok_s), "tok/s"),
+        range(spread(&|r| r.decode_tok_s), "tok/s")
     )?;
     if with_mtp.is_empty() {
         writeln!(out, "MTP: not reported by the server")?;

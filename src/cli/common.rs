@@ -318,6 +318,6 @@ pub fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
 
 /// A count flag: a whole number, 0 or more (so `--max-tokens -1` says what is allowed instead
 /// of clap's "unexpected argument"); each flag's own range is checked where the settings meet.
-fn whole_number(s: &str) -> Result<usize, String> {
+pub fn whole_number(s: &str) -> Result<usize, String> {
     s.trim().parse::<usize>().map_err(|_| format!("expected a whole number (0 or more), found {s}"))
 }

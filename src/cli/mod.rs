@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod bench_remote;
+pub mod bench_stats;
 pub mod chat;
 pub mod common;
 pub mod inspect;
