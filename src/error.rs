@@ -14,6 +14,9 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    #[error("{path}: {what}")]
+    NotAFile { path: PathBuf, what: String },
+
     #[error("{dir}: no {file} ({hint})")]
     MissingFile { dir: PathBuf, file: String, hint: String },
 
@@ -209,5 +212,37 @@ impl std::fmt::Display for NonFinite {
             self.position,
             self.token
         )
+    }
+}
+
+/// An error and its causes on one line, each cause once: a message that already quotes its
+/// cause (`cannot read session X: Is a directory (os error 21)`, whose source is that same
+/// I/O error) does not get it appended again.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        let io = std::io::Error::from_raw_os_error(21);
+        let e = anyhow::Error::new(Error::Io { path: "/tmp".into(), source: io });
+        assert_eq!(error_text(&e), "cannot read /tmp: Is a directory (os error 21)");
+        let e = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_text(&e), "outer: inner");
     }
 }

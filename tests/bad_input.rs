@@ -234,6 +234,21 @@ fn generation_flags_out_of_range_name_the_flag() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("'--max-tokens <N>': expected a whole number (0 or more), found -1"), "{err}");
+    // A number past f32's range is named as typed, not as the inf it would become.
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))
+        .args(["run", "--prompt", "Hi", "--frequency-penalty", "1e39"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("1e39 is beyond the range of a 32-bit float"), "{err}");
+    for (flag, value, want) in [
+        ("--presence-penalty", "NaN", "--presence-penalty NaN: must be a finite number"),
+        ("--temperature", "inf", "--temperature inf: must be ≥ 0"),
+    ] {
+        let err = fails(&["run", "--prompt", "Hi", flag, value]);
+        assert!(err.contains(want), "{flag} {value}: {err}");
+    }
 }
 
 #[test]
@@ -259,4 +274,175 @@ fn a_thinking_budget_not_below_max_tokens_is_a_warning() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("warning: --thinking-budget 8 is not below --max-tokens 8"), "{err}");
+}
+
+#[test]
+fn a_missing_size_names_the_field() {
+    for field in ["hidden_size", "vocab_size"] {
+        let dir = fixture_copy("qwen3_5_text");
+        edit_json(&dir.path().join("config.json"), |v| {
+            v.as_object_mut().unwrap().remove(field);
+        });
+        let err = fails_run(dir.path());
+        assert!(err.contains(&format!("config.json: field `{field}`: missing")), "{err}");
+        assert!(!err.contains("has shape"), "named before any shape check: {err}");
+    }
+}
+
+/// What is at a path is named: a missing directory, a file where the directory should be, a
+/// link to nothing, a link loop, a FIFO (reading it would block), a directory.
+#[cfg(unix)]
+#[test]
+fn links_fifos_and_directories_are_named_as_such() {
+    use std::os::unix::fs::symlink;
+    let weights = |dir: &Path| dir.join("model.safetensors");
+    let dir = fixture_copy("qwen3_5_text");
+    let missing = dir.path().join("nowhere");
+    assert!(fails_run(&missing).contains("nowhere: no such directory"));
+    let err = fails_run(&dir.path().join("config.json"));
+    assert!(err.contains("config.json: a file, not a directory"), "{err}");
+
+    std::fs::remove_file(weights(dir.path())).unwrap();
+    symlink("/no/such/file.safetensors", weights(dir.path())).unwrap();
+    let err = fails_run(dir.path());
+    assert!(
+        err.contains("model.safetensors: a symbolic link to /no/such/file.safetensors, which does not exist"),
+        "{err}"
+    );
+    let err = fails(&["inspect", "--model", dir.path().to_str().unwrap()]);
+    assert!(err.contains("a symbolic link to /no/such/file.safetensors"), "inspect names it too: {err}");
+
+    std::fs::remove_file(weights(dir.path())).unwrap();
+    symlink("loop-b", weights(dir.path())).unwrap();
+    symlink("model.safetensors", dir.path().join("loop-b")).unwrap();
+    let err = fails_run(dir.path());
+    assert!(err.contains("model.safetensors: a symbolic link loop"), "{err}");
+
+    std::fs::remove_file(weights(dir.path())).unwrap();
+    assert!(Command::new("mkfifo").arg(weights(dir.path())).status().unwrap().success());
+    let err = fails_run(dir.path());
+    assert!(err.contains("model.safetensors: a FIFO (named pipe), not a file"), "{err}");
+
+    std::fs::remove_file(weights(dir.path())).unwrap();
+    std::fs::create_dir(weights(dir.path())).unwrap();
+    let err = fails_run(dir.path());
+    assert!(err.contains("model.safetensors: a directory, not a file"), "{err}");
+
+    // The model directory itself as a link to nothing.
+    let link = dir.path().join("model-link");
+    symlink(&missing, &link).unwrap();
+    let err = fails_run(&link);
+    assert!(err.contains("model-link: a symbolic link to") && err.contains("which does not exist"), "{err}");
+}
+
+#[test]
+fn a_shard_outside_the_model_directory_is_refused() {
+    let dir = fixture_copy("qwen3_5_vl");
+    let index = dir.path().join("model.safetensors.index.json");
+    edit_json(&index, |v| {
+        let map = v["weight_map"].as_object_mut().unwrap();
+        let first = map.keys().next().unwrap().clone();
+        map.insert(first, "../../etc/passwd".into());
+    });
+    let err = fails_run(dir.path());
+    assert!(
+        err.contains("model.safetensors.index.json: field `weight_map.")
+            && err.contains("shard \"../../etc/passwd\" is not a file inside the model directory (refused)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_single_file_next_to_an_index_is_reported() {
+    let dir = fixture_copy("qwen3_5_vl");
+    let single = fixture_copy("qwen3_5_text");
+    std::fs::copy(single.path().join("model.safetensors"), dir.path().join("model.safetensors")).unwrap();
+    let err = fails_run(dir.path());
+    assert!(err.contains("holds both model.safetensors and model.safetensors.index.json"), "{err}");
+}
+
+#[test]
+fn a_bad_safetensors_header_names_the_tensor() {
+    let dir = fixture_copy("qwen3_5_text");
+    let p = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&p).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let name = "model.layers.3.self_attn.k_proj.weight";
+    header[name]["shape"][0] = 25.into();
+    let mut h = serde_json::to_vec(&header).unwrap();
+    h.resize(h.len().div_ceil(8) * 8, b' ');
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(&h);
+    out.extend(&bytes[8 + n..]);
+    std::fs::write(&p, out).unwrap();
+    let err = fails_run(dir.path());
+    assert!(
+        err.contains(&format!("tensor `{name}`: shape [25, 48] in F32 is 4800 bytes, but its data_offsets")),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_incomplete_mtp_head_names_the_missing_tensor() {
+    let dir = fixture_copy("qwen3_5_moe");
+    edit_tensors(&dir.path().join("model.safetensors"), |n, s, b| {
+        (n != "mtp.fc.weight").then(|| (s.to_vec(), b.to_vec()))
+    });
+    let err = fails_run(dir.path());
+    assert!(err.contains("tensor `mtp.fc.weight` not found") && err.contains("MTP head is incomplete"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))
+        .args(["inspect", "--model", dir.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.starts_with("MTP ")).unwrap();
+    assert!(line.contains("INCOMPLETE") && line.contains("mtp.fc.weight"), "{line}");
+}
+
+#[test]
+fn inspect_warns_when_config_and_weights_disagree() {
+    let dir = fixture_copy("qwen3_5_text");
+    edit_json(&dir.path().join("config.json"), |v| v["hidden_size"] = 1_000_000_000.into());
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))
+        .args(["inspect", "--model", dir.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let warnings: Vec<&str> = text.lines().filter(|l| l.starts_with("warning")).collect();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("trillion parameters") && w.contains("the config does not belong to these weights")),
+        "{text}"
+    );
+    assert!(warnings.iter().any(|w| w.contains("embed_tokens.weight is [512, 48]")), "{text}");
+    // Counts are words, never a unit that reads as bytes.
+    let params = text.lines().find(|l| l.starts_with("parameters")).unwrap();
+    assert!(params.contains("trillion (") && !params.contains(" B "), "{params}");
+}
+
+#[test]
+fn os_errors_are_printed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = fails(&["chat", "--session", dir.path().to_str().unwrap()]);
+    assert_eq!(err.matches("os error 21").count(), 1, "{err}");
+    let err = fails(&["run", "--prompt-file", dir.path().to_str().unwrap()]);
+    assert_eq!(err.matches("os error 21").count(), 1, "{err}");
+}
+
+#[test]
+fn sweep_flags_are_checked_before_any_run() {
+    let err = fails(&["sweep", "--prompt", "x", "--thinking-budgets=-5"]);
+    assert!(err.contains("--thinking-budgets: -5: use -1 for unlimited"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("x.png");
+    let err = fails(&["sweep", "--prompt", "x", "--plot", png.to_str().unwrap()]);
+    assert!(err.contains("the plot is an SVG drawing; name the file *.svg"), "{err}");
+    assert!(!png.exists());
+    let unwritable = dir.path().join("no-dir/x.svg");
+    let err = fails(&["sweep", "--prompt", "x", "--thinking-budgets", "0,-1", "--plot", unwritable.to_str().unwrap()]);
+    assert!(err.contains("--plot") && err.contains("cannot write it"), "{err}");
+    assert!(!err.contains("budget"), "refused before the runs (nothing else on stderr): {err}");
 }

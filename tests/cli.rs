@@ -170,14 +170,14 @@ fn inspect_qwen36_27b_from_config_alone() {
         "GGGA GGGA",
         "24 Q / 4 KV heads × 256 (GQA 6)",
         "16 QK / 48 V heads × 128/128 (ratio 3)",
-        "26.90 B (26895998464)",
+        "26.90 billion (26,895,998,464)",
         "53.79 GB (50.10 GiB) as bf16",
         "64.00 KiB / token",
         "32k 2.00 GiB",
         "262144 16.00 GiB",
         "146.81 MiB / sequence",
         "conv 61440 B bf16 + SSM 3145728 B f32",
-        "MTP cost     424.70 M params",
+        "MTP cost     424.70 million params",
     ] {
         assert!(out.contains(want), "missing {want:?} in:\n{out}");
     }
@@ -404,4 +404,30 @@ fn bench_reports_median_min_max_and_whether_a_difference_is_noise() {
     let lens: Vec<u64> = v["prompt_tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
     assert_eq!(lens.len(), 4);
     assert!(lens.iter().all(|&n| (600..700).contains(&n)), "{lens:?}");
+}
+
+/// Every sampled token carries the entropy of the full distribution it was drawn from (at
+/// least what its top alternatives alone contribute); forced tokens carry none.
+#[test]
+fn tokens_carry_the_entropy_of_their_distribution() {
+    let ev = events(&["run", "--prompt", "Is 91 prime?", "--thinking-budget", "4", "--top-logprobs", "5", "--json"]);
+    let tokens: Vec<&Value> = ev.iter().filter(|e| e["event"] == "token").collect();
+    assert!(tokens.iter().any(|t| t["forced"] == true));
+    for t in &tokens {
+        if t["forced"] == true {
+            assert!(t.get("entropy").is_none(), "{t}");
+            continue;
+        }
+        let h = t["entropy"].as_f64().unwrap_or_else(|| panic!("no entropy: {t}"));
+        let partial: f64 = t["top_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                let lp = a["logprob"].as_f64().unwrap();
+                -lp.exp() * lp
+            })
+            .sum();
+        assert!(h >= partial - 1e-4 && h <= (512f64).ln() + 1e-4, "entropy {h} vs top-5 part {partial}: {t}");
+    }
 }

@@ -481,3 +481,36 @@ fn a_hold_before_the_prompt_is_not_booked_as_prefill() {
     let prefill_s = n / out.timing.prefill_tok_s;
     assert!(prefill_s < 0.1, "prefill took {prefill_s} s by its rate: {:?}", out.timing);
 }
+
+/// A model that answers, re-opens `<think>` and runs into max_tokens there: the answer it gave
+/// is in the summary, and the diagnostic says the answer was cut, not that it is empty.
+#[test]
+fn a_re_opened_think_block_cut_by_max_tokens_is_a_cut_answer() {
+    let tok = tokenizer();
+    let (think_start, think_end) = (tok.specials.think_start.unwrap(), tok.specials.think_end.unwrap());
+    let script = move |g: &[u32]| {
+        onehot(match g.len() {
+            0..=2 => 70,
+            3 => think_end,
+            4 | 5 => 80,
+            6 => think_start,
+            _ => 71,
+        })
+    };
+    let params = GenerationParams { max_tokens: 12, ..Default::default() };
+    let (out, events) = run(&tok, thinking_prompt(&tok), params, &no_cancel(), script);
+    assert_eq!(out.finish_reason, FinishReason::Length);
+    assert_eq!(out.usage.answer_tokens, 2, "{:?}", out.usage);
+    assert!(!out.answer.is_empty(), "the answer before the re-opened block: {:?}", out.answer);
+    let kinds: Vec<DiagnosticKind> = diagnostics(&events).iter().map(|d| d.0).collect();
+    assert_eq!(kinds, [DiagnosticKind::AnswerTruncated], "{events:?}");
+    let d = events
+        .iter()
+        .find_map(|e| match e {
+            EngineEvent::Diagnostic(d) => Some(d.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert!(d.message.contains("re-opened <think>") && d.message.contains("2 answer tokens"), "{}", d.message);
+    assert_eq!(out.usage.thinking_tokens + out.usage.answer_tokens, 12);
+}

@@ -245,3 +245,40 @@ fn a_nan_reached_mid_generation_keeps_the_tokens_before_it() {
     let kept: Vec<u64> = r.events.iter().filter(|e| e["event"] == "token").map(|e| e["id"].as_u64().unwrap()).collect();
     assert_eq!(kept, ids[..=k].to_vec(), "the tokens up to the one that reads the NaN row are kept");
 }
+
+/// `logits --layers`: per-layer mean ‖h‖, max |x| and non-finite count over the prompt; the
+/// forward pass runs on through NaN so the table shows where it starts and how it spreads.
+#[test]
+fn logits_layers_show_where_non_finite_values_start() {
+    let healthy = fixture_copy("qwen3_5_text");
+    let table = |dir: &Path| -> Vec<Value> {
+        let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))
+            .args(["logits", "--model", dir.to_str().unwrap(), "--text", "Hi", "--raw", "--layers", "--json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["layers"].as_array().unwrap().clone()
+    };
+    let rows = table(healthy.path());
+    assert_eq!(rows.len(), 4 + 1, "4 layers and the final norm: {rows:?}");
+    assert_eq!(rows[4]["layer"], "final");
+    for r in &rows {
+        assert_eq!(r["nonfinite"], 0, "{r}");
+        assert!(r["mean_norm"].as_f64().unwrap() > 0.0 && r["max_abs"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let broken = fixture_copy("qwen3_5_text");
+    poison(&broken.path().join("model.safetensors"), "model.layers.1.mlp.down_proj.weight", 0, f32::NAN);
+    let bad = table(broken.path());
+    assert_eq!(bad[0], rows[0], "layer 0 is untouched");
+    let counts: Vec<u64> = bad.iter().map(|r| r["nonfinite"].as_u64().unwrap()).collect();
+    assert!(counts[1] > 0 && counts.iter().skip(1).all(|&c| c > 0), "from layer 1 on: {counts:?}");
+    // The human table marks the first layer with non-finite values.
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))
+        .args(["logits", "--model", broken.path().to_str().unwrap(), "--text", "Hi", "--raw", "--layers"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let marked = text.lines().find(|l| l.contains("first non-finite")).unwrap_or_else(|| panic!("{text}"));
+    assert!(marked.trim_start().starts_with("1 "), "{marked}");
+}

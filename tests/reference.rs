@@ -104,7 +104,7 @@ fn check(name: &str, prec: Precision) -> Worst {
         let norms = out.hidden_norms.unwrap();
         let gnorms = g["hidden_norms"].as_array().unwrap();
         assert_eq!(norms.len(), gnorms.len(), "{name}: number of recorded layers");
-        for (l, (ours, theirs)) in norms.iter().zip(gnorms).enumerate() {
+        for (l, (ours, theirs)) in norms.iter().map(|s| &s.norms).zip(gnorms).enumerate() {
             let upto = tie_pos.unwrap_or(usize::MAX);
             for (pos, (a, b)) in ours.iter().zip(theirs.as_array().unwrap()).enumerate().take(upto) {
                 let b = b.as_f64().unwrap() as f32;

@@ -250,6 +250,21 @@ fn terminal_restored_after_panic_error_and_signal() {
     assert!(s.contains("error: injected error (DELTASCOPE_FAULT=error)"), "{s}");
     t.assert_restored("an error");
 
+    // A model that fails to load: the error screen, then Ctrl+Q; the error is printed again on
+    // the restored terminal and the exit status is 1.
+    let missing = dir.path().join("no-such-model");
+    t.text(&format!(
+        "clear; XDG_DATA_HOME={} {bin} chat --model {}; echo EXIT-CODE-$?",
+        data.display(),
+        shell_quote(&missing)
+    ));
+    t.keys(&["Enter"]);
+    t.wait("the error screen", 30, |s| s.contains("deltascope could not start") && s.contains("no such directory"));
+    t.keys(&["C-q"]);
+    let s = t.wait("the load failure's exit", 30, exited("1"));
+    assert!(s.contains(&format!("error: {}: no such directory", missing.display())), "the error after restoring:\n{s}");
+    t.assert_restored("a load failure");
+
     // SIGTERM mid-generation: one answered question, then a second one held by step mode.
     launch("");
     t.wait("the workbench", 60, |s| s.contains("Type a question") && s.contains("embedded:demo"));

@@ -181,7 +181,11 @@ fn token_inspector_and_colour_modes() {
     for _ in 0..12 {
         key(&mut app, KeyCode::Left, KeyModifiers::NONE, 200.0);
     }
-    snap("inspector", render(&app, W, H));
+    let screen = render(&app, W, H);
+    // The scripted token: logprob -0.3 (entropy 0.65 nats), the runner-up 2.5 below it.
+    assert!(screen.contains("entropy   0.6500 nats (0.94 bits)"), "{screen}");
+    assert!(screen.contains("margin    top-1 − top-2 = 2.5000 (p 0.741 vs 0.061)"), "{screen}");
+    snap("inspector", screen);
     key(&mut app, KeyCode::Char('g'), KeyModifiers::CONTROL, 200.0);
     key(&mut app, KeyCode::Char('l'), KeyModifiers::CONTROL, 200.0);
     key(&mut app, KeyCode::Char('l'), KeyModifiers::CONTROL, 200.0);

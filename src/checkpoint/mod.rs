@@ -72,10 +72,41 @@ impl ModelSource {
         }
     }
 
+    /// Whether anything is at `name` — a file, or something that should have been one (a
+    /// dangling link, a FIFO…, which [`ModelSource::check_file`] then names).
+    pub fn present(&self, name: &str) -> bool {
+        match self {
+            ModelSource::Dir(d) => PathKind::of(&d.join(name)) != PathKind::Missing,
+            ModelSource::Embedded(_) => self.exists(name),
+        }
+    }
+
+    /// An error naming what is at `name` when it is there but not a regular file.
+    pub fn check_file(&self, name: &str) -> Result<()> {
+        if let ModelSource::Dir(d) = self {
+            let p = d.join(name);
+            if let Some(what) = PathKind::of(&p).not_a_file() {
+                return Err(Error::NotAFile { path: p, what });
+            }
+        }
+        Ok(())
+    }
+
+    /// An error when the model directory itself is missing or is not a directory.
+    pub fn check_dir(&self) -> Result<()> {
+        if let ModelSource::Dir(d) = self
+            && let Some(what) = PathKind::of(d).not_a_dir()
+        {
+            return Err(Error::NotAFile { path: d.clone(), what });
+        }
+        Ok(())
+    }
+
     /// Reads a whole (small) file; `Ok(None)` when it does not exist.
     pub fn read(&self, name: &str) -> Result<Option<Cow<'static, [u8]>>> {
         match self {
             ModelSource::Dir(d) => {
+                self.check_file(name)?;
                 let p = d.join(name);
                 match std::fs::read(&p) {
                     Ok(b) => Ok(Some(Cow::Owned(b))),
@@ -101,6 +132,7 @@ impl ModelSource {
     pub fn map(&self, name: &str) -> Result<FileBytes> {
         match self {
             ModelSource::Dir(d) => {
+                self.check_file(name)?;
                 let p = d.join(name);
                 let f = File::open(&p).map_err(|e| Error::io(&p, e))?;
                 // SAFETY: the file is opened read-only; like every mmap-based loader we assume
@@ -123,6 +155,87 @@ impl ModelSource {
             Some(b) => serde_json::from_slice(&b)
                 .map(Some)
                 .map_err(|e| Error::Json { file: self.file_label(name), message: e.to_string() }),
+        }
+    }
+}
+
+/// What is at a path, told apart so that a message can name it: a symbolic link loop, a link
+/// to nothing and a FIFO are not "no such file" (and reading a FIFO would block for ever).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathKind {
+    File,
+    Dir,
+    Missing,
+    /// A symbolic link whose target does not exist (the target as the link names it).
+    DanglingLink(PathBuf),
+    LinkLoop,
+    Fifo,
+    /// A socket, a device, …
+    Special,
+}
+
+/// Links followed before a chain counts as a loop (Linux's own limit).
+const MAX_LINKS: usize = 40;
+
+impl PathKind {
+    pub fn of(path: &Path) -> PathKind {
+        let mut at = path.to_path_buf();
+        for _ in 0..MAX_LINKS {
+            let Ok(meta) = std::fs::symlink_metadata(&at) else { return PathKind::Missing };
+            if !meta.file_type().is_symlink() {
+                return Self::of_type(meta.file_type());
+            }
+            let Ok(target) = std::fs::read_link(&at) else { return PathKind::Special };
+            let next = at.parent().map_or_else(|| target.clone(), |dir| dir.join(&target));
+            if std::fs::symlink_metadata(&next).is_err() {
+                return PathKind::DanglingLink(target);
+            }
+            at = next;
+        }
+        PathKind::LinkLoop
+    }
+
+    fn of_type(t: std::fs::FileType) -> PathKind {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::FileTypeExt;
+            if t.is_fifo() {
+                return PathKind::Fifo;
+            }
+        }
+        if t.is_file() {
+            PathKind::File
+        } else if t.is_dir() {
+            PathKind::Dir
+        } else {
+            PathKind::Special
+        }
+    }
+
+    /// What is wrong with it where a file is expected (`None` for a file, or a missing path,
+    /// which callers report with what they were looking for).
+    pub fn not_a_file(&self) -> Option<String> {
+        self.problem("file")
+    }
+
+    /// The same where a directory is expected.
+    pub fn not_a_dir(&self) -> Option<String> {
+        match self {
+            PathKind::Dir => None,
+            PathKind::Missing => Some("no such directory".into()),
+            PathKind::File => Some("a file, not a directory (a model is a directory holding config.json)".into()),
+            other => other.problem("directory"),
+        }
+    }
+
+    fn problem(&self, wanted: &str) -> Option<String> {
+        match self {
+            PathKind::File | PathKind::Missing => None,
+            PathKind::Dir => Some(format!("a directory, not a {wanted}")),
+            PathKind::DanglingLink(t) => Some(format!("a symbolic link to {}, which does not exist", t.display())),
+            PathKind::LinkLoop => Some(format!("a symbolic link loop (following it never reaches a {wanted})")),
+            PathKind::Fifo => Some(format!("a FIFO (named pipe), not a {wanted}")),
+            PathKind::Special => Some(format!("not a regular {wanted} (a socket or a device)")),
         }
     }
 }

@@ -160,19 +160,19 @@ pub struct GenArgs {
     #[arg(long, value_enum, value_name = "NAME")]
     pub preset: Option<PresetArg>,
     /// Sampling temperature; 0 is greedy.
-    #[arg(long, value_name = "T", allow_hyphen_values = true)]
+    #[arg(long, value_name = "T", allow_hyphen_values = true, value_parser = float32)]
     pub temperature: Option<f32>,
     #[arg(long, value_name = "K", allow_hyphen_values = true, value_parser = whole_number)]
     pub top_k: Option<usize>,
-    #[arg(long, value_name = "P", allow_hyphen_values = true)]
+    #[arg(long, value_name = "P", allow_hyphen_values = true, value_parser = float32)]
     pub top_p: Option<f32>,
-    #[arg(long, value_name = "P", allow_hyphen_values = true)]
+    #[arg(long, value_name = "P", allow_hyphen_values = true, value_parser = float32)]
     pub min_p: Option<f32>,
-    #[arg(long, value_name = "X", allow_hyphen_values = true)]
+    #[arg(long, value_name = "X", allow_hyphen_values = true, value_parser = float32)]
     pub presence_penalty: Option<f32>,
-    #[arg(long, value_name = "X", allow_hyphen_values = true)]
+    #[arg(long, value_name = "X", allow_hyphen_values = true, value_parser = float32)]
     pub frequency_penalty: Option<f32>,
-    #[arg(long, value_name = "X", allow_hyphen_values = true)]
+    #[arg(long, value_name = "X", allow_hyphen_values = true, value_parser = float32)]
     pub repetition_penalty: Option<f32>,
     #[arg(long, default_value_t = 0, value_name = "S")]
     pub seed: u64,
@@ -318,6 +318,16 @@ pub fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
 
 /// A count flag: a whole number, 0 or more (so `--max-tokens -1` says what is allowed instead
 /// of clap's "unexpected argument"); each flag's own range is checked where the settings meet.
+/// A sampling value: any number a 32-bit float holds (NaN and ±inf pass, for the range checks
+/// to name); one past its range (`1e39`) is refused as typed instead of turning into inf.
+pub fn float32(s: &str) -> Result<f32, String> {
+    let v: f64 = s.trim().parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if v.is_finite() && v.abs() > f32::MAX as f64 {
+        return Err(format!("{s} is beyond the range of a 32-bit float (±3.4e38)"));
+    }
+    Ok(v as f32)
+}
+
 pub fn whole_number(s: &str) -> Result<usize, String> {
     s.trim().parse::<usize>().map_err(|_| format!("expected a whole number (0 or more), found {s}"))
 }

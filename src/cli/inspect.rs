@@ -12,7 +12,7 @@ use crate::model::config::{Family, LayerKind, MlpKind};
 use crate::model::finite::{SUSPICIOUS_ABS, TensorHealth, scan_weights};
 use crate::model::plan::memory_plan;
 use crate::model::weights::WeightStore;
-use crate::model::{ModelConfig, read_config};
+use crate::model::{ModelConfig, missing_mtp_tensors, read_config};
 use crate::units::human_bytes;
 
 #[derive(Args, Debug)]
@@ -41,13 +41,70 @@ fn gb(b: u64) -> String {
     if b >= 1_000_000_000 { format!("{:.2} GB ({})", b as f64 / 1e9, human_bytes(b)) } else { human_bytes(b) }
 }
 
+/// A count in words ("26.90 billion"), so that it cannot be read as bytes.
 fn count(n: u64) -> String {
     match n {
-        n if n >= 1_000_000_000 => format!("{:.2} B", n as f64 / 1e9),
-        n if n >= 1_000_000 => format!("{:.2} M", n as f64 / 1e6),
-        n if n >= 1_000 => format!("{:.1} K", n as f64 / 1e3),
+        n if n >= 1_000_000_000_000 => format!("{:.2} trillion", n as f64 / 1e12),
+        n if n >= 1_000_000_000 => format!("{:.2} billion", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.2} million", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{:.1} thousand", n as f64 / 1e3),
         n => n.to_string(),
     }
+}
+
+/// Digits in groups of three: 26,895,998,464.
+fn grouped(n: u64) -> String {
+    let d = n.to_string();
+    let mut out = String::new();
+    for (i, c) in d.chars().enumerate() {
+        if i > 0 && (d.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Values the checkpoint stores for the language model (its layers, embeddings and head; not
+/// the vision tower or the MTP head), to hold against what config.json describes.
+fn stored_lm_values(store: &WeightStore) -> u64 {
+    store
+        .names()
+        .filter(|n| {
+            (n.starts_with("model.") && !n.starts_with("model.visual.") && !n.starts_with("mtp."))
+                || *n == "lm_head.weight"
+        })
+        .filter_map(|n| store.shape(n))
+        .map(|s| s.iter().product::<usize>() as u64)
+        .sum()
+}
+
+/// Warnings where config.json and the weights beside it disagree.
+fn mismatches(cfg: &ModelConfig, store: &WeightStore, described: u64) -> Vec<String> {
+    let mut out = vec![];
+    let stored = stored_lm_values(store);
+    let ratio = stored as f64 / described.max(1) as f64;
+    if !(0.9..=1.1).contains(&ratio) {
+        out.push(format!(
+            "config.json describes {} parameters ({}) but the checkpoint stores {} ({}) for the language model: the config does not belong to these weights",
+            count(described),
+            grouped(described),
+            count(stored),
+            grouped(stored)
+        ));
+    }
+    let embed = ["model.language_model.embed_tokens.weight", "model.embed_tokens.weight"]
+        .into_iter()
+        .find_map(|n| store.shape(n).map(|s| (n, s.to_vec())));
+    if let Some((name, shape)) = embed
+        && shape != [cfg.vocab_size, cfg.hidden_size]
+    {
+        out.push(format!(
+            "{name} is {shape:?}, config.json says [vocab_size, hidden_size] = [{}, {}]",
+            cfg.vocab_size, cfg.hidden_size
+        ));
+    }
+    out
 }
 
 pub fn run(a: InspectArgs) -> anyhow::Result<()> {
@@ -67,12 +124,14 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
     let plan = memory_plan(&cfg, 2, 2, 4);
     let cpu = memory_plan(&cfg, 4, 4, 4);
     let weights = match &source {
-        Some(s) if s.exists("model.safetensors") || s.exists("model.safetensors.index.json") => {
+        Some(s) if s.present("model.safetensors") || s.present("model.safetensors.index.json") => {
             Some(WeightStore::open(s)?)
         }
         _ => None,
     };
     let mtp_tensors = weights.as_ref().map(|w| w.names().filter(|n| n.starts_with("mtp.")).count());
+    let mtp_missing = weights.as_ref().map(|w| missing_mtp_tensors(w, &cfg)).unwrap_or_default();
+    let warnings = weights.as_ref().map(|w| mismatches(&cfg, w, plan.params.total)).unwrap_or_default();
     if a.verify_weights {
         let Some(store) = &weights else {
             anyhow::bail!(
@@ -92,6 +151,8 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
             "stored_bytes": weights.as_ref().map(|w| w.stored_bytes()),
             "stored_dtypes": weights.as_ref().map(|w| w.dtype_names()),
             "mtp_tensors": mtp_tensors,
+            "mtp_missing": mtp_missing,
+            "warnings": warnings,
         });
         writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&v)?)?;
         return Ok(());
@@ -174,7 +235,7 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
     }
     let p = &plan.params;
     let active = if cfg.moe.is_some() { format!(" · {} active per token", count(p.active)) } else { String::new() };
-    writeln!(w, "parameters   {} ({}) language model{active}", count(p.total), p.total)?;
+    writeln!(w, "parameters   {} ({}) language model{active}", count(p.total), grouped(p.total))?;
     writeln!(w, "weights      {} as bf16 · {} as f32 (deltascope CPU)", gb(plan.weights_bytes), gb(cpu.weights_bytes))?;
     if let Some(ws) = &weights {
         writeln!(w, "checkpoint   {} stored ({})", gb(ws.stored_bytes() as u64), ws.dtype_names().join(", "))?;
@@ -203,6 +264,11 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
         plan.ssm_state_bytes_per_layer
     )?;
     let mtp = match (mtp_tensors, cfg.mtp_num_hidden_layers) {
+        (Some(n), _) if n > 0 && !mtp_missing.is_empty() => format!(
+            "INCOMPLETE: {n} mtp.* tensors, but not {} ({} missing in all): loading the model fails until they are there",
+            mtp_missing.iter().take(3).map(String::as_str).collect::<Vec<_>>().join(", "),
+            mtp_missing.len()
+        ),
         (Some(n), _) if n > 0 => format!("present: {n} mtp.* tensors in the checkpoint"),
         (Some(_), 0) => "absent".to_string(),
         (Some(_), k) => format!("config declares {k} layer(s), but the checkpoint has no mtp.* tensors"),
@@ -210,6 +276,9 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
         (None, k) => format!("declared: {k} layer(s) (weights not present to check)"),
     };
     writeln!(w, "MTP          {mtp}")?;
+    for warning in &warnings {
+        writeln!(w, "warning      {warning}")?;
+    }
     if cfg.mtp_num_hidden_layers > 0 || mtp_tensors.unwrap_or(0) > 0 {
         let mtp_kv = kv / cfg.num_full_layers().max(1) as u64;
         writeln!(

@@ -7,7 +7,8 @@ use clap::Args;
 use super::common::{self, ModelArgs, PromptArgs};
 // A developer tool (architecture.json): it reads the model's logits directly.
 use crate::backend::ChatRequest;
-use crate::model::ForwardOptions;
+use crate::model::config::LayerKind;
+use crate::model::{ForwardOptions, HiddenStats, ModelConfig};
 
 struct Prompt {
     ids: Vec<u32>,
@@ -31,6 +32,10 @@ pub struct LogitsArgs {
     /// Print one JSON object: {"ids": [...], "top": [{"id", "logit", "text"}, ...]}.
     #[arg(long)]
     pub json: bool,
+    /// Also each layer's output over the prompt: mean ‖h‖, max |x| and NaN / ±Inf count
+    /// (the forward pass runs on through non-finite values to show where they start and spread).
+    #[arg(long)]
+    pub layers: bool,
 }
 
 pub fn run(a: LogitsArgs) -> anyhow::Result<()> {
@@ -43,7 +48,9 @@ pub fn run(a: LogitsArgs) -> anyhow::Result<()> {
     let (_, ids) = loaded.render(&request)?;
     let prompt = Prompt { ids };
     let mut state = loaded.model.new_state();
-    let out = loaded.model.forward(&prompt.ids, &mut state, ForwardOptions::default())?;
+    let opts = ForwardOptions { hidden_norms: a.layers, check_finite: !a.layers, ..Default::default() };
+    let out = loaded.model.forward(&prompt.ids, &mut state, opts)?;
+    let layers = out.hidden_norms.as_deref().map(|stats| layer_rows(&loaded.model.config, stats));
     let logits = out.logits.row(0);
     let mut order: Vec<usize> = (0..logits.len()).collect();
     let k = a.top.min(logits.len());
@@ -55,7 +62,11 @@ pub fn run(a: LogitsArgs) -> anyhow::Result<()> {
     if a.json {
         let top: Vec<_> =
             order.iter().map(|&id| serde_json::json!({"id": id, "logit": logits[id], "text": text(id)})).collect();
-        writeln!(w, "{}", serde_json::json!({"ids": prompt.ids, "top": top}))?;
+        let mut v = serde_json::json!({"ids": prompt.ids, "top": top});
+        if let Some(rows) = &layers {
+            v["layers"] = serde_json::to_value(rows)?;
+        }
+        writeln!(w, "{v}")?;
     } else {
         writeln!(
             w,
@@ -67,6 +78,45 @@ pub fn run(a: LogitsArgs) -> anyhow::Result<()> {
         for (r, &id) in order.iter().enumerate() {
             writeln!(w, "{:>4}  {:>8}  {:>12.6}  {:?}", r + 1, id, logits[id], text(id))?;
         }
+        if let Some(rows) = &layers {
+            writeln!(w, "\nhidden state after each layer, over the {} prompt positions:", prompt.ids.len())?;
+            writeln!(w, "{:>6}  {:<9}  {:>12}  {:>12}  {:>10}", "layer", "kind", "mean ‖h‖", "max |x|", "non-finite")?;
+            let first_bad = rows.iter().position(|r| r.nonfinite > 0);
+            for (i, r) in rows.iter().enumerate() {
+                let mark = if Some(i) == first_bad { "  ← first non-finite values" } else { "" };
+                writeln!(
+                    w,
+                    "{:>6}  {:<9}  {:>12.4}  {:>12.4e}  {:>10}{mark}",
+                    r.layer, r.kind, r.mean_norm, r.max_abs, r.nonfinite
+                )?;
+            }
+        }
     }
     Ok(())
+}
+
+/// One row of `--layers`.
+#[derive(serde::Serialize)]
+struct LayerRow {
+    /// The layer's index, or "final norm".
+    layer: String,
+    kind: &'static str,
+    mean_norm: f32,
+    max_abs: f32,
+    nonfinite: usize,
+}
+
+fn layer_rows(cfg: &ModelConfig, stats: &[HiddenStats]) -> Vec<LayerRow> {
+    stats
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let (layer, kind) = match cfg.layer_types.get(i) {
+                Some(LayerKind::LinearAttention) => (i.to_string(), "GDN"),
+                Some(LayerKind::FullAttention) => (i.to_string(), "attention"),
+                None => ("final".to_string(), "norm"),
+            };
+            LayerRow { layer, kind, mean_norm: s.mean_norm(), max_abs: s.max_abs, nonfinite: s.nonfinite }
+        })
+        .collect()
 }

@@ -244,6 +244,10 @@ pub struct TokenEvent {
     pub forced: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty", alias = "top")]
     pub top_logprobs: Vec<Alternative>,
+    /// Entropy in nats of the model's raw distribution at this position, over the whole
+    /// vocabulary (the local engine; a server sends only the top alternatives).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entropy: Option<f32>,
 }
 
 /// Running totals, every few tokens (for live gauges).
@@ -366,6 +370,7 @@ mod tests {
             draft: None,
             forced: false,
             top_logprobs: vec![Alternative { id: None, logprob: -0.5, text: "Yes".into() }],
+            entropy: None,
         });
         let line = serde_json::to_string(&ev).unwrap();
         assert!(line.starts_with(r#"{"event":"token","#), "{line}");

@@ -13,7 +13,7 @@ use super::events::{
 };
 use super::reasoning::PhaseTracker;
 use super::request::GenerateRequest;
-use super::sampler::{Rng, Sampler, logprob, top_logprobs};
+use super::sampler::{Rng, Sampler, entropy, logprob, top_logprobs};
 use super::session::LogitsSource;
 use super::speculative::{DepthControl, MtpStats, prob, residual};
 use super::watchdog::LoopDetector;
@@ -378,7 +378,14 @@ impl Generator<'_> {
         let last = run.tokens.len().saturating_sub(1);
         if finish == FinishReason::Length {
             let max = p.max_tokens;
-            if run.phases.phase() == Phase::Thinking {
+            if run.phases.phase() == Phase::Thinking && run.usage.answer_tokens > 0 {
+                // The model answered, then re-opened <think>: the answer is there, cut.
+                let message = format!(
+                    "max_tokens cut the answer after {} answer tokens: the model re-opened <think> after answering and was still thinking",
+                    run.usage.answer_tokens
+                );
+                run.diagnostic_fix(DiagnosticKind::AnswerTruncated, last, message, advice::truncated(max, false, cap));
+            } else if run.phases.phase() == Phase::Thinking {
                 let forced = forced_close.as_ref().map_or(0, Vec::len);
                 let (fix, message) =
                     advice::starved(max, run.usage.thinking_tokens, p.thinking_budget, (forced, true), cap);
@@ -604,6 +611,7 @@ impl Generator<'_> {
             draft: Some(draft),
             forced,
             top_logprobs: alts,
+            entropy: (!forced).then(|| entropy(logits)),
         }));
         run.tokens.push(id);
         run.forced.push(forced);

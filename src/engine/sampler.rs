@@ -359,6 +359,19 @@ pub fn log_sum_exp(logits: &[f32]) -> f64 {
     max as f64 + sum.ln()
 }
 
+/// Entropy (nats) of `softmax(logits)`: ln Σe^x − Σ p·x, in one pass (shifted by the maximum).
+pub fn entropy(logits: &[f32]) -> f32 {
+    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let (mut z, mut zx) = (0f64, 0f64);
+    for &v in logits {
+        let d = (v - max) as f64;
+        let e = d.exp();
+        z += e;
+        zx += e * d;
+    }
+    (z.ln() - zx / z).max(0.0) as f32
+}
+
 /// `log_softmax(logits)[id]`.
 pub fn logprob(logits: &[f32], id: u32) -> f32 {
     (logits[id as usize] as f64 - log_sum_exp(logits)) as f32
@@ -376,6 +389,21 @@ pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<TokenLogprob> {
     idx.truncate(k);
     idx.sort_by(|a, b| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b)));
     idx.into_iter().map(|id| TokenLogprob { id, logprob: (logits[id as usize] as f64 - lse) as f32 }).collect()
+}
+
+#[cfg(test)]
+mod entropy_tests {
+    use super::entropy;
+
+    #[test]
+    fn entropy_of_known_distributions() {
+        // Uniform over 4: ln 4.
+        assert!((entropy(&[0.0; 4]) - 4f32.ln()).abs() < 1e-6);
+        // One certain token: 0.
+        assert!(entropy(&[0.0, -1e4, -1e4]) < 1e-6);
+        // p = (0.5, 0.5, 0): ln 2.
+        assert!((entropy(&[1.0, 1.0, -1e4]) - 2f32.ln()).abs() < 1e-6);
+    }
 }
 
 #[cfg(test)]

@@ -161,6 +161,21 @@ impl<'a> Fields<'a> {
         Ok(n)
     }
 
+    /// A size every checkpoint's config sets: absent, the class default would not match the
+    /// weights and loading would fail later on a shape, far from the cause.
+    fn positive_required(&self, key: &str, class_default: usize) -> Result<usize> {
+        if self.usize_opt(key)?.is_none() {
+            return Err(Error::field(
+                self.file,
+                &self.path(key),
+                format!(
+                    "missing (transformers would take its class default {class_default}, which the weights' shapes would then contradict)"
+                ),
+            ));
+        }
+        self.positive_or(key, class_default)
+    }
+
     fn f64_opt(&self, key: &str) -> Result<Option<f64>> {
         match self.get(key) {
             None => Ok(None),
@@ -341,7 +356,7 @@ impl ModelConfig {
         };
 
         let d = defaults(family);
-        let hidden_size = f.positive_or("hidden_size", d.hidden_size)?;
+        let hidden_size = f.positive_required("hidden_size", d.hidden_size)?;
         let num_hidden_layers = f.positive_or("num_hidden_layers", d.num_hidden_layers)?;
         let num_attention_heads = f.positive_or("num_attention_heads", d.num_attention_heads)?;
         let num_key_value_heads = f.positive_or("num_key_value_heads", d.num_key_value_heads)?;
@@ -526,7 +541,7 @@ impl ModelConfig {
             family,
             nested,
             architectures,
-            vocab_size: f.positive_or("vocab_size", d.vocab_size)?,
+            vocab_size: f.positive_required("vocab_size", d.vocab_size)?,
             hidden_size,
             num_hidden_layers,
             num_attention_heads,
@@ -664,12 +679,10 @@ mod tests {
     #[test]
     fn file_values_win_over_class_defaults() {
         // The llama.cpp converter pitfall: linear_num_value_heads must come from the file.
-        let c = parse(serde_json::json!({"model_type": "qwen3_5_text", "linear_num_value_heads": 48, "linear_num_key_heads": 16, "num_hidden_layers": 8})).unwrap();
+        let c = parse(serde_json::json!({"model_type": "qwen3_5_text", "linear_num_value_heads": 48, "linear_num_key_heads": 16, "num_hidden_layers": 8, "hidden_size": 4096, "vocab_size": 248320})).unwrap();
         assert_eq!(c.linear.num_value_heads, 48);
         assert_eq!(c.linear.head_ratio(), 3);
         // Absent fields take the class defaults.
-        assert_eq!(c.hidden_size, 4096);
-        assert_eq!(c.vocab_size, 248320);
         assert_eq!(c.rope.theta, 10_000.0);
         assert_eq!(c.rope.rotary_dim, 64);
         assert_eq!(
@@ -691,7 +704,7 @@ mod tests {
     fn nested_text_config_and_top_level_tie() {
         let c = parse(serde_json::json!({
             "model_type": "qwen3_5", "tie_word_embeddings": true,
-            "text_config": {"model_type": "qwen3_5_text", "hidden_size": 64, "tie_word_embeddings": false,
+            "text_config": {"model_type": "qwen3_5_text", "hidden_size": 64, "vocab_size": 1000, "tie_word_embeddings": false,
                             "rope_parameters": {"rope_theta": 1e7, "partial_rotary_factor": 0.5}}
         }))
         .unwrap();
@@ -705,7 +718,7 @@ mod tests {
     #[test]
     fn qwen3_next_moe_plan_and_flat_rope() {
         let c = parse(serde_json::json!({
-            "model_type": "qwen3_next", "num_hidden_layers": 4, "mlp_only_layers": [2],
+            "model_type": "qwen3_next", "num_hidden_layers": 4, "mlp_only_layers": [2], "hidden_size": 2048, "vocab_size": 151936,
             "rope_theta": 5e6, "partial_rotary_factor": 0.5, "rope_scaling": null, "num_experts": 8, "num_experts_per_tok": 2
         }))
         .unwrap();
@@ -717,7 +730,7 @@ mod tests {
 
     #[test]
     fn text_only_moe_variant() {
-        let c = parse(serde_json::json!({"model_type": "qwen3_5_moe_text", "num_hidden_layers": 4})).unwrap();
+        let c = parse(serde_json::json!({"model_type": "qwen3_5_moe_text", "num_hidden_layers": 4, "hidden_size": 2048, "vocab_size": 248320})).unwrap();
         assert_eq!(c.family, Family::Qwen35Moe);
         assert!(!c.nested);
         assert_eq!(c.mlp_kinds, vec![MlpKind::Moe; 4]);
@@ -735,12 +748,19 @@ mod tests {
         assert!(e.contains("text_config"), "{e}");
         let e = parse(serde_json::json!({"model_type": "qwen3_5_text", "hidden_size": "big"})).unwrap_err().to_string();
         assert!(e.contains("`hidden_size`") && e.contains("\"big\""), "{e}");
-        let e = parse(serde_json::json!({"model_type": "qwen3_5", "text_config": {"num_attention_heads": 6, "num_key_value_heads": 4}})).unwrap_err().to_string();
+        // Sizes every checkpoint sets are required: a class default would contradict the weights.
+        let e = parse(serde_json::json!({"model_type": "qwen3_5_text", "vocab_size": 1000})).unwrap_err().to_string();
+        assert!(e.contains("`hidden_size`: missing"), "{e}");
+        let e = parse(serde_json::json!({"model_type": "qwen3_5", "text_config": {"hidden_size": 64}}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`text_config.vocab_size`: missing"), "{e}");
+        let e = parse(serde_json::json!({"model_type": "qwen3_5", "text_config": {"hidden_size": 64, "vocab_size": 1000, "num_attention_heads": 6, "num_key_value_heads": 4}})).unwrap_err().to_string();
         assert!(e.contains("text_config.num_key_value_heads"), "{e}");
-        let e = parse(serde_json::json!({"model_type": "qwen3_5_text", "num_hidden_layers": 2, "layer_types": ["linear_attention"]})).unwrap_err().to_string();
+        let e = parse(serde_json::json!({"model_type": "qwen3_5_text", "hidden_size": 64, "vocab_size": 1000, "num_hidden_layers": 2, "layer_types": ["linear_attention"]})).unwrap_err().to_string();
         assert!(e.contains("layer_types") && e.contains("has 1 entries"), "{e}");
         let e = parse(
-            serde_json::json!({"model_type": "qwen3_5_text", "rope_parameters": {"rope_type": "yarn", "factor": 4.0}}),
+            serde_json::json!({"model_type": "qwen3_5_text", "hidden_size": 64, "vocab_size": 1000, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}}),
         )
         .unwrap_err()
         .to_string();

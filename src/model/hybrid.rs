@@ -125,11 +125,49 @@ struct FiniteCheck<'a> {
     ids: &'a [u32],
 }
 
+/// One layer's output over the positions of a forward pass: where two engines, two builds or
+/// a broken checkpoint part ways shows in these first (`logits --layers`, the reference test).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HiddenStats {
+    /// The L2 norm of every position's hidden state.
+    pub norms: Vec<f32>,
+    /// The largest |x| among the finite values.
+    pub max_abs: f32,
+    /// NaN and ±Inf values.
+    pub nonfinite: usize,
+}
+
+impl HiddenStats {
+    fn of(m: &Mat) -> HiddenStats {
+        let mut max_abs = 0f32;
+        let mut nonfinite = 0;
+        let norms = (0..m.rows)
+            .map(|r| {
+                let row = m.row(r);
+                for &x in row {
+                    if x.is_finite() {
+                        max_abs = max_abs.max(x.abs());
+                    } else {
+                        nonfinite += 1;
+                    }
+                }
+                row.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt() as f32
+            })
+            .collect();
+        HiddenStats { norms, max_abs, nonfinite }
+    }
+
+    /// The mean of the positions' norms (NaN when any is).
+    pub fn mean_norm(&self) -> f32 {
+        (self.norms.iter().map(|&n| n as f64).sum::<f64>() / self.norms.len().max(1) as f64) as f32
+    }
+}
+
 pub struct ForwardOutput {
     /// One row per requested position, `vocab_size` columns.
     pub logits: Mat,
-    /// `[layer][position]` norms (layers, then the final norm), when requested.
-    pub hidden_norms: Option<Vec<Vec<f32>>>,
+    /// What each layer's output held (the layers, then the final norm), when requested.
+    pub hidden_norms: Option<Vec<HiddenStats>>,
     /// Post-final-norm hidden states of every position of this call (the MTP head's input).
     pub hidden: Mat,
 }
@@ -205,6 +243,37 @@ fn load_layer(ld: &Loader, cfg: &ModelConfig, p: &str, kind: LayerKind, mlp: Mlp
     })
 }
 
+/// The MTP tensors a checkpoint that has some `mtp.*` tensors lacks, judged from the model's
+/// own full-attention layers (an MTP layer is built like one, with the same feed-forward kind):
+/// for `inspect`, which reads no weights. Empty when there is no `mtp.*` tensor at all.
+pub fn missing_mtp_tensors(store: &WeightStore, config: &ModelConfig) -> Vec<String> {
+    let have: std::collections::HashSet<&str> = store.names().collect();
+    if !have.iter().any(|n| n.starts_with("mtp.")) {
+        return vec![];
+    }
+    let prefix = ["model.language_model.", "model."]
+        .into_iter()
+        .find(|p| have.contains(format!("{p}embed_tokens.weight").as_str()))
+        .unwrap_or("model.");
+    let mlp_kind = if config.family == Family::Qwen35 { MlpKind::Dense } else { MlpKind::Moe };
+    let like = (0..config.num_hidden_layers)
+        .find(|&i| config.layer_types[i] == LayerKind::FullAttention && config.mlp_kinds[i] == mlp_kind);
+    let mut want: Vec<String> =
+        ["fc.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "norm.weight"]
+            .iter()
+            .map(|n| format!("mtp.{n}"))
+            .collect();
+    if let Some(j) = like {
+        let layer = format!("{prefix}layers.{j}.");
+        let suffixes: Vec<&str> = have.iter().filter_map(|n| n.strip_prefix(layer.as_str())).collect();
+        for i in 0..config.mtp_num_hidden_layers.max(1) {
+            want.extend(suffixes.iter().map(|s| format!("mtp.layers.{i}.{s}")));
+        }
+    }
+    want.sort();
+    want.into_iter().filter(|n| !have.contains(n.as_str())).collect()
+}
+
 impl Model {
     pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<Self> {
         let started = Instant::now();
@@ -252,19 +321,38 @@ impl Model {
             .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm::zero_centred(&ld.get(&format!("{p}norm.weight"), &[h])?, config.rms_norm_eps);
 
-        let mtp = if !opts.skip_mtp && store.contains("mtp.fc.weight") {
+        // Any mtp.* tensor means the checkpoint meant to carry the head: an incomplete set is an
+        // error naming what is missing, not a head silently absent.
+        let mtp_count = store.names().filter(|n| n.starts_with("mtp.")).count();
+        let mtp = if !opts.skip_mtp && mtp_count > 0 {
             let n = config.mtp_num_hidden_layers.max(1);
             let eps = config.rms_norm_eps;
             let mlp_kind = if config.family == Family::Qwen35 { MlpKind::Dense } else { MlpKind::Moe };
-            Some(MtpModule {
-                fc: Linear::new(ld.get("mtp.fc.weight", &[h, 2 * h])?, h, 2 * h)?,
-                pre_fc_norm_embedding: RmsNorm::zero_centred(&ld.get("mtp.pre_fc_norm_embedding.weight", &[h])?, eps),
-                pre_fc_norm_hidden: RmsNorm::zero_centred(&ld.get("mtp.pre_fc_norm_hidden.weight", &[h])?, eps),
-                layers: (0..n)
-                    .map(|i| load_layer(&ld, &config, &format!("mtp.layers.{i}."), LayerKind::FullAttention, mlp_kind))
-                    .collect::<Result<Vec<_>>>()?,
-                norm: RmsNorm::zero_centred(&ld.get("mtp.norm.weight", &[h])?, eps),
-            })
+            let module = || -> Result<MtpModule> {
+                Ok(MtpModule {
+                    fc: Linear::new(ld.get("mtp.fc.weight", &[h, 2 * h])?, h, 2 * h)?,
+                    pre_fc_norm_embedding: RmsNorm::zero_centred(
+                        &ld.get("mtp.pre_fc_norm_embedding.weight", &[h])?,
+                        eps,
+                    ),
+                    pre_fc_norm_hidden: RmsNorm::zero_centred(&ld.get("mtp.pre_fc_norm_hidden.weight", &[h])?, eps),
+                    layers: (0..n)
+                        .map(|i| {
+                            load_layer(&ld, &config, &format!("mtp.layers.{i}."), LayerKind::FullAttention, mlp_kind)
+                        })
+                        .collect::<Result<Vec<_>>>()?,
+                    norm: RmsNorm::zero_centred(&ld.get("mtp.norm.weight", &[h])?, eps),
+                })
+            };
+            Some(module().map_err(|e| match e {
+                Error::MissingTensor { name, searched } => Error::MissingTensor {
+                    name,
+                    searched: format!(
+                        "{searched}; the checkpoint has {mtp_count} other mtp.* tensors, so its MTP head is incomplete"
+                    ),
+                },
+                e => e,
+            })?)
         } else {
             None
         };
@@ -483,7 +571,7 @@ impl Model {
             let c = check.then_some(FiniteCheck { layer: i, ids });
             h = self.run_layer(layer, h, ls, pos0, opts.verify, c)?;
             if let Some(n) = norms.as_mut() {
-                n.push(row_norms(&h));
+                n.push(HiddenStats::of(&h));
             }
         }
         let hidden = self.norm.forward(&h, self.precision);
@@ -491,7 +579,7 @@ impl Model {
             finite::check(&hidden, None, Sublayer::FinalNorm, pos0, ids)?;
         }
         if let Some(n) = norms.as_mut() {
-            n.push(row_norms(&hidden));
+            n.push(HiddenStats::of(&hidden));
         }
         state.position += ids.len();
         let (logits, first) = match opts.logits {
@@ -503,8 +591,4 @@ impl Model {
         }
         Ok(ForwardOutput { logits, hidden_norms: norms, hidden })
     }
-}
-
-fn row_norms(m: &Mat) -> Vec<f32> {
-    (0..m.rows).map(|r| m.row(r).iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt() as f32).collect()
 }

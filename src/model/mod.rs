@@ -18,7 +18,10 @@ pub mod weights;
 pub use crate::checkpoint::demo_source;
 pub use crate::checkpoint::{EmbeddedModel, ModelSource};
 pub use config::{Family, LayerKind, MlpKind, ModelConfig};
-pub use hybrid::{ForwardOptions, ForwardOutput, LoadOptions, LogitsRows, Model, MtpOutput, MtpState};
+pub use hybrid::{
+    ForwardOptions, ForwardOutput, HiddenStats, LoadOptions, LogitsRows, Model, MtpOutput, MtpState,
+    missing_mtp_tensors,
+};
 pub use load::LoadProgress;
 pub use state::{SequenceState, StateBytes, StateSnapshot};
 pub use tensor::{Mat, Precision};
@@ -27,6 +30,7 @@ use crate::error::{Error, Result};
 
 /// Reads and parses the model's `config.json`.
 pub fn read_config(source: &ModelSource) -> Result<ModelConfig> {
+    source.check_dir()?;
     let text = source.read_string("config.json")?.ok_or_else(|| Error::MissingFile {
         dir: source.dir(),
         file: "config.json".into(),

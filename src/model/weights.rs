@@ -34,9 +34,84 @@ pub struct WeightStore {
     index: HashMap<String, Entry>,
 }
 
+/// Bytes per element of a safetensors dtype name (`None` for names this build does not know).
+fn dtype_size(name: &str) -> Option<usize> {
+    Some(match name {
+        "BOOL" | "U8" | "I8" | "F8_E5M2" | "F8_E4M3" => 1,
+        "U16" | "I16" | "F16" | "BF16" => 2,
+        "U32" | "I32" | "F32" => 4,
+        "U64" | "I64" | "F64" => 8,
+        _ => return None,
+    })
+}
+
+/// Which tensor of a header the safetensors crate refused, and why: its dtype, a shape whose
+/// size its offsets do not span, offsets past the data, or a gap or overlap with its
+/// neighbour. `None` when the header itself cannot be read (then the file is not safetensors).
+fn header_problem(bytes: &[u8]) -> Option<String> {
+    let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?) as usize;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(bytes.get(8..8usize.checked_add(n)?)?).ok()?;
+    let data_len = bytes.len() - 8 - n;
+    let mut spans = vec![];
+    for (name, info) in header.iter().filter(|(k, _)| *k != "__metadata__") {
+        let dtype = info.get("dtype").and_then(|d| d.as_str()).unwrap_or("?");
+        let Some(size) = dtype_size(dtype) else {
+            return Some(format!("tensor `{name}` has dtype {dtype:?}, which safetensors does not define"));
+        };
+        let shape: Option<Vec<usize>> = info
+            .get("shape")
+            .and_then(|s| s.as_array())
+            .map(|a| a.iter().filter_map(|d| d.as_u64().map(|d| d as usize)).collect());
+        let offsets: Option<Vec<usize>> = info
+            .get("data_offsets")
+            .and_then(|s| s.as_array())
+            .map(|a| a.iter().filter_map(|d| d.as_u64().map(|d| d as usize)).collect());
+        let (Some(shape), Some(offsets)) = (shape, offsets) else {
+            return Some(format!("tensor `{name}`: its shape or data_offsets is not a list of whole numbers"));
+        };
+        let [start, end] = offsets[..] else {
+            return Some(format!("tensor `{name}`: data_offsets {offsets:?} is not [start, end]"));
+        };
+        let want = shape.iter().product::<usize>() * size;
+        if end < start || end - start != want {
+            return Some(format!(
+                "tensor `{name}`: shape {shape:?} in {dtype} is {want} bytes, but its data_offsets [{start}, {end}] hold {}",
+                end as i64 - start as i64
+            ));
+        }
+        if end > data_len {
+            return Some(format!(
+                "tensor `{name}`: data_offsets [{start}, {end}] run past the {data_len} bytes of data (a truncated file?)"
+            ));
+        }
+        spans.push((start, end, name));
+    }
+    spans.sort();
+    let mut at = 0;
+    for (start, end, name) in spans {
+        if start != at {
+            return Some(format!(
+                "tensor `{name}` starts at byte {start} of the data, expected {at} (a gap or an overlap with the tensor before it)"
+            ));
+        }
+        at = end;
+    }
+    None
+}
+
 impl WeightStore {
     pub fn open(source: &ModelSource) -> Result<Self> {
         let mut store = WeightStore { source: source.clone(), shards: vec![], index: HashMap::new() };
+        if source.present(INDEX_FILE) && source.present(SINGLE_FILE) {
+            // Which one is stale cannot be told from here; loading either could be wrong.
+            return Err(Error::Unsupported {
+                file: source.dir().display().to_string(),
+                message: format!(
+                    "holds both {SINGLE_FILE} and {INDEX_FILE} (a single-file checkpoint and a sharded one): remove the one that does not belong"
+                ),
+            });
+        }
         if let Some(index) = source.read_json(INDEX_FILE)? {
             let file = source.file_label(INDEX_FILE);
             let map = index
@@ -52,7 +127,18 @@ impl WeightStore {
                 by_file.entry(f).or_default().push(tensor);
             }
             for (fname, tensors) in by_file {
-                if !source.exists(fname) {
+                // A shard is a file in the model directory: `../../etc/passwd` or `/x` is not.
+                let inside = std::path::Path::new(fname)
+                    .components()
+                    .all(|c| matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir));
+                if !inside || fname.is_empty() {
+                    return Err(Error::field(
+                        &file,
+                        &format!("weight_map.{}", tensors[0]),
+                        format!("shard \"{fname}\" is not a file inside the model directory (refused)"),
+                    ));
+                }
+                if !source.present(fname) {
                     return Err(Error::MissingFile {
                         dir: source.dir(),
                         file: fname.to_string(),
@@ -69,7 +155,7 @@ impl WeightStore {
                     }
                 }
             }
-        } else if source.exists(SINGLE_FILE) {
+        } else if source.present(SINGLE_FILE) {
             store.add_shard(SINGLE_FILE)?;
         } else {
             return Err(Error::MissingFile {
@@ -86,7 +172,11 @@ impl WeightStore {
         let label = self.source.file_label(name);
         let (header_len, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| Error::Safetensors {
             file: label.clone(),
-            message: format!("{e} (is the file truncated or not a safetensors file?)"),
+            message: match header_problem(&bytes) {
+                // The crate's message names no tensor; the header says which one is wrong.
+                Some(which) => format!("{e}: {which}"),
+                None => format!("{e} (is the file truncated or not a safetensors file?)"),
+            },
         })?;
         let shard = self.shards.len();
         for (tname, info) in meta.tensors() {

@@ -1,4 +1,4 @@
-//! The compact on-disk form of a turn's tokens (format version 3): one array per field instead
+//! The compact on-disk form of a turn's tokens (format versions 3 and 4; 4 adds `entropy`): one array per field instead
 //! of one object per token, so the field names are written once per turn, not once per token.
 //!
 //! ```json
@@ -44,6 +44,9 @@ struct Columns {
     top: Vec<Vec<Alt>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     index: Vec<(usize, usize)>,
+    /// Each token's entropy in nats (format 4; `null` where none was measured).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    entropy: Vec<Option<f32>>,
 }
 
 fn draft_letter(d: Option<DraftKind>) -> char {
@@ -74,6 +77,7 @@ impl Columns {
             c.text.push(t.text.clone());
             c.id.push(t.id);
             c.logprob.push(t.logprob);
+            c.entropy.push(t.entropy);
             c.draft.push(draft_letter(t.draft));
             if t.forced {
                 c.forced.push(pos);
@@ -96,6 +100,9 @@ impl Columns {
         if c.logprob.iter().all(Option::is_none) {
             c.logprob.clear();
         }
+        if c.entropy.iter().all(Option::is_none) {
+            c.entropy.clear();
+        }
         if c.draft.chars().all(|d| d == '.') {
             c.draft.clear();
         }
@@ -114,6 +121,7 @@ impl Columns {
             ("text", self.text.len(), false),
             ("id", self.id.len(), true),
             ("logprob", self.logprob.len(), true),
+            ("entropy", self.entropy.len(), true),
             ("draft", drafts.len(), true),
             ("top", self.top.len(), true),
         ] {
@@ -147,7 +155,8 @@ impl Columns {
                 })
                 .collect::<Result<_, _>>()?;
             let draft = drafts.get(pos).map_or(Ok(None), |&c| draft_kind(c))?;
-            let ev = TokenEvent { index: pos, phase, id, text, logprob, draft, forced: false, top_logprobs };
+            let entropy = self.entropy.get(pos).copied().flatten();
+            let ev = TokenEvent { index: pos, phase, id, text, logprob, draft, forced: false, top_logprobs, entropy };
             out.push(Timed { t_ms, ev });
         }
         for p in self.forced {
@@ -213,6 +222,7 @@ mod tests {
                         vec![itself, Alternative { id: Some(i + 1), logprob: -0.1, text: "x".into() }]
                     })
                     .unwrap_or_default(),
+                entropy: id.map(|i| i as f32 / 3.0),
             },
         }
     }

@@ -209,9 +209,13 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
         }
     }
     runner.shutdown(&mut app, now_ms);
-    match app.loss_report() {
-        Some(loss) => anyhow::bail!("{loss}"),
-        None => Ok(()),
+    // What stopped the workbench from working (a model that failed to load) is said again
+    // once the terminal is back, where it stays readable, and the exit status says so.
+    match (app.fatal.take(), app.loss_report()) {
+        (Some(fatal), Some(loss)) => anyhow::bail!("{fatal}\n{loss}"),
+        (Some(fatal), None) => anyhow::bail!("{fatal}"),
+        (None, Some(loss)) => anyhow::bail!("{loss}"),
+        (None, None) => Ok(()),
     }
 }
 
@@ -230,7 +234,7 @@ impl Runner {
                 app.settings.params = params;
                 app.settings.enable_thinking = thinking;
             }
-            Err(e) => app.fatal = Some(format!("{e:#}")),
+            Err(e) => app.fatal = Some(crate::error::error_text(&e)),
         }
         app.set_model(b.info().clone());
         self.backend = Some(b);

@@ -132,6 +132,8 @@ pub fn token(index: usize, phase: Phase, text: &str, logprob: f32, draft: DraftK
             Alternative { id: Some(7), logprob: logprob - 2.5, text: " the".into() },
             Alternative { id: Some(9), logprob: logprob - 3.75, text: "3".into() },
         ],
+        // Scripted: a sharp distribution has a low entropy.
+        entropy: (!forced).then(|| (-logprob).max(0.0) * 2.0 + 0.05),
     })
 }
 

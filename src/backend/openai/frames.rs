@@ -363,6 +363,7 @@ impl FrameMapper {
                 draft: None,
                 forced: true,
                 top_logprobs: vec![],
+                entropy: None,
             }));
         }
         self.close_thinking(true);
@@ -407,6 +408,7 @@ impl FrameMapper {
             draft: None,
             forced: false,
             top_logprobs: e.top,
+            entropy: None,
         }));
         let mut flow = Flow::Continue;
         if let Some(r) = self.watchdog.push(key)
@@ -609,7 +611,13 @@ impl FrameMapper {
         let last = self.index.saturating_sub(1);
         // The server's context is not known here: the TUI caps the fix by it when applying it.
         let cap = usize::MAX / 4;
-        let (kind, message, fix) = if self.phase == Phase::Thinking {
+        let (kind, message, fix) = if self.phase == Phase::Thinking && usage.answer_tokens > 0 {
+            let message = format!(
+                "max_tokens cut the answer after {} answer tokens: the model re-opened <think> after answering and was still thinking",
+                usage.answer_tokens
+            );
+            (DiagnosticKind::AnswerTruncated, message, advice::truncated(max, false, cap))
+        } else if self.phase == Phase::Thinking {
             // No tokenizer here: the forced end of thinking is estimated from the bridge text.
             let forced = (advice::estimate_forced(&self.params.budget_bridge), false);
             let (fix, message) = advice::starved(max, usage.thinking_tokens, self.params.thinking_budget, forced, cap);

@@ -385,6 +385,7 @@ mod tests {
             draft: None,
             forced: false,
             top_logprobs: vec![],
+            entropy: None,
         })
     }
 

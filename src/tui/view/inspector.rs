@@ -1,5 +1,6 @@
 //! The token inspector: the token under the cursor with its id, text, logprob, phase,
-//! provenance (accepted draft / bonus / forced) and the top alternatives.
+//! provenance (accepted draft / bonus / forced), the entropy of the distribution it came from,
+//! the margin between the two likeliest tokens, and the top alternatives.
 
 use ratatui::Frame;
 use ratatui::layout::Rect;
@@ -14,7 +15,7 @@ pub fn draw(app: &App, f: &mut Frame, area: Rect, cursor: usize) {
     let th = &app.theme;
     let Some(t) = app.shown() else { return };
     let Some(tok) = t.tokens.get(cursor) else { return };
-    let h = (9 + tok.top_logprobs.len() as u16).min(area.height);
+    let h = (11 + tok.top_logprobs.len() as u16).min(area.height);
     let w = area.width.min(56);
     let r = Rect { x: area.x + area.width - w, y: area.y + area.height - h, width: w, height: h };
     f.render_widget(Clear, r);
@@ -27,7 +28,7 @@ pub fn draw(app: &App, f: &mut Frame, area: Rect, cursor: usize) {
     };
     let speculating = app.model.as_ref().is_some_and(|m| m.has_mtp);
     let logprob = match tok.logprob {
-        Some(lp) => format!("{lp:.4}  (p = {:.3})", (lp as f64).exp()),
+        Some(lp) => format!("{}  (p = {})", fmt_logprob(lp), fmt_p(lp)),
         // llama.cpp streams no logprob for tokens that came from accepted MTP drafts.
         None if speculating => "none sent: the server gives none for accepted MTP drafts".into(),
         None => "none sent by the server for this token".into(),
@@ -46,6 +47,8 @@ pub fn draw(app: &App, f: &mut Frame, area: Rect, cursor: usize) {
             Span::styled(format!("{:?}", tok.text), th.fg(th.accent).add_modifier(Modifier::BOLD)),
         ]),
         Line::from(vec![label("logprob"), Span::styled(logprob, th.fg(th.text))]),
+        Line::from(vec![label("entropy"), Span::styled(entropy_text(tok), th.fg(th.text))]),
+        Line::from(vec![label("margin"), Span::styled(margin_text(&tok.top_logprobs), th.fg(th.text))]),
         Line::from(vec![label("phase"), Span::styled(phase, th.fg(th.text))]),
         Line::from(vec![label("origin"), Span::styled(origin, th.fg(th.text))]),
     ];
@@ -63,11 +66,83 @@ pub fn draw(app: &App, f: &mut Frame, area: Rect, cursor: usize) {
         lines.push(Line::from(vec![
             Span::styled(format!("  {:>6} ", a.id.map(|id| id.to_string()).unwrap_or_default()), th.fg(th.dim)),
             Span::styled(format!("{:<16}", format!("{:?}", a.text)), st),
-            Span::styled(format!(" {:>8.4}  p {:.3}", a.logprob, (a.logprob as f64).exp()), st),
+            Span::styled(format!(" {:>9}  p {}", fmt_logprob(a.logprob), fmt_p(a.logprob)), st),
         ]));
     }
     let block = Block::bordered()
         .title(Line::styled(" Token inspector ←/→ Home/End ", th.title()))
         .border_style(th.border(true));
     f.render_widget(Paragraph::new(lines).block(block), r);
+}
+
+/// A logprob with the digits that matter: −0.0004 and −4.0e-7 are not shown as 0.
+pub fn fmt_logprob(lp: f32) -> String {
+    match lp.abs() {
+        0.0 => "0".into(),
+        a if a < 1e-3 => format!("{lp:.1e}"),
+        _ => format!("{lp:.4}"),
+    }
+}
+
+/// A probability from its logprob; near 1 as `1 − ε` (0.9999996 would print as 1.000).
+pub fn fmt_p(lp: f32) -> String {
+    let p = (lp as f64).exp();
+    match p {
+        p if p >= 0.999 && lp < 0.0 => format!("1 − {:.1e}", -(lp as f64).exp_m1()),
+        p if p >= 0.999 => "1".into(),
+        p if p < 1e-3 => format!("{p:.1e}"),
+        p => format!("{p:.3}"),
+    }
+}
+
+/// The entropy of the distribution the token was drawn from: exact from the local engine; from
+/// a server's top alternatives only a lower bound (the tokens left out add to it).
+fn entropy_text(tok: &crate::backend::TokenEvent) -> String {
+    if tok.forced {
+        return "- (forced, not drawn)".into();
+    }
+    if let Some(h) = tok.entropy {
+        return format!("{h:.4} nats ({:.2} bits)", h / std::f32::consts::LN_2);
+    }
+    if tok.top_logprobs.is_empty() {
+        return "not known (no alternatives)".into();
+    }
+    let partial: f64 = tok.top_logprobs.iter().map(|a| -(a.logprob as f64).exp() * a.logprob as f64).sum();
+    format!("≥ {partial:.4} nats (from the top {} only)", tok.top_logprobs.len())
+}
+
+/// How far the likeliest token is ahead of the second: a small margin is a coin toss that a
+/// kernel's rounding can flip.
+fn margin_text(top: &[crate::backend::Alternative]) -> String {
+    let mut lps: Vec<f32> = top.iter().map(|a| a.logprob).collect();
+    lps.sort_by(|a, b| b.total_cmp(a));
+    match lps[..] {
+        [a, b, ..] => {
+            format!("top-1 − top-2 = {} (p {} vs {})", fmt_logprob(a - b).trim_start_matches('-'), fmt_p(a), fmt_p(b))
+        }
+        _ => "- (fewer than two alternatives)".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_logprobs_keep_their_digits() {
+        assert_eq!(fmt_logprob(0.0), "0");
+        assert_eq!(fmt_logprob(-0.0004), "-4.0e-4");
+        assert_eq!(fmt_logprob(-0.25), "-0.2500");
+        assert_eq!(fmt_p(-0.0004), "1 − 4.0e-4");
+        assert_eq!(fmt_p(0.0), "1");
+        assert_eq!(fmt_p(-0.5), "0.607");
+        assert_eq!(fmt_p(-20.0), "2.1e-9");
+    }
+
+    #[test]
+    fn margin_and_entropy_bound() {
+        let alt = |lp: f32| crate::backend::Alternative { id: None, logprob: lp, text: String::new() };
+        assert!(margin_text(&[alt(-0.1), alt(-2.5)]).starts_with("top-1 − top-2 = 2.4000"));
+        assert!(margin_text(&[alt(-0.1)]).starts_with("-"));
+    }
 }
