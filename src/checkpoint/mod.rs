@@ -31,6 +31,23 @@ pub enum FileBytes {
     Static(&'static [u8]),
 }
 
+impl FileBytes {
+    /// Tells the kernel this process is done with `start..start + len` of a mapped file: the
+    /// pages leave the process's resident set (they stay in the page cache, and are read again
+    /// if touched). Loading copies each tensor out and releases its pages, so the peak RSS of a
+    /// load is the weights held, not those plus the whole mapped file.
+    pub fn release(&self, start: usize, len: usize) {
+        #[cfg(unix)]
+        if let FileBytes::Mmap(m) = self {
+            // SAFETY: the mapping is a read-only shared mapping of a file nobody writes (see
+            // `map`); MADV_DONTNEED on it only drops pages, which a later read faults back in
+            // from the same file, so no reference into it ever sees other bytes.
+            let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) };
+        }
+        let _ = (start, len);
+    }
+}
+
 impl Deref for FileBytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

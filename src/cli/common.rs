@@ -19,7 +19,9 @@ pub struct ModelArgs {
     /// for the embedded demo model (the default).
     #[arg(long, value_name = "DIR|demo", conflicts_with = "server")]
     pub model: Option<PathBuf>,
-    /// Compute precision: f32, or bf16 with the cast points of the transformers reference.
+    /// Activation precision: f32 (exact f32 math on the stored weights), or bf16 with the cast
+    /// points of the transformers reference. Weights stay in the checkpoint's dtype either way
+    /// (bf16 mode rounds f32 / f16 weights to bf16, as transformers does).
     #[arg(long, default_value = "f32", value_name = "f32|bf16")]
     pub dtype: String,
     #[command(flatten)]

@@ -236,7 +236,12 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
     let p = &plan.params;
     let active = if cfg.moe.is_some() { format!(" · {} active per token", count(p.active)) } else { String::new() };
     writeln!(w, "parameters   {} ({}) language model{active}", count(p.total), grouped(p.total))?;
-    writeln!(w, "weights      {} as bf16 · {} as f32 (deltascope CPU)", gb(plan.weights_bytes), gb(cpu.weights_bytes))?;
+    writeln!(
+        w,
+        "weights      {} as bf16 · {} as f32 (deltascope holds them in the checkpoint's dtype)",
+        gb(plan.weights_bytes),
+        gb(cpu.weights_bytes)
+    )?;
     if let Some(ws) = &weights {
         writeln!(w, "checkpoint   {} stored ({})", gb(ws.stored_bytes() as u64), ws.dtype_names().join(", "))?;
     }

@@ -11,6 +11,7 @@ pub mod interrupt;
 pub mod logits;
 pub mod run;
 pub mod sweep;
+pub mod synth;
 
 use std::path::PathBuf;
 
@@ -45,6 +46,8 @@ pub enum Command {
     Sweep(sweep::SweepArgs),
     /// Prefill / decode speed, TTFT, MTP acceptance and speed-up per draft depth, memory.
     Bench(bench::BenchArgs),
+    /// A random-weight checkpoint of any real shape (benchmarks, GPU checks, sizing a machine).
+    Synth(synth::SynthArgs),
 }
 
 impl Cli {
@@ -61,6 +64,7 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Inspect(a)) => inspect::run(a),
         Some(Command::Sweep(a)) => sweep::run(a),
         Some(Command::Bench(a)) => bench::run(a),
+        Some(Command::Synth(a)) => synth::run(a),
         Some(Command::Chat(a)) => chat::run(a),
         // No subcommand: the workbench on the demo model.
         None => chat::run(chat::ChatArgs::default()),

@@ -35,9 +35,9 @@ impl AttnLayer {
         let (qw, kw) = (heads * head_dim, kv_heads * head_dim);
         let qkv = Linear::fused(
             vec![
-                (ld.get(&format!("{p}q_proj.weight"), &[2 * qw, hidden])?, 2 * qw),
-                (ld.get(&format!("{p}k_proj.weight"), &[kw, hidden])?, kw),
-                (ld.get(&format!("{p}v_proj.weight"), &[kw, hidden])?, kw),
+                (ld.weights(&format!("{p}q_proj.weight"), &[2 * qw, hidden])?, 2 * qw),
+                (ld.weights(&format!("{p}k_proj.weight"), &[kw, hidden])?, kw),
+                (ld.weights(&format!("{p}v_proj.weight"), &[kw, hidden])?, kw),
             ],
             hidden,
         )?;
@@ -48,12 +48,14 @@ impl AttnLayer {
             qkv,
             q_norm: RmsNorm::zero_centred(&ld.get(&format!("{p}q_norm.weight"), &[head_dim])?, eps),
             k_norm: RmsNorm::zero_centred(&ld.get(&format!("{p}k_norm.weight"), &[head_dim])?, eps),
-            o_proj: Linear::new(ld.get(&format!("{p}o_proj.weight"), &[hidden, qw])?, hidden, qw)?,
+            o_proj: ld.linear(&format!("{p}o_proj.weight"), hidden, qw)?,
         })
     }
 
     pub fn weight_bytes(&self) -> usize {
-        self.qkv.weight_bytes() + self.o_proj.weight_bytes() + (self.q_norm.dim() + self.k_norm.dim()) * 4
+        self.qkv.weight_bytes()
+            + self.o_proj.weight_bytes()
+            + (self.q_norm.dim() + self.k_norm.dim()) * std::mem::size_of::<f32>()
     }
 
     /// Runs `x` (tokens at positions `pos0..`) through the layer, appending to `kv`.

@@ -10,7 +10,8 @@ use rayon::prelude::*;
 use super::config::{Family, LinearAttnConfig};
 use super::load::Loader;
 use super::state::GdnState;
-use super::tensor::{Linear, Mat, Precision, dot, sigmoid, silu, softplus};
+use super::storage::Weights;
+use super::tensor::{F32_BYTES, Linear, Mat, Precision, dot, sigmoid, silu, softplus};
 use crate::error::Result;
 
 pub const CHUNK: usize = 64;
@@ -39,29 +40,30 @@ impl GdnLayer {
             Family::Qwen3Next => {
                 // Fused and grouped per key head g: [q_g | k_g | v_(r·g..) | z_(r·g..)], and
                 // [b_(r·g..) | a_(r·g..)]. Reorder rows into the logical [q; k; v; z; b; a].
-                let qkvz = ld.get(&format!("{p}in_proj_qkvz.weight"), &[2 * kd + 2 * vd, hidden])?;
-                let ba = ld.get(&format!("{p}in_proj_ba.weight"), &[2 * hv, hidden])?;
+                let qkvz = ld.weights(&format!("{p}in_proj_qkvz.weight"), &[2 * kd + 2 * vd, hidden])?;
+                let ba = ld.weights(&format!("{p}in_proj_ba.weight"), &[2 * hv, hidden])?;
                 let group = 2 * dk + 2 * r * dv;
-                let rows = |m: &[f32], start: usize, n: usize| m[start * hidden..(start + n) * hidden].to_vec();
+                let rows = |m: &Weights, start: usize, n: usize| m.slice(start * hidden, n * hidden);
                 let (mut q, mut k, mut v, mut z) = (vec![], vec![], vec![], vec![]);
                 let (mut b, mut a) = (vec![], vec![]);
                 for g in 0..hk {
                     let base = g * group;
-                    q.extend(rows(&qkvz, base, dk));
-                    k.extend(rows(&qkvz, base + dk, dk));
-                    v.extend(rows(&qkvz, base + 2 * dk, r * dv));
-                    z.extend(rows(&qkvz, base + 2 * dk + r * dv, r * dv));
-                    b.extend(rows(&ba, g * 2 * r, r));
-                    a.extend(rows(&ba, g * 2 * r + r, r));
+                    q.push(rows(&qkvz, base, dk));
+                    k.push(rows(&qkvz, base + dk, dk));
+                    v.push(rows(&qkvz, base + 2 * dk, r * dv));
+                    z.push(rows(&qkvz, base + 2 * dk + r * dv, r * dv));
+                    b.push(rows(&ba, g * 2 * r, r));
+                    a.push(rows(&ba, g * 2 * r + r, r));
                 }
-                Linear::fused(vec![(q, kd), (k, kd), (v, vd), (z, vd), (b, hv), (a, hv)], hidden)?
+                let c = Weights::concat;
+                Linear::fused(vec![(c(q), kd), (c(k), kd), (c(v), vd), (c(z), vd), (c(b), hv), (c(a), hv)], hidden)?
             }
             Family::Qwen35 | Family::Qwen35Moe => Linear::fused(
                 vec![
-                    (ld.get(&format!("{p}in_proj_qkv.weight"), &[2 * kd + vd, hidden])?, 2 * kd + vd),
-                    (ld.get(&format!("{p}in_proj_z.weight"), &[vd, hidden])?, vd),
-                    (ld.get(&format!("{p}in_proj_b.weight"), &[hv, hidden])?, hv),
-                    (ld.get(&format!("{p}in_proj_a.weight"), &[hv, hidden])?, hv),
+                    (ld.weights(&format!("{p}in_proj_qkv.weight"), &[2 * kd + vd, hidden])?, 2 * kd + vd),
+                    (ld.weights(&format!("{p}in_proj_z.weight"), &[vd, hidden])?, vd),
+                    (ld.weights(&format!("{p}in_proj_b.weight"), &[hv, hidden])?, hv),
+                    (ld.weights(&format!("{p}in_proj_a.weight"), &[hv, hidden])?, hv),
                 ],
                 hidden,
             )?,
@@ -76,14 +78,14 @@ impl GdnLayer {
             a_neg: a_log.iter().map(|a| -a.exp()).collect(),
             dt_bias: ld.get(&format!("{p}dt_bias"), &[hv])?,
             norm_w: ld.get(&format!("{p}norm.weight"), &[dv])?,
-            out_proj: Linear::new(ld.get(&format!("{p}out_proj.weight"), &[hidden, vd])?, hidden, vd)?,
+            out_proj: ld.linear(&format!("{p}out_proj.weight"), hidden, vd)?,
         })
     }
 
     pub fn weight_bytes(&self) -> usize {
         self.in_proj.weight_bytes()
             + self.out_proj.weight_bytes()
-            + (self.conv_w.len() + self.a_neg.len() + self.dt_bias.len() + self.norm_w.len()) * 4
+            + (self.conv_w.len() + self.a_neg.len() + self.dt_bias.len() + self.norm_w.len()) * F32_BYTES
     }
 
     /// Runs the layer over `x`. With `verify`, every token goes through the recurrent rule — the
@@ -335,7 +337,7 @@ impl GdnTape {
             + self.k.len()
             + self.delta.len()
             + self.g.len())
-            * 4
+            * F32_BYTES
     }
 
     /// The state after the first `keep` tokens of the pass.

@@ -13,7 +13,7 @@ use super::mlp::{DenseMlp, Mlp, MoeBlock};
 use super::norm::RmsNorm;
 use super::rope::Rope;
 use super::state::{LayerState, SequenceState};
-use super::tensor::{Linear, Mat, Precision};
+use super::tensor::{F32_BYTES, Linear, Mat, Precision};
 use super::weights::WeightStore;
 use crate::checkpoint::ModelSource;
 use crate::error::{Error, Result};
@@ -37,7 +37,7 @@ impl DecoderLayer {
             Mixer::Linear(g) => g.weight_bytes(),
             Mixer::Attention(a) => a.weight_bytes(),
         };
-        m + self.mlp.weight_bytes() + (self.input_norm.dim() + self.post_norm.dim()) * 4
+        m + self.mlp.weight_bytes() + (self.input_norm.dim() + self.post_norm.dim()) * F32_BYTES
     }
 }
 
@@ -86,7 +86,7 @@ impl MtpModule {
     fn weight_bytes(&self) -> usize {
         self.fc.weight_bytes()
             + self.layers.iter().map(DecoderLayer::weight_bytes).sum::<usize>()
-            + (3 * self.norm.dim()) * 4
+            + (3 * self.norm.dim()) * F32_BYTES
     }
 }
 
@@ -302,9 +302,9 @@ impl Model {
             read: Default::default(),
             total,
         };
-        let embed = Linear::new(ld.get(&format!("{p}embed_tokens.weight"), &[v, h])?, v, h)?;
+        let embed = ld.linear(&format!("{p}embed_tokens.weight"), v, h)?;
         let lm_head = if store.contains("lm_head.weight") {
-            Some(Linear::new(ld.get("lm_head.weight", &[v, h])?, v, h)?)
+            Some(ld.linear("lm_head.weight", v, h)?)
         } else if config.tie_word_embeddings {
             None
         } else {
@@ -330,7 +330,7 @@ impl Model {
             let mlp_kind = if config.family == Family::Qwen35 { MlpKind::Dense } else { MlpKind::Moe };
             let module = || -> Result<MtpModule> {
                 Ok(MtpModule {
-                    fc: Linear::new(ld.get("mtp.fc.weight", &[h, 2 * h])?, h, 2 * h)?,
+                    fc: ld.linear("mtp.fc.weight", h, 2 * h)?,
                     pre_fc_norm_embedding: RmsNorm::zero_centred(
                         &ld.get("mtp.pre_fc_norm_embedding.weight", &[h])?,
                         eps,
@@ -400,7 +400,7 @@ impl Model {
         self.embed.weight_bytes()
             + head
             + self.layers.iter().map(DecoderLayer::weight_bytes).sum::<usize>()
-            + self.norm.dim() * 4
+            + self.norm.dim() * F32_BYTES
             + self.mtp.as_ref().map(MtpModule::weight_bytes).unwrap_or(0)
     }
 

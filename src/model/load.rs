@@ -5,7 +5,8 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
-use super::tensor::Precision;
+use super::storage::Weights;
+use super::tensor::{Linear, Precision};
 use super::weights::WeightStore;
 use crate::error::Result;
 
@@ -33,11 +34,28 @@ impl Loader<'_> {
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let mut v = self.store.load_f32(name, shape)?;
         self.precision.round_all(&mut v);
+        self.read_one(name);
+        Ok(v)
+    }
+
+    /// A weight matrix in its stored dtype; with the bf16 reference's cast points, in bf16.
+    pub fn weights(&self, name: &str, shape: &[usize]) -> Result<Weights> {
+        let w = self.store.load_weights(name, shape)?;
+        let w = if self.precision == Precision::Bf16 { w.into_bf16() } else { w };
+        self.read_one(name);
+        Ok(w)
+    }
+
+    /// A weight matrix as a linear layer `[out, in]`.
+    pub fn linear(&self, name: &str, out: usize, inp: usize) -> Result<Linear> {
+        Linear::from_weights(self.weights(name, &[out, inp])?, out, inp)
+    }
+
+    fn read_one(&self, name: &str) {
         if let Some(p) = self.progress {
             self.read.set(self.read.get() + self.store.tensor_bytes(name) as u64);
             (p.0)(self.read.get(), self.total);
         }
-        Ok(v)
     }
 
     pub fn has(&self, name: &str) -> bool {

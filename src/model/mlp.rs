@@ -4,6 +4,7 @@
 
 use super::finite::{self, Sublayer};
 use super::load::Loader;
+use super::storage::Weights;
 use super::tensor::{Linear, Mat, Precision, sigmoid, silu};
 use crate::error::{Error, Result};
 
@@ -18,21 +19,21 @@ impl DenseMlp {
     pub fn load(ld: &Loader, p: &str, hidden: usize, inter: usize) -> Result<Self> {
         let gate_up = Linear::fused(
             vec![
-                (ld.get(&format!("{p}gate_proj.weight"), &[inter, hidden])?, inter),
-                (ld.get(&format!("{p}up_proj.weight"), &[inter, hidden])?, inter),
+                (ld.weights(&format!("{p}gate_proj.weight"), &[inter, hidden])?, inter),
+                (ld.weights(&format!("{p}up_proj.weight"), &[inter, hidden])?, inter),
             ],
             hidden,
         )?;
-        let down = Linear::new(ld.get(&format!("{p}down_proj.weight"), &[hidden, inter])?, hidden, inter)?;
+        let down = ld.linear(&format!("{p}down_proj.weight"), hidden, inter)?;
         Ok(DenseMlp { inter, gate_up, down })
     }
 
     /// From already fused `gate_up [2I, H]` and `down [H, I]` weights.
-    fn from_fused(gate_up: Vec<f32>, down: Vec<f32>, hidden: usize, inter: usize) -> Result<Self> {
+    fn from_fused(gate_up: Weights, down: Weights, hidden: usize, inter: usize) -> Result<Self> {
         Ok(DenseMlp {
             inter,
-            gate_up: Linear::new(gate_up, 2 * inter, hidden)?,
-            down: Linear::new(down, hidden, inter)?,
+            gate_up: Linear::from_weights(gate_up, 2 * inter, hidden)?,
+            down: Linear::from_weights(down, hidden, inter)?,
         })
     }
 
@@ -75,22 +76,15 @@ impl MoeBlock {
         shared_inter: usize,
         norm_topk_prob: bool,
     ) -> Result<Self> {
-        let router = Linear::new(ld.get(&format!("{p}gate.weight"), &[experts, hidden])?, experts, hidden)?;
+        let router = ld.linear(&format!("{p}gate.weight"), experts, hidden)?;
         let fused = format!("{p}experts.gate_up_proj");
         let list = if ld.has(&fused) {
             // Fused layout (Qwen3.5-MoE checkpoints): [E, 2I, H] (gate rows, then up) and [E, H, I].
-            let gu = ld.get(&fused, &[experts, 2 * inter, hidden])?;
-            let dn = ld.get(&format!("{p}experts.down_proj"), &[experts, hidden, inter])?;
+            let gu = ld.weights(&fused, &[experts, 2 * inter, hidden])?;
+            let dn = ld.weights(&format!("{p}experts.down_proj"), &[experts, hidden, inter])?;
             let (gsz, dsz) = (2 * inter * hidden, hidden * inter);
             (0..experts)
-                .map(|e| {
-                    DenseMlp::from_fused(
-                        gu[e * gsz..(e + 1) * gsz].to_vec(),
-                        dn[e * dsz..(e + 1) * dsz].to_vec(),
-                        hidden,
-                        inter,
-                    )
-                })
+                .map(|e| DenseMlp::from_fused(gu.slice(e * gsz, gsz), dn.slice(e * dsz, dsz), hidden, inter))
                 .collect::<Result<Vec<_>>>()?
         } else if ld.has(&format!("{p}experts.0.gate_proj.weight")) {
             // One tensor per expert (Qwen3-Next checkpoints).
@@ -109,7 +103,7 @@ impl MoeBlock {
             router,
             experts: list,
             shared: DenseMlp::load(ld, &format!("{p}shared_expert."), hidden, shared_inter)?,
-            shared_gate: Linear::new(ld.get(&format!("{p}shared_expert_gate.weight"), &[1, hidden])?, 1, hidden)?,
+            shared_gate: ld.linear(&format!("{p}shared_expert_gate.weight"), 1, hidden)?,
         })
     }
 

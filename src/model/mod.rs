@@ -12,6 +12,7 @@ pub mod norm;
 pub mod plan;
 pub mod rope;
 pub mod state;
+pub mod storage;
 pub mod tensor;
 pub mod weights;
 

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use super::config::{LayerKind, LinearAttnConfig, ModelConfig};
 use super::gdn::GdnTape;
+use super::tensor::F32_BYTES;
 use crate::error::{Error, Result};
 
 /// Conv window and SSM state of one GDN layer (f32).
@@ -26,7 +27,7 @@ pub struct GdnState {
 impl GdnState {
     /// Conv window and SSM state (the tape is counted separately).
     pub fn bytes(&self) -> usize {
-        (self.conv.len() + self.ssm.len()) * 4
+        (self.conv.len() + self.ssm.len()) * F32_BYTES
     }
 }
 
@@ -58,11 +59,11 @@ impl KvCache {
     }
 
     pub fn bytes(&self) -> usize {
-        (self.k.len() + self.v.len()) * 4
+        (self.k.len() + self.v.len()) * F32_BYTES
     }
 
     pub fn capacity_bytes(&self) -> usize {
-        (self.k.capacity() + self.v.capacity()) * 4
+        (self.k.capacity() + self.v.capacity()) * F32_BYTES
     }
 }
 

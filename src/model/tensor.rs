@@ -10,6 +10,7 @@ use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 use serde::Serialize;
 
+use super::storage::{Weights, bf16_to_f32};
 use crate::error::{Error, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
@@ -63,6 +64,9 @@ impl Precision {
         }
     }
 }
+
+/// Bytes of an f32 (norm weights, state, KV entries).
+pub const F32_BYTES: usize = std::mem::size_of::<f32>();
 
 #[inline(always)]
 pub fn sigmoid(x: f32) -> f32 {
@@ -127,39 +131,112 @@ impl Mat {
     }
 }
 
-/// `dot(a, b)` with independent accumulators so the compiler vectorises it.
+/// Lanes of the dot products: 16 independent accumulators, reduced pairwise. The order of the
+/// additions is fixed here, in the source, so every instruction set the compiler vectorises it
+/// for (AVX-512, AVX2, SSE2, NEON) gives the same bits, and bf16 weights widened in registers
+/// give exactly the products of the same weights stored as f32.
+const LANES: usize = 16;
+
 #[inline(always)]
-fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
-    const L: usize = 16;
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0f32; L];
-    let chunks = n / L;
-    for c in 0..chunks {
-        let (x, y) = (&a[c * L..c * L + L], &b[c * L..c * L + L]);
-        for i in 0..L {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut s = 0f32;
-    for i in chunks * L..n {
-        s += a[i] * b[i];
-    }
-    // Pairwise reduction of the lanes.
-    let mut w = L;
+fn reduce(mut acc: [f32; LANES], tail: f32) -> f32 {
+    let mut w = LANES;
     while w > 1 {
         w /= 2;
         for i in 0..w {
             acc[i] += acc[i + w];
         }
     }
-    acc[0] + s
+    acc[0] + tail
+}
+
+/// `dot(a, b)` with independent accumulators so the compiler vectorises it.
+#[inline(always)]
+fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; LANES];
+    let chunks = n / LANES;
+    for c in 0..chunks {
+        let (x, y) = (&a[c * LANES..c * LANES + LANES], &b[c * LANES..c * LANES + LANES]);
+        for i in 0..LANES {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut s = 0f32;
+    for i in chunks * LANES..n {
+        s += a[i] * b[i];
+    }
+    reduce(acc, s)
+}
+
+/// `dot(widen(w), x)` for bf16 weights: each weight widened (a 16-bit shift) in registers, in
+/// the order of [`dot_generic`].
+#[inline(always)]
+fn dot_bf16_generic(w: &[u16], x: &[f32]) -> f32 {
+    let n = w.len().min(x.len());
+    let (w, x) = (&w[..n], &x[..n]);
+    let mut acc = [0f32; LANES];
+    let chunks = n / LANES;
+    for c in 0..chunks {
+        let (a, b) = (&w[c * LANES..c * LANES + LANES], &x[c * LANES..c * LANES + LANES]);
+        for i in 0..LANES {
+            acc[i] += bf16_to_f32(a[i]) * b[i];
+        }
+    }
+    let mut s = 0f32;
+    for i in chunks * LANES..n {
+        s += bf16_to_f32(w[i]) * x[i];
+    }
+    reduce(acc, s)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
     dot_generic(a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_bf16_avx2(w: &[u16], x: &[f32]) -> f32 {
+    dot_bf16_generic(w, x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn dot_bf16_avx512(w: &[u16], x: &[f32]) -> f32 {
+    dot_bf16_generic(w, x)
+}
+
+/// The instruction sets the kernels were compiled for and this CPU has, best first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Simd {
+    Avx512,
+    Avx2,
+    Portable,
+}
+
+impl Simd {
+    pub fn detect() -> Simd {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw") {
+                return Simd::Avx512;
+            }
+            if std::is_x86_feature_detected!("avx2") {
+                return Simd::Avx2;
+            }
+        }
+        Simd::Portable
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Simd::Avx512 => "avx512",
+            Simd::Avx2 => "avx2",
+            Simd::Portable => "portable",
+        }
+    }
 }
 
 #[inline]
@@ -174,6 +251,19 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     dot_generic(a, b)
 }
 
+/// [`dot`] over bf16 weights, with the kernel for `simd`.
+#[inline]
+pub fn dot_bf16(simd: Simd, w: &[u16], x: &[f32]) -> f32 {
+    match simd {
+        // SAFETY: `Simd::detect` returned this only where the CPU has the instructions.
+        #[cfg(target_arch = "x86_64")]
+        Simd::Avx512 => unsafe { dot_bf16_avx512(w, x) },
+        #[cfg(target_arch = "x86_64")]
+        Simd::Avx2 => unsafe { dot_bf16_avx2(w, x) },
+        _ => dot_bf16_generic(w, x),
+    }
+}
+
 /// Rows at or below which a linear layer runs as a threaded GEMV (decode, MTP verify) instead
 /// of a GEMM: candle's GEMM runs m = 1 on one thread only (build-notes §2).
 const GEMV_MAX_ROWS: usize = 8;
@@ -181,50 +271,66 @@ const GEMV_MAX_ROWS: usize = 8;
 /// Weight elements below which a GEMV runs on the calling thread.
 const PARALLEL_MIN_WEIGHTS: usize = 1 << 16;
 
-/// A bias-free linear layer `y = x · Wᵀ` with `W: [out, in]` (PyTorch `nn.Linear` layout).
+/// Values of a bf16 / f16 weight widened to f32 at a time for a prefill GEMM: 8 MiB of f32
+/// (2048 rows of a 1024-wide layer). Of 1, 8 and 32 MiB, 8 was fastest on the 0.8B shape here
+/// (pp128 63-68 tok/s against 45-50 with 1 MiB); the widening still costs prefill about 15 %
+/// against f32-stored weights until a GEMM reads bf16 itself.
+const WIDEN_BLOCK_VALUES: usize = 1 << 21;
+
+/// A bias-free linear layer `y = x · Wᵀ` with `W: [out, in]` (PyTorch `nn.Linear` layout),
+/// its weights in their stored dtype.
 pub struct Linear {
     pub out_features: usize,
     pub in_features: usize,
-    /// `[out, in]`, f32, contiguous.
-    weight: Tensor,
+    weights: Weights,
+    /// f32 weights as a candle tensor for the prefill GEMM (f32 storage only: bf16 and f16 are
+    /// widened block by block instead of being held twice).
+    f32_tensor: Option<Tensor>,
+    simd: Simd,
 }
 
 impl Linear {
     pub fn new(weight: Vec<f32>, out_features: usize, in_features: usize) -> Result<Self> {
-        let weight = Tensor::from_vec(weight, (out_features, in_features), &Device::Cpu)?;
-        Ok(Linear { out_features, in_features, weight })
+        Linear::from_weights(Weights::F32(weight), out_features, in_features)
+    }
+
+    pub fn from_weights(weights: Weights, out_features: usize, in_features: usize) -> Result<Self> {
+        if weights.len() != out_features * in_features {
+            return Err(Error::Compute(format!(
+                "linear: {} weights for [{out_features}, {in_features}]",
+                weights.len()
+            )));
+        }
+        let f32_tensor = match &weights {
+            Weights::F32(v) => Some(Tensor::from_slice(v, (out_features, in_features), &Device::Cpu)?),
+            _ => None,
+        };
+        Ok(Linear { out_features, in_features, weights, f32_tensor, simd: Simd::detect() })
     }
 
     /// Concatenates several `[out_i, in]` weights row-wise into one layer (one pass over `x`).
-    pub fn fused(parts: Vec<(Vec<f32>, usize)>, in_features: usize) -> Result<Self> {
+    pub fn fused(parts: Vec<(Weights, usize)>, in_features: usize) -> Result<Self> {
         let out: usize = parts.iter().map(|p| p.1).sum();
-        let mut w = Vec::with_capacity(out * in_features);
-        for (p, _) in parts {
-            w.extend_from_slice(&p);
-        }
-        Linear::new(w, out, in_features)
+        Linear::from_weights(Weights::concat(parts.into_iter().map(|p| p.0).collect()), out, in_features)
     }
 
+    /// Bytes of the weights as held.
     pub fn weight_bytes(&self) -> usize {
-        self.out_features * self.in_features * 4
+        self.weights.bytes()
     }
 
-    fn with_weight<R>(&self, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
-        let (storage, layout) = self.weight.storage_and_layout();
-        match &*storage {
-            candle_core::Storage::Cpu(cpu) => {
-                let s = cpu.as_slice::<f32>()?;
-                let start = layout.start_offset();
-                Ok(f(&s[start..start + self.out_features * self.in_features]))
-            }
-            #[allow(unreachable_patterns)]
-            _ => Err(Error::Compute("linear weights must live on the CPU".into())),
-        }
+    pub fn dtype_name(&self) -> &'static str {
+        self.weights.dtype_name()
     }
 
-    /// The weights as a slice (used to gather embedding rows for tied heads).
+    /// One weight row widened to f32 (an embedding row, for a tied head's input side).
     pub fn row(&self, r: usize) -> Result<Vec<f32>> {
-        self.with_weight(|w| w[r * self.in_features..(r + 1) * self.in_features].to_vec())
+        if r >= self.out_features {
+            return Err(Error::Compute(format!("linear: row {r} of {}", self.out_features)));
+        }
+        let mut out = Vec::with_capacity(self.in_features);
+        self.weights.widen_into(r * self.in_features, self.in_features, &mut out);
+        Ok(out)
     }
 
     pub fn forward(&self, x: &Mat, prec: Precision) -> Result<Mat> {
@@ -234,48 +340,87 @@ impl Linear {
                 x.cols, self.in_features
             )));
         }
-        let mut y = if x.rows <= GEMV_MAX_ROWS { self.gemv(x)? } else { self.gemm(x)? };
+        let mut y = if x.rows <= GEMV_MAX_ROWS { self.gemv(x) } else { self.gemm(x)? };
         prec.round_all(&mut y.data);
         Ok(y)
     }
 
+    /// One output feature's dot products with every input row.
+    #[inline]
+    fn dots(&self, o: usize, x: &Mat, out: &mut [f32], scratch: &mut Vec<f32>) {
+        let inp = self.in_features;
+        let range = o * inp..(o + 1) * inp;
+        match &self.weights {
+            Weights::F32(w) => {
+                for (r, v) in out.iter_mut().enumerate() {
+                    *v = dot(&w[range.clone()], x.row(r));
+                }
+            }
+            Weights::Bf16(w) => {
+                for (r, v) in out.iter_mut().enumerate() {
+                    *v = dot_bf16(self.simd, &w[range.clone()], x.row(r));
+                }
+            }
+            Weights::F16(_) => {
+                scratch.clear();
+                self.weights.widen_into(range.start, inp, scratch);
+                for (r, v) in out.iter_mut().enumerate() {
+                    *v = dot(scratch, x.row(r));
+                }
+            }
+        }
+    }
+
     /// Threaded over output features; each weight row is read once for all input rows.
-    fn gemv(&self, x: &Mat) -> Result<Mat> {
+    fn gemv(&self, x: &Mat) -> Mat {
         let (rows, inp, out) = (x.rows, self.in_features, self.out_features);
         // Output computed transposed ([out, rows]) so threads own contiguous blocks.
         let mut yt = vec![0f32; out * rows];
-        self.with_weight(|w| {
-            let block_fn = |(bi, chunk): (usize, &mut [f32]), block: usize| {
-                let o0 = bi * block;
-                for (j, yo) in chunk.chunks_mut(rows).enumerate() {
-                    let wr = &w[(o0 + j) * inp..(o0 + j + 1) * inp];
-                    for (r, v) in yo.iter_mut().enumerate() {
-                        *v = dot(wr, x.row(r));
-                    }
-                }
-            };
-            if out * inp < PARALLEL_MIN_WEIGHTS {
-                // Small layers (the demo model): a thread hand-off costs more than the work.
-                block_fn((0, &mut yt), out);
-            } else {
-                let block = 64.max(out / (rayon::current_num_threads() * 8).max(1));
-                yt.par_chunks_mut(block * rows).enumerate().for_each(|c| block_fn(c, block));
+        let block_fn = |(bi, chunk): (usize, &mut [f32]), block: usize| {
+            let o0 = bi * block;
+            let mut scratch = vec![];
+            for (j, yo) in chunk.chunks_mut(rows).enumerate() {
+                self.dots(o0 + j, x, yo, &mut scratch);
             }
-        })?;
+        };
+        if out * inp < PARALLEL_MIN_WEIGHTS {
+            // Small layers (the demo model): a thread hand-off costs more than the work.
+            block_fn((0, &mut yt), out);
+        } else {
+            let block = 64.max(out / (rayon::current_num_threads() * 8).max(1));
+            yt.par_chunks_mut(block * rows).enumerate().for_each(|c| block_fn(c, block));
+        }
         let mut y = vec![0f32; rows * out];
         for o in 0..out {
             for r in 0..rows {
                 y[r * out + o] = yt[o * rows + r];
             }
         }
-        Ok(Mat::from_vec(rows, out, y))
+        Mat::from_vec(rows, out, y)
     }
 
     fn gemm(&self, x: &Mat) -> Result<Mat> {
         let xt = Tensor::from_slice(&x.data, (x.rows, x.cols), &Device::Cpu)?;
-        let y = xt.matmul(&self.weight.t()?)?;
-        let data = y.flatten_all()?.to_vec1::<f32>()?;
-        Ok(Mat::from_vec(x.rows, self.out_features, data))
+        if let Some(w) = &self.f32_tensor {
+            let y = xt.matmul(&w.t()?)?;
+            let data = y.flatten_all()?.to_vec1::<f32>()?;
+            return Ok(Mat::from_vec(x.rows, self.out_features, data));
+        }
+        // bf16 / f16: a block of output rows widened at a time, never the whole matrix.
+        let (inp, out) = (self.in_features, self.out_features);
+        let block = (WIDEN_BLOCK_VALUES / inp).max(16).min(out);
+        let mut y = vec![0f32; x.rows * out];
+        for o0 in (0..out).step_by(block) {
+            let n = block.min(out - o0);
+            let mut widened = Vec::with_capacity(n * inp);
+            self.weights.widen_into(o0 * inp, n * inp, &mut widened);
+            let w = Tensor::from_vec(widened, (n, inp), &Device::Cpu)?;
+            let yb = xt.matmul(&w.t()?)?.flatten_all()?.to_vec1::<f32>()?;
+            for r in 0..x.rows {
+                y[r * out + o0..r * out + o0 + n].copy_from_slice(&yb[r * n..(r + 1) * n]);
+            }
+        }
+        Ok(Mat::from_vec(x.rows, out, y))
     }
 }
 
@@ -299,6 +444,40 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// bf16 weights widened in the kernels give the bits of the same weights stored as f32:
+    /// the GEMV on every instruction set this CPU has, and the prefill GEMM block by block.
+    #[test]
+    fn bf16_storage_gives_the_bits_of_f32_storage() {
+        let (out, inp) = (1000, 1024);
+        let bits: Vec<u16> =
+            (0..out * inp).map(|i| half::bf16::from_f32(((i * 7919) % 2003) as f32 / 1000.0 - 1.0).to_bits()).collect();
+        let widened: Vec<f32> = bits.iter().map(|&b| bf16_to_f32(b)).collect();
+        let as_f32 = Linear::new(widened.clone(), out, inp).unwrap();
+        let as_bf16 = Linear::from_weights(Weights::Bf16(bits.clone()), out, inp).unwrap();
+        assert_eq!(as_bf16.weight_bytes() * 2, as_f32.weight_bytes());
+        for rows in [1, 3, 8, 9, 40] {
+            let x: Vec<f32> = (0..rows * inp).map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0).collect();
+            let xm = Mat::from_vec(rows, inp, x);
+            let (a, b) = (as_f32.forward(&xm, Precision::F32).unwrap(), as_bf16.forward(&xm, Precision::F32).unwrap());
+            assert!(a.data.iter().zip(&b.data).all(|(p, q)| p.to_bits() == q.to_bits()), "rows {rows}");
+        }
+        // Fewer output rows than a widened block holds (a MoE router of 8 experts).
+        let small = Linear::from_weights(Weights::Bf16(bits[..8 * inp].to_vec()), 8, inp).unwrap();
+        let small_f32 = Linear::new(widened[..8 * inp].to_vec(), 8, inp).unwrap();
+        let xm = Mat::from_vec(20, inp, (0..20 * inp).map(|i| (i % 13) as f32 / 13.0).collect());
+        assert_eq!(small.forward(&xm, Precision::F32).unwrap(), small_f32.forward(&xm, Precision::F32).unwrap());
+        // Every kernel against the portable one, bit for bit.
+        let x: Vec<f32> = (0..inp).map(|i| (i as f32 * 0.37).sin()).collect();
+        let want = dot_bf16_generic(&bits[..inp], &x);
+        for simd in [Simd::detect(), Simd::Avx2, Simd::Portable] {
+            if simd == Simd::Avx2 && !matches!(Simd::detect(), Simd::Avx2 | Simd::Avx512) {
+                continue;
+            }
+            assert_eq!(dot_bf16(simd, &bits[..inp], &x).to_bits(), want.to_bits(), "{simd:?}");
+        }
+        assert_eq!(dot(&widened[..inp], &x).to_bits(), want.to_bits());
     }
 
     #[test]

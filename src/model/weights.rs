@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use safetensors::{Dtype, SafeTensors};
 
+use super::storage::Weights;
 use crate::checkpoint::{FileBytes, ModelSource};
 use crate::error::{Error, Result};
 
@@ -231,6 +232,64 @@ impl WeightStore {
     }
 
     /// Reads a tensor as f32, checking its shape against `expected`.
+    /// A tensor in its stored dtype (F32, BF16 or F16), shape-checked.
+    pub fn load_weights(&self, name: &str, expected: &[usize]) -> Result<Weights> {
+        let (e, bytes) = self.checked(name, expected)?;
+        let halves = || bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+        let shard = &self.shards[e.shard];
+        let release = || shard.bytes.release(shard.data_start + e.start, e.end - e.start);
+        let w = match e.dtype {
+            Dtype::F32 => {
+                Weights::F32(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+            }
+            Dtype::BF16 => Weights::Bf16(halves()),
+            Dtype::F16 => Weights::F16(halves()),
+            other => {
+                return Err(Error::TensorDtype {
+                    file: self.source.file_label(&self.shards[e.shard].name),
+                    name: name.to_string(),
+                    found: format!("{other:?}"),
+                });
+            }
+        };
+        release();
+        Ok(w)
+    }
+
+    /// A tensor's entry and bytes, its shape checked against `expected` and its byte count
+    /// against its shape and dtype.
+    fn checked(&self, name: &str, expected: &[usize]) -> Result<(&Entry, &[u8])> {
+        let e = self.entry(name)?;
+        let shard = &self.shards[e.shard];
+        if e.shape != expected {
+            return Err(Error::TensorShape {
+                file: self.source.file_label(&shard.name),
+                name: name.to_string(),
+                expected: expected.to_vec(),
+                found: e.shape.clone(),
+            });
+        }
+        let bytes = &shard.bytes[shard.data_start + e.start..shard.data_start + e.end];
+        let n: usize = e.shape.iter().product();
+        let width = match e.dtype {
+            Dtype::F32 => 4,
+            Dtype::BF16 | Dtype::F16 => 2,
+            _ => return Ok((e, bytes)),
+        };
+        if bytes.len() != n * width {
+            // read_metadata validated the offsets; a mismatch here means a corrupt header.
+            return Err(Error::Safetensors {
+                file: self.source.file_label(&shard.name),
+                message: format!(
+                    "tensor `{name}` holds {} bytes, which does not match its shape {:?}",
+                    bytes.len(),
+                    e.shape
+                ),
+            });
+        }
+        Ok((e, bytes))
+    }
+
     pub fn load_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
         let e = self.entry(name)?;
         let shard = &self.shards[e.shard];
