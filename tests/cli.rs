@@ -398,6 +398,13 @@ fn bench_reports_median_min_max_and_whether_a_difference_is_noise() {
     let noise = (d(1, "median") - d(0, "median")).abs() < (d(0, "max") - d(0, "min")).max(d(1, "max") - d(1, "min"));
     assert_eq!(s["within_spread"].as_bool(), Some(noise), "{s}");
 
+    // The CPU it ran on, and the threads it ran with.
+    let cpu = &v["cpu"];
+    assert!(cpu["physical_cores"].as_u64().unwrap() >= 1 && cpu["threads"].as_u64().unwrap() >= 1, "{cpu}");
+    assert!(["avx512", "avx2", "portable"].contains(&cpu["kernels"].as_str().unwrap()), "{cpu}");
+    let out = ok(&["bench", "--mtp", "0", "--repeat", "1", "--max-tokens", "4", "--threads", "1", "--json"]);
+    assert_eq!(serde_json::from_str::<Value>(out.trim()).unwrap()["cpu"]["threads"], 1);
+
     // Long prompts: every prompt padded to at least --prompt-len tokens.
     let out = ok(&["bench", "--mtp", "0", "--repeat", "1", "--max-tokens", "8", "--prompt-len", "600", "--json"]);
     let v: Value = serde_json::from_str(out.trim()).unwrap();

@@ -142,7 +142,8 @@ fn an_interrupted_bench_prints_what_it_measured() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(130));
     let table = String::from_utf8(out.stdout).unwrap();
-    let rows: Vec<&str> = table.lines().skip(2).filter(|l| !l.starts_with('≈')).collect();
+    // The CPU line, the title and the column heads come first.
+    let rows: Vec<&str> = table.lines().skip(3).filter(|l| !l.starts_with('≈')).collect();
     assert!(!rows.is_empty() && rows.len() <= 5, "{table}");
     // Settings 0 and 1 finished a pass or two; none finished all four.
     assert!(rows[0].trim_start().starts_with("0 ") && rows[1].trim_start().starts_with("1 "), "{table}");
@@ -171,6 +172,7 @@ fn bench_with_zero_repeats_is_an_error_not_a_panic() {
     let err = fails(&["bench", "--mtp", "0,9"]);
     assert!(err.contains("--mtp 9: a draft depth is 0 (plain decoding) to 4, or auto"), "{err}");
     assert!(fails(&["bench", "--mtp", "two"]).contains("--mtp two: a draft depth"));
+    assert!(fails(&["run", "--prompt", "x", "--threads", "0"]).contains("--threads 0: at least 1"));
     let err = fails(&["bench", "--prompt-len", "4000"]);
     assert!(
         err.contains("--prompt-len 4000 with --max-tokens 256: 4256 tokens, more than the model's context of 4096"),

@@ -20,6 +20,8 @@ use crate::units::human_bytes;
 pub struct LocalSpec {
     pub source: ModelSource,
     pub precision: Precision,
+    /// Threads the layers run on (`None`: the physical cores).
+    pub threads: Option<usize>,
 }
 
 impl LocalSpec {
@@ -31,7 +33,7 @@ impl LocalSpec {
             Some(p) if p == Path::new("demo") => demo_source(),
             Some(p) => ModelSource::Dir(p.to_path_buf()),
         };
-        Ok(LocalSpec { source, precision: Precision::parse(dtype)? })
+        Ok(LocalSpec { source, precision: Precision::parse(dtype)?, threads: None })
     }
 }
 
@@ -48,6 +50,7 @@ pub struct Loaded {
 impl Loaded {
     /// Loads a checkpoint, reporting the bytes of weights read and then each small file.
     pub fn load(spec: &LocalSpec, progress: &dyn Fn(OpenProgress)) -> crate::Result<Self> {
+        crate::model::cpu::set_threads(spec.threads).map_err(crate::Error::InvalidArgument)?;
         let source = &spec.source;
         let label = source.label();
         // The weight reader runs on this thread but wants a shareable callback; it forwards

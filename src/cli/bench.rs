@@ -156,6 +156,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         return super::bench_remote::run(&a, &prompts);
     }
     let loaded = common::load_local(&a.model, "bench")?;
+    // After loading, which sized the thread pool.
+    let cpu = crate::model::cpu::CpuInfo::detect();
     if let Some(m) = settings.iter().find(|m| (m.depth > 0 || m.auto) && loaded.model.mtp.is_none()) {
         let which = if m.auto { "auto".to_string() } else { m.depth.to_string() };
         anyhow::bail!("--mtp {which}: {} has no MTP head, so only --mtp 0 can be measured", loaded.name);
@@ -228,7 +230,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     if a.json {
         let mut v = serde_json::json!({
             "model": loaded.name, "prompts": prompts, "prompt_tokens": lens, "max_tokens": a.max_tokens,
-            "warmup": a.warmup, "repeat": a.repeat, "rows": rows, "rollback": rollback,
+            "warmup": a.warmup, "repeat": a.repeat, "cpu": cpu, "rows": rows, "rollback": rollback,
         });
         if let Some(s) = stopped {
             v["interrupted"] = s;
@@ -236,6 +238,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         writeln!(out, "{v}")?;
         return interrupt.finish(measured(measured_passes, planned));
     }
+    writeln!(out, "{}", cpu.summary())?;
     print_table(&mut out, &loaded.name, &lens, &a, &rows)?;
     if let Some(rb) = rollback {
         writeln!(out, "\nrollback on one Qwen3.6-27B-shaped GDN layer (48 heads × 128 × 128, f32):")?;

@@ -24,6 +24,9 @@ pub struct ModelArgs {
     /// (bf16 mode rounds f32 / f16 weights to bf16, as transformers does).
     #[arg(long, default_value = "f32", value_name = "f32|bf16")]
     pub dtype: String,
+    /// Threads for the in-process engine (default: the CPU's physical cores).
+    #[arg(long, value_name = "N", value_parser = whole_number)]
+    pub threads: Option<usize>,
     #[command(flatten)]
     pub server: ServerArgs,
 }
@@ -74,10 +77,15 @@ pub enum BudgetModeArg {
 }
 
 impl ModelArgs {
+    /// The in-process engine these flags name.
+    pub fn local_spec(&self) -> anyhow::Result<LocalSpec> {
+        Ok(LocalSpec { threads: self.threads, ..LocalSpec::new(self.model.as_deref(), &self.dtype)? })
+    }
+
     /// The backend these flags name.
     pub fn spec(&self) -> anyhow::Result<BackendSpec> {
         let Some(url) = &self.server.server else {
-            return Ok(BackendSpec::Local(LocalSpec::new(self.model.as_deref(), &self.dtype)?));
+            return Ok(BackendSpec::Local(self.local_spec()?));
         };
         let s = &self.server;
         let api_key = match &s.api_key {
@@ -118,7 +126,7 @@ pub fn load_local(args: &ModelArgs, command: &str) -> anyhow::Result<Loaded> {
     if let Some(url) = &args.server.server {
         anyhow::bail!("`{command}` runs the in-process engine; it cannot use --server {url}");
     }
-    Ok(Loaded::load(&LocalSpec::new(args.model.as_deref(), &args.dtype)?, &|_: OpenProgress| {})?)
+    Ok(Loaded::load(&args.local_spec()?, &|_: OpenProgress| {})?)
 }
 
 /// The embedded demo model for `None` or `demo`, else a directory.

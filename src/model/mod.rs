@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod config;
+pub mod cpu;
 pub mod finite;
 pub mod gdn;
 pub mod hybrid;
