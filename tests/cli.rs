@@ -397,6 +397,9 @@ fn bench_reports_median_min_max_and_whether_a_difference_is_noise() {
     let d = |i: usize, x: &str| rows[i]["decode_tok_s"][x].as_f64().unwrap();
     let noise = (d(1, "median") - d(0, "median")).abs() < (d(0, "max") - d(0, "min")).max(d(1, "max") - d(1, "min"));
     assert_eq!(s["within_spread"].as_bool(), Some(noise), "{s}");
+    // A verify pass against a plain step: positive, and none for the baseline.
+    assert!(rows[1]["verify_cost"].as_f64().is_some_and(|v| v > 0.0), "{}", rows[1]);
+    assert!(rows[0]["verify_cost"].is_null());
 
     // The CPU it ran on, and the threads it ran with.
     let cpu = &v["cpu"];

@@ -76,6 +76,11 @@ pub struct BenchRow {
     pub per_position: Option<Vec<f64>>,
     pub final_depth: Option<usize>,
     pub draft_share: Option<f64>,
+    /// Milliseconds of one verify pass (the last measured pass's mean).
+    pub verify_ms_per_pass: Option<f64>,
+    /// One verify pass (K + 1 tokens through the target) against one plain decode step of
+    /// `--mtp 0` (its median): what the accepted drafts must make up for MTP to pay.
+    pub verify_cost: Option<f64>,
     pub kv_bytes: usize,
     pub recurrent_bytes: usize,
     pub snapshot_bytes: usize,
@@ -217,8 +222,10 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     let mut rows: Vec<BenchRow> = a.mtp.iter().zip(&samples).filter_map(|(name, s)| row(name, s)).collect();
     if let Some(base) = rows.iter().find(|r| r.mtp == "0").map(|r| r.decode_tok_s) {
+        let step_ms = 1e3 / base.median.max(1e-9);
         for r in rows.iter_mut().filter(|r| r.mtp != "0") {
             r.speedup = Some(Speedup::of(&r.decode_tok_s, &base));
+            r.verify_cost = r.verify_ms_per_pass.map(|ms| ms / step_ms);
         }
     }
     let measured_passes: usize = rows.iter().map(|r| r.passes).sum();
@@ -335,7 +342,7 @@ fn print_table(
     )?;
     writeln!(
         out,
-        "{:>6} {:>9} {:>15} {:>8} {:>15} {:>9} {:>10} {:>7} {:>5} {:>13} {:>6} {:>6}",
+        "{:>6} {:>9} {:>15} {:>8} {:>15} {:>9} {:>10} {:>7} {:>5} {:>13} {:>6} {:>7} {:>6}",
         "mtp",
         "decode/s",
         "min–max",
@@ -347,6 +354,7 @@ fn print_table(
         "len",
         "per position",
         "draft%",
+        "verify×",
         "passes"
     )?;
     let mut noisy = false;
@@ -367,7 +375,7 @@ fn print_table(
         let d = &r.decode_tok_s;
         writeln!(
             out,
-            "{:>6} {:>9.1} {:>15} {:>7.0}% {:>15} {:>9.1} {:>10.1} {:>7} {:>5} {:>13} {:>6} {:>6}",
+            "{:>6} {:>9.1} {:>15} {:>7.0}% {:>15} {:>9.1} {:>10.1} {:>7} {:>5} {:>13} {:>6} {:>7} {:>6}",
             depth,
             d.median,
             format!("{:.1}–{:.1}", d.min, d.max),
@@ -382,6 +390,7 @@ fn print_table(
                 .map(|p| p.iter().map(|x| format!("{:.0}", x * 100.0)).collect::<Vec<_>>().join("/"))
                 .unwrap_or_else(|| "-".into()),
             opt(r.draft_share, &|x| format!("{:.0}%", x * 100.0)),
+            opt(r.verify_cost, &|x| format!("{x:.2}")),
             r.passes,
         )?;
     }
@@ -414,6 +423,8 @@ fn row(setting: &str, s: &Samples) -> Option<BenchRow> {
         per_position: stats.map(|s| s.per_position.clone()),
         final_depth: stats.map(|s| s.depth),
         draft_share: stats.map(|s| s.draft_ms / (s.draft_ms + s.verify_ms).max(1e-9)),
+        verify_ms_per_pass: stats.filter(|s| s.steps > 0).map(|s| s.verify_ms / s.steps as f64),
+        verify_cost: None,
         kv_bytes: s.memory.kv_bytes,
         recurrent_bytes: s.memory.recurrent_bytes,
         snapshot_bytes: stats.map_or(0, |s| s.snapshot_bytes),
