@@ -7,7 +7,7 @@ use std::process::Command;
 #[path = "common/fixture_edit.rs"]
 mod fixture_edit;
 
-use fixture_edit::{edit_tensors, fixture_copy};
+use fixture_edit::{drop_tensor, edit_tensors, fixture_copy};
 
 /// Runs the binary; asserts a failure exit without a panic and returns stderr.
 fn fails(args: &[&str]) -> String {
@@ -82,9 +82,7 @@ fn bad_config_field_names_the_field() {
 #[test]
 fn missing_tensor() {
     let dir = fixture_copy("qwen3_5_text");
-    edit_tensors(&dir.path().join("model.safetensors"), |n, s, b| {
-        (n != "model.layers.1.linear_attn.A_log").then(|| (s.to_vec(), b.to_vec()))
-    });
+    drop_tensor(&dir.path().join("model.safetensors"), "model.layers.1.linear_attn.A_log");
     let err = fails_run(dir.path());
     assert!(
         err.contains("tensor `model.layers.1.linear_attn.A_log` not found") && err.contains("model.safetensors"),
@@ -95,9 +93,7 @@ fn missing_tensor() {
 #[test]
 fn missing_lm_head_of_an_untied_model() {
     let dir = fixture_copy("qwen3_next");
-    edit_tensors(&dir.path().join("model.safetensors"), |n, s, b| {
-        (n != "lm_head.weight").then(|| (s.to_vec(), b.to_vec()))
-    });
+    drop_tensor(&dir.path().join("model.safetensors"), "lm_head.weight");
     let err = fails_run(dir.path());
     assert!(err.contains("`lm_head.weight` not found") && err.contains("tie_word_embeddings is false"), "{err}");
 }
@@ -386,9 +382,7 @@ fn a_bad_safetensors_header_names_the_tensor() {
 #[test]
 fn an_incomplete_mtp_head_names_the_missing_tensor() {
     let dir = fixture_copy("qwen3_5_moe");
-    edit_tensors(&dir.path().join("model.safetensors"), |n, s, b| {
-        (n != "mtp.fc.weight").then(|| (s.to_vec(), b.to_vec()))
-    });
+    drop_tensor(&dir.path().join("model.safetensors"), "mtp.fc.weight");
     let err = fails_run(dir.path());
     assert!(err.contains("tensor `mtp.fc.weight` not found") && err.contains("MTP head is incomplete"), "{err}");
     let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))

@@ -44,6 +44,7 @@ impl FileBytes {
             // from the same file, so no reference into it ever sees other bytes.
             let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) };
         }
+        #[cfg(not(unix))]
         let _ = (start, len);
     }
 }

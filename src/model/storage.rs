@@ -82,6 +82,14 @@ impl Weights {
         out
     }
 
+    /// The values as f32, without a copy when they are f32 already.
+    pub fn into_f32(self) -> Vec<f32> {
+        match self {
+            Weights::F32(v) => v,
+            w => w.to_f32(),
+        }
+    }
+
     /// Values `start..start + len` widened to f32, appended to `out`.
     pub fn widen_into(&self, start: usize, len: usize, out: &mut Vec<f32>) {
         match self {

@@ -149,30 +149,11 @@ fn reduce(mut acc: [f32; LANES], tail: f32) -> f32 {
     acc[0] + tail
 }
 
-/// `dot(a, b)` with independent accumulators so the compiler vectorises it.
+/// `dot(widen(w), x)` with independent accumulators so the compiler vectorises it; `widen` is
+/// the identity for f32 weights and a 16-bit shift for bf16 ones (done in registers), so both
+/// sum in the same order.
 #[inline(always)]
-fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0f32; LANES];
-    let chunks = n / LANES;
-    for c in 0..chunks {
-        let (x, y) = (&a[c * LANES..c * LANES + LANES], &b[c * LANES..c * LANES + LANES]);
-        for i in 0..LANES {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut s = 0f32;
-    for i in chunks * LANES..n {
-        s += a[i] * b[i];
-    }
-    reduce(acc, s)
-}
-
-/// `dot(widen(w), x)` for bf16 weights: each weight widened (a 16-bit shift) in registers, in
-/// the order of [`dot_generic`].
-#[inline(always)]
-fn dot_bf16_generic(w: &[u16], x: &[f32]) -> f32 {
+fn dot_widened<W: Copy>(w: &[W], widen: impl Fn(W) -> f32, x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
     let (w, x) = (&w[..n], &x[..n]);
     let mut acc = [0f32; LANES];
@@ -180,14 +161,24 @@ fn dot_bf16_generic(w: &[u16], x: &[f32]) -> f32 {
     for c in 0..chunks {
         let (a, b) = (&w[c * LANES..c * LANES + LANES], &x[c * LANES..c * LANES + LANES]);
         for i in 0..LANES {
-            acc[i] += bf16_to_f32(a[i]) * b[i];
+            acc[i] += widen(a[i]) * b[i];
         }
     }
     let mut s = 0f32;
     for i in chunks * LANES..n {
-        s += bf16_to_f32(w[i]) * x[i];
+        s += widen(w[i]) * x[i];
     }
     reduce(acc, s)
+}
+
+#[inline(always)]
+fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
+    dot_widened(a, |v| v, b)
+}
+
+#[inline(always)]
+fn dot_bf16_generic(w: &[u16], x: &[f32]) -> f32 {
+    dot_widened(w, bf16_to_f32, x)
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -231,7 +231,6 @@ impl WeightStore {
         self.index.get(name).ok_or_else(|| Error::MissingTensor { name: name.to_string(), searched: self.searched() })
     }
 
-    /// Reads a tensor as f32, checking its shape against `expected`.
     /// A tensor in its stored dtype (F32, BF16 or F16), shape-checked.
     pub fn load_weights(&self, name: &str, expected: &[usize]) -> Result<Weights> {
         let (e, bytes) = self.checked(name, expected)?;
@@ -290,47 +289,8 @@ impl WeightStore {
         Ok((e, bytes))
     }
 
+    /// Reads a tensor as f32 (widened from bf16 / f16), checking its shape against `expected`.
     pub fn load_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
-        let e = self.entry(name)?;
-        let shard = &self.shards[e.shard];
-        if e.shape != expected {
-            return Err(Error::TensorShape {
-                file: self.source.file_label(&shard.name),
-                name: name.to_string(),
-                expected: expected.to_vec(),
-                found: e.shape.clone(),
-            });
-        }
-        let bytes = &shard.bytes[shard.data_start + e.start..shard.data_start + e.end];
-        let n: usize = e.shape.iter().product();
-        let out: Vec<f32> = match e.dtype {
-            Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-            Dtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
-                .collect(),
-            Dtype::F16 => {
-                bytes.chunks_exact(2).map(|b| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()).collect()
-            }
-            other => {
-                return Err(Error::TensorDtype {
-                    file: self.source.file_label(&shard.name),
-                    name: name.to_string(),
-                    found: format!("{other:?}"),
-                });
-            }
-        };
-        if out.len() != n {
-            // read_metadata validated the offsets; a mismatch here means a corrupt header.
-            return Err(Error::Safetensors {
-                file: self.source.file_label(&shard.name),
-                message: format!(
-                    "tensor `{name}` holds {} bytes, which does not match its shape {:?}",
-                    bytes.len(),
-                    e.shape
-                ),
-            });
-        }
-        Ok(out)
+        Ok(self.load_weights(name, expected)?.into_f32())
     }
 }

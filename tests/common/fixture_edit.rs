@@ -36,6 +36,11 @@ pub fn edit_tensors(path: &Path, f: impl Fn(&str, &[usize], &[u8]) -> Option<(Ve
     safetensors::serialize_to_file(views, None, path).unwrap();
 }
 
+/// Removes the tensor `name` from `model.safetensors`, leaving every other tensor as is.
+pub fn drop_tensor(path: &Path, name: &str) {
+    edit_tensors(path, |n, s, b| (n != name).then(|| (s.to_vec(), b.to_vec())));
+}
+
 /// `f32` values of a little-endian F32 tensor.
 pub fn f32s(bytes: &[u8]) -> Vec<f32> {
     bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
