@@ -173,7 +173,11 @@ fn auto_depth_runs_and_matches_greedy() {
     let (auto, _) = s.run(&p, GenerationParams { mtp: MtpParams { depth: 2, auto: true }, ..base });
     assert_eq!(auto.tokens, plain.tokens);
     let st = auto.mtp.unwrap();
-    assert!((1..=4).contains(&st.depth));
+    // It drafted (16 passes are measured before any cost decision) and ended at a depth of
+    // 1-4, or at 0 when plain decoding measured faster: timing-dependent, so either is right
+    // here; the decision itself is tested with fixed costs in engine/speculative.rs.
+    assert!(st.steps >= 16 && st.drafted > 0, "{st:?}");
+    assert!(st.depth <= 4, "{st:?}");
 }
 
 /// Speculative sampling keeps the target's distribution: over many seeds, the first token the

@@ -361,6 +361,8 @@ fn print_table(
     for r in rows {
         let opt = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map(f).unwrap_or_else(|| "-".into());
         let depth = match (r.mtp.as_str(), r.final_depth) {
+            // Depth 0 at the end: auto measured drafting slower than plain decoding and turned it off.
+            ("auto", Some(0)) => "auto→off".into(),
             ("auto", Some(d)) => format!("auto→{d}"),
             _ => r.mtp.clone(),
         };

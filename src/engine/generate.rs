@@ -102,6 +102,23 @@ struct Spec {
     control: DepthControl,
     stats: MtpStats,
     draft_rng: Rng,
+    /// When the previous step ended, and whether it was a plain one (for `auto`'s cost probe).
+    last_step: Option<(Instant, bool)>,
+}
+
+impl Spec {
+    /// Milliseconds since the previous step when it was of the same kind (a plain step after a
+    /// plain step, a pass after a pass): each such interval is one step's whole cost, sampling
+    /// and events included.
+    fn step_ms(&mut self, plain: bool) -> Option<f64> {
+        let now = Instant::now();
+        let ms = match self.last_step {
+            Some((t, was_plain)) if was_plain == plain => Some((now - t).as_secs_f64() * 1e3),
+            _ => None,
+        };
+        self.last_step = Some((now, plain));
+        ms
+    }
 }
 
 /// How a run of speculative steps ended.
@@ -292,6 +309,7 @@ impl Generator<'_> {
             control: DepthControl::new(p.mtp),
             stats: MtpStats::new(DepthControl::new(p.mtp).depth),
             draft_rng: Rng::new(p.sampling.seed ^ 0x6d74_705f_6472_6166),
+            last_step: None,
         });
         while let Some(l) = logits.take() {
             if !control.proceed() {
@@ -470,7 +488,10 @@ impl Generator<'_> {
                 }
             }
             if k == 0 {
-                return Ok(Rounds::Fed(source.feed(&[x])?));
+                let logits = source.feed(&[x])?;
+                let ms = spec.step_ms(true);
+                spec.control.observe_plain(ms);
+                return Ok(Rounds::Fed(logits));
             }
             if !control.proceed() {
                 return Ok(Rounds::Finished(FinishReason::Cancelled));
@@ -539,7 +560,8 @@ impl Generator<'_> {
             }
             source.accept(1 + accepted)?;
             spec.stats.record(drafts.len(), accepted, produced);
-            spec.control.observe(drafts.len(), accepted);
+            let ms = spec.step_ms(false);
+            spec.control.observe(drafts.len(), accepted, produced, ms);
             spec.stats.depth = spec.control.depth;
             emit_stats(run, source, Some(&spec.stats));
             if let Some(f) = end {

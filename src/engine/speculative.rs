@@ -127,25 +127,94 @@ impl MtpStats {
     }
 }
 
-/// Picks the depth for the next step. Fixed unless `auto`: then, over the last 16 passes, a
-/// deepest draft position accepted more than 70 % of the time earns one more step (up to 4), and
-/// one accepted less than 30 % of the time costs one (down to 1).
+/// Picks the depth for the next step. Fixed unless `auto`, which adapts twice over:
+///
+/// - **Acceptance**: over the last 16 passes, a deepest draft position accepted more than 70 %
+///   of the time earns one more step (up to 4), one accepted less than 30 % of the time costs
+///   one (down to 1).
+/// - **Cost**: drafting pays only when a verify pass of K + 1 tokens costs less than the tokens
+///   it yields would cost one by one. Where the weights sit in cache (the embedded demo) or the
+///   kernels are compute-bound, it does not. So after 16 passes at a depth, `auto` decodes 8
+///   tokens plainly and compares wall time per token; if plain decoding is faster it turns MTP
+///   off (depth 0) and tries again after 256 tokens, then 512, … up to 4096, so a slow setting
+///   costs a few percent at most and a change (a longer context, another phase) is noticed.
 #[derive(Debug, Clone)]
 pub struct DepthControl {
     pub depth: usize,
     auto: bool,
     recent: VecDeque<(usize, usize)>,
     since_change: usize,
+    cost: CostProbe,
 }
+
+/// Per-token wall time of drafting at the current depth against plain decoding (auto only).
+#[derive(Debug, Clone, Default)]
+struct CostProbe {
+    /// Milliseconds and tokens over the passes at the current depth.
+    spec: (f64, usize),
+    spec_passes: usize,
+    /// Milliseconds and tokens over the latest plain steps.
+    plain: (f64, usize),
+    mode: Probe,
+    /// Plain tokens to decode before the next retry of drafting.
+    backoff: usize,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+enum Probe {
+    /// Drafting at `depth`, measuring it.
+    #[default]
+    Drafting,
+    /// Decoding plainly for `left` more tokens to measure that; `resume` is the depth to go back to.
+    Plain { left: usize, resume: usize },
+    /// Drafting lost: plain for `left` more tokens, then try `resume` again.
+    Off { left: usize, resume: usize },
+}
+
+/// Passes at one depth before its cost is compared, plain tokens measured against them, and the
+/// first and longest wait before drafting is tried again after losing.
+const COST_PASSES: usize = 16;
+const PLAIN_SAMPLES: usize = 8;
+const RETRY_FIRST: usize = 256;
+const RETRY_MAX: usize = 4096;
 
 impl DepthControl {
     pub fn new(p: MtpParams) -> Self {
         let depth = if p.auto && p.depth == 0 { 2 } else { p.depth.min(MAX_DEPTH) };
-        DepthControl { depth, auto: p.auto, recent: VecDeque::new(), since_change: 0 }
+        DepthControl {
+            depth,
+            auto: p.auto,
+            recent: VecDeque::new(),
+            since_change: 0,
+            cost: CostProbe { backoff: RETRY_FIRST, ..Default::default() },
+        }
     }
 
-    pub fn observe(&mut self, drafted: usize, accepted: usize) {
-        if !self.auto || drafted < self.depth {
+    /// Whether `auto` has turned drafting off for now (depth 0) because plain decoding measured faster.
+    pub fn is_off(&self) -> bool {
+        matches!(self.cost.mode, Probe::Off { .. })
+    }
+
+    /// One verify pass: `drafted` drafts, `accepted` of them kept, `produced` tokens appended,
+    /// `ms` of wall time since the previous pass (`None` when the previous step was not a pass
+    /// at this depth, e.g. the first one after plain steps, which also catches the head up).
+    pub fn observe(&mut self, drafted: usize, accepted: usize, produced: usize, ms: Option<f64>) {
+        if !self.auto || self.cost.mode != Probe::Drafting {
+            return;
+        }
+        if let Some(ms) = ms {
+            self.cost.spec.0 += ms;
+            self.cost.spec.1 += produced;
+            self.cost.spec_passes += 1;
+        }
+        if self.cost.spec_passes >= COST_PASSES {
+            // Measured enough at this depth: now measure plain decoding against it.
+            self.cost.mode = Probe::Plain { left: PLAIN_SAMPLES, resume: self.depth };
+            self.cost.plain = (0.0, 0);
+            self.depth = 0;
+            return;
+        }
+        if drafted < self.depth {
             return;
         }
         self.recent.push_back((drafted, accepted));
@@ -165,10 +234,55 @@ impl DepthControl {
             self.depth
         };
         if next != self.depth {
-            self.depth = next;
-            self.recent.clear();
-            self.since_change = 0;
+            self.set_depth(next);
         }
+    }
+
+    /// One token decoded plainly while `auto` runs at depth 0, `ms` since the previous plain
+    /// step (`None` when the previous step was a verify pass).
+    pub fn observe_plain(&mut self, ms: Option<f64>) {
+        if !self.auto {
+            return;
+        }
+        match self.cost.mode {
+            Probe::Drafting => {}
+            Probe::Plain { left, resume } => {
+                if let Some(ms) = ms {
+                    self.cost.plain.0 += ms;
+                    self.cost.plain.1 += 1;
+                }
+                let left = if ms.is_some() { left - 1 } else { left };
+                if left > 0 {
+                    self.cost.mode = Probe::Plain { left, resume };
+                    return;
+                }
+                let per_spec = self.cost.spec.0 / self.cost.spec.1.max(1) as f64;
+                let per_plain = self.cost.plain.0 / self.cost.plain.1.max(1) as f64;
+                if per_spec < per_plain {
+                    self.cost.backoff = RETRY_FIRST;
+                    self.set_depth(resume);
+                } else {
+                    self.cost.mode = Probe::Off { left: self.cost.backoff, resume };
+                    self.cost.backoff = (self.cost.backoff * 2).min(RETRY_MAX);
+                }
+            }
+            Probe::Off { left, resume } => {
+                if left > 1 {
+                    self.cost.mode = Probe::Off { left: left - 1, resume };
+                } else {
+                    self.set_depth(resume);
+                }
+            }
+        }
+    }
+
+    fn set_depth(&mut self, depth: usize) {
+        self.depth = depth;
+        self.recent.clear();
+        self.since_change = 0;
+        self.cost.mode = Probe::Drafting;
+        self.cost.spec = (0.0, 0);
+        self.cost.spec_passes = 0;
     }
 }
 
@@ -204,19 +318,76 @@ mod tests {
     #[test]
     fn auto_depth_follows_acceptance() {
         let mut c = DepthControl::new(MtpParams { depth: 2, auto: true });
+        // No timings (as if every pass followed a plain step): only acceptance steers.
         for _ in 0..16 {
-            c.observe(2, 2);
+            c.observe(2, 2, 3, None);
         }
         assert_eq!(c.depth, 3);
         for _ in 0..16 {
-            c.observe(3, 0);
+            c.observe(3, 0, 1, None);
         }
         assert_eq!(c.depth, 2);
         let mut fixed = DepthControl::new(MtpParams { depth: 3, auto: false });
         for _ in 0..40 {
-            fixed.observe(3, 0);
+            fixed.observe(3, 0, 1, Some(1.0));
+            fixed.observe_plain(Some(0.1));
         }
         assert_eq!(fixed.depth, 3);
+    }
+
+    /// Runs `auto` against a machine where a pass at depth d costs `pass(d)` ms and a plain
+    /// step `plain` ms, every draft accepted; returns the depth after `tokens` tokens and the
+    /// wall time spent.
+    fn simulate(pass: impl Fn(usize) -> f64, plain: f64, tokens: usize) -> (usize, f64, bool) {
+        let mut c = DepthControl::new(MtpParams { depth: 0, auto: true });
+        let (mut made, mut ms, mut last_plain) = (0, 0.0, false);
+        while made < tokens {
+            if c.depth == 0 {
+                c.observe_plain(last_plain.then_some(plain));
+                ms += plain;
+                made += 1;
+                last_plain = true;
+            } else {
+                let d = c.depth;
+                c.observe(d, d, d + 1, (!last_plain).then_some(pass(d)));
+                ms += pass(d);
+                made += d + 1;
+                last_plain = false;
+            }
+        }
+        (c.depth, ms, c.is_off())
+    }
+
+    #[test]
+    fn auto_turns_drafting_off_where_it_does_not_pay() {
+        // The demo's case: weights in cache, a pass of d + 1 tokens costs d + 1.3 steps.
+        let (depth, ms, off) = simulate(|d| d as f64 + 1.3, 1.0, 4000);
+        assert!(off && depth == 0, "depth {depth}");
+        // Retries cost a little: within 5 % of plain decoding throughout.
+        assert!(ms < 4000.0 * 1.05, "{ms} ms for 4000 plain-ms of tokens");
+        // A bandwidth-bound model: a pass costs little more than one step; drafting stays on.
+        let (depth, ms, off) = simulate(|d| 1.0 + 0.1 * d as f64, 1.0, 4000);
+        assert!(!off && depth >= 2, "depth {depth}");
+        assert!(ms < 4000.0 * 0.5, "{ms}");
+    }
+
+    #[test]
+    fn auto_tries_drafting_again_after_backing_off() {
+        let mut c = DepthControl::new(MtpParams { depth: 0, auto: true });
+        for _ in 0..COST_PASSES {
+            c.observe(2, 2, 3, Some(30.0));
+        }
+        assert_eq!(c.depth, 0, "measuring plain now");
+        c.observe_plain(None);
+        for _ in 0..PLAIN_SAMPLES {
+            c.observe_plain(Some(1.0));
+        }
+        assert!(c.is_off());
+        for _ in 0..RETRY_FIRST {
+            c.observe_plain(Some(1.0));
+        }
+        assert_eq!(c.depth, 2, "back to the depth it left");
+        assert!(!c.is_off());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The CPU compute primitives of the model: a row-major f32 matrix, linear layers (threaded
-//! GEMV for decode, candle's GEMM for prefill), and the precision policy.
+//! multi-row GEMV for decode and MTP verify, candle's GEMM for prefill), and the precision policy.
 //!
-//! Everything is stored and computed in f32. `Precision::Bf16` reproduces the bf16 reference
+//! Weights are held as the checkpoint stores them (f32, bf16, f16: `storage::Weights`) and
+//! widened to f32 in the kernels; activations and arithmetic are f32. `Precision::Bf16` reproduces the bf16 reference
 //! (transformers with `dtype=bfloat16`) by rounding to bf16 exactly where PyTorch rounds: a bf16
 //! GEMM is an f32-accumulated product of bf16 values rounded once, which is what an f32 GEMM of
 //! bf16-valued operands followed by one rounding computes (up to summation order).
@@ -10,7 +11,8 @@ use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::storage::{Weights, bf16_to_f32};
+use super::gemv::{self, WeightRow};
+use super::storage::Weights;
 use crate::error::{Error, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
@@ -131,74 +133,6 @@ impl Mat {
     }
 }
 
-/// Lanes of the dot products: 16 independent accumulators, reduced pairwise. The order of the
-/// additions is fixed here, in the source, so every instruction set the compiler vectorises it
-/// for (AVX-512, AVX2, SSE2, NEON) gives the same bits, and bf16 weights widened in registers
-/// give exactly the products of the same weights stored as f32.
-const LANES: usize = 16;
-
-#[inline(always)]
-fn reduce(mut acc: [f32; LANES], tail: f32) -> f32 {
-    let mut w = LANES;
-    while w > 1 {
-        w /= 2;
-        for i in 0..w {
-            acc[i] += acc[i + w];
-        }
-    }
-    acc[0] + tail
-}
-
-/// `dot(widen(w), x)` with independent accumulators so the compiler vectorises it; `widen` is
-/// the identity for f32 weights and a 16-bit shift for bf16 ones (done in registers), so both
-/// sum in the same order.
-#[inline(always)]
-fn dot_widened<W: Copy>(w: &[W], widen: impl Fn(W) -> f32, x: &[f32]) -> f32 {
-    let n = w.len().min(x.len());
-    let (w, x) = (&w[..n], &x[..n]);
-    let mut acc = [0f32; LANES];
-    let chunks = n / LANES;
-    for c in 0..chunks {
-        let (a, b) = (&w[c * LANES..c * LANES + LANES], &x[c * LANES..c * LANES + LANES]);
-        for i in 0..LANES {
-            acc[i] += widen(a[i]) * b[i];
-        }
-    }
-    let mut s = 0f32;
-    for i in chunks * LANES..n {
-        s += widen(w[i]) * x[i];
-    }
-    reduce(acc, s)
-}
-
-#[inline(always)]
-fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
-    dot_widened(a, |v| v, b)
-}
-
-#[inline(always)]
-fn dot_bf16_generic(w: &[u16], x: &[f32]) -> f32 {
-    dot_widened(w, bf16_to_f32, x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-    dot_generic(a, b)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn dot_bf16_avx2(w: &[u16], x: &[f32]) -> f32 {
-    dot_bf16_generic(w, x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn dot_bf16_avx512(w: &[u16], x: &[f32]) -> f32 {
-    dot_bf16_generic(w, x)
-}
-
 /// The instruction sets the kernels were compiled for and this CPU has, best first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Simd {
@@ -230,34 +164,19 @@ impl Simd {
     }
 }
 
+/// `a · b` over the shorter length, with the fixed summation order of [`gemv`]: the same bits
+/// on every instruction set, and the bits one row of a decode GEMV gets.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked above).
-            return unsafe { dot_avx2(a, b) };
-        }
-    }
-    dot_generic(a, b)
-}
-
-/// [`dot`] over bf16 weights, with the kernel for `simd`.
-#[inline]
-pub fn dot_bf16(simd: Simd, w: &[u16], x: &[f32]) -> f32 {
-    match simd {
-        // SAFETY: `Simd::detect` returned this only where the CPU has the instructions.
-        #[cfg(target_arch = "x86_64")]
-        Simd::Avx512 => unsafe { dot_bf16_avx512(w, x) },
-        #[cfg(target_arch = "x86_64")]
-        Simd::Avx2 => unsafe { dot_bf16_avx2(w, x) },
-        _ => dot_bf16_generic(w, x),
-    }
+    let n = a.len().min(b.len());
+    let mut out = [0f32];
+    gemv::dot_rows(Simd::detect(), WeightRow::F32(&a[..n]), &[&b[..n]], &mut out);
+    out[0]
 }
 
 /// Rows at or below which a linear layer runs as a threaded GEMV (decode, MTP verify) instead
 /// of a GEMM: candle's GEMM runs m = 1 on one thread only (build-notes §2).
-const GEMV_MAX_ROWS: usize = 8;
+const GEMV_MAX_ROWS: usize = gemv::MAX_ROWS;
 
 /// Weight elements below which a GEMV runs on the calling thread.
 const PARALLEL_MIN_WEIGHTS: usize = 1 << 16;
@@ -336,27 +255,22 @@ impl Linear {
         Ok(y)
     }
 
-    /// One output feature's dot products with every input row.
+    /// Output features `o0..o0 + k`: their dot products with every input row, written
+    /// `[k, rows]`, each weight read once.
     #[inline]
-    fn dots(&self, o: usize, x: &Mat, out: &mut [f32], scratch: &mut Vec<f32>) {
+    fn dots(&self, o0: usize, k: usize, xs: &[&[f32]], out: &mut [f32]) {
         let inp = self.in_features;
-        let range = o * inp..(o + 1) * inp;
+        let range = o0 * inp..(o0 + k) * inp;
         match &self.weights {
-            Weights::F32(w) => {
-                for (r, v) in out.iter_mut().enumerate() {
-                    *v = dot(&w[range.clone()], x.row(r));
-                }
-            }
-            Weights::Bf16(w) => {
-                for (r, v) in out.iter_mut().enumerate() {
-                    *v = dot_bf16(self.simd, &w[range.clone()], x.row(r));
-                }
-            }
+            Weights::F32(w) => gemv::gemv_rows(self.simd, WeightRow::F32(&w[range]), inp, xs, out),
+            Weights::Bf16(w) => gemv::gemv_rows(self.simd, WeightRow::Bf16(&w[range]), inp, xs, out),
             Weights::F16(_) => {
-                scratch.clear();
-                self.weights.widen_into(range.start, inp, scratch);
-                for (r, v) in out.iter_mut().enumerate() {
-                    *v = dot(scratch, x.row(r));
+                // Rare (f16 checkpoints): widened a row at a time.
+                let mut scratch = Vec::with_capacity(inp);
+                for (j, yo) in out.chunks_mut(xs.len()).enumerate() {
+                    scratch.clear();
+                    self.weights.widen_into((o0 + j) * inp, inp, &mut scratch);
+                    gemv::dot_rows(self.simd, WeightRow::F32(&scratch), xs, yo);
                 }
             }
         }
@@ -368,11 +282,8 @@ impl Linear {
         // Output computed transposed ([out, rows]) so threads own contiguous blocks.
         let mut yt = vec![0f32; out * rows];
         let block_fn = |(bi, chunk): (usize, &mut [f32]), block: usize| {
-            let o0 = bi * block;
-            let mut scratch = vec![];
-            for (j, yo) in chunk.chunks_mut(rows).enumerate() {
-                self.dots(o0 + j, x, yo, &mut scratch);
-            }
+            let xs: Vec<&[f32]> = (0..rows).map(|r| x.row(r)).collect();
+            self.dots(bi * block, chunk.len() / rows, &xs, chunk);
         };
         if out * inp < PARALLEL_MIN_WEIGHTS {
             // Small layers (the demo model): a thread hand-off costs more than the work.
@@ -418,6 +329,7 @@ impl Linear {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::storage::bf16_to_f32;
 
     #[test]
     fn gemv_and_gemm_agree_with_naive() {
@@ -459,16 +371,15 @@ mod tests {
         let small_f32 = Linear::new(widened[..8 * inp].to_vec(), 8, inp).unwrap();
         let xm = Mat::from_vec(20, inp, (0..20 * inp).map(|i| (i % 13) as f32 / 13.0).collect());
         assert_eq!(small.forward(&xm, Precision::F32).unwrap(), small_f32.forward(&xm, Precision::F32).unwrap());
-        // Every kernel against the portable one, bit for bit.
-        let x: Vec<f32> = (0..inp).map(|i| (i as f32 * 0.37).sin()).collect();
-        let want = dot_bf16_generic(&bits[..inp], &x);
-        for simd in [Simd::detect(), Simd::Avx2, Simd::Portable] {
-            if simd == Simd::Avx2 && !matches!(Simd::detect(), Simd::Avx2 | Simd::Avx512) {
-                continue;
-            }
-            assert_eq!(dot_bf16(simd, &bits[..inp], &x).to_bits(), want.to_bits(), "{simd:?}");
+        // A row's result does not depend on the other rows of its pass (an MTP verify pass
+        // gives each token the bits of a one-token step).
+        let x: Vec<f32> = (0..5 * inp).map(|i| (i as f32 * 0.37).sin()).collect();
+        let five = as_bf16.forward(&Mat::from_vec(5, inp, x.clone()), Precision::F32).unwrap();
+        for r in 0..5 {
+            let one =
+                as_bf16.forward(&Mat::from_vec(1, inp, x[r * inp..(r + 1) * inp].to_vec()), Precision::F32).unwrap();
+            assert_eq!(one.row(0), five.row(r), "row {r}");
         }
-        assert_eq!(dot(&widened[..inp], &x).to_bits(), want.to_bits());
     }
 
     #[test]

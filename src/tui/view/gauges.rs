@@ -245,12 +245,16 @@ fn mtp_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
         return;
     };
     let (acc, len) = (m.acceptance_rate * 100.0, m.mean_accepted_length);
-    let full = format!("depth {} · acc {acc:.0}% ({}/{}) · len {len:.2}", m.depth, m.accepted, m.drafted);
+    // Depth 0 under auto: it measured plain decoding faster and paused drafting.
+    let depth =
+        if m.depth == 0 && t.params.mtp.auto { "off (auto: plain is faster)".to_string() } else { m.depth.to_string() };
+    let full = format!("depth {depth} · acc {acc:.0}% ({}/{}) · len {len:.2}", m.accepted, m.drafted);
     // The counts go first when the column is narrow; the rates always fit.
     let text = if full.chars().count() + 4 <= area.width as usize {
         full
     } else {
-        format!("depth {} · acc {acc:.0}% · len {len:.2}", m.depth)
+        let short = if m.depth == 0 && t.params.mtp.auto { "off".to_string() } else { m.depth.to_string() };
+        format!("depth {short} · acc {acc:.0}% · len {len:.2}")
     };
     lines.push(Line::from(vec![
         Span::styled("MTP ", Style::new().fg(th.accent).add_modifier(Modifier::BOLD)),
