@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Convert the demo Qwen3.5 text model (HF layout) to a GGUF for llama.cpp's `qwen35` arch.
 
-    python scripts/make_gguf.py MODEL_DIR OUT.gguf [--outtype f16|f32] [-q]
+    python scripts/make_gguf.py MODEL_DIR OUT.gguf [--outtype f16|bf16|f32] [-q]
 
 Needs only the PyPI packages `gguf` and `numpy` (no torch, no transformers): the
 safetensors file is parsed by hand (numpy has no bfloat16, so bf16 words are widened
@@ -189,7 +189,15 @@ def out_dtype(gguf_name: str, a: np.ndarray, outtype: str) -> np.ndarray:
     if (outtype == "f32" or a.ndim <= 1 or gguf_name.endswith("_norm.weight")
             or ".ssm_conv1d." in gguf_name or not gguf_name.endswith(".weight")):
         return a.astype(np.float32)
+    if outtype == "bf16":
+        return to_bf16_bits(a)
     return a.astype(np.float16)  # bf16 -> f16 is exact for |x| in [6.1e-5, 65504]; see main()
+
+
+def to_bf16_bits(a: np.ndarray) -> np.ndarray:
+    """f32 -> bf16 words, rounded to nearest even (exact for values that came from bf16)."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
 def convert_tensors(cfg: dict, st: dict[str, np.ndarray], outtype: str) -> list[tuple[str, np.ndarray]]:
@@ -318,7 +326,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model_dir", type=Path, help="HF model folder, e.g. models/demo")
     ap.add_argument("out", type=Path)
-    ap.add_argument("--outtype", choices=["f16", "f32"], default="f16")
+    ap.add_argument("--outtype", choices=["f16", "bf16", "f32"], default="f16")
     ap.add_argument("-q", "--quiet", action="store_true")
     args = ap.parse_args()
 
@@ -348,7 +356,8 @@ def main() -> None:
     # general.*
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(args.model_dir.resolve().name)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32 if args.outtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
+    w.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                     "bf16": gguf.LlamaFileType.MOSTLY_BF16}[args.outtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     # TextModel.set_gguf_parameters; block_count includes the MTP block(s) (_QwenMtpMixin)
     w.add_block_count(n_layer + n_mtp)
@@ -383,7 +392,9 @@ def main() -> None:
     try:
         info = add_vocab(w, args.model_dir, cfg)
         for name, a in tensors:
-            w.add_tensor(name, np.ascontiguousarray(a))
+            # bf16 travels as its 16-bit words (numpy has no bfloat16)
+            raw = gguf.GGMLQuantizationType.BF16 if a.dtype == np.uint16 else None
+            w.add_tensor(name, np.ascontiguousarray(a), raw_dtype=raw)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()

