@@ -70,37 +70,41 @@ pub fn gemv_rows(simd: Simd, w: WeightRow<'_>, n: usize, xs: &[&[f32]], out: &mu
         Simd::Avx2 => 4,
         Simd::Portable => rows,
     };
-    let mut y = vec![0f32; k * group.min(rows)];
-    let mut r0 = 0;
-    while r0 < rows {
+    if rows <= group {
+        // One group (every decode step and verify pass on AVX-512): straight into `out`.
+        kernel(simd, w, n, k, xs, out);
+        return;
+    }
+    let mut y = vec![0f32; k * group];
+    for r0 in (0..rows).step_by(group) {
         let g = group.min(rows - r0);
-        let xs_g = &xs[r0..r0 + g];
         let y = &mut y[..k * g];
-        match simd {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Simd::detect` returns Avx512 / Avx2 only where the CPU has them (the
-            // tests pick them only after checking); the lengths were asserted above.
-            Simd::Avx512 => unsafe { x86::rows_avx512(w, n, k, xs_g, y) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above.
-            Simd::Avx2 => unsafe { x86::rows_avx2(w, n, k, xs_g, y) },
-            _ => {
-                for o in 0..k {
-                    let wo = w.row(o, n);
-                    for (r, x) in xs_g.iter().enumerate() {
-                        y[o * g + r] = portable(wo, x);
-                    }
+        kernel(simd, w, n, k, &xs[r0..r0 + g], y);
+        for o in 0..k {
+            out[o * rows + r0..o * rows + r0 + g].copy_from_slice(&y[o * g..(o + 1) * g]);
+        }
+    }
+}
+
+/// One group of activation rows (at most the kernel's width), written `[k, xs.len()]`.
+fn kernel(simd: Simd, w: WeightRow<'_>, n: usize, k: usize, xs: &[&[f32]], y: &mut [f32]) {
+    match simd {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Simd::detect` returns Avx512 / Avx2 only where the CPU has them (the tests
+        // pick them only after checking); `gemv_rows` asserted the lengths.
+        Simd::Avx512 => unsafe { x86::rows_avx512(w, n, k, xs, y) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Simd::Avx2 => unsafe { x86::rows_avx2(w, n, k, xs, y) },
+        _ => {
+            let g = xs.len();
+            for o in 0..k {
+                let wo = w.row(o, n);
+                for (r, x) in xs.iter().enumerate() {
+                    y[o * g + r] = portable(wo, x);
                 }
             }
         }
-        if g == rows {
-            out.copy_from_slice(y);
-        } else {
-            for o in 0..k {
-                out[o * rows + r0..o * rows + r0 + g].copy_from_slice(&y[o * g..(o + 1) * g]);
-            }
-        }
-        r0 += g;
     }
 }
 

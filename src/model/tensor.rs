@@ -142,7 +142,13 @@ pub enum Simd {
 }
 
 impl Simd {
+    /// The best kernels for this CPU, detected once (`dot` asks on every call).
     pub fn detect() -> Simd {
+        static DETECTED: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
+        *DETECTED.get_or_init(Simd::probe)
+    }
+
+    fn probe() -> Simd {
         #[cfg(target_arch = "x86_64")]
         {
             if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw") {
