@@ -80,3 +80,32 @@ fn progress_counts_the_bytes_read() {
         assert_eq!(total + widened, m.weight_bytes() as u64, "skip_mtp {skip_mtp}");
     }
 }
+
+/// Weight matrices are views into the mapped checkpoint, not copies: every matrix the model
+/// reads (2-D, and the MoE checkpoints' fused 3-D expert stacks; the depthwise conv kernel is
+/// widened to f32 like the norm vectors) is counted as mapped, in every family and dtype. With
+/// the bf16 reference's cast points an f32 checkpoint is rounded into new buffers instead.
+#[test]
+fn weight_matrices_are_read_in_place() {
+    use deltascope::model::Precision;
+    use deltascope::model::weights::WeightStore;
+    for name in ["qwen3_5_vl", "qwen3_5_text", "qwen3_next", "qwen3_5_moe"] {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+        let m = Model::load(&ModelSource::Dir(dir.clone()), &LoadOptions::default()).unwrap();
+        let store = WeightStore::open(&ModelSource::Dir(dir.clone())).unwrap();
+        let matrices: usize = store
+            .names()
+            // The vision towers are never read.
+            .filter(|n| !n.starts_with("model.visual.") && !n.contains("conv1d"))
+            .filter(|n| store.shape(n).is_some_and(|s| s.len() >= 2))
+            .map(|n| store.tensor_bytes(n))
+            .sum();
+        assert!(matrices > 0);
+        assert_eq!(m.mapped_bytes, matrices, "{name}: every matrix a view");
+        assert!(m.storage_summary().contains("mapped from the checkpoint"), "{}", m.storage_summary());
+    }
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_5_text");
+    let opts = LoadOptions { precision: Precision::Bf16, ..Default::default() };
+    let m = Model::load(&ModelSource::Dir(dir), &opts).unwrap();
+    assert_eq!(m.mapped_bytes, 0, "f32 rounded to bf16 is a copy");
+}

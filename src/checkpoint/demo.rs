@@ -4,11 +4,18 @@
 
 use super::{EmbeddedModel, ModelSource};
 
+/// Bytes at an alignment the weights' dtypes need, so the embedded weights are read in place
+/// (views, like a mapped file) instead of being copied out.
+#[repr(C, align(64))]
+struct Aligned<B: ?Sized>(B);
+
+static DEMO_WEIGHTS: &Aligned<[u8]> = &Aligned(*include_bytes!("../../models/demo/model.safetensors"));
+
 pub static DEMO: EmbeddedModel = EmbeddedModel {
     name: "demo",
     files: &[
         ("config.json", include_bytes!("../../models/demo/config.json")),
-        ("model.safetensors", include_bytes!("../../models/demo/model.safetensors")),
+        ("model.safetensors", &DEMO_WEIGHTS.0),
         ("tokenizer.json", include_bytes!("../../models/demo/tokenizer.json")),
         ("tokenizer_config.json", include_bytes!("../../models/demo/tokenizer_config.json")),
         ("generation_config.json", include_bytes!("../../models/demo/generation_config.json")),

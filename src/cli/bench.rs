@@ -238,6 +238,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         let mut v = serde_json::json!({
             "model": loaded.name, "prompts": prompts, "prompt_tokens": lens, "max_tokens": a.max_tokens,
             "warmup": a.warmup, "repeat": a.repeat, "cpu": cpu, "rows": rows, "rollback": rollback,
+            "load": {"seconds": loaded.model.load_seconds, "weights_bytes": loaded.model.weight_bytes(),
+                     "mapped_bytes": loaded.model.mapped_bytes},
         });
         if let Some(s) = stopped {
             v["interrupted"] = s;
@@ -246,6 +248,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         return interrupt.finish(measured(measured_passes, planned));
     }
     writeln!(out, "{}", cpu.summary())?;
+    writeln!(out, "{}", loaded.model.storage_summary())?;
     print_table(&mut out, &loaded.name, &lens, &a, &rows)?;
     if let Some(rb) = rollback {
         writeln!(out, "\nrollback on one Qwen3.6-27B-shaped GDN layer (48 heads × 128 × 128, f32):")?;

@@ -238,7 +238,7 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
     writeln!(w, "parameters   {} ({}) language model{active}", count(p.total), grouped(p.total))?;
     writeln!(
         w,
-        "weights      {} as bf16 · {} as f32 (deltascope holds them in the checkpoint's dtype)",
+        "weights      {} as bf16 · {} as f32 (deltascope reads the matrices in place from the mapped checkpoint, in its dtype)",
         gb(plan.weights_bytes),
         gb(cpu.weights_bytes)
     )?;

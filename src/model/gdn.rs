@@ -43,7 +43,8 @@ impl GdnLayer {
                 let qkvz = ld.weights(&format!("{p}in_proj_qkvz.weight"), &[2 * kd + 2 * vd, hidden])?;
                 let ba = ld.weights(&format!("{p}in_proj_ba.weight"), &[2 * hv, hidden])?;
                 let group = 2 * dk + 2 * r * dv;
-                let rows = |m: &Weights, start: usize, n: usize| m.slice(start * hidden, n * hidden);
+                // Each group's rows are a view into the checkpoint: the reorder copies nothing.
+                let rows = |m: &Weights, start: usize, n: usize| (m.slice(start * hidden, n * hidden), n);
                 let (mut q, mut k, mut v, mut z) = (vec![], vec![], vec![], vec![]);
                 let (mut b, mut a) = (vec![], vec![]);
                 for g in 0..hk {
@@ -55,8 +56,7 @@ impl GdnLayer {
                     b.push(rows(&ba, g * 2 * r, r));
                     a.push(rows(&ba, g * 2 * r + r, r));
                 }
-                let c = Weights::concat;
-                Linear::fused(vec![(c(q), kd), (c(k), kd), (c(v), vd), (c(z), vd), (c(b), hv), (c(a), hv)], hidden)?
+                Linear::fused([q, k, v, z, b, a].into_iter().flatten().collect(), hidden)?
             }
             Family::Qwen35 | Family::Qwen35Moe => Linear::fused(
                 vec![

@@ -195,6 +195,8 @@ pub struct Model {
     pub lm_prefix: String,
     pub stored_bytes: usize,
     pub stored_dtypes: Vec<String>,
+    /// Bytes of weights that are views into the mapped checkpoint (no copy in memory).
+    pub mapped_bytes: usize,
     pub load_seconds: f64,
 }
 
@@ -279,6 +281,7 @@ impl Model {
         let started = Instant::now();
         let config = super::read_config(source)?;
         let store = WeightStore::open(source)?;
+        store.prefetch();
         let (v, h) = (config.vocab_size, config.hidden_size);
 
         let expected_prefix = if config.nested { "model.language_model." } else { "model." };
@@ -300,6 +303,7 @@ impl Model {
             precision: opts.precision,
             progress: opts.progress.as_ref(),
             read: Default::default(),
+            mapped: Default::default(),
             total,
         };
         let embed = ld.linear(&format!("{p}embed_tokens.weight"), v, h)?;
@@ -380,6 +384,7 @@ impl Model {
             lm_prefix,
             stored_bytes: store.stored_bytes(),
             stored_dtypes: store.dtype_names(),
+            mapped_bytes: ld.mapped.get() as usize,
             load_seconds: started.elapsed().as_secs_f64(),
             config,
         })
@@ -394,7 +399,8 @@ impl Model {
         self.lm_head.is_none()
     }
 
-    /// Bytes the loaded weights occupy in memory (f32 on CPU), MTP included.
+    /// Bytes the loaded weights occupy in memory (as stored, or bf16 with the bf16 reference's
+    /// cast points), MTP included.
     pub fn weight_bytes(&self) -> usize {
         let head = self.lm_head.as_ref().map(Linear::weight_bytes).unwrap_or(0);
         self.embed.weight_bytes()
@@ -402,6 +408,20 @@ impl Model {
             + self.layers.iter().map(DecoderLayer::weight_bytes).sum::<usize>()
             + self.norm.dim() * F32_BYTES
             + self.mtp.as_ref().map(MtpModule::weight_bytes).unwrap_or(0)
+    }
+
+    /// What is held and how, in one line: "1.51 GB bf16, 1.50 GB of it mapped from the
+    /// checkpoint (no copy) · loaded in 0.05 s".
+    pub fn storage_summary(&self) -> String {
+        let gb = |b: usize| format!("{:.2} GB", b as f64 / 1e9);
+        let dtypes = self.stored_dtypes.join("/").to_lowercase();
+        let held = if self.precision == Precision::Bf16 { "bf16".to_string() } else { dtypes };
+        format!(
+            "weights {} {held}, {} of it mapped from the checkpoint (no copy) · loaded in {:.2} s",
+            gb(self.weight_bytes()),
+            gb(self.mapped_bytes),
+            self.load_seconds
+        )
     }
 
     /// A fresh MTP state, when the checkpoint has an MTP module.

@@ -1,4 +1,5 @@
-//! Reads parameters for the layers: shape-checked, converted to f32, and rounded to bf16 when
+//! Reads parameters for the layers: shape-checked, weight matrices as stored (views into the
+//! mapped file where they can be), vectors converted to f32, and rounded to bf16 when
 //! the model runs with the bf16 reference's cast points (transformers casts every parameter to
 //! the model dtype, `A_log` and `dt_bias` included).
 
@@ -27,6 +28,8 @@ pub struct Loader<'a> {
     pub progress: Option<&'a LoadProgress>,
     /// Bytes read so far, and the bytes the model will read in all.
     pub read: Cell<u64>,
+    /// Bytes of weight matrices kept as views into the mapped file.
+    pub mapped: Cell<u64>,
     pub total: u64,
 }
 
@@ -41,7 +44,17 @@ impl Loader<'_> {
     /// A weight matrix in its stored dtype; with the bf16 reference's cast points, in bf16.
     pub fn weights(&self, name: &str, shape: &[usize]) -> Result<Weights> {
         let w = self.store.load_weights(name, shape)?;
-        let w = if self.precision == Precision::Bf16 { w.into_bf16() } else { w };
+        let w = if self.precision == Precision::Bf16 && w.dtype_name() != "bf16" {
+            // Rounded into a new buffer: the file's pages are not needed again.
+            let rounded = w.into_bf16();
+            self.store.release(name);
+            rounded
+        } else {
+            w
+        };
+        if w.is_mapped() {
+            self.mapped.set(self.mapped.get() + w.bytes() as u64);
+        }
         self.read_one(name);
         Ok(w)
     }

@@ -1,20 +1,121 @@
 //! Weight matrices kept as the checkpoint stores them (f32, bf16 or f16), widened to f32 only
 //! inside the kernels: a bf16 checkpoint costs 2 bytes a weight in memory and in every token's
-//! pass over the weights, not 4.
+//! pass over the weights, not 4. Where the file's layout allows (little-endian values at an
+//! aligned offset, which safetensors writers produce), a matrix is a view into the
+//! memory-mapped checkpoint: loading copies nothing, and the resident set is the file's pages.
+
+use std::ops::Deref;
+use std::sync::Arc;
 
 use half::{bf16, f16};
 
+use crate::checkpoint::FileBytes;
+
+/// The plain value types a mapped view may hold: every bit pattern is a valid value, and the
+/// file stores them little-endian.
+pub trait Plain: Copy + Send + Sync + 'static + private::Sealed {}
+impl Plain for f32 {}
+impl Plain for u16 {}
+mod private {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for u16 {}
+}
+
+/// A run of values: owned, or `len` values at byte `offset` of a mapped (or embedded) file.
+pub enum Values<T: Plain> {
+    Owned(Vec<T>),
+    Mapped { file: Arc<FileBytes>, offset: usize, len: usize },
+}
+
+impl<T: Plain> Values<T> {
+    /// A view of `len` values at byte `offset` of `file`, when the bytes are there, aligned
+    /// for `T`, and in this CPU's byte order; `None` otherwise (the caller copies instead).
+    pub fn view(file: &Arc<FileBytes>, offset: usize, len: usize) -> Option<Self> {
+        let size = std::mem::size_of::<T>();
+        let end = offset.checked_add(len.checked_mul(size)?)?;
+        let ptr = file.get(offset..end)?.as_ptr();
+        (cfg!(target_endian = "little") && (ptr as usize).is_multiple_of(std::mem::align_of::<T>()))
+            .then(|| Values::Mapped { file: Arc::clone(file), offset, len })
+    }
+
+    pub fn is_mapped(&self) -> bool {
+        matches!(self, Values::Mapped { .. })
+    }
+
+    /// Values `start..start + len`: a narrower view of a mapped run (no copy), or a copy.
+    pub fn range(&self, start: usize, len: usize) -> Self {
+        match self {
+            Values::Owned(v) => Values::Owned(v[start..start + len].to_vec()),
+            Values::Mapped { file, offset, len: have } => {
+                assert!(start + len <= *have, "range {start}+{len} of {have} values");
+                Values::Mapped { file: Arc::clone(file), offset: offset + start * std::mem::size_of::<T>(), len }
+            }
+        }
+    }
+
+    pub fn into_vec(self) -> Vec<T> {
+        match self {
+            Values::Owned(v) => v,
+            mapped => mapped.to_vec(),
+        }
+    }
+}
+
+impl<T: Plain> Deref for Values<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Values::Owned(v) => v,
+            Values::Mapped { file, offset, len } => {
+                let bytes = &file[*offset..*offset + *len * std::mem::size_of::<T>()];
+                // SAFETY: `view` checked that these bytes are inside the file, aligned for
+                // `T`, and little-endian like this CPU; `T` is f32 or u16, for which every bit
+                // pattern is a value. The mapping is read-only and lives as long as the `Arc`.
+                unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), *len) }
+            }
+        }
+    }
+}
+
+impl<T: Plain> From<Vec<T>> for Values<T> {
+    fn from(v: Vec<T>) -> Self {
+        Values::Owned(v)
+    }
+}
+
+impl<T: Plain + PartialEq> PartialEq for Values<T> {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl<T: Plain + std::fmt::Debug> std::fmt::Debug for Values<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let how = if self.is_mapped() { "mapped" } else { "owned" };
+        write!(f, "{how} {} values", self.len())
+    }
+}
+
 /// A weight matrix's values in their stored dtype (row-major, like the checkpoint).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub enum Weights {
-    F32(Vec<f32>),
+    F32(Values<f32>),
     /// bf16 bit patterns.
-    Bf16(Vec<u16>),
+    Bf16(Values<u16>),
     /// IEEE half bit patterns.
-    F16(Vec<u16>),
+    F16(Values<u16>),
 }
 
 impl Weights {
+    pub fn f32(v: Vec<f32>) -> Self {
+        Weights::F32(v.into())
+    }
+
+    pub fn bf16(bits: Vec<u16>) -> Self {
+        Weights::Bf16(bits.into())
+    }
+
     pub fn len(&self) -> usize {
         match self {
             Weights::F32(v) => v.len(),
@@ -24,6 +125,14 @@ impl Weights {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Whether the values are a view into the mapped checkpoint (not a copy).
+    pub fn is_mapped(&self) -> bool {
+        match self {
+            Weights::F32(v) => v.is_mapped(),
+            Weights::Bf16(v) | Weights::F16(v) => v.is_mapped(),
+        }
     }
 
     /// Bytes per stored value.
@@ -47,32 +156,13 @@ impl Weights {
         }
     }
 
-    /// Values `start..start + len`, in the same dtype.
+    /// Values `start..start + len`, in the same dtype (a view of a view: no copy).
     pub fn slice(&self, start: usize, len: usize) -> Weights {
         match self {
-            Weights::F32(v) => Weights::F32(v[start..start + len].to_vec()),
-            Weights::Bf16(v) => Weights::Bf16(v[start..start + len].to_vec()),
-            Weights::F16(v) => Weights::F16(v[start..start + len].to_vec()),
+            Weights::F32(v) => Weights::F32(v.range(start, len)),
+            Weights::Bf16(v) => Weights::Bf16(v.range(start, len)),
+            Weights::F16(v) => Weights::F16(v.range(start, len)),
         }
-    }
-
-    /// The parts one after the other. Parts of one dtype stay in it; mixed dtypes (which no
-    /// checkpoint has within one layer) are widened to f32.
-    pub fn concat(parts: Vec<Weights>) -> Weights {
-        let same = parts.windows(2).all(|w| std::mem::discriminant(&w[0]) == std::mem::discriminant(&w[1]));
-        if !same {
-            return Weights::F32(parts.iter().flat_map(|p| p.to_f32()).collect());
-        }
-        let mut it = parts.into_iter();
-        let Some(mut first) = it.next() else { return Weights::F32(vec![]) };
-        for p in it {
-            match (&mut first, p) {
-                (Weights::F32(a), Weights::F32(b)) => a.extend(b),
-                (Weights::Bf16(a), Weights::Bf16(b)) | (Weights::F16(a), Weights::F16(b)) => a.extend(b),
-                _ => unreachable!("checked: one dtype"),
-            }
-        }
-        first
     }
 
     /// Every value widened to f32 (exact: bf16 and f16 are subsets of f32).
@@ -82,30 +172,38 @@ impl Weights {
         out
     }
 
-    /// The values as f32, without a copy when they are f32 already.
+    /// The values as f32, without a copy when they are owned f32 already.
     pub fn into_f32(self) -> Vec<f32> {
         match self {
-            Weights::F32(v) => v,
+            Weights::F32(v) => v.into_vec(),
             w => w.to_f32(),
         }
     }
 
     /// Values `start..start + len` widened to f32, appended to `out`.
     pub fn widen_into(&self, start: usize, len: usize, out: &mut Vec<f32>) {
+        let at = out.len();
+        out.resize(at + len, 0.0);
+        self.widen_to(start, &mut out[at..]);
+    }
+
+    /// Values `start..start + out.len()` widened to f32 into `out`.
+    pub fn widen_to(&self, start: usize, out: &mut [f32]) {
+        let end = start + out.len();
         match self {
-            Weights::F32(v) => out.extend_from_slice(&v[start..start + len]),
-            Weights::Bf16(v) => out.extend(v[start..start + len].iter().map(|&b| bf16_to_f32(b))),
-            Weights::F16(v) => out.extend(v[start..start + len].iter().map(|&b| f16::from_bits(b).to_f32())),
+            Weights::F32(v) => out.copy_from_slice(&v[start..end]),
+            Weights::Bf16(v) => out.iter_mut().zip(&v[start..end]).for_each(|(o, &b)| *o = bf16_to_f32(b)),
+            Weights::F16(v) => out.iter_mut().zip(&v[start..end]).for_each(|(o, &b)| *o = f16::from_bits(b).to_f32()),
         }
     }
 
     /// The same values rounded to bf16 (the bf16 reference's cast of every parameter); bf16
-    /// stays as it is.
+    /// stays as it is (a view stays a view).
     pub fn into_bf16(self) -> Weights {
         match self {
-            Weights::F32(v) => Weights::Bf16(v.iter().map(|&x| bf16::from_f32(x).to_bits()).collect()),
+            Weights::F32(v) => Weights::bf16(v.iter().map(|&x| bf16::from_f32(x).to_bits()).collect()),
             Weights::F16(v) => {
-                Weights::Bf16(v.iter().map(|&b| bf16::from_f32(f16::from_bits(b).to_f32()).to_bits()).collect())
+                Weights::bf16(v.iter().map(|&b| bf16::from_f32(f16::from_bits(b).to_f32()).to_bits()).collect())
             }
             b @ Weights::Bf16(_) => b,
         }
@@ -125,20 +223,36 @@ mod tests {
     #[test]
     fn widening_is_exact_and_sizes_come_from_the_dtype() {
         let xs = [1.5f32, -0.001_953_125, 3.0e38, 0.0];
-        let b = Weights::F32(xs.to_vec()).into_bf16();
+        let b = Weights::f32(xs.to_vec()).into_bf16();
         assert_eq!(b.bytes(), 8);
         assert_eq!(b.to_f32(), xs.iter().map(|&x| bf16::from_f32(x).to_f32()).collect::<Vec<_>>());
-        let h = Weights::F16(xs[..2].iter().map(|&x| f16::from_f32(x).to_bits()).collect());
+        let h = Weights::F16(xs[..2].iter().map(|&x| f16::from_f32(x).to_bits()).collect::<Vec<_>>().into());
         assert_eq!(h.to_f32(), vec![1.5, -0.001_953_125]);
-        assert_eq!(Weights::F32(xs.to_vec()).bytes(), 16);
+        assert_eq!(Weights::f32(xs.to_vec()).bytes(), 16);
+        assert_eq!(Weights::bf16(vec![1, 2, 3, 4]).slice(1, 2), Weights::bf16(vec![2, 3]));
     }
 
     #[test]
-    fn concat_keeps_one_dtype_and_widens_a_mix() {
-        let a = Weights::Bf16(vec![0x3f80, 0x4000]);
-        let b = Weights::Bf16(vec![0x4040]);
-        assert_eq!(Weights::concat(vec![a.clone(), b]), Weights::Bf16(vec![0x3f80, 0x4000, 0x4040]));
-        assert_eq!(Weights::concat(vec![a, Weights::F32(vec![4.0])]), Weights::F32(vec![1.0, 2.0, 4.0]));
-        assert_eq!(Weights::Bf16(vec![1, 2, 3, 4]).slice(1, 2), Weights::Bf16(vec![2, 3]));
+    fn a_view_reads_the_file_and_narrows_without_a_copy() {
+        // Two bf16 values after a 2-byte prefix, then an f32 at offset 8.
+        let mut bytes = vec![0xAA, 0xBB];
+        for b in [0x3f80u16, 0x4000] {
+            bytes.extend(b.to_le_bytes());
+        }
+        bytes.extend([0, 0]);
+        bytes.extend(2.5f32.to_le_bytes());
+        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        assert!((bytes.as_ptr() as usize).is_multiple_of(4), "the allocator aligns to at least 4");
+        let file = Arc::new(FileBytes::Static(bytes));
+        let w = Weights::Bf16(Values::view(&file, 2, 2).expect("aligned"));
+        assert!(w.is_mapped());
+        assert_eq!(w.to_f32(), vec![1.0, 2.0]);
+        let second = w.slice(1, 1);
+        assert!(second.is_mapped());
+        assert_eq!(second.to_f32(), vec![2.0]);
+        assert_eq!(Values::<f32>::view(&file, 8, 1).map(|v| v.to_vec()), Some(vec![2.5]));
+        // Misaligned for f32, or past the end: no view (the loader copies instead).
+        assert!(Values::<f32>::view(&file, 2, 1).is_none());
+        assert!(Values::<u16>::view(&file, 10, 2).is_none());
     }
 }

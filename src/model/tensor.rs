@@ -189,63 +189,81 @@ const PARALLEL_MIN_WEIGHTS: usize = 1 << 16;
 
 /// Values of a bf16 / f16 weight widened to f32 at a time for a prefill GEMM: 8 MiB of f32
 /// (2048 rows of a 1024-wide layer). Of 1, 8 and 32 MiB, 8 was fastest on the 0.8B shape here
-/// (pp128 63-68 tok/s against 45-50 with 1 MiB); the widening still costs prefill about 15 %
-/// against f32-stored weights until a GEMM reads bf16 itself.
+/// (pp128 63-68 tok/s against 45-50 with 1 MiB).
 const WIDEN_BLOCK_VALUES: usize = 1 << 21;
 
 /// A bias-free linear layer `y = x · Wᵀ` with `W: [out, in]` (PyTorch `nn.Linear` layout),
-/// its weights in their stored dtype.
+/// its weights in their stored dtype. A fused projection (q/k/v, gate/up, the GDN inputs) is
+/// its checkpoint tensors one after the other, each kept as loaded (a view into the mapped
+/// file), not copied into one buffer.
 pub struct Linear {
     pub out_features: usize,
     pub in_features: usize,
-    weights: Weights,
-    /// f32 weights as a candle tensor for the prefill GEMM (f32 storage only: bf16 and f16 are
-    /// widened block by block instead of being held twice).
-    f32_tensor: Option<Tensor>,
+    /// Row blocks in output order: `parts[i]` holds rows `starts[i]..starts[i + 1]`.
+    parts: Vec<Weights>,
+    starts: Vec<usize>,
     simd: Simd,
 }
 
 impl Linear {
     pub fn new(weight: Vec<f32>, out_features: usize, in_features: usize) -> Result<Self> {
-        Linear::from_weights(Weights::F32(weight), out_features, in_features)
+        Linear::from_weights(Weights::f32(weight), out_features, in_features)
     }
 
     pub fn from_weights(weights: Weights, out_features: usize, in_features: usize) -> Result<Self> {
-        if weights.len() != out_features * in_features {
-            return Err(Error::Compute(format!(
-                "linear: {} weights for [{out_features}, {in_features}]",
-                weights.len()
-            )));
-        }
-        let f32_tensor = match &weights {
-            Weights::F32(v) => Some(Tensor::from_slice(v, (out_features, in_features), &Device::Cpu)?),
-            _ => None,
-        };
-        Ok(Linear { out_features, in_features, weights, f32_tensor, simd: Simd::detect() })
+        Linear::fused(vec![(weights, out_features)], in_features)
     }
 
-    /// Concatenates several `[out_i, in]` weights row-wise into one layer (one pass over `x`).
+    /// Several `[out_i, in]` weights stacked row-wise into one layer (one pass over `x`).
     pub fn fused(parts: Vec<(Weights, usize)>, in_features: usize) -> Result<Self> {
-        let out: usize = parts.iter().map(|p| p.1).sum();
-        Linear::from_weights(Weights::concat(parts.into_iter().map(|p| p.0).collect()), out, in_features)
+        let mut starts = vec![0];
+        for (w, rows) in &parts {
+            if w.len() != rows * in_features {
+                return Err(Error::Compute(format!("linear: {} weights for [{rows}, {in_features}]", w.len())));
+            }
+            starts.push(starts[starts.len() - 1] + rows);
+        }
+        let out_features = starts[starts.len() - 1];
+        Ok(Linear {
+            out_features,
+            in_features,
+            parts: parts.into_iter().map(|p| p.0).collect(),
+            starts,
+            simd: Simd::detect(),
+        })
     }
 
     /// Bytes of the weights as held.
     pub fn weight_bytes(&self) -> usize {
-        self.weights.bytes()
+        self.parts.iter().map(Weights::bytes).sum()
+    }
+
+    /// Bytes of the weights that are views into the mapped checkpoint (not copies).
+    pub fn mapped_bytes(&self) -> usize {
+        self.parts.iter().filter(|w| w.is_mapped()).map(Weights::bytes).sum()
     }
 
     pub fn dtype_name(&self) -> &'static str {
-        self.weights.dtype_name()
+        let first = self.parts.first().map_or("f32", Weights::dtype_name);
+        if self.parts.iter().all(|w| w.dtype_name() == first) { first } else { "mixed" }
+    }
+
+    /// The parts holding output rows `o0..o0 + k`: `(part, first row in it, rows)`.
+    fn spans(&self, o0: usize, k: usize) -> impl Iterator<Item = (&Weights, usize, usize)> {
+        let end = o0 + k;
+        self.parts.iter().enumerate().filter_map(move |(i, w)| {
+            let (a, b) = (self.starts[i].max(o0), self.starts[i + 1].min(end));
+            (a < b).then(|| (w, a - self.starts[i], b - a))
+        })
     }
 
     /// One weight row widened to f32 (an embedding row, for a tied head's input side).
     pub fn row(&self, r: usize) -> Result<Vec<f32>> {
-        if r >= self.out_features {
+        let Some((w, at, _)) = self.spans(r, 1).next() else {
             return Err(Error::Compute(format!("linear: row {r} of {}", self.out_features)));
-        }
+        };
         let mut out = Vec::with_capacity(self.in_features);
-        self.weights.widen_into(r * self.in_features, self.in_features, &mut out);
+        w.widen_into(at * self.in_features, self.in_features, &mut out);
         Ok(out)
     }
 
@@ -266,17 +284,21 @@ impl Linear {
     #[inline]
     fn dots(&self, o0: usize, k: usize, xs: &[&[f32]], out: &mut [f32]) {
         let inp = self.in_features;
-        let range = o0 * inp..(o0 + k) * inp;
-        match &self.weights {
-            Weights::F32(w) => gemv::gemv_rows(self.simd, WeightRow::F32(&w[range]), inp, xs, out),
-            Weights::Bf16(w) => gemv::gemv_rows(self.simd, WeightRow::Bf16(&w[range]), inp, xs, out),
-            Weights::F16(_) => {
-                // Rare (f16 checkpoints): widened a row at a time.
-                let mut scratch = Vec::with_capacity(inp);
-                for (j, yo) in out.chunks_mut(xs.len()).enumerate() {
-                    scratch.clear();
-                    self.weights.widen_into((o0 + j) * inp, inp, &mut scratch);
-                    gemv::dot_rows(self.simd, WeightRow::F32(&scratch), xs, yo);
+        let mut out = out;
+        for (w, at, n) in self.spans(o0, k) {
+            let (mine, rest) = std::mem::take(&mut out).split_at_mut(n * xs.len());
+            out = rest;
+            let range = at * inp..(at + n) * inp;
+            match w {
+                Weights::F32(v) => gemv::gemv_rows(self.simd, WeightRow::F32(&v[range]), inp, xs, mine),
+                Weights::Bf16(v) => gemv::gemv_rows(self.simd, WeightRow::Bf16(&v[range]), inp, xs, mine),
+                Weights::F16(_) => {
+                    // Rare (f16 checkpoints): widened a row at a time.
+                    let mut scratch = vec![0f32; inp];
+                    for (j, yo) in mine.chunks_mut(xs.len()).enumerate() {
+                        w.widen_to((at + j) * inp, &mut scratch);
+                        gemv::dot_rows(self.simd, WeightRow::F32(&scratch), xs, yo);
+                    }
                 }
             }
         }
@@ -307,21 +329,26 @@ impl Linear {
         Mat::from_vec(rows, out, y)
     }
 
+    /// candle's GEMM on a block of output rows at a time, widened (or, for f32, copied) out of
+    /// the stored weights on all threads: never a second copy of the whole matrix, and the
+    /// weights stay views into the file. The blocks do not change the bits: each output is
+    /// one dot product over the input features either way.
     fn gemm(&self, x: &Mat) -> Result<Mat> {
         let xt = Tensor::from_slice(&x.data, (x.rows, x.cols), &Device::Cpu)?;
-        if let Some(w) = &self.f32_tensor {
-            let y = xt.matmul(&w.t()?)?;
-            let data = y.flatten_all()?.to_vec1::<f32>()?;
-            return Ok(Mat::from_vec(x.rows, self.out_features, data));
-        }
-        // bf16 / f16: a block of output rows widened at a time, never the whole matrix.
         let (inp, out) = (self.in_features, self.out_features);
         let block = (WIDEN_BLOCK_VALUES / inp).max(16).min(out);
         let mut y = vec![0f32; x.rows * out];
         for o0 in (0..out).step_by(block) {
-            let n = block.min(out - o0);
-            let mut widened = Vec::with_capacity(n * inp);
-            self.weights.widen_into(o0 * inp, n * inp, &mut widened);
+            let mut widened = vec![0f32; block.min(out - o0) * inp];
+            let mut at = 0;
+            for (w, first, n) in self.spans(o0, widened.len() / inp) {
+                let dst = &mut widened[at * inp..(at + n) * inp];
+                dst.par_chunks_mut(WIDEN_CHUNK_VALUES)
+                    .enumerate()
+                    .for_each(|(c, d)| w.widen_to(first * inp + c * WIDEN_CHUNK_VALUES, d));
+                at += n;
+            }
+            let n = at;
             let w = Tensor::from_vec(widened, (n, inp), &Device::Cpu)?;
             let yb = xt.matmul(&w.t()?)?.flatten_all()?.to_vec1::<f32>()?;
             for r in 0..x.rows {
@@ -331,6 +358,10 @@ impl Linear {
         Ok(Mat::from_vec(x.rows, out, y))
     }
 }
+
+/// Values one thread widens at a time for a prefill block (64 KiB of f32: small enough to
+/// split a block across both cores, large enough that the hand-off is noise).
+const WIDEN_CHUNK_VALUES: usize = 1 << 14;
 
 #[cfg(test)]
 mod tests {
@@ -364,7 +395,7 @@ mod tests {
             (0..out * inp).map(|i| half::bf16::from_f32(((i * 7919) % 2003) as f32 / 1000.0 - 1.0).to_bits()).collect();
         let widened: Vec<f32> = bits.iter().map(|&b| bf16_to_f32(b)).collect();
         let as_f32 = Linear::new(widened.clone(), out, inp).unwrap();
-        let as_bf16 = Linear::from_weights(Weights::Bf16(bits.clone()), out, inp).unwrap();
+        let as_bf16 = Linear::from_weights(Weights::bf16(bits.clone()), out, inp).unwrap();
         assert_eq!(as_bf16.weight_bytes() * 2, as_f32.weight_bytes());
         for rows in [1, 3, 8, 9, 40] {
             let x: Vec<f32> = (0..rows * inp).map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0).collect();
@@ -373,7 +404,7 @@ mod tests {
             assert!(a.data.iter().zip(&b.data).all(|(p, q)| p.to_bits() == q.to_bits()), "rows {rows}");
         }
         // Fewer output rows than a widened block holds (a MoE router of 8 experts).
-        let small = Linear::from_weights(Weights::Bf16(bits[..8 * inp].to_vec()), 8, inp).unwrap();
+        let small = Linear::from_weights(Weights::bf16(bits[..8 * inp].to_vec()), 8, inp).unwrap();
         let small_f32 = Linear::new(widened[..8 * inp].to_vec(), 8, inp).unwrap();
         let xm = Mat::from_vec(20, inp, (0..20 * inp).map(|i| (i % 13) as f32 / 13.0).collect());
         assert_eq!(small.forward(&xm, Precision::F32).unwrap(), small_f32.forward(&xm, Precision::F32).unwrap());

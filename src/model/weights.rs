@@ -3,10 +3,11 @@
 //! the model decides the prefixes (`model.language_model.`, `model.`, `mtp.`).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use safetensors::{Dtype, SafeTensors};
 
-use super::storage::Weights;
+use super::storage::{Plain, Values, Weights};
 use crate::checkpoint::{FileBytes, ModelSource};
 use crate::error::{Error, Result};
 
@@ -16,7 +17,7 @@ const SINGLE_FILE: &str = "model.safetensors";
 struct Shard {
     /// File name inside the model directory.
     name: String,
-    bytes: FileBytes,
+    bytes: Arc<FileBytes>,
     /// Offset of the data section (after the 8-byte length and the JSON header).
     data_start: usize,
 }
@@ -184,7 +185,7 @@ impl WeightStore {
             let (start, end) = info.data_offsets;
             self.index.insert(tname, Entry { shard, dtype: info.dtype, shape: info.shape.clone(), start, end });
         }
-        self.shards.push(Shard { name: name.to_string(), bytes, data_start: 8 + header_len });
+        self.shards.push(Shard { name: name.to_string(), bytes: Arc::new(bytes), data_start: 8 + header_len });
         Ok(shard)
     }
 
@@ -231,18 +232,25 @@ impl WeightStore {
         self.index.get(name).ok_or_else(|| Error::MissingTensor { name: name.to_string(), searched: self.searched() })
     }
 
-    /// A tensor in its stored dtype (F32, BF16 or F16), shape-checked.
+    /// A tensor in its stored dtype (F32, BF16 or F16), shape-checked: a view into the mapped
+    /// file where its bytes are aligned for the dtype (no copy; its pages become resident as
+    /// the kernels read them), else a copy (and the file's pages are released again).
     pub fn load_weights(&self, name: &str, expected: &[usize]) -> Result<Weights> {
         let (e, bytes) = self.checked(name, expected)?;
-        let halves = || bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
         let shard = &self.shards[e.shard];
-        let release = || shard.bytes.release(shard.data_start + e.start, e.end - e.start);
+        let at = shard.data_start + e.start;
+        fn values<T: Plain>(file: &Arc<FileBytes>, at: usize, bytes: &[u8], decode: fn(&[u8]) -> T) -> Values<T> {
+            let n = bytes.len() / std::mem::size_of::<T>();
+            Values::view(file, at, n)
+                .unwrap_or_else(|| Values::Owned(bytes.chunks_exact(std::mem::size_of::<T>()).map(decode).collect()))
+        }
+        let half = |b: &[u8]| u16::from_le_bytes([b[0], b[1]]);
         let w = match e.dtype {
             Dtype::F32 => {
-                Weights::F32(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+                Weights::F32(values(&shard.bytes, at, bytes, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
             }
-            Dtype::BF16 => Weights::Bf16(halves()),
-            Dtype::F16 => Weights::F16(halves()),
+            Dtype::BF16 => Weights::Bf16(values(&shard.bytes, at, bytes, half)),
+            Dtype::F16 => Weights::F16(values(&shard.bytes, at, bytes, half)),
             other => {
                 return Err(Error::TensorDtype {
                     file: self.source.file_label(&self.shards[e.shard].name),
@@ -251,8 +259,27 @@ impl WeightStore {
                 });
             }
         };
-        release();
+        if !w.is_mapped() {
+            self.release(name);
+        }
         Ok(w)
+    }
+
+    /// Tells the kernel this process is done with a tensor's pages in the mapped file (after
+    /// copying it out): the resident set holds the weights once, not also the file's copy.
+    pub fn release(&self, name: &str) {
+        if let Some(e) = self.index.get(name) {
+            let shard = &self.shards[e.shard];
+            shard.bytes.release(shard.data_start + e.start, e.end - e.start);
+        }
+    }
+
+    /// Starts reading every shard into the page cache in the background (a cold start reads
+    /// the file sequentially instead of a page at a time as the first token touches it).
+    pub fn prefetch(&self) {
+        for s in &self.shards {
+            s.bytes.will_need();
+        }
     }
 
     /// A tensor's entry and bytes, its shape checked against `expected` and its byte count
@@ -289,8 +316,11 @@ impl WeightStore {
         Ok((e, bytes))
     }
 
-    /// Reads a tensor as f32 (widened from bf16 / f16), checking its shape against `expected`.
+    /// Reads a tensor as f32 (widened from bf16 / f16, always a copy), checking its shape
+    /// against `expected`.
     pub fn load_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
-        Ok(self.load_weights(name, expected)?.into_f32())
+        let v = self.load_weights(name, expected)?.into_f32();
+        self.release(name);
+        Ok(v)
     }
 }
