@@ -76,12 +76,6 @@ pub enum Error {
     NonFinite(NonFinite),
 }
 
-impl From<candle_core::Error> for Error {
-    fn from(e: candle_core::Error) -> Self {
-        Error::Compute(e.to_string())
-    }
-}
-
 impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io { path: path.into(), source }

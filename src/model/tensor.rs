@@ -1,5 +1,5 @@
 //! The CPU compute primitives of the model: a row-major f32 matrix, linear layers (threaded
-//! multi-row GEMV for decode and MTP verify, candle's GEMM for prefill), and the precision policy.
+//! multi-row GEMV for decode and MTP verify, candle's GEMM crate for prefill), and the precision policy.
 //!
 //! Weights are held as the checkpoint stores them (f32, bf16, f16: `storage::Weights`) and
 //! widened to f32 in the kernels; activations and arithmetic are f32. `Precision::Bf16` reproduces the bf16 reference
@@ -7,7 +7,6 @@
 //! GEMM is an f32-accumulated product of bf16 values rounded once, which is what an f32 GEMM of
 //! bf16-valued operands followed by one rounding computes (up to summation order).
 
-use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -329,33 +328,69 @@ impl Linear {
         Mat::from_vec(rows, out, y)
     }
 
-    /// candle's GEMM on a block of output rows at a time, widened (or, for f32, copied) out of
-    /// the stored weights on all threads: never a second copy of the whole matrix, and the
-    /// weights stay views into the file. The blocks do not change the bits: each output is
+    /// The GEMM candle runs on the CPU (`gemm`, called with candle's arguments, so the bits are
+    /// candle's): f32 weights are read in place, bf16 / f16 widened a block of output rows at a
+    /// time on all threads (never a second copy of the whole matrix); each block's product is
+    /// written straight into its columns of `y`. Blocks do not change the bits: each output is
     /// one dot product over the input features either way.
     fn gemm(&self, x: &Mat) -> Result<Mat> {
-        let xt = Tensor::from_slice(&x.data, (x.rows, x.cols), &Device::Cpu)?;
-        let (inp, out) = (self.in_features, self.out_features);
-        let block = (WIDEN_BLOCK_VALUES / inp).max(16).min(out);
-        let mut y = vec![0f32; x.rows * out];
-        for o0 in (0..out).step_by(block) {
-            let mut widened = vec![0f32; block.min(out - o0) * inp];
-            let mut at = 0;
-            for (w, first, n) in self.spans(o0, widened.len() / inp) {
-                let dst = &mut widened[at * inp..(at + n) * inp];
-                dst.par_chunks_mut(WIDEN_CHUNK_VALUES)
+        let (inp, out, m) = (self.in_features, self.out_features, x.rows);
+        let mut y = vec![0f32; m * out];
+        let mut widened = vec![];
+        for (i, w) in self.parts.iter().enumerate() {
+            let rows = self.starts[i + 1] - self.starts[i];
+            // The same blocks for every dtype: gemm's kernel choice depends on the block's
+            // width, so f32 storage gives the bits of bf16 storage only with equal blocks.
+            let block = (WIDEN_BLOCK_VALUES / inp).max(16).min(rows);
+            for r0 in (0..rows).step_by(block) {
+                let n = block.min(rows - r0);
+                if let Weights::F32(v) = w {
+                    product(x, &v[r0 * inp..(r0 + n) * inp], n, &mut y, out, self.starts[i] + r0);
+                    continue;
+                }
+                widened.resize(n * inp, 0.0);
+                widened
+                    .par_chunks_mut(WIDEN_CHUNK_VALUES)
                     .enumerate()
-                    .for_each(|(c, d)| w.widen_to(first * inp + c * WIDEN_CHUNK_VALUES, d));
-                at += n;
-            }
-            let n = at;
-            let w = Tensor::from_vec(widened, (n, inp), &Device::Cpu)?;
-            let yb = xt.matmul(&w.t()?)?.flatten_all()?.to_vec1::<f32>()?;
-            for r in 0..x.rows {
-                y[r * out + o0..r * out + o0 + n].copy_from_slice(&yb[r * n..(r + 1) * n]);
+                    .for_each(|(c, d)| w.widen_to(r0 * inp + c * WIDEN_CHUNK_VALUES, d));
+                product(x, &widened, n, &mut y, out, self.starts[i] + r0);
             }
         }
-        Ok(Mat::from_vec(x.rows, out, y))
+        Ok(Mat::from_vec(m, out, y))
+    }
+}
+
+/// `y[:, col..col + n] = x · wᵀ` for `w: [n, k]` row-major and `y: [m, out]`.
+fn product(x: &Mat, w: &[f32], n: usize, y: &mut [f32], out: usize, col: usize) {
+    let (m, k) = (x.rows, x.cols);
+    assert!(w.len() == n * k && x.data.len() == m * k && col + n <= out && y.len() == m * out);
+    let threads = rayon::current_num_threads();
+    let parallelism = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    // SAFETY: the pointers and strides describe `x` [m, k], `wᵀ` [k, n] (w read with row stride
+    // 1 and column stride k) and the columns col..col + n of `y` [m, out], all in bounds (checked
+    // above); `y` is borrowed mutably, so nothing else reads or writes it meanwhile.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            y.as_mut_ptr().add(col),
+            1,
+            out as isize,
+            false,
+            x.data.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        )
     }
 }
 
@@ -373,7 +408,12 @@ mod tests {
         let (out, inp) = (37, 53);
         let w: Vec<f32> = (0..out * inp).map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0).collect();
         let lin = Linear::new(w.clone(), out, inp).unwrap();
-        for rows in [1, 3, 8, 9, 20] {
+        // The same matrix as a fused projection of three parts (rows 0..5, 5..30, 30..37).
+        let part = |a: usize, b: usize| (Weights::f32(w[a * inp..b * inp].to_vec()), b - a);
+        let fused = Linear::fused(vec![part(0, 5), part(5, 30), part(30, out)], inp).unwrap();
+        assert_eq!(fused.out_features, out);
+        assert_eq!(fused.row(7).unwrap(), lin.row(7).unwrap());
+        for (rows, lin) in [1, 3, 8, 9, 20].into_iter().flat_map(|r| [(r, &lin), (r, &fused)]) {
             let x: Vec<f32> = (0..rows * inp).map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0).collect();
             let xm = Mat::from_vec(rows, inp, x.clone());
             let y = lin.forward(&xm, Precision::F32).unwrap();
@@ -390,7 +430,9 @@ mod tests {
     /// the GEMV on every instruction set this CPU has, and the prefill GEMM block by block.
     #[test]
     fn bf16_storage_gives_the_bits_of_f32_storage() {
-        let (out, inp) = (1000, 1024);
+        // More rows than one widened block holds (2048 of 1024 values), so the GEMM runs in
+        // two blocks.
+        let (out, inp) = (3000, 1024);
         let bits: Vec<u16> =
             (0..out * inp).map(|i| half::bf16::from_f32(((i * 7919) % 2003) as f32 / 1000.0 - 1.0).to_bits()).collect();
         let widened: Vec<f32> = bits.iter().map(|&b| bf16_to_f32(b)).collect();
