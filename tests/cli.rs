@@ -441,3 +441,30 @@ fn tokens_carry_the_entropy_of_their_distribution() {
         assert!(h >= partial - 1e-4 && h <= (512f64).ln() + 1e-4, "entropy {h} vs top-5 part {partial}: {t}");
     }
 }
+
+/// Without `--mtp`, a model with no MTP head is benchmarked plainly (and says so); asking for a
+/// draft depth on it is still an error naming the model. The weights line says what is held
+/// and how much of it is read in place.
+#[test]
+fn bench_without_an_mtp_head_measures_plain_decoding() {
+    let m = fixture("qwen3_5_text");
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))
+        .args(["bench", "--model", &m, "--repeat", "1", "--max-tokens", "4", "--json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("has no MTP head: measuring --mtp 0 only"), "{stderr}");
+    let v: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.iter().map(|r| r["mtp"].as_str().unwrap()).collect::<Vec<_>>(), ["0"]);
+    let load = &v["load"];
+    assert!(load["mapped_bytes"].as_u64().unwrap() > 0, "{load}");
+    assert!(load["mapped_bytes"].as_u64() <= load["weights_bytes"].as_u64(), "{load}");
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))
+        .args(["bench", "--model", &m, "--mtp", "0,1", "--repeat", "1", "--max-tokens", "4"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("--mtp 1:") && stderr.contains("no MTP head"), "{stderr}");
+}

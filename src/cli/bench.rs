@@ -33,9 +33,10 @@ pub struct BenchArgs {
     /// speed-up and TTFT at long prompts.
     #[arg(long, value_name = "N", value_parser = super::common::whole_number)]
     pub prompt_len: Option<usize>,
-    /// MTP depths to compare (0 = plain decoding, 1 to 4 draft steps, `auto` adapts). Local
-    /// engine only: a server's speculative decoding is set where it was started.
-    #[arg(long, value_delimiter = ',', default_value = "0,1,2,3", value_name = "LIST")]
+    /// MTP depths to compare (0 = plain decoding, 1 to 4 draft steps, `auto` adapts; default
+    /// 0,1,2,3, or 0 alone for a model without an MTP head). Local engine only: a server's
+    /// speculative decoding is set where it was started.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub mtp: Vec<String>,
     #[arg(long, default_value_t = 256, value_name = "N", value_parser = super::common::whole_number)]
     pub max_tokens: usize,
@@ -107,6 +108,9 @@ pub fn median(v: Vec<f64>) -> f64 {
     Spread::of(&v).map_or(0.0, |s| s.median)
 }
 
+/// `bench`'s depths when `--mtp` is not given and the model has an MTP head.
+const DEFAULT_DEPTHS: [usize; 4] = [0, 1, 2, 3];
+
 /// One `--mtp` entry, checked before anything runs.
 fn mtp_setting(s: &str) -> anyhow::Result<MtpParams> {
     if s == "auto" {
@@ -154,7 +158,8 @@ fn padded(loaded: &Loaded, question: &str, len: usize) -> anyhow::Result<Vec<u32
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.repeat >= 1, "--repeat must be at least 1");
     anyhow::ensure!(a.max_tokens >= 1, "--max-tokens must be at least 1");
-    let settings: Vec<MtpParams> = a.mtp.iter().map(|s| mtp_setting(s)).collect::<anyhow::Result<_>>()?;
+    // Checked before anything runs; the default list waits for the model (has it a head?).
+    let mut settings: Vec<MtpParams> = a.mtp.iter().map(|s| mtp_setting(s)).collect::<anyhow::Result<_>>()?;
     let prompts = prompts(&a)?;
     if a.model.server.server.is_some() {
         // A server: only its per-request figures can be measured (see bench_remote).
@@ -163,6 +168,15 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let loaded = common::load_local(&a.model, "bench")?;
     // After loading, which sized the thread pool.
     let cpu = crate::model::cpu::CpuInfo::detect();
+    let mut names = a.mtp.clone();
+    if names.is_empty() {
+        let has_head = loaded.model.mtp.is_some();
+        names = if has_head { DEFAULT_DEPTHS.iter().map(|d| d.to_string()).collect() } else { vec!["0".into()] };
+        if !has_head {
+            eprintln!("{} has no MTP head: measuring --mtp 0 only", loaded.name);
+        }
+        settings = names.iter().map(|s| mtp_setting(s)).collect::<anyhow::Result<_>>()?;
+    }
     if let Some(m) = settings.iter().find(|m| (m.depth > 0 || m.auto) && loaded.model.mtp.is_none()) {
         let which = if m.auto { "auto".to_string() } else { m.depth.to_string() };
         anyhow::bail!("--mtp {which}: {} has no MTP head, so only --mtp 0 can be measured", loaded.name);
@@ -206,7 +220,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             if !a.json {
                 let what =
                     if warm { format!("warm-up {}", round + 1) } else { format!("round {}", round + 1 - a.warmup) };
-                writeln!(err, "{what} mtp {}: {:.1} tok/s", a.mtp[i], pass.decode)?;
+                writeln!(err, "{what} mtp {}: {:.1} tok/s", names[i], pass.decode)?;
             }
             if warm {
                 continue;
@@ -220,7 +234,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             s.stats = pass.stats;
         }
     }
-    let mut rows: Vec<BenchRow> = a.mtp.iter().zip(&samples).filter_map(|(name, s)| row(name, s)).collect();
+    let mut rows: Vec<BenchRow> = names.iter().zip(&samples).filter_map(|(name, s)| row(name, s)).collect();
     if let Some(base) = rows.iter().find(|r| r.mtp == "0").map(|r| r.decode_tok_s) {
         let step_ms = 1e3 / base.median.max(1e-9);
         for r in rows.iter_mut().filter(|r| r.mtp != "0") {

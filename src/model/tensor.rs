@@ -237,11 +237,6 @@ impl Linear {
         self.parts.iter().map(Weights::bytes).sum()
     }
 
-    /// Bytes of the weights that are views into the mapped checkpoint (not copies).
-    pub fn mapped_bytes(&self) -> usize {
-        self.parts.iter().filter(|w| w.is_mapped()).map(Weights::bytes).sum()
-    }
-
     pub fn dtype_name(&self) -> &'static str {
         let first = self.parts.first().map_or("f32", Weights::dtype_name);
         if self.parts.iter().all(|w| w.dtype_name() == first) { first } else { "mixed" }
