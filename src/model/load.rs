@@ -44,7 +44,7 @@ impl Loader<'_> {
     /// A weight matrix in its stored dtype; with the bf16 reference's cast points, in bf16.
     pub fn weights(&self, name: &str, shape: &[usize]) -> Result<Weights> {
         let w = self.store.load_weights(name, shape)?;
-        let w = if self.precision == Precision::Bf16 && w.dtype_name() != "bf16" {
+        let w = if self.precision == Precision::Bf16 && !matches!(w, Weights::Bf16(_)) {
             // Rounded into a new buffer: the file's pages are not needed again.
             let rounded = w.into_bf16();
             self.store.release(name);
