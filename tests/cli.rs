@@ -405,6 +405,11 @@ fn bench_reports_median_min_max_and_whether_a_difference_is_noise() {
     let cpu = &v["cpu"];
     assert!(cpu["physical_cores"].as_u64().unwrap() >= 1 && cpu["threads"].as_u64().unwrap() >= 1, "{cpu}");
     assert!(["avx512", "avx2", "portable"].contains(&cpu["kernels"].as_str().unwrap()), "{cpu}");
+    let bf16 = cpu["bf16_kernels"].as_str().unwrap();
+    assert!(["avx512_bf16", "avx512", "avx2", "portable"].contains(&bf16), "{cpu}");
+    // vdpbf16ps is named exactly when the CPU reports AVX512_BF16 (and AVX-512 is in use).
+    let has_bf16 = cpu["features"].as_array().unwrap().iter().any(|f| f == "avx512_bf16");
+    assert_eq!(bf16 == "avx512_bf16", has_bf16 && cpu["kernels"] == "avx512", "{cpu}");
     let out = ok(&["bench", "--mtp", "0", "--repeat", "1", "--max-tokens", "4", "--threads", "1", "--json"]);
     assert_eq!(serde_json::from_str::<Value>(out.trim()).unwrap()["cpu"]["threads"], 1);
 

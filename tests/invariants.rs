@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use deltascope::engine::sampler::Rng;
 use deltascope::model::gdn::{chunked_head, recurrent_head};
-use deltascope::model::{ForwardOptions, LoadOptions, LogitsRows, Model, ModelSource, SequenceState};
+use deltascope::model::{ForwardOptions, LoadOptions, LogitsRows, Model, ModelSource, Precision, SequenceState};
 
 fn randn(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
     // Box–Muller from the engine's own generator.
@@ -56,8 +56,12 @@ fn chunked_rule_equals_recurrent_rule() {
 }
 
 fn fixture(name: &str) -> Model {
+    fixture_in(name, Precision::F32)
+}
+
+fn fixture_in(name: &str, precision: Precision) -> Model {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
-    Model::load(&ModelSource::Dir(dir), &LoadOptions::default()).unwrap()
+    Model::load(&ModelSource::Dir(dir), &LoadOptions { precision, ..LoadOptions::default() }).unwrap()
 }
 
 fn prompt(n: usize) -> Vec<u32> {
@@ -179,11 +183,19 @@ fn state_byte_accounting_is_exact() {
 
 /// Verification for speculative decoding: a verify pass over T tokens gives exactly the logits of
 /// decoding them one by one, and keeping any prefix leaves exactly the state that decoding that
-/// prefix leaves (bit-exact, f32).
+/// prefix leaves (bit-exact, in f32 and in bf16, where the decode GEMV is the bf16 × bf16
+/// kernel family of `model::gemv::PairKernel`).
 #[test]
 fn verify_pass_and_rollback_are_bit_exact() {
-    for name in ["qwen3_5_vl", "qwen3_next", "qwen3_5_moe"] {
-        let model = fixture(name);
+    for (fixture_name, precision) in [
+        ("qwen3_5_vl", Precision::F32),
+        ("qwen3_next", Precision::F32),
+        ("qwen3_5_moe", Precision::F32),
+        ("qwen3_5_vl", Precision::Bf16),
+        ("qwen3_5_moe", Precision::Bf16),
+    ] {
+        let name = format!("{fixture_name} in {}", precision.name());
+        let model = fixture_in(fixture_name, precision);
         let ids = prompt(60);
         let (ctx, block) = (&ids[..50], &ids[50..55]);
         let mut base = model.new_state();

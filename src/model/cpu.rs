@@ -4,6 +4,7 @@
 
 use serde::Serialize;
 
+use super::gemv::PairKernel;
 use super::tensor::Simd;
 
 #[derive(Debug, Clone, Serialize)]
@@ -17,6 +18,8 @@ pub struct CpuInfo {
     pub features: Vec<String>,
     /// The kernels the GEMV dispatches to on this CPU.
     pub kernels: &'static str,
+    /// The kernels of the bf16 × bf16 GEMV (`--dtype bf16`): `avx512_bf16` is `vdpbf16ps`.
+    pub bf16_kernels: &'static str,
     /// Threads the layers run on.
     pub threads: usize,
 }
@@ -43,20 +46,23 @@ impl CpuInfo {
             logical_cpus: logical,
             features,
             kernels: Simd::detect().name(),
+            bf16_kernels: PairKernel::detect(Simd::detect()).name(),
             threads: rayon::current_num_threads(),
         }
     }
 
-    /// "AMD EPYC … · 2 cores · 2 threads · avx2 avx512f avx512_bf16 · kernels avx512".
+    /// "AMD EPYC … · 2 cores · 2 threads · avx2 avx512f avx512_bf16 · kernels avx512, bf16
+    /// avx512_bf16".
     pub fn summary(&self) -> String {
         format!(
-            "{} · {} cores ({} logical) · {} threads · {} · kernels {}",
+            "{} · {} cores ({} logical) · {} threads · {} · kernels {}, bf16 {}",
             if self.model.is_empty() { "CPU" } else { &self.model },
             self.physical_cores,
             self.logical_cpus,
             self.threads,
             if self.features.is_empty() { "no AVX2".to_string() } else { self.features.join(" ") },
-            self.kernels
+            self.kernels,
+            self.bf16_kernels
         )
     }
 }

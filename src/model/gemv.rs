@@ -1,13 +1,18 @@
 //! Multi-row dot-product kernels for the decode GEMV and the MTP verify pass: weight rows
 //! against up to [`MAX_ROWS`] activation rows, each weight read (and, for bf16, widened) once
-//! for all of them.
+//! for all of them. Two families, each with one summation order that all its kernels compute:
 //!
-//! Every kernel computes, for each activation row, exactly the sum [`tensor::dot`] computes:
-//! 16 lanes, lane `i` adding `w[i] · x[i]`, `w[i + 16] · x[i + 16]`, … in order (a multiply then
-//! an add, never fused), the lanes folded pairwise (8, 4, 2, 1), then the scalar tail added. So
-//! a verify pass over K + 1 tokens gives each token the bits a one-token step gives it, bf16
-//! weights give the bits of the same weights stored as f32, and the AVX-512, AVX2 and portable
-//! kernels agree bit for bit (tested below).
+//! - **f32 activations** (`--dtype f32`; f32 or bf16 weights): exactly the sum [`tensor::dot`]
+//!   computes: 16 lanes, lane `i` adding `w[i] · x[i]`, `w[i + 16] · x[i + 16]`, … in order (a
+//!   multiply then an add, never fused), the lanes folded pairwise (8, 4, 2, 1), then the scalar
+//!   tail added. bf16 weights give the bits of the same weights stored as f32.
+//! - **bf16 activations against bf16 weights** (`--dtype bf16`, where a linear layer's input
+//!   is a bf16 value as in transformers): the order of `vdpbf16ps` ([`PairKernel`]), which
+//!   CPUs with AVX512_BF16 run at 32 products an instruction; the others reproduce it with
+//!   fused multiply-adds (a product of two bf16 values is exact in f32).
+//!
+//! Either way a verify pass over K + 1 tokens gives each token the bits a one-token step gives
+//! it, and the AVX-512, AVX2 and portable kernels agree bit for bit (tested below).
 //!
 //! [`tensor::dot`]: super::tensor::dot
 
@@ -163,7 +168,9 @@ fn tail(w: WeightRow<'_>, x: &[f32], from: usize) -> f32 {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{LANES, MAX_ROWS, WeightRow, tail};
+    use std::ops::Range;
+
+    use super::{BLOCK, LANES, MAX_ROWS, PairRows, WeightRow, pairs_tail, tail};
 
     /// Folds 16 lanes as the reference does: `a[i] += a[i + 8]`, then `+ 4`, `+ 2`, `+ 1`.
     #[inline]
@@ -305,6 +312,146 @@ mod x86 {
         }
     }
 
+    macro_rules! pair_rows {
+        ($kernel:ident, $w:expr, $k:expr, $x:expr, $rows:expr, $out:expr, $split:literal, [$($r:literal),*]) => {{
+            let (n, first) = ($x.n, $rows.start);
+            match $rows.len() {
+                $($r => {
+                    let mut xp = [std::ptr::null::<u8>(); $r];
+                    for (i, p) in xp.iter_mut().enumerate() {
+                        *p = if $split { $x.split_row(first + i).as_ptr().cast() } else { $x.bits_row(first + i).as_ptr().cast() };
+                    }
+                    for o in 0..$k {
+                        let wo = &$w[o * n..(o + 1) * n];
+                        // SAFETY: row o holds n weights; every activation row holds the
+                        // blocks of n values in the kernel's layout.
+                        let acc = unsafe { $kernel::<$r>(wo.as_ptr(), xp, n) };
+                        for i in 0..$r {
+                            let tail = pairs_tail(wo, $x.bits_row(first + i), (n / BLOCK) * BLOCK);
+                            $out[o * $r + i] = acc[i] + tail;
+                        }
+                    }
+                })*
+                _ => unreachable!("row groups are at most {MAX_ROWS}"),
+            }
+        }};
+    }
+
+    /// `vdpbf16ps`: one instruction per 32 weights per activation row. One weight row at a
+    /// time: two at once (each activation load serving two instructions) measured 1.5-3x
+    /// slower on 1024-wide rows here, as two weight streams do for the f32 kernels.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub unsafe fn pairs_dpbf16(w: &[u16], k: usize, x: &PairRows, rows: Range<usize>, out: &mut [f32]) {
+        pair_rows!(block_dpbf16, w, k, x, rows, out, false, [1, 2, 3, 4, 5, 6, 7, 8])
+    }
+
+    /// AVX-512F: the odd and even halves of each pair by a mask and a shift, two fused
+    /// multiply-adds.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn pairs_fma512(w: &[u16], k: usize, x: &PairRows, rows: Range<usize>, out: &mut [f32]) {
+        pair_rows!(block_fma512, w, k, x, rows, out, true, [1, 2, 3, 4, 5, 6, 7, 8])
+    }
+
+    /// AVX2: as AVX-512F, lanes 0–7 and 8–15 in two registers.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn pairs_fma256(w: &[u16], k: usize, x: &PairRows, rows: Range<usize>, out: &mut [f32]) {
+        pair_rows!(block_fma256, w, k, x, rows, out, true, [1, 2, 3, 4])
+    }
+
+    /// The folded blocks of one weight row against R activation rows (bf16, raw).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn block_dpbf16<const R: usize>(w: *const u16, x: [*const u8; R], n: usize) -> [f32; R] {
+        let blocks = n / BLOCK;
+        let mut a0 = [_mm512_setzero_ps(); R];
+        let mut a1 = [_mm512_setzero_ps(); R];
+        // SAFETY: every load reads a full block below blocks · 32 <= n.
+        unsafe {
+            let wb = |b: usize| -> __m512bh { std::mem::transmute(_mm512_loadu_si512(w.add(b * BLOCK).cast())) };
+            let xb = |r: usize, b: usize| -> __m512bh {
+                std::mem::transmute(_mm512_loadu_si512(x[r].cast::<u16>().add(b * BLOCK).cast()))
+            };
+            let mut b = 0;
+            while b + 2 <= blocks {
+                let (w0, w1) = (wb(b), wb(b + 1));
+                for r in 0..R {
+                    a0[r] = _mm512_dpbf16_ps(a0[r], w0, xb(r, b));
+                    a1[r] = _mm512_dpbf16_ps(a1[r], w1, xb(r, b + 1));
+                }
+                b += 2;
+            }
+            if b < blocks {
+                let w0 = wb(b);
+                for (r, a) in a0.iter_mut().enumerate() {
+                    *a = _mm512_dpbf16_ps(*a, w0, xb(r, b));
+                }
+            }
+        }
+        std::array::from_fn(|r| fold16(_mm512_add_ps(a0[r], a1[r])))
+    }
+
+    /// The folded blocks of one weight row against R activation rows (split f32 halves).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn block_fma512<const R: usize>(w: *const u16, x: [*const u8; R], n: usize) -> [f32; R] {
+        let blocks = n / BLOCK;
+        let mut acc = [[_mm512_setzero_ps(); R]; 2];
+        let odd_mask = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+        for b in 0..blocks {
+            // SAFETY: every load reads a full block below blocks · 32 <= n.
+            unsafe {
+                let v = _mm512_loadu_si512(w.add(b * BLOCK).cast());
+                let odd = _mm512_castsi512_ps(_mm512_and_si512(v, odd_mask));
+                let even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+                let a = &mut acc[b % 2];
+                for r in 0..R {
+                    let xs = x[r].cast::<f32>().add(b * BLOCK);
+                    a[r] = _mm512_fmadd_ps(odd, _mm512_loadu_ps(xs), a[r]);
+                    a[r] = _mm512_fmadd_ps(even, _mm512_loadu_ps(xs.add(16)), a[r]);
+                }
+            }
+        }
+        std::array::from_fn(|r| fold16(_mm512_add_ps(acc[0][r], acc[1][r])))
+    }
+
+    /// The folded blocks of one weight row against R activation rows, on AVX2.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn block_fma256<const R: usize>(w: *const u16, x: [*const u8; R], n: usize) -> [f32; R] {
+        let blocks = n / BLOCK;
+        let mut lo = [[_mm256_setzero_ps(); R]; 2];
+        let mut hi = [[_mm256_setzero_ps(); R]; 2];
+        let odd_mask = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+        for b in 0..blocks {
+            // SAFETY: every load reads a full block below blocks · 32 <= n.
+            unsafe {
+                let vl = _mm256_loadu_si256(w.add(b * BLOCK).cast());
+                let vh = _mm256_loadu_si256(w.add(b * BLOCK + 16).cast());
+                let (ol, el) = (
+                    _mm256_castsi256_ps(_mm256_and_si256(vl, odd_mask)),
+                    _mm256_castsi256_ps(_mm256_slli_epi32(vl, 16)),
+                );
+                let (oh, eh) = (
+                    _mm256_castsi256_ps(_mm256_and_si256(vh, odd_mask)),
+                    _mm256_castsi256_ps(_mm256_slli_epi32(vh, 16)),
+                );
+                let s = b % 2;
+                for r in 0..R {
+                    let xs = x[r].cast::<f32>().add(b * BLOCK);
+                    lo[s][r] = _mm256_fmadd_ps(ol, _mm256_loadu_ps(xs), lo[s][r]);
+                    hi[s][r] = _mm256_fmadd_ps(oh, _mm256_loadu_ps(xs.add(8)), hi[s][r]);
+                    lo[s][r] = _mm256_fmadd_ps(el, _mm256_loadu_ps(xs.add(16)), lo[s][r]);
+                    hi[s][r] = _mm256_fmadd_ps(eh, _mm256_loadu_ps(xs.add(24)), hi[s][r]);
+                }
+            }
+        }
+        std::array::from_fn(|r| {
+            let l = _mm256_add_ps(lo[0][r], lo[1][r]);
+            let h = _mm256_add_ps(hi[0][r], hi[1][r]);
+            fold8(_mm256_add_ps(l, h))
+        })
+    }
+
     /// The weight row and activation row back as slices, for the scalar tail.
     #[inline(always)]
     unsafe fn row_slices<'a, const BF16: bool>(w: *const u8, x: *const f32, n: usize) -> (WeightRow<'a>, &'a [f32]) {
@@ -318,6 +465,246 @@ mod x86 {
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16 × bf16: the order of `vdpbf16ps`
+// ---------------------------------------------------------------------------------------------
+
+/// The kernel family for bf16 weights against bf16 activations (`--dtype bf16`, where every
+/// linear layer's input is a bf16 value, as in transformers).
+///
+/// The order of the sum is the one `vdpbf16ps` (AVX512_BF16) computes, so that the CPUs that have
+/// it can use it and every other kernel gives its bits: the row is cut into blocks of 32; block
+/// `b` goes to accumulator set `b % 2` (two sets, so one activation row is not bound by one
+/// chain's latency); in a block, lane `j` adds `w[2j + 1] · x[2j + 1]` and then `w[2j] · x[2j]`,
+/// each addition rounded; the two sets are added lane by lane, the 16 lanes folded pairwise
+/// (8, 4, 2, 1) and the scalar tail past the last full block added in order. A product of two
+/// bf16 values is exact in f32, so a multiply-then-add, a fused multiply-add and `vdpbf16ps`
+/// all round the same sum: the kernels agree bit for bit, except where a value or product is
+/// subnormal (below 1.2e-38), which `vdpbf16ps` flushes to zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PairKernel {
+    /// `vdpbf16ps`: 32 products per instruction.
+    Dpbf16,
+    /// AVX-512F fused multiply-adds on the two halves of each pair.
+    Avx512,
+    /// AVX2 fused multiply-adds, 8 lanes at a time.
+    Avx2,
+    Portable,
+}
+
+impl PairKernel {
+    /// The best of the family for this CPU, given the f32 kernels' choice.
+    pub fn detect(simd: Simd) -> PairKernel {
+        match simd {
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx512 if std::is_x86_feature_detected!("avx512bf16") => PairKernel::Dpbf16,
+            Simd::Avx512 => PairKernel::Avx512,
+            Simd::Avx2 => PairKernel::Avx2,
+            Simd::Portable => PairKernel::Portable,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PairKernel::Dpbf16 => "avx512_bf16",
+            PairKernel::Avx512 => "avx512",
+            PairKernel::Avx2 => "avx2",
+            PairKernel::Portable => "portable",
+        }
+    }
+
+    /// Activation rows one pass over the weights handles.
+    fn group(self) -> usize {
+        match self {
+            PairKernel::Dpbf16 | PairKernel::Avx512 | PairKernel::Portable => MAX_ROWS,
+            PairKernel::Avx2 => 4,
+        }
+    }
+}
+
+const BLOCK: usize = 32;
+
+/// A 64-byte cache line, so every activation row starts on one (an unaligned 512-bit load that
+/// crosses two lines costs two).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+fn lines_for(bytes: usize) -> usize {
+    bytes.div_ceil(64)
+}
+
+/// Activation rows rounded to bf16 once per call, in the layout the chosen kernel loads: raw
+/// bf16 (`vdpbf16ps`, the portable kernel and every tail), plus, for the fused-multiply-add
+/// kernels, each block's 16 odd then 16 even values widened to f32.
+pub struct PairRows {
+    kernel: PairKernel,
+    n: usize,
+    rows: usize,
+    /// Per row: `bits_stride` lines of bf16.
+    bits: Vec<Line>,
+    bits_stride: usize,
+    /// Per row: `split_stride` lines of f32 (empty for `Dpbf16` / `Portable`).
+    split: Vec<Line>,
+    split_stride: usize,
+}
+
+impl PairRows {
+    /// `xs` rounded to bf16 (round to nearest even; exact where they already are bf16 values).
+    pub fn new(kernel: PairKernel, xs: &[&[f32]], n: usize) -> PairRows {
+        let rows = xs.len();
+        let bits_stride = lines_for(n * 2);
+        let blocks = n / BLOCK;
+        let needs_split = matches!(kernel, PairKernel::Avx512 | PairKernel::Avx2);
+        let split_stride = if needs_split { lines_for(blocks * BLOCK * 4) } else { 0 };
+        let mut p = PairRows {
+            kernel,
+            n,
+            rows,
+            bits: vec![Line([0; 64]); rows * bits_stride],
+            bits_stride,
+            split: vec![Line([0; 64]); rows * split_stride],
+            split_stride,
+        };
+        for (r, x) in xs.iter().enumerate() {
+            let bits = p.bits_row_mut(r);
+            for (b, &v) in bits.iter_mut().zip(&x[..n]) {
+                *b = half::bf16::from_f32(v).to_bits();
+            }
+            if needs_split {
+                let bits: Vec<u16> = p.bits_row(r).to_vec();
+                let split = p.split_row_mut(r);
+                for blk in 0..blocks {
+                    for j in 0..16 {
+                        split[blk * BLOCK + j] = bf16_to_f32(bits[blk * BLOCK + 2 * j + 1]);
+                        split[blk * BLOCK + 16 + j] = bf16_to_f32(bits[blk * BLOCK + 2 * j]);
+                    }
+                }
+            }
+        }
+        p
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    fn bits_row(&self, r: usize) -> &[u16] {
+        let l = &self.bits[r * self.bits_stride..(r + 1) * self.bits_stride];
+        // SAFETY: Line is 64 plain bytes, 2-aligned; the view stays within the row's lines.
+        unsafe { std::slice::from_raw_parts(l.as_ptr().cast::<u16>(), self.n) }
+    }
+
+    fn bits_row_mut(&mut self, r: usize) -> &mut [u16] {
+        let l = &mut self.bits[r * self.bits_stride..(r + 1) * self.bits_stride];
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts_mut(l.as_mut_ptr().cast::<u16>(), self.n) }
+    }
+
+    fn split_row(&self, r: usize) -> &[f32] {
+        let l = &self.split[r * self.split_stride..(r + 1) * self.split_stride];
+        // SAFETY: Line is 64 plain bytes, 4-aligned; the view stays within the row's lines.
+        unsafe { std::slice::from_raw_parts(l.as_ptr().cast::<f32>(), l.len() * 16) }
+    }
+
+    fn split_row_mut(&mut self, r: usize) -> &mut [f32] {
+        let l = &mut self.split[r * self.split_stride..(r + 1) * self.split_stride];
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts_mut(l.as_mut_ptr().cast::<f32>(), l.len() * 16) }
+    }
+}
+
+/// `w` holds `k` bf16 rows of `x.n` weights: `out[o · R + r] = w[o] · x[r]` in the order of
+/// [`PairKernel`], for every weight row `o` and activation row `r` (R = `x.rows()`).
+pub fn pairs_rows(w: &[u16], x: &PairRows, out: &mut [f32]) {
+    let (n, rows) = (x.n, x.rows);
+    let k = w.len().checked_div(n).unwrap_or(0);
+    assert!(
+        k * n == w.len() && out.len() == k * rows,
+        "pairs_rows: {} weights as rows of {n}, {} outputs for {rows} activation rows",
+        w.len(),
+        out.len()
+    );
+    if k == 0 || rows == 0 {
+        return;
+    }
+    let group = x.kernel.group();
+    if rows <= group {
+        pairs_kernel(w, k, x, 0..rows, out);
+        return;
+    }
+    let mut y = vec![0f32; k * group];
+    for r0 in (0..rows).step_by(group) {
+        let g = group.min(rows - r0);
+        let y = &mut y[..k * g];
+        pairs_kernel(w, k, x, r0..r0 + g, y);
+        for o in 0..k {
+            out[o * rows + r0..o * rows + r0 + g].copy_from_slice(&y[o * g..(o + 1) * g]);
+        }
+    }
+}
+
+fn pairs_kernel(w: &[u16], k: usize, x: &PairRows, rows: std::ops::Range<usize>, y: &mut [f32]) {
+    let n = x.n;
+    match x.kernel {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `PairKernel::detect` picks these only where the CPU has the features (the
+        // tests pick them only after checking); `pairs_rows` asserted the lengths.
+        PairKernel::Dpbf16 => unsafe { x86::pairs_dpbf16(w, k, x, rows, y) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        PairKernel::Avx512 => unsafe { x86::pairs_fma512(w, k, x, rows, y) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        PairKernel::Avx2 => unsafe { x86::pairs_fma256(w, k, x, rows, y) },
+        _ => {
+            let g = rows.len();
+            for o in 0..k {
+                for (i, r) in rows.clone().enumerate() {
+                    y[o * g + i] = portable_pairs(&w[o * n..(o + 1) * n], x.bits_row(r));
+                }
+            }
+        }
+    }
+}
+
+/// The reference of [`PairKernel`]'s order, written plainly.
+pub fn portable_pairs(w: &[u16], x: &[u16]) -> f32 {
+    let n = w.len().min(x.len());
+    let blocks = n / BLOCK;
+    let mut acc = [[0f32; LANES]; 2];
+    for b in 0..blocks {
+        let a = &mut acc[b % 2];
+        for (j, lane) in a.iter_mut().enumerate() {
+            let i = b * BLOCK + 2 * j;
+            *lane += bf16_to_f32(w[i + 1]) * bf16_to_f32(x[i + 1]);
+            *lane += bf16_to_f32(w[i]) * bf16_to_f32(x[i]);
+        }
+    }
+    let mut lanes = [0f32; LANES];
+    for j in 0..LANES {
+        lanes[j] = acc[0][j] + acc[1][j];
+    }
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            lanes[i] += lanes[i + width];
+        }
+    }
+    lanes[0] + pairs_tail(w, x, blocks * BLOCK)
+}
+
+/// The scalar tail past the last full block, in order.
+#[inline(always)]
+fn pairs_tail(w: &[u16], x: &[u16], from: usize) -> f32 {
+    let mut s = 0f32;
+    for i in from..w.len().min(x.len()) {
+        s += bf16_to_f32(w[i]) * bf16_to_f32(x[i]);
+    }
+    s
 }
 
 #[cfg(test)]
@@ -398,5 +785,96 @@ mod tests {
         let x: Vec<f32> = (0..37).map(|i| 1.0 - i as f32 * 0.125).collect();
         let exact: f64 = w.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
         assert!((portable(WeightRow::F32(&w), &x) as f64 - exact).abs() < 1e-3);
+    }
+
+    fn pair_kernels() -> Vec<PairKernel> {
+        let mut k = vec![PairKernel::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                k.push(PairKernel::Avx2);
+            }
+            if Simd::detect() == Simd::Avx512 {
+                k.push(PairKernel::Avx512);
+            }
+            if PairKernel::detect(Simd::detect()) == PairKernel::Dpbf16 {
+                k.push(PairKernel::Dpbf16);
+            }
+        }
+        k
+    }
+
+    fn bf16_values(n: usize, seed: usize, scale: f32) -> Vec<u16> {
+        (0..n)
+            .map(|i| half::bf16::from_f32(((((i + seed) * 7919) % 2003) as f32 / 1001.0 - 1.0) * scale).to_bits())
+            .collect()
+    }
+
+    /// Every kernel of the bf16 × bf16 family, at every row count and at lengths with and
+    /// without a tail (and with an odd number of blocks), gives the reference's bits; where the
+    /// CPU has AVX512_BF16 this checks `vdpbf16ps` itself against the order written down in
+    /// [`PairKernel`] (two rounded additions per lane, the odd element first).
+    #[test]
+    fn every_pair_kernel_gives_the_reference_bits() {
+        let have = pair_kernels();
+        #[cfg(target_arch = "x86_64")]
+        {
+            assert!(have.len() >= 2, "no AVX2 on this x86-64 CPU: only the portable kernel was tested");
+            if std::is_x86_feature_detected!("avx512bf16") && std::is_x86_feature_detected!("avx512bw") {
+                assert!(have.contains(&PairKernel::Dpbf16), "the CPU has AVX512_BF16 but the kernel was not picked");
+            }
+        }
+        for n in [1, 31, 32, 33, 64, 96, 100, 1024, 3584 + 5] {
+            let w = bf16_values(n, 0, 0.3);
+            let rows: Vec<Vec<u16>> = (0..MAX_ROWS).map(|r| bf16_values(n, 31 * r + 7, 2.0)).collect();
+            let wide: Vec<Vec<f32>> = rows.iter().map(|r| r.iter().map(|&b| bf16_to_f32(b)).collect()).collect();
+            for r in 1..=MAX_ROWS {
+                let xs: Vec<&[f32]> = wide[..r].iter().map(|v| v.as_slice()).collect();
+                let want: Vec<u32> = rows[..r].iter().map(|x| portable_pairs(&w, x).to_bits()).collect();
+                for &kernel in &have {
+                    let x = PairRows::new(kernel, &xs, n);
+                    let mut out = vec![0f32; r];
+                    pairs_rows(&w, &x, &mut out);
+                    let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(got, want, "{kernel:?} n {n} rows {r}");
+                }
+            }
+        }
+    }
+
+    /// Several weight rows at once, more activation rows than one group: each output is its
+    /// row's reference sum; activations that are not bf16 values are rounded to bf16 first.
+    #[test]
+    fn pair_kernels_over_weight_rows_and_groups() {
+        let (k, n) = (5, 1000 + 3);
+        let w = bf16_values(k * n, 3, 0.5);
+        let rows: Vec<Vec<f32>> =
+            (0..MAX_ROWS + 3).map(|r| (0..n).map(|i| ((i + 3 * r) as f32 * 0.29).cos()).collect()).collect();
+        let xs: Vec<&[f32]> = rows.iter().map(|v| v.as_slice()).collect();
+        let rounded: Vec<Vec<u16>> =
+            rows.iter().map(|r| r.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect()).collect();
+        for kernel in pair_kernels() {
+            let x = PairRows::new(kernel, &xs, n);
+            let mut out = vec![0f32; k * xs.len()];
+            pairs_rows(&w, &x, &mut out);
+            for o in 0..k {
+                for (r, xr) in rounded.iter().enumerate() {
+                    let want = portable_pairs(&w[o * n..(o + 1) * n], xr);
+                    assert_eq!(out[o * xs.len() + r].to_bits(), want.to_bits(), "{kernel:?} o {o} r {r}");
+                }
+            }
+        }
+    }
+
+    /// The pair order is a real dot product: within float error of the exact sum.
+    #[test]
+    fn the_pair_reference_is_a_dot_product() {
+        for n in [5, 70, 1027] {
+            let (w, x) = (bf16_values(n, 1, 0.7), bf16_values(n, 5, 1.3));
+            let exact: f64 = w.iter().zip(&x).map(|(&a, &b)| bf16_to_f32(a) as f64 * bf16_to_f32(b) as f64).sum();
+            let mag: f64 = w.iter().zip(&x).map(|(&a, &b)| (bf16_to_f32(a) as f64 * bf16_to_f32(b) as f64).abs()).sum();
+            let got = portable_pairs(&w, &x) as f64;
+            assert!((got - exact).abs() <= 1e-6 * mag, "n {n}: {got} against {exact}");
+        }
     }
 }

@@ -5,12 +5,15 @@
 //! widened to f32 in the kernels; activations and arithmetic are f32. `Precision::Bf16` reproduces the bf16 reference
 //! (transformers with `dtype=bfloat16`) by rounding to bf16 exactly where PyTorch rounds: a bf16
 //! GEMM is an f32-accumulated product of bf16 values rounded once, which is what an f32 GEMM of
-//! bf16-valued operands followed by one rounding computes (up to summation order).
+//! bf16-valued operands followed by one rounding computes (up to summation order). In bf16 mode
+//! the decode GEMV multiplies bf16 activations by bf16 weights directly (`vdpbf16ps` where the
+//! CPU has AVX512_BF16; `gemv::PairKernel`), rounding a layer's input to bf16 first, which is
+//! exact where it already is a bf16 value.
 
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::gemv::{self, WeightRow};
+use super::gemv::{self, PairKernel, PairRows, WeightRow};
 use super::storage::Weights;
 use crate::error::{Error, Result};
 
@@ -202,6 +205,7 @@ pub struct Linear {
     parts: Vec<Weights>,
     starts: Vec<usize>,
     simd: Simd,
+    pairs: PairKernel,
 }
 
 impl Linear {
@@ -229,6 +233,7 @@ impl Linear {
             parts: parts.into_iter().map(|p| p.0).collect(),
             starts,
             simd: Simd::detect(),
+            pairs: PairKernel::detect(Simd::detect()),
         })
     }
 
@@ -268,7 +273,7 @@ impl Linear {
                 x.cols, self.in_features
             )));
         }
-        let mut y = if x.rows <= GEMV_MAX_ROWS { self.gemv(x) } else { self.gemm(x)? };
+        let mut y = if x.rows <= GEMV_MAX_ROWS { self.gemv(x, prec) } else { self.gemm(x)? };
         prec.round_all(&mut y.data);
         Ok(y)
     }
@@ -299,13 +304,18 @@ impl Linear {
     }
 
     /// Threaded over output features; each weight row is read once for all input rows.
-    fn gemv(&self, x: &Mat) -> Mat {
+    fn gemv(&self, x: &Mat, prec: Precision) -> Mat {
         let (rows, inp, out) = (x.rows, self.in_features, self.out_features);
+        let xs: Vec<&[f32]> = (0..rows).map(|r| x.row(r)).collect();
+        // bf16 activations against bf16 weights (`--dtype bf16`): the pair order, which
+        // `vdpbf16ps` computes where the CPU has it (`gemv::PairKernel`).
+        let pairs = (prec == Precision::Bf16 && self.parts.iter().all(|w| matches!(w, Weights::Bf16(_))))
+            .then(|| PairRows::new(self.pairs, &xs, inp));
         // Output computed transposed ([out, rows]) so threads own contiguous blocks.
         let mut yt = vec![0f32; out * rows];
-        let block_fn = |(bi, chunk): (usize, &mut [f32]), block: usize| {
-            let xs: Vec<&[f32]> = (0..rows).map(|r| x.row(r)).collect();
-            self.dots(bi * block, chunk.len() / rows, &xs, chunk);
+        let block_fn = |(bi, chunk): (usize, &mut [f32]), block: usize| match &pairs {
+            Some(p) => self.pair_dots(bi * block, chunk.len() / rows, p, chunk),
+            None => self.dots(bi * block, chunk.len() / rows, &xs, chunk),
         };
         if out * inp < PARALLEL_MIN_WEIGHTS {
             // Small layers (the demo model): a thread hand-off costs more than the work.
@@ -314,6 +324,11 @@ impl Linear {
             let block = 64.max(out / (rayon::current_num_threads() * 8).max(1));
             yt.par_chunks_mut(block * rows).enumerate().for_each(|c| block_fn(c, block));
         }
+        if rows == 1 {
+            // [out, 1] is [1, out]: a decode step's output (the LM head's 1 MB of logits) needs
+            // no second buffer.
+            return Mat::from_vec(1, out, yt);
+        }
         let mut y = vec![0f32; rows * out];
         for o in 0..out {
             for r in 0..rows {
@@ -321,6 +336,19 @@ impl Linear {
             }
         }
         Mat::from_vec(rows, out, y)
+    }
+
+    /// [`Linear::dots`] for bf16 weights against bf16 activations.
+    fn pair_dots(&self, o0: usize, k: usize, x: &PairRows, out: &mut [f32]) {
+        let inp = self.in_features;
+        let mut out = out;
+        for (w, at, n) in self.spans(o0, k) {
+            let (mine, rest) = std::mem::take(&mut out).split_at_mut(n * x.rows());
+            out = rest;
+            if let Weights::Bf16(v) = w {
+                gemv::pairs_rows(&v[at * inp..(at + n) * inp], x, mine);
+            }
+        }
     }
 
     /// The GEMM candle runs on the CPU (`gemm`, called with candle's arguments, so the bits are
