@@ -23,7 +23,9 @@ pub struct GdnLayer {
     /// order for every family.
     in_proj: Linear,
     /// Depthwise conv weights `[conv_dim][K]`.
-    conv_w: Vec<f32>,
+    /// The depthwise conv's taps, tap-major (`[K][conv_dim]`, the checkpoint's `[conv_dim][1][K]`
+    /// transposed at load) so the conv runs across channels in vector registers.
+    conv_taps: Vec<f32>,
     /// `-exp(A_log)` per value head, f32.
     a_neg: Vec<f32>,
     dt_bias: Vec<f32>,
@@ -69,12 +71,14 @@ impl GdnLayer {
             )?,
         };
         let conv_w = ld.get(&format!("{p}conv1d.weight"), &[cfg.conv_dim(), 1, cfg.conv_kernel])?;
+        let (k, cd) = (cfg.conv_kernel, cfg.conv_dim());
+        let conv_taps: Vec<f32> = (0..k * cd).map(|i| conv_w[(i % cd) * k + i / cd]).collect();
         let a_log = ld.get(&format!("{p}A_log"), &[hv])?;
         Ok(GdnLayer {
             cfg: cfg.clone(),
             eps: eps as f32,
             in_proj,
-            conv_w,
+            conv_taps,
             a_neg: a_log.iter().map(|a| -a.exp()).collect(),
             dt_bias: ld.get(&format!("{p}dt_bias"), &[hv])?,
             norm_w: ld.get(&format!("{p}norm.weight"), &[dv])?,
@@ -85,7 +89,7 @@ impl GdnLayer {
     pub fn weight_bytes(&self) -> usize {
         self.in_proj.weight_bytes()
             + self.out_proj.weight_bytes()
-            + (self.conv_w.len() + self.a_neg.len() + self.dt_bias.len() + self.norm_w.len()) * F32_BYTES
+            + (self.conv_taps.len() + self.a_neg.len() + self.dt_bias.len() + self.norm_w.len()) * F32_BYTES
     }
 
     /// Runs the layer over `x`. With `verify`, every token goes through the recurrent rule — the
@@ -109,25 +113,31 @@ impl GdnLayer {
         //    K-1 pre-conv inputs.
         let k = c.conv_kernel;
         let mut qkv = Mat::zeros(t_len, conv_dim);
-        let input = |tau: isize, ch: usize| -> f32 {
+        let input_row = |tau: isize| -> &[f32] {
             if tau < 0 {
-                state.conv[((k - 1) as isize + tau) as usize * conv_dim + ch]
+                let r = ((k - 1) as isize + tau) as usize;
+                &state.conv[r * conv_dim..(r + 1) * conv_dim]
             } else {
-                proj.row(tau as usize)[ch]
+                &proj.row(tau as usize)[..conv_dim]
             }
         };
         for t in 0..t_len {
             let out = qkv.row_mut(t);
-            for (ch, o) in out.iter_mut().enumerate() {
-                let w = &self.conv_w[ch * k..(ch + 1) * k];
-                let mut acc = 0f32;
-                for (j, wj) in w.iter().enumerate() {
-                    acc += wj * input(t as isize - (k as isize - 1) + j as isize, ch);
+            // Per channel, the taps are added in order from 0, as the scalar loop over a
+            // channel's taps adds them (the same bits), but across the channels at once.
+            for j in 0..k {
+                let src = input_row(t as isize - (k as isize - 1) + j as isize);
+                let taps = &self.conv_taps[j * conv_dim..(j + 1) * conv_dim];
+                for ((o, w), x) in out.iter_mut().zip(taps).zip(src) {
+                    *o += w * x;
                 }
+            }
+            for o in out.iter_mut() {
                 // PyTorch's fallback rounds the conv output, then the SiLU output.
-                *o = prec.round(silu(prec.round(acc)));
+                *o = prec.round(silu(prec.round(*o)));
             }
         }
+        let input = |tau: isize, ch: usize| -> f32 { input_row(tau)[ch] };
         let mut window = Vec::with_capacity((k - 1) * conv_dim);
         for tau in (t_len as isize - (k as isize - 1))..t_len as isize {
             for ch in 0..conv_dim {

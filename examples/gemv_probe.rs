@@ -1,0 +1,51 @@
+//! Probe: GEMV throughput of the decode kernels on bf16 matrices of one shape, cycling through
+//! enough copies that every call reads from memory (not the cache).
+use deltascope::model::storage::Weights;
+use deltascope::model::tensor::{Linear, Mat, Precision};
+use std::time::Instant;
+
+fn main() {
+    let a: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let (out, inp) = (a.first().copied().unwrap_or(248320), a.get(1).copied().unwrap_or(1024));
+    let copies = (1usize << 30).div_ceil(out * inp * 2).max(1);
+    let lins: Vec<Linear> = (0..copies)
+        .map(|c| {
+            let bits = (0..out * inp)
+                .map(|i| half::bf16::from_f32(((i * 7919 + c) % 2003) as f32 / 997.0 - 1.0).to_bits())
+                .collect();
+            Linear::from_weights(Weights::bf16(bits), out, inp).unwrap()
+        })
+        .collect();
+    let reps = copies.max(8);
+    let bytes = (out * inp * 2 * reps) as f64;
+    println!("[{out}, {inp}] bf16, {copies} copies, {reps} calls per timing");
+    for threads in [1usize, 2] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        for prec in [Precision::F32, Precision::Bf16] {
+            let mut line = format!("{:>4} threads {threads}:", prec.name());
+            let mut base = 0.0;
+            for rows in [1usize, 2, 3, 4, 5] {
+                let x = Mat::from_vec(
+                    rows,
+                    inp,
+                    (0..rows * inp).map(|i| half::bf16::from_f32((i as f32 * 0.37).sin()).to_f32()).collect(),
+                );
+                let mut times = vec![];
+                for _ in 0..5 {
+                    let t = Instant::now();
+                    for i in 0..reps {
+                        let y = pool.install(|| lins[i % copies].forward(&x, prec).unwrap());
+                        std::hint::black_box(&y);
+                    }
+                    times.push(t.elapsed().as_secs_f64());
+                }
+                times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                if rows == 1 {
+                    base = times[2];
+                }
+                line += &format!("  r{rows} {:.1} GB/s {:.2}x", bytes / times[2] / 1e9, times[2] / base);
+            }
+            println!("{line}");
+        }
+    }
+}
