@@ -16,6 +16,8 @@
 //!
 //! [`tensor::dot`]: super::tensor::dot
 
+use std::ops::Range;
+
 use super::storage::bf16_to_f32;
 use super::tensor::Simd;
 
@@ -75,16 +77,22 @@ pub fn gemv_rows(simd: Simd, w: WeightRow<'_>, n: usize, xs: &[&[f32]], out: &mu
         Simd::Avx2 => 4,
         Simd::Portable => rows,
     };
+    in_groups(k, rows, group, out, |r, y| kernel(simd, w, n, k, &xs[r], y));
+}
+
+/// Runs `kernel` over the activation rows in groups of at most `group`, each writing its
+/// `[k, group rows]` block, and scatters the blocks into `out` (`[k, rows]`). One group (every
+/// decode step and verify pass on AVX-512) writes straight into `out`.
+fn in_groups(k: usize, rows: usize, group: usize, out: &mut [f32], mut kernel: impl FnMut(Range<usize>, &mut [f32])) {
     if rows <= group {
-        // One group (every decode step and verify pass on AVX-512): straight into `out`.
-        kernel(simd, w, n, k, xs, out);
+        kernel(0..rows, out);
         return;
     }
     let mut y = vec![0f32; k * group];
     for r0 in (0..rows).step_by(group) {
         let g = group.min(rows - r0);
         let y = &mut y[..k * g];
-        kernel(simd, w, n, k, &xs[r0..r0 + g], y);
+        kernel(r0..r0 + g, y);
         for o in 0..k {
             out[o * rows + r0..o * rows + r0 + g].copy_from_slice(&y[o * g..(o + 1) * g]);
         }
@@ -574,12 +582,12 @@ impl PairRows {
                 *b = half::bf16::from_f32(v).to_bits();
             }
             if needs_split {
-                let bits: Vec<u16> = p.bits_row(r).to_vec();
                 let split = p.split_row_mut(r);
+                let bf = |i: usize| half::bf16::from_f32(x[i]).to_f32();
                 for blk in 0..blocks {
                     for j in 0..16 {
-                        split[blk * BLOCK + j] = bf16_to_f32(bits[blk * BLOCK + 2 * j + 1]);
-                        split[blk * BLOCK + 16 + j] = bf16_to_f32(bits[blk * BLOCK + 2 * j]);
+                        split[blk * BLOCK + j] = bf(blk * BLOCK + 2 * j + 1);
+                        split[blk * BLOCK + 16 + j] = bf(blk * BLOCK + 2 * j);
                     }
                 }
             }
@@ -630,23 +638,10 @@ pub fn pairs_rows(w: &[u16], x: &PairRows, out: &mut [f32]) {
     if k == 0 || rows == 0 {
         return;
     }
-    let group = x.kernel.group();
-    if rows <= group {
-        pairs_kernel(w, k, x, 0..rows, out);
-        return;
-    }
-    let mut y = vec![0f32; k * group];
-    for r0 in (0..rows).step_by(group) {
-        let g = group.min(rows - r0);
-        let y = &mut y[..k * g];
-        pairs_kernel(w, k, x, r0..r0 + g, y);
-        for o in 0..k {
-            out[o * rows + r0..o * rows + r0 + g].copy_from_slice(&y[o * g..(o + 1) * g]);
-        }
-    }
+    in_groups(k, rows, x.kernel.group(), out, |r, y| pairs_kernel(w, k, x, r, y));
 }
 
-fn pairs_kernel(w: &[u16], k: usize, x: &PairRows, rows: std::ops::Range<usize>, y: &mut [f32]) {
+fn pairs_kernel(w: &[u16], k: usize, x: &PairRows, rows: Range<usize>, y: &mut [f32]) {
     let n = x.n;
     match x.kernel {
         #[cfg(target_arch = "x86_64")]
