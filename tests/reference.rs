@@ -7,6 +7,14 @@
 //!     is accepted at a step where the reference's top-1/top-2 margin is below the tolerance
 //!     (random models have near-ties), after which the sequences are no longer comparable.
 //!
+//! In bf16 the bar also depends on the fixture: a random model amplifies single bf16 rounding
+//! flips (a different summation order in a GEMM flips the rounding of an output), and
+//! transformers' own bf16 run differs from its f32 run by up to 0.23 on these fixtures. Two
+//! bf16 runs that are each that close to the f32 result can differ by twice that (triangle
+//! inequality), so a bf16 logit must be within 4 bf16 ulps plus twice the reference's own
+//! bf16-vs-f32 difference at that step (the largest over the tokens both runs record there;
+//! where the two reference runs had already chosen different tokens, the prompt's largest).
+//!
 //! In bf16, MoE router logits are quantised and two experts can tie exactly at the top-k
 //! boundary; torch.topk then picks one of them in an unspecified order. The fixture script
 //! records where that happened (`router_ties`), and comparisons stop there: hidden states are
@@ -32,6 +40,41 @@ fn bf16_tol(x: f32) -> f32 {
 const F32_NORM_RTOL: f32 = 1e-5;
 const BF16_NORM_RTOL: f32 = 2e-2;
 
+/// transformers' own bf16-vs-f32 logit differences on one prompt (see the module documentation).
+struct BfNoise {
+    prefill: f32,
+    steps: Vec<Option<f32>>,
+    widest: f32,
+}
+
+impl BfNoise {
+    fn of(prompt: &Value) -> BfNoise {
+        let pairs = |v: &Value| -> Vec<(u64, f32)> {
+            v.as_array().unwrap().iter().map(|e| (e[0].as_u64().unwrap(), e[1].as_f64().unwrap() as f32)).collect()
+        };
+        let diff = |a: &[(u64, f32)], b: &[(u64, f32)]| -> f32 {
+            a.iter()
+                .filter_map(|(id, x)| b.iter().find(|(j, _)| j == id).map(|(_, y)| (x - y).abs()))
+                .fold(0.0, f32::max)
+        };
+        let (f, b) = (&prompt["f32"], &prompt["bf16"]);
+        let prefill = diff(&pairs(&f["top20"]), &pairs(&b["top20"]));
+        let (fs, bs) = (f["greedy"].as_array().unwrap(), b["greedy"].as_array().unwrap());
+        let mut steps = vec![];
+        for (i, (x, y)) in fs.iter().zip(bs).enumerate() {
+            // Step i's logits follow the same tokens in both runs while steps 0..i chose alike.
+            let same_prefix = (0..i).all(|j| fs[j]["id"] == bs[j]["id"]);
+            steps.push(same_prefix.then(|| diff(&pairs(&x["top5"]), &pairs(&y["top5"]))));
+        }
+        let widest = steps.iter().flatten().fold(prefill, |m, d| m.max(*d));
+        BfNoise { prefill, steps, widest }
+    }
+
+    fn step(&self, i: usize) -> f32 {
+        self.steps.get(i).copied().flatten().unwrap_or(self.widest)
+    }
+}
+
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
@@ -56,9 +99,9 @@ fn check(name: &str, prec: Precision) -> Worst {
         Precision::F32 => (F32_NORM_RTOL, "f32"),
         Precision::Bf16 => (BF16_NORM_RTOL, "bf16"),
     };
-    let tol_at = |x: f32| match prec {
+    let tol_at = |x: f32, noise: f32| match prec {
         Precision::F32 => F32_TOL,
-        Precision::Bf16 => bf16_tol(x),
+        Precision::Bf16 => bf16_tol(x) + 2.0 * noise,
     };
     let mut worst = Worst { logit: 0.0, norm: 0.0, greedy_steps: 0, divergences: 0, full_prompts: 0 };
     for p in golden["prompts"].as_array().unwrap() {
@@ -75,6 +118,7 @@ fn check(name: &str, prec: Precision) -> Worst {
         }
         assert_eq!(tok.encode(text).unwrap(), ids, "{name}/{pname}: tokenisation");
         let g = &p[key];
+        let noise = BfNoise::of(p);
         let tie_pos = g["router_ties"]["prefill_first_position"].as_u64().map(|v| v as usize);
         let tie_step = g["router_ties"]["greedy_first_step"].as_u64().map(|v| v as usize);
         if tie_pos.is_none() && tie_step.is_none() {
@@ -92,7 +136,7 @@ fn check(name: &str, prec: Precision) -> Worst {
         } else {
             for e in g["top20"].as_array().unwrap() {
                 let (id, want) = (e[0].as_u64().unwrap() as usize, e[1].as_f64().unwrap() as f32);
-                let (d, tol) = ((logits[id] - want).abs(), tol_at(want));
+                let (d, tol) = ((logits[id] - want).abs(), tol_at(want, noise.prefill));
                 worst.logit = worst.logit.max(d);
                 assert!(
                     d <= tol,
@@ -135,11 +179,11 @@ fn check(name: &str, prec: Precision) -> Worst {
                 .map(|e| (e[0].as_u64().unwrap() as usize, e[1].as_f64().unwrap() as f32))
                 .collect();
             for &(id, want) in &top5 {
-                let (d, tol) = ((logits[id] - want).abs(), tol_at(want));
+                let (d, tol) = ((logits[id] - want).abs(), tol_at(want, noise.step(i)));
                 worst.logit = worst.logit.max(d);
                 assert!(
                     d <= tol,
-                    "{name}/{pname}/{key}: greedy step {i}: logit of token {id} is {} but transformers gives {want}",
+                    "{name}/{pname}/{key}: greedy step {i}: logit of token {id} is {} but transformers gives {want} (|Δ| = {d} > {tol})",
                     logits[id]
                 );
             }
@@ -148,7 +192,7 @@ fn check(name: &str, prec: Precision) -> Worst {
             if ours != theirs {
                 let margin = top5[0].1 - top5[1].1;
                 assert!(
-                    margin < tol_at(top5[0].1),
+                    margin < tol_at(top5[0].1, noise.step(i)),
                     "{name}/{pname}/{key}: greedy step {i}: we chose {ours}, transformers {theirs}, with a clear margin {margin}"
                 );
                 worst.divergences += 1;

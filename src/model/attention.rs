@@ -4,11 +4,12 @@
 
 use rayon::prelude::*;
 
+use super::gemv::MAX_ROWS as GEMV_MAX_ROWS;
 use super::load::Loader;
 use super::norm::RmsNorm;
 use super::rope::Rope;
 use super::state::KvCache;
-use super::tensor::{Linear, Mat, Precision, dot, sigmoid};
+use super::tensor::{Linear, Mat, Precision, dot, sigmoid, small_gemm};
 use crate::error::Result;
 
 pub struct AttnLayer {
@@ -64,62 +65,128 @@ impl AttnLayer {
         let qw = nh * hd;
         let kw = nkv * hd;
         let proj = self.qkv.forward(x, prec)?;
-        let mut q = Mat::zeros(t_len, qw);
-        let mut gate = Mat::zeros(t_len, qw);
-        for t in 0..t_len {
-            let row = proj.row(t);
+        // Per token: queries and keys normed and rotated, gates split off (rows in parallel).
+        let (mut q, mut gate, mut k) = (Mat::zeros(t_len, qw), Mat::zeros(t_len, qw), Mat::zeros(t_len, kw));
+        q.for_rows(|t, qt| {
             let (cos, sin) = rope.cos_sin(pos0 + t, prec);
-            for h in 0..nh {
-                let src = &row[h * 2 * hd..(h + 1) * 2 * hd];
-                let qh = &mut q.row_mut(t)[h * hd..(h + 1) * hd];
-                qh.copy_from_slice(&src[..hd]);
+            for (h, qh) in qt.chunks_mut(hd).enumerate() {
+                qh.copy_from_slice(&proj.row(t)[h * 2 * hd..h * 2 * hd + hd]);
                 self.q_norm.apply(qh, prec);
                 rope.apply(qh, &cos, &sin, prec);
-                gate.row_mut(t)[h * hd..(h + 1) * hd].copy_from_slice(&src[hd..]);
             }
-            let mut k = row[2 * qw..2 * qw + kw].to_vec();
-            for kh in k.chunks_mut(hd) {
+        });
+        gate.for_rows(|t, gt| {
+            for (h, gh) in gt.chunks_mut(hd).enumerate() {
+                gh.copy_from_slice(&proj.row(t)[h * 2 * hd + hd..(h + 1) * 2 * hd]);
+            }
+        });
+        k.for_rows(|t, kt| {
+            let (cos, sin) = rope.cos_sin(pos0 + t, prec);
+            kt.copy_from_slice(&proj.row(t)[2 * qw..2 * qw + kw]);
+            for kh in kt.chunks_mut(hd) {
                 self.k_norm.apply(kh, prec);
                 rope.apply(kh, &cos, &sin, prec);
             }
-            kv.k.extend_from_slice(&k);
-            kv.v.extend_from_slice(&row[2 * qw + kw..2 * qw + 2 * kw]);
+        });
+        kv.k.extend_from_slice(&k.data);
+        for t in 0..t_len {
+            kv.v.extend_from_slice(&proj.row(t)[2 * qw + kw..2 * qw + 2 * kw]);
         }
+        let mut y = if t_len > GEMV_MAX_ROWS {
+            self.prefill_heads(&q, pos0, kv, prec)
+        } else {
+            self.decode_heads(&q, pos0, kv, prec)
+        };
+        y.for_rows(|t, out| {
+            for (o, g) in out.iter_mut().zip(gate.row(t)) {
+                *o = prec.round(prec.round(*o) * prec.round(sigmoid(*g)));
+            }
+        });
+        self.o_proj.forward(&y, prec)
+    }
 
-        let groups = nh / nkv;
+    /// A decode step or verify pass (≤ 8 tokens): per query and head, one dot product per
+    /// key, the order every token of a verify pass shares with a one-token step.
+    fn decode_heads(&self, q: &Mat, pos0: usize, kv: &KvCache, prec: Precision) -> Mat {
+        let (hd, nh, kw) = (self.head_dim, self.heads, self.kv_heads * self.head_dim);
+        let groups = nh / self.kv_heads;
         let scale = (hd as f32).powf(-0.5);
-        let mut y = Mat::zeros(t_len, qw);
+        let mut y = Mat::zeros(q.rows, nh * hd);
         let (keys, values) = (&kv.k, &kv.v);
-        y.data.par_chunks_mut(qw).enumerate().for_each(|(t, out)| {
+        y.data.par_chunks_mut(nh * hd).enumerate().for_each(|(t, out)| {
             let p = pos0 + t; // attends to positions 0..=p
             let mut scores = vec![0f32; p + 1];
             for h in 0..nh {
                 let kvh = h / groups;
                 let qh = &q.row(t)[h * hd..(h + 1) * hd];
-                let mut max = f32::NEG_INFINITY;
                 for (j, s) in scores.iter_mut().enumerate() {
                     let kj = &keys[j * kw + kvh * hd..j * kw + (kvh + 1) * hd];
                     *s = prec.round(prec.round(dot(qh, kj)) * scale);
-                    max = max.max(*s);
                 }
-                let mut sum = 0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
+                softmax_rounded(&mut scores, prec);
                 let oh = &mut out[h * hd..(h + 1) * hd];
-                for (j, s) in scores.iter().enumerate() {
-                    let pj = prec.round(s / sum);
+                for (j, pj) in scores.iter().enumerate() {
                     let vj = &values[j * kw + kvh * hd..j * kw + (kvh + 1) * hd];
                     for (o, v) in oh.iter_mut().zip(vj) {
                         *o += pj * v;
                     }
                 }
-                for (o, g) in oh.iter_mut().zip(&gate.row(t)[h * hd..(h + 1) * hd]) {
-                    *o = prec.round(prec.round(*o) * prec.round(sigmoid(*g)));
-                }
             }
         });
-        self.o_proj.forward(&y, prec)
+        y
+    }
+
+    /// A prefill: per head and block of 64 queries, the scores `Q·Kᵀ` and the output `P·V` as
+    /// matrix products (the GEMM's kernels, on all threads over heads and blocks), the same
+    /// roundings as [`AttnLayer::decode_heads`] around them.
+    fn prefill_heads(&self, q: &Mat, pos0: usize, kv: &KvCache, prec: Precision) -> Mat {
+        const BLOCK: usize = 64;
+        let (hd, nh, kw) = (self.head_dim, self.heads, self.kv_heads * self.head_dim);
+        let (groups, qw, t_len) = (nh / self.kv_heads, nh * hd, q.rows);
+        let scale = (hd as f32).powf(-0.5);
+        let blocks = t_len.div_ceil(BLOCK);
+        let outputs: Vec<Vec<f32>> = (0..nh * blocks)
+            .into_par_iter()
+            .map(|task| {
+                let (h, t0) = (task / blocks, (task % blocks) * BLOCK);
+                let (n, kvh) = (BLOCK.min(t_len - t0), h / groups);
+                let keys = pos0 + t0 + n; // the block's last query sees keys 0..keys
+                let mut scores = vec![0f32; n * keys];
+                let qh = (&q.data[t0 * qw + h * hd..], qw, 1);
+                small_gemm(n, keys, hd, &mut scores, keys, None, qh, (&kv.k[kvh * hd..], 1, kw), 1.0);
+                for (i, row) in scores.chunks_mut(keys).enumerate() {
+                    let visible = pos0 + t0 + i + 1;
+                    for s in &mut row[..visible] {
+                        *s = prec.round(prec.round(*s) * scale);
+                    }
+                    softmax_rounded(&mut row[..visible], prec);
+                    row[visible..].fill(0.0);
+                }
+                let mut out = vec![0f32; n * hd];
+                small_gemm(n, hd, keys, &mut out, hd, None, (&scores, keys, 1), (&kv.v[kvh * hd..], kw, 1), 1.0);
+                out
+            })
+            .collect();
+        let mut y = Mat::zeros(t_len, qw);
+        for (task, out) in outputs.iter().enumerate() {
+            let (h, t0) = (task / blocks, (task % blocks) * BLOCK);
+            for (i, o) in out.chunks(hd).enumerate() {
+                y.row_mut(t0 + i)[h * hd..(h + 1) * hd].copy_from_slice(o);
+            }
+        }
+        y
+    }
+}
+
+/// Softmax in f32 over `scores`, the probabilities rounded to the activation dtype.
+fn softmax_rounded(scores: &mut [f32], prec: Precision) {
+    let max = scores.iter().fold(f32::NEG_INFINITY, |m, s| m.max(*s));
+    let mut sum = 0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    for s in scores.iter_mut() {
+        *s = prec.round(*s / sum);
     }
 }

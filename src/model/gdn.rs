@@ -11,7 +11,7 @@ use super::config::{Family, LinearAttnConfig};
 use super::load::Loader;
 use super::state::GdnState;
 use super::storage::Weights;
-use super::tensor::{F32_BYTES, Linear, Mat, Precision, dot, sigmoid, silu, softplus};
+use super::tensor::{F32_BYTES, Linear, Mat, Precision, dot, sigmoid, silu, small_gemm, softplus};
 use crate::error::Result;
 
 pub const CHUNK: usize = 64;
@@ -121,8 +121,7 @@ impl GdnLayer {
                 &proj.row(tau as usize)[..conv_dim]
             }
         };
-        for t in 0..t_len {
-            let out = qkv.row_mut(t);
+        qkv.for_rows(|t, out| {
             // Per channel, the taps are added in order from 0, as the scalar loop over a
             // channel's taps adds them (the same bits), but across the channels at once.
             for j in 0..k {
@@ -136,7 +135,7 @@ impl GdnLayer {
                 // PyTorch's fallback rounds the conv output, then the SiLU output.
                 *o = prec.round(silu(prec.round(*o)));
             }
-        }
+        });
         let input = |tau: isize, ch: usize| -> f32 { input_row(tau)[ch] };
         let mut window = Vec::with_capacity((k - 1) * conv_dim);
         for tau in (t_len as isize - (k as isize - 1))..t_len as isize {
@@ -215,9 +214,8 @@ impl GdnLayer {
         let heads: Vec<&Vec<f32>> = results.iter().map(|r| &r.0).collect();
 
         let mut normed = Mat::zeros(t_len, vd);
-        for t in 0..t_len {
+        normed.for_rows(|t, out| {
             let z = &proj.row(t)[zo..zo + vd];
-            let out = normed.row_mut(t);
             for h in 0..hv {
                 let o = &mut out[h * dv..(h + 1) * dv];
                 for (x, y) in o.iter_mut().zip(&heads[h][t * dv..(t + 1) * dv]) {
@@ -230,7 +228,7 @@ impl GdnLayer {
                     *x = prec.round(n * silu(z[h * dv + i]));
                 }
             }
-        }
+        });
         self.out_proj.forward(&normed, prec)
     }
 }
@@ -372,8 +370,10 @@ impl GdnTape {
 }
 
 /// The chunked rule (model-spec §3.7, chunk 64, boundaries at the start of the call) over `T`
-/// tokens of one head: within a chunk the WY/UT transform turns the sequential delta updates
-/// into triangular solves; chunks are scanned in order. Mathematically identical to
+/// tokens of one head, in transformers' formulation (`torch_chunk_gated_delta_rule`): within a
+/// chunk the sequential delta updates become `T = (I + A)⁻¹` (a 64×64 forward substitution)
+/// and matrix products, which run on the GEMM's SIMD kernels on the calling thread (the
+/// caller threads over heads); chunks are scanned in order. Mathematically identical to
 /// [`recurrent_head`]. Returns the outputs `[T][dv]`.
 #[allow(clippy::too_many_arguments)]
 pub fn chunked_head(
@@ -389,10 +389,15 @@ pub fn chunked_head(
     let t_len = g.len();
     let mut out = vec![0f32; t_len * dv];
     let mut cum = vec![0f32; CHUNK];
+    // exp(G_i − G_j) for j ≤ i (zero above the diagonal), shared by A and P.
+    let mut decay = vec![0f32; CHUNK * CHUNK];
     let mut a_mat = vec![0f32; CHUNK * CHUNK];
-    let mut u = vec![0f32; CHUNK * dv];
-    let mut w = vec![0f32; CHUNK * dk];
+    let mut t_mat = vec![0f32; CHUNK * CHUNK];
+    let mut p_mat = vec![0f32; CHUNK * CHUNK];
     let mut kb = vec![0f32; CHUNK * dk];
+    let mut vb = vec![0f32; CHUNK * dv];
+    let mut w = vec![0f32; CHUNK * dk];
+    let mut qe = vec![0f32; CHUNK * dk];
     let mut vnew = vec![0f32; CHUNK * dv];
     for c0 in (0..t_len).step_by(CHUNK) {
         let n = CHUNK.min(t_len - c0);
@@ -405,83 +410,70 @@ pub fn chunked_head(
             cum[i] = acc;
         }
         for i in 0..n {
+            let row = &mut decay[i * CHUNK..i * CHUNK + n];
+            for (j, d) in row.iter_mut().enumerate() {
+                *d = if j <= i { (cum[i] - cum[j]).exp() } else { 0.0 };
+            }
             let b = beta[c0 + i];
+            let eg = cum[i].exp();
             for a in 0..dk {
                 kb[i * dk + a] = kc[i * dk + a] * b;
+                qe[i * dk + a] = qc[i * dk + a] * eg;
             }
-        }
-        // A[i][j] = (kβ_i · k_j)·exp(G_i − G_j), strictly lower triangular.
-        for i in 0..n {
-            for j in 0..i {
-                a_mat[i * CHUNK + j] =
-                    dot(&kb[i * dk..(i + 1) * dk], &kc[j * dk..(j + 1) * dk]) * (cum[i] - cum[j]).exp();
-            }
-        }
-        // (I + A)·U = vβ and (I + A)·W = kβ·exp(G): forward substitution.
-        for i in 0..n {
-            let b = beta[c0 + i];
-            let eg = cum[i].exp();
             for j in 0..dv {
-                u[i * dv + j] = vc[i * dv + j] * b;
+                vb[i * dv + j] = vc[i * dv + j] * b;
             }
-            for a in 0..dk {
-                w[i * dk + a] = kb[i * dk + a] * eg;
+        }
+        // A[i][j] = (kβ_i · k_j)·exp(G_i − G_j) for j < i.
+        small_gemm(n, n, dk, &mut a_mat, CHUNK, None, (&kb, dk, 1), (kc, 1, dk), 1.0);
+        for i in 0..n {
+            a_mat[i * CHUNK + i] = 0.0;
+            for j in 0..n {
+                a_mat[i * CHUNK + j] *= decay[i * CHUNK + j];
             }
+        }
+        // T = (I + A)⁻¹, unit lower triangular: row i is e_i − Σ_{j<i} A[i][j]·T[j].
+        for i in 0..n {
+            let (done, cur) = t_mat.split_at_mut(i * CHUNK);
+            let row = &mut cur[..n];
+            row.fill(0.0);
+            row[i] = 1.0;
             for j in 0..i {
                 let aij = a_mat[i * CHUNK + j];
-                if aij != 0.0 {
-                    let (done, cur) = u.split_at_mut(i * dv);
-                    for (x, y) in cur[..dv].iter_mut().zip(&done[j * dv..(j + 1) * dv]) {
-                        *x -= aij * y;
-                    }
-                    let (done, cur) = w.split_at_mut(i * dk);
-                    for (x, y) in cur[..dk].iter_mut().zip(&done[j * dk..(j + 1) * dk]) {
-                        *x -= aij * y;
-                    }
+                for (x, y) in row[..=j].iter_mut().zip(&done[j * CHUNK..j * CHUNK + j + 1]) {
+                    *x -= aij * y;
                 }
             }
         }
-        // v_new = U − W·S ; o = (q·exp(G))·S + P·v_new with P[i][j] = (q_i·k_j)·exp(G_i − G_j), j ≤ i.
+        // U = T·vβ (into v_new) and W = T·(kβ·exp(G)).
         for i in 0..n {
-            let vn = &mut vnew[i * dv..(i + 1) * dv];
-            vn.copy_from_slice(&u[i * dv..(i + 1) * dv]);
-            let o = &mut out[(c0 + i) * dv..(c0 + i + 1) * dv];
             let eg = cum[i].exp();
-            for a in 0..dk {
-                let (wa, qa) = (w[i * dk + a], qc[i * dk + a] * eg);
-                let srow = &s[a * dv..(a + 1) * dv];
-                for j in 0..dv {
-                    vn[j] -= wa * srow[j];
-                    o[j] += qa * srow[j];
-                }
+            for x in &mut kb[i * dk..(i + 1) * dk] {
+                *x *= eg;
             }
         }
+        small_gemm(n, dv, n, &mut vnew, dv, None, (&t_mat, CHUNK, 1), (&vb, dv, 1), 1.0);
+        small_gemm(n, dk, n, &mut w, dk, None, (&t_mat, CHUNK, 1), (&kb, dk, 1), 1.0);
+        // v_new = U − W·S ; o = (q·exp(G))·S + P·v_new with P[i][j] = (q_i·k_j)·exp(G_i − G_j), j ≤ i.
+        small_gemm(n, dv, dk, &mut vnew, dv, Some(1.0), (&w, dk, 1), (s, dv, 1), -1.0);
+        let o = &mut out[c0 * dv..(c0 + n) * dv];
+        small_gemm(n, dv, dk, o, dv, None, (&qe, dk, 1), (s, dv, 1), 1.0);
+        small_gemm(n, n, dk, &mut p_mat, CHUNK, None, (qc, dk, 1), (kc, 1, dk), 1.0);
         for i in 0..n {
-            let qi = &qc[i * dk..(i + 1) * dk];
-            let o = &mut out[(c0 + i) * dv..(c0 + i + 1) * dv];
-            for j in 0..=i {
-                let p = dot(qi, &kc[j * dk..(j + 1) * dk]) * (cum[i] - cum[j]).exp();
-                for (x, y) in o.iter_mut().zip(&vnew[j * dv..(j + 1) * dv]) {
-                    *x += p * y;
-                }
+            for j in 0..n {
+                p_mat[i * CHUNK + j] *= decay[i * CHUNK + j];
             }
         }
-        // S = S·exp(G_last) + Σ_i (k_i·exp(G_last − G_i)) ⊗ v_new_i
+        small_gemm(n, dv, n, o, dv, Some(1.0), (&p_mat, CHUNK, 1), (&vnew, dv, 1), 1.0);
+        // S = S·exp(G_last) + Σ_i (k_i·exp(G_last − G_i)) ⊗ v_new_i = S·exp(G_last) + K'ᵀ·v_new.
         let last = cum[n - 1];
-        let decay = last.exp();
-        for x in s.iter_mut() {
-            *x *= decay;
-        }
         for i in 0..n {
             let e = (last - cum[i]).exp();
-            for a in 0..dk {
-                let ka = kc[i * dk + a] * e;
-                let srow = &mut s[a * dv..(a + 1) * dv];
-                for (x, y) in srow.iter_mut().zip(&vnew[i * dv..(i + 1) * dv]) {
-                    *x += ka * y;
-                }
+            for (x, y) in w[i * dk..(i + 1) * dk].iter_mut().zip(&kc[i * dk..(i + 1) * dk]) {
+                *x = y * e;
             }
         }
+        small_gemm(dk, dv, n, s, dv, Some(last.exp()), (&w, 1, dk), (&vnew, dv, 1), 1.0);
     }
     out
 }

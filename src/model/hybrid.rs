@@ -545,9 +545,7 @@ impl Model {
         };
         checked(&mixed, sub)?;
         let mut h = x;
-        for (a, b) in h.data.iter_mut().zip(&mixed.data) {
-            *a = prec.round(*a + b);
-        }
+        h.for_rows(|t, row| row.iter_mut().zip(mixed.row(t)).for_each(|(a, b)| *a = prec.round(*a + b)));
         let n = layer.post_norm.forward(&h, prec);
         checked(&n, Sublayer::PostNorm)?;
         let m = layer.mlp.forward(&n, prec).map_err(|e| match check {
@@ -555,9 +553,7 @@ impl Model {
             None => e,
         })?;
         checked(&m, Sublayer::Mlp)?;
-        for (a, b) in h.data.iter_mut().zip(&m.data) {
-            *a = prec.round(*a + b);
-        }
+        h.for_rows(|t, row| row.iter_mut().zip(m.row(t)).for_each(|(a, b)| *a = prec.round(*a + b)));
         Ok(h)
     }
 

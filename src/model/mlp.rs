@@ -45,12 +45,12 @@ impl DenseMlp {
         let gu = self.gate_up.forward(x, prec)?;
         let i = self.inter;
         let mut h = Mat::zeros(x.rows, i);
-        for t in 0..x.rows {
+        h.for_rows(|t, out| {
             let (g, u) = gu.row(t).split_at(i);
-            for (o, (g, u)) in h.row_mut(t).iter_mut().zip(g.iter().zip(u)) {
+            for (o, (g, u)) in out.iter_mut().zip(g.iter().zip(u)) {
                 *o = prec.round(prec.round(silu(*g)) * u);
             }
-        }
+        });
         self.down.forward(&h, prec)
     }
 }

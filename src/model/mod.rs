@@ -6,6 +6,7 @@ pub mod config;
 pub mod cpu;
 pub mod finite;
 pub mod gdn;
+pub mod gemm_bf16;
 pub mod gemv;
 pub mod hybrid;
 pub mod load;

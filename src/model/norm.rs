@@ -30,9 +30,7 @@ impl RmsNorm {
 
     pub fn forward(&self, x: &Mat, prec: Precision) -> Mat {
         let mut y = x.clone();
-        for r in 0..y.rows {
-            self.apply(y.row_mut(r), prec);
-        }
+        y.for_rows(|_, row| self.apply(row, prec));
         y
     }
 }

@@ -13,6 +13,7 @@
 use rayon::prelude::*;
 use serde::Serialize;
 
+use super::gemm_bf16;
 use super::gemv::{self, PairKernel, PairRows, WeightRow};
 use super::storage::Weights;
 use crate::error::{Error, Result};
@@ -54,9 +55,11 @@ impl Precision {
 
     pub fn round_all(self, xs: &mut [f32]) {
         if self == Precision::Bf16 {
-            for x in xs {
-                *x = half::bf16::from_f32(*x).to_f32();
-            }
+            for_rows(xs, 1024.min(xs.len()), |_, row| {
+                for x in row {
+                    *x = half::bf16::from_f32(*x).to_f32();
+                }
+            });
         }
     }
 
@@ -116,6 +119,13 @@ impl Mat {
         &mut self.data[r * self.cols..(r + 1) * self.cols]
     }
 
+    /// Runs `f(r, row)` on every row: on all threads for a prefill's many rows, on the calling
+    /// thread for a decode step's few (a hand-off would cost more than the work). Rows are
+    /// independent, so the bits are the same either way.
+    pub fn for_rows(&mut self, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+        for_rows(&mut self.data, self.cols, f);
+    }
+
     /// Columns `start..start+len` of every row, as a new matrix.
     pub fn columns(&self, start: usize, len: usize) -> Mat {
         let mut out = Vec::with_capacity(self.rows * len);
@@ -134,6 +144,21 @@ impl Mat {
         Mat::from_vec(idx.len(), self.cols, out)
     }
 }
+
+/// [`Mat::for_rows`] over `data` holding rows of `cols` values.
+pub fn for_rows(data: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if cols == 0 {
+        return;
+    }
+    if data.len() / cols > GEMV_MAX_ROWS && data.len() >= PARALLEL_MIN_VALUES {
+        data.par_chunks_mut(cols).enumerate().for_each(|(r, row)| f(r, row));
+    } else {
+        data.chunks_mut(cols).enumerate().for_each(|(r, row)| f(r, row));
+    }
+}
+
+/// Values below which an elementwise pass runs on the calling thread.
+const PARALLEL_MIN_VALUES: usize = 1 << 14;
 
 /// The instruction sets the kernels were compiled for and this CPU has, best first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -273,7 +298,13 @@ impl Linear {
                 x.cols, self.in_features
             )));
         }
-        let mut y = if x.rows <= GEMV_MAX_ROWS { self.gemv(x, prec) } else { self.gemm(x)? };
+        let mut y = if x.rows <= GEMV_MAX_ROWS {
+            self.gemv(x, prec)
+        } else if prec == Precision::Bf16 && self.pairs == PairKernel::Dpbf16 && self.all_bf16() {
+            self.gemm_bf16(x)?
+        } else {
+            self.gemm(x)?
+        };
         prec.round_all(&mut y.data);
         Ok(y)
     }
@@ -309,8 +340,7 @@ impl Linear {
         let xs: Vec<&[f32]> = (0..rows).map(|r| x.row(r)).collect();
         // bf16 activations against bf16 weights (`--dtype bf16`): the pair order, which
         // `vdpbf16ps` computes where the CPU has it (`gemv::PairKernel`).
-        let pairs = (prec == Precision::Bf16 && self.parts.iter().all(|w| matches!(w, Weights::Bf16(_))))
-            .then(|| PairRows::new(self.pairs, &xs, inp));
+        let pairs = (prec == Precision::Bf16 && self.all_bf16()).then(|| PairRows::new(self.pairs, &xs, inp));
         // Output computed transposed ([out, rows]) so threads own contiguous blocks.
         let mut yt = vec![0f32; out * rows];
         let block_fn = |(bi, chunk): (usize, &mut [f32]), block: usize| match &pairs {
@@ -336,6 +366,26 @@ impl Linear {
             }
         }
         Mat::from_vec(rows, out, y)
+    }
+
+    fn all_bf16(&self) -> bool {
+        self.parts.iter().all(|w| matches!(w, Weights::Bf16(_)))
+    }
+
+    /// The prefill GEMM on bf16 activations and bf16 weights (`vdpbf16ps`, [`gemm_bf16`]): the
+    /// weights are read as stored, a panel of rows at a time, never widened.
+    fn gemm_bf16(&self, x: &Mat) -> Result<Mat> {
+        let (inp, out) = (self.in_features, self.out_features);
+        let packed = gemm_bf16::PackedTokens::new(&x.data, x.rows, inp);
+        let mut y = vec![0f32; x.rows * out];
+        let row = |o: usize| -> &[u16] {
+            match self.spans(o, 1).next() {
+                Some((Weights::Bf16(v), at, _)) => &v[at * inp..(at + 1) * inp],
+                _ => unreachable!("all parts are bf16 (checked by the caller)"),
+            }
+        };
+        gemm_bf16::gemm(&packed, inp, out, row, &mut y);
+        Ok(Mat::from_vec(x.rows, out, y))
     }
 
     /// [`Linear::dots`] for bf16 weights against bf16 activations.
@@ -417,6 +467,52 @@ fn product(x: &Mat, w: &[f32], n: usize, y: &mut [f32], out: usize, col: usize) 
     }
 }
 
+/// `dst[m, n] = alpha·dst + beta·lhs·rhs` (`alpha` `None`: dst is not read) on the calling
+/// thread, with the GEMM's SIMD kernels; each matrix is `(data, row stride, column stride)`
+/// and `dst` is row-major with row stride `dst_rs`.
+#[allow(clippy::too_many_arguments)]
+pub fn small_gemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    dst_rs: usize,
+    alpha: Option<f32>,
+    lhs: (&[f32], usize, usize),
+    rhs: (&[f32], usize, usize),
+    beta: f32,
+) {
+    let end = |rows: usize, cols: usize, rs: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs + 1;
+    assert!(m > 0 && n > 0 && k > 0);
+    assert!(dst.len() >= end(m, n, dst_rs, 1) && lhs.0.len() >= end(m, k, lhs.1, lhs.2));
+    assert!(rhs.0.len() >= end(k, n, rhs.1, rhs.2));
+    // SAFETY: every index the product touches is in bounds of its slice (checked above); `dst`
+    // is borrowed mutably and the inputs immutably, so they do not alias.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            alpha.is_some(),
+            lhs.0.as_ptr(),
+            lhs.2 as isize,
+            lhs.1 as isize,
+            rhs.0.as_ptr(),
+            rhs.2 as isize,
+            rhs.1 as isize,
+            alpha.unwrap_or(0.0),
+            beta,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
 /// Values one thread widens at a time for a prefill block (64 KiB of f32: small enough to
 /// split a block across both cores, large enough that the hand-off is noise).
 const WIDEN_CHUNK_VALUES: usize = 1 << 14;
@@ -444,6 +540,38 @@ mod tests {
                 for o in 0..out {
                     let want: f32 = (0..inp).map(|i| w[o * inp + i] * x[r * inp + i]).sum();
                     assert!((y.row(r)[o] - want).abs() < 1e-4, "rows {rows} r {r} o {o}: {} vs {want}", y.row(r)[o]);
+                }
+            }
+        }
+    }
+
+    /// A bf16 prefill (more rows than a GEMV takes) of a fused bf16 projection whose parts
+    /// end inside a 32-feature panel: the `vdpbf16ps` GEMM where the CPU has it, bit for bit
+    /// its reference sum; elsewhere the widening GEMM, within f32 rounding of the exact sum.
+    #[test]
+    fn bf16_prefill_of_a_fused_projection() {
+        let (out, inp, rows) = (75, 96, 30);
+        let bits: Vec<u16> =
+            (0..out * inp).map(|i| half::bf16::from_f32(((i * 7919) % 2003) as f32 / 1000.0 - 1.0).to_bits()).collect();
+        let part = |a: usize, b: usize| (Weights::bf16(bits[a * inp..b * inp].to_vec()), b - a);
+        let fused = Linear::fused(vec![part(0, 5), part(5, 40), part(40, out)], inp).unwrap();
+        let x: Vec<f32> =
+            (0..rows * inp).map(|i| half::bf16::from_f32(((i * 31) % 17) as f32 / 8.0 - 1.0).to_f32()).collect();
+        let xb: Vec<u16> = x.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
+        let y = fused.forward(&Mat::from_vec(rows, inp, x.clone()), Precision::Bf16).unwrap();
+        let dpbf16 = gemm_bf16::available();
+        assert_eq!(dpbf16, fused.pairs == PairKernel::Dpbf16);
+        for r in 0..rows {
+            for o in 0..out {
+                let (w, xr) = (&bits[o * inp..(o + 1) * inp], &xb[r * inp..(r + 1) * inp]);
+                let got = y.row(r)[o];
+                if dpbf16 {
+                    let want = half::bf16::from_f32(gemm_bf16::reference(w, xr)).to_f32();
+                    assert_eq!(got.to_bits(), want.to_bits(), "y[{r}][{o}]");
+                } else {
+                    let exact: f64 = (0..inp).map(|i| f64::from(bf16_to_f32(w[i]) * x[r * inp + i])).sum();
+                    let want = half::bf16::from_f32(exact as f32).to_f32();
+                    assert!((got - want).abs() <= want.abs() / 64.0 + 1e-3, "y[{r}][{o}]: {got} vs {want}");
                 }
             }
         }
