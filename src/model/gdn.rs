@@ -11,7 +11,7 @@ use super::config::{Family, LinearAttnConfig};
 use super::load::Loader;
 use super::state::GdnState;
 use super::storage::Weights;
-use super::tensor::{F32_BYTES, Linear, Mat, Precision, dot, sigmoid, silu, small_gemm, softplus};
+use super::tensor::{F32_BYTES, Linear, Mat, Precision, Simd, dot, sigmoid, silu, small_gemm, softplus};
 use crate::error::Result;
 
 pub const CHUNK: usize = 64;
@@ -99,14 +99,12 @@ impl GdnLayer {
         let c = &self.cfg;
         let (t_len, conv_dim, vd, hv) = (x.rows, c.conv_dim(), c.value_dim(), c.num_value_heads);
         let proj = self.in_proj.forward(x, prec)?;
-        let mut tape = verify.then(|| GdnTape {
-            base_conv: state.conv.clone(),
-            base_ssm: state.ssm.clone(),
-            inputs: proj.columns(0, conv_dim).data,
-            k: vec![0.0; t_len * hv * c.key_head_dim],
-            delta: vec![0.0; t_len * hv * c.value_head_dim],
-            g: vec![0.0; t_len * hv],
-            tokens: t_len,
+        let mut tape = verify.then(|| {
+            // The last pass's buffers: a fresh megabyte per layer would cost more in page
+            // faults than the copy itself.
+            let mut tp = state.spare.take().map(|b| *b).unwrap_or_default();
+            tp.start(state, &proj, conv_dim, t_len, hv * c.key_head_dim, hv * c.value_head_dim, hv);
+            tp
         });
 
         // 1. Causal depthwise conv + SiLU over [window; new inputs]; the window keeps the last
@@ -136,12 +134,9 @@ impl GdnLayer {
                 *o = prec.round(silu(prec.round(*o)));
             }
         });
-        let input = |tau: isize, ch: usize| -> f32 { input_row(tau)[ch] };
         let mut window = Vec::with_capacity((k - 1) * conv_dim);
         for tau in (t_len as isize - (k as isize - 1))..t_len as isize {
-            for ch in 0..conv_dim {
-                window.push(input(tau, ch));
-            }
+            window.extend_from_slice(input_row(tau));
         }
         state.conv = window;
 
@@ -183,7 +178,9 @@ impl GdnLayer {
                     *x /= (dk as f32).sqrt();
                 }
                 let mut deltas = if verify { vec![0.0; t_len * dv] } else { vec![] };
-                let out = recurrent_head(&q, &kk, &v, &gh, &bh, s, dk, dv, verify.then_some(deltas.as_mut_slice()));
+                let from = tape.as_ref().map(|tp| &tp.base_ssm[h * dk * dv..(h + 1) * dk * dv]);
+                let out =
+                    recurrent_from(from, &q, &kk, &v, &gh, &bh, s, dk, dv, verify.then_some(deltas.as_mut_slice()));
                 if !verify {
                     deltas.clear();
                 }
@@ -244,8 +241,103 @@ fn l2norm(x: &mut [f32]) {
 
 /// The recurrent rule over `T` tokens of one head (model-spec §3.6). `s` is `[dk][dv]`.
 /// Returns the outputs `[T][dv]`.
+///
+/// The loops run along `dv` and are compiled for the widest vector unit the CPU has
+/// (AVX-512, AVX2, else the baseline); a multiply and an add are never fused, so every
+/// instruction set gives the same bits, and [`replay_head`] (compiled the same way) the bits
+/// of having decoded.
 #[allow(clippy::too_many_arguments)]
 pub fn recurrent_head(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    s: &mut [f32],
+    dk: usize,
+    dv: usize,
+    deltas: Option<&mut [f32]>,
+) -> Vec<f32> {
+    recurrent_from(None, q, k, v, g, beta, s, dk, dv, deltas)
+}
+
+/// [`recurrent_head`] starting from the state `from` (written to `s` on the way) when given,
+/// else from `s` itself.
+#[allow(clippy::too_many_arguments)]
+fn recurrent_from(
+    from: Option<&[f32]>,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    s: &mut [f32],
+    dk: usize,
+    dv: usize,
+    deltas: Option<&mut [f32]>,
+) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    match Simd::detect() {
+        // SAFETY: the CPU has the instruction set (detected at run time).
+        Simd::Avx512 => return unsafe { vector::recurrent_avx512(from, q, k, v, g, beta, s, dk, dv, deltas) },
+        Simd::Avx2 => return unsafe { vector::recurrent_avx2(from, q, k, v, g, beta, s, dk, dv, deltas) },
+        Simd::Portable => {}
+    }
+    recurrent_body(from, q, k, v, g, beta, s, dk, dv, deltas)
+}
+
+/// [`recurrent_head`] and [`replay_head`] compiled for AVX-512 and AVX2 (the same source).
+#[cfg(target_arch = "x86_64")]
+mod vector {
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn recurrent_avx512(
+        from: Option<&[f32]>,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        g: &[f32],
+        beta: &[f32],
+        s: &mut [f32],
+        dk: usize,
+        dv: usize,
+        deltas: Option<&mut [f32]>,
+    ) -> Vec<f32> {
+        super::recurrent_body(from, q, k, v, g, beta, s, dk, dv, deltas)
+    }
+
+    #[target_feature(enable = "avx2")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn recurrent_avx2(
+        from: Option<&[f32]>,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        g: &[f32],
+        beta: &[f32],
+        s: &mut [f32],
+        dk: usize,
+        dv: usize,
+        deltas: Option<&mut [f32]>,
+    ) -> Vec<f32> {
+        super::recurrent_body(from, q, k, v, g, beta, s, dk, dv, deltas)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn replay_avx512(s: &mut [f32], k: &[f32], delta: &[f32], g: &[f32], dk: usize, dv: usize) {
+        super::replay_body(s, k, delta, g, dk, dv)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn replay_avx2(s: &mut [f32], k: &[f32], delta: &[f32], g: &[f32], dk: usize, dv: usize) {
+        super::replay_body(s, k, delta, g, dk, dv)
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn recurrent_body(
+    from: Option<&[f32]>,
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -266,6 +358,9 @@ pub fn recurrent_head(
         kv.fill(0.0);
         for a in 0..dk {
             let row = &mut s[a * dv..(a + 1) * dv];
+            if let (0, Some(b)) = (t, from) {
+                row.copy_from_slice(&b[a * dv..(a + 1) * dv]);
+            }
             for (x, acc) in row.iter_mut().zip(kv.iter_mut()) {
                 *x *= decay;
                 *acc += *x * kt[a];
@@ -293,6 +388,18 @@ pub fn recurrent_head(
 /// gate and `δ`: the same decay and rank-1 update as [`recurrent_head`], in the same order, so the
 /// result is bit-identical to having decoded those tokens.
 pub fn replay_head(s: &mut [f32], k: &[f32], delta: &[f32], g: &[f32], dk: usize, dv: usize) {
+    #[cfg(target_arch = "x86_64")]
+    match Simd::detect() {
+        // SAFETY: the CPU has the instruction set (detected at run time).
+        Simd::Avx512 => return unsafe { vector::replay_avx512(s, k, delta, g, dk, dv) },
+        Simd::Avx2 => return unsafe { vector::replay_avx2(s, k, delta, g, dk, dv) },
+        Simd::Portable => {}
+    }
+    replay_body(s, k, delta, g, dk, dv)
+}
+
+#[inline(always)]
+fn replay_body(s: &mut [f32], k: &[f32], delta: &[f32], g: &[f32], dk: usize, dv: usize) {
     for t in 0..g.len() {
         let decay = g[t].exp();
         for x in s.iter_mut() {
@@ -322,7 +429,7 @@ pub fn replay_head(s: &mut [f32], k: &[f32], delta: &[f32], g: &[f32], dk: usize
 /// so at K = 2 per-position snapshots cost 0.92 ms on every step while the tape costs 0.31 ms
 /// plus at most 0.30 ms, and only when a draft is rejected. Memory: one state per layer instead
 /// of K + 1.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct GdnTape {
     pub base_conv: Vec<f32>,
     pub base_ssm: Vec<f32>,
@@ -348,15 +455,52 @@ impl GdnTape {
             * F32_BYTES
     }
 
-    /// The state after the first `keep` tokens of the pass.
-    pub fn rebuild(&self, keep: usize, cfg: &LinearAttnConfig) -> (Vec<f32>, Vec<f32>) {
+    /// Starts a pass of `tokens` over `state`, reusing this tape's buffers: the state before it
+    /// and the pass's pre-conv inputs (the first `conv_dim` columns of `proj`).
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        &mut self,
+        state: &mut GdnState,
+        proj: &Mat,
+        conv_dim: usize,
+        tokens: usize,
+        keys: usize,
+        values: usize,
+        heads: usize,
+    ) {
+        let refill = |v: &mut Vec<f32>, from: &[f32]| {
+            v.clear();
+            v.extend_from_slice(from);
+        };
+        refill(&mut self.base_conv, &state.conv);
+        // The state before the pass moves into the tape, and the recurrent rule writes the new
+        // one into the tape's old buffer, reading the first token's decay from here: no copy.
+        std::mem::swap(&mut self.base_ssm, &mut state.ssm);
+        state.ssm.resize(self.base_ssm.len(), 0.0);
+        self.inputs.clear();
+        for t in 0..tokens {
+            self.inputs.extend_from_slice(&proj.row(t)[..conv_dim]);
+        }
+        for (v, n) in [(&mut self.k, keys), (&mut self.delta, values), (&mut self.g, heads)] {
+            v.clear();
+            v.resize(tokens * n, 0.0);
+        }
+        self.tokens = tokens;
+    }
+
+    /// Sets `conv` and `ssm` to the state after the first `keep` tokens of the pass.
+    pub fn rebuild(&self, keep: usize, cfg: &LinearAttnConfig, conv: &mut Vec<f32>, ssm: &mut Vec<f32>) {
         let (hv, dk, dv, conv_dim, kw) =
             (cfg.num_value_heads, cfg.key_head_dim, cfg.value_head_dim, cfg.conv_dim(), cfg.conv_kernel - 1);
         // Conv window: the last K-1 rows of [base window; inputs of the kept tokens].
         let mut rows: Vec<&[f32]> = self.base_conv.chunks(conv_dim).collect();
         rows.extend(self.inputs.chunks(conv_dim).take(keep));
-        let conv: Vec<f32> = rows[rows.len() - kw..].concat();
-        let mut ssm = self.base_ssm.clone();
+        conv.clear();
+        for r in &rows[rows.len() - kw..] {
+            conv.extend_from_slice(r);
+        }
+        ssm.clear();
+        ssm.extend_from_slice(&self.base_ssm);
         for (h, s) in ssm.chunks_mut(dk * dv).enumerate() {
             let k: Vec<f32> =
                 (0..keep).flat_map(|t| self.k[(t * hv + h) * dk..(t * hv + h + 1) * dk].iter().copied()).collect();
@@ -365,7 +509,6 @@ impl GdnTape {
             let g: Vec<f32> = (0..keep).map(|t| self.g[t * hv + h]).collect();
             replay_head(s, &k, &d, &g, dk, dv);
         }
-        (conv, ssm)
     }
 }
 

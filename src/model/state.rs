@@ -22,6 +22,8 @@ pub struct GdnState {
     pub ssm: Vec<f32>,
     /// Kept by the last verify pass, until [`SequenceState::accept`] settles it.
     pub tape: Option<GdnTape>,
+    /// A settled tape's buffers, which the next verify pass reuses (counted with the tapes).
+    pub spare: Option<Box<GdnTape>>,
 }
 
 impl GdnState {
@@ -123,6 +125,7 @@ impl SequenceState {
                     conv: vec![0.0; (lc.conv_kernel - 1) * lc.conv_dim()],
                     ssm: vec![0.0; lc.num_value_heads * lc.key_head_dim * lc.value_head_dim],
                     tape: None,
+                    spare: None,
                 }),
                 LayerKind::FullAttention => LayerState::Attention(KvCache::new(cfg.num_key_value_heads * cfg.head_dim)),
             })
@@ -130,12 +133,11 @@ impl SequenceState {
         SequenceState { position: 0, layers, truncations: vec![], epoch: 0, linear: cfg.linear.clone() }
     }
 
-    /// Bytes held for rolling back the last verify pass (its tapes).
+    /// Bytes held for rolling back a verify pass: its tapes, or once settled, their buffers
+    /// kept for the next pass.
     pub fn tape_bytes(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|l| if let LayerState::Linear(g) = l { g.tape.as_ref().map_or(0, GdnTape::bytes) } else { 0 })
-            .sum()
+        let held = |g: &GdnState| g.tape.as_ref().or(g.spare.as_deref()).map_or(0, GdnTape::bytes);
+        self.layers.iter().map(|l| if let LayerState::Linear(g) = l { held(g) } else { 0 }).sum()
     }
 
     /// Settles the last verify pass of `T` tokens: keeps its first `keep` tokens and rolls the
@@ -156,10 +158,9 @@ impl SequenceState {
                 LayerState::Linear(g) => {
                     let tape = g.tape.take().ok_or_else(|| Error::State("a GDN layer has no tape".into()))?;
                     if keep < tokens {
-                        let (conv, ssm) = tape.rebuild(keep, &self.linear);
-                        g.conv = conv;
-                        g.ssm = ssm;
+                        tape.rebuild(keep, &self.linear, &mut g.conv, &mut g.ssm);
                     }
+                    g.spare = Some(Box::new(tape));
                 }
                 LayerState::Attention(kv) => kv.truncate(start + keep),
             }
@@ -194,7 +195,9 @@ impl SequenceState {
                 .layers
                 .iter()
                 .map(|l| match l {
-                    LayerState::Linear(g) => Some(GdnState { conv: g.conv.clone(), ssm: g.ssm.clone(), tape: None }),
+                    LayerState::Linear(g) => {
+                        Some(GdnState { conv: g.conv.clone(), ssm: g.ssm.clone(), tape: None, spare: None })
+                    }
                     LayerState::Attention(_) => None,
                 })
                 .collect(),

@@ -359,13 +359,11 @@ impl Linear {
             // no second buffer.
             return Mat::from_vec(1, out, yt);
         }
-        let mut y = vec![0f32; rows * out];
-        for o in 0..out {
-            for r in 0..rows {
-                y[r * out + o] = yt[o * rows + r];
-            }
-        }
-        Mat::from_vec(rows, out, y)
+        // A verify pass's rows back to [rows, out] (the LM head's 4 × 248k logits: rows on
+        // all threads).
+        let mut y = Mat::zeros(rows, out);
+        y.for_rows(|r, row| row.iter_mut().zip(yt[r..].iter().step_by(rows)).for_each(|(d, s)| *d = *s));
+        y
     }
 
     fn all_bf16(&self) -> bool {
