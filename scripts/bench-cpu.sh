@@ -133,4 +133,4 @@ echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'),
   --rounds "$ROUNDS" --threads "$THREADS" --prompt-len "$PROMPT_LEN" --gen "$GEN" --out "$RUNS"
 echo
 step "MTP verify cost on the MTP-headed copy (random drafts are rejected; verify× is what counts)"
-"$DS" bench --model "$MTP_MODEL" --mtp 0,1,2,3 --repeat 2 --max-tokens 32 --threads "$THREADS"
+"$DS" bench --model "$MTP_MODEL" --dtype bf16 --mtp 0,1,2,3 --repeat 2 --max-tokens 32 --threads "$THREADS"

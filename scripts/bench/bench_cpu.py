@@ -6,10 +6,11 @@
         [--rounds 3] [--threads 2] [--prompt-len 512] [--gen 128] [--out runs.jsonl]
     python3 scripts/bench/bench_cpu.py --summary runs.jsonl
 
-Each round runs, for every dtype, one deltascope process (`run --json`: a P-token prompt of
-random ids, then `--gen` greedy tokens; prefill and decode tok/s from its `done` event) and one
-llama-bench process (`-p P -n G -r 1`), alternating the engines and reversing the order every
-round, with the bandwidth probe first. Before each job it waits (up to a minute) until other
+Each round runs, for every dtype, one deltascope process (`bench --json --dtype DTYPE
+--prompt-len P --max-tokens G --warmup 1 --repeat 1`) and one llama-bench process
+(`-p P -n G -r 1`), measured alike: an untimed warm-up (the whole prompt, then generation: all G tokens in
+deltascope, one in llama-bench), then one timed repetition, in the same process. The engines
+alternate and the order reverses every round, with the bandwidth probe first. Before each job it waits (up to a minute) until other
 processes use under 0.2 core; during the job it measures what others used and runs the job
 again once if that exceeded 0.25 core. Peak RSS comes from the kernel (wait4) per process.
 Standard library only. Written by scripts/bench-cpu.sh, which builds everything it calls.
@@ -20,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import selectors
 import statistics
 import subprocess
@@ -92,38 +92,29 @@ def run_measured(cmd: list[str]) -> dict:
     }
 
 
-def deltascope_job(a, dtype: str, model: str, ids: str) -> dict:
-    cmd = [a.deltascope, "run", "--model", model, "--prompt-ids", ids, "--raw", "--max-tokens", str(a.gen),
-           "--temperature", "0", "--mtp", "0", "--threads", str(a.threads), "--json"]
+def deltascope_job(a, dtype: str, model: str) -> dict:
+    # Measured as llama-bench measures: one warm-up pass (a whole prompt and generation, not
+    # timed), then one timed pass, in one process. `bench --prompt-len P` pads its prompt to at
+    # least P tokens (the chat template adds a few: the real count is recorded). `--dtype` is the
+    # weights' dtype: llama.cpp multiplies BF16 weights by BF16 activations, as deltascope does at
+    # --dtype bf16 (its default, f32, keeps f32 activations on bf16 weights).
+    cmd = [a.deltascope, "bench", "--model", model, "--dtype", dtype, "--prompt", "Count.",
+           "--prompt-len", str(a.prompt_len), "--max-tokens", str(a.gen), "--mtp", "0",
+           "--warmup", "1", "--repeat", "1", "--threads", str(a.threads), "--json"]
     r = run_measured(cmd)
     if r["rc"] != 0:
         sys.exit(f"bench_cpu: deltascope {dtype} failed (exit {r['rc']}): {r['stderr']}")
-    done = None
-    for line in r["stdout"].splitlines():
-        try:
-            ev = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(ev, dict) and ev.get("event") == "done":
-            done = ev
-    if done is None:
-        sys.exit(f"bench_cpu: deltascope {dtype} printed no done event:\n{r['stdout'][-2000:]}")
-    tm = find_timing(done)
-    return {"engine": "deltascope", "dtype": dtype, "pp": tm["prefill_tok_s"], "tg": tm["decode_tok_s"],
-            "generated": tm.get("generated"), "total_ms": tm.get("total_ms"),
+    try:
+        out = json.loads(r["stdout"])
+        row = out["rows"][0]
+        pp, tg = row["prefill_tok_s"]["median"], row["decode_tok_s"]["median"]
+    except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
+        sys.exit(f"bench_cpu: deltascope {dtype}: unexpected bench --json output ({e}):\n{r['stdout'][-2000:]}")
+    if row["generated_tokens"] < a.gen:
+        sys.exit(f"bench_cpu: deltascope {dtype} generated {row['generated_tokens']} of {a.gen} tokens")
+    return {"engine": "deltascope", "dtype": dtype, "pp": pp, "tg": tg, "prompt_tokens": out["prompt_tokens"][0],
+            "generated": row["generated_tokens"], "cpu": out.get("cpu"),
             **{k: r[k] for k in ("wall_s", "peak_rss_bytes", "others_cores", "cores_used")}}
-
-
-def find_timing(ev: dict) -> dict:
-    """The timing object inside a done event, wherever it nests."""
-    stack = [ev]
-    while stack:
-        d = stack.pop()
-        if isinstance(d, dict):
-            if "prefill_tok_s" in d and "decode_tok_s" in d:
-                return d
-            stack.extend(d.values())
-    sys.exit(f"bench_cpu: no timing in the done event: {json.dumps(ev)[:500]}")
 
 
 def llama_job(a, dtype: str, gguf: str) -> dict:
@@ -151,8 +142,6 @@ def measure(a) -> None:
         dtype, rest = spec.split("=", 1)
         model, gguf = rest.split(",", 1)
         pairs[dtype] = (model, gguf)
-    rng = random.Random(8)
-    ids = ",".join(str(rng.randrange(1000, 9000)) for _ in range(a.prompt_len))
     jobs = []
     for dtype, (model, gguf) in pairs.items():
         jobs.append(("deltascope", dtype, model))
@@ -167,7 +156,7 @@ def measure(a) -> None:
         for engine, dtype, path in order:
             for attempt in range(2):
                 waited = wait_quiet()
-                rec = deltascope_job(a, dtype, path, ids) if engine == "deltascope" else llama_job(a, dtype, path)
+                rec = deltascope_job(a, dtype, path) if engine == "deltascope" else llama_job(a, dtype, path)
                 rec.update(round=rnd, attempt=attempt, waited_s=round(waited, 1), time=time.strftime("%H:%M:%S"),
                            weight_file_bytes=weight_bytes(path))
                 if rec["others_cores"] <= 0.25 or attempt == 1:
