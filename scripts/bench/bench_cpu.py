@@ -8,11 +8,12 @@
 
 Each round runs, for every dtype, one deltascope process (`bench --json --dtype DTYPE
 --prompt-len P --max-tokens G --warmup 1 --repeat 1`) and one llama-bench process
-(`-p P -n G -r 1`), measured alike: an untimed warm-up (the whole prompt, then generation: all G tokens in
-deltascope, one in llama-bench), then one timed repetition, in the same process. The engines
-alternate and the order reverses every round, with the bandwidth probe first. Before each job it waits (up to a minute) until other
-processes use under 0.2 core; during the job it measures what others used and runs the job
-again once if that exceeded 0.25 core. Peak RSS comes from the kernel (wait4) per process.
+(`-p P -n G -r 1`), measured alike: an untimed warm-up (the whole prompt, then generation: all
+G tokens in deltascope, one in llama-bench), then one timed repetition, in the same process.
+The engines alternate and the order reverses every round, with the bandwidth probe first.
+Before each job it waits (up to a minute) until other processes use under 0.2 core; during the
+job it measures what others used and runs the job again once if that exceeded 0.25 core. Peak
+RSS comes from the kernel (wait4) per process.
 Standard library only. Written by scripts/bench-cpu.sh, which builds everything it calls.
 """
 
