@@ -65,6 +65,10 @@ pub enum Error {
     #[error("{0}")]
     InvalidArgument(String),
 
+    /// The device the user named cannot run (no GPU, a missing ordinal, a missing library).
+    #[error("--device {spec}: {message}")]
+    Device { spec: String, message: String },
+
     #[error("state: {0}")]
     State(String),
 

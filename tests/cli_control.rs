@@ -155,7 +155,7 @@ fn an_interrupted_bench_prints_what_it_measured() {
 #[test]
 fn a_closed_stdout_ends_quietly() {
     let script = format!(
-        "\"{}\" run --prompt 'Sort 5, 2, 9, 1.' --json 2>\"$1\" | head -1 >/dev/null; echo ${{PIPESTATUS[0]}}",
+        "\"{}\" run --device cpu --prompt 'Sort 5, 2, 9, 1.' --json 2>\"$1\" | head -1 >/dev/null; echo ${{PIPESTATUS[0]}}",
         env!("CARGO_BIN_EXE_deltascope")
     );
     let dir = tempfile::tempdir().unwrap();

@@ -12,7 +12,7 @@ use super::{
 use crate::chat::{ChatTemplate, RenderOptions, TextTokenizer};
 use crate::checkpoint::{ModelSource, demo_source};
 use crate::engine::{EngineHandle, GenerateRequest, Generation, SamplingParams, StepControl, check_prompt};
-use crate::model::{LayerKind, LoadOptions, LoadProgress, Model, Precision};
+use crate::model::{DeviceSpec, LayerKind, LoadOptions, LoadProgress, Model, Precision, cuda};
 use crate::units::human_bytes;
 
 /// Which checkpoint, at which precision.
@@ -22,6 +22,8 @@ pub struct LocalSpec {
     pub precision: Precision,
     /// Threads the layers run on (`None`: the physical cores).
     pub threads: Option<usize>,
+    /// `--device`: checked before any weight is read.
+    pub device: DeviceSpec,
 }
 
 impl LocalSpec {
@@ -33,7 +35,7 @@ impl LocalSpec {
             Some(p) if p == Path::new("demo") => demo_source(),
             Some(p) => ModelSource::Dir(p.to_path_buf()),
         };
-        Ok(LocalSpec { source, precision: Precision::parse(dtype)?, threads: None })
+        Ok(LocalSpec { source, precision: Precision::parse(dtype)?, threads: None, device: DeviceSpec::Auto })
     }
 }
 
@@ -45,11 +47,14 @@ pub struct Loaded {
     pub name: String,
     /// Sampling defaults from generation_config.json.
     pub generation_defaults: SamplingParams,
+    /// Where it runs, and why not on a GPU when `--device auto` found none.
+    pub placement: Placement,
 }
 
 impl Loaded {
     /// Loads a checkpoint, reporting the bytes of weights read and then each small file.
     pub fn load(spec: &LocalSpec, progress: &dyn Fn(OpenProgress)) -> crate::Result<Self> {
+        let placement = place(&spec.device)?;
         crate::model::cpu::set_threads(spec.threads).map_err(crate::Error::InvalidArgument)?;
         let source = &spec.source;
         let label = source.label();
@@ -97,6 +102,7 @@ impl Loaded {
             tokenizer: Arc::new(tokenizer),
             template,
             generation_defaults,
+            placement,
         })
     }
 
@@ -131,6 +137,51 @@ pub fn render_chat(template: &ChatTemplate, messages: &[ChatMessage], enable_thi
     Ok(template.render(&value, &opts)?)
 }
 
+/// Where a model runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placement {
+    /// "cpu", or the GPUs ("cuda:0").
+    pub devices: Vec<String>,
+    /// One line on why it is not on a GPU under `--device auto` ("no GPU: libcuda not
+    /// found; the CPU runs"); `None` when the user chose the device.
+    pub note: Option<String>,
+}
+
+/// Resolves `--device` before any weight is read: a GPU the user asked for that cannot run is
+/// an error; under `auto` the CPU runs, with the reason in [`Placement::note`].
+pub fn place(spec: &DeviceSpec) -> crate::Result<Placement> {
+    let cpu = |note: Option<String>| Placement { devices: vec!["cpu".into()], note };
+    let fail = |message: String| crate::Error::Device { spec: spec.to_string(), message };
+    match spec {
+        DeviceSpec::Cpu => Ok(cpu(None)),
+        DeviceSpec::Auto => match cuda::probe() {
+            Err(no) => Ok(cpu(Some(format!("{no}; the CPU runs")))),
+            Ok(report) => Ok(cpu(Some(format!(
+                "{} found; the CUDA engine does not run models yet, so the CPU runs",
+                gpu_list(&report.gpus)
+            )))),
+        },
+        DeviceSpec::Cuda(wanted) => {
+            let report = cuda::probe().map_err(|no| fail(no.to_string()))?;
+            if let Some(wanted) = wanted
+                && let Some(missing) = wanted.iter().find(|&&o| o >= report.gpus.len())
+            {
+                return Err(fail(format!("GPU {missing} not found: this machine has {}", gpu_list(&report.gpus))));
+            }
+            Err(fail(format!("{} found, but the CUDA engine does not run models yet", gpu_list(&report.gpus))))
+        }
+    }
+}
+
+/// "1 GPU (0: NVIDIA H200, sm_90, 139.8 GiB)".
+fn gpu_list(gpus: &[cuda::GpuInfo]) -> String {
+    let each: Vec<String> = gpus
+        .iter()
+        .map(|g| format!("{}: {}, {}, {}", g.ordinal, g.name, g.arch(), human_bytes(g.total_bytes)))
+        .collect();
+    format!("{} GPU{} ({})", gpus.len(), if gpus.len() == 1 { "" } else { "s" }, each.join("; "))
+}
+
 pub struct LocalBackend {
     loaded: Loaded,
     engine: EngineHandle,
@@ -162,7 +213,8 @@ fn describe(l: &Loaded) -> BackendInfo {
     let gdn = c.layer_types.iter().filter(|k| matches!(k, LayerKind::LinearAttention)).count();
     BackendInfo {
         name: l.name.clone(),
-        kind: BackendKind::Local { devices: vec!["cpu".into()], dtype: l.model.precision.name().into() },
+        kind: BackendKind::Local { devices: l.placement.devices.clone(), dtype: l.model.precision.name().into() },
+        device_note: l.placement.note.clone(),
         context: Some(c.max_position_embeddings),
         has_mtp: l.model.mtp.is_some(),
         layers: Some(format!("{} layers: {gdn} GDN + {} attention", c.layer_types.len(), c.layer_types.len() - gdn)),

@@ -23,6 +23,7 @@ pub use crate::engine::{
     Generation, GenerationParams, LoopParams, MtpParams, MtpStats, Preset, QWEN_BUDGET_BRIDGE, SamplingParams,
     StepControl,
 };
+pub use crate::model::DeviceSpec;
 pub use params::{MtpChoice, ParamOverrides};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -118,6 +119,8 @@ pub struct BackendInfo {
     /// The model's name (checkpoint label, or the server's model id).
     pub name: String,
     pub kind: BackendKind,
+    /// Why a local model runs on the CPU under `--device auto` ("no GPU: libcuda not found").
+    pub device_note: Option<String>,
     /// Context length in tokens, when known.
     pub context: Option<usize>,
     /// Whether MTP speculative decoding runs (local: the checkpoint has a head; remote: the

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::backend::DeviceSpec;
+
 use crate::backend::{
     self, Backend, BackendSpec, BudgetMode, ChatMessage, KeySource, MtpChoice, OpenProgress, ParamOverrides, Preset,
     Prompt, ReasoningSplit, RemoteSpec, Role,
@@ -27,6 +29,11 @@ pub struct ModelArgs {
     /// Threads for the in-process engine (default: the CPU's physical cores).
     #[arg(long, value_name = "N", value_parser = whole_number)]
     pub threads: Option<usize>,
+    /// Where the in-process engine runs: `auto` (a GPU when one can run the model, else the
+    /// CPU, saying why in one line), `cpu`, `cuda` (every GPU the model needs), `cuda:0`,
+    /// `cuda:0,1`. A GPU asked for by name that cannot run is an error.
+    #[arg(long, default_value = "auto", value_name = "auto|cpu|cuda|cuda:N[,M]", value_parser = device_spec, conflicts_with = "server")]
+    pub device: DeviceSpec,
     #[command(flatten)]
     pub server: ServerArgs,
 }
@@ -79,7 +86,11 @@ pub enum BudgetModeArg {
 impl ModelArgs {
     /// The in-process engine these flags name.
     pub fn local_spec(&self) -> anyhow::Result<LocalSpec> {
-        Ok(LocalSpec { threads: self.threads, ..LocalSpec::new(self.model.as_deref(), &self.dtype)? })
+        Ok(LocalSpec {
+            threads: self.threads,
+            device: self.device.clone(),
+            ..LocalSpec::new(self.model.as_deref(), &self.dtype)?
+        })
     }
 
     /// The backend these flags name.
@@ -117,7 +128,11 @@ impl ModelArgs {
 
 /// Opens the backend the flags name (loading a model reports nothing: headless commands).
 pub fn open(args: &ModelArgs) -> anyhow::Result<Box<dyn Backend>> {
-    Ok(backend::open(&args.spec()?, &|_: OpenProgress| {})?)
+    let backend = backend::open(&args.spec()?, &|_: OpenProgress| {})?;
+    if let Some(note) = &backend.info().device_note {
+        eprintln!("{note}");
+    }
+    Ok(backend)
 }
 
 /// Loads the local checkpoint for a developer tool that measures the engine itself (`logits`,
@@ -126,7 +141,11 @@ pub fn load_local(args: &ModelArgs, command: &str) -> anyhow::Result<Loaded> {
     if let Some(url) = &args.server.server {
         anyhow::bail!("`{command}` runs the in-process engine; it cannot use --server {url}");
     }
-    Ok(Loaded::load(&args.local_spec()?, &|_: OpenProgress| {})?)
+    let loaded = Loaded::load(&args.local_spec()?, &|_: OpenProgress| {})?;
+    if let Some(note) = &loaded.placement.note {
+        eprintln!("{note}");
+    }
+    Ok(loaded)
 }
 
 /// The embedded demo model for `None` or `demo`, else a directory.
@@ -340,4 +359,8 @@ pub fn float32(s: &str) -> Result<f32, String> {
 
 pub fn whole_number(s: &str) -> Result<usize, String> {
     s.trim().parse::<usize>().map_err(|_| format!("expected a whole number (0 or more), found {s}"))
+}
+
+fn device_spec(s: &str) -> Result<DeviceSpec, String> {
+    DeviceSpec::parse(s).map_err(|e| e.to_string())
 }

@@ -9,10 +9,12 @@ use clap::Args;
 // A developer tool (architecture.json): it reads config, weights and the memory plan directly.
 use super::common::local_spec;
 use crate::model::config::{Family, LayerKind, MlpKind};
+use crate::model::cuda;
+use crate::model::device_plan::{DeviceBudget, DevicePlan, DeviceShare, PlanInputs, plan_devices, plan_fewest};
 use crate::model::finite::{SUSPICIOUS_ABS, TensorHealth, scan_weights};
 use crate::model::plan::memory_plan;
 use crate::model::weights::WeightStore;
-use crate::model::{ModelConfig, missing_mtp_tensors, read_config};
+use crate::model::{DeviceSpec, ModelConfig, missing_mtp_tensors, read_config};
 use crate::units::human_bytes;
 
 #[derive(Args, Debug)]
@@ -27,6 +29,154 @@ pub struct InspectArgs {
     /// when any tensor holds a non-finite value).
     #[arg(long)]
     pub verify_weights: bool,
+    /// Plan the model on these GPUs (their free memory now): `cuda`, `cuda:0`, `cuda:0,1`.
+    #[arg(long, value_name = "cuda|cuda:N[,M]", value_parser = device_spec, conflicts_with = "plan_devices")]
+    pub device: Option<DeviceSpec>,
+    /// Plan the model on devices of these sizes, without GPUs: `48GiB,48GiB`.
+    #[arg(long, value_name = "SIZE[,SIZE…]", value_parser = byte_sizes)]
+    pub plan_devices: Option<ByteSizes>,
+    /// Tokens of KV cache the device plan reserves (default: the model's whole context).
+    #[arg(long, value_name = "TOKENS")]
+    pub plan_context: Option<u64>,
+}
+
+fn device_spec(s: &str) -> Result<DeviceSpec, String> {
+    DeviceSpec::parse(s).map_err(|e| e.to_string())
+}
+
+/// Device sizes in bytes (one flag value, comma-separated).
+#[derive(Debug, Clone)]
+pub struct ByteSizes(pub Vec<u64>);
+
+/// `48GiB,48GiB` → bytes. Units: B, KB/MB/GB/TB (powers of 1000), KiB/MiB/GiB/TiB (of 1024).
+fn byte_sizes(s: &str) -> Result<ByteSizes, String> {
+    s.split(',').map(|part| byte_size(part.trim())).collect::<Result<_, _>>().map(ByteSizes)
+}
+
+fn byte_size(s: &str) -> Result<u64, String> {
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("{s:?}: expected a size such as 48GiB or 80GB"))?;
+    let scale: f64 = match unit.trim() {
+        "" | "B" => 1.0,
+        "KB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "TB" => 1e12,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        "GiB" => 1024.0 * 1024.0 * 1024.0,
+        "TiB" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        u => return Err(format!("{s:?}: unknown unit {u:?} (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")),
+    };
+    if n <= 0.0 || !n.is_finite() {
+        return Err(format!("{s:?}: a device size must be positive"));
+    }
+    Ok((n * scale) as u64)
+}
+
+/// The devices to plan on: sizes given, or the GPUs named (an error, in one line, without one).
+fn plan_budgets(a: &InspectArgs) -> anyhow::Result<Option<(Vec<DeviceBudget>, bool)>> {
+    if let Some(ByteSizes(sizes)) = &a.plan_devices {
+        let budgets = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| DeviceBudget { label: format!("device {i}"), free_bytes: b })
+            .collect();
+        return Ok(Some((budgets, false)));
+    }
+    let Some(spec) = &a.device else { return Ok(None) };
+    let wanted = match spec {
+        DeviceSpec::Cuda(w) => w.clone(),
+        other => anyhow::bail!(
+            "--device {other}: inspect plans GPUs (cuda, cuda:0, cuda:0,1); for sizes without a GPU use --plan-devices"
+        ),
+    };
+    let report = cuda::probe().map_err(|no| anyhow::anyhow!("--device {spec}: {no}"))?;
+    let ordinals = wanted.clone().unwrap_or_else(|| (0..report.gpus.len()).collect());
+    let mut budgets = vec![];
+    for o in ordinals {
+        let g = report.gpus.get(o).ok_or_else(|| {
+            anyhow::anyhow!("--device {spec}: GPU {o} not found (this machine has {})", report.gpus.len())
+        })?;
+        budgets.push(DeviceBudget { label: format!("cuda:{o} {}", g.name), free_bytes: g.free_bytes });
+    }
+    // `cuda` alone: the fewest GPUs that hold it.
+    Ok(Some((budgets, wanted.is_none())))
+}
+
+fn write_plan(w: &mut impl Write, plan: &DevicePlan) -> std::io::Result<()> {
+    let used: Vec<&DeviceShare> = plan.used().collect();
+    let bounds = plan.boundaries();
+    let how = if bounds.is_empty() {
+        "one device, no split".to_string()
+    } else {
+        let at: Vec<String> = bounds.iter().map(usize::to_string).collect();
+        format!(
+            "layer split at layer {} (one hidden-state copy of {} per token at each)",
+            at.join(", "),
+            human_bytes(plan.boundary_bytes_per_token)
+        )
+    };
+    writeln!(
+        w,
+        "device plan  {} device{}, {how}; KV for {} tokens, MTP depth {}, prefill passes of {} tokens",
+        used.len(),
+        if used.len() == 1 { "" } else { "s" },
+        plan.inputs.context_tokens,
+        plan.inputs.mtp_depth,
+        plan.inputs.prefill_chunk
+    )?;
+    for d in &plan.devices {
+        let mut holds = vec![];
+        if !d.layers.is_empty() {
+            holds.push(format!(
+                "layers {}–{} ({} GDN + {} attention)",
+                d.layers.start,
+                d.layers.end - 1,
+                d.gdn_layers,
+                d.attention_layers
+            ));
+        }
+        if d.embedding {
+            holds.push("embedding".into());
+        }
+        if d.head {
+            holds.push("final norm + LM head".into());
+        }
+        if d.mtp {
+            holds.push("MTP layer".into());
+        }
+        let headroom = if d.headroom_bytes >= 0 {
+            format!("headroom {}", human_bytes(d.headroom_bytes as u64))
+        } else {
+            format!("SHORT by {}", human_bytes(d.headroom_bytes.unsigned_abs()))
+        };
+        writeln!(w, "  {} ({} free): {}", d.label, human_bytes(d.free_bytes), holds.join(", "))?;
+        writeln!(
+            w,
+            "    weights {} · KV {} / token = {} · recurrent {} · MTP slots {} · workspace {} · total {} · {headroom}",
+            human_bytes(d.weights_bytes),
+            human_bytes(d.kv_bytes_per_token),
+            human_bytes(d.kv_bytes),
+            human_bytes(d.recurrent_bytes),
+            human_bytes(d.mtp_slot_bytes),
+            human_bytes(d.workspace_bytes),
+            human_bytes(d.total_bytes)
+        )?;
+    }
+    if plan.fits {
+        writeln!(w, "fits         yes")?;
+    } else {
+        writeln!(w, "fits         NO: lower --plan-context, or plan on more or larger devices")?;
+    }
+    if !bounds.is_empty() {
+        writeln!(
+            w,
+            "note         a layer split buys capacity, not batch-1 speed: the devices take turns on every token"
+        )?;
+    }
+    Ok(())
 }
 
 fn family_name(f: Family) -> &'static str {
@@ -142,8 +292,20 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
         return verify_weights(store, a.json);
     }
 
+    let device_plan = match plan_budgets(&a)? {
+        None => None,
+        Some((budgets, fewest)) => {
+            let mut inputs = PlanInputs::for_model(&cfg);
+            if let Some(t) = a.plan_context {
+                inputs.context_tokens = t;
+            }
+            Some(if fewest { plan_fewest(&cfg, &budgets, inputs) } else { plan_devices(&cfg, &budgets, inputs) })
+        }
+    };
+
     if a.json {
         let v = serde_json::json!({
+            "device_plan": device_plan,
             "config": cfg,
             "plan_bf16": plan,
             "plan_cpu_f32": cpu,
@@ -293,6 +455,9 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
             gb(plan.mtp_weights_bytes),
             human_bytes(mtp_kv)
         )?;
+    }
+    if let Some(plan) = &device_plan {
+        write_plan(&mut w, plan)?;
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ pub mod bench_remote;
 pub mod bench_stats;
 pub mod chat;
 pub mod common;
+pub mod gpu;
 pub mod inspect;
 pub mod interrupt;
 pub mod logits;
@@ -48,6 +49,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// A random-weight checkpoint of any real shape (benchmarks, GPU checks, sizing a machine).
     Synth(synth::SynthArgs),
+    /// CUDA on this machine: `gpu info` (libraries, GPUs), `gpu kernels` (compile kernels/ with NVRTC).
+    Gpu(gpu::GpuArgs),
 }
 
 impl Cli {
@@ -65,6 +68,7 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Sweep(a)) => sweep::run(a),
         Some(Command::Bench(a)) => bench::run(a),
         Some(Command::Synth(a)) => synth::run(a),
+        Some(Command::Gpu(a)) => gpu::run(a),
         Some(Command::Chat(a)) => chat::run(a),
         // No subcommand: the workbench on the demo model.
         None => chat::run(chat::ChatArgs::default()),

@@ -81,6 +81,7 @@ pub fn error_kind(e: &Error) -> ErrorKind {
     match e {
         Error::ContextOverflow { .. } => ErrorKind::ContextOverflow,
         Error::InvalidArgument(_) | Error::TokenOutOfRange { .. } => ErrorKind::InvalidRequest,
+        Error::Device { .. } => ErrorKind::Unavailable,
         _ => ErrorKind::Internal,
     }
 }

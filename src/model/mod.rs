@@ -4,6 +4,9 @@
 pub mod attention;
 pub mod config;
 pub mod cpu;
+pub mod cuda;
+pub mod device;
+pub mod device_plan;
 pub mod finite;
 pub mod gdn;
 pub mod gemm_bf16;
@@ -22,6 +25,7 @@ pub mod weights;
 pub use crate::checkpoint::demo_source;
 pub use crate::checkpoint::{EmbeddedModel, ModelSource};
 pub use config::{Family, LayerKind, MlpKind, ModelConfig};
+pub use device::DeviceSpec;
 pub use hybrid::{
     ForwardOptions, ForwardOutput, HiddenStats, LoadOptions, LogitsRows, Model, MtpOutput, MtpState,
     missing_mtp_tensors,

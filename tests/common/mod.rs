@@ -20,6 +20,7 @@ pub fn model() -> BackendInfo {
     BackendInfo {
         name: "embedded:demo".into(),
         kind: BackendKind::Local { devices: vec!["cpu".into()], dtype: "f32".into() },
+        device_note: None,
         context: Some(4096),
         has_mtp: true,
         layers: Some("8 layers: 6 GDN + 2 attention".into()),

@@ -122,6 +122,7 @@ fn describe(http: &Http, f: &ServerFacts) -> BackendInfo {
             version: f.version.clone(),
             url: http.base.clone(),
         }),
+        device_note: None,
         context: f.context,
         has_mtp: f.speculative,
         layers: None,

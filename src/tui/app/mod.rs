@@ -220,6 +220,9 @@ impl App {
         if self.convo.session.model.is_empty() {
             self.convo.session.model = info.name.clone();
         }
+        if let Some(note) = &info.device_note {
+            self.say(Level::Info, note.clone());
+        }
         self.model = Some(info);
         self.warn_other_model();
         self.loading = None;

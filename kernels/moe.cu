@@ -1,0 +1,105 @@
+// Mixture-of-experts pieces (Qwen3.5 / 3.6 MoE, Qwen3-Next): the router's top-k, expert GEMVs
+// over the chosen experts only, and the weighted combine.
+
+// Router: softmax over the experts in f32, the k largest (ties: the lower id), renormalised
+// to sum 1 when `renorm` (norm_topk_prob), the weights rounded to bf16 as the reference casts
+// them. logits [T][E] f32 (the router GEMV's f32 output). ids / weights [T][k].
+// grid: T; block: 256. E ≤ 1024, k ≤ 32.
+extern "C" __global__ void moe_topk(const float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ weights,
+                                    int experts, int k, int renorm) {
+    __shared__ float p[1024];
+    __shared__ float scratch[32];
+    __shared__ float best_v[32];
+    __shared__ int best_i[32];
+    const int t = blockIdx.x;
+    const float* row = logits + (long long)t * experts;
+    float mx = -INFINITY;
+    for (int e = threadIdx.x; e < experts; e += blockDim.x) mx = fmaxf(mx, row[e]);
+    // block max through the same scratch as block_sum
+    mx = warp_max(mx);
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = mx;
+    __syncthreads();
+    mx = -INFINITY;
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) mx = fmaxf(mx, scratch[w]);
+    __syncthreads();
+    float sum = 0.0f;
+    for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+        p[e] = expf(row[e] - mx);
+        sum += p[e];
+    }
+    sum = block_sum(sum, scratch);
+    for (int e = threadIdx.x; e < experts; e += blockDim.x) p[e] /= sum;
+    __syncthreads();
+    // k rounds of a block argmax; the winner is struck out.
+    float chosen_sum = 0.0f;
+    for (int s = 0; s < k; ++s) {
+        float v = -1.0f;
+        int id = 0x7fffffff;
+        for (int e = threadIdx.x; e < experts; e += blockDim.x)
+            if (p[e] > v || (p[e] == v && e < id)) { v = p[e]; id = e; }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, id, o);
+            if (ov > v || (ov == v && oi < id)) { v = ov; id = oi; }
+        }
+        if ((threadIdx.x & 31) == 0) { best_v[threadIdx.x >> 5] = v; best_i[threadIdx.x >> 5] = id; }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float bv = best_v[0];
+            int bi = best_i[0];
+            for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
+                if (best_v[w] > bv || (best_v[w] == bv && best_i[w] < bi)) { bv = best_v[w]; bi = best_i[w]; }
+            ids[t * k + s] = bi;
+            weights[t * k + s] = bv;
+            p[bi] = -2.0f;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < k; ++s) chosen_sum += weights[t * k + s];
+        for (int s = 0; s < k; ++s) {
+            const float w = renorm ? weights[t * k + s] / chosen_sum : weights[t * k + s];
+            weights[t * k + s] = round_bf(w);
+        }
+    }
+}
+
+// y[p][n] = W[ids[p]][n] · x_p for each (token, slot) pair p = t·k + s, W expert-major
+// [E][n_out][k_in] bf16; x_p is x[p] when `x_per_pair` (the down projection reads each pair's
+// own activation) else x[t] (gate/up read the token's). One warp per (pair, feature).
+// grid: (ceil(n_out / 8), pairs); block: 256.
+extern "C" __global__ void moe_gemv(const bf16* __restrict__ W, const int* __restrict__ ids, const bf16* __restrict__ x,
+                                    int x_per_pair, bf16* __restrict__ y, int n_out, int k_in, int top_k) {
+    const int lane = threadIdx.x & 31;
+    const int n = blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int pair = blockIdx.y;
+    if (n >= n_out) return;
+    const long long e = ids[pair];
+    const bf16* wrow = W + (e * n_out + n) * (long long)k_in;
+    const bf16* xr = x + (long long)(x_per_pair ? pair : pair / top_k) * k_in;
+    float s = 0.0f;
+    for (int c = lane; c < k_in; c += 32) s = fmaf(bf2f(wrow[c]), bf2f(xr[c]), s);
+    s = warp_sum(s);
+    if (lane == 0) y[(long long)pair * n_out + n] = f2bf(s);
+}
+
+// out[t][i] = round(Σ_s round(w[t][s] · y[t·k + s][i])), in slot order.
+// grid: ceil(T·hidden / 256); block: 256.
+extern "C" __global__ void moe_combine(const bf16* __restrict__ y, const float* __restrict__ weights,
+                                       bf16* __restrict__ out, int hidden, int top_k, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const long long t = i / hidden, c = i % hidden;
+    float acc = 0.0f;
+    for (int s = 0; s < top_k; ++s)
+        acc = round_bf(acc + round_bf(weights[t * top_k + s] * bf2f(y[(t * top_k + s) * hidden + c])));
+    out[i] = f2bf(acc);
+}
+
+// The shared expert's gate: out[t][i] = round(x[t][i] · round(sigmoid(g[t]))), g the
+// shared_expert_gate GEMV's output per token.
+extern "C" __global__ void sigmoid_scale_rows(const bf16* __restrict__ x, const float* __restrict__ g,
+                                             bf16* __restrict__ out, int hidden, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = f2bf(bf2f(x[i]) * round_bf(sigmoidf(g[i / hidden])));
+}

@@ -1,0 +1,51 @@
+// Shared by every kernel file: prepended to each source before NVRTC compiles it, so no file
+// includes a header (NVRTC then needs only libnvrtc and its builtins, no CUDA headers).
+//
+// bf16 travels as its raw 16 bits (`bf16` = unsigned short). Conversions round to nearest
+// even, as torch and the CPU engine do; NaN stays NaN.
+
+typedef unsigned short bf16;
+
+// No <math.h> / <cuda_runtime.h> here: the constants and tests the kernels need.
+#define INFINITY __int_as_float(0x7f800000)
+__device__ __forceinline__ bool finite_f32(float x) { return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u; }
+
+__device__ __forceinline__ float bf2f(bf16 v) { return __uint_as_float(((unsigned int)v) << 16); }
+
+__device__ __forceinline__ bf16 f2bf(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0u) {
+        return (bf16)((u >> 16) | 0x0040u);  // quiet NaN
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16)(u >> 16);
+}
+
+// Rounds through bf16 (a cast point of the bf16 reference).
+__device__ __forceinline__ float round_bf(float f) { return bf2f(f2bf(f)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); `scratch` holds 32 floats.
+// Every thread gets the total.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = lane < warps ? scratch[lane] : 0.0f;
+    return warp_sum(t);
+}
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }

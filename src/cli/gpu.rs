@@ -1,0 +1,159 @@
+//! `deltascope gpu`: what this machine has for CUDA, and the kernels compiled by its NVRTC.
+//! A developer tool (architecture.json): it talks to the model's CUDA side directly.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+
+use crate::model::cuda::{self, kernels, nvrtc};
+use crate::units::human_bytes;
+
+#[derive(Args, Debug)]
+pub struct GpuArgs {
+    #[command(subcommand)]
+    pub command: GpuCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum GpuCommand {
+    /// The CUDA libraries found (driver, NVRTC, cuBLAS, cuBLASLt) and each GPU, or the one
+    /// line that says why there is none (exit 1).
+    Info {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Compiles every kernel in kernels/ with this machine's NVRTC and checks its entry points
+    /// (no GPU needed).
+    Kernels {
+        /// Target architecture (sm_90 = Hopper: H100 / H200).
+        #[arg(long, default_value = "sm_90")]
+        arch: String,
+        /// PTX for the architecture family instead of a CUBIN.
+        #[arg(long)]
+        ptx: bool,
+        /// Write each compiled file here.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// Compile afresh, without reading or writing the kernel cache.
+        #[arg(long)]
+        no_cache: bool,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn run(a: GpuArgs) -> anyhow::Result<()> {
+    match a.command {
+        GpuCommand::Info { json } => info(json),
+        GpuCommand::Kernels { arch, ptx, out, no_cache, json } => compile_all(&arch, ptx, out, no_cache, json),
+    }
+}
+
+fn info(json: bool) -> anyhow::Result<()> {
+    let libs = cuda::probe::libraries();
+    let nvrtc = cuda::probe::nvrtc_version();
+    let probe = cuda::probe();
+    let mut w = std::io::stdout().lock();
+    if json {
+        let v = serde_json::json!({
+            "libraries": libs,
+            "nvrtc_version": nvrtc.map(|(a, b)| format!("{a}.{b}")),
+            "gpus": probe.as_ref().ok().map(|r| &r.gpus),
+            "driver_version": probe.as_ref().ok().map(|r| r.driver_version),
+            "no_gpu": probe.as_ref().err().map(|e| e.to_string()),
+        });
+        writeln!(w, "{}", serde_json::to_string_pretty(&v)?)?;
+    } else {
+        let yes = |b: bool| if b { "found" } else { "not found" };
+        writeln!(
+            w,
+            "libraries    libcuda {} · libnvrtc {}{} · libcublas {} · libcublasLt {}",
+            yes(libs.driver),
+            yes(libs.nvrtc),
+            nvrtc.map(|(a, b)| format!(" ({a}.{b})")).unwrap_or_default(),
+            yes(libs.cublas),
+            yes(libs.cublaslt)
+        )?;
+        if let Ok(r) = &probe {
+            writeln!(w, "driver       CUDA {}.{}", r.driver_version / 1000, (r.driver_version % 1000) / 10)?;
+            for g in &r.gpus {
+                writeln!(
+                    w,
+                    "cuda:{}       {} · {} · {} total, {} free",
+                    g.ordinal,
+                    g.name,
+                    g.arch(),
+                    human_bytes(g.total_bytes),
+                    human_bytes(g.free_bytes)
+                )?;
+            }
+        }
+    }
+    w.flush()?;
+    match probe {
+        Ok(_) => Ok(()),
+        Err(no) => anyhow::bail!("{no}"),
+    }
+}
+
+fn compile_all(arch: &str, ptx: bool, out: Option<PathBuf>, no_cache: bool, json: bool) -> anyhow::Result<()> {
+    let target = if ptx { nvrtc::Target::Ptx } else { nvrtc::Target::Cubin };
+    let cache = if no_cache { None } else { nvrtc::default_cache_dir() };
+    if let Some(dir) = &out {
+        std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+    }
+    let mut rows = vec![];
+    let mut missing = vec![];
+    for file in kernels::FILES {
+        let started = std::time::Instant::now();
+        let compiled = nvrtc::compile(file, target, arch, cache.as_deref())?;
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        let absent: Vec<&str> = file.entries.iter().copied().filter(|e| !compiled.defines(e)).collect();
+        missing.extend(absent.iter().map(|e| format!("{}.cu: {e}", file.name)));
+        if let Some(dir) = &out {
+            let ext = if ptx { "ptx" } else { "cubin" };
+            let path = dir.join(format!("{}.{ext}", file.name));
+            std::fs::write(&path, &compiled.code)
+                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+        }
+        rows.push(serde_json::json!({
+            "file": format!("{}.cu", file.name),
+            "bytes": compiled.code.len(),
+            "ms": (ms * 10.0).round() / 10.0,
+            "cached": compiled.cached,
+            "entries": file.entries,
+            "missing": absent,
+        }));
+    }
+    let mut w = std::io::stdout().lock();
+    let (major, minor) = cuda::probe::nvrtc_version().unwrap_or((0, 0));
+    if json {
+        let v = serde_json::json!({
+            "nvrtc_version": format!("{major}.{minor}"),
+            "arch": arch,
+            "target": if ptx { "ptx" } else { "cubin" },
+            "files": rows,
+        });
+        writeln!(w, "{}", serde_json::to_string_pretty(&v)?)?;
+    } else {
+        writeln!(w, "NVRTC {major}.{minor} · {} for {arch}", if ptx { "PTX" } else { "CUBIN" })?;
+        for r in &rows {
+            writeln!(
+                w,
+                "  {:<16} {:>8} B {:>8} ms{}  {}",
+                r["file"].as_str().unwrap_or(""),
+                r["bytes"],
+                r["ms"],
+                if r["cached"] == true { " (cached)" } else { "" },
+                r["entries"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|e| e.as_str()).collect::<Vec<_>>().join(" "))
+                    .unwrap_or_default()
+            )?;
+        }
+    }
+    w.flush()?;
+    anyhow::ensure!(missing.is_empty(), "entry points missing from the compiled code: {}", missing.join(", "));
+    Ok(())
+}

@@ -1,0 +1,9 @@
+//! The CUDA side of the model: a sibling of the CPU engine behind the same seam, on the
+//! driver, NVRTC and cuBLAS(Lt) loaded at run time (one binary runs everywhere).
+
+pub mod kernels;
+pub mod nvrtc;
+pub mod probe;
+pub mod twins;
+
+pub use probe::{GpuInfo, GpuReport, Libraries, NoGpu, probe};
