@@ -3,16 +3,26 @@
 // (causal). The cache already holds this pass's keys and values (kv_append runs first).
 // Cache layout [Hkv][l_max][hd] bf16. q rows are `q_token_stride` apart with heads
 // `q_head_stride` apart (Qwen3.5's q_proj interleaves each head's query and output gate, so
-// the gate is q + hd with the same strides). Softmax and accumulation in f32 (SDPA's order:
-// scores scaled in f32, one rounding of the output to bf16); then the output gate in bf16:
-// o = round(round(o) · round(sigmoid(gate))) when `gate` is not null.
+// the gate is q + hd with the same strides).
+// The roundings of the bf16 reference the CPU engine follows (transformers' eager path):
+// score = round(round(q·k) · scale); softmax in f32 with the probabilities rounded; P·V in f32;
+// then o = round(round(o) · round(sigmoid(gate))) when `gate` is not null.
 //
-// A block owns one (token, head): 4 warps take every 4th key, each lane hd/32 (≤ 8) dims, an
-// online softmax per warp, merged through shared memory at the end.
+// A block owns one (token, head); its 4 warps take every 4th key, each lane hd/32 (≤ 8) dims.
+// Two passes over the keys: the softmax's max and sum (merged across warps), then the rounded
+// probabilities times the values (summed across warps).
 // grid: (T, Hq); block: 128. hd ≤ 256 and a multiple of 32.
 
 #define ATT_MAX_DPL 8
 #define ATT_WARPS 4
+
+__device__ __forceinline__ float attn_score(const float* qv, const bf16* kr, int dpl, int lane, float scale) {
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ATT_MAX_DPL; ++i)
+        if (i < dpl) dot = fmaf(qv[i], bf2f(kr[i * 32 + lane]), dot);
+    return round_bf(round_bf(warp_sum(dot)) * scale);
+}
 
 extern "C" __global__ void attn_gqa(const bf16* __restrict__ q, long long q_token_stride, int q_head_stride,
                                     const bf16* __restrict__ gate, const bf16* __restrict__ kcache,
@@ -33,46 +43,48 @@ extern "C" __global__ void attn_gqa(const bf16* __restrict__ q, long long q_toke
     }
     const bf16* kc = kcache + (long long)kvh * l_max * hd;
     const bf16* vc = vcache + (long long)kvh * l_max * hd;
-    float m = -INFINITY, l = 0.0f;
     const int last = pos0 + t;
+
+    // Pass 1: max and sum of exp over this warp's keys (rescaled as the max grows).
+    float m = -INFINITY, l = 0.0f;
     for (int j = warp; j <= last; j += ATT_WARPS) {
-        const bf16* kr = kc + (long long)j * hd;
-        float dot = 0.0f;
-#pragma unroll
-        for (int i = 0; i < ATT_MAX_DPL; ++i)
-            if (i < dpl) dot = fmaf(qv[i], bf2f(kr[i * 32 + lane]), dot);
-        const float score = warp_sum(dot) * scale;
-        const float m_new = fmaxf(m, score);
-        const float old = expf(m - m_new), p = expf(score - m_new);
-        l = l * old + p;
-        const bf16* vr = vc + (long long)j * hd;
-#pragma unroll
-        for (int i = 0; i < ATT_MAX_DPL; ++i)
-            if (i < dpl) acc[i] = acc[i] * old + p * bf2f(vr[i * 32 + lane]);
+        const float s = attn_score(qv, kc + (long long)j * hd, dpl, lane, scale);
+        const float m_new = fmaxf(m, s);
+        l = l * expf(m - m_new) + expf(s - m_new);
         m = m_new;
     }
     if (lane == 0) {
         m_s[warp] = m;
         l_s[warp] = l;
     }
-#pragma unroll
-    for (int i = 0; i < ATT_MAX_DPL; ++i)
-        if (i < dpl) o_s[warp][i * 32 + lane] = acc[i];
     __syncthreads();
-    if (warp != 0) return;
     float mm = -INFINITY;
     for (int w = 0; w < ATT_WARPS; ++w) mm = fmaxf(mm, m_s[w]);
     float ll = 0.0f;
     for (int w = 0; w < ATT_WARPS; ++w)
         if (l_s[w] > 0.0f) ll += l_s[w] * expf(m_s[w] - mm);
+
+    // Pass 2: the rounded probabilities times the values.
+    for (int j = warp; j <= last; j += ATT_WARPS) {
+        const float s = attn_score(qv, kc + (long long)j * hd, dpl, lane, scale);
+        const float p = round_bf(expf(s - mm) / ll);
+        const bf16* vr = vc + (long long)j * hd;
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_DPL; ++i)
+            if (i < dpl) acc[i] = fmaf(p, bf2f(vr[i * 32 + lane]), acc[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < ATT_MAX_DPL; ++i)
+        if (i < dpl) o_s[warp][i * 32 + lane] = acc[i];
+    __syncthreads();
+    if (warp != 0) return;
     bf16* orow = out + ((long long)t * n_heads + h) * hd;
     const bf16* gr = gate ? gate + t * q_token_stride + (long long)h * q_head_stride : nullptr;
     for (int i = 0; i < dpl; ++i) {
         const int d = i * 32 + lane;
         float o = 0.0f;
-        for (int w = 0; w < ATT_WARPS; ++w)
-            if (l_s[w] > 0.0f) o += o_s[w][d] * expf(m_s[w] - mm);
-        o = round_bf(o / ll);
+        for (int w = 0; w < ATT_WARPS; ++w) o += o_s[w][d];
+        o = round_bf(o);
         if (gr) o = o * round_bf(sigmoidf(bf2f(gr[d])));
         orow[d] = f2bf(o);
     }

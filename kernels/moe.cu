@@ -83,16 +83,29 @@ extern "C" __global__ void moe_gemv(const bf16* __restrict__ W, const int* __res
     if (lane == 0) y[(long long)pair * n_out + n] = f2bf(s);
 }
 
-// out[t][i] = round(Σ_s round(w[t][s] · y[t·k + s][i])), in slot order.
-// grid: ceil(T·hidden / 256); block: 256.
-extern "C" __global__ void moe_combine(const bf16* __restrict__ y, const float* __restrict__ weights,
-                                       bf16* __restrict__ out, int hidden, int top_k, long long n) {
+// out[t][i] = round(Σ_s round(w[t][s] · y[t·k + s][i])), summed in ascending expert id (the
+// CPU engine's order: it runs expert by expert), so the roundings match.
+// grid: ceil(T·hidden / 256); block: 256. top_k ≤ 32.
+extern "C" __global__ void moe_combine(const bf16* __restrict__ y, const int* __restrict__ ids,
+                                       const float* __restrict__ weights, bf16* __restrict__ out, int hidden,
+                                       int top_k, long long n) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const long long t = i / hidden, c = i % hidden;
+    int order[32];
+    for (int s = 0; s < top_k; ++s) {
+        int j = s;
+        while (j > 0 && ids[t * top_k + order[j - 1]] > ids[t * top_k + s]) {
+            order[j] = order[j - 1];
+            --j;
+        }
+        order[j] = s;
+    }
     float acc = 0.0f;
-    for (int s = 0; s < top_k; ++s)
-        acc = round_bf(acc + round_bf(weights[t * top_k + s] * bf2f(y[(t * top_k + s) * hidden + c])));
+    for (int r = 0; r < top_k; ++r) {
+        const int s = order[r];
+        acc = round_bf(acc + round_bf(bf2f(y[(t * top_k + s) * hidden + c]) * weights[t * top_k + s]));
+    }
     out[i] = f2bf(acc);
 }
 

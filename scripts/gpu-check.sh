@@ -14,10 +14,13 @@
 #      (added to LD_LIBRARY_PATH)                                  → libraries.txt
 #   2. deltascope gpu info --json (driver, NVRTC, cuBLAS(Lt), GPUs) → gpu-info.json
 #   3. deltascope gpu kernels for the GPU's architecture with its NVRTC → kernels.json
-#   4. NOT BUILT YET: kernel-by-kernel parity against the CPU twins, full-model parity,
-#      the two-device split, decode / prefill speed and MTP speed-up (they need the CUDA
-#      engine, which does not run models yet). The script says so and exits 3.
-# Exit: 0 all ran, 1 no GPU (one line saying why), 2 a step failed, 3 incomplete (step 4).
+#   4. deltascope gpu check --json: every kernel on random inputs at the real shapes against
+#      its CPU twin (src/model/cuda/twins.rs)                     → kernel-parity.json
+#   5. NOT BUILT YET: full-model parity, the two-device split, decode / prefill speed and MTP
+#      speed-up (they need the CUDA engine, which does not run models yet). The script says
+#      so and exits 3.
+# Exit: 0 all ran, 1 no GPU (one line saying why), 2 a step failed (a kernel off its twin
+# included), 3 incomplete (step 5).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -80,6 +83,12 @@ if ! "$DS" gpu kernels --arch "$ARCH" --json --no-cache > "$OUT/kernels.json" 2>
 fi
 cat "$OUT/kernels.json"
 
-step "4. parity, two-device split, speed, MTP"
+step "4. deltascope gpu check (kernel-by-kernel parity against the CPU twins)"
+"$DS" gpu check --json > "$OUT/kernel-parity.json" 2> "$OUT/kernel-parity.err"
+status=$?
+cat "$OUT/kernel-parity.json" "$OUT/kernel-parity.err"
+[ "$status" -eq 0 ] || exit 2
+
+step "5. model parity, two-device split, speed, MTP"
 echo "gpu-check: incomplete: kernel parity, model parity, the two-device split and the speed runs need the CUDA engine, which does not run models yet"
 exit 3

@@ -144,3 +144,11 @@ fn the_gpu_check_script_stops_cleanly_without_a_gpu() {
     let info: Value = serde_json::from_slice(&std::fs::read(out_dir.path().join("gpu-info.json")).unwrap()).unwrap();
     assert_eq!(info["no_gpu"], expected_reason());
 }
+
+#[test]
+fn gpu_check_without_a_gpu_says_so_in_one_line() {
+    let out = deltascope(&["gpu", "check", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), format!("error: {}", expected_reason()));
+}

@@ -23,6 +23,15 @@ pub enum GpuCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Runs every kernel on a GPU against its CPU twin on random inputs (kernel-by-kernel
+    /// parity); exit 1 without a GPU, 2 when a kernel differs beyond its tolerance.
+    Check {
+        /// The GPU to run on.
+        #[arg(long, default_value_t = 0)]
+        ordinal: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Compiles every kernel in kernels/ with this machine's NVRTC and checks its entry points
     /// (no GPU needed).
     Kernels {
@@ -47,7 +56,40 @@ pub fn run(a: GpuArgs) -> anyhow::Result<()> {
     match a.command {
         GpuCommand::Info { json } => info(json),
         GpuCommand::Kernels { arch, ptx, out, no_cache, json } => compile_all(&arch, ptx, out, no_cache, json),
+        GpuCommand::Check { ordinal, json } => check(ordinal, json),
     }
+}
+
+fn check(ordinal: usize, json: bool) -> anyhow::Result<()> {
+    let gpu = cuda::runtime::Gpu::open(ordinal)?;
+    let results = cuda::parity::run_all(&gpu)?;
+    let mut w = std::io::stdout().lock();
+    if json {
+        let v = serde_json::json!({ "gpu": gpu.info, "results": results });
+        writeln!(w, "{}", serde_json::to_string_pretty(&v)?)?;
+    } else {
+        writeln!(w, "cuda:{} {} ({})", gpu.info.ordinal, gpu.info.name, gpu.info.arch())?;
+        for r in &results {
+            writeln!(
+                w,
+                "  {:<22} {:<44} max |Δ| {:.3e} · rel {:.3e} (≤ {:.1e}) {}",
+                r.kernel,
+                r.case,
+                r.max_abs,
+                r.max_rel,
+                r.tolerance,
+                if r.pass { "ok" } else { "FAIL" }
+            )?;
+        }
+    }
+    w.flush()?;
+    let failed: Vec<String> =
+        results.iter().filter(|r| !r.pass).map(|r| format!("{} ({})", r.kernel, r.case)).collect();
+    if !failed.is_empty() {
+        eprintln!("error: {} kernel check(s) differ from the CPU twins: {}", failed.len(), failed.join(", "));
+        std::process::exit(2);
+    }
+    Ok(())
 }
 
 fn info(json: bool) -> anyhow::Result<()> {

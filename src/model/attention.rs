@@ -105,35 +105,9 @@ impl AttnLayer {
         self.o_proj.forward(&y, prec)
     }
 
-    /// A decode step or verify pass (≤ 8 tokens): per query and head, one dot product per
-    /// key, the order every token of a verify pass shares with a one-token step.
+    /// A decode step or verify pass (≤ 8 tokens): see [`attend_decode`].
     fn decode_heads(&self, q: &Mat, pos0: usize, kv: &KvCache, prec: Precision) -> Mat {
-        let (hd, nh, kw) = (self.head_dim, self.heads, self.kv_heads * self.head_dim);
-        let groups = nh / self.kv_heads;
-        let scale = (hd as f32).powf(-0.5);
-        let mut y = Mat::zeros(q.rows, nh * hd);
-        let (keys, values) = (&kv.k, &kv.v);
-        y.data.par_chunks_mut(nh * hd).enumerate().for_each(|(t, out)| {
-            let p = pos0 + t; // attends to positions 0..=p
-            let mut scores = vec![0f32; p + 1];
-            for h in 0..nh {
-                let kvh = h / groups;
-                let qh = &q.row(t)[h * hd..(h + 1) * hd];
-                for (j, s) in scores.iter_mut().enumerate() {
-                    let kj = &keys[j * kw + kvh * hd..j * kw + (kvh + 1) * hd];
-                    *s = prec.round(prec.round(dot(qh, kj)) * scale);
-                }
-                softmax_rounded(&mut scores, prec);
-                let oh = &mut out[h * hd..(h + 1) * hd];
-                for (j, pj) in scores.iter().enumerate() {
-                    let vj = &values[j * kw + kvh * hd..j * kw + (kvh + 1) * hd];
-                    for (o, v) in oh.iter_mut().zip(vj) {
-                        *o += pj * v;
-                    }
-                }
-            }
-        });
-        y
+        attend_decode(q, pos0, &kv.k, &kv.v, self.heads, self.kv_heads, self.head_dim, prec)
     }
 
     /// A prefill: per head and block of 64 queries, the scores `Q·Kᵀ` and the output `P·V` as
@@ -176,6 +150,50 @@ impl AttnLayer {
         }
         y
     }
+}
+
+/// Attention of `q` (`[T][heads·hd]`, normed and rotated) at positions `pos0 ..` over the keys
+/// and values `[positions][kv_heads·hd]` (this pass's included), causal, GQA: per query and
+/// head, one dot product per key — the order every token of a verify pass shares with a
+/// one-token step. Scores `round(round(q·k)·scale)`, softmax in f32 with the probabilities
+/// rounded, `P·V` in f32 (not rounded: the caller rounds with the output gate). The CPU twin
+/// of `attn_gqa` in `kernels/attention.cu`.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_decode(
+    q: &Mat,
+    pos0: usize,
+    keys: &[f32],
+    values: &[f32],
+    nh: usize,
+    kv_heads: usize,
+    hd: usize,
+    prec: Precision,
+) -> Mat {
+    let kw = kv_heads * hd;
+    let groups = nh / kv_heads;
+    let scale = (hd as f32).powf(-0.5);
+    let mut y = Mat::zeros(q.rows, nh * hd);
+    y.data.par_chunks_mut(nh * hd).enumerate().for_each(|(t, out)| {
+        let p = pos0 + t; // attends to positions 0..=p
+        let mut scores = vec![0f32; p + 1];
+        for h in 0..nh {
+            let kvh = h / groups;
+            let qh = &q.row(t)[h * hd..(h + 1) * hd];
+            for (j, s) in scores.iter_mut().enumerate() {
+                let kj = &keys[j * kw + kvh * hd..j * kw + (kvh + 1) * hd];
+                *s = prec.round(prec.round(dot(qh, kj)) * scale);
+            }
+            softmax_rounded(&mut scores, prec);
+            let oh = &mut out[h * hd..(h + 1) * hd];
+            for (j, pj) in scores.iter().enumerate() {
+                let vj = &values[j * kw + kvh * hd..j * kw + (kvh + 1) * hd];
+                for (o, v) in oh.iter_mut().zip(vj) {
+                    *o += pj * v;
+                }
+            }
+        }
+    });
+    y
 }
 
 /// Softmax in f32 over `scores`, the probabilities rounded to the activation dtype.

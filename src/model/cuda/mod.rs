@@ -3,7 +3,9 @@
 
 pub mod kernels;
 pub mod nvrtc;
+pub mod parity;
 pub mod probe;
+pub mod runtime;
 pub mod twins;
 
 pub use probe::{GpuInfo, GpuReport, Libraries, NoGpu, probe};

@@ -162,6 +162,134 @@ pub fn gemv_bf16(w: &[f32], x: &[f32], n_out: usize, k: usize, rows: usize) -> V
     y
 }
 
+/// `attn_gqa` for queries `q` `[T][Hq][hd]` (already normed and rotated) against caches in the
+/// kernel's layout `[Hkv][l_max][hd]`, with the output gate `gate` `[T][Hq][hd]` when given.
+/// Returns `[T][Hq][hd]` (bf16 values).
+#[allow(clippy::too_many_arguments)]
+pub fn attn_gqa(
+    q: &[f32],
+    gate: Option<&[f32]>,
+    kcache: &[f32],
+    vcache: &[f32],
+    l_max: usize,
+    pos0: usize,
+    tokens: usize,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+) -> Vec<f32> {
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut out = vec![0f32; tokens * nh * hd];
+    for t in 0..tokens {
+        for h in 0..nh {
+            let kvh = h / (nh / nkv);
+            let qh = &q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
+            let visible = pos0 + t + 1;
+            let scores: Vec<f32> = (0..visible)
+                .map(|j| {
+                    let kr = &kcache[(kvh * l_max + j) * hd..(kvh * l_max + j + 1) * hd];
+                    let dot = qh.iter().zip(kr).fold(0f32, |a, (x, y)| x.mul_add(*y, a));
+                    bf(bf(dot) * scale)
+                })
+                .collect();
+            let max = scores.iter().fold(f32::NEG_INFINITY, |m, s| m.max(*s));
+            let sum: f32 = scores.iter().map(|s| (s - max).exp()).sum();
+            let o = &mut out[(t * nh + h) * hd..(t * nh + h + 1) * hd];
+            for (j, s) in scores.iter().enumerate() {
+                let p = bf((s - max).exp() / sum);
+                let vr = &vcache[(kvh * l_max + j) * hd..(kvh * l_max + j + 1) * hd];
+                for (x, v) in o.iter_mut().zip(vr) {
+                    *x = p.mul_add(*v, *x);
+                }
+            }
+            for (d, x) in o.iter_mut().enumerate() {
+                *x = bf(*x);
+                if let Some(g) = gate {
+                    *x = bf(*x * bf(sigmoid(g[(t * nh + h) * hd + d])));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `moe_topk`: per token the `k` most probable experts of `softmax(logits)` (ties: lower id),
+/// renormalised when `renorm`, weights rounded to bf16. Returns `(ids, weights)`, `[T][k]`.
+pub fn moe_topk(logits: &[f32], experts: usize, k: usize, renorm: bool) -> (Vec<i32>, Vec<f32>) {
+    let mut ids = vec![];
+    let mut weights = vec![];
+    for row in logits.chunks(experts) {
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, x| m.max(*x));
+        let e: Vec<f32> = row.iter().map(|x| (x - max).exp()).collect();
+        let sum: f32 = e.iter().sum();
+        let p: Vec<f32> = e.iter().map(|x| x / sum).collect();
+        let mut order: Vec<usize> = (0..experts).collect();
+        order.sort_by(|a, b| p[*b].total_cmp(&p[*a]).then(a.cmp(b)));
+        let top = &order[..k];
+        let total: f32 = top.iter().map(|&i| p[i]).sum();
+        for &i in top {
+            ids.push(i as i32);
+            weights.push(bf(if renorm { p[i] / total } else { p[i] }));
+        }
+    }
+    (ids, weights)
+}
+
+/// `moe_combine`: `out[t] = Σ_s round(w·y)` in ascending expert id, each add rounded.
+pub fn moe_combine(y: &[f32], ids: &[i32], weights: &[f32], hidden: usize, k: usize) -> Vec<f32> {
+    let tokens = ids.len() / k;
+    let mut out = vec![0f32; tokens * hidden];
+    for t in 0..tokens {
+        let mut order: Vec<usize> = (0..k).collect();
+        order.sort_by_key(|&s| ids[t * k + s]);
+        for c in 0..hidden {
+            let mut acc = 0f32;
+            for &s in &order {
+                acc = bf(acc + bf(y[(t * k + s) * hidden + c] * weights[t * k + s]));
+            }
+            out[t * hidden + c] = acc;
+        }
+    }
+    out
+}
+
+/// `rms_norm` (zero-centred: `1 + w`): rows of `n`.
+pub fn rms_norm(x: &[f32], w: &[f32], n: usize, eps: f32, zero_centred: bool) -> Vec<f32> {
+    let mut y = vec![0f32; x.len()];
+    for (r, row) in x.chunks(n).enumerate() {
+        let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f32>() / n as f32 + eps).sqrt();
+        for i in 0..n {
+            let wi = if zero_centred { 1.0 + w[i] } else { w[i] };
+            y[r * n + i] = bf(row[i] * inv * wi);
+        }
+    }
+    y
+}
+
+/// `rope_mrope` on rows `[T][heads][hd]` (contiguous heads) with one position per token
+/// (text: the three mRoPE ids equal).
+pub fn rope(x: &mut [f32], positions: &[usize], heads: usize, hd: usize, rotary_dim: usize, theta: f32) {
+    let half = rotary_dim / 2;
+    for (t, &pos) in positions.iter().enumerate() {
+        for h in 0..heads {
+            let row = &mut x[(t * heads + h) * hd..(t * heads + h + 1) * hd];
+            for j in 0..half {
+                let inv_freq = 1.0 / theta.powf((2 * j) as f32 / rotary_dim as f32);
+                let angle = pos as f32 * inv_freq;
+                let (c, s) = (bf(angle.cos()), bf(angle.sin()));
+                let (a, b) = (row[j], row[j + half]);
+                row[j] = bf(bf(a * c) - bf(b * s));
+                row[j + half] = bf(bf(b * c) + bf(a * s));
+            }
+        }
+    }
+}
+
+/// `swiglu` over fused rows `[rows][2·inter]` (gate first).
+pub fn swiglu(gate_up: &[f32], inter: usize) -> Vec<f32> {
+    gate_up.chunks(2 * inter).flat_map(|row| (0..inter).map(move |i| bf(bf(silu(row[i])) * row[inter + i]))).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,6 +446,137 @@ mod tests {
             for n in 0..n_out {
                 let exact: f64 = (0..k).map(|i| w[n * k + i] as f64 * x[r * k + i] as f64).sum();
                 assert!((y[r * n_out + n] as f64 - exact).abs() < 1e-4 * k as f64, "{r},{n}");
+            }
+        }
+    }
+    /// The attention twin (caches `[Hkv][l_max][hd]`) against the engine's decode attention
+    /// (`attention::attend_decode`, keys `[positions][Hkv·hd]`) with the output gate applied as
+    /// the engine's layer applies it: a 3-token verify block after 9 cached positions.
+    #[test]
+    fn attention_twin_matches_the_engine() {
+        use crate::model::attention::attend_decode;
+        let (nh, nkv, hd, pos0, tokens, l_max) = (4, 2, 32, 9, 3, 16);
+        let positions = pos0 + tokens;
+        let keys = randoms(positions * nkv * hd, 41, 1.0);
+        let values = randoms(positions * nkv * hd, 42, 1.0);
+        let q = randoms(tokens * nh * hd, 43, 1.0);
+        let gate = randoms(tokens * nh * hd, 44, 2.0);
+        let mut y = attend_decode(
+            &Mat::from_vec(tokens, nh * hd, q.clone()),
+            pos0,
+            &keys,
+            &values,
+            nh,
+            nkv,
+            hd,
+            Precision::Bf16,
+        );
+        for (o, g) in y.data.iter_mut().zip(&gate) {
+            *o = bf(bf(*o) * bf(sigmoid(*g)));
+        }
+        let mut kc = vec![0f32; nkv * l_max * hd];
+        let mut vc = vec![0f32; nkv * l_max * hd];
+        for j in 0..positions {
+            for h in 0..nkv {
+                for d in 0..hd {
+                    kc[(h * l_max + j) * hd + d] = keys[j * nkv * hd + h * hd + d];
+                    vc[(h * l_max + j) * hd + d] = values[j * nkv * hd + h * hd + d];
+                }
+            }
+        }
+        let twin = attn_gqa(&q, Some(&gate), &kc, &vc, l_max, pos0, tokens, nh, nkv, hd);
+        close(&twin, &y.data, 1e-2, "attention");
+    }
+
+    /// The MoE twins against the engine's routing and combine as `MoeBlock::forward` does them
+    /// (restated here: the block needs loaded experts): top-k of the softmax with
+    /// renormalisation, and the expert-by-expert accumulation order, bit for bit.
+    #[test]
+    fn moe_twins_route_and_combine_as_the_engine_does() {
+        let (experts, k, hidden, tokens) = (8, 3, 16, 4);
+        let logits = randoms(tokens * experts, 51, 3.0);
+        let (ids, weights) = moe_topk(&logits, experts, k, true);
+        for t in 0..tokens {
+            let row = &logits[t * experts..(t + 1) * experts];
+            let chosen: Vec<i32> = ids[t * k..(t + 1) * k].to_vec();
+            // The chosen are the k largest logits (softmax keeps the order).
+            let mut sorted: Vec<usize> = (0..experts).collect();
+            sorted.sort_by(|a, b| row[*b].total_cmp(&row[*a]).then(a.cmp(b)));
+            assert_eq!(chosen, sorted[..k].iter().map(|&e| e as i32).collect::<Vec<_>>());
+            let sum: f32 = weights[t * k..(t + 1) * k].iter().sum();
+            assert!((sum - 1.0).abs() < 1e-2, "renormalised: {sum}");
+        }
+        let y = randoms(tokens * k * hidden, 52, 1.0);
+        let out = moe_combine(&y, &ids, &weights, hidden, k);
+        // The engine's order: experts by id, each token's contribution added as it comes.
+        let mut acc = vec![0f32; tokens * hidden];
+        for e in 0..experts as i32 {
+            for t in 0..tokens {
+                if let Some(s) = (0..k).find(|&s| ids[t * k + s] == e) {
+                    for c in 0..hidden {
+                        let a = &mut acc[t * hidden + c];
+                        *a = bf(*a + bf(y[(t * k + s) * hidden + c] * weights[t * k + s]));
+                    }
+                }
+            }
+        }
+        assert_eq!(out, acc, "bit for bit: the same order of roundings");
+    }
+    #[test]
+    fn rms_norm_twin_matches_the_engine_norm() {
+        use crate::model::norm::RmsNorm;
+        let n = 64;
+        let x = randoms(3 * n, 61, 2.0);
+        let w = randoms(n, 62, 0.5);
+        let norm = RmsNorm::zero_centred(&w, 1e-6);
+        let mut engine = x.clone();
+        for row in engine.chunks_mut(n) {
+            norm.apply(row, Precision::Bf16);
+        }
+        close(&rms_norm(&x, &w, n, 1e-6, true), &engine, 1e-2, "rms norm");
+    }
+
+    #[test]
+    fn rope_twin_matches_the_engine_rope() {
+        use crate::model::config::RopeConfig;
+        use crate::model::rope::Rope;
+        let (heads, hd, rotary) = (3, 32, 16);
+        let positions = [0usize, 5, 4095];
+        let x = randoms(positions.len() * heads * hd, 63, 1.0);
+        let cfg = RopeConfig {
+            rope_type: "default".into(),
+            theta: 1e7,
+            partial_rotary_factor: 0.5,
+            rotary_dim: rotary,
+            mrope_section: None,
+            mrope_interleaved: false,
+        };
+        let rope_e = Rope::new(&cfg);
+        let mut engine = x.clone();
+        for (t, &p) in positions.iter().enumerate() {
+            let (c, s) = rope_e.cos_sin(p, Precision::Bf16);
+            for h in 0..heads {
+                rope_e.apply(&mut engine[(t * heads + h) * hd..(t * heads + h + 1) * hd], &c, &s, Precision::Bf16);
+            }
+        }
+        let mut twin = x.clone();
+        rope(&mut twin, &positions, heads, hd, rotary, 1e7);
+        close(&twin, &engine, 1e-2, "rope");
+        // The dims past rotary_dim pass through.
+        for t in 0..positions.len() * heads {
+            assert_eq!(twin[t * hd + rotary..(t + 1) * hd], x[t * hd + rotary..(t + 1) * hd]);
+        }
+    }
+
+    #[test]
+    fn swiglu_twin_is_the_engine_mlp_product() {
+        let inter = 24;
+        let gu = randoms(2 * 2 * inter, 64, 3.0);
+        let twin = swiglu(&gu, inter);
+        for (r, row) in gu.chunks(2 * inter).enumerate() {
+            for i in 0..inter {
+                let engine = Precision::Bf16.round(Precision::Bf16.round(silu(row[i])) * row[inter + i]);
+                assert_eq!(twin[r * inter + i], engine);
             }
         }
     }
