@@ -11,7 +11,7 @@ use super::{
 };
 use crate::chat::{ChatTemplate, RenderOptions, TextTokenizer};
 use crate::checkpoint::{ModelSource, demo_source};
-use crate::engine::{EngineHandle, GenerateRequest, Generation, SamplingParams, StepControl, check_prompt};
+use crate::engine::{Compute, EngineHandle, GenerateRequest, Generation, SamplingParams, StepControl};
 use crate::model::{DeviceSpec, LayerKind, LoadOptions, LoadProgress, Model, Precision, cuda};
 use crate::units::human_bytes;
 
@@ -234,7 +234,7 @@ impl Backend for LocalBackend {
 
     fn start_with(&self, req: ChatRequest, control: Arc<StepControl>) -> BackendResult<Generation> {
         let (_, ids) = self.loaded.render(&req)?;
-        check_prompt(&self.loaded.model, &ids, req.params.max_tokens)?;
+        self.loaded.model.check(&ids, req.params.max_tokens)?;
         let vocab = self.loaded.model.config.vocab_size;
         if let Some(id) = req.params.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
             return Err(BackendError::invalid(format!(

@@ -14,7 +14,7 @@ use super::interrupt::Interrupt;
 use crate::backend::local::Loaded;
 use crate::backend::{ChatMessage, ChatRequest, MAX_DEPTH, Prompt, Role};
 use crate::engine::{
-    GenerateRequest, GenerationParams, Generator, Memory, ModelSession, MtpParams, MtpStats, SamplingParams,
+    Compute, GenerateRequest, GenerationParams, Generator, Memory, MtpParams, MtpStats, SamplingParams,
 };
 use crate::model::gdn::replay_head;
 
@@ -305,11 +305,10 @@ fn one_pass(
     let mut memory = Memory::default();
     for ids in prompt_ids {
         let params = GenerationParams { max_tokens, sampling: SamplingParams::default(), mtp, ..Default::default() };
-        let mut session =
-            if drafting { ModelSession::with_mtp(&loaded.model) } else { ModelSession::new(&loaded.model) };
+        let mut session = loaded.model.sequence(drafting);
         let started = Instant::now();
         let out = generator.generate(
-            &mut session,
+            session.as_mut(),
             &GenerateRequest { prompt_ids: ids.clone(), params },
             interrupt.cancel_flag(),
             &mut |_| {},
@@ -325,7 +324,7 @@ fn one_pass(
         pre_toks += ids.len();
         pre_secs += ids.len() as f64 / out.timing.prefill_tok_s.max(1e-9);
         first.push(out.timing.ttft_ms);
-        memory = crate::engine::LogitsSource::memory(&session);
+        memory = session.memory();
         if let Some(s) = out.mtp {
             stats.merge(&s);
         }

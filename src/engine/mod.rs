@@ -22,7 +22,7 @@ pub use events::{
 pub use generate::{Generator, Outcome};
 pub use request::{GenerateRequest, GenerationParams, QWEN_BUDGET_BRIDGE};
 pub use sampler::{ParamProblem, Preset, SamplingParams};
-pub use session::{LogitsSource, ModelSession, check_prompt};
+pub use session::{Compute, LogitsSource, ModelSession, check_prompt};
 pub use speculative::{MtpParams, MtpStats};
 pub use watchdog::LoopParams;
 pub use worker::{EngineHandle, Generation, error_kind};

@@ -51,6 +51,28 @@ pub trait LogitsSource {
     }
 }
 
+/// What the engine needs from a loaded model on some device: fresh sequences to generate
+/// with, and a prompt check before anything starts. The CPU [`Model`] implements it; a GPU
+/// model is a sibling implementation, so every front end, MTP, budgets and the loop alarm run
+/// on it unchanged.
+pub trait Compute: Send + Sync {
+    /// A new sequence at position 0; with `drafting`, one that drafts with the model's MTP head
+    /// (plain when it has none).
+    fn sequence(&self, drafting: bool) -> Box<dyn LogitsSource + '_>;
+    /// Validates a prompt (ids in the vocabulary, prompt + max_tokens within the context).
+    fn check(&self, prompt: &[u32], max_tokens: usize) -> Result<()>;
+}
+
+impl Compute for Model {
+    fn sequence(&self, drafting: bool) -> Box<dyn LogitsSource + '_> {
+        Box::new(if drafting { ModelSession::with_mtp(self) } else { ModelSession::new(self) })
+    }
+
+    fn check(&self, prompt: &[u32], max_tokens: usize) -> Result<()> {
+        check_prompt(self, prompt, max_tokens)
+    }
+}
+
 /// A sequence on the in-process model.
 pub struct ModelSession<'m> {
     pub model: &'m Model,

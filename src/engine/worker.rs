@@ -10,10 +10,9 @@ use super::control::StepControl;
 use super::events::{EngineEvent, ErrorKind};
 use super::generate::Generator;
 use super::request::GenerateRequest;
-use super::session::ModelSession;
+use super::session::Compute;
 use crate::chat::TextTokenizer;
 use crate::error::{Error, panic_message};
-use crate::model::Model;
 
 enum Command {
     Generate { req: Box<GenerateRequest>, events: Sender<EngineEvent>, control: Arc<StepControl> },
@@ -92,7 +91,12 @@ pub struct EngineHandle {
 }
 
 impl EngineHandle {
-    pub fn spawn(model: Arc<Model>, tokenizer: Arc<TextTokenizer>, model_name: String) -> std::io::Result<Self> {
+    /// The engine thread over `compute` (the CPU model, or a GPU model beside it).
+    pub fn spawn(
+        compute: Arc<dyn Compute>,
+        tokenizer: Arc<TextTokenizer>,
+        model_name: String,
+    ) -> std::io::Result<Self> {
         let (cmd_tx, cmd_rx) = mpsc::channel::<Command>();
         let thread = std::thread::Builder::new().name("deltascope-engine".into()).spawn(move || {
             let generator = Generator { tokenizer: &tokenizer, model_name };
@@ -104,8 +108,8 @@ impl EngineHandle {
                 // A panic inside one generation (a bug, or a shape a checkpoint gets wrong)
                 // ends that generation with an error event; the engine stays up for the next.
                 let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    let mut session = if drafting { ModelSession::with_mtp(&model) } else { ModelSession::new(&model) };
-                    generator.generate(&mut session, &req, control.as_ref(), &mut emit)
+                    let mut session = compute.sequence(drafting);
+                    generator.generate(session.as_mut(), &req, control.as_ref(), &mut emit)
                 }));
                 let error = match run {
                     Ok(Ok(_)) => continue,
