@@ -49,7 +49,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// A random-weight checkpoint of any real shape (benchmarks, GPU checks, sizing a machine).
     Synth(synth::SynthArgs),
-    /// CUDA on this machine: `gpu info` (libraries, GPUs), `gpu kernels` (compile kernels/ with NVRTC).
+    /// CUDA on this machine: `gpu info` (libraries, GPUs), `gpu kernels` (compile kernels/ with
+    /// NVRTC), `gpu check` (each kernel on the GPU against its CPU twin).
     Gpu(gpu::GpuArgs),
 }
 
