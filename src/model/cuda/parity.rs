@@ -7,7 +7,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use serde::Serialize;
 
 use super::runtime::{Gpu, GpuResult};
-use super::twins;
+use super::twins::{self, randoms};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Parity {
@@ -35,19 +35,6 @@ fn compare(kernel: &str, case: String, gpu: &[f32], twin: &[f32], tolerance: f32
     }
     let max_rel = max_abs / scale;
     Parity { kernel: kernel.into(), case, max_abs, max_rel, tolerance, pass: max_rel <= tolerance }
-}
-
-fn randoms(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let v = ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale;
-            half::bf16::from_f32(v).to_f32()
-        })
-        .collect()
 }
 
 fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {

@@ -10,6 +10,20 @@ fn bf(x: f32) -> f32 {
     half::bf16::from_f32(x).to_f32()
 }
 
+/// Deterministic values in [-scale, scale] (xorshift from `seed`), rounded to bf16: the
+/// kernels' inputs are bf16. The parity runs and the twins' tests draw from it.
+pub fn randoms(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            bf(((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale)
+        })
+        .collect()
+}
+
 /// `conv1d_decode`: `x` `[T][C]`, `state` `[C][K−1]` (oldest first), `w` `[C][K]`. Returns
 /// `y` `[T][C]`; with `slots` (`[T][C][K−1]`) each token's window goes there and the state is
 /// left as it was, else the state ends after the last token.
@@ -295,19 +309,6 @@ mod tests {
     use super::*;
     use crate::model::gdn::{conv_stage, gated_norm_stage, gates_stage, recurrent_head};
     use crate::model::tensor::{Mat, Precision};
-
-    /// Deterministic values in [-scale, scale], rounded to bf16 (the kernels' inputs are bf16).
-    fn randoms(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                bf(((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale)
-            })
-            .collect()
-    }
 
     fn close(a: &[f32], b: &[f32], rel: f32, what: &str) {
         assert_eq!(a.len(), b.len(), "{what}");
