@@ -8,19 +8,20 @@
 // score = round(round(q·k) · scale); softmax in f32 with the probabilities rounded; P·V in f32;
 // then o = round(round(o) · round(sigmoid(gate))) when `gate` is not null.
 //
-// A block owns one (token, head); its 4 warps take every 4th key, each lane hd/32 (≤ 8) dims.
+// A block owns one (token, head); its 4 warps take every 4th key, each lane ⌈hd/32⌉ (≤ 8) dims
+// (dims past hd masked: the small test models have heads of 16, 24, 48).
 // Two passes over the keys: the softmax's max and sum (merged across warps), then the rounded
 // probabilities times the values (summed across warps).
-// grid: (T, Hq); block: 128. hd ≤ 256 and a multiple of 32.
+// grid: (T, Hq); block: 128. hd ≤ 256.
 
 #define ATT_MAX_DPL 8
 #define ATT_WARPS 4
 
-__device__ __forceinline__ float attn_score(const float* qv, const bf16* kr, int dpl, int lane, float scale) {
+__device__ __forceinline__ float attn_score(const float* qv, const bf16* kr, int hd, int lane, float scale) {
     float dot = 0.0f;
 #pragma unroll
     for (int i = 0; i < ATT_MAX_DPL; ++i)
-        if (i < dpl) dot = fmaf(qv[i], bf2f(kr[i * 32 + lane]), dot);
+        if (i * 32 + lane < hd) dot = fmaf(qv[i], bf2f(kr[i * 32 + lane]), dot);
     return round_bf(round_bf(warp_sum(dot)) * scale);
 }
 
@@ -32,13 +33,13 @@ extern "C" __global__ void attn_gqa(const bf16* __restrict__ q, long long q_toke
     __shared__ float o_s[ATT_WARPS][ATT_MAX_DPL * 32];
     const int t = blockIdx.x, h = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int dpl = hd / 32;
+    const int dpl = (hd + 31) / 32;
     const int kvh = h / (n_heads / n_kv_heads);
     const bf16* qr = q + t * q_token_stride + (long long)h * q_head_stride;
     float qv[ATT_MAX_DPL], acc[ATT_MAX_DPL];
 #pragma unroll
     for (int i = 0; i < ATT_MAX_DPL; ++i) {
-        qv[i] = i < dpl ? bf2f(qr[i * 32 + lane]) : 0.0f;
+        qv[i] = i * 32 + lane < hd ? bf2f(qr[i * 32 + lane]) : 0.0f;
         acc[i] = 0.0f;
     }
     const bf16* kc = kcache + (long long)kvh * l_max * hd;
@@ -48,7 +49,7 @@ extern "C" __global__ void attn_gqa(const bf16* __restrict__ q, long long q_toke
     // Pass 1: max and sum of exp over this warp's keys (rescaled as the max grows).
     float m = -INFINITY, l = 0.0f;
     for (int j = warp; j <= last; j += ATT_WARPS) {
-        const float s = attn_score(qv, kc + (long long)j * hd, dpl, lane, scale);
+        const float s = attn_score(qv, kc + (long long)j * hd, hd, lane, scale);
         const float m_new = fmaxf(m, s);
         l = l * expf(m - m_new) + expf(s - m_new);
         m = m_new;
@@ -66,22 +67,23 @@ extern "C" __global__ void attn_gqa(const bf16* __restrict__ q, long long q_toke
 
     // Pass 2: the rounded probabilities times the values.
     for (int j = warp; j <= last; j += ATT_WARPS) {
-        const float s = attn_score(qv, kc + (long long)j * hd, dpl, lane, scale);
+        const float s = attn_score(qv, kc + (long long)j * hd, hd, lane, scale);
         const float p = round_bf(expf(s - mm) / ll);
         const bf16* vr = vc + (long long)j * hd;
 #pragma unroll
         for (int i = 0; i < ATT_MAX_DPL; ++i)
-            if (i < dpl) acc[i] = fmaf(p, bf2f(vr[i * 32 + lane]), acc[i]);
+            if (i * 32 + lane < hd) acc[i] = fmaf(p, bf2f(vr[i * 32 + lane]), acc[i]);
     }
 #pragma unroll
     for (int i = 0; i < ATT_MAX_DPL; ++i)
-        if (i < dpl) o_s[warp][i * 32 + lane] = acc[i];
+        if (i * 32 + lane < hd) o_s[warp][i * 32 + lane] = acc[i];
     __syncthreads();
     if (warp != 0) return;
     bf16* orow = out + ((long long)t * n_heads + h) * hd;
     const bf16* gr = gate ? gate + t * q_token_stride + (long long)h * q_head_stride : nullptr;
     for (int i = 0; i < dpl; ++i) {
         const int d = i * 32 + lane;
+        if (d >= hd) break;
         float o = 0.0f;
         for (int w = 0; w < ATT_WARPS; ++w) o += o_s[w][d];
         o = round_bf(o);

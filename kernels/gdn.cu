@@ -13,12 +13,13 @@
 // Value head h reads key head h / (Hv / Hk).
 //
 // Layout of the work: a block owns one value head and 16 of its value rows; each of its 4
-// warps owns 4 rows, each lane dk/32 columns of them, so the state lives in registers for all
-// T tokens and is read and written once per call. dk ≤ 256, dv a multiple of 16.
+// warps owns 4 rows, each lane ⌈dk/32⌉ columns of them, so the state lives in registers for
+// all T tokens and is read and written once per call. dk ≤ 256; columns past dk and rows past
+// dv are masked (the small test models have heads of 8, 12, 16).
 // slots (nullable, MTP verify): the state after token t goes to slots + t·Hv·dv·dk (same
 // layout) and `state` is left as it was before the pass; gdn_restore_slot then keeps the
 // accepted prefix's state. Without slots the state is updated in place.
-// grid: (Hv, dv / 16); block: 128.
+// grid: (Hv, ⌈dv / 16⌉); block: 128.
 
 #define GDN_ROWS_PER_WARP 4
 #define GDN_MAX_KPL 8   // dk / 32 ≤ 8
@@ -31,7 +32,6 @@ extern "C" __global__ void gdn_recurrent(const bf16* __restrict__ qkv, const bf1
     const int h = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row0 = blockIdx.y * 16 + warp * GDN_ROWS_PER_WARP;
-    const int kpl = dk / 32;
     const int kh = h / (n_v_heads / n_k_heads);
     const int key_dim = n_k_heads * dk;
     const int conv_dim = 2 * key_dim + n_v_heads * dv;
@@ -42,7 +42,7 @@ extern "C" __global__ void gdn_recurrent(const bf16* __restrict__ qkv, const bf1
     for (int r = 0; r < GDN_ROWS_PER_WARP; ++r)
 #pragma unroll
         for (int i = 0; i < GDN_MAX_KPL; ++i)
-            s[r][i] = i < kpl ? state[head_state + (long long)(row0 + r) * dk + i * 32 + lane] : 0.0f;
+            s[r][i] = (i * 32 + lane < dk && row0 + r < dv) ? state[head_state + (long long)(row0 + r) * dk + i * 32 + lane] : 0.0f;
 
     const float neg_a = -expf(A_log[h]);
     const float scale = rsqrtf((float)dk);
@@ -52,8 +52,8 @@ extern "C" __global__ void gdn_recurrent(const bf16* __restrict__ qkv, const bf1
         float qq = 0.0f, kk = 0.0f;
 #pragma unroll
         for (int i = 0; i < GDN_MAX_KPL; ++i) {
-            q[i] = i < kpl ? bf2f(row[kh * dk + i * 32 + lane]) : 0.0f;
-            k[i] = i < kpl ? bf2f(row[key_dim + kh * dk + i * 32 + lane]) : 0.0f;
+            q[i] = i * 32 + lane < dk ? bf2f(row[kh * dk + i * 32 + lane]) : 0.0f;
+            k[i] = i * 32 + lane < dk ? bf2f(row[key_dim + kh * dk + i * 32 + lane]) : 0.0f;
             qq += q[i] * q[i];
             kk += k[i] * k[i];
         }
@@ -69,6 +69,7 @@ extern "C" __global__ void gdn_recurrent(const bf16* __restrict__ qkv, const bf1
         const float decay = expf(g);
 #pragma unroll
         for (int r = 0; r < GDN_ROWS_PER_WARP; ++r) {
+            if (row0 + r >= dv) break;  // the same for the whole warp
             const float v = bf2f(row[2 * key_dim + h * dv + row0 + r]);
             float sk = 0.0f;
 #pragma unroll
@@ -92,7 +93,7 @@ extern "C" __global__ void gdn_recurrent(const bf16* __restrict__ qkv, const bf1
             for (int r = 0; r < GDN_ROWS_PER_WARP; ++r)
 #pragma unroll
                 for (int i = 0; i < GDN_MAX_KPL; ++i)
-                    if (i < kpl) slot[(long long)(row0 + r) * dk + i * 32 + lane] = s[r][i];
+                    if (i * 32 + lane < dk && row0 + r < dv) slot[(long long)(row0 + r) * dk + i * 32 + lane] = s[r][i];
         }
     }
     if (slots) return;
@@ -100,7 +101,7 @@ extern "C" __global__ void gdn_recurrent(const bf16* __restrict__ qkv, const bf1
     for (int r = 0; r < GDN_ROWS_PER_WARP; ++r)
 #pragma unroll
         for (int i = 0; i < GDN_MAX_KPL; ++i)
-            if (i < kpl) state[head_state + (long long)(row0 + r) * dk + i * 32 + lane] = s[r][i];
+            if (i * 32 + lane < dk && row0 + r < dv) state[head_state + (long long)(row0 + r) * dk + i * 32 + lane] = s[r][i];
 }
 
 // After a verify pass: the state becomes the one after verified token `keep − 1` (the first

@@ -72,6 +72,10 @@ pub enum Error {
     #[error("state: {0}")]
     State(String),
 
+    /// A CUDA call failed while running the model on a GPU.
+    #[error("GPU: {0}")]
+    Gpu(String),
+
     #[error("compute: {0}")]
     Compute(String),
 

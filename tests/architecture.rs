@@ -67,7 +67,8 @@ const MAY_IMPORT: &[(&str, &str)] = &[
 /// The developer tools that measure the engine itself and may reach Model / Engine / Chat
 /// directly (architecture.json `developer_tools`); each says so in its source.
 /// `synth` reads the model's configuration to know which tensors a checkpoint holds.
-const DEVELOPER_TOOLS: &[&str] = &["cli/inspect.rs", "cli/logits.rs", "cli/bench.rs", "cli/synth.rs", "cli/gpu.rs"];
+const DEVELOPER_TOOLS: &[&str] =
+    &["cli/inspect.rs", "cli/logits.rs", "cli/bench.rs", "cli/synth.rs", "cli/gpu.rs", "cli/gpu_parity.rs"];
 
 fn part_of_file(rel: &str) -> Option<&'static str> {
     PARTS.iter().find(|(prefix, _)| rel == *prefix || rel.starts_with(prefix)).map(|(_, p)| *p)

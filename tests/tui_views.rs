@@ -63,6 +63,38 @@ fn healthy_run_with_markdown_answer_and_gauges() {
 }
 
 #[test]
+fn memory_gauge_shows_each_device_of_a_layer_split() {
+    use deltascope::engine::{DeviceMemory, EngineEvent as E};
+    let mut app = app();
+    healthy_turn(&mut app, false);
+    let mut done = done(FinishReason::Stop, 16, 10, 10, THINKING, ANSWER);
+    if let E::Done(d) = &mut done {
+        let m = d.memory.as_mut().expect("the scripted turn reports memory");
+        m.devices = vec![
+            DeviceMemory {
+                device: "cuda:0".into(),
+                weights_bytes: 8_000_000,
+                kv_bytes: 40_960,
+                recurrent_bytes: 49_152,
+            },
+            DeviceMemory {
+                device: "cuda:1".into(),
+                weights_bytes: 8_142_336,
+                kv_bytes: 40_960,
+                recurrent_bytes: 49_152,
+            },
+        ];
+    }
+    engine(&mut app, done, 300.0);
+    let screen = render(&app, W, H);
+    let line = |dev: &str| screen.lines().find(|l| l.contains(dev)).map(str::to_string);
+    let (a, b) = (line("cuda:0 ").expect("a cuda:0 row"), line("cuda:1 ").expect("a cuda:1 row"));
+    // Each device's row gives its own total: weights + KV + recurrent state.
+    assert!(a.contains("7.7 MiB"), "{a}");
+    assert!(b.contains("7.9 MiB"), "{b}");
+}
+
+#[test]
 fn narrow_terminal_stacks_the_panes() {
     let mut app = app();
     healthy_turn(&mut app, true);

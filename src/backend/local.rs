@@ -12,6 +12,7 @@ use super::{
 use crate::chat::{ChatTemplate, RenderOptions, TextTokenizer};
 use crate::checkpoint::{ModelSource, demo_source};
 use crate::engine::{Compute, EngineHandle, GenerateRequest, Generation, SamplingParams, StepControl};
+use crate::model::device_plan::{DeviceBudget, PlanInputs, plan_devices, plan_fewest};
 use crate::model::{DeviceSpec, LayerKind, LoadOptions, LoadProgress, Model, Precision, cuda};
 use crate::units::human_bytes;
 
@@ -41,7 +42,10 @@ impl LocalSpec {
 
 /// A loaded model with its text side.
 pub struct Loaded {
+    /// The weights on the host (the CPU engine itself, or the copy the GPUs were filled from).
     pub model: Arc<Model>,
+    /// What generates: the CPU model, or the CUDA model on the placement's GPUs.
+    pub compute: Arc<dyn Compute>,
     pub tokenizer: Arc<TextTokenizer>,
     pub template: ChatTemplate,
     pub name: String,
@@ -54,7 +58,7 @@ pub struct Loaded {
 impl Loaded {
     /// Loads a checkpoint, reporting the bytes of weights read and then each small file.
     pub fn load(spec: &LocalSpec, progress: &dyn Fn(OpenProgress)) -> crate::Result<Self> {
-        let placement = place(&spec.device)?;
+        let mut placement = place(&spec.device)?;
         crate::model::cpu::set_threads(spec.threads).map_err(crate::Error::InvalidArgument)?;
         let source = &spec.source;
         let label = source.label();
@@ -67,7 +71,9 @@ impl Loaded {
                 let _ = tx.send((read, total));
             }
         }));
-        let opts = LoadOptions { precision: spec.precision, progress: Some(weights), ..Default::default() };
+        // The CUDA engine runs bf16 weights and activations whatever --dtype says.
+        let precision = if placement.gpus.is_empty() { spec.precision } else { Precision::Bf16 };
+        let opts = LoadOptions { precision, progress: Some(weights), ..Default::default() };
         let loading = std::thread::scope(|scope| {
             // `opts` (holding the sender) moves into the reader, so the loop below ends when
             // loading does, however it ends.
@@ -83,6 +89,15 @@ impl Loaded {
             Err(p) => std::panic::resume_unwind(p),
         };
         let step = |what: &str| progress(OpenProgress { done: 1, total: 1, what: what.into() });
+        let model = Arc::new(model);
+        let compute: Arc<dyn Compute> = if placement.gpus.is_empty() {
+            model.clone()
+        } else {
+            step("weights to the GPUs");
+            let gpu = upload(&model, &spec.device, &placement)?;
+            placement.devices = gpu.device_weights.iter().map(|(d, _)| d.clone()).collect();
+            Arc::new(gpu)
+        };
         step("tokenizer");
         let tokenizer = TextTokenizer::load(source, Some(model.config.vocab_size), &model.config.eos_token_ids)?;
         step("chat template");
@@ -98,7 +113,8 @@ impl Loaded {
         };
         Ok(Loaded {
             name: label,
-            model: Arc::new(model),
+            model,
+            compute,
             tokenizer: Arc::new(tokenizer),
             template,
             generation_defaults,
@@ -145,32 +161,65 @@ pub struct Placement {
     /// One line on why it is not on a GPU under `--device auto` ("no GPU: libcuda not
     /// found; the CPU runs"); `None` when the user chose the device.
     pub note: Option<String>,
+    /// The GPUs to plan on, with their free memory (empty: the CPU runs).
+    pub gpus: Vec<(usize, DeviceBudget)>,
+    /// `--device cuda` without ordinals: the fewest of `gpus` that hold the model.
+    pub fewest: bool,
 }
 
 /// Resolves `--device` before any weight is read: a GPU the user asked for that cannot run is
-/// an error; under `auto` the CPU runs, with the reason in [`Placement::note`].
+/// an error naming why (no driver, no device, a missing ordinal); `auto` runs the CPU, with a
+/// one-line note when a GPU is present (the CUDA engine is chosen explicitly until
+/// `scripts/gpu-check.sh` has passed on a GPU) or why there is none.
 pub fn place(spec: &DeviceSpec) -> crate::Result<Placement> {
-    let cpu = |note: Option<String>| Placement { devices: vec!["cpu".into()], note };
+    let cpu = |note: Option<String>| Placement { devices: vec!["cpu".into()], note, gpus: vec![], fewest: false };
     let fail = |message: String| crate::Error::Device { spec: spec.to_string(), message };
     match spec {
         DeviceSpec::Cpu => Ok(cpu(None)),
         DeviceSpec::Auto => match cuda::probe() {
             Err(no) => Ok(cpu(Some(format!("{no}; the CPU runs")))),
             Ok(report) => Ok(cpu(Some(format!(
-                "{} found; the CUDA engine does not run models yet, so the CPU runs",
+                "{} found; the CPU runs (the CUDA engine is new: choose it with --device cuda)",
                 gpu_list(&report.gpus)
             )))),
         },
         DeviceSpec::Cuda(wanted) => {
             let report = cuda::probe().map_err(|no| fail(no.to_string()))?;
-            if let Some(wanted) = wanted
-                && let Some(missing) = wanted.iter().find(|&&o| o >= report.gpus.len())
-            {
-                return Err(fail(format!("GPU {missing} not found: this machine has {}", gpu_list(&report.gpus))));
-            }
-            Err(fail(format!("{} found, but the CUDA engine does not run models yet", gpu_list(&report.gpus))))
+            let gpus =
+                report.budgets(wanted.as_deref()).map_err(|e| fail(format!("{e} ({})", gpu_list(&report.gpus))))?;
+            let devices = gpus.iter().map(|(o, _)| format!("cuda:{o}")).collect();
+            Ok(Placement { devices, note: None, gpus, fewest: wanted.is_none() })
         }
     }
+}
+
+/// Plans the layers over the placement's GPUs by free memory and uploads the weights; a model
+/// that does not fit is an error with the plan's numbers.
+fn upload(model: &Model, spec: &DeviceSpec, placement: &Placement) -> crate::Result<cuda::CudaModel> {
+    let budgets: Vec<DeviceBudget> = placement.gpus.iter().map(|(_, b)| b.clone()).collect();
+    let inputs = PlanInputs::for_model(&model.config);
+    let plan = if placement.fewest {
+        plan_fewest(&model.config, &budgets, inputs)
+    } else {
+        plan_devices(&model.config, &budgets, inputs)
+    };
+    if !plan.fits {
+        let short: Vec<String> = plan
+            .devices
+            .iter()
+            .map(|d| format!("{} needs {} of {} free", d.label, human_bytes(d.total_bytes), human_bytes(d.free_bytes)))
+            .collect();
+        return Err(crate::Error::Device {
+            spec: spec.to_string(),
+            message: format!(
+                "the model does not fit at its full context ({} tokens): {} (see deltascope inspect --device {spec})",
+                inputs.context_tokens,
+                short.join("; ")
+            ),
+        });
+    }
+    let ordinals: Vec<usize> = placement.gpus.iter().take(plan.devices.len()).map(|(o, _)| *o).collect();
+    cuda::CudaModel::upload(model, &ordinals, &plan)
 }
 
 /// "1 GPU (0: NVIDIA H200, sm_90, 139.8 GiB)".
@@ -195,8 +244,8 @@ impl LocalBackend {
     }
 
     pub fn from_loaded(loaded: Loaded) -> BackendResult<Self> {
-        let engine =
-            EngineHandle::spawn(loaded.model.clone(), loaded.tokenizer.clone(), loaded.name.clone()).map_err(|e| {
+        let engine = EngineHandle::spawn(loaded.compute.clone(), loaded.tokenizer.clone(), loaded.name.clone())
+            .map_err(|e| {
                 BackendError::new(super::ErrorKind::Internal, format!("cannot start the engine thread: {e}"))
             })?;
         let info = describe(&loaded);
@@ -234,7 +283,7 @@ impl Backend for LocalBackend {
 
     fn start_with(&self, req: ChatRequest, control: Arc<StepControl>) -> BackendResult<Generation> {
         let (_, ids) = self.loaded.render(&req)?;
-        self.loaded.model.check(&ids, req.params.max_tokens)?;
+        self.loaded.compute.check(&ids, req.params.max_tokens)?;
         let vocab = self.loaded.model.config.vocab_size;
         if let Some(id) = req.params.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
             return Err(BackendError::invalid(format!(

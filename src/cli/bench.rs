@@ -13,9 +13,7 @@ use super::common::{self, ModelArgs};
 use super::interrupt::Interrupt;
 use crate::backend::local::Loaded;
 use crate::backend::{ChatMessage, ChatRequest, MAX_DEPTH, Prompt, Role};
-use crate::engine::{
-    Compute, GenerateRequest, GenerationParams, Generator, Memory, MtpParams, MtpStats, SamplingParams,
-};
+use crate::engine::{GenerateRequest, GenerationParams, Generator, Memory, MtpParams, MtpStats, SamplingParams};
 use crate::model::gdn::replay_head;
 
 #[derive(Args, Debug)]
@@ -254,6 +252,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             "warmup": a.warmup, "repeat": a.repeat, "cpu": cpu, "rows": rows, "rollback": rollback,
             "load": {"seconds": loaded.model.load_seconds, "weights_bytes": loaded.model.weight_bytes(),
                      "mapped_bytes": loaded.model.mapped_bytes},
+            "devices": loaded.placement.devices,
         });
         if let Some(s) = stopped {
             v["interrupted"] = s;
@@ -262,7 +261,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         return interrupt.finish(measured(measured_passes, planned));
     }
     writeln!(out, "{}", cpu.summary())?;
-    writeln!(out, "{}", loaded.model.storage_summary())?;
+    writeln!(out, "{} · runs on {}", loaded.model.storage_summary(), loaded.placement.devices.join(", "))?;
     print_table(&mut out, &loaded.name, &lens, &a, &rows)?;
     if let Some(rb) = rollback {
         writeln!(out, "\nrollback on one Qwen3.6-27B-shaped GDN layer (48 heads × 128 × 128, f32):")?;
@@ -305,7 +304,7 @@ fn one_pass(
     let mut memory = Memory::default();
     for ids in prompt_ids {
         let params = GenerationParams { max_tokens, sampling: SamplingParams::default(), mtp, ..Default::default() };
-        let mut session = loaded.model.sequence(drafting);
+        let mut session = loaded.compute.sequence(drafting)?;
         let started = Instant::now();
         let out = generator.generate(
             session.as_mut(),

@@ -32,6 +32,21 @@ pub enum GpuCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The CUDA model against the CPU engine at --dtype bf16: prefill and decode logits within
+    /// a stated tolerance, greedy output identical, MTP greedy identical to plain greedy, a
+    /// two-device layer split (two streams on one GPU) equal to one device; exit 2 on a miss.
+    Parity {
+        /// A Hugging Face model directory (default: the embedded demo model).
+        #[arg(long, value_name = "DIR")]
+        model: Option<PathBuf>,
+        #[arg(long, default_value_t = 0)]
+        ordinal: usize,
+        /// Greedy tokens compared per prompt.
+        #[arg(long, default_value_t = 64)]
+        tokens: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Compiles every kernel in kernels/ with this machine's NVRTC and checks its entry points
     /// (no GPU needed).
     Kernels {
@@ -57,6 +72,9 @@ pub fn run(a: GpuArgs) -> anyhow::Result<()> {
         GpuCommand::Info { json } => info(json),
         GpuCommand::Kernels { arch, ptx, out, no_cache, json } => compile_all(&arch, ptx, out, no_cache, json),
         GpuCommand::Check { ordinal, json } => check(ordinal, json),
+        GpuCommand::Parity { model, ordinal, tokens, json } => {
+            super::gpu_parity::run(model.as_deref(), ordinal, tokens, json)
+        }
     }
 }
 

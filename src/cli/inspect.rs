@@ -93,14 +93,12 @@ fn plan_budgets(a: &InspectArgs) -> anyhow::Result<Option<(Vec<DeviceBudget>, bo
         ),
     };
     let report = cuda::probe().map_err(|no| anyhow::anyhow!("--device {spec}: {no}"))?;
-    let ordinals = wanted.clone().unwrap_or_else(|| (0..report.gpus.len()).collect());
-    let mut budgets = vec![];
-    for o in ordinals {
-        let g = report.gpus.get(o).ok_or_else(|| {
-            anyhow::anyhow!("--device {spec}: GPU {o} not found (this machine has {})", report.gpus.len())
-        })?;
-        budgets.push(DeviceBudget { label: format!("cuda:{o} {}", g.name), free_bytes: g.free_bytes });
-    }
+    let budgets = report
+        .budgets(wanted.as_deref())
+        .map_err(|e| anyhow::anyhow!("--device {spec}: {e}"))?
+        .into_iter()
+        .map(|(_, b)| b)
+        .collect();
     // `cuda` alone: the fewest GPUs that hold it.
     Ok(Some((budgets, wanted.is_none())))
 }

@@ -7,6 +7,7 @@ pub mod bench_stats;
 pub mod chat;
 pub mod common;
 pub mod gpu;
+pub mod gpu_parity;
 pub mod inspect;
 pub mod interrupt;
 pub mod logits;

@@ -4,6 +4,7 @@
 //! file (header first, then each tensor as it is generated), so a 27B shape never has to fit
 //! in memory.
 
+use rayon::prelude::*;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
@@ -223,18 +224,31 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
     let mut w = BufWriter::with_capacity(1 << 20, file);
     w.write_all(&(head.len() as u64).to_le_bytes())?;
     w.write_all(&head)?;
-    let mut rng = Rng(a.seed ^ 0x5eed_5eed_5eed_5eed);
-    let mut buf = Vec::with_capacity(1 << 20);
-    for s in &specs {
-        let mut left: usize = s.shape.iter().product();
-        while left > 0 {
-            let n = left.min(1 << 18);
-            buf.clear();
-            for _ in 0..n {
-                encode(value(s.fill, &mut rng), &a.dtype, &mut buf);
+    // Values in chunks, each from its own generator seeded by (seed, tensor, chunk): the same
+    // bits on any number of threads, generated on all of them (a 27B checkpoint in about a
+    // minute on 16 cores), written in order.
+    const CHUNK: usize = 1 << 18;
+    const BATCH: usize = 64;
+    for (ti, s) in specs.iter().enumerate() {
+        let total: usize = s.shape.iter().product();
+        let chunks = total.div_ceil(CHUNK);
+        for first in (0..chunks).step_by(BATCH) {
+            let bufs: Vec<Vec<u8>> = (first..(first + BATCH).min(chunks))
+                .into_par_iter()
+                .map(|c| {
+                    let mut rng = Rng(a.seed ^ 0x5eed_5eed_5eed_5eed ^ ((ti as u64) << 32) ^ c as u64);
+                    rng.next_u64();
+                    let n = CHUNK.min(total - c * CHUNK);
+                    let mut buf = Vec::with_capacity(n * elem);
+                    for _ in 0..n {
+                        encode(value(s.fill, &mut rng), &a.dtype, &mut buf);
+                    }
+                    buf
+                })
+                .collect();
+            for b in &bufs {
+                w.write_all(b)?;
             }
-            w.write_all(&buf)?;
-            left -= n;
         }
     }
     w.into_inner().map_err(|e| anyhow::anyhow!("cannot write {}: {e}", weights.display()))?.sync_all()?;

@@ -175,6 +175,19 @@ pub struct Memory {
     pub kv_bytes: usize,
     pub recurrent_bytes: usize,
     pub snapshot_bytes: usize,
+    /// Each device's share, when the model runs on GPUs (empty on the CPU: the totals are it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DeviceMemory>,
+}
+
+/// One device's share of the engine's memory.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct DeviceMemory {
+    /// "cuda:0".
+    pub device: String,
+    pub weights_bytes: usize,
+    pub kv_bytes: usize,
+    pub recurrent_bytes: usize,
 }
 
 /// A remote server's own memory figure: the share of its KV pool in use (from `/metrics`).

@@ -16,8 +16,9 @@ pub mod worker;
 pub use advice::{BudgetFix, Fix};
 pub use control::{Control, StepControl};
 pub use events::{
-    Alternative, CountSource, Diagnostic, DiagnosticKind, DoneEvent, DraftKind, EngineEvent, ErrorEvent, ErrorKind,
-    FinishReason, Memory, Phase, ServerLabel, ServerMemory, StartEvent, StatsEvent, Timing, TokenEvent, Usage,
+    Alternative, CountSource, DeviceMemory, Diagnostic, DiagnosticKind, DoneEvent, DraftKind, EngineEvent, ErrorEvent,
+    ErrorKind, FinishReason, Memory, Phase, ServerLabel, ServerMemory, StartEvent, StatsEvent, Timing, TokenEvent,
+    Usage,
 };
 pub use generate::{Generator, Outcome};
 pub use request::{GenerateRequest, GenerationParams, QWEN_BUDGET_BRIDGE};

@@ -2,9 +2,9 @@
 //! for speculative decoding, draft with the MTP head, verify a block, keep a prefix. The
 //! in-process model implements it over its per-sequence state; tests script it.
 
-use super::events::Memory;
+use super::events::{DeviceMemory, Memory};
 use crate::error::{Error, Result};
-use crate::model::{ForwardOptions, LogitsRows, Mat, Model, MtpState, SequenceState};
+use crate::model::{DraftCache, Forward, ForwardOptions, LogitsRows, Mat, Model, SequenceCache};
 
 pub trait LogitsSource {
     /// Feeds `ids` (the prompt, a sampled token, or a block of forced tokens) and returns the
@@ -52,20 +52,20 @@ pub trait LogitsSource {
 }
 
 /// What the engine needs from a loaded model on some device: fresh sequences to generate
-/// with, and a prompt check before anything starts. The CPU [`Model`] implements it; a GPU
-/// model is a sibling implementation, so every front end, MTP, budgets and the loop alarm run
-/// on it unchanged.
+/// with, and a prompt check before anything starts. Every [`Forward`] model (the CPU [`Model`],
+/// the CUDA model) implements it through [`ModelSession`], so every front end, MTP, budgets and
+/// the loop alarm run on either unchanged.
 pub trait Compute: Send + Sync {
     /// A new sequence at position 0; with `drafting`, one that drafts with the model's MTP head
-    /// (plain when it has none).
-    fn sequence(&self, drafting: bool) -> Box<dyn LogitsSource + '_>;
+    /// (plain when it has none). Fails when the device cannot hold another sequence's state.
+    fn sequence(&self, drafting: bool) -> Result<Box<dyn LogitsSource + '_>>;
     /// Validates a prompt (ids in the vocabulary, prompt + max_tokens within the context).
     fn check(&self, prompt: &[u32], max_tokens: usize) -> Result<()>;
 }
 
-impl Compute for Model {
-    fn sequence(&self, drafting: bool) -> Box<dyn LogitsSource + '_> {
-        Box::new(if drafting { ModelSession::with_mtp(self) } else { ModelSession::new(self) })
+impl<M: Forward> Compute for M {
+    fn sequence(&self, drafting: bool) -> Result<Box<dyn LogitsSource + '_>> {
+        Ok(Box::new(if drafting { ModelSession::try_with_mtp(self)? } else { ModelSession::try_new(self)? }))
     }
 
     fn check(&self, prompt: &[u32], max_tokens: usize) -> Result<()> {
@@ -73,12 +73,12 @@ impl Compute for Model {
     }
 }
 
-/// A sequence on the in-process model.
-pub struct ModelSession<'m> {
-    pub model: &'m Model,
-    pub state: SequenceState,
+/// A sequence on an in-process model (any device).
+pub struct ModelSession<'m, M: Forward = Model> {
+    pub model: &'m M,
+    pub state: M::Cache,
     /// The MTP head's own KV cache, when drafting is on.
-    mtp: Option<MtpState>,
+    mtp: Option<M::Draft>,
     /// Tokens the target has consumed since the MTP head last caught up, with their post-norm
     /// hidden states: the next draft's first pass covers them (model-spec §6.2).
     pending_ids: Vec<u32>,
@@ -87,7 +87,7 @@ pub struct ModelSession<'m> {
     verified: Option<(Vec<u32>, Mat)>,
 }
 
-impl<'m> ModelSession<'m> {
+impl<'m> ModelSession<'m, Model> {
     pub fn new(model: &'m Model) -> Self {
         ModelSession {
             model,
@@ -105,6 +105,25 @@ impl<'m> ModelSession<'m> {
         s.mtp = model.new_mtp_state();
         s
     }
+}
+
+impl<'m, M: Forward> ModelSession<'m, M> {
+    pub fn try_new(model: &'m M) -> Result<Self> {
+        Ok(ModelSession {
+            model,
+            state: model.new_cache()?,
+            mtp: None,
+            pending_ids: vec![],
+            pending_hidden: vec![],
+            verified: None,
+        })
+    }
+
+    pub fn try_with_mtp(model: &'m M) -> Result<Self> {
+        let mut s = ModelSession::try_new(model)?;
+        s.mtp = model.new_draft_cache()?;
+        Ok(s)
+    }
 
     fn remember(&mut self, ids: &[u32], hidden: &Mat) {
         if self.mtp.is_some() {
@@ -114,29 +133,44 @@ impl<'m> ModelSession<'m> {
     }
 }
 
-impl LogitsSource for ModelSession<'_> {
+impl<M: Forward> LogitsSource for ModelSession<'_, M> {
     fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
-        let out = self.model.forward(ids, &mut self.state, ForwardOptions::default())?;
+        let out = self.model.forward_cached(ids, &mut self.state, ForwardOptions::default())?;
         self.remember(ids, &out.hidden);
         Ok(out.logits.data)
     }
 
     fn position(&self) -> usize {
-        self.state.position
+        self.state.position()
     }
 
     fn context_len(&self) -> usize {
-        self.model.config.max_position_embeddings
+        self.model.config().max_position_embeddings
     }
 
     fn memory(&self) -> Memory {
         let b = self.state.bytes();
-        let mtp_kv = self.mtp.as_ref().map_or(0, MtpState::bytes);
+        let mtp_kv = self.mtp.as_ref().map_or(0, |m| m.bytes());
+        let weights = self.model.device_weights();
+        let last = weights.len().saturating_sub(1);
+        let devices = weights
+            .into_iter()
+            .zip(self.state.device_bytes())
+            .enumerate()
+            .map(|(i, ((device, weights_bytes), s))| DeviceMemory {
+                device,
+                weights_bytes,
+                // The MTP head lives on the last device.
+                kv_bytes: s.kv_bytes + if i == last { mtp_kv } else { 0 },
+                recurrent_bytes: s.recurrent_bytes,
+            })
+            .collect();
         Memory {
             weights_bytes: self.model.weight_bytes(),
             kv_bytes: b.kv_bytes + mtp_kv,
             recurrent_bytes: b.recurrent_bytes,
-            snapshot_bytes: self.state.tape_bytes(),
+            snapshot_bytes: self.state.rollback_bytes(),
+            devices,
         }
     }
 
@@ -150,11 +184,11 @@ impl LogitsSource for ModelSession<'_> {
         if n < 2 {
             return Ok(());
         }
-        let h = self.model.config.hidden_size;
+        let h = self.model.config().hidden_size;
         // Entry p pairs x_{p+1} with h_p: every pending position but the last has its x_{p+1}.
         let next = self.pending_ids[1..].to_vec();
         let hidden = Mat::from_vec(n - 1, h, self.pending_hidden[..(n - 1) * h].to_vec());
-        self.model.mtp_forward(&next, &hidden, mtp, LogitsRows::Last)?;
+        self.model.mtp_forward_cached(&next, &hidden, mtp, LogitsRows::Last)?;
         self.pending_ids.drain(..n - 1);
         self.pending_hidden.drain(..(n - 1) * h);
         Ok(())
@@ -166,12 +200,14 @@ impl LogitsSource for ModelSession<'_> {
         if k == 0 {
             return Ok(vec![]);
         }
-        let h = self.model.config.hidden_size;
+        let h = self.model.config().hidden_size;
         let n = self.pending_ids.len();
-        if n == 0 || mtp.position + n != self.state.position {
+        if n == 0 || mtp.position() + n != self.state.position() {
             return Err(Error::State(format!(
                 "MTP head out of step: it covers {} positions, {} are pending, the model is at {}",
-                mtp.position, n, self.state.position
+                mtp.position(),
+                n,
+                self.state.position()
             )));
         }
         // First pass over every position the target just processed: entry p pairs x_{p+1}
@@ -180,8 +216,8 @@ impl LogitsSource for ModelSession<'_> {
         next.push(last);
         let hidden = Mat::from_vec(n, h, std::mem::take(&mut self.pending_hidden));
         self.pending_ids.clear();
-        let out = self.model.mtp_forward(&next, &hidden, mtp, LogitsRows::Last)?;
-        let committed = mtp.position;
+        let out = self.model.mtp_forward_cached(&next, &hidden, mtp, LogitsRows::Last)?;
+        let committed = mtp.position();
         let mut drafts = vec![];
         let mut logits = out.logits.data;
         let mut h_prev = out.hidden.gather_rows(&[out.hidden.rows - 1]);
@@ -192,7 +228,7 @@ impl LogitsSource for ModelSession<'_> {
                 break;
             }
             // Chained steps reuse the layer on the previous draft and the head's own output.
-            let o = self.model.mtp_forward(&[d], &h_prev, mtp, LogitsRows::Last)?;
+            let o = self.model.mtp_forward_cached(&[d], &h_prev, mtp, LogitsRows::Last)?;
             logits = o.logits.data;
             h_prev = o.hidden;
         }
@@ -203,7 +239,7 @@ impl LogitsSource for ModelSession<'_> {
 
     fn verify(&mut self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
         let opts = ForwardOptions { logits: LogitsRows::All, verify: true, ..Default::default() };
-        let out = self.model.forward(ids, &mut self.state, opts)?;
+        let out = self.model.forward_cached(ids, &mut self.state, opts)?;
         let rows = (0..out.logits.rows).map(|r| out.logits.row(r).to_vec()).collect();
         self.verified = Some((ids.to_vec(), out.hidden));
         Ok(rows)
@@ -218,17 +254,17 @@ impl LogitsSource for ModelSession<'_> {
     }
 
     fn rollback_bytes(&self) -> usize {
-        self.state.tape_bytes()
+        self.state.rollback_bytes()
     }
 }
 
 /// Validates a prompt against the model before generation starts.
-pub fn check_prompt(model: &Model, prompt: &[u32], max_tokens: usize) -> Result<()> {
+pub fn check_prompt<M: Forward>(model: &M, prompt: &[u32], max_tokens: usize) -> Result<()> {
     if prompt.is_empty() {
         return Err(Error::InvalidArgument("the prompt is empty".into()));
     }
-    model.validate(prompt, &model.new_state())?;
-    let max = model.config.max_position_embeddings;
+    model.validate_at(prompt, 0)?;
+    let max = model.config().max_position_embeddings;
     if prompt.len() + max_tokens > max {
         return Err(Error::ContextOverflow { needed: prompt.len() + max_tokens, max });
     }

@@ -108,7 +108,7 @@ impl EngineHandle {
                 // A panic inside one generation (a bug, or a shape a checkpoint gets wrong)
                 // ends that generation with an error event; the engine stays up for the next.
                 let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    let mut session = compute.sequence(drafting);
+                    let mut session = compute.sequence(drafting)?;
                     generator.generate(session.as_mut(), &req, control.as_ref(), &mut emit)
                 }));
                 let error = match run {

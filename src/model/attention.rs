@@ -13,14 +13,14 @@ use super::tensor::{Linear, Mat, Precision, dot, sigmoid, small_gemm};
 use crate::error::Result;
 
 pub struct AttnLayer {
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
+    pub(crate) heads: usize,
+    pub(crate) kv_heads: usize,
+    pub(crate) head_dim: usize,
     /// Fused `[q_proj (query|gate per head) ; k_proj ; v_proj]`.
-    qkv: Linear,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
-    o_proj: Linear,
+    pub(crate) qkv: Linear,
+    pub(crate) q_norm: RmsNorm,
+    pub(crate) k_norm: RmsNorm,
+    pub(crate) o_proj: Linear,
 }
 
 impl AttnLayer {

@@ -17,21 +17,23 @@ use crate::error::Result;
 pub const CHUNK: usize = 64;
 
 pub struct GdnLayer {
-    cfg: LinearAttnConfig,
-    eps: f32,
+    pub(crate) cfg: LinearAttnConfig,
+    pub(crate) eps: f32,
     /// Fused input projection; output columns `[q k v | z | b | a]` in logical (un-interleaved)
     /// order for every family.
-    in_proj: Linear,
+    pub(crate) in_proj: Linear,
     /// Depthwise conv weights `[conv_dim][K]`.
     /// The depthwise conv's taps, tap-major (`[K][conv_dim]`, the checkpoint's `[conv_dim][1][K]`
     /// transposed at load) so the conv runs across channels in vector registers.
-    conv_taps: Vec<f32>,
+    pub(crate) conv_taps: Vec<f32>,
+    /// The stored `A_log` (the GPU kernel forms −exp(A_log) itself).
+    pub(crate) a_log: Vec<f32>,
     /// `-exp(A_log)` per value head, f32.
     a_neg: Vec<f32>,
-    dt_bias: Vec<f32>,
+    pub(crate) dt_bias: Vec<f32>,
     /// Gated RMSNorm weight (plain, not zero-centred), shared by all heads.
-    norm_w: Vec<f32>,
-    out_proj: Linear,
+    pub(crate) norm_w: Vec<f32>,
+    pub(crate) out_proj: Linear,
 }
 
 impl GdnLayer {
@@ -80,6 +82,7 @@ impl GdnLayer {
             in_proj,
             conv_taps,
             a_neg: a_log.iter().map(|a| -a.exp()).collect(),
+            a_log,
             dt_bias: ld.get(&format!("{p}dt_bias"), &[hv])?,
             norm_w: ld.get(&format!("{p}norm.weight"), &[dv])?,
             out_proj: ld.linear(&format!("{p}out_proj.weight"), hidden, vd)?,

@@ -18,17 +18,17 @@ use super::weights::WeightStore;
 use crate::checkpoint::ModelSource;
 use crate::error::{Error, Result};
 
-enum Mixer {
+pub(crate) enum Mixer {
     Linear(GdnLayer),
     Attention(AttnLayer),
 }
 
 /// One decoder layer: pre-norm token mixer and pre-norm feed-forward, each with a residual.
 pub struct DecoderLayer {
-    input_norm: RmsNorm,
-    mixer: Mixer,
-    post_norm: RmsNorm,
-    mlp: Mlp,
+    pub(crate) input_norm: RmsNorm,
+    pub(crate) mixer: Mixer,
+    pub(crate) post_norm: RmsNorm,
+    pub(crate) mlp: Mlp,
 }
 
 impl DecoderLayer {
@@ -184,11 +184,11 @@ pub struct Model {
     pub config: ModelConfig,
     pub precision: Precision,
     pub source: ModelSource,
-    embed: Linear,
+    pub(crate) embed: Linear,
     /// `None` when tied to the embedding.
-    lm_head: Option<Linear>,
-    layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
+    pub(crate) lm_head: Option<Linear>,
+    pub(crate) layers: Vec<DecoderLayer>,
+    pub(crate) norm: RmsNorm,
     rope: Rope,
     pub mtp: Option<MtpModule>,
     /// Where the LM tensors live (`model.language_model.` or `model.`).
@@ -497,20 +497,7 @@ impl Model {
 
     /// Checks token ids and context length before anything is computed.
     pub fn validate(&self, ids: &[u32], state: &SequenceState) -> Result<()> {
-        for (i, &id) in ids.iter().enumerate() {
-            if id as usize >= self.config.vocab_size {
-                return Err(Error::TokenOutOfRange {
-                    id,
-                    position: state.position + i,
-                    vocab_size: self.config.vocab_size,
-                });
-            }
-        }
-        let needed = state.position + ids.len();
-        if needed > self.config.max_position_embeddings {
-            return Err(Error::ContextOverflow { needed, max: self.config.max_position_embeddings });
-        }
-        Ok(())
+        validate_ids(&self.config, ids, state.position)
     }
 
     fn embed_rows(&self, ids: &[u32]) -> Result<Mat> {
@@ -607,4 +594,19 @@ impl Model {
         }
         Ok(ForwardOutput { logits, hidden_norms: norms, hidden })
     }
+}
+
+/// Token ids within the vocabulary and `position + ids.len()` within the context, before
+/// anything is computed (every device's model checks the same way).
+pub fn validate_ids(config: &ModelConfig, ids: &[u32], position: usize) -> Result<()> {
+    for (i, &id) in ids.iter().enumerate() {
+        if id as usize >= config.vocab_size {
+            return Err(Error::TokenOutOfRange { id, position: position + i, vocab_size: config.vocab_size });
+        }
+    }
+    let needed = position + ids.len();
+    if needed > config.max_position_embeddings {
+        return Err(Error::ContextOverflow { needed, max: config.max_position_embeddings });
+    }
+    Ok(())
 }

@@ -9,10 +9,10 @@ use super::tensor::{Linear, Mat, Precision, sigmoid, silu};
 use crate::error::{Error, Result};
 
 pub struct DenseMlp {
-    inter: usize,
+    pub(crate) inter: usize,
     /// Fused `[gate_proj ; up_proj]`.
-    gate_up: Linear,
-    down: Linear,
+    pub(crate) gate_up: Linear,
+    pub(crate) down: Linear,
 }
 
 impl DenseMlp {
@@ -56,12 +56,12 @@ impl DenseMlp {
 }
 
 pub struct MoeBlock {
-    top_k: usize,
-    norm_topk_prob: bool,
-    router: Linear,
-    experts: Vec<DenseMlp>,
-    shared: DenseMlp,
-    shared_gate: Linear,
+    pub(crate) top_k: usize,
+    pub(crate) norm_topk_prob: bool,
+    pub(crate) router: Linear,
+    pub(crate) experts: Vec<DenseMlp>,
+    pub(crate) shared: DenseMlp,
+    pub(crate) shared_gate: Linear,
 }
 
 impl MoeBlock {

@@ -8,6 +8,7 @@ pub mod cuda;
 pub mod device;
 pub mod device_plan;
 pub mod finite;
+pub mod forward;
 pub mod gdn;
 pub mod gemm_bf16;
 pub mod gemv;
@@ -26,6 +27,7 @@ pub use crate::checkpoint::demo_source;
 pub use crate::checkpoint::{EmbeddedModel, ModelSource};
 pub use config::{Family, LayerKind, MlpKind, ModelConfig};
 pub use device::DeviceSpec;
+pub use forward::{DraftCache, Forward, SequenceCache};
 pub use hybrid::{
     ForwardOptions, ForwardOutput, HiddenStats, LoadOptions, LogitsRows, Model, MtpOutput, MtpState,
     missing_mtp_tensors,

@@ -6,13 +6,20 @@ use super::tensor::{Mat, Precision, dot};
 pub struct RmsNorm {
     /// `1 + w` in f32 (transformers computes `1.0 + weight.float()`).
     scale: Vec<f32>,
-    eps: f32,
+    /// The stored parameter `w` (a GPU kernel forms `1 + w` itself, in f32 as here).
+    weight: Vec<f32>,
+    pub(crate) eps: f32,
 }
 
 impl RmsNorm {
     /// `weight` is the stored (zero-centred) parameter.
     pub fn zero_centred(weight: &[f32], eps: f64) -> Self {
-        RmsNorm { scale: weight.iter().map(|w| 1.0 + w).collect(), eps: eps as f32 }
+        RmsNorm { scale: weight.iter().map(|w| 1.0 + w).collect(), weight: weight.to_vec(), eps: eps as f32 }
+    }
+
+    /// The stored (zero-centred) parameter.
+    pub fn weight(&self) -> &[f32] {
+        &self.weight
     }
 
     pub fn dim(&self) -> usize {

@@ -281,6 +281,25 @@ impl Linear {
         })
     }
 
+    /// Output rows `o0..o0 + n` as bf16 bits, row-major (the upload of a weight to a GPU:
+    /// bf16 weights copied as stored, f32 / f16 ones rounded to nearest even).
+    pub fn bf16_rows(&self, o0: usize, n: usize) -> Vec<u16> {
+        let inp = self.in_features;
+        let mut out = Vec::with_capacity(n * inp);
+        for (w, at, rows) in self.spans(o0, n) {
+            let range = at * inp..(at + rows) * inp;
+            match w {
+                Weights::Bf16(v) => out.extend_from_slice(&v[range]),
+                _ => {
+                    let mut wide = Vec::with_capacity(range.len());
+                    w.widen_into(range.start, range.len(), &mut wide);
+                    out.extend(wide.iter().map(|x| half::bf16::from_f32(*x).to_bits()));
+                }
+            }
+        }
+        out
+    }
+
     /// One weight row widened to f32 (an embedding row, for a tied head's input side).
     pub fn row(&self, r: usize) -> Result<Vec<f32>> {
         let Some((w, at, _)) = self.spans(r, 1).next() else {
@@ -519,6 +538,24 @@ const WIDEN_CHUNK_VALUES: usize = 1 << 14;
 mod tests {
     use super::*;
     use crate::model::storage::bf16_to_f32;
+
+    /// The GPU upload's rows: across the parts of a fused layer, bf16 parts as stored, f32
+    /// parts rounded to nearest even.
+    #[test]
+    fn bf16_rows_span_fused_parts_and_round_f32() {
+        let one = half::bf16::from_f32(1.0).to_bits();
+        let a = Weights::bf16(vec![one, 2, 3, 4, 5, 6]); // 3 rows of 2
+        // 1 + 2⁻⁹ rounds to 1 (a tie to even); 1 + 3·2⁻⁹ rounds up to 1 + 2⁻⁷.
+        let b = Weights::f32(vec![1.0 + 2f32.powi(-9), 1.0 + 3.0 * 2f32.powi(-9), -2.0, 0.5]);
+        let l = Linear::fused(vec![(a, 3), (b, 2)], 2).unwrap();
+        let bits = |x: f32| half::bf16::from_f32(x).to_bits();
+        assert_eq!(
+            l.bf16_rows(0, 5),
+            vec![one, 2, 3, 4, 5, 6, bits(1.0), bits(1.0 + 2f32.powi(-7)), bits(-2.0), bits(0.5)]
+        );
+        // A window across the seam of the parts.
+        assert_eq!(l.bf16_rows(2, 2), vec![5, 6, bits(1.0), bits(1.0 + 2f32.powi(-7))]);
+    }
 
     #[test]
     fn gemv_and_gemm_agree_with_naive() {

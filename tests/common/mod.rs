@@ -139,7 +139,7 @@ pub fn token(index: usize, phase: Phase, text: &str, logprob: f32, draft: DraftK
 }
 
 pub fn memory(kv: usize) -> Memory {
-    Memory { weights_bytes: 16_142_336, kv_bytes: kv, recurrent_bytes: 98_304, snapshot_bytes: 24_576 }
+    Memory { weights_bytes: 16_142_336, kv_bytes: kv, recurrent_bytes: 98_304, snapshot_bytes: 24_576, devices: vec![] }
 }
 
 pub fn mtp(steps: usize) -> MtpStats {

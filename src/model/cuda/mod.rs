@@ -2,10 +2,13 @@
 //! driver, NVRTC and cuBLAS(Lt) loaded at run time (one binary runs everywhere).
 
 pub mod kernels;
+pub mod model;
 pub mod nvrtc;
+pub mod ops;
 pub mod parity;
 pub mod probe;
 pub mod runtime;
 pub mod twins;
 
+pub use model::CudaModel;
 pub use probe::{GpuInfo, GpuReport, Libraries, NoGpu, probe};

@@ -60,11 +60,18 @@ pub fn run_all(gpu: &Gpu) -> GpuResult<Vec<Parity>> {
         out.extend(conv_decode(gpu, tokens)?);
     }
     for tokens in [1usize, 4, 64] {
-        out.extend(gdn(gpu, tokens)?);
+        out.extend(gdn(gpu, tokens, QWEN36_GDN)?);
     }
-    out.push(attention(gpu, 0, 37)?);
-    out.push(attention(gpu, 100, 1)?);
-    out.push(attention(gpu, 100, 4)?);
+    // The small test models' heads (masked lanes and rows): the fixtures and the demo.
+    for shape in [(2, 6, 8, 12), (1, 3, 16, 16), (4, 4, 32, 32)] {
+        out.extend(gdn(gpu, 4, shape)?);
+    }
+    out.push(attention(gpu, 0, 37, QWEN36_ATTN)?);
+    out.push(attention(gpu, 100, 1, QWEN36_ATTN)?);
+    out.push(attention(gpu, 100, 4, QWEN36_ATTN)?);
+    for shape in [(4, 1, 24), (6, 2, 16), (4, 2, 48)] {
+        out.push(attention(gpu, 9, 3, shape)?);
+    }
     out.extend(moe(gpu)?);
     Ok(out)
 }
@@ -130,9 +137,12 @@ fn conv_decode(gpu: &Gpu, tokens: usize) -> GpuResult<Vec<Parity>> {
     ])
 }
 
-fn gdn(gpu: &Gpu, tokens: usize) -> GpuResult<Vec<Parity>> {
-    // Qwen3.6-27B's heads: 16 key / 48 value heads of 128.
-    let (hk, hv, dk, dv) = (16usize, 48usize, 128usize, 128usize);
+/// Qwen3.6-27B's GDN heads: 16 key / 48 value heads of 128.
+const QWEN36_GDN: (usize, usize, usize, usize) = (16, 48, 128, 128);
+/// Qwen3.6-27B's attention: 24 query / 4 KV heads of 256.
+const QWEN36_ATTN: (usize, usize, usize) = (24, 4, 256);
+
+fn gdn(gpu: &Gpu, tokens: usize, (hk, hv, dk, dv): (usize, usize, usize, usize)) -> GpuResult<Vec<Parity>> {
     let conv_dim = 2 * hk * dk + hv * dv;
     let qkv = randoms(tokens * conv_dim, 9, 1.0);
     let a = randoms(tokens * hv, 10, 2.0);
@@ -156,8 +166,8 @@ fn gdn(gpu: &Gpu, tokens: usize) -> GpuResult<Vec<Parity>> {
         b.arg(&NULL);
     }
     b.arg(&mut dout).arg(&t_i).arg(&hk_i).arg(&hv_i).arg(&dk_i).arg(&dv_i);
-    // SAFETY: matches gdn_recurrent (kernels/gdn.cu); grid (Hv, dv / 16), 128 threads.
-    unsafe { b.launch(cfg((hv as u32, (dv / 16) as u32, 1), 128)) }?;
+    // SAFETY: matches gdn_recurrent (kernels/gdn.cu); grid (Hv, ⌈dv / 16⌉), 128 threads.
+    unsafe { b.launch(cfg((hv as u32, dv.div_ceil(16) as u32, 1), 128)) }?;
     let out = gpu.read_bf16(&dout)?;
     let state = gpu.read_f32(&dstate)?;
     let mut st = state0.clone();
@@ -176,7 +186,7 @@ fn gdn(gpu: &Gpu, tokens: usize) -> GpuResult<Vec<Parity>> {
         dk,
         dv,
     );
-    let case = format!("16/48 heads of 128, {tokens} tokens{}", if with_slots { ", slots" } else { "" });
+    let case = format!("{hk}/{hv} heads of {dk}/{dv}, {tokens} tokens{}", if with_slots { ", slots" } else { "" });
     let mut res = vec![compare("gdn_recurrent", case.clone(), &out, &twin, BF16_TOL)];
     if with_slots {
         let slots = gpu.read_f32(&dslots)?;
@@ -187,9 +197,8 @@ fn gdn(gpu: &Gpu, tokens: usize) -> GpuResult<Vec<Parity>> {
     Ok(res)
 }
 
-fn attention(gpu: &Gpu, pos0: usize, tokens: usize) -> GpuResult<Parity> {
-    // Qwen3.6-27B: 24 query / 4 KV heads of 256; q rows interleave query and gate per head.
-    let (nh, nkv, hd) = (24usize, 4usize, 256usize);
+/// q rows interleave query and gate per head.
+fn attention(gpu: &Gpu, pos0: usize, tokens: usize, (nh, nkv, hd): (usize, usize, usize)) -> GpuResult<Parity> {
     let l_max = pos0 + tokens;
     let q_rows = randoms(tokens * nh * 2 * hd, 15, 1.0);
     let kc = randoms(nkv * l_max * hd, 16, 1.0);
@@ -222,7 +231,7 @@ fn attention(gpu: &Gpu, pos0: usize, tokens: usize) -> GpuResult<Parity> {
         }
     }
     let twin = twins::attn_gqa(&q, Some(&gate), &kc, &vc, l_max, pos0, tokens, nh, nkv, hd);
-    Ok(compare("attn_gqa", format!("24/4 heads of 256, {pos0} cached, {tokens} tokens"), &out, &twin, BF16_TOL))
+    Ok(compare("attn_gqa", format!("{nh}/{nkv} heads of {hd}, {pos0} cached, {tokens} tokens"), &out, &twin, BF16_TOL))
 }
 
 fn moe(gpu: &Gpu) -> GpuResult<Vec<Parity>> {

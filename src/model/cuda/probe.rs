@@ -3,6 +3,7 @@
 //! that is absent, so each is checked for presence first, and a driver that loads but answers
 //! `cuInit` with an error (no device, no permission) is reported by that error's name.
 
+use crate::model::device_plan::DeviceBudget;
 use std::ffi::c_int;
 
 use cudarc::driver::{result as drv, sys as drv_sys};
@@ -59,6 +60,23 @@ pub struct GpuReport {
     /// NVRTC's (major, minor), when it loads.
     pub nvrtc_version: Option<(i32, i32)>,
     pub gpus: Vec<GpuInfo>,
+}
+
+impl GpuReport {
+    /// The GPUs `wanted` (all of them for `None`), in order, with their free memory as plan
+    /// budgets; an ordinal this machine lacks is an error in one line.
+    pub fn budgets(&self, wanted: Option<&[usize]>) -> Result<Vec<(usize, DeviceBudget)>, String> {
+        let all: Vec<usize> = (0..self.gpus.len()).collect();
+        let mut out = vec![];
+        for &o in wanted.unwrap_or(&all) {
+            let g = self
+                .gpus
+                .get(o)
+                .ok_or_else(|| format!("GPU {o} not found: this machine has {} GPU(s)", self.gpus.len()))?;
+            out.push((o, DeviceBudget { label: format!("cuda:{o} {}", g.name), free_bytes: g.free_bytes }));
+        }
+        Ok(out)
+    }
 }
 
 /// Why there is no GPU to run on; its message is the one line users see.

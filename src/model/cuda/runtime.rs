@@ -22,6 +22,8 @@ pub enum GpuError {
     Compile(#[from] CompileError),
     #[error("CUDA: {0}")]
     Driver(String),
+    #[error("the CUDA kernels cannot run this model: {0}")]
+    Shape(String),
     #[error("kernel {0} is not loaded")]
     NoKernel(String),
 }
@@ -52,7 +54,9 @@ impl Gpu {
         let count = report.gpus.len();
         let info = report.gpus.into_iter().nth(ordinal).ok_or(GpuError::NoSuchGpu { ordinal, count })?;
         let ctx = CudaContext::new(ordinal)?;
-        let stream = ctx.default_stream();
+        // A stream of its own: two `Gpu`s on one device (a layer split tried on one card) do
+        // not share one, and nothing waits on the legacy default stream.
+        let stream = ctx.new_stream()?;
         let cache = nvrtc::default_cache_dir();
         let arch = info.arch();
         let mut functions = HashMap::new();

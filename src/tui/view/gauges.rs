@@ -319,13 +319,18 @@ fn memory_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
         spans.push(Span::styled(format!(" {:>9}{note}", short_bytes(b as u64)), th.fg(th.text)));
         Line::from(spans)
     };
-    let lines = vec![
+    let mut lines = vec![
         Line::from(vec![title, Span::styled(format!("{devices}: {}", short_bytes(total as u64)), th.fg(th.text))]),
         row("weights", weights, "", th.prompt),
         row("KV cache", mem.kv_bytes, " ↑", th.answer),
         row("recurrent", mem.recurrent_bytes, " =", th.thinking),
         row("snapshots", mem.snapshot_bytes, "", th.bonus),
     ];
+    // A model on GPUs: each device's share (weights + KV + recurrent state), as far as the
+    // panel's height allows.
+    for d in &mem.devices {
+        lines.push(row(&d.device, d.weights_bytes + d.kv_bytes + d.recurrent_bytes, "", th.accent));
+    }
     f.render_widget(Paragraph::new(lines), area);
 }
 
