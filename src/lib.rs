@@ -11,6 +11,7 @@ pub mod cli;
 pub mod engine;
 pub mod error;
 pub mod model;
+pub mod server;
 pub mod session;
 pub mod tui;
 pub mod units;

@@ -361,6 +361,6 @@ pub fn whole_number(s: &str) -> Result<usize, String> {
     s.trim().parse::<usize>().map_err(|_| format!("expected a whole number (0 or more), found {s}"))
 }
 
-fn device_spec(s: &str) -> Result<DeviceSpec, String> {
+pub fn device_spec(s: &str) -> Result<DeviceSpec, String> {
     DeviceSpec::parse(s).map_err(|e| e.to_string())
 }

@@ -12,6 +12,7 @@ pub mod inspect;
 pub mod interrupt;
 pub mod logits;
 pub mod run;
+pub mod serve;
 pub mod sweep;
 pub mod synth;
 
@@ -53,6 +54,9 @@ pub enum Command {
     /// CUDA on this machine: `gpu info` (libraries, GPUs), `gpu kernels` (compile kernels/ with
     /// NVRTC), `gpu check` (each kernel on the GPU against its CPU twin).
     Gpu(gpu::GpuArgs),
+    /// An OpenAI-compatible server on the in-process engine (chat completions with reasoning,
+    /// completions, models, health, Prometheus metrics).
+    Serve(serve::ServeArgs),
 }
 
 impl Cli {
@@ -71,6 +75,7 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Bench(a)) => bench::run(a),
         Some(Command::Synth(a)) => synth::run(a),
         Some(Command::Gpu(a)) => gpu::run(a),
+        Some(Command::Serve(a)) => serve::run(a),
         Some(Command::Chat(a)) => chat::run(a),
         // No subcommand: the workbench on the demo model.
         None => chat::run(chat::ChatArgs::default()),

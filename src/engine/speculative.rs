@@ -107,6 +107,11 @@ impl MtpStats {
 
     /// Records one verify pass: `drafted` drafts, the first `accepted` of them kept, `produced`
     /// tokens appended in all (accepted + bonus, or fewer when generation stopped inside).
+    /// `(drafted, accepted)` at each draft position.
+    pub fn position_counts(&self) -> &[(usize, usize)] {
+        &self.counts
+    }
+
     pub fn record(&mut self, drafted: usize, accepted: usize, produced: usize) {
         self.steps += 1;
         self.drafted += drafted;

@@ -12,6 +12,8 @@ pub enum ServerKind {
     LlamaCpp,
     Vllm,
     Sglang,
+    /// `deltascope serve` (its `/v1/models` entry says `owned_by: deltascope`).
+    Deltascope,
     Generic,
 }
 
@@ -21,6 +23,7 @@ impl ServerKind {
             ServerKind::LlamaCpp => "llama.cpp",
             ServerKind::Vllm => "vLLM",
             ServerKind::Sglang => "SGLang",
+            ServerKind::Deltascope => "deltascope",
             ServerKind::Generic => "OpenAI-compatible",
         }
     }
@@ -87,7 +90,17 @@ pub async fn detect(http: &Http, wanted_model: Option<&str>) -> BackendResult<Se
         metrics: false,
         reasoning_parser: None,
     };
-    if let Some(props) = http.try_get_json("/props").await.filter(|p| p.get("build_info").is_some()) {
+    if let Some(ds) = model_entry.filter(|m| m.get("owned_by").and_then(Value::as_str) == Some("deltascope")) {
+        // deltascope serve: reasoning split by the server, `thinking_budget`, its model's
+        // sampling defaults in the model entry.
+        facts.kind = ServerKind::Deltascope;
+        facts.version = ds.pointer("/deltascope/version").and_then(Value::as_str).map(str::to_string);
+        facts.reasoning_parser = Some(true);
+        facts.speculative = ds.pointer("/deltascope/mtp").and_then(Value::as_bool).unwrap_or(false);
+        facts.defaults = ds
+            .pointer("/deltascope/sampling_defaults")
+            .and_then(|d| serde_json::from_value::<SamplingParams>(d.clone()).ok());
+    } else if let Some(props) = http.try_get_json("/props").await.filter(|p| p.get("build_info").is_some()) {
         facts.kind = ServerKind::LlamaCpp;
         facts.version = props.get("build_info").and_then(Value::as_str).map(str::to_string);
         facts.chat_template = props.get("chat_template").and_then(Value::as_str).map(str::to_string);

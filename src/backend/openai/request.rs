@@ -62,7 +62,7 @@ pub fn chat_body(
     }
     if !p.stop_token_ids.is_empty() {
         match facts.kind {
-            ServerKind::Vllm | ServerKind::Sglang => {
+            ServerKind::Vllm | ServerKind::Sglang | ServerKind::Deltascope => {
                 o.insert("stop_token_ids".into(), json!(p.stop_token_ids));
             }
             k => {
@@ -84,6 +84,10 @@ pub fn chat_body(
             // Strict thinking (--enable-strict-thinking): exact, `</think>` only.
             ServerKind::Sglang => {
                 o.insert("custom_params".into(), json!({"thinking_budget": budget}));
+            }
+            ServerKind::Deltascope => {
+                o.insert("thinking_budget".into(), json!(budget));
+                o.insert("reasoning_budget_message".into(), json!(p.budget_bridge));
             }
             ServerKind::Generic => {
                 return Err(BackendError::invalid(

@@ -102,6 +102,7 @@ async fn metrics_snapshot(http: &Http, facts: &ServerFacts) -> Option<Snapshot> 
     let prefix = match facts.kind {
         ServerKind::LlamaCpp => "llamacpp:",
         ServerKind::Vllm => "vllm:",
+        ServerKind::Deltascope => "deltascope_",
         _ => "",
     };
     let spec = if prefix.is_empty() { None } else { metrics::spec_counters(&samples, prefix) };

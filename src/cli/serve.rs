@@ -1,0 +1,80 @@
+//! `deltascope serve`: the in-process engine behind an OpenAI-compatible API (`server/`).
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+
+use super::common::{device_spec, whole_number};
+use crate::backend::{self, BackendSpec, DeviceSpec, MtpChoice, MtpParams, OpenProgress, local::LocalSpec};
+use crate::server::{ServeConfig, serve};
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// A Hugging Face model directory, or `demo` for the embedded demo model (the default).
+    #[arg(long, value_name = "DIR|demo")]
+    pub model: Option<PathBuf>,
+    /// Activation precision: f32 or bf16 (as for `run`).
+    #[arg(long, default_value = "f32", value_name = "f32|bf16")]
+    pub dtype: String,
+    /// Threads for the engine (default: the physical cores).
+    #[arg(long, value_name = "N", value_parser = whole_number)]
+    pub threads: Option<usize>,
+    /// Where the engine runs: auto, cpu, cuda, cuda:0, cuda:0,1.
+    #[arg(long, default_value = "auto", value_parser = device_spec, value_name = "auto|cpu|cuda|cuda:N[,M]")]
+    pub device: DeviceSpec,
+    /// Address to bind; anything but loopback without --api-key prints a warning.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    /// Port (0: a free one, printed at start).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Every route but /health then needs `Authorization: Bearer KEY`.
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// Requests that may wait for the engine besides the one generating (more: 503).
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    pub max_queue: usize,
+    /// The largest request body accepted, in bytes (larger: 413).
+    #[arg(long, default_value_t = 4 << 20, value_name = "BYTES", value_parser = whole_number)]
+    pub body_limit: usize,
+    /// MTP speculative decoding for every request: draft steps (0 = off) or `auto`.
+    #[arg(long, default_value = "0", value_name = "N|auto")]
+    pub mtp: MtpChoice,
+}
+
+pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    let mut spec = LocalSpec::new(a.model.as_deref(), &a.dtype)?;
+    spec.threads = a.threads;
+    spec.device = a.device.clone();
+    let opened = backend::open(&BackendSpec::Local(spec), &|_: OpenProgress| {})?;
+    if let Some(note) = &opened.info().device_note {
+        eprintln!("{note}");
+    }
+    let name = opened.info().name.clone();
+    let opened_has_mtp = opened.info().has_mtp;
+    let backend: Arc<dyn backend::Backend> = Arc::from(opened);
+    let mut cfg = ServeConfig::new(SocketAddr::new(a.host, a.port));
+    cfg.api_key = a.api_key.clone().filter(|k| !k.is_empty());
+    cfg.max_queue = a.max_queue;
+    cfg.body_limit = a.body_limit;
+    cfg.mtp = match a.mtp {
+        MtpChoice::Auto => MtpParams { depth: 2, auto: true },
+        MtpChoice::Depth(depth) => MtpParams { depth, auto: false },
+    };
+    if cfg.mtp.depth > 0 && !opened_has_mtp {
+        anyhow::bail!("--mtp: {name} has no MTP head (no mtp.* tensors), so it cannot draft");
+    }
+    if !a.host.is_loopback() && cfg.api_key.is_none() {
+        eprintln!(
+            "warning: serving on {} without --api-key: anyone who can reach this address can use the model",
+            a.host
+        );
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(serve(backend, cfg, |addr| {
+        eprintln!("deltascope serve: {name} on http://{addr} (OpenAI API under /v1; Ctrl+C stops)");
+    }))?;
+    Ok(())
+}

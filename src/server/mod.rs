@@ -1,0 +1,346 @@
+//! `deltascope serve`: an OpenAI-compatible server on a backend (the in-process engine), shaped
+//! like SGLang / vLLM with `--reasoning-parser qwen3`: `delta.reasoning_content` for thinking,
+//! `delta.content` for the answer, one frame per token, usage with reasoning tokens, and a
+//! `deltascope` extension object (diagnostics, MTP per position, forced tokens, timing) that
+//! standard clients ignore. It imports only `backend`.
+//!
+//! One engine, many clients: requests queue FIFO in front of it (a fair mutex: one sequence at
+//! a time, no batching), bounded by `--max-queue` (full: 503 with `Retry-After`). A client that
+//! disconnects, queued or generating, drops its request's future, which cancels its
+//! generation (the engine stops within one token) and frees its place.
+
+pub mod error;
+pub mod metrics;
+pub mod request;
+mod respond;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+use tokio::sync::{Mutex, OwnedMutexGuard, OwnedSemaphorePermit, Semaphore, mpsc};
+
+use crate::backend::{Backend, BackendError, EngineEvent, ErrorKind, MtpParams, Prompt, StepControl};
+use error::ApiError;
+use metrics::Metrics;
+use request::Parsed;
+
+/// How the server listens and what it accepts.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub addr: SocketAddr,
+    /// With a key, every route but `/health` needs `Authorization: Bearer KEY`.
+    pub api_key: Option<String>,
+    /// Requests that may wait for the engine besides the one generating.
+    pub max_queue: usize,
+    /// Request bodies over this many bytes get 413.
+    pub body_limit: usize,
+    /// A request body that does not arrive within this long is refused (408).
+    pub body_timeout: Duration,
+    /// MTP speculative decoding for every request (`--mtp`; off by default).
+    pub mtp: MtpParams,
+}
+
+impl ServeConfig {
+    pub fn new(addr: SocketAddr) -> Self {
+        ServeConfig {
+            addr,
+            api_key: None,
+            max_queue: 64,
+            body_limit: 4 << 20,
+            body_timeout: Duration::from_secs(30),
+            mtp: MtpParams::default(),
+        }
+    }
+}
+
+pub struct AppState {
+    backend: Arc<dyn Backend>,
+    cfg: ServeConfig,
+    /// The model's name in `/v1/models` and every response.
+    model: String,
+    context: usize,
+    /// Places: the one generating + `max_queue` waiting.
+    admission: Arc<Semaphore>,
+    /// The engine's turn: tokio's mutex is fair, so waiters are served in arrival order.
+    engine: Arc<Mutex<()>>,
+    metrics: Arc<Metrics>,
+    started: u64,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+pub type Shared = Arc<AppState>;
+
+impl AppState {
+    pub fn new(backend: Arc<dyn Backend>, cfg: ServeConfig) -> Shared {
+        let info = backend.info();
+        let metrics = Metrics::new();
+        if let Some(w) = info.weights_bytes {
+            metrics.weights_bytes.set(w as i64);
+        }
+        let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        Arc::new(AppState {
+            model: info.name.clone(),
+            context: info.context.unwrap_or(32_768),
+            admission: Arc::new(Semaphore::new(cfg.max_queue + 1)),
+            engine: Arc::new(Mutex::new(())),
+            metrics: Arc::new(metrics),
+            backend,
+            cfg,
+            started,
+            next_id: 0.into(),
+        })
+    }
+}
+
+/// The routes, with the key check and the OpenAI-shaped 404 (tests serve this on a free port).
+pub fn router(state: Shared) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics_text))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .route("/health", get(|| async { "ok" }))
+        .with_state(state)
+}
+
+/// Binds and serves until the process ends (Ctrl+C: a graceful stop).
+pub async fn serve(backend: Arc<dyn Backend>, cfg: ServeConfig, ready: impl FnOnce(SocketAddr)) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(cfg.addr).await?;
+    let local = listener.local_addr()?;
+    ready(local);
+    let app = router(AppState::new(backend, cfg));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+}
+
+async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    if let Some(key) = &s.cfg.api_key {
+        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        match given.and_then(|v| v.strip_prefix("Bearer ")) {
+            Some(k) if k.trim() == key => {}
+            Some(_) => return ApiError::unauthorized("the API key is not the server's (--api-key)").into_response(),
+            None => {
+                return ApiError::unauthorized("this server needs an API key: send Authorization: Bearer KEY")
+                    .into_response();
+            }
+        }
+    }
+    next.run(req).await
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::not_found(format!("no route {} {}", req.method(), req.uri().path()), "not_found")
+}
+
+async fn models(State(s): State<Shared>) -> Response {
+    // `deltascope`: what a deltascope client reads to know this server (the sampling defaults
+    // of the model's generation_config.json, which requests without those fields get).
+    let info = s.backend.info();
+    let body = json!({"object": "list", "data": [{
+        "id": s.model, "object": "model", "created": s.started, "owned_by": "deltascope", "max_model_len": s.context,
+        "deltascope": {"version": env!("CARGO_PKG_VERSION"), "sampling_defaults": info.defaults,
+                       "mtp": s.cfg.mtp.depth > 0, "has_mtp_head": info.has_mtp},
+    }]});
+    ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+async fn metrics_text(State(s): State<Shared>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], s.metrics.encode()).into_response()
+}
+
+/// The body, within the size limit and the time limit.
+async fn read_body(s: &AppState, body: Body) -> Result<Bytes, ApiError> {
+    match tokio::time::timeout(s.cfg.body_timeout, axum::body::to_bytes(body, s.cfg.body_limit)).await {
+        Err(_) => Err(ApiError { status: 408, ..ApiError::bad(None, "the request body did not arrive in time") }),
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(e)) => {
+            // The only error a complete body read gives besides the limit is a broken connection.
+            let text = format!("{e}");
+            if text.contains("length limit")
+                || std::error::Error::source(&e).is_some_and(|s| s.to_string().contains("length limit"))
+            {
+                Err(ApiError::too_large(s.cfg.body_limit))
+            } else {
+                Err(ApiError::bad(None, format!("cannot read the body: {text}")))
+            }
+        }
+    }
+}
+
+fn backend_error(e: BackendError) -> ApiError {
+    match e.kind {
+        ErrorKind::InvalidRequest => ApiError::bad(None, e.message),
+        ErrorKind::ContextOverflow => ApiError::bad(Some("max_tokens"), e.message).code("context_length_exceeded"),
+        ErrorKind::Cancelled => ApiError { status: 499, ..ApiError::bad(None, e.message) },
+        ErrorKind::Unavailable => ApiError { status: 503, ..ApiError::internal(e.message) },
+        ErrorKind::Internal => ApiError::internal(e.message),
+    }
+}
+
+/// Which endpoint a request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completion,
+}
+
+async fn chat_completions(State(s): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    handle(s, headers, body, Endpoint::Chat).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn completions(State(s): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    handle(s, headers, body, Endpoint::Completion).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// A request holding the engine: cancels its generation when dropped before the end (the
+/// client went away), and gives back its place and the engine's turn.
+pub(crate) struct Running {
+    control: Arc<StepControl>,
+    pub rx: mpsc::UnboundedReceiver<EngineEvent>,
+    metrics: Arc<Metrics>,
+    pub finished: bool,
+    pub arrived: Instant,
+    pub started: Instant,
+    _turn: OwnedMutexGuard<()>,
+    _place: OwnedSemaphorePermit,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.control.cancel();
+            self.metrics.finished("abort", None, &[]);
+        }
+        self.metrics.running.dec();
+    }
+}
+
+/// Counts a request as waiting while it is (also when its client leaves the queue).
+struct Waiting(Arc<Metrics>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.waiting.dec();
+    }
+}
+
+async fn handle(s: Shared, _headers: HeaderMap, body: Body, endpoint: Endpoint) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let bytes = read_body(&s, body).await?;
+    let obj = request::object(&bytes)?;
+    let mut parsed: Parsed = match endpoint {
+        Endpoint::Chat => request::chat(&obj, s.context, &s.backend.info().defaults)?,
+        Endpoint::Completion => request::completion(&obj, s.context, &s.backend.info().defaults)?,
+    };
+    if let Some(m) = &parsed.model
+        && m != &s.model
+    {
+        return Err(ApiError::not_found(
+            format!("model {m:?} is not served here: this server has {:?}", s.model),
+            "model_not_found",
+        )
+        .param("model"));
+    }
+    // The prompt's length, to fit max_tokens to the context.
+    let dry = s.backend.dry_run(&parsed.req).map_err(backend_error)?;
+    let prompt_len = dry.ids.as_ref().map_or(0, Vec::len);
+    if prompt_len >= s.context {
+        return Err(ApiError::bad(
+            Some("messages"),
+            format!("the prompt is {prompt_len} tokens: the context holds {}", s.context),
+        )
+        .code("context_length_exceeded"));
+    }
+    if !parsed.max_tokens_given {
+        parsed.req.params.max_tokens = s.context - prompt_len;
+    } else if prompt_len + parsed.req.params.max_tokens > s.context {
+        return Err(ApiError::bad(
+            Some("max_tokens"),
+            format!(
+                "prompt {prompt_len} + max_tokens {} tokens is over the context of {}",
+                parsed.req.params.max_tokens, s.context
+            ),
+        )
+        .code("context_length_exceeded"));
+    }
+    parsed.req.params.mtp = s.cfg.mtp;
+    if let Err(p) = parsed.req.params.check() {
+        let field = p.field.trim_start_matches("sampling.").to_string();
+        return Err(ApiError::bad(Some(&field), p.to_string()));
+    }
+    if let Prompt::Ids(ids) = &parsed.req.prompt
+        && ids.is_empty()
+    {
+        return Err(ApiError::bad(Some("prompt"), "prompt is empty"));
+    }
+
+    // A place in the queue, or 503.
+    let place = s.admission.clone().try_acquire_owned().map_err(|_| {
+        s.metrics.rejected.inc();
+        ApiError::busy(s.cfg.max_queue)
+    })?;
+    s.metrics.waiting.inc();
+    let waiting = Waiting(s.metrics.clone());
+    let turn = s.engine.clone().lock_owned().await;
+    drop(waiting);
+    s.metrics.running.inc();
+    let control = Arc::new(StepControl::default());
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut run = Running {
+        control: control.clone(),
+        rx,
+        metrics: s.metrics.clone(),
+        finished: false,
+        arrived,
+        started: Instant::now(),
+        _turn: turn,
+        _place: place,
+    };
+    let generation = match s.backend.start_with(parsed.req.clone(), control) {
+        Ok(g) => g,
+        Err(e) => {
+            run.finished = true;
+            return Err(backend_error(e));
+        }
+    };
+    // The engine's events (a std channel) into this task; the thread ends with the stream or
+    // when the request is gone.
+    std::thread::spawn(move || {
+        for e in generation.events().iter() {
+            if tx.send(e).is_err() {
+                break;
+            }
+        }
+    });
+    let id = s.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let ctx = respond::Context {
+        id: format!("{}-{id}", if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" }),
+        model: s.model.clone(),
+        created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        endpoint,
+        logprobs: parsed.logprobs,
+        include_usage: parsed.include_usage,
+        metrics: s.metrics.clone(),
+    };
+    if parsed.stream {
+        let body = Body::from_stream(respond::stream(ctx, run));
+        Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")], body)
+            .into_response())
+    } else {
+        respond::whole(ctx, run).await
+    }
+}

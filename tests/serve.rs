@@ -1,0 +1,294 @@
+//! `deltascope serve` end to end, with real clients on 127.0.0.1: the official `openai` Python
+//! client (pinned, installed into a venv by `scripts/setup-openai.sh`, run by the tests),
+//! `curl -N` for the raw frames, the workbench's own `--server` path (`run`, `sweep`, the TUI in
+//! tmux) against the local engine's answers, a bounded load test and a fuzz of malformed bodies.
+//! Nothing is skipped: a missing tool is installed or the test fails saying so.
+
+#[path = "common/tmux.rs"]
+mod tmux;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_deltascope")
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A `deltascope serve` on a free port, killed when dropped.
+struct Server {
+    child: Child,
+    host: String,
+    port: u16,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let mut child = Command::new(bin())
+            .args(["serve", "--port", "0", "--device", "cpu"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting deltascope serve");
+        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let addr = loop {
+            let line = lines.next().expect("serve exited before listening").expect("reading stderr");
+            if let Some(rest) = line.split(" on http://").nth(1) {
+                break rest.split_whitespace().next().expect("an address").to_string();
+            }
+        };
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        let (host, port) = addr.rsplit_once(':').expect("host:port");
+        Server { child, host: host.into(), port: port.parse().expect("a port") }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}:{}", self.host, self.port)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The venv's python with `openai` installed (once per test process).
+fn python() -> &'static str {
+    static PY: OnceLock<String> = OnceLock::new();
+    PY.get_or_init(|| {
+        let out = Command::new("bash").arg(root().join("scripts/setup-openai.sh")).output().expect("running bash");
+        assert!(out.status.success(), "scripts/setup-openai.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        stdout
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("OPENAI_PYTHON="))
+            .expect("setup-openai.sh names the python")
+            .to_string()
+    })
+}
+
+/// Runs one of tests/serve/*.py; it prints one JSON line and exits 0 when every check held.
+fn script(name: &str, args: &[&str]) -> Value {
+    let out = Command::new(python()).arg(root().join("tests/serve").join(name)).args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{name} failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or_else(|e| panic!("{name}: {e}: {stdout}"))
+}
+
+fn curl(args: &[&str]) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-s", "-w", "\n%{http_code}"])
+        .args(args)
+        .output()
+        .expect("curl (install it: apt-get install curl)");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+#[test]
+fn the_openai_client_streams_splits_reasoning_and_reads_the_extension() {
+    let s = Server::start(&[]);
+    let seen = script("openai_client.py", &[&format!("{}/v1", s.url())]);
+    assert_eq!(seen["ok"], true, "{seen}");
+    assert_eq!(seen["stream"]["finish"], "stop");
+    assert!(seen["stream"]["answer"].as_str().unwrap().contains("not prime"), "{seen}");
+}
+
+#[test]
+fn curl_sees_one_sse_frame_per_token_and_done() {
+    let s = Server::start(&[]);
+    let body = r#"{"messages": [{"role": "user", "content": "Is 91 prime?"}], "max_tokens": 600, "stream": true,
+                  "stream_options": {"include_usage": true}}"#;
+    let (code, text) =
+        curl(&["-N", "-H", "Content-Type: application/json", "-d", body, &format!("{}/v1/chat/completions", s.url())]);
+    assert_eq!(code, 200, "{text}");
+    let lines: Vec<&str> = text.split("\n\n").map(str::trim).filter(|l| !l.is_empty()).collect();
+    assert!(lines.iter().all(|l| l.starts_with("data: ")), "every event is a data: frame:\n{text}");
+    assert_eq!(lines.last(), Some(&"data: [DONE]"));
+    let frames: Vec<Value> =
+        lines[..lines.len() - 1].iter().map(|l| serde_json::from_str(&l["data: ".len()..]).unwrap()).collect();
+    assert_eq!(frames[0]["choices"][0]["delta"]["role"], "assistant");
+    // Thinking frames come before answer frames, each with one of the two fields.
+    let kinds: Vec<&str> = frames
+        .iter()
+        .filter_map(|f| {
+            let d = &f["choices"][0]["delta"];
+            if d.get("reasoning_content").is_some() {
+                Some("r")
+            } else if d.get("content").is_some_and(|c| c != "") {
+                Some("c")
+            } else {
+                None
+            }
+        })
+        .collect();
+    let first_answer = kinds.iter().position(|k| *k == "c").expect("answer frames");
+    assert!(first_answer > 0 && kinds[first_answer..].iter().all(|k| *k == "c"), "{kinds:?}");
+    let usage = frames.last().unwrap();
+    assert!(usage["choices"].as_array().unwrap().is_empty(), "the usage frame has no choices");
+    let u = &usage["usage"];
+    let content_frames = kinds.len() as u64;
+    // One frame per token, but `</think>` and the stop token have no text in either field.
+    assert_eq!(content_frames + 2, u["completion_tokens"].as_u64().unwrap(), "{usage}");
+    assert_eq!(u["completion_tokens_details"]["reasoning_tokens"], usage["deltascope"]["thinking_tokens"]);
+    let finish = &frames[frames.len() - 2]["choices"][0]["finish_reason"];
+    assert_eq!(finish, "stop");
+}
+
+#[test]
+fn errors_use_the_openai_body_and_the_right_status() {
+    let s = Server::start(&["--api-key", "sekret", "--body-limit", "2000"]);
+    let url = s.url();
+    let chat = format!("{url}/v1/chat/completions");
+    let good = r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}"#;
+    let auth = "Authorization: Bearer sekret";
+    let error = |body: &str| -> Value { serde_json::from_str::<Value>(body).unwrap()["error"].clone() };
+    // The key: missing, wrong, right; /health needs none.
+    let (code, body) = curl(&["-d", good, &chat]);
+    assert_eq!((code, error(&body)["code"].clone()), (401, "invalid_api_key".into()), "{body}");
+    let (code, _) = curl(&["-H", "Authorization: Bearer nope", "-d", good, &chat]);
+    assert_eq!(code, 401);
+    assert_eq!(curl(&["-H", auth, "-d", good, &chat]).0, 200);
+    assert_eq!(curl(&[&format!("{url}/health")]), (200, "ok".into()));
+    assert_eq!(curl(&[&format!("{url}/metrics")]).0, 401, "metrics need the key too");
+    // Unknown path and model: 404.
+    let (code, body) = curl(&["-H", auth, &format!("{url}/v2/nothing")]);
+    assert_eq!((code, error(&body)["code"].clone()), (404, "not_found".into()), "{body}");
+    let (code, body) =
+        curl(&["-H", auth, "-d", r#"{"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}"#, &chat]);
+    assert_eq!((code, error(&body)["param"].clone()), (404, "model".into()), "{body}");
+    // Too large: 413, in the same shape.
+    let big = format!(r#"{{"messages": [{{"role": "user", "content": "{}"}}]}}"#, "a".repeat(5000));
+    let (code, body) = curl(&["-H", auth, "-d", &big, &chat]);
+    assert_eq!(code, 413, "{body}");
+    assert!(error(&body)["message"].as_str().unwrap().contains("2000"), "{body}");
+    // Malformed JSON and a wrong type: 400 naming the field.
+    let (code, body) = curl(&["-H", auth, "-d", "{\"messages\": [", &chat]);
+    assert_eq!(code, 400, "{body}");
+    let (code, body) =
+        curl(&["-H", auth, "-d", r#"{"messages": [{"role": "user", "content": "x"}], "seed": "s"}"#, &chat]);
+    assert_eq!((code, error(&body)["param"].clone()), (400, "seed".into()), "{body}");
+    // A prompt over the context: 400 context_length_exceeded.
+    let (code, body) =
+        curl(&["-H", auth, "-d", r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 4095}"#, &chat]);
+    assert_eq!((code, error(&body)["code"].clone()), (400, "context_length_exceeded".into()), "{body}");
+}
+
+fn done_event(out: &[u8]) -> Value {
+    String::from_utf8_lossy(out)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["event"] == "done")
+        .unwrap_or_else(|| panic!("no done event in {}", String::from_utf8_lossy(out)))
+}
+
+/// The workbench's remote path against `serve` gives the local engine's greedy answers
+/// (`--temperature 0` on both: on a server without sampling defaults of its own to report, the
+/// remote backend sends Qwen's recommended sampling).
+#[test]
+fn run_and_sweep_over_serve_equal_the_local_engine() {
+    let s = Server::start(&[]);
+    for q in ["Is 91 prime?", "Sort 93, 17, 56, 41, 8, 72."] {
+        let local = Command::new(bin())
+            .args(["run", "--device", "cpu", "--prompt", q, "--max-tokens", "600", "--temperature", "0", "--json"])
+            .output()
+            .unwrap();
+        let remote = Command::new(bin())
+            .args(["run", "--server", &s.url(), "--prompt", q, "--max-tokens", "600", "--temperature", "0", "--json"])
+            .output()
+            .unwrap();
+        assert!(remote.status.success(), "{}", String::from_utf8_lossy(&remote.stderr));
+        let (l, r) = (done_event(&local.stdout), done_event(&remote.stdout));
+        assert_eq!(l["answer"], r["answer"], "{q}");
+        assert_eq!(l["thinking"].as_str().map(str::trim), r["thinking"].as_str().map(str::trim), "{q}");
+        assert_eq!(l["usage"]["completion_tokens"], r["usage"]["completion_tokens"], "{q}");
+        assert_eq!(l["finish_reason"], r["finish_reason"], "{q}");
+    }
+    let sweep = |server: Option<&str>| -> Vec<Value> {
+        let mut c = Command::new(bin());
+        c.args([
+            "sweep",
+            "--prompt",
+            "What is 482 + 739?",
+            "--thinking-budgets",
+            "0,64,-1",
+            "--max-tokens",
+            "400",
+            "--json",
+        ]);
+        match server {
+            Some(u) => c.args(["--server", u]),
+            None => c.args(["--device", "cpu"]),
+        };
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+        v["runs"].as_array().unwrap().clone()
+    };
+    let (local, remote) = (sweep(None), sweep(Some(&s.url())));
+    assert_eq!(local.len(), 3);
+    for (l, r) in local.iter().zip(&remote) {
+        assert_eq!(
+            (&l["budget"], &l["answer"], &l["finish_reason"]),
+            (&r["budget"], &r["answer"], &r["finish_reason"])
+        );
+        assert_eq!(l["thinking_tokens"], r["thinking_tokens"], "budget {}", l["budget"]);
+    }
+}
+
+#[test]
+fn the_workbench_in_tmux_talks_to_serve() {
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let t = tmux::shell("serve");
+    let launch = format!(
+        "XDG_DATA_HOME={d} XDG_CONFIG_HOME={d} {} chat --server {} --sessions-dir {d} --temperature 0; echo EXIT-CODE-$?",
+        tmux::shell_quote(Path::new(bin())),
+        s.url(),
+        d = tmux::shell_quote(dir.path()),
+    );
+    t.text(&launch);
+    t.keys(&["Enter"]);
+    t.wait("the workbench attached to serve", 20, |x| x.contains(&s.url()) && x.contains("Type a question"));
+    t.text("Is 91 prime?");
+    t.keys(&["Enter"]);
+    let screen = t.wait("the answer", 60, |x| x.contains("not prime") && x.contains("finish: stop"));
+    assert!(screen.contains("No, 91 = 7 × 13, so 91 is not prime."), "{screen}");
+    assert!(screen.contains("Check divisors up to the square root of 91."), "the thinking pane:\n{screen}");
+    t.keys(&["C-q"]);
+    t.wait("the shell after quitting", 15, |x| x.lines().any(|l| l.trim() == "EXIT-CODE-0"));
+    t.assert_restored("Ctrl+Q");
+}
+
+#[test]
+fn a_bounded_load_test_loses_nothing_and_the_metrics_add_up() {
+    let s = Server::start(&["--max-queue", "8"]);
+    let seen = script("load.py", &[&s.host, &s.port.to_string(), "32"]);
+    assert_eq!(seen["ok"], true, "{seen}");
+    let kinds = &seen["kinds"];
+    assert!(kinds["completed"].as_u64().unwrap_or(0) >= 1, "{seen}");
+    let total: u64 = ["completed", "disconnected", "rejected"].iter().map(|k| kinds[k].as_u64().unwrap_or(0)).sum();
+    assert_eq!(total, 32, "{seen}");
+}
+
+#[test]
+fn malformed_bodies_get_only_4xx_answers() {
+    let s = Server::start(&[]);
+    let seen = script("fuzz.py", &[&s.host, &s.port.to_string(), "300"]);
+    assert_eq!(seen["ok"], true, "{seen}");
+    let statuses = seen["statuses"].as_object().unwrap();
+    assert!(statuses.keys().all(|k| k == "200" || k.starts_with('4')), "{seen}");
+}
