@@ -112,6 +112,27 @@ fn stop_token_finishes_with_stop() {
 }
 
 #[test]
+fn ignore_eos_generates_past_the_end_but_stop_ids_still_stop() {
+    let tok = tokenizer();
+    let im_end = tok.specials.im_end.unwrap();
+    let params = GenerationParams { ignore_eos: true, max_tokens: 8, ..Default::default() };
+    let (out, _) = run(&tok, vec![5, 6], params.clone(), &no_cancel(), move |g| {
+        onehot(if g.len() % 3 == 2 { im_end } else { 70 })
+    });
+    assert_eq!(out.finish_reason, FinishReason::Length);
+    assert_eq!(out.tokens, vec![70, 70, im_end, 70, 70, im_end, 70, 70]);
+    let params = GenerationParams { stop_token_ids: vec![71], ..params };
+    let (out, _) = run(&tok, vec![5], params, &no_cancel(), move |g| {
+        onehot(match g.len() {
+            1 => im_end,
+            n if n < 4 => 70,
+            _ => 71,
+        })
+    });
+    assert_eq!((out.finish_reason, out.tokens.len()), (FinishReason::Stop, 5));
+}
+
+#[test]
 fn length_in_the_answer_is_answer_truncated() {
     let tok = tokenizer();
     let (out, events) =

@@ -292,3 +292,21 @@ fn malformed_bodies_get_only_4xx_answers() {
     let statuses = seen["statuses"].as_object().unwrap();
     assert!(statuses.keys().all(|k| k == "200" || k.starts_with('4')), "{seen}");
 }
+
+#[test]
+fn a_request_waiting_in_the_queue_is_cancelled_by_disconnecting() {
+    let s = Server::start(&["--max-queue", "1"]);
+    let seen = script("queue_cancel.py", &[&s.host, &s.port.to_string()]);
+    assert_eq!(seen["c"], "length", "{seen}");
+    assert!(seen["b_left_queue_s"].as_f64().is_some_and(|t| t < 5.0), "{seen}");
+}
+
+#[test]
+fn slow_and_idle_connections_are_closed_after_the_timeout() {
+    let s = Server::start(&["--timeout", "1"]);
+    let seen = script("slow_client.py", &[&s.host, &s.port.to_string()]);
+    for key in ["half_head_closed_s", "idle_closed_s"] {
+        assert!(seen[key].as_f64().is_some_and(|t| (0.5..5.0).contains(&t)), "{key}: {seen}");
+    }
+    assert_eq!(seen["stalled_body"], "408", "{seen}");
+}

@@ -48,6 +48,7 @@ pub struct ParamOverrides {
     pub seed: u64,
     pub stop: Vec<String>,
     pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
     pub loop_stop: bool,
     pub loop_min_repeats: usize,
     pub loop_min_span: usize,
@@ -73,6 +74,7 @@ impl Default for ParamOverrides {
             seed: 0,
             stop: vec![],
             stop_token_ids: vec![],
+            ignore_eos: false,
             loop_stop: false,
             loop_min_repeats: 4,
             loop_min_span: 48,
@@ -132,6 +134,7 @@ impl ParamOverrides {
             answer_budget: self.answer_budget,
             stop: self.stop.clone(),
             stop_token_ids: self.stop_token_ids.clone(),
+            ignore_eos: self.ignore_eos,
             loop_detection: LoopParams {
                 min_repeats: self.loop_min_repeats,
                 min_span: self.loop_min_span,

@@ -211,6 +211,10 @@ pub struct GenArgs {
     /// Stop at this token id (repeatable), besides the model's EOS ids.
     #[arg(long, value_name = "ID")]
     pub stop_token_id: Vec<u32>,
+    /// Generate past the model's end-of-sequence tokens (fixed-length runs, as vLLM's and
+    /// SGLang's ignore_eos); stop strings, stop ids, budgets and --max-tokens still end it.
+    #[arg(long)]
+    pub ignore_eos: bool,
     /// Stop generation when a degenerate loop is detected (finish_reason loop).
     #[arg(long)]
     pub loop_stop: bool,
@@ -274,6 +278,7 @@ impl GenArgs {
             seed: self.seed,
             stop: self.stop.clone(),
             stop_token_ids: self.stop_token_id.clone(),
+            ignore_eos: self.ignore_eos,
             loop_stop: self.loop_stop,
             loop_min_repeats: self.loop_min_repeats,
             loop_min_span: self.loop_min_span,

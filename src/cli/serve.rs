@@ -39,6 +39,10 @@ pub struct ServeArgs {
     /// The largest request body accepted, in bytes (larger: 413).
     #[arg(long, default_value_t = 4 << 20, value_name = "BYTES", value_parser = whole_number)]
     pub body_limit: usize,
+    /// Seconds a connection may take to send a request's head, or sit idle between requests,
+    /// before it is closed; a request's body has as long again (then 408).
+    #[arg(long, default_value_t = 30, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout: u64,
     /// MTP speculative decoding for every request: draft steps (0 = off) or `auto`.
     #[arg(long, default_value = "0", value_name = "N|auto")]
     pub mtp: MtpChoice,
@@ -59,6 +63,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     cfg.api_key = a.api_key.clone().filter(|k| !k.is_empty());
     cfg.max_queue = a.max_queue;
     cfg.body_limit = a.body_limit;
+    cfg.header_timeout = std::time::Duration::from_secs(a.timeout);
+    cfg.body_timeout = cfg.header_timeout;
     cfg.mtp = match a.mtp {
         MtpChoice::Auto => MtpParams { depth: 2, auto: true },
         MtpChoice::Depth(depth) => MtpParams { depth, auto: false },

@@ -590,7 +590,7 @@ impl Generator<'_> {
         let p = &req.params;
         run.first_token_at.get_or_insert_with(|| run.started.elapsed().as_secs_f64());
         let step = run.phases.step(id);
-        let is_stop = step.is_stop || p.stop_token_ids.contains(&id);
+        let is_stop = (step.is_stop && !p.ignore_eos) || p.stop_token_ids.contains(&id);
         let text = if is_stop { String::new() } else { run.decoder.push(self.tokenizer, id) };
         let index = run.tokens.len();
         // Forced tokens are counted apart: thinking and answer count what the model generated.

@@ -28,6 +28,10 @@ pub struct GenerationParams {
     pub stop: Vec<String>,
     /// Token ids that end generation besides the model's EOS ids.
     pub stop_token_ids: Vec<u32>,
+    /// Generate past the model's EOS ids (vLLM / SGLang `ignore_eos`: fixed-length runs for
+    /// benchmarks); `stop`, `stop_token_ids`, budgets and max_tokens still end generation.
+    #[serde(default)]
+    pub ignore_eos: bool,
     pub loop_detection: LoopParams,
     /// Alternatives reported with every token (0–20).
     pub top_logprobs: usize,
@@ -45,6 +49,7 @@ impl Default for GenerationParams {
             answer_budget: None,
             stop: vec![],
             stop_token_ids: vec![],
+            ignore_eos: false,
             loop_detection: LoopParams::default(),
             top_logprobs: 0,
             mtp: MtpParams::default(),

@@ -99,10 +99,9 @@ impl Metrics {
     /// A finished generation's counts.
     pub fn finished(&self, reason: &str, done: Option<&DoneEvent>, diagnostics: &[DiagnosticKind]) {
         self.requests.get_or_create(&vec![("finished_reason".into(), reason.into())]).inc();
+        // Prompt and generated tokens are counted as they are read and made (a request cut
+        // short has used them too): at the start and per token.
         let Some(d) = done else { return };
-        self.prompt_tokens.inc_by(d.usage.prompt_tokens as u64);
-        self.generation_tokens.inc_by(d.usage.completion_tokens as u64);
-        self.thinking_tokens.inc_by(d.usage.thinking_tokens as u64);
         if let Some(m) = &d.mtp {
             self.drafts.inc_by(m.steps as u64);
             self.draft_tokens.inc_by(m.drafted as u64);

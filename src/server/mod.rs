@@ -45,6 +45,9 @@ pub struct ServeConfig {
     pub body_limit: usize,
     /// A request body that does not arrive within this long is refused (408).
     pub body_timeout: Duration,
+    /// A connection whose request head does not arrive within this long is closed: a slow or
+    /// idle client (kept alive between requests) cannot hold a connection forever.
+    pub header_timeout: Duration,
     /// MTP speculative decoding for every request (`--mtp`; off by default).
     pub mtp: MtpParams,
 }
@@ -57,6 +60,7 @@ impl ServeConfig {
             max_queue: 64,
             body_limit: 4 << 20,
             body_timeout: Duration::from_secs(30),
+            header_timeout: Duration::from_secs(30),
             mtp: MtpParams::default(),
         }
     }
@@ -114,18 +118,54 @@ pub fn router(state: Shared) -> Router {
         .with_state(state)
 }
 
-/// Binds and serves until the process ends (Ctrl+C: a graceful stop).
+/// Binds and serves until Ctrl+C, then lets the requests in flight finish (at most
+/// [`DRAIN`]).
+///
+/// Its own accept loop rather than `axum::serve`, which sets hyper no timer: this one closes
+/// connections whose request head is slow to come or that sit idle (`header_timeout`), and
+/// an accept error (out of file descriptors) is logged and retried, not the end of the server.
 pub async fn serve(backend: Arc<dyn Backend>, cfg: ServeConfig, ready: impl FnOnce(SocketAddr)) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::server::graceful::GracefulShutdown;
+    use hyper_util::service::TowerToHyperService;
+
     let listener = tokio::net::TcpListener::bind(cfg.addr).await?;
     let local = listener.local_addr()?;
     ready(local);
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(cfg.header_timeout);
     let app = router(AppState::new(backend, cfg));
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await
+    let graceful = GracefulShutdown::new();
+    let mut stop = std::pin::pin!(tokio::signal::ctrl_c());
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((io, _peer)) => {
+                    let conn = http.serve_connection(TokioIo::new(io), TowerToHyperService::new(app.clone()));
+                    let conn = graceful.watch(conn);
+                    tokio::spawn(async move {
+                        if let Err(e) = conn.await {
+                            tracing::debug!("connection ended: {e}");
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!("accepting a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = &mut stop => break,
+        }
+    }
+    drop(listener);
+    if tokio::time::timeout(DRAIN, graceful.shutdown()).await.is_err() {
+        tracing::warn!("requests still running after {DRAIN:?}: stopping anyway");
+    }
+    Ok(())
 }
+
+/// How long a stopping server waits for the requests in flight.
+pub const DRAIN: Duration = Duration::from_secs(10);
 
 async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
     if let Some(key) = &s.cfg.api_key {
@@ -317,6 +357,7 @@ async fn handle(s: Shared, _headers: HeaderMap, body: Body, endpoint: Endpoint) 
             return Err(backend_error(e));
         }
     };
+    s.metrics.prompt_tokens.inc_by(prompt_len as u64);
     // The engine's events (a std channel) into this task; the thread ends with the stream or
     // when the request is gone.
     std::thread::spawn(move || {

@@ -201,6 +201,7 @@ fn common(
             .collect::<Result<_, _>>()?,
         Some(v) => return Err(Fields::wrong("stop_token_ids", v, "a list of token ids")),
     };
+    p.ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
     let model = f.string("model")?.map(str::to_string);
     Ok((p, given, model))
 }

@@ -54,7 +54,12 @@ impl Seen {
         Seen { diagnostics: vec![], last_token: None, tokens: 0 }
     }
 
-    fn token(&mut self, run: &Running, m: &Metrics) {
+    /// Counted as it comes, as vLLM does: a request cut short has still generated its tokens.
+    fn token(&mut self, t: &TokenEvent, run: &Running, m: &Metrics) {
+        m.generation_tokens.inc();
+        if t.phase == Phase::Thinking && !t.forced {
+            m.thinking_tokens.inc();
+        }
         let now = Instant::now();
         match self.last_token {
             None => m.ttft.observe(now.duration_since(run.started).as_secs_f64()),
@@ -222,7 +227,7 @@ pub(crate) fn stream(ctx: Context, run: Running) -> impl Stream<Item = Result<By
                 };
                 match e {
                     EngineEvent::Token(t) => {
-                        seen.token(&run, &ctx.metrics);
+                        seen.token(&t, &run, &ctx.metrics);
                         if let Some(v) = ctx.token_frame(&t) {
                             return Some((frame(&v), (ctx, run, seen, Phase2::Events)));
                         }
@@ -267,7 +272,7 @@ pub(crate) async fn whole(ctx: Context, mut run: Running) -> Result<Response, Ap
                 return Err(ApiError::internal("the engine's stream ended early"));
             }
             Some(EngineEvent::Token(t)) => {
-                seen.token(&run, &ctx.metrics);
+                seen.token(&t, &run, &ctx.metrics);
                 tokens.push(t);
             }
             Some(EngineEvent::Diagnostic(d)) => seen.diagnostics.push(d),

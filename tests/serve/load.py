@@ -30,6 +30,7 @@ def client(i):
             results[i] = ("status", r.status, r.read().decode())
             return
         frames = 0
+        usage = None
         for line in r:
             line = line.strip()
             if not line:
@@ -40,8 +41,10 @@ def client(i):
                 results[i] = ("disconnected", frames)
                 return
             if line == b"data: [DONE]":
-                results[i] = ("completed", frames)
+                results[i] = ("completed", frames, usage)
                 return
+            if line.startswith(b"data: {"):
+                usage = json.loads(line[6:]).get("usage") or usage
         results[i] = ("truncated", frames)
     except Exception as e:  # noqa: BLE001 - reported, never swallowed
         results[i] = ("exception", repr(e))
@@ -106,6 +109,15 @@ if abort != kinds.get("disconnected", 0):
     fail(f"metrics: {abort} aborted, clients disconnected {kinds.get('disconnected', 0)}")
 if m.get("deltascope_requests_rejected_total", 0) != kinds.get("rejected", 0):
     fail("metrics: rejected count")
+# Tokens are counted as made: the completed requests' usage, plus what the cut-short ones made.
+done_usage = [r[2] for r in results if r[0] == "completed"]
+if any(u is None for u in done_usage):
+    fail("a completed stream without its usage frame")
+for field, name in (("completion_tokens", "generation_tokens"), ("prompt_tokens", "prompt_tokens")):
+    seen = sum(u[field] for u in done_usage)
+    counted = m.get(f"deltascope_{name}_total", 0)
+    if counted < seen or (kinds.get("disconnected", 0) == 0 and counted != seen):
+        fail(f"metrics: {name} {counted}, the completed clients' usage says {seen}")
 if m.get("deltascope_num_requests_waiting") != 0:
     fail("metrics: requests still waiting")
 c = http.client.HTTPConnection(host, port, timeout=30)

@@ -70,6 +70,10 @@ pub fn chat_body(
             }
         }
     }
+    if p.ignore_eos {
+        // vLLM, SGLang, llama.cpp and deltascope all read this name.
+        o.insert("ignore_eos".into(), json!(true));
+    }
     if let (Some(budget), true, BudgetMode::Server) = (p.thinking_budget, req.enable_thinking, budget_mode) {
         match facts.kind {
             ServerKind::LlamaCpp => {
