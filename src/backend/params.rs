@@ -49,6 +49,7 @@ pub struct ParamOverrides {
     pub stop: Vec<String>,
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
+    pub trace_state: bool,
     pub loop_stop: bool,
     pub loop_min_repeats: usize,
     pub loop_min_span: usize,
@@ -75,6 +76,7 @@ impl Default for ParamOverrides {
             stop: vec![],
             stop_token_ids: vec![],
             ignore_eos: false,
+            trace_state: false,
             loop_stop: false,
             loop_min_repeats: 4,
             loop_min_span: 48,
@@ -135,6 +137,7 @@ impl ParamOverrides {
             stop: self.stop.clone(),
             stop_token_ids: self.stop_token_ids.clone(),
             ignore_eos: self.ignore_eos,
+            trace_state: self.trace_state,
             loop_detection: LoopParams {
                 min_repeats: self.loop_min_repeats,
                 min_span: self.loop_min_span,

@@ -215,6 +215,10 @@ pub struct GenArgs {
     /// SGLang's ignore_eos); stop strings, stop ids, budgets and --max-tokens still end it.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Trace every Gated-DeltaNet layer's state (β, g, ‖S‖, ‖ΔS‖/‖S‖ per head) after the
+    /// prompt and every token: `state` events (the in-process engine only; drafting off).
+    #[arg(long)]
+    pub trace_state: bool,
     /// Stop generation when a degenerate loop is detected (finish_reason loop).
     #[arg(long)]
     pub loop_stop: bool,
@@ -279,6 +283,7 @@ impl GenArgs {
             stop: self.stop.clone(),
             stop_token_ids: self.stop_token_id.clone(),
             ignore_eos: self.ignore_eos,
+            trace_state: self.trace_state,
             loop_stop: self.loop_stop,
             loop_min_repeats: self.loop_min_repeats,
             loop_min_span: self.loop_min_span,

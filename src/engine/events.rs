@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::request::GenerationParams;
 use super::speculative::MtpStats;
+use super::state_trace::StateEvent;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -327,6 +328,8 @@ pub enum EngineEvent {
     Token(TokenEvent),
     Stats(StatsEvent),
     Diagnostic(Diagnostic),
+    /// What the recurrent state did (`--trace-state`): after the prompt and every token.
+    State(StateEvent),
     Done(DoneEvent),
     Error(ErrorEvent),
 }

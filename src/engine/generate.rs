@@ -16,6 +16,7 @@ use super::request::GenerateRequest;
 use super::sampler::{Rng, Sampler, entropy, logprob, top_logprobs};
 use super::session::LogitsSource;
 use super::speculative::{DepthControl, MtpStats, prob, residual};
+use super::state_trace::StateEvent;
 use super::watchdog::LoopDetector;
 use crate::chat::{IncrementalDecoder, TextTokenizer};
 use crate::error::{Error, Result};
@@ -126,6 +127,13 @@ enum Rounds {
     Finished(FinishReason),
     /// Everything appended has been fed; these are the logits for the next position.
     Fed(Vec<f32>),
+}
+
+/// The state trace of the pass just fed, as a `state` event (when tracing is on).
+fn emit_state(run: &mut Run, source: &mut dyn LogitsSource, at_token: Option<usize>) {
+    if let Some(trace) = source.take_trace() {
+        (run.emit)(EngineEvent::State(StateEvent::of(&trace, at_token, source.position())));
+    }
 }
 
 /// A `stats` event every [`STATS_EVERY`] generated tokens (live gauges).
@@ -278,7 +286,12 @@ impl Generator<'_> {
         let mut prefill_s = 0.0;
         let prompt_at = source.position();
         let nonfinite = |run: &mut Run, e: Error| stop_on_nonfinite(run, e, prompt_at, req.prompt_ids.len());
-        let drafting = (p.mtp.depth > 0 || p.mtp.auto) && source.can_draft();
+        // The state trace is per token: no drafting while tracing.
+        let speculative = (p.mtp.depth > 0 || p.mtp.auto) && !p.trace_state;
+        if p.trace_state {
+            source.trace_state()?;
+        }
+        let drafting = speculative && source.can_draft();
         let mut logits = if control.proceed() {
             // Timed from here: step mode may have held the request in `proceed` first.
             let reading = Instant::now();
@@ -292,6 +305,7 @@ impl Generator<'_> {
             match read {
                 Ok(l) => {
                     prefill_s = reading.elapsed().as_secs_f64();
+                    emit_state(&mut run, source, None);
                     Some(l)
                 }
                 Err(e) => {
@@ -305,7 +319,7 @@ impl Generator<'_> {
         };
         let mut utf8_grace = 0;
         // Speculative decoding, when asked for and the model can draft.
-        let mut spec = (p.mtp.depth > 0 || p.mtp.auto).then(|| Spec {
+        let mut spec = speculative.then(|| Spec {
             control: DepthControl::new(p.mtp),
             stats: MtpStats::new(DepthControl::new(p.mtp).depth),
             draft_rng: Rng::new(p.sampling.seed ^ 0x6d74_705f_6472_6166),
@@ -349,7 +363,10 @@ impl Generator<'_> {
                         break;
                     }
                     match source.feed(block) {
-                        Ok(l) => logits = Some(l),
+                        Ok(l) => {
+                            emit_state(&mut run, source, Some(at));
+                            logits = Some(l)
+                        }
                         Err(e) => finish = nonfinite(&mut run, e)?,
                     }
                     continue;
@@ -369,7 +386,11 @@ impl Generator<'_> {
                     finish = f;
                     break;
                 }
-                Ok(Rounds::Fed(next)) => logits = Some(next),
+                Ok(Rounds::Fed(next)) => {
+                    let at = run.tokens.len() - 1;
+                    emit_state(&mut run, source, Some(at));
+                    logits = Some(next)
+                }
                 Err(e) => {
                     finish = nonfinite(&mut run, e)?;
                     break;

@@ -10,6 +10,7 @@ pub mod request;
 pub mod sampler;
 pub mod session;
 pub mod speculative;
+pub mod state_trace;
 pub mod watchdog;
 pub mod worker;
 
@@ -25,5 +26,6 @@ pub use request::{GenerateRequest, GenerationParams, QWEN_BUDGET_BRIDGE};
 pub use sampler::{ParamProblem, Preset, SamplingParams};
 pub use session::{Compute, LogitsSource, ModelSession, check_prompt};
 pub use speculative::{MtpParams, MtpStats};
+pub use state_trace::StateEvent;
 pub use watchdog::LoopParams;
 pub use worker::{EngineHandle, Generation, error_kind};

@@ -32,6 +32,10 @@ pub struct GenerationParams {
     /// benchmarks); `stop`, `stop_token_ids`, budgets and max_tokens still end generation.
     #[serde(default)]
     pub ignore_eos: bool,
+    /// Trace the recurrent state after the prompt and every token ([`super::StateEvent`]s);
+    /// drafting is off while tracing (the trace is per token).
+    #[serde(default)]
+    pub trace_state: bool,
     pub loop_detection: LoopParams,
     /// Alternatives reported with every token (0–20).
     pub top_logprobs: usize,
@@ -50,6 +54,7 @@ impl Default for GenerationParams {
             stop: vec![],
             stop_token_ids: vec![],
             ignore_eos: false,
+            trace_state: false,
             loop_detection: LoopParams::default(),
             top_logprobs: 0,
             mtp: MtpParams::default(),

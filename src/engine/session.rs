@@ -4,7 +4,7 @@
 
 use super::events::{DeviceMemory, Memory};
 use crate::error::{Error, Result};
-use crate::model::{DraftCache, Forward, ForwardOptions, LogitsRows, Mat, Model, SequenceCache};
+use crate::model::{DraftCache, Forward, ForwardOptions, LogitsRows, Mat, Model, SequenceCache, StateTrace};
 
 pub trait LogitsSource {
     /// Feeds `ids` (the prompt, a sampled token, or a block of forced tokens) and returns the
@@ -49,6 +49,16 @@ pub trait LogitsSource {
     fn rollback_bytes(&self) -> usize {
         0
     }
+
+    /// Turns the state trace on for the passes that follow ([`LogitsSource::take_trace`]).
+    fn trace_state(&mut self) -> Result<()> {
+        Err(Error::InvalidArgument("this model cannot trace its state".into()))
+    }
+
+    /// The trace of the last [`LogitsSource::feed`], when tracing is on.
+    fn take_trace(&mut self) -> Option<StateTrace> {
+        None
+    }
 }
 
 /// What the engine needs from a loaded model on some device: fresh sequences to generate
@@ -85,6 +95,9 @@ pub struct ModelSession<'m, M: Forward = Model> {
     pending_hidden: Vec<f32>,
     /// The last verify pass: its tokens and hidden states, until `accept`.
     verified: Option<(Vec<u32>, Mat)>,
+    /// Trace the state of every pass; the last pass's trace until taken.
+    tracing: bool,
+    trace: Option<StateTrace>,
 }
 
 impl<'m> ModelSession<'m, Model> {
@@ -96,6 +109,8 @@ impl<'m> ModelSession<'m, Model> {
             pending_ids: vec![],
             pending_hidden: vec![],
             verified: None,
+            tracing: false,
+            trace: None,
         }
     }
 
@@ -116,6 +131,8 @@ impl<'m, M: Forward> ModelSession<'m, M> {
             pending_ids: vec![],
             pending_hidden: vec![],
             verified: None,
+            tracing: false,
+            trace: None,
         })
     }
 
@@ -135,8 +152,10 @@ impl<'m, M: Forward> ModelSession<'m, M> {
 
 impl<M: Forward> LogitsSource for ModelSession<'_, M> {
     fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
-        let out = self.model.forward_cached(ids, &mut self.state, ForwardOptions::default())?;
+        let opts = ForwardOptions { trace_state: self.tracing, ..Default::default() };
+        let out = self.model.forward_cached(ids, &mut self.state, opts)?;
         self.remember(ids, &out.hidden);
+        self.trace = out.state_trace;
         Ok(out.logits.data)
     }
 
@@ -255,6 +274,15 @@ impl<M: Forward> LogitsSource for ModelSession<'_, M> {
 
     fn rollback_bytes(&self) -> usize {
         self.state.rollback_bytes()
+    }
+
+    fn trace_state(&mut self) -> Result<()> {
+        self.tracing = true;
+        Ok(())
+    }
+
+    fn take_trace(&mut self) -> Option<StateTrace> {
+        self.trace.take()
     }
 }
 

@@ -12,6 +12,7 @@ use super::load::Loader;
 use super::state::GdnState;
 use super::storage::Weights;
 use super::tensor::{F32_BYTES, Linear, Mat, Precision, Simd, dot, sigmoid, silu, small_gemm, softplus};
+use super::trace::{GdnPassTrace, head_norms};
 use crate::error::Result;
 
 pub const CHUNK: usize = 64;
@@ -99,7 +100,21 @@ impl GdnLayer {
     /// exact arithmetic of one-token decoding — and a [`GdnTape`] is kept so the state can be
     /// rolled back to any prefix of the tokens (speculative decoding).
     pub fn forward(&self, x: &Mat, state: &mut GdnState, prec: Precision, verify: bool) -> Result<Mat> {
+        Ok(self.forward_traced(x, state, prec, verify, false)?.0)
+    }
+
+    /// [`GdnLayer::forward`], and with `trace` what the pass did to the state (β and g per
+    /// token, the state's norm and change per head): a copy of the state before, two norms after.
+    pub fn forward_traced(
+        &self,
+        x: &Mat,
+        state: &mut GdnState,
+        prec: Precision,
+        verify: bool,
+        trace: bool,
+    ) -> Result<(Mat, Option<GdnPassTrace>)> {
         let c = &self.cfg;
+        let before = trace.then(|| state.ssm.clone());
         let (t_len, conv_dim, vd, hv) = (x.rows, c.conv_dim(), c.value_dim(), c.num_value_heads);
         let proj = self.in_proj.forward(x, prec)?;
         let mut tape = verify.then(|| {
@@ -178,7 +193,11 @@ impl GdnLayer {
 
         // 4. The gated RMSNorm per value head (kernel: rms_norm_gated), then out_proj.
         let normed = gated_norm_stage(&heads, &proj, zo, hv, dv, &self.norm_w, self.eps, prec);
-        self.out_proj.forward(&normed, prec)
+        let traced = before.map(|before| {
+            let (state_norm, delta_norm, nonfinite) = head_norms(&before, &state.ssm, dk * dv);
+            GdnPassTrace { tokens: t_len, heads: hv, beta, g, state_norm, delta_norm, nonfinite }
+        });
+        Ok((self.out_proj.forward(&normed, prec)?, traced))
     }
 }
 

@@ -14,6 +14,7 @@ use super::norm::RmsNorm;
 use super::rope::Rope;
 use super::state::{LayerState, SequenceState};
 use super::tensor::{F32_BYTES, Linear, Mat, Precision};
+use super::trace::{LayerTrace, StateTrace};
 use super::weights::WeightStore;
 use crate::checkpoint::ModelSource;
 use crate::error::{Error, Result};
@@ -110,11 +111,20 @@ pub struct ForwardOptions {
     /// the first (on by default: one pass over the activations per sublayer, see
     /// [`super::finite`]).
     pub check_finite: bool,
+    /// Return a [`StateTrace`]: what every GDN layer's pass did to its state (β, g, ‖S‖,
+    /// ‖ΔS‖, non-finite entries per head) and every attention layer's KV length.
+    pub trace_state: bool,
 }
 
 impl Default for ForwardOptions {
     fn default() -> Self {
-        ForwardOptions { logits: LogitsRows::Last, hidden_norms: false, verify: false, check_finite: true }
+        ForwardOptions {
+            logits: LogitsRows::Last,
+            hidden_norms: false,
+            verify: false,
+            check_finite: true,
+            trace_state: false,
+        }
     }
 }
 
@@ -170,6 +180,8 @@ pub struct ForwardOutput {
     pub hidden_norms: Option<Vec<HiddenStats>>,
     /// Post-final-norm hidden states of every position of this call (the MTP head's input).
     pub hidden: Mat,
+    /// What the pass did to the state, when asked ([`ForwardOptions::trace_state`]).
+    pub state_trace: Option<StateTrace>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -479,8 +491,9 @@ impl Model {
         for (layer, ls) in mtp.layers.iter().zip(state.layers.iter_mut()) {
             // A MoE router inside the MTP layer reports its row: name the head instead.
             u = self
-                .run_layer(layer, u, ls, pos0, false, None)
-                .map_err(|e| finite::place(e, pos0, next_ids, |nf| nf.sublayer = Sublayer::MtpHead))?;
+                .run_layer(layer, u, ls, pos0, false, None, false)
+                .map_err(|e| finite::place(e, pos0, next_ids, |nf| nf.sublayer = Sublayer::MtpHead))?
+                .0;
         }
         state.position += next_ids.len();
         let out = mtp.norm.forward(&u, prec);
@@ -509,6 +522,7 @@ impl Model {
         Ok(Mat::from_vec(ids.len(), h, data))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn run_layer(
         &self,
         layer: &DecoderLayer,
@@ -517,16 +531,22 @@ impl Model {
         pos0: usize,
         verify: bool,
         check: Option<FiniteCheck>,
-    ) -> Result<Mat> {
+        trace: bool,
+    ) -> Result<(Mat, Option<LayerTrace>)> {
         let prec = self.precision;
         let checked =
             |m: &Mat, sub: Sublayer| check.map_or(Ok(()), |c| finite::check(m, Some(c.layer), sub, pos0, c.ids));
         let n = layer.input_norm.forward(&x, prec);
         checked(&n, Sublayer::InputNorm)?;
-        let (mixed, sub) = match (&layer.mixer, state) {
-            (Mixer::Linear(g), LayerState::Linear(s)) => (g.forward(&n, s, prec, verify)?, Sublayer::Gdn),
+        let (mixed, sub, traced) = match (&layer.mixer, state) {
+            (Mixer::Linear(g), LayerState::Linear(s)) => {
+                let (m, t) = g.forward_traced(&n, s, prec, verify, trace)?;
+                (m, Sublayer::Gdn, t.map(LayerTrace::Gdn))
+            }
             (Mixer::Attention(a), LayerState::Attention(kv)) => {
-                (a.forward(&n, pos0, kv, &self.rope, prec)?, Sublayer::Attention)
+                let m = a.forward(&n, pos0, kv, &self.rope, prec)?;
+                let t = trace.then(|| LayerTrace::Attention { kv_len: kv.len(), kv_bytes: kv.bytes() });
+                (m, Sublayer::Attention, t)
             }
             _ => return Err(Error::State("the state does not match the model's layer plan".into())),
         };
@@ -541,7 +561,7 @@ impl Model {
         })?;
         checked(&m, Sublayer::Mlp)?;
         h.for_rows(|t, row| row.iter_mut().zip(m.row(t)).for_each(|(a, b)| *a = prec.round(*a + b)));
-        Ok(h)
+        Ok((h, traced))
     }
 
     /// Logits of the given rows of post-norm hidden states.
@@ -570,9 +590,14 @@ impl Model {
             finite::check(&h, None, Sublayer::Embedding, pos0, ids)?;
         }
         let mut norms = opts.hidden_norms.then(Vec::new);
+        let mut traces = opts.trace_state.then(Vec::new);
         for (i, (layer, ls)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
             let c = check.then_some(FiniteCheck { layer: i, ids });
-            h = self.run_layer(layer, h, ls, pos0, opts.verify, c)?;
+            let (out, traced) = self.run_layer(layer, h, ls, pos0, opts.verify, c, opts.trace_state)?;
+            h = out;
+            if let (Some(ts), Some(t)) = (traces.as_mut(), traced) {
+                ts.push(t);
+            }
             if let Some(n) = norms.as_mut() {
                 n.push(HiddenStats::of(&h));
             }
@@ -592,7 +617,12 @@ impl Model {
         if check {
             finite::check(&logits, None, Sublayer::LmHead, pos0 + first, &ids[first..])?;
         }
-        Ok(ForwardOutput { logits, hidden_norms: norms, hidden })
+        Ok(ForwardOutput {
+            logits,
+            hidden_norms: norms,
+            hidden,
+            state_trace: traces.map(|layers| StateTrace { layers }),
+        })
     }
 }
 

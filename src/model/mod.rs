@@ -21,6 +21,7 @@ pub mod rope;
 pub mod state;
 pub mod storage;
 pub mod tensor;
+pub mod trace;
 pub mod weights;
 
 pub use crate::checkpoint::demo_source;
@@ -35,6 +36,7 @@ pub use hybrid::{
 pub use load::LoadProgress;
 pub use state::{SequenceState, StateBytes, StateSnapshot};
 pub use tensor::{Mat, Precision};
+pub use trace::{GdnPassTrace, LayerTrace, StateTrace};
 
 use crate::error::{Error, Result};
 

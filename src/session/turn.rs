@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::{
     CountSource, Diagnostic, DiagnosticKind, DoneEvent, EngineEvent, ErrorEvent, FinishReason, Fix, GenerationParams,
-    Memory, MtpParams, MtpStats, Phase, ServerLabel, ServerMemory, StartEvent, StatsEvent, Timing, TokenEvent, Usage,
-    advice,
+    Memory, MtpParams, MtpStats, Phase, ServerLabel, ServerMemory, StartEvent, StateEvent, StatsEvent, Timing,
+    TokenEvent, Usage, advice,
 };
 
 /// An engine event and when it arrived (milliseconds since the request was sent). Stored
@@ -84,6 +84,9 @@ pub struct Turn {
     pub tokens: Vec<Timed<TokenEvent>>,
     #[serde(default)]
     pub diagnostics: Vec<Timed<Diagnostic>>,
+    /// The state trace (`--trace-state`): after the prompt and every generated token.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub states: Vec<Timed<StateEvent>>,
     #[serde(default)]
     pub stats: TurnStats,
     /// `None` while streaming (or when the program stopped mid-turn).
@@ -135,6 +138,7 @@ impl Turn {
             answer: String::new(),
             tokens: vec![],
             diagnostics: vec![],
+            states: vec![],
             stats: TurnStats::default(),
             finish_reason: None,
             error: None,
@@ -235,6 +239,13 @@ impl Turn {
                     d.start = d.start.map(|s| s + base.tokens);
                 }
                 self.diagnostics.push(Timed { t_ms, ev: d });
+            }
+            EngineEvent::State(st) => {
+                let mut st = st.clone();
+                if let (Some(base), Some(at)) = (&self.continuation, st.at_token.as_mut()) {
+                    *at += base.tokens;
+                }
+                self.states.push(Timed { t_ms, ev: st });
             }
             EngineEvent::Done(d) => {
                 self.finish_reason = Some(d.finish_reason);
@@ -444,6 +455,7 @@ impl Turn {
         out.extend(self.tokens.iter().map(|t| (t.t_ms, EngineEvent::Token(t.ev.clone()))));
         out.extend(self.replay_samples().into_iter().map(|s| (s.t_ms, EngineEvent::Stats(s.ev))));
         out.extend(self.diagnostics.iter().map(|d| (d.t_ms, EngineEvent::Diagnostic(d.ev.clone()))));
+        out.extend(self.states.iter().map(|s| (s.t_ms, EngineEvent::State(s.ev.clone()))));
         let end_ms = self.stats.done_ms.unwrap_or_else(|| self.tokens.last().map(|t| t.t_ms).unwrap_or(start_ms));
         if let Some(reason) = self.finish_reason {
             out.push((

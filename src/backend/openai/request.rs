@@ -70,6 +70,12 @@ pub fn chat_body(
             }
         }
     }
+    if p.trace_state {
+        return Err(BackendError::invalid(format!(
+            "--trace-state: the state trace needs the in-process engine; {} does not expose a model's recurrent state",
+            facts.kind.name()
+        )));
+    }
     if p.ignore_eos {
         // vLLM, SGLang, llama.cpp and deltascope all read this name.
         o.insert("ignore_eos".into(), json!(true));

@@ -796,6 +796,11 @@ impl Forward for CudaModel {
             return Err(Error::InvalidArgument("forward needs at least one token".into()));
         }
         self.validate_at(ids, cache.position)?;
+        if opts.trace_state {
+            return Err(Error::InvalidArgument(
+                "the state trace is computed by the CPU model only for now: run with --device cpu".into(),
+            ));
+        }
         if opts.verify && ids.len() > ops::GEMV_MAX_ROWS {
             return Err(Error::InvalidArgument(format!("a verify pass holds at most {} tokens", ops::GEMV_MAX_ROWS)));
         }
@@ -806,7 +811,7 @@ impl Forward for CudaModel {
             let first = ids.len() - logits.rows;
             finite::check(&logits, None, Sublayer::LmHead, pos0 + first, &ids[first..])?;
         }
-        Ok(ForwardOutput { logits, hidden_norms: None, hidden })
+        Ok(ForwardOutput { logits, hidden_norms: None, hidden, state_trace: None })
     }
 
     fn mtp_forward_cached(

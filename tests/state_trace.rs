@@ -1,0 +1,233 @@
+//! The state trace (`--trace-state`): β, g and the state norms against an independent NumPy
+//! computation (layer 0 of the fixtures and the demo model, from the model-spec formulas in
+//! float64: tests/state/layer0_reference.py), the trace of a prefill against feeding the same
+//! tokens one by one (every GDN layer), and the engine's `state` events.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::AtomicBool;
+
+use deltascope::chat::TextTokenizer;
+use deltascope::engine::{EngineEvent, GenerateRequest, GenerationParams, Generator, ModelSession, MtpParams};
+use deltascope::model::{
+    ForwardOptions, GdnPassTrace, LayerKind, LayerTrace, LoadOptions, Model, ModelSource, StateTrace, read_config,
+};
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The fixtures of the Qwen3.5 layout (separate in_proj_qkv / z / b / a) and the demo model.
+const QWEN35: [&str; 3] = ["tests/fixtures/qwen3_5_text", "tests/fixtures/qwen3_5_moe", "models/demo"];
+/// Every architecture, for the engine's own invariants.
+const ALL: [&str; 5] = [
+    "tests/fixtures/qwen3_5_text",
+    "tests/fixtures/qwen3_5_moe",
+    "tests/fixtures/qwen3_5_vl",
+    "tests/fixtures/qwen3_next",
+    "models/demo",
+];
+
+fn load(dir: &str) -> Model {
+    Model::load(&ModelSource::Dir(root().join(dir)), &LoadOptions::default()).unwrap()
+}
+
+fn ids(model: &Model, n: usize) -> Vec<u32> {
+    // Spread over the vocabulary, deterministic.
+    (0..n).map(|i| ((i * 7919 + 13) % model.config.vocab_size) as u32).collect()
+}
+
+fn traced(model: &Model, state: &mut deltascope::model::SequenceState, ids: &[u32]) -> StateTrace {
+    let opts = ForwardOptions { trace_state: true, ..Default::default() };
+    model.forward(ids, state, opts).unwrap().state_trace.expect("a trace was asked for")
+}
+
+fn gdn(t: &StateTrace, layer: usize) -> &GdnPassTrace {
+    match &t.layers[layer] {
+        LayerTrace::Gdn(p) => p,
+        other => panic!("layer {layer} is not a GDN layer: {other:?}"),
+    }
+}
+
+/// |a − b| ≤ rel·|b| + abs.
+fn close(a: f32, b: f64, rel: f64, abs: f64) -> bool {
+    ((a as f64) - b).abs() <= rel * b.abs() + abs
+}
+
+fn python() -> String {
+    let out = Command::new("bash").arg(root().join("scripts/setup-openai.sh")).output().expect("running bash");
+    assert!(out.status.success(), "scripts/setup-openai.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("OPENAI_PYTHON=").map(str::to_string))
+        .expect("setup-openai.sh names the python")
+}
+
+#[test]
+fn layer_zero_matches_an_independent_numpy_computation() {
+    let py = python();
+    for dir in QWEN35 {
+        let model = load(dir);
+        let ids = ids(&model, 80);
+        let out = Command::new(&py)
+            .arg(root().join("tests/state/layer0_reference.py"))
+            .arg(root().join(dir))
+            .arg(serde_json::to_string(&ids).unwrap())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{dir}: {}", String::from_utf8_lossy(&out.stderr));
+        let reference: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let at = |key: &str, t: usize, h: usize| reference[key][t][h].as_f64().unwrap();
+        // Token by token: every metric after every token.
+        let mut state = model.new_state();
+        let mut worst = 0f64;
+        for (t, &id) in ids.iter().enumerate() {
+            let trace = traced(&model, &mut state, &[id]);
+            let p = gdn(&trace, 0);
+            for h in 0..p.heads {
+                for (name, ours, theirs) in [
+                    ("beta", p.beta[h], at("beta", t, h)),
+                    ("g", p.g[h], at("g", t, h)),
+                    ("state_norm", p.state_norm[h], at("state_norm", t, h)),
+                    ("delta_norm", p.delta_norm[h], at("delta_norm", t, h)),
+                ] {
+                    worst = worst.max(((ours as f64) - theirs).abs() / theirs.abs().max(1e-30));
+                    assert!(
+                        close(ours, theirs, 1e-5, 1e-8),
+                        "{dir}: token {t} head {h}: {name} is {ours}, NumPy says {theirs}"
+                    );
+                }
+                assert_eq!(p.nonfinite[h], 0);
+            }
+        }
+        // The prefill (the chunked rule): β and g of every token, the norm at the end.
+        let mut state = model.new_state();
+        let trace = traced(&model, &mut state, &ids);
+        let p = gdn(&trace, 0);
+        let last = ids.len() - 1;
+        for t in 0..ids.len() {
+            for h in 0..p.heads {
+                assert!(close(p.beta[t * p.heads + h], at("beta", t, h), 1e-5, 1e-8), "{dir}: prefill beta {t} {h}");
+                assert!(close(p.g[t * p.heads + h], at("g", t, h), 1e-5, 1e-8), "{dir}: prefill g {t} {h}");
+            }
+        }
+        for h in 0..p.heads {
+            assert!(close(p.state_norm[h], at("state_norm", last, h), 1e-5, 1e-8), "{dir}: prefill ‖S‖ head {h}");
+            // From a zero state the whole prefill's change is the state itself.
+            assert_eq!(p.delta_norm[h], p.state_norm[h]);
+        }
+        eprintln!("{dir}: layer 0, 80 tokens: worst relative difference from NumPy {worst:.2e}");
+    }
+}
+
+#[test]
+fn the_trace_of_a_prefill_equals_feeding_the_tokens_one_by_one() {
+    for dir in ALL {
+        let model = load(dir);
+        // Past one 64-token chunk of the chunked rule.
+        let ids = ids(&model, 100);
+        let mut whole = model.new_state();
+        let prefill = traced(&model, &mut whole, &ids);
+        let mut single = model.new_state();
+        let steps: Vec<StateTrace> = ids.iter().map(|&id| traced(&model, &mut single, &[id])).collect();
+        assert_eq!(prefill.layers.len(), model.config.num_hidden_layers);
+        for (layer, lt) in prefill.layers.iter().enumerate() {
+            match lt {
+                LayerTrace::Gdn(p) => {
+                    assert_eq!(p.tokens, ids.len());
+                    for (t, step) in steps.iter().enumerate() {
+                        let s = gdn(step, layer);
+                        for h in 0..p.heads {
+                            let (b, g) = (p.beta[t * p.heads + h], p.g[t * p.heads + h]);
+                            assert!(
+                                close(b, s.beta[h] as f64, 1e-5, 1e-7),
+                                "{dir} L{layer} t{t} h{h}: β {b} vs {}",
+                                s.beta[h]
+                            );
+                            assert!(
+                                close(g, s.g[h] as f64, 1e-5, 1e-6),
+                                "{dir} L{layer} t{t} h{h}: g {g} vs {}",
+                                s.g[h]
+                            );
+                        }
+                    }
+                    let end = gdn(steps.last().unwrap(), layer);
+                    for h in 0..p.heads {
+                        assert!(
+                            close(p.state_norm[h], end.state_norm[h] as f64, 1e-5, 1e-7),
+                            "{dir} L{layer} h{h}: ‖S‖ after the prefill {} vs one by one {}",
+                            p.state_norm[h],
+                            end.state_norm[h]
+                        );
+                        assert_eq!((p.nonfinite[h], end.nonfinite[h]), (0, 0));
+                    }
+                }
+                LayerTrace::Attention { kv_len, kv_bytes } => {
+                    let LayerTrace::Attention { kv_len: l1, kv_bytes: b1 } = steps.last().unwrap().layers[layer] else {
+                        panic!("{dir}: layer {layer} changed kind");
+                    };
+                    assert_eq!((*kv_len, *kv_bytes), (l1, b1));
+                    assert_eq!(*kv_len, ids.len());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_engine_emits_a_state_event_after_the_prompt_and_every_token_read() {
+    let source = ModelSource::Dir(root().join("models/demo"));
+    let model = Model::load(&source, &LoadOptions::default()).unwrap();
+    let config = read_config(&source).unwrap();
+    let tok = TextTokenizer::load(&source, Some(config.vocab_size), &config.eos_token_ids).unwrap();
+    let prompt = tok.encode("<|im_start|>user\nIs 91 prime?<|im_end|>\n<|im_start|>assistant\n<think>\n").unwrap();
+    // Drafting asked for: tracing turns it off (the trace is per token).
+    let params = GenerationParams {
+        max_tokens: 24,
+        trace_state: true,
+        mtp: MtpParams { depth: 2, auto: false },
+        ..Default::default()
+    };
+    let g = Generator { tokenizer: &tok, model_name: "demo".into() };
+    let mut session = ModelSession::with_mtp(&model);
+    let mut events = vec![];
+    let out = g
+        .generate(
+            &mut session,
+            &GenerateRequest { prompt_ids: prompt.clone(), params },
+            &AtomicBool::new(false),
+            &mut |e| events.push(e),
+        )
+        .unwrap();
+    assert!(out.mtp.is_none(), "no drafting while tracing");
+    let states: Vec<_> =
+        events.iter().filter_map(|e| if let EngineEvent::State(s) = e { Some(s) } else { None }).collect();
+    // The prompt, then every generated token but the last (never fed to the model).
+    assert_eq!(states.len(), out.tokens.len());
+    assert_eq!((states[0].at_token, states[0].tokens, states[0].position), (None, prompt.len(), prompt.len()));
+    for (i, s) in states[1..].iter().enumerate() {
+        assert_eq!((s.at_token, s.tokens, s.position), (Some(i), 1, prompt.len() + i + 1));
+        let gdn_layers = model.config.layer_types.iter().filter(|k| **k == LayerKind::LinearAttention).count();
+        assert_eq!((s.gdn.len(), s.gdn.len() + s.attention.len()), (gdn_layers, model.config.num_hidden_layers));
+        for l in &s.gdn {
+            assert!(l.beta.iter().all(|b| (0.0..=1.0).contains(b)));
+            assert!(l.g.iter().all(|g| *g <= 0.0));
+            assert!(l.retention.iter().zip(&l.g).all(|(r, g)| (r - g.exp()).abs() <= 1e-6 * r.max(1e-30)));
+        }
+        assert!(s.attention.iter().all(|a| a.kv_len == s.position));
+        assert_eq!(s.alarm(1e6), None);
+    }
+    // Off: no state events.
+    let mut session = ModelSession::new(&model);
+    let mut plain = vec![];
+    g.generate(
+        &mut session,
+        &GenerateRequest { prompt_ids: prompt, params: GenerationParams { max_tokens: 4, ..Default::default() } },
+        &AtomicBool::new(false),
+        &mut |e| plain.push(e),
+    )
+    .unwrap();
+    assert!(!plain.iter().any(|e| matches!(e, EngineEvent::State(_))));
+}
