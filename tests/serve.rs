@@ -310,3 +310,15 @@ fn slow_and_idle_connections_are_closed_after_the_timeout() {
     }
     assert_eq!(seen["stalled_body"], "408", "{seen}");
 }
+
+#[test]
+fn a_remote_backend_says_why_there_is_no_state_trace() {
+    let s = Server::start(&[]);
+    let out = Command::new(bin())
+        .args(["run", "--server", &s.url(), "--prompt", "hi", "--max-tokens", "4", "--trace-state"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("--trace-state: the state trace needs the in-process engine"), "{err}");
+}

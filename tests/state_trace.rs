@@ -3,7 +3,7 @@
 //! float64: tests/state/layer0_reference.py), the trace of a prefill against feeding the same
 //! tokens one by one (every GDN layer), and the engine's `state` events.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::AtomicBool;
 
@@ -230,4 +230,76 @@ fn the_engine_emits_a_state_event_after_the_prompt_and_every_token_read() {
     )
     .unwrap();
     assert!(!plain.iter().any(|e| matches!(e, EngineEvent::State(_))));
+}
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_deltascope")
+}
+
+/// A copy of a fixture with one tensor's f32 values changed by `f` (a broken checkpoint).
+fn corrupted_copy(dir: &str, tensor: &str, f: impl Fn(f32) -> f32) -> tempfile::TempDir {
+    let out = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(root().join(dir)).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, out.path().join(p.file_name().unwrap())).unwrap();
+    }
+    let path = out.path().join("model.safetensors");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let t = &header[tensor];
+    assert_eq!(t["dtype"], "F32", "{tensor}");
+    let (a, b) = (t["data_offsets"][0].as_u64().unwrap() as usize, t["data_offsets"][1].as_u64().unwrap() as usize);
+    for c in bytes[8 + n + a..8 + n + b].chunks_mut(4) {
+        let v = f(f32::from_le_bytes(c.try_into().unwrap()));
+        c.copy_from_slice(&v.to_le_bytes());
+    }
+    std::fs::write(&path, bytes).unwrap();
+    out
+}
+
+fn trace_cli(model: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new(bin())
+        .args(["trace", "--device", "cpu", "--prompt", "Is 91 prime?", "--max-tokens", "12", "--model"])
+        .arg(model)
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn trace_writes_jsonl_a_summary_and_an_svg_and_compare_finds_the_broken_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, svg) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"), dir.path().join("a.svg"));
+    let fixture = root().join("tests/fixtures/qwen3_5_text");
+    let out = trace_cli(&fixture, &a, &["--plot", svg.to_str().unwrap(), "--metric", "half-life"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let summary = String::from_utf8_lossy(&out.stdout);
+    assert!(summary.starts_with("state trace: 12 passes"), "{summary}");
+    assert!(summary.contains("no alarm"), "{summary}");
+    // JSON Lines: the run --json events, a state event after the prompt and 11 tokens.
+    let text = std::fs::read_to_string(&a).unwrap();
+    let states = text.lines().filter(|l| l.starts_with(r#"{"event":"state""#)).count();
+    assert_eq!(states, 12);
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("half-life"));
+
+    // The same checkpoint again: the traces agree (exit 0).
+    let again = dir.path().join("again.jsonl");
+    assert!(trace_cli(&fixture, &again, &[]).status.success());
+    let same = Command::new(bin()).args(["trace", "--compare"]).arg(&a).arg(&again).output().unwrap();
+    assert!(same.status.success(), "{}", String::from_utf8_lossy(&same.stdout));
+    assert!(String::from_utf8_lossy(&same.stdout).contains("the traces agree"));
+
+    // dt_bias of layer 1 shifted: layer 0 agrees, layer 1 parts at the prompt (exit 1).
+    let broken = corrupted_copy("tests/fixtures/qwen3_5_text", "model.layers.1.linear_attn.dt_bias", |x| x + 2.0);
+    assert!(trace_cli(broken.path(), &b, &[]).status.success());
+    let cmp = Command::new(bin()).args(["trace", "--compare"]).arg(&a).arg(&b).output().unwrap();
+    let report = String::from_utf8_lossy(&cmp.stdout);
+    assert_eq!(cmp.status.code(), Some(1), "{report}");
+    assert!(report.contains("layer   0: agrees"), "{report}");
+    assert!(report.contains("layer   1: diverges at prompt: g head"), "{report}");
+    assert!(report.contains("first divergence: layer 1 at prompt"), "{report}");
 }

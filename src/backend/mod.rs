@@ -19,7 +19,7 @@ pub use crate::checkpoint::ModelSource;
 pub use crate::engine::advice::{self, BudgetFix, Fix};
 pub use crate::engine::events::*;
 pub use crate::engine::speculative::MAX_DEPTH;
-pub use crate::engine::state_trace::{self, AttentionLayerState, GdnLayerState, StateEvent};
+pub use crate::engine::state_trace::{self, AttentionLayerState, GdnLayerState, StateEvent, StateMetric};
 pub use crate::engine::{
     Generation, GenerationParams, LoopParams, MtpParams, MtpStats, Preset, QWEN_BUDGET_BRIDGE, SamplingParams,
     StepControl,

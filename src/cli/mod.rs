@@ -15,6 +15,7 @@ pub mod run;
 pub mod serve;
 pub mod sweep;
 pub mod synth;
+pub mod trace;
 
 use std::path::PathBuf;
 
@@ -57,6 +58,9 @@ pub enum Command {
     /// An OpenAI-compatible server on the in-process engine (chat completions with reasoning,
     /// completions, models, health, Prometheus metrics).
     Serve(serve::ServeArgs),
+    /// The state scope, headless: trace what every Gated-DeltaNet layer writes and forgets per
+    /// token (JSON Lines, a summary, an SVG), or compare two traces layer by layer.
+    Trace(trace::TraceArgs),
 }
 
 impl Cli {
@@ -76,6 +80,7 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Synth(a)) => synth::run(a),
         Some(Command::Gpu(a)) => gpu::run(a),
         Some(Command::Serve(a)) => serve::run(a),
+        Some(Command::Trace(a)) => trace::run(a),
         Some(Command::Chat(a)) => chat::run(a),
         // No subcommand: the workbench on the demo model.
         None => chat::run(chat::ChatArgs::default()),

@@ -122,6 +122,93 @@ impl StateEvent {
     }
 }
 
+/// What the state scope shows per head: one number per GDN layer, head and pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum StateMetric {
+    /// Write strength β.
+    #[default]
+    Beta,
+    /// Tokens until half of the state is gone, ln 0.5 / g.
+    HalfLife,
+    /// ‖S‖_F.
+    StateNorm,
+    /// ‖ΔS‖_F / ‖S‖_F.
+    DeltaRatio,
+}
+
+impl StateMetric {
+    pub const ALL: [StateMetric; 4] =
+        [StateMetric::Beta, StateMetric::HalfLife, StateMetric::StateNorm, StateMetric::DeltaRatio];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StateMetric::Beta => "beta",
+            StateMetric::HalfLife => "half-life",
+            StateMetric::StateNorm => "norm",
+            StateMetric::DeltaRatio => "delta",
+        }
+    }
+
+    /// What it is, for legends.
+    pub fn label(self) -> &'static str {
+        match self {
+            StateMetric::Beta => "write strength β",
+            StateMetric::HalfLife => "half-life (tokens)",
+            StateMetric::StateNorm => "‖S‖",
+            StateMetric::DeltaRatio => "‖ΔS‖/‖S‖",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<StateMetric> {
+        StateMetric::ALL.into_iter().find(|m| m.name() == s)
+    }
+
+    pub fn value(self, l: &GdnLayerState, head: usize) -> f32 {
+        match self {
+            StateMetric::Beta => l.beta[head],
+            StateMetric::HalfLife => l.half_life(head),
+            StateMetric::StateNorm => l.state_norm[head],
+            StateMetric::DeltaRatio => l.delta_ratio[head],
+        }
+    }
+
+    /// Where a colour scale of this metric sits: half-lives span decades, so on a log scale.
+    pub fn scaled(self, v: f32) -> f32 {
+        match self {
+            StateMetric::HalfLife => v.max(1e-3).log10(),
+            _ => v,
+        }
+    }
+}
+
+/// A head that forgets within this many tokens (half-life) is marked.
+pub const FORGETS_WITHIN: f32 = 2.0;
+/// A head that keeps half its memory past this many tokens is marked.
+pub const KEEPS_PAST: f32 = 1000.0;
+/// A state norm over this is an explosion (the banner's threshold).
+pub const EXPLODED_NORM: f32 = 1e4;
+
+/// How a head's memory behaves at one pass, by its half-life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadMemory {
+    /// Forgets within [`FORGETS_WITHIN`] tokens.
+    Forgets,
+    /// Keeps half past [`KEEPS_PAST`] tokens.
+    Keeps,
+    Between,
+}
+
+pub fn memory_of(half_life: f32) -> HeadMemory {
+    if half_life < FORGETS_WITHIN {
+        HeadMemory::Forgets
+    } else if half_life > KEEPS_PAST {
+        HeadMemory::Keeps
+    } else {
+        HeadMemory::Between
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,527 @@
+//! `deltascope trace`: the state scope, headless. Generates with the state trace on and writes
+//! it (JSON Lines, the `run --json` event schema), summarises it per layer, draws it as SVG, and
+//! compares two traces layer by layer (`--compare A B`: which layer parts ways first).
+
+use std::fmt::Write as _;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use clap::Args;
+
+use super::common::{self, GenArgs, ModelArgs, PromptArgs};
+use super::interrupt::Interrupt;
+use crate::backend::state_trace::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
+use crate::backend::{ChatRequest, EngineEvent, FinishReason, StateEvent, StateMetric, TokenEvent};
+
+#[derive(Args, Debug)]
+pub struct TraceArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The user message (rendered through the chat template unless --raw).
+    #[arg(long, value_name = "TEXT", required_unless_present = "compare")]
+    pub prompt: Option<String>,
+    #[command(flatten)]
+    pub prompt_opts: PromptArgs,
+    #[command(flatten)]
+    pub generation: GenArgs,
+    /// Print the trace as JSON Lines on stdout (the `run --json` events) instead of a summary.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the trace (JSON Lines) to this file.
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub out: Option<PathBuf>,
+    /// Draw an SVG: the metric per layer × head at the last token, and over the tokens for --layer.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// The metric to draw and to compare first: beta, half-life, norm, delta.
+    #[arg(long, default_value = "beta", value_parser = metric)]
+    pub metric: StateMetric,
+    /// The layer whose heads the SVG draws over the tokens (default: the first GDN layer).
+    #[arg(long, value_name = "N")]
+    pub layer: Option<usize>,
+    /// Compare two traces (files written by --out or `run --trace-state --json`): per layer,
+    /// the first token where they differ by more than --tolerance. Exit 1 when they do.
+    #[arg(long, num_args = 2, value_names = ["A.jsonl", "B.jsonl"], conflicts_with_all = ["prompt", "json", "out"])]
+    pub compare: Option<Vec<PathBuf>>,
+    /// Relative difference that counts as diverged (β, g, ‖S‖ per head).
+    #[arg(long, default_value_t = 1e-3, value_name = "REL")]
+    pub tolerance: f64,
+}
+
+fn metric(s: &str) -> Result<StateMetric, String> {
+    StateMetric::parse(s).ok_or_else(|| {
+        let names: Vec<_> = StateMetric::ALL.iter().map(|m| m.name()).collect();
+        format!("{s:?} is not a metric: one of {}", names.join(", "))
+    })
+}
+
+/// A trace: the state events, and the generated tokens' ids and texts.
+#[derive(Debug, Default)]
+pub struct Trace {
+    pub states: Vec<StateEvent>,
+    pub tokens: Vec<TokenEvent>,
+}
+
+impl Trace {
+    fn push(&mut self, ev: &EngineEvent) {
+        match ev {
+            EngineEvent::State(s) => self.states.push(s.clone()),
+            EngineEvent::Token(t) => self.tokens.push(t.clone()),
+            _ => {}
+        }
+    }
+
+    /// Reads the state and token events of a JSON Lines file (other events are skipped).
+    pub fn read(path: &Path) -> anyhow::Result<Trace> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut t = Trace::default();
+        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let ev: EngineEvent = serde_json::from_str(line).with_context(|| {
+                format!("{}:{}: not an engine event (JSON Lines of run --json)", path.display(), i + 1)
+            })?;
+            t.push(&ev);
+        }
+        if t.states.is_empty() {
+            bail!(
+                "{}: no state events (write it with `deltascope trace --out` or `run --trace-state --json`)",
+                path.display()
+            );
+        }
+        Ok(t)
+    }
+
+    fn token_text(&self, at: Option<usize>) -> String {
+        match at {
+            None => "prompt".into(),
+            Some(i) => self.tokens.get(i).map_or_else(|| format!("#{i}"), |t| format!("#{i} {:?}", t.text)),
+        }
+    }
+}
+
+pub fn run(a: TraceArgs) -> anyhow::Result<()> {
+    if let Some(files) = &a.compare {
+        let (x, y) = (Trace::read(&files[0])?, Trace::read(&files[1])?);
+        let report = compare(&x, &y, a.tolerance);
+        print!("{}", report.text);
+        if report.diverged {
+            std::process::exit(1);
+        }
+        return Ok(());
+    }
+    let text = a.prompt.as_deref().context("--prompt is needed (or --compare A B)")?;
+    let prompt = common::prompt(Some(text), None, &a.prompt_opts)?;
+    let backend = common::open(&a.model)?;
+    let mut overrides = a.generation.overrides();
+    overrides.trace_state = true;
+    let request = ChatRequest {
+        prompt,
+        enable_thinking: overrides.thinking_enabled(a.prompt_opts.no_think),
+        params: overrides.resolve(backend.info())?,
+    };
+    let interrupt = Interrupt::install()?;
+    let generation = backend.start(request)?;
+    let control = generation.control();
+    interrupt.on_signal(move || control.cancel());
+    let mut file = match &a.out {
+        Some(p) => Some(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )),
+        None => None,
+    };
+    let mut out = std::io::stdout().lock();
+    let mut trace = Trace::default();
+    let mut finish = None;
+    for ev in generation.events().iter() {
+        let line = serde_json::to_string(&ev)?;
+        if a.json {
+            writeln!(out, "{line}")?;
+        }
+        if let Some(f) = file.as_mut() {
+            writeln!(f, "{line}")?;
+        }
+        trace.push(&ev);
+        match ev {
+            EngineEvent::Done(d) => {
+                finish = Some(d.finish_reason);
+                break;
+            }
+            EngineEvent::Error(e) => bail!("{}", e.message),
+            _ => {}
+        }
+    }
+    if let Some(mut f) = file {
+        f.flush()?;
+    }
+    if trace.states.is_empty() {
+        bail!("the engine sent no state events");
+    }
+    if !a.json {
+        write!(out, "{}", summary(&trace))?;
+    }
+    if let Some(p) = &a.plot {
+        let layer = a.layer.unwrap_or(trace.states[0].gdn[0].layer);
+        let svg = plot(&trace, a.metric, layer)?;
+        std::fs::write(p, svg).with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("wrote {}", p.display());
+    }
+    if finish == Some(FinishReason::Cancelled) {
+        return Err(interrupt.stopped().into());
+    }
+    Ok(())
+}
+
+/// Per GDN layer, at the last token and over the whole trace; the alarms.
+pub fn summary(t: &Trace) -> String {
+    let mut s = String::new();
+    let Some(last) = t.states.last() else { return s };
+    let _ = writeln!(
+        s,
+        "state trace: {} passes (the prompt, then {} tokens), position {}",
+        t.states.len(),
+        t.states.len() - 1,
+        last.position
+    );
+    let _ = writeln!(
+        s,
+        "layer  heads  β mean  half-life min / median / max (tokens)  ‖S‖ max   ‖ΔS‖/‖S‖ mean  forget<{FORGETS_WITHIN}  keep>{KEEPS_PAST}"
+    );
+    for (li, l) in last.gdn.iter().enumerate() {
+        let heads = l.beta.len();
+        let mut hl: Vec<f32> = (0..heads).map(|h| l.half_life(h)).collect();
+        hl.sort_by(f32::total_cmp);
+        let norm_max = t.states.iter().flat_map(|e| e.gdn[li].state_norm.iter().copied()).fold(0f32, f32::max);
+        let tokens = &t.states[1.min(t.states.len() - 1)..];
+        let delta_mean = tokens.iter().flat_map(|e| e.gdn[li].delta_ratio.iter()).map(|&d| d as f64).sum::<f64>()
+            / (tokens.len() * heads).max(1) as f64;
+        let forgets = hl.iter().filter(|&&h| memory_of(h) == HeadMemory::Forgets).count();
+        let keeps = hl.iter().filter(|&&h| memory_of(h) == HeadMemory::Keeps).count();
+        let _ = writeln!(
+            s,
+            "{:>5}  {:>5}  {:>6.3}  {:>9} / {:>9} / {:>9}            {:>9.3e}  {:>13.3}  {:>8}  {:>9}",
+            l.layer,
+            heads,
+            l.beta.iter().sum::<f32>() / heads as f32,
+            tokens_fmt(hl[0]),
+            tokens_fmt(hl[heads / 2]),
+            tokens_fmt(hl[heads - 1]),
+            norm_max,
+            delta_mean,
+            forgets,
+            keeps
+        );
+    }
+    for a in &last.attention {
+        let _ = writeln!(s, "{:>5}  attention: KV {} tokens, {} bytes", a.layer, a.kv_len, a.kv_bytes);
+    }
+    match t.states.iter().find_map(|e| e.alarm(EXPLODED_NORM).map(|a| (e.at_token, a))) {
+        Some((at, (layer, head, what))) => {
+            let _ = writeln!(s, "ALARM at {}: layer {layer} head {head}: {what}", t.token_text(at));
+        }
+        None => {
+            let _ = writeln!(s, "no alarm: every state finite, ‖S‖ below {EXPLODED_NORM:.0e}");
+        }
+    }
+    s
+}
+
+fn tokens_fmt(h: f32) -> String {
+    if h.is_infinite() {
+        "∞".into()
+    } else if h >= 1e4 {
+        format!("{h:.2e}")
+    } else {
+        format!("{h:.3}")
+    }
+}
+
+pub struct Comparison {
+    pub text: String,
+    pub diverged: bool,
+}
+
+/// The largest relative difference between two lists (NaN against a number counts as ∞).
+fn rel_diff(a: &[f32], b: &[f32]) -> (f64, usize) {
+    let mut worst = (0f64, 0);
+    for (h, (&x, &y)) in a.iter().zip(b).enumerate() {
+        let d = if x.is_nan() != y.is_nan() || x.is_infinite() != y.is_infinite() {
+            f64::INFINITY
+        } else if x.is_nan() || x == y {
+            0.0
+        } else {
+            ((x - y) as f64).abs() / (y as f64).abs().max(x as f64).max(1e-12)
+        };
+        if d > worst.0 {
+            worst = (d, h);
+        }
+    }
+    worst
+}
+
+/// Per GDN layer, the first pass where two traces differ by more than `tol` (β, g or ‖S‖ of
+/// any head), up to where their tokens part (after that the inputs differ, not the kernels).
+pub fn compare(a: &Trace, b: &Trace, tol: f64) -> Comparison {
+    let mut s = String::new();
+    let same_tokens = a.tokens.iter().zip(&b.tokens).take_while(|(x, y)| x.id == y.id).count();
+    // A state at token i was computed from tokens 0..=i: comparable while those agree.
+    let comparable: Vec<(&StateEvent, &StateEvent)> = a
+        .states
+        .iter()
+        .zip(&b.states)
+        .take_while(|(x, y)| x.at_token == y.at_token && x.at_token.is_none_or(|i| i < same_tokens))
+        .collect();
+    let _ = writeln!(
+        s,
+        "comparing {} passes (the prompt and {} tokens; the generated tokens agree for {}), tolerance {tol:e} relative",
+        comparable.len(),
+        comparable.len().saturating_sub(1),
+        same_tokens
+    );
+    let layers = a.states[0].gdn.len().min(b.states[0].gdn.len());
+    let mut first: Option<(usize, usize, String)> = None;
+    let mut diverged = false;
+    for li in 0..layers {
+        let layer = a.states[0].gdn[li].layer;
+        let hit = comparable.iter().enumerate().find_map(|(i, (x, y))| {
+            let (lx, ly) = (&x.gdn[li], &y.gdn[li]);
+            [("β", &lx.beta, &ly.beta), ("g", &lx.g, &ly.g), ("‖S‖", &lx.state_norm, &ly.state_norm)]
+                .into_iter()
+                .map(|(name, p, q)| (name, rel_diff(p, q), p, q))
+                .find(|(_, (d, _), _, _)| *d > tol)
+                .map(|(name, (d, h), p, q)| (i, format!("{name} head {h}: {} vs {} ({d:.2e})", p[h], q[h])))
+        });
+        match hit {
+            Some((i, what)) => {
+                diverged = true;
+                let at = a.token_text(comparable[i].0.at_token);
+                let _ = writeln!(s, "layer {layer:>3}: diverges at {at}: {what}");
+                if first.as_ref().is_none_or(|f| i < f.0) {
+                    first = Some((i, layer, at));
+                }
+            }
+            None => {
+                let _ = writeln!(s, "layer {layer:>3}: agrees");
+            }
+        }
+    }
+    match first {
+        Some((_, layer, at)) => {
+            let _ = writeln!(s, "first divergence: layer {layer} at {at} (later layers inherit it)");
+        }
+        None => {
+            let _ = writeln!(s, "the traces agree");
+        }
+    }
+    if a.states[0].gdn.len() != b.states[0].gdn.len() {
+        diverged = true;
+        let _ = writeln!(s, "the traces have {} and {} GDN layers", a.states[0].gdn.len(), b.states[0].gdn.len());
+    }
+    Comparison { text: s, diverged }
+}
+
+/// A colour for `x` in 0..=1 (viridis, five stops): reads on light and dark backgrounds.
+pub fn viridis(x: f32) -> (u8, u8, u8) {
+    const STOPS: [(f32, f32, f32); 5] =
+        [(68.0, 1.0, 84.0), (59.0, 82.0, 139.0), (33.0, 145.0, 140.0), (94.0, 201.0, 98.0), (253.0, 231.0, 37.0)];
+    let x = if x.is_finite() { x.clamp(0.0, 1.0) } else { 1.0 };
+    let p = x * 4.0;
+    let i = (p.floor() as usize).min(3);
+    let f = p - i as f32;
+    let (a, b) = (STOPS[i], STOPS[i + 1]);
+    let mix = |u: f32, v: f32| (u + (v - u) * f).round() as u8;
+    (mix(a.0, b.0), mix(a.1, b.1), mix(a.2, b.2))
+}
+
+/// Minimum and maximum of the finite values (0..1 when there are none).
+fn range(values: impl Iterator<Item = f32>) -> (f32, f32) {
+    let (lo, hi) = values.filter(|v| v.is_finite()).fold((f32::MAX, f32::MIN), |(l, h), v| (l.min(v), h.max(v)));
+    if lo > hi {
+        (0.0, 1.0)
+    } else if lo == hi {
+        (lo, lo + 1e-6)
+    } else {
+        (lo, hi)
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// The SVG: a layers × heads heat map of `metric` at the last pass, and the metric of every
+/// head of `layer` over the passes.
+pub fn plot(t: &Trace, metric: StateMetric, layer: usize) -> anyhow::Result<String> {
+    let last = t.states.last().context("no state events")?;
+    let li = last
+        .gdn
+        .iter()
+        .position(|l| l.layer == layer)
+        .with_context(|| format!("--layer {layer} is not a GDN layer of this trace"))?;
+    let heads = last.gdn.iter().map(|l| l.beta.len()).max().unwrap_or(1);
+    let cell = 14.0f32.min(600.0 / heads as f32).max(3.0);
+    let (map_w, map_h) = (heads as f32 * cell, last.gdn.len() as f32 * cell);
+    let (line_w, line_h) = (640.0f32, 220.0f32);
+    let (left, top) = (70.0f32, 40.0f32);
+    let width = (left + map_w.max(line_w) + 40.0).ceil();
+    let height = (top + map_h + 80.0 + line_h + 60.0).ceil();
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace" font-size="11">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let scaled = |v: f32| metric.scaled(v);
+    let (lo, hi) = range(last.gdn.iter().flat_map(|l| (0..l.beta.len()).map(move |h| scaled(metric.value(l, h)))));
+    let _ = writeln!(
+        s,
+        r#"<text x="{left}" y="20">{} at {} — layers × heads (colour: {:.3} … {:.3}{})</text>"#,
+        escape(metric.label()),
+        escape(&t.token_text(last.at_token)),
+        lo,
+        hi,
+        if metric == StateMetric::HalfLife { ", log10 tokens" } else { "" }
+    );
+    for (r, l) in last.gdn.iter().enumerate() {
+        let y = top + r as f32 * cell;
+        let _ = writeln!(s, r#"<text x="4" y="{:.1}">L{}</text>"#, y + cell * 0.8, l.layer);
+        for h in 0..l.beta.len() {
+            let v = metric.value(l, h);
+            let (cr, cg, cb) = viridis((scaled(v) - lo) / (hi - lo));
+            let mark = match memory_of(l.half_life(h)) {
+                HeadMemory::Forgets => " stroke=\"#d00\"",
+                HeadMemory::Keeps => " stroke=\"#00d\"",
+                HeadMemory::Between => "",
+            };
+            let _ = writeln!(
+                s,
+                r#"<rect x="{:.1}" y="{y:.1}" width="{cell:.1}" height="{cell:.1}" fill="rgb({cr},{cg},{cb})"{mark}><title>L{} head {h}: {v}</title></rect>"#,
+                left + h as f32 * cell,
+                l.layer
+            );
+        }
+    }
+    let ly = top + map_h + 16.0;
+    let _ = writeln!(
+        s,
+        "<text x=\"{left}\" y=\"{ly:.1}\">red outline: forgets within {FORGETS_WITHIN} tokens · blue outline: keeps half past {KEEPS_PAST} tokens</text>"
+    );
+    // The metric over the passes for one layer, one line per head.
+    let series: Vec<Vec<f32>> = (0..last.gdn[li].beta.len())
+        .map(|h| t.states.iter().map(|e| scaled(metric.value(&e.gdn[li], h))).collect())
+        .collect();
+    let (lo, hi) = range(series.iter().flatten().copied());
+    let y0 = ly + 40.0;
+    let _ = writeln!(
+        s,
+        r#"<text x="{left}" y="{:.1}">layer {layer}: {} over {} passes (prompt first), {:.3} … {:.3}</text>"#,
+        y0 - 8.0,
+        escape(metric.label()),
+        t.states.len(),
+        lo,
+        hi
+    );
+    let _ =
+        writeln!(s, r##"<rect x="{left}" y="{y0:.1}" width="{line_w}" height="{line_h}" fill="none" stroke="#888"/>"##);
+    let n = t.states.len().max(2) as f32 - 1.0;
+    for (h, ys) in series.iter().enumerate() {
+        let (cr, cg, cb) = viridis(h as f32 / series.len().max(2) as f32 - 1.0 / series.len().max(2) as f32);
+        let pts: Vec<String> = ys
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.is_finite())
+            .map(|(i, v)| {
+                format!("{:.1},{:.1}", left + i as f32 / n * line_w, y0 + line_h - (v - lo) / (hi - lo) * line_h)
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            r#"<polyline fill="none" stroke="rgb({cr},{cg},{cb})" stroke-width="1.2" points="{}"><title>head {h}</title></polyline>"#,
+            pts.join(" ")
+        );
+    }
+    let _ = writeln!(s, "</svg>");
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::GdnLayerState;
+
+    fn event(at: Option<usize>, beta: f32, norm: f32) -> StateEvent {
+        StateEvent {
+            at_token: at,
+            tokens: 1,
+            position: at.map_or(3, |i| 4 + i),
+            gdn: vec![
+                GdnLayerState {
+                    layer: 0,
+                    beta: vec![0.5, 0.5],
+                    g: vec![-0.1, -5.0],
+                    retention: vec![0.9, 0.0067],
+                    state_norm: vec![1.0, 1.0],
+                    delta_ratio: vec![0.1, 0.9],
+                    nonfinite: vec![0, 0],
+                },
+                GdnLayerState {
+                    layer: 1,
+                    beta: vec![beta, 0.5],
+                    g: vec![-0.1, -1e-4],
+                    retention: vec![0.9, 1.0],
+                    state_norm: vec![norm, 1.0],
+                    delta_ratio: vec![0.1, 0.0],
+                    nonfinite: vec![0, 0],
+                },
+            ],
+            attention: vec![],
+        }
+    }
+
+    /// A trace whose generated tokens are ids 0, 1, … (one per state event after the prompt).
+    fn trace(events: Vec<StateEvent>) -> Trace {
+        let tokens = (0..events.len().saturating_sub(1))
+            .map(|i| serde_json::from_value(serde_json::json!({"phase": "thinking", "id": i, "text": "x"})).unwrap())
+            .collect();
+        Trace { states: events, tokens }
+    }
+
+    #[test]
+    fn compare_names_the_layer_and_token_where_traces_part() {
+        let a = trace(vec![event(None, 0.5, 1.0), event(Some(0), 0.5, 1.0), event(Some(1), 0.5, 1.0)]);
+        let same = compare(&a, &trace(a.states.clone()), 1e-3);
+        assert!(!same.diverged, "{}", same.text);
+        assert!(same.text.contains("the traces agree"));
+        let b = trace(vec![event(None, 0.5, 1.0), event(Some(0), 0.5, 1.0), event(Some(1), 0.6, 1.0)]);
+        let c = compare(&a, &b, 1e-3);
+        assert!(c.diverged);
+        assert!(c.text.contains("layer   0: agrees"), "{}", c.text);
+        assert!(c.text.contains("layer   1: diverges at #1"), "{}", c.text);
+        assert!(c.text.contains("first divergence: layer 1 at #1"), "{}", c.text);
+        // A NaN against a number is a divergence however loose the tolerance.
+        let n = trace(vec![event(None, 0.5, f32::NAN)]);
+        assert!(compare(&trace(vec![event(None, 0.5, 1.0)]), &n, 10.0).diverged);
+    }
+
+    #[test]
+    fn summary_marks_heads_and_raises_the_alarm() {
+        let s = summary(&trace(vec![event(None, 0.5, 1.0), event(Some(0), 0.5, 1.0)]));
+        // Layer 0: head 1 forgets (half-life 0.14); layer 1: head 1 keeps (6931 tokens).
+        assert!(s.lines().any(|l| l.trim_start().starts_with("0 ") && l.ends_with("1          0")), "{s}");
+        assert!(s.lines().any(|l| l.trim_start().starts_with("1 ") && l.ends_with("0          1")), "{s}");
+        assert!(s.contains("no alarm"));
+        let s = summary(&trace(vec![event(None, 0.5, 1.0), event(Some(0), 0.5, 3e4)]));
+        assert!(s.contains("ALARM at #0 \"x\": layer 1 head 0"), "{s}");
+    }
+
+    #[test]
+    fn the_plot_is_an_svg_with_a_cell_per_head() {
+        let t = trace(vec![event(None, 0.5, 1.0), event(Some(0), 0.4, 2.0)]);
+        let svg = plot(&t, StateMetric::HalfLife, 1).unwrap();
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert_eq!(svg.matches("<title>L").count(), 4);
+        assert_eq!(svg.matches("<polyline").count(), 2);
+        assert!(plot(&t, StateMetric::Beta, 7).is_err());
+        assert_eq!(viridis(0.0), (68, 1, 84));
+        assert_eq!(viridis(1.0), (253, 231, 37));
+    }
+}
