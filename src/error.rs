@@ -178,6 +178,9 @@ pub struct NonFinite {
     pub token: u32,
     /// NaN, +Inf or -Inf: the first such value's kind.
     pub value: f32,
+    /// A GDN sublayer's output went non-finite because a value head's recurrent state did:
+    /// `(head, non-finite entries in its state)` for the first such head.
+    pub state_head: Option<(usize, usize)>,
 }
 
 impl NonFinite {
@@ -213,7 +216,11 @@ impl std::fmt::Display for NonFinite {
             self.location(),
             self.position,
             self.token
-        )
+        )?;
+        if let Some((head, n)) = self.state_head {
+            write!(f, "; value head {head}'s recurrent state holds {n} non-finite entries")?;
+        }
+        Ok(())
     }
 }
 

@@ -236,8 +236,9 @@ fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_deltascope")
 }
 
-/// A copy of a fixture with one tensor's f32 values changed by `f` (a broken checkpoint).
-fn corrupted_copy(dir: &str, tensor: &str, f: impl Fn(f32) -> f32) -> tempfile::TempDir {
+/// A copy of a fixture with one tensor's f32 values changed by `f(index, value)` (a broken
+/// checkpoint).
+fn corrupted_copy(dir: &str, tensor: &str, f: impl Fn(usize, f32) -> f32) -> tempfile::TempDir {
     let out = tempfile::tempdir().unwrap();
     for entry in std::fs::read_dir(root().join(dir)).unwrap() {
         let p = entry.unwrap().path();
@@ -250,8 +251,8 @@ fn corrupted_copy(dir: &str, tensor: &str, f: impl Fn(f32) -> f32) -> tempfile::
     let t = &header[tensor];
     assert_eq!(t["dtype"], "F32", "{tensor}");
     let (a, b) = (t["data_offsets"][0].as_u64().unwrap() as usize, t["data_offsets"][1].as_u64().unwrap() as usize);
-    for c in bytes[8 + n + a..8 + n + b].chunks_mut(4) {
-        let v = f(f32::from_le_bytes(c.try_into().unwrap()));
+    for (i, c) in bytes[8 + n + a..8 + n + b].chunks_mut(4).enumerate() {
+        let v = f(i, f32::from_le_bytes(c.try_into().unwrap()));
         c.copy_from_slice(&v.to_le_bytes());
     }
     std::fs::write(&path, bytes).unwrap();
@@ -294,7 +295,7 @@ fn trace_writes_jsonl_a_summary_and_an_svg_and_compare_finds_the_broken_layer() 
     assert!(String::from_utf8_lossy(&same.stdout).contains("the traces agree"));
 
     // dt_bias of layer 1 shifted: layer 0 agrees, layer 1 parts at the prompt (exit 1).
-    let broken = corrupted_copy("tests/fixtures/qwen3_5_text", "model.layers.1.linear_attn.dt_bias", |x| x + 2.0);
+    let broken = corrupted_copy("tests/fixtures/qwen3_5_text", "model.layers.1.linear_attn.dt_bias", |_, x| x + 2.0);
     assert!(trace_cli(broken.path(), &b, &[]).status.success());
     let cmp = Command::new(bin()).args(["trace", "--compare"]).arg(&a).arg(&b).output().unwrap();
     let report = String::from_utf8_lossy(&cmp.stdout);
@@ -302,4 +303,62 @@ fn trace_writes_jsonl_a_summary_and_an_svg_and_compare_finds_the_broken_layer() 
     assert!(report.contains("layer   0: agrees"), "{report}");
     assert!(report.contains("layer   1: diverges at prompt: g head"), "{report}");
     assert!(report.contains("first divergence: layer 1 at prompt"), "{report}");
+}
+
+fn run_json(model: &Path, extra: &[&str]) -> Vec<Value> {
+    let out = Command::new(bin())
+        .args(["run", "--json", "--device", "cpu", "--prompt", "Is 91 prime?", "--max-tokens", "8", "--model"])
+        .arg(model)
+        .args(extra)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn diagnostics<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["event"] == "diagnostic" && e["kind"] == kind).collect()
+}
+
+#[test]
+fn an_exploding_state_raises_one_alarm_naming_layer_and_head() {
+    // The value rows of layer 2's in_proj_qkv (after 2 key heads × 8 for q and k) scaled up:
+    // q and k are L2-normalised, so only v (and with it S) grows; the gated norm keeps the
+    // layer's output finite, so generation goes on.
+    let broken =
+        corrupted_copy("tests/fixtures/qwen3_5_text", "model.layers.2.linear_attn.in_proj_qkv.weight", |i, x| {
+            if i / 48 >= 32 { x * 1e6 } else { x }
+        });
+    let events = run_json(broken.path(), &["--trace-state"]);
+    let alarms = diagnostics(&events, "state_alarm");
+    assert_eq!(alarms.len(), 1, "one alarm per generation: {alarms:?}");
+    let a = alarms[0];
+    assert_eq!(a["layer"], 2, "{a}");
+    assert!(a["head"].as_u64().unwrap() < 6, "{a}");
+    let msg = a["message"].as_str().unwrap();
+    assert!(msg.starts_with(&format!("layer 2, value head {}: ‖S‖ = ", a["head"])), "{msg}");
+    assert!(msg.contains("after the prompt") && msg.contains("layers.2.linear_attn.*"), "{msg}");
+    // The generation went on to the end.
+    let done = events.iter().find(|e| e["event"] == "done").unwrap();
+    assert_eq!(done["finish_reason"], "length", "{done}");
+    // The healthy fixture raises none, and without the trace the broken one cannot tell.
+    let healthy = run_json(&root().join("tests/fixtures/qwen3_5_text"), &["--trace-state"]);
+    assert!(diagnostics(&healthy, "state_alarm").is_empty());
+    assert!(diagnostics(&run_json(broken.path(), &[]), "state_alarm").is_empty());
+}
+
+#[test]
+fn a_nonfinite_state_names_the_layer_and_the_head() {
+    // A_log of layer 1's value head 4 is NaN: its decay, and so its state, go NaN at the first
+    // token; the layer's output follows, and the forward check stops generation there.
+    let broken = corrupted_copy("tests/fixtures/qwen3_5_text", "model.layers.1.linear_attn.A_log", |i, x| {
+        if i == 4 { f32::NAN } else { x }
+    });
+    for extra in [&[][..], &["--trace-state"][..]] {
+        let events = run_json(broken.path(), extra);
+        let d = diagnostics(&events, "nonfinite");
+        assert_eq!(d.len(), 1, "{events:?}");
+        assert_eq!((d[0]["layer"].as_u64(), d[0]["head"].as_u64()), (Some(1), Some(4)), "{}", d[0]);
+        let msg = d[0]["message"].as_str().unwrap();
+        assert!(msg.contains("layer 1's GDN output") && msg.contains("value head 4's recurrent state holds"), "{msg}");
+    }
 }

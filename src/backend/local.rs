@@ -273,6 +273,10 @@ fn describe(l: &Loaded) -> BackendInfo {
         provenance: Support::Yes,
         mtp_control: Support::Yes,
         continuation: Support::Yes,
+        state_trace: match l.compute.state_trace_refusal() {
+            None => Support::Yes,
+            Some(why) => Support::No(why.into()),
+        },
     }
 }
 
@@ -282,6 +286,9 @@ impl Backend for LocalBackend {
     }
 
     fn start_with(&self, req: ChatRequest, control: Arc<StepControl>) -> BackendResult<Generation> {
+        if let (true, Some(why)) = (req.params.trace_state, self.info.state_trace.reason()) {
+            return Err(BackendError::invalid(format!("--trace-state: {why}")));
+        }
         let (_, ids) = self.loaded.render(&req)?;
         self.loaded.compute.check(&ids, req.params.max_tokens)?;
         let vocab = self.loaded.model.config.vocab_size;

@@ -140,6 +140,8 @@ pub struct BackendInfo {
     pub mtp_control: Support,
     /// Whether a cut answer can be continued ([`Prompt::Continue`]).
     pub continuation: Support,
+    /// Whether generations can trace the recurrent state (`--trace-state`, the State view).
+    pub state_trace: Support,
 }
 
 impl BackendInfo {

@@ -71,15 +71,19 @@ pub enum DiagnosticKind {
     AnswerTruncated,
     /// The forward pass produced NaN / ±Inf: the message names the layer and sublayer.
     Nonfinite,
+    /// The state trace saw a GDN head's recurrent state go non-finite or explode (‖S‖ over
+    /// [`super::state_trace::EXPLODED_NORM`]): the first such head, once per generation.
+    StateAlarm,
 }
 
 impl DiagnosticKind {
-    pub const ALL: [DiagnosticKind; 5] = [
+    pub const ALL: [DiagnosticKind; 6] = [
         DiagnosticKind::ThinkingExhaustedMaxTokens,
         DiagnosticKind::ThinkingBudgetForced,
         DiagnosticKind::DegenerateLoop,
         DiagnosticKind::AnswerTruncated,
         DiagnosticKind::Nonfinite,
+        DiagnosticKind::StateAlarm,
     ];
 
     /// The name in the event stream (`degenerate_loop`, …).
@@ -90,6 +94,7 @@ impl DiagnosticKind {
             DiagnosticKind::DegenerateLoop => "degenerate_loop",
             DiagnosticKind::AnswerTruncated => "answer_truncated",
             DiagnosticKind::Nonfinite => "nonfinite",
+            DiagnosticKind::StateAlarm => "state_alarm",
         }
     }
 }
@@ -295,6 +300,12 @@ pub struct Diagnostic {
     /// The settings that fix it (thinking_exhausted_max_tokens, answer_truncated).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fix: Option<super::advice::Fix>,
+    /// The decoder layer and GDN value head it names (state_alarm, and nonfinite when a
+    /// recurrent state went first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head: Option<usize>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -16,7 +16,7 @@ use super::request::GenerateRequest;
 use super::sampler::{Rng, Sampler, entropy, logprob, top_logprobs};
 use super::session::LogitsSource;
 use super::speculative::{DepthControl, MtpStats, prob, residual};
-use super::state_trace::StateEvent;
+use super::state_trace::{EXPLODED_NORM, StateEvent};
 use super::watchdog::LoopDetector;
 use crate::chat::{IncrementalDecoder, TextTokenizer};
 use crate::error::{Error, Result};
@@ -73,28 +73,35 @@ struct Run<'e> {
 
 impl Run<'_> {
     fn diagnostic(&mut self, kind: DiagnosticKind, at_token: usize, message: String, loop_at: Option<(usize, usize)>) {
-        self.diagnostics.push((kind, at_token));
-        (self.emit)(EngineEvent::Diagnostic(Diagnostic {
+        self.push_diagnostic(Diagnostic {
             kind,
             at_token,
             message,
             period: loop_at.map(|l| l.0),
             start: loop_at.map(|l| l.1),
             fix: None,
-        }));
+            layer: None,
+            head: None,
+        });
     }
 
     /// A diagnostic with its one-key fixes.
     fn diagnostic_fix(&mut self, kind: DiagnosticKind, at_token: usize, message: String, fix: Fix) {
-        self.diagnostics.push((kind, at_token));
-        (self.emit)(EngineEvent::Diagnostic(Diagnostic {
+        self.push_diagnostic(Diagnostic {
             kind,
             at_token,
             message,
             period: None,
             start: None,
             fix: Some(fix),
-        }));
+            layer: None,
+            head: None,
+        });
+    }
+
+    fn push_diagnostic(&mut self, d: Diagnostic) {
+        self.diagnostics.push((d.kind, d.at_token));
+        (self.emit)(EngineEvent::Diagnostic(d));
     }
 }
 
@@ -129,11 +136,33 @@ enum Rounds {
     Fed(Vec<f32>),
 }
 
-/// The state trace of the pass just fed, as a `state` event (when tracing is on).
+/// The state trace of the pass just fed, as a `state` event (when tracing is on), and the
+/// first head whose state went non-finite or exploded as a `state_alarm` diagnostic (once).
 fn emit_state(run: &mut Run, source: &mut dyn LogitsSource, at_token: Option<usize>) {
-    if let Some(trace) = source.take_trace() {
-        (run.emit)(EngineEvent::State(StateEvent::of(&trace, at_token, source.position())));
+    let Some(trace) = source.take_trace() else { return };
+    let ev = StateEvent::of(&trace, at_token, source.position());
+    let alarm = ev.alarm(EXPLODED_NORM);
+    (run.emit)(EngineEvent::State(ev));
+    let Some((layer, head, what)) = alarm else { return };
+    if run.diagnostics.iter().any(|(k, _)| *k == DiagnosticKind::StateAlarm) {
+        return;
     }
+    let when = match at_token {
+        None => "after the prompt".to_string(),
+        Some(i) => format!("after reading generated token {i}"),
+    };
+    run.push_diagnostic(Diagnostic {
+        kind: DiagnosticKind::StateAlarm,
+        at_token: at_token.unwrap_or(0),
+        message: format!(
+            "layer {layer}, value head {head}: {what} {when}. What to check: layers.{layer}.linear_attn.* (A_log, dt_bias, in_proj_*, conv1d) and the GDN kernel"
+        ),
+        period: None,
+        start: None,
+        fix: None,
+        layer: Some(layer),
+        head: Some(head),
+    });
 }
 
 /// A `stats` event every [`STATS_EVERY`] generated tokens (live gauges).
@@ -196,12 +225,16 @@ fn stop_on_nonfinite(run: &mut Run, e: Error, prompt_at: usize, prompt_len: usiz
         1 => "after 1 token".to_string(),
         n => format!("after {n} tokens"),
     };
-    run.diagnostic(
-        DiagnosticKind::Nonfinite,
-        n.saturating_sub(1),
-        format!("{nf}, {token}; generation stopped {when}. What to check: {}", nf.advice()),
-        None,
-    );
+    run.push_diagnostic(Diagnostic {
+        kind: DiagnosticKind::Nonfinite,
+        at_token: n.saturating_sub(1),
+        message: format!("{nf}, {token}; generation stopped {when}. What to check: {}", nf.advice()),
+        period: None,
+        start: None,
+        fix: None,
+        layer: nf.layer,
+        head: nf.state_head.map(|(h, _)| h),
+    });
     Ok(FinishReason::Error)
 }
 

@@ -71,9 +71,15 @@ pub trait Compute: Send + Sync {
     fn sequence(&self, drafting: bool) -> Result<Box<dyn LogitsSource + '_>>;
     /// Validates a prompt (ids in the vocabulary, prompt + max_tokens within the context).
     fn check(&self, prompt: &[u32], max_tokens: usize) -> Result<()>;
+    /// Why sequences here cannot trace their state (`None`: they can).
+    fn state_trace_refusal(&self) -> Option<&'static str>;
 }
 
 impl<M: Forward> Compute for M {
+    fn state_trace_refusal(&self) -> Option<&'static str> {
+        Forward::state_trace_refusal(self)
+    }
+
     fn sequence(&self, drafting: bool) -> Result<Box<dyn LogitsSource + '_>> {
         Ok(Box::new(if drafting { ModelSession::try_with_mtp(self)? } else { ModelSession::try_new(self)? }))
     }

@@ -38,6 +38,7 @@ pub fn check(m: &Mat, layer: Option<usize>, sublayer: Sublayer, pos0: usize, ids
             position: pos0 + row,
             token: ids.get(row).copied().unwrap_or(0),
             value,
+            state_head: None,
         })),
     }
 }

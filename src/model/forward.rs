@@ -46,6 +46,11 @@ pub trait Forward: Send + Sync {
     fn new_cache(&self) -> Result<Self::Cache>;
     /// A fresh MTP cache, when the checkpoint has an MTP module.
     fn new_draft_cache(&self) -> Result<Option<Self::Draft>>;
+    /// Why this model cannot return a state trace ([`ForwardOptions::trace_state`]); `None`
+    /// when it can.
+    fn state_trace_refusal(&self) -> Option<&'static str> {
+        None
+    }
     /// Checks token ids and the context before anything is computed.
     fn validate_at(&self, ids: &[u32], position: usize) -> Result<()>;
     /// Runs `ids` at positions `cache.position()..`, advancing the cache. `hidden` in the output

@@ -538,7 +538,7 @@ impl Model {
             |m: &Mat, sub: Sublayer| check.map_or(Ok(()), |c| finite::check(m, Some(c.layer), sub, pos0, c.ids));
         let n = layer.input_norm.forward(&x, prec);
         checked(&n, Sublayer::InputNorm)?;
-        let (mixed, sub, traced) = match (&layer.mixer, state) {
+        let (mixed, sub, traced) = match (&layer.mixer, &mut *state) {
             (Mixer::Linear(g), LayerState::Linear(s)) => {
                 let (m, t) = g.forward_traced(&n, s, prec, verify, trace)?;
                 (m, Sublayer::Gdn, t.map(LayerTrace::Gdn))
@@ -550,7 +550,15 @@ impl Model {
             }
             _ => return Err(Error::State("the state does not match the model's layer plan".into())),
         };
-        checked(&mixed, sub)?;
+        checked(&mixed, sub).map_err(|e| match (e, &layer.mixer, &*state) {
+            // Name the value head whose recurrent state went first (a NaN there spreads to every
+            // head through out_proj).
+            (Error::NonFinite(mut nf), Mixer::Linear(g), LayerState::Linear(s)) => {
+                nf.state_head = s.first_nonfinite_head(g.cfg.num_value_heads);
+                Error::NonFinite(nf)
+            }
+            (e, ..) => e,
+        })?;
         let mut h = x;
         h.for_rows(|t, row| row.iter_mut().zip(mixed.row(t)).for_each(|(a, b)| *a = prec.round(*a + b)));
         let n = layer.post_norm.forward(&h, prec);

@@ -31,6 +31,16 @@ impl GdnState {
     pub fn bytes(&self) -> usize {
         (self.conv.len() + self.ssm.len()) * F32_BYTES
     }
+
+    /// The first of `heads` value heads whose state holds NaN / ±Inf, and how many such
+    /// entries it holds.
+    pub fn first_nonfinite_head(&self, heads: usize) -> Option<(usize, usize)> {
+        self.ssm
+            .chunks((self.ssm.len() / heads.max(1)).max(1))
+            .map(|s| s.iter().filter(|v| !v.is_finite()).count())
+            .enumerate()
+            .find(|(_, n)| *n > 0)
+    }
 }
 
 /// Keys and values of one attention layer, `[position][kv_head][head_dim]`, f32.

@@ -30,6 +30,7 @@ pub fn model() -> BackendInfo {
         provenance: Support::Yes,
         mtp_control: Support::Yes,
         continuation: Support::Yes,
+        state_trace: Support::Yes,
     }
 }
 
@@ -50,6 +51,8 @@ pub fn diag(kind: DiagnosticKind, at_token: usize, message: &str, loop_at: Optio
         period: loop_at.map(|l| l.0),
         start: loop_at.map(|l| l.1),
         fix: None,
+        layer: None,
+        head: None,
     })
 }
 

@@ -343,6 +343,8 @@ impl FrameMapper {
             period: None,
             start: None,
             fix: None,
+            layer: None,
+            head: None,
         }));
         for text in [bridge, THINK_END] {
             if text.is_empty() {
@@ -428,6 +430,8 @@ impl FrameMapper {
                 period: Some(r.period),
                 start: Some(r.start),
                 fix: None,
+                layer: None,
+                head: None,
             }));
             if stop {
                 flow = Flow::StopLoop;
@@ -633,6 +637,8 @@ impl FrameMapper {
             period: None,
             start: None,
             fix: Some(fix),
+            layer: None,
+            head: None,
         }));
     }
 
@@ -657,6 +663,8 @@ impl FrameMapper {
             period: None,
             start: None,
             fix: None,
+            layer: None,
+            head: None,
         }));
     }
 

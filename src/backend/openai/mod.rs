@@ -133,6 +133,7 @@ fn describe(http: &Http, f: &ServerFacts) -> BackendInfo {
         mtp_control: Support::No("server".into()),
         // Chat completions always start a fresh assistant message.
         continuation: Support::No("a server starts every answer afresh".into()),
+        state_trace: Support::No(format!("{} does not expose a model's recurrent state", f.kind.name())),
     }
 }
 

@@ -787,6 +787,10 @@ impl Forward for CudaModel {
         Ok(Some(CudaDraft { position: 0, layers: self.layer_caches(m.layers.iter())? }))
     }
 
+    fn state_trace_refusal(&self) -> Option<&'static str> {
+        Some("the state trace is computed by the CPU model only for now: run with --device cpu")
+    }
+
     fn validate_at(&self, ids: &[u32], position: usize) -> Result<()> {
         validate_ids(&self.config, ids, position)
     }
@@ -796,10 +800,8 @@ impl Forward for CudaModel {
             return Err(Error::InvalidArgument("forward needs at least one token".into()));
         }
         self.validate_at(ids, cache.position)?;
-        if opts.trace_state {
-            return Err(Error::InvalidArgument(
-                "the state trace is computed by the CPU model only for now: run with --device cpu".into(),
-            ));
+        if let (true, Some(why)) = (opts.trace_state, self.state_trace_refusal()) {
+            return Err(Error::InvalidArgument(why.into()));
         }
         if opts.verify && ids.len() > ops::GEMV_MAX_ROWS {
             return Err(Error::InvalidArgument(format!("a verify pass holds at most {} tokens", ops::GEMV_MAX_ROWS)));
