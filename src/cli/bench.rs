@@ -47,6 +47,10 @@ pub struct BenchArgs {
     /// Also time the rollback schemes on a Qwen3.6-27B-shaped GDN layer.
     #[arg(long)]
     pub rollback: bool,
+    /// Also measure plain decoding with the state trace on (a `0+trace` row, interleaved with
+    /// the others; its speed-up against `0` is what tracing costs).
+    #[arg(long)]
+    pub trace_state: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -106,6 +110,9 @@ pub fn median(v: Vec<f64>) -> f64 {
     Spread::of(&v).map_or(0.0, |s| s.median)
 }
 
+/// The name of the `--trace-state` row.
+const TRACED: &str = "0+trace";
+
 /// `bench`'s depths when `--mtp` is not given and the model has an MTP head.
 const DEFAULT_DEPTHS: [usize; 4] = [0, 1, 2, 3];
 
@@ -160,6 +167,10 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let mut settings: Vec<MtpParams> = a.mtp.iter().map(|s| mtp_setting(s)).collect::<anyhow::Result<_>>()?;
     let prompts = prompts(&a)?;
     if a.model.server.server.is_some() {
+        anyhow::ensure!(
+            !a.trace_state,
+            "--trace-state: the state trace needs the in-process engine; a server does not expose a model's recurrent state"
+        );
         // A server: only its per-request figures can be measured (see bench_remote).
         return super::bench_remote::run(&a, &prompts);
     }
@@ -174,6 +185,21 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             eprintln!("{} has no MTP head: measuring --mtp 0 only", loaded.name);
         }
         settings = names.iter().map(|s| mtp_setting(s)).collect::<anyhow::Result<_>>()?;
+    }
+    // Traced passes run plain (the trace is per token), beside a plain row to compare with.
+    let mut traced = vec![false; settings.len()];
+    if a.trace_state {
+        if let Some(why) = loaded.compute.state_trace_refusal() {
+            anyhow::bail!("--trace-state: {why}");
+        }
+        if !names.iter().any(|n| n == "0") {
+            names.push("0".into());
+            settings.push(MtpParams::default());
+            traced.push(false);
+        }
+        names.push(TRACED.into());
+        settings.push(MtpParams::default());
+        traced.push(true);
     }
     if let Some(m) = settings.iter().find(|m| (m.depth > 0 || m.auto) && loaded.model.mtp.is_none()) {
         let which = if m.auto { "auto".to_string() } else { m.depth.to_string() };
@@ -211,7 +237,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     'rounds: for round in 0..a.warmup + a.repeat {
         let warm = round < a.warmup;
         for (i, &mtp) in settings.iter().enumerate() {
-            let Some(pass) = one_pass(&generator, &loaded, &prompt_ids, mtp, a.max_tokens, &interrupt)? else {
+            let Some(pass) = one_pass(&generator, &loaded, &prompt_ids, mtp, traced[i], a.max_tokens, &interrupt)?
+            else {
                 // A pass cut short measures the interruption, not the engine: it goes.
                 break 'rounds;
             };
@@ -294,6 +321,7 @@ fn one_pass(
     loaded: &Loaded,
     prompt_ids: &[Vec<u32>],
     mtp: MtpParams,
+    trace_state: bool,
     max_tokens: usize,
     interrupt: &Interrupt,
 ) -> anyhow::Result<Option<Pass>> {
@@ -303,7 +331,13 @@ fn one_pass(
     let mut stats = MtpStats::new(mtp.depth);
     let mut memory = Memory::default();
     for ids in prompt_ids {
-        let params = GenerationParams { max_tokens, sampling: SamplingParams::default(), mtp, ..Default::default() };
+        let params = GenerationParams {
+            max_tokens,
+            sampling: SamplingParams::default(),
+            mtp,
+            trace_state,
+            ..Default::default()
+        };
         let mut session = loaded.compute.sequence(drafting)?;
         let started = Instant::now();
         let out = generator.generate(
@@ -357,7 +391,7 @@ fn print_table(
     )?;
     writeln!(
         out,
-        "{:>6} {:>9} {:>15} {:>8} {:>15} {:>9} {:>10} {:>7} {:>5} {:>13} {:>6} {:>7} {:>6}",
+        "{:>7} {:>9} {:>15} {:>8} {:>15} {:>9} {:>10} {:>7} {:>5} {:>13} {:>6} {:>7} {:>6}",
         "mtp",
         "decode/s",
         "min–max",
@@ -392,7 +426,7 @@ fn print_table(
         let d = &r.decode_tok_s;
         writeln!(
             out,
-            "{:>6} {:>9.1} {:>15} {:>7.0}% {:>15} {:>9.1} {:>10.1} {:>7} {:>5} {:>13} {:>6} {:>7} {:>6}",
+            "{:>7} {:>9.1} {:>15} {:>7.0}% {:>15} {:>9.1} {:>10.1} {:>7} {:>5} {:>13} {:>6} {:>7} {:>6}",
             depth,
             d.median,
             format!("{:.1}–{:.1}", d.min, d.max),

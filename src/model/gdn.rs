@@ -12,7 +12,7 @@ use super::load::Loader;
 use super::state::GdnState;
 use super::storage::Weights;
 use super::tensor::{F32_BYTES, Linear, Mat, Precision, Simd, dot, sigmoid, silu, small_gemm, softplus};
-use super::trace::{GdnPassTrace, head_norms};
+use super::trace::{GdnPassTrace, head_state_norms};
 use crate::error::Result;
 
 pub const CHUNK: usize = 64;
@@ -104,7 +104,8 @@ impl GdnLayer {
     }
 
     /// [`GdnLayer::forward`], and with `trace` what the pass did to the state (β and g per
-    /// token, the state's norm and change per head): a copy of the state before, two norms after.
+    /// token, the state's norm and change per head): each head copies its state before the rule
+    /// and measures it after, on the thread that ran the head, while it is in cache.
     pub fn forward_traced(
         &self,
         x: &Mat,
@@ -114,7 +115,6 @@ impl GdnLayer {
         trace: bool,
     ) -> Result<(Mat, Option<GdnPassTrace>)> {
         let c = &self.cfg;
-        let before = trace.then(|| state.ssm.clone());
         let (t_len, conv_dim, vd, hv) = (x.rows, c.conv_dim(), c.value_dim(), c.num_value_heads);
         let proj = self.in_proj.forward(x, prec)?;
         let mut tape = verify.then(|| {
@@ -137,7 +137,8 @@ impl GdnLayer {
         let (dk, dv, r) = (c.key_head_dim, c.value_head_dim, c.head_ratio());
         let kd = c.key_dim();
         let scale = (dk as f32).powf(-0.5);
-        let head = |(h, s): (usize, &mut [f32])| -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let head = |(h, s): (usize, &mut [f32])| -> HeadPass {
+            let before = trace.then(|| s.to_vec());
             let kh = h / r;
             let mut q = Vec::with_capacity(t_len * dk);
             let mut kk = Vec::with_capacity(t_len * dk);
@@ -165,22 +166,24 @@ impl GdnLayer {
                 if !verify {
                     deltas.clear();
                 }
-                (out, deltas, if verify { kk } else { vec![] })
+                let norms = before.map(|b| head_state_norms(&b, s));
+                HeadPass { out, deltas, keys: if verify { kk } else { vec![] }, norms }
             } else {
                 for x in &mut q {
                     *x *= scale;
                 }
-                (chunked_head(&q, &kk, &v, &gh, &bh, s, dk, dv), vec![], vec![])
+                let out = chunked_head(&q, &kk, &v, &gh, &bh, s, dk, dv);
+                HeadPass { out, deltas: vec![], keys: vec![], norms: before.map(|b| head_state_norms(&b, s)) }
             }
         };
         // Threads only pay off once a head's work outweighs the hand-off (not for the demo model).
-        let results: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = if t_len * dk * dv < 1 << 14 {
+        let results: Vec<HeadPass> = if t_len * dk * dv < 1 << 14 {
             state.ssm.chunks_mut(dk * dv).enumerate().map(head).collect()
         } else {
             state.ssm.par_chunks_mut(dk * dv).enumerate().map(head).collect()
         };
         if let Some(tp) = tape.as_mut() {
-            for (h, (_, deltas, keys)) in results.iter().enumerate() {
+            for (h, HeadPass { deltas, keys, .. }) in results.iter().enumerate() {
                 for t in 0..t_len {
                     tp.delta[(t * hv + h) * dv..(t * hv + h + 1) * dv].copy_from_slice(&deltas[t * dv..(t + 1) * dv]);
                     tp.k[(t * hv + h) * dk..(t * hv + h + 1) * dk].copy_from_slice(&keys[t * dk..(t + 1) * dk]);
@@ -189,16 +192,35 @@ impl GdnLayer {
             }
         }
         state.tape = tape;
-        let heads: Vec<&Vec<f32>> = results.iter().map(|r| &r.0).collect();
+        let heads: Vec<&Vec<f32>> = results.iter().map(|r| &r.out).collect();
 
         // 4. The gated RMSNorm per value head (kernel: rms_norm_gated), then out_proj.
         let normed = gated_norm_stage(&heads, &proj, zo, hv, dv, &self.norm_w, self.eps, prec);
-        let traced = before.map(|before| {
-            let (state_norm, delta_norm, nonfinite) = head_norms(&before, &state.ssm, dk * dv);
-            GdnPassTrace { tokens: t_len, heads: hv, beta, g, state_norm, delta_norm, nonfinite }
+        let traced = trace.then(|| {
+            let norms: Vec<(f32, f32, u32)> = results.iter().filter_map(|r| r.norms).collect();
+            GdnPassTrace {
+                tokens: t_len,
+                heads: hv,
+                beta,
+                g,
+                state_norm: norms.iter().map(|n| n.0).collect(),
+                delta_norm: norms.iter().map(|n| n.1).collect(),
+                nonfinite: norms.iter().map(|n| n.2).collect(),
+            }
         });
         Ok((self.out_proj.forward(&normed, prec)?, traced))
     }
+}
+
+/// What the delta rule of one value head returned over one pass.
+struct HeadPass {
+    /// `[T][dv]` outputs.
+    out: Vec<f32>,
+    /// Verify passes: the per-token deltas and keys the tape keeps.
+    deltas: Vec<f32>,
+    keys: Vec<f32>,
+    /// Traced passes: (‖S‖, ‖ΔS‖, non-finite entries) after the pass.
+    norms: Option<(f32, f32, u32)>,
 }
 
 /// Stage 1 of a GDN layer: the causal depthwise conv and SiLU over `[window; inputs]` for the
