@@ -369,3 +369,60 @@ fn paste_and_hangup() {
     let log = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(!err.contains("panicked") && !log.contains("panic"), "no panic:\nstderr: {err}\nlog: {log}");
 }
+
+/// The state scope in the real binary at 80 × 24: F8 traces the next generation, F7 shows
+/// what every GDN layer holds after each token, its keys move through layers, heads, metrics
+/// and tokens, Esc brings the panes back, and the saved session keeps the trace.
+#[test]
+fn state_view_in_tmux_at_80x24() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let bin = env!("CARGO_BIN_EXE_deltascope");
+    let t = shell("state");
+    assert!(t.cmd(&["resize-window", "-t", &t.target, "-x", "80", "-y", "24"]).status.success());
+    t.text(&format!(
+        "XDG_DATA_HOME={} {} chat --device cpu --max-tokens 1024 --temperature 0",
+        data.display(),
+        shell_quote(Path::new(bin))
+    ));
+    t.keys(&["Enter"]);
+    t.wait("the workbench", 60, |s| s.contains("Type a question") && s.contains("embedded:demo"));
+    t.keys(&["F8"]);
+    // The status line (cut at 80 columns) says so.
+    t.wait("tracing on", 10, |s| s.contains("state trace o"));
+    t.text("Is 91 prime?");
+    t.keys(&["Enter"]);
+    t.wait("the answer", 120, |s| s.contains("finish: stop"));
+    t.keys(&["F7"]);
+    let s = t.wait("the State view", 10, |s| s.contains("write strength β · after #"));
+    // The demo model: GDN layers 0-2 and 4-6, attention at 3 and 7, four value heads.
+    for row in ["▸L0 ", " L2 ", " L4 ", " L6 "] {
+        assert!(s.contains(row), "{row}:\n{s}");
+    }
+    assert!(s.contains("attention L3 L7: KV"), "{s}");
+    assert!(s.contains("L0 head 0 · β "), "{s}");
+    assert!(s.lines().count() <= 24 && s.lines().all(|l| l.chars().count() <= 80), "{s}");
+    // Layer down, head right, next metric, one token back.
+    t.keys(&["Down", "Right", "m", "["]);
+    let s = t.wait("the moved selection", 10, |s| s.contains("half-life (tokens)") && s.contains("L1 head 1 ·"));
+    assert!(s.contains("not read yet"), "the last token is sampled but not read:\n{s}");
+    // Esc closes the view; the token cursor it moved is the inspector's, open at that token.
+    t.keys(&["Escape"]);
+    t.wait("the inspector at the same token", 10, |s| s.contains("Token inspector") && !s.contains("half-life"));
+    t.keys(&["Escape"]);
+    t.wait("the panes again", 10, |s| s.contains("91 is not prime") && !s.contains("Token inspector"));
+    t.keys(&["C-q"]);
+    t.wait("the shell after quitting", 30, |s| s.trim_end().ends_with('$'));
+    t.assert_restored("Ctrl+Q");
+
+    // The session keeps the trace: the prompt's pass, then one per token read.
+    let sessions = data.join("deltascope/sessions");
+    let saved: Vec<_> = std::fs::read_dir(&sessions).unwrap().filter_map(|e| e.ok()).collect();
+    let s = deltascope::session::Session::load(&saved[0].path()).unwrap();
+    let turn = &s.turns[0];
+    assert!(turn.params.trace_state);
+    assert_eq!(turn.states.len(), turn.tokens.len(), "the prompt's pass and every token but the last");
+    assert_eq!(turn.states[0].ev.at_token, None);
+    assert_eq!(turn.states[0].ev.gdn.len(), 6);
+}

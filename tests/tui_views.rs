@@ -341,7 +341,7 @@ fn help_lists_every_key() {
     let small = render(&app, 100, 24);
     assert!(small.contains("↑↓ scroll (1–22 of"), "{small}");
     assert!(!small.contains("closes this help"));
-    for _ in 0..40 {
+    for _ in 0..60 {
         key(&mut app, KeyCode::Down, KeyModifiers::NONE, 0.0);
     }
     assert_eq!(app.overlay.name(), Overlay::Help.name());
@@ -529,4 +529,187 @@ fn a_new_turn_redraws_the_markdown_answer() {
     assert_eq!(live, fresh);
     let screen: String = live.content.iter().map(|c| c.symbol()).collect();
     assert!(screen.contains("beta line 11"), "{screen}");
+}
+
+/// The State view on a traced turn (6 GDN layers × 4 heads, like the demo model).
+fn state_app() -> deltascope::tui::app::App {
+    let mut app = app();
+    traced_turn(&mut app, 6, 4);
+    key(&mut app, KeyCode::F(7), KeyModifiers::NONE, 500.0);
+    app
+}
+
+#[test]
+fn state_view_fits_80x24() {
+    let app = state_app();
+    assert!(app.view.state.shown);
+    assert_eq!(app.view.focus, Focus::State);
+    let screen = render(&app, 80, 24);
+    // The metric, the token it is at, the map's rows, the selected head and its history.
+    assert!(screen.contains("write strength β · after #"), "{screen}");
+    assert!(screen.contains("▸L0 "), "{screen}");
+    assert!(screen.contains(" L6 "), "layer 6 (the sixth GDN layer, after attention layer 3): {screen}");
+    assert!(screen.contains("L0 head 0 · β "), "{screen}");
+    assert!(screen.contains("forgets within 2 tokens"), "head 0 of layer 0 forgets: {screen}");
+    assert!(screen.contains("attention L3 L7:"), "{screen}");
+    snap("state_80x24", screen);
+}
+
+#[test]
+fn state_view_wide_with_every_head_of_the_layer_over_the_tokens() {
+    let mut app = state_app();
+    for c in [KeyCode::Right, KeyCode::Char('m')] {
+        key(&mut app, c, KeyModifiers::NONE, 501.0);
+    }
+    let screen = render(&app, W, H);
+    assert!(screen.contains("half-life (tokens)"), "m moves to the next metric: {screen}");
+    assert!(screen.contains("L0 head 1 ·"), "→ selects head 1: {screen}");
+    assert!(screen.contains("keeps half past 1000 tokens"), "{screen}");
+    // One row per head of the layer, the selected one marked, and the tokens under them.
+    for h in ["▸h1", " h0", " h2", " h3"] {
+        assert!(screen.contains(h), "{h}: {screen}");
+    }
+    snap("state_wide", screen);
+}
+
+#[test]
+fn state_view_follows_the_token_cursor_both_ways() {
+    let mut app = state_app();
+    let n = app.shown().unwrap().tokens.len();
+    // The latest pass read the second-to-last token (the last one is sampled, not read).
+    assert!(render(&app, W, H).contains(&format!("pass {n} of {n}")));
+    // [ moves the cursor, which is the inspector's: to the last token (sampled, not read yet),
+    // then to the one before it (the latest pass), then one more back.
+    key(&mut app, KeyCode::Char('['), KeyModifiers::NONE, 501.0);
+    assert_eq!(app.view.inspector, Some(n - 1));
+    assert!(render(&app, W, H).contains(&format!("#{} not read yet: after #{} ", n - 1, n - 2)));
+    key(&mut app, KeyCode::Char('['), KeyModifiers::NONE, 501.0);
+    key(&mut app, KeyCode::Char('['), KeyModifiers::NONE, 501.0);
+    assert_eq!(app.view.inspector, Some(n - 3));
+    let screen = render(&app, W, H);
+    assert!(
+        screen.contains(&format!("after #{} ", n - 3)) && screen.contains(&format!("pass {} of {n}", n - 1)),
+        "{screen}"
+    );
+    // The inspector's own keys move the view too (focus on the prompt, inspector open).
+    key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 502.0);
+    assert_eq!(app.view.focus, Focus::Input);
+    key(&mut app, KeyCode::Home, KeyModifiers::NONE, 502.0);
+    assert_eq!(app.view.inspector, Some(0));
+    assert!(render(&app, W, H).contains("after #0 "), "Home: the first token");
+    // End follows the latest pass again; the last token is not read yet.
+    key(&mut app, KeyCode::BackTab, KeyModifiers::NONE, 503.0);
+    assert_eq!(app.view.focus, Focus::State);
+    key(&mut app, KeyCode::End, KeyModifiers::NONE, 503.0);
+    assert_eq!(app.view.inspector, None);
+    key(&mut app, KeyCode::Char(']'), KeyModifiers::NONE, 503.0);
+    assert_eq!(app.view.inspector, None, "] past the end keeps following");
+    key(&mut app, KeyCode::Char('['), KeyModifiers::NONE, 503.0);
+    assert_eq!(app.view.inspector, Some(n - 1));
+    assert!(render(&app, W, H).contains(&format!("#{} not read yet", n - 1)));
+    // Esc closes the view and gives the prompt the focus.
+    key(&mut app, KeyCode::Esc, KeyModifiers::NONE, 504.0);
+    assert!(!app.view.state.shown);
+    assert_eq!(app.view.focus, Focus::Input);
+}
+
+#[test]
+fn state_view_scrolls_many_layers_and_heads_at_80x24() {
+    let mut app = app();
+    traced_turn(&mut app, 48, 48);
+    key(&mut app, KeyCode::F(7), KeyModifiers::NONE, 500.0);
+    for _ in 0..40 {
+        key(&mut app, KeyCode::Down, KeyModifiers::NONE, 501.0);
+    }
+    key(&mut app, KeyCode::Right, KeyModifiers::SHIFT, 501.0);
+    for _ in 0..5 {
+        key(&mut app, KeyCode::Right, KeyModifiers::SHIFT, 501.0);
+    }
+    let screen = render(&app, 80, 24);
+    // GDN layer index 40 is decoder layer 53; head 47 is the last.
+    assert!(screen.contains("▸L53 "), "{screen}");
+    assert!(screen.contains("L53 head 47 ·"), "{screen}");
+    assert!(screen.contains("of 48 at this pass") || !screen.contains("heads 0–"), "{screen}");
+    // Nothing is drawn past the frame: every line is the terminal's width.
+    assert!(screen.lines().all(|l| l.chars().count() <= 82), "{screen}");
+    snap("state_scrolled", screen);
+}
+
+#[test]
+fn state_view_without_a_trace_says_what_to_press() {
+    let mut app = app();
+    healthy_turn(&mut app, true);
+    key(&mut app, KeyCode::F(7), KeyModifiers::NONE, 500.0);
+    let screen = render(&app, 100, 30);
+    assert!(screen.contains("No state trace for this turn."), "{screen}");
+    assert!(screen.contains("F8 (or t here) traces the next generation"), "{screen}");
+    // t turns tracing on for the next generation, which then asks the engine for it.
+    key(&mut app, KeyCode::Char('t'), KeyModifiers::NONE, 501.0);
+    assert!(app.settings.params.trace_state);
+    assert!(render(&app, 100, 30).contains("Tracing is on"));
+    assert!(render(&app, 160, 30).contains("state trace on"), "the status line says so");
+    key(&mut app, KeyCode::Esc, KeyModifiers::NONE, 502.0);
+    ask(&mut app, "again", 503.0);
+    let sent = settle(&mut app).into_iter().rev().find_map(|e| match e {
+        Effect::Generate { params, .. } => Some(params.trace_state),
+        _ => None,
+    });
+    assert_eq!(sent, Some(true));
+    // F8 turns it off again.
+    key(&mut app, KeyCode::F(8), KeyModifiers::NONE, 504.0);
+    assert!(!app.settings.params.trace_state);
+}
+
+#[test]
+fn a_server_backend_says_why_there_is_no_state_view() {
+    use deltascope::backend::{BackendKind, ServerLabel, Support};
+    let mut app = app();
+    let mut info = model();
+    info.kind = BackendKind::Remote(ServerLabel {
+        kind: "llama.cpp".into(),
+        version: None,
+        url: "http://127.0.0.1:8080".into(),
+    });
+    info.state_trace = Support::No("llama.cpp does not expose a model's recurrent state".into());
+    app.set_model(info);
+    key(&mut app, KeyCode::F(8), KeyModifiers::NONE, 1.0);
+    assert!(!app.settings.params.trace_state);
+    assert!(app.status().unwrap().contains("llama.cpp does not expose"), "{:?}", app.status());
+    key(&mut app, KeyCode::F(7), KeyModifiers::NONE, 2.0);
+    let screen = render(&app, 100, 30);
+    assert!(screen.contains("The state scope needs the in-process engine:"), "{screen}");
+    assert!(screen.contains("llama.cpp does not expose a model's recurrent state"), "{screen}");
+}
+
+#[test]
+fn a_state_alarm_raises_a_banner_and_the_view_opens_on_that_head() {
+    use deltascope::backend::Diagnostic;
+    let mut app = app();
+    traced_turn(&mut app, 6, 4);
+    let alarm = Diagnostic {
+        kind: DiagnosticKind::StateAlarm,
+        at_token: 3,
+        message: "layer 5, value head 2: ‖S‖ = 3.200e4, over 1e4 after reading generated token 3. What to check: layers.5.linear_attn.*".into(),
+        period: None,
+        start: None,
+        fix: None,
+        layer: Some(5),
+        head: Some(2),
+    };
+    // As the engine sends it, in the live turn: a new turn to carry it.
+    ask(&mut app, "Is 97 prime?", 600.0);
+    let mut p = params(256, None);
+    p.trace_state = true;
+    engine(&mut app, start(16, &p), 601.0);
+    engine(&mut app, state_event(None, 6, 4), 602.0);
+    engine(&mut app, EngineEvent::Diagnostic(alarm), 603.0);
+    let screen = render(&app, W, H);
+    assert!(screen.contains("⚠ STATE ALARM"), "{screen}");
+    assert!(screen.contains("layer 5, value head 2: ‖S‖ = 3.200e4, over 1e4"), "{screen}");
+    assert!(screen.contains("[F7] shows it"), "{screen}");
+    key(&mut app, KeyCode::F(7), KeyModifiers::NONE, 604.0);
+    let screen = render(&app, W, H);
+    // Layer 5 is the fourth GDN layer (0, 1, 2, 4, 5, …).
+    assert_eq!((app.view.state.layer, app.view.state.head), (4, 2));
+    assert!(screen.contains("L5 head 2 ·"), "{screen}");
 }

@@ -126,6 +126,18 @@ struct ContinuationBase {
 }
 
 impl Turn {
+    /// The state trace as of generated token `token` (`None`: the latest pass): the last pass
+    /// that read that token or an earlier one (the prompt's for none), with its index in
+    /// [`Turn::states`]. `None` when the turn has no trace.
+    pub fn state_at(&self, token: Option<usize>) -> Option<(usize, &StateEvent)> {
+        let n = match token {
+            None => self.states.len(),
+            Some(i) => self.states.partition_point(|s| s.ev.at_token.is_none_or(|a| a <= i)),
+        };
+        let idx = n.checked_sub(1)?;
+        Some((idx, &self.states[idx].ev))
+    }
+
     pub fn new(user: impl Into<String>, enable_thinking: bool, params: GenerationParams) -> Self {
         Turn {
             user: user.into(),

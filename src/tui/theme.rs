@@ -41,6 +41,9 @@ pub struct Theme {
     pub heading: Color,
     pub inline_code: Color,
     pub banner_bg: Color,
+    /// The State view's colour scale, low to high (`scale_0` … `scale_4`): five steps that
+    /// each theme picks to read on its own background.
+    pub scale: [Color; 5],
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -65,7 +68,7 @@ pub enum ThemeError {
     UnknownCodeTheme { file: String, name: String, known: String },
 }
 
-const COLOR_KEYS: [&str; 23] = [
+const COLOR_KEYS: [&str; 28] = [
     "text",
     "dim",
     "border",
@@ -89,6 +92,11 @@ const COLOR_KEYS: [&str; 23] = [
     "heading",
     "inline_code",
     "banner_bg",
+    "scale_0",
+    "scale_1",
+    "scale_2",
+    "scale_3",
+    "scale_4",
 ];
 
 impl Default for Theme {
@@ -129,6 +137,7 @@ impl Theme {
             heading: Color::Yellow,
             inline_code: Color::Yellow,
             banner_bg: Color::Black,
+            scale: [Color::Blue, Color::Cyan, Color::Green, Color::Yellow, Color::Red],
         }
     }
 
@@ -277,6 +286,11 @@ impl Theme {
             "heading" => &mut self.heading,
             "inline_code" => &mut self.inline_code,
             "banner_bg" => &mut self.banner_bg,
+            "scale_0" => &mut self.scale[0],
+            "scale_1" => &mut self.scale[1],
+            "scale_2" => &mut self.scale[2],
+            "scale_3" => &mut self.scale[3],
+            "scale_4" => &mut self.scale[4],
             _ => return None,
         })
     }
@@ -312,6 +326,64 @@ mod tests {
         for (name, _) in BUILTIN {
             let t = Theme::builtin(name).unwrap();
             assert_eq!(t.name, name);
+        }
+    }
+
+    /// A colour's RGB (xterm's defaults for the 16 named colours).
+    fn rgb(c: Color) -> (f64, f64, f64) {
+        let (r, g, b) = match c {
+            Color::Rgb(r, g, b) => (r, g, b),
+            Color::Black => (0, 0, 0),
+            Color::Red => (205, 0, 0),
+            Color::Green => (0, 205, 0),
+            Color::Yellow => (205, 205, 0),
+            Color::Blue => (0, 0, 238),
+            Color::Magenta => (205, 0, 205),
+            Color::Cyan => (0, 205, 205),
+            Color::Gray => (229, 229, 229),
+            Color::DarkGray => (127, 127, 127),
+            Color::LightRed => (255, 0, 0),
+            Color::LightGreen => (0, 255, 0),
+            Color::LightYellow => (255, 255, 0),
+            Color::LightBlue => (92, 92, 255),
+            Color::LightMagenta => (255, 0, 255),
+            Color::LightCyan => (0, 255, 255),
+            Color::White => (255, 255, 255),
+            other => panic!("a scale colour must be named or #rrggbb: {other:?}"),
+        };
+        (r as f64, g as f64, b as f64)
+    }
+
+    /// WCAG relative luminance and contrast ratio.
+    fn contrast(a: Color, b: Color) -> f64 {
+        let lum = |c: Color| {
+            let (r, g, b) = rgb(c);
+            let lin = |v: f64| {
+                let v = v / 255.0;
+                if v <= 0.03928 { v / 12.92 } else { ((v + 0.055) / 1.055).powf(2.4) }
+            };
+            0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b)
+        };
+        let (x, y) = (lum(a), lum(b));
+        (x.max(y) + 0.05) / (x.min(y) + 0.05)
+    }
+
+    #[test]
+    fn every_scale_step_reads_on_its_themes_background_and_steps_differ() {
+        for (name, _) in BUILTIN {
+            let t = Theme::builtin(name).unwrap();
+            // The light theme is for light terminals; the others for dark ones.
+            let bg = if name == "light" { Color::White } else { Color::Black };
+            for (i, c) in t.scale.iter().enumerate() {
+                let ratio = contrast(*c, bg);
+                // WCAG's 3:1 for graphical objects.
+                assert!(ratio >= 3.0, "{name}: scale_{i} {c:?} has contrast {ratio:.2} on {bg:?}");
+            }
+            for i in 0..t.scale.len() {
+                for j in i + 1..t.scale.len() {
+                    assert_ne!(t.scale[i], t.scale[j], "{name}: scale_{i} and scale_{j} are the same colour");
+                }
+            }
         }
     }
 

@@ -231,3 +231,70 @@ pub fn render(app: &App, w: u16, h: u16) -> String {
     term.draw(|f| deltascope::tui::view::draw(app, f)).expect("draw");
     format!("{}", term.backend())
 }
+
+/// A scripted state event: `layers` GDN layers (decoder layers 0, 1, 2, then 4, 5, … with an
+/// attention layer every fourth) of `heads` value heads, values varying with pass, layer and
+/// head; head 0 of the first layer forgets within two tokens, head 1 keeps past 1000.
+pub fn state_event(at_token: Option<usize>, layers: usize, heads: usize) -> EngineEvent {
+    use deltascope::backend::{AttentionLayerState, GdnLayerState, StateEvent};
+    let pass = at_token.map_or(0, |a| a + 1);
+    let decoder = |i: usize| i + i / 3;
+    let gdn = (0..layers)
+        .map(|li| {
+            let wave = |h: usize, k: usize| ((pass * 7 + li * 5 + h * 3 + k) % 11) as f32 / 10.0;
+            let g: Vec<f32> = (0..heads)
+                .map(|h| match (li, h) {
+                    (0, 0) => -2.0,
+                    (0, 1) => -1e-4,
+                    _ => -0.01 - wave(h, 1),
+                })
+                .collect();
+            GdnLayerState {
+                layer: decoder(li),
+                beta: (0..heads).map(|h| wave(h, 0)).collect(),
+                retention: g.iter().map(|x| x.exp()).collect(),
+                g,
+                state_norm: (0..heads).map(|h| 0.5 + 3.0 * wave(h, 2)).collect(),
+                delta_ratio: (0..heads).map(|h| wave(h, 3) / 2.0).collect(),
+                nonfinite: vec![0; heads],
+            }
+        })
+        .collect();
+    let attention = (0..layers / 3)
+        .map(|i| AttentionLayerState { layer: 4 * i + 3, kv_len: 16 + pass, kv_bytes: 768 * (16 + pass) })
+        .collect();
+    EngineEvent::State(StateEvent {
+        at_token,
+        tokens: if at_token.is_none() { 16 } else { 1 },
+        position: 16 + pass,
+        gdn,
+        attention,
+    })
+}
+
+/// A traced turn on a model of `layers` GDN layers × `heads` heads: the prompt's state, then a
+/// token and the state after reading it, for every piece of THINKING and ANSWER (the last
+/// token is sampled but not read, as in the engine); done.
+pub fn traced_turn(app: &mut App, layers: usize, heads: usize) {
+    let mut p = params(256, None);
+    p.trace_state = true;
+    ask(app, "Is 91 prime?", 0.0);
+    engine(app, start(16, &p), 2.0);
+    engine(app, state_event(None, layers, heads), 3.0);
+    let mut t = 14.0;
+    let pieces: Vec<(Phase, &str)> = THINKING
+        .split_inclusive([' ', '\n'])
+        .map(|s| (Phase::Thinking, s))
+        .chain([(Phase::Thinking, "</think>"), (Phase::Answer, "\n\n")])
+        .chain(ANSWER.split_inclusive([' ', '\n']).map(|s| (Phase::Answer, s)))
+        .collect();
+    let thinking_n = pieces.iter().filter(|p| p.0 == Phase::Thinking).count();
+    for (i, (phase, text)) in pieces.iter().enumerate() {
+        engine(app, token(i, *phase, text, -0.1, DraftKind::None, false), t);
+        if i + 1 < pieces.len() {
+            engine(app, state_event(Some(i), layers, heads), t + 0.5);
+        }
+        t += 1.6;
+    }
+    engine(app, done(FinishReason::Stop, 16, thinking_n, pieces.len() - thinking_n, THINKING, ANSWER), t);
+}

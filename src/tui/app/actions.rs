@@ -43,6 +43,8 @@ impl App {
                 self.say(Level::Info, format!("thinking {on} for the next generation"));
             }
             Action::Picker | Action::Export | Action::Replay | Action::Messages | Action::Help => self.file_action(a),
+            Action::StateView => self.toggle_state_view(),
+            Action::TraceState => self.toggle_trace(),
             Action::CopyAnswer => self.copy(Phase::Answer),
             Action::CopyThinking => self.copy(Phase::Thinking),
             _ => self.view_action(a),
@@ -52,6 +54,9 @@ impl App {
 
     /// A key no action took: the focused pane's own keys.
     pub(super) fn focused_key(&mut self, k: KeyEvent) {
+        if self.view.focus == Focus::State {
+            return self.state_key(k);
+        }
         if let Some(cur) = self.view.inspector {
             let n = self.shown().map(|t| t.tokens.len()).unwrap_or(0);
             let moved = match k.code {
@@ -71,6 +76,7 @@ impl App {
         match self.view.focus {
             Focus::Input => self.composer.key(k),
             Focus::Sliders => self.slider_key(k),
+            Focus::State => {}
             Focus::Thinking | Focus::Answer => {
                 let scroll = if self.view.focus == Focus::Thinking {
                     &mut self.view.thinking_scroll
@@ -100,7 +106,7 @@ impl App {
                 input.select_all();
                 self.overlay = Overlay::SliderValue { slider, input, error: None };
             }
-            Focus::Thinking | Focus::Answer => return false,
+            Focus::Thinking | Focus::Answer | Focus::State => return false,
         }
         true
     }
@@ -113,6 +119,8 @@ impl App {
             self.say(Level::Info, "replay stopped");
         } else if or_quit {
             self.request_quit();
+        } else if self.view.state.shown {
+            self.toggle_state_view();
         } else if self.view.inspector.is_some() || self.view.show_compare {
             self.view.inspector = None;
             self.view.show_compare = false;
@@ -273,7 +281,12 @@ impl App {
                     self.say(Level::Info, "no tokens to inspect yet");
                 }
             }
-            Action::FocusNext | Action::FocusPrev => self.view.focus = self.view.focus.cycle(a == Action::FocusNext),
+            Action::FocusNext | Action::FocusPrev => {
+                self.view.focus = self.view.focus.cycle(a == Action::FocusNext, self.view.state.shown)
+            }
+            Action::ScrollUp | Action::ScrollDown if self.view.focus == Focus::State => {
+                self.state_page(a == Action::ScrollDown)
+            }
             Action::ScrollUp | Action::ScrollDown => {
                 let d = if a == Action::ScrollUp { -1 } else { 1 };
                 let s = if self.view.focus == Focus::Thinking {

@@ -17,6 +17,7 @@ mod overlay;
 mod replay;
 mod saving;
 mod scroll;
+mod state_scope;
 mod view_state;
 
 use std::path::PathBuf;
@@ -30,6 +31,7 @@ pub use self::overlay::Overlay;
 pub use self::replay::{Replay, ReplayItem};
 pub use self::saving::{SaveState, SessionsDir, check_writable, turns_label};
 pub use self::scroll::PaneScroll;
+pub use self::state_scope::StateScope;
 pub use self::view_state::{ColourMode, Focus, ThinkingView, ViewState};
 use super::event::Inbound;
 use super::highlight::Markdown;

@@ -4,6 +4,7 @@
 use std::cell::Cell;
 
 use super::scroll::PaneScroll;
+use super::state_scope::StateScope;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Focus {
@@ -11,16 +12,27 @@ pub enum Focus {
     Sliders,
     Thinking,
     Answer,
+    /// The State view (only while it is shown).
+    State,
 }
 
 impl Focus {
-    const ORDER: [Focus; 4] = [Focus::Input, Focus::Sliders, Focus::Thinking, Focus::Answer];
+    const ORDER: [Focus; 5] = [Focus::Input, Focus::Sliders, Focus::Thinking, Focus::Answer, Focus::State];
 
-    /// The next (`forward`) or previous pane in Tab order.
-    pub fn cycle(self, forward: bool) -> Focus {
-        let i = Self::ORDER.iter().position(|f| *f == self).unwrap_or(0);
-        let d = if forward { 1 } else { Self::ORDER.len() - 1 };
-        Self::ORDER[(i + d) % Self::ORDER.len()]
+    /// The next (`forward`) or previous pane in Tab order; the State view's place counts only
+    /// while it is shown (it then stands where the panes were).
+    pub fn cycle(self, forward: bool, state_shown: bool) -> Focus {
+        let order: Vec<Focus> = Self::ORDER
+            .into_iter()
+            .filter(|f| match f {
+                Focus::State => state_shown,
+                Focus::Thinking | Focus::Answer => !state_shown,
+                _ => true,
+            })
+            .collect();
+        let i = order.iter().position(|f| *f == self).unwrap_or(0);
+        let d = if forward { 1 } else { order.len() - 1 };
+        order[(i + d) % order.len()]
     }
 }
 
@@ -68,6 +80,8 @@ pub struct ViewState {
     /// Token inspector cursor (index into the shown turn's tokens).
     pub inspector: Option<usize>,
     pub show_compare: bool,
+    /// The State view (it takes the panes' place while shown).
+    pub state: StateScope,
     pub step_mode: bool,
     /// The turn the panes show; `None` follows the latest.
     pub selected_turn: Option<usize>,
@@ -88,6 +102,7 @@ impl Default for ViewState {
             colour_mode: ColourMode::Phase,
             inspector: None,
             show_compare: false,
+            state: StateScope::default(),
             step_mode: false,
             selected_turn: None,
             thinking_scroll: PaneScroll::default(),

@@ -59,10 +59,12 @@ pub enum Action {
     FollowTail,
     CopyAnswer,
     CopyThinking,
+    StateView,
+    TraceState,
 }
 
 impl Action {
-    pub const ALL: [Action; 38] = [
+    pub const ALL: [Action; 40] = [
         Action::Send,
         Action::Newline,
         Action::HistoryPrev,
@@ -86,6 +88,8 @@ impl Action {
         Action::CompareView,
         Action::ColourMode,
         Action::Inspector,
+        Action::StateView,
+        Action::TraceState,
         Action::FocusNext,
         Action::FocusPrev,
         Action::ScrollUp,
@@ -144,6 +148,8 @@ impl Action {
             Action::FollowTail => "follow_tail",
             Action::CopyAnswer => "copy_answer",
             Action::CopyThinking => "copy_thinking",
+            Action::StateView => "state_view",
+            Action::TraceState => "trace_state",
         }
     }
 
@@ -174,7 +180,7 @@ impl Action {
             Action::CompareView => "show / hide the side-by-side comparison",
             Action::ColourMode => "colour tokens by phase / logprob / MTP provenance",
             Action::Inspector => "token inspector (←/→ move, Home/End)",
-            Action::FocusNext => "focus next pane (input, sliders, thinking, answer)",
+            Action::FocusNext => "focus next pane (input, sliders, thinking, answer; the State view when shown)",
             Action::FocusPrev => "focus previous pane",
             Action::Help => "this help",
             Action::Picker => "saved sessions (Enter open, r replay)",
@@ -187,6 +193,8 @@ impl Action {
             Action::FollowTail => "follow the tail again",
             Action::CopyAnswer => "copy the shown answer to the clipboard (OSC 52)",
             Action::CopyThinking => "copy the shown thinking to the clipboard (OSC 52)",
+            Action::StateView => "State view: what every GDN layer and head writes, keeps and forgets, per token",
+            Action::TraceState => "state trace on / off for the next generation (local engine; drafting pauses)",
         }
     }
 
@@ -230,6 +238,8 @@ impl Action {
             Action::FollowTail => &["alt-g"],
             Action::CopyAnswer => &["ctrl-y"],
             Action::CopyThinking => &["alt-y"],
+            Action::StateView => &["f7"],
+            Action::TraceState => &["f8"],
         }
     }
 

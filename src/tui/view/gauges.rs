@@ -234,6 +234,9 @@ fn mtp_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
             "off (no MTP head)".to_string()
         } else if t.params.mtp.depth == 0 && !t.params.mtp.auto {
             "off (depth 0)".to_string()
+        } else if t.params.trace_state {
+            // The state trace is per token: the engine does not draft while tracing.
+            "off while tracing the state".to_string()
         } else {
             "waiting for the first steps".to_string()
         };

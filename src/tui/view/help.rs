@@ -13,8 +13,10 @@ use crate::tui::app::App;
 use crate::tui::keymap::Action;
 
 /// Keys that depend on the focused pane (not rebindable).
-const CONTEXT_KEYS: [(&str, &str); 10] = [
+const CONTEXT_KEYS: [(&str, &str); 12] = [
     ("↑ / ↓ (prompt)", "history recall on a one-line prompt"),
+    ("↑ ↓ ← → (State)", "select a GDN layer / value head (Shift: by 8; PgUp PgDn: layers)"),
+    ("m M [ ] End t (State)", "metric, token back / forward, latest, tracing on / off"),
     ("↑ ↓ ← → (settings)", "select a slider / change its value"),
     ("Enter (settings)", "type the selected slider's value (e.g. 4000)"),
     ("Shift+← → or [ ]", "big step; p cycles the presets"),

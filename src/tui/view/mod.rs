@@ -9,6 +9,7 @@ mod inspector;
 mod panes;
 mod popups;
 mod sliders;
+mod state;
 pub mod wrap;
 
 pub use panes::{MarkdownWrap, PaneCache};
@@ -94,7 +95,9 @@ pub fn draw(app: &App, f: &mut Frame) {
             c
         }
     };
-    if app.view.show_compare
+    if app.view.state.shown {
+        state::draw(app, f, center);
+    } else if app.view.show_compare
         && let Some((a, b)) = app.compare_pair()
     {
         compare::draw(app, f, center, a, b);
@@ -112,7 +115,10 @@ pub fn draw(app: &App, f: &mut Frame) {
         f.render_widget(Clear, r);
         sliders::draw(app, f, r);
     }
-    if let Some(cur) = app.view.inspector {
+    // In the State view the cursor's token is its header; the popup would hide the map.
+    if let Some(cur) = app.view.inspector
+        && !app.view.state.shown
+    {
         inspector::draw(app, f, center, cur);
     }
     match &app.overlay {
@@ -248,6 +254,19 @@ fn banner_lines(app: &App) -> Vec<Line<'static>> {
                 }));
                 Line::from(spans)
             }
+            "state_alarm" => {
+                let what = d.message.split(". What to check").next().unwrap_or(&d.message);
+                let shown = if app.view.state.shown {
+                    String::new()
+                } else {
+                    format!("  [{}] shows it", app.keymap.first(Action::StateView))
+                };
+                Line::from(vec![
+                    Span::styled(" ⚠ STATE ALARM ", Style::new().fg(th.bad).add_modifier(bold | Modifier::REVERSED)),
+                    Span::styled(format!(" {what}"), th.fg(th.text)),
+                    Span::styled(shown, th.fg(th.accent).add_modifier(bold)),
+                ])
+            }
             other => Line::styled(format!(" {other}: {}", d.message), th.fg(th.warn)),
         };
         out.push(line);
@@ -301,12 +320,15 @@ fn status(app: &App, f: &mut Frame, area: Rect) {
             spans.push(Span::styled(format!("finish: {fr}"), st));
         }
     }
-    let settings = [
+    let mut settings = vec![
         sep.clone(),
         Span::styled(format!("thinking {}", if app.settings.enable_thinking { "on" } else { "off" }), th.fg(th.text)),
         sep.clone(),
         Span::styled(format!("colour: {}", app.view.colour_mode.name()), th.fg(th.text)),
     ];
+    if app.settings.params.trace_state {
+        settings.extend([sep.clone(), Span::styled("state trace on", th.fg(th.accent))]);
+    }
     // What is not saved stays on the status line until a save works.
     if app.convo.save.error.is_some() {
         spans.push(sep.clone());
@@ -355,7 +377,10 @@ fn status(app: &App, f: &mut Frame, area: Rect) {
     } else {
         spans.extend(settings);
         spans.push(sep);
-        spans.push(Span::styled(format!("{} help", app.keymap.first(Action::Help)), th.fg(th.dim)));
+        spans.push(Span::styled(
+            format!("{} help · {} state", app.keymap.first(Action::Help), app.keymap.first(Action::StateView)),
+            th.fg(th.dim),
+        ));
     }
     f.render_widget(Paragraph::new(Line::from(spans)), area);
 }
