@@ -282,25 +282,42 @@ pub fn compare(a: &Trace, b: &Trace, tol: f64) -> Comparison {
     let mut diverged = false;
     for li in 0..layers {
         let layer = a.states[0].gdn[li].layer;
-        let hit = comparable.iter().enumerate().find_map(|(i, (x, y))| {
-            let (lx, ly) = (&x.gdn[li], &y.gdn[li]);
-            [("β", &lx.beta, &ly.beta), ("g", &lx.g, &ly.g), ("‖S‖", &lx.state_norm, &ly.state_norm)]
-                .into_iter()
-                .map(|(name, p, q)| (name, rel_diff(p, q), p, q))
-                .find(|(_, (d, _), _, _)| *d > tol)
-                .map(|(name, (d, h), p, q)| (i, format!("{name} head {h}: {} vs {} ({d:.2e})", p[h], q[h])))
+        // Per pass, the metric and head that differ most (β, g, ‖S‖).
+        let worst: Vec<(f64, String)> = comparable
+            .iter()
+            .map(|(x, y)| {
+                let (lx, ly) = (&x.gdn[li], &y.gdn[li]);
+                [("β", &lx.beta, &ly.beta), ("g", &lx.g, &ly.g), ("‖S‖", &lx.state_norm, &ly.state_norm)]
+                    .into_iter()
+                    .map(|(name, p, q)| {
+                        let (d, h) = rel_diff(p, q);
+                        (d, format!("{name} head {h}: {} vs {} ({d:.2e})", p[h], q[h]))
+                    })
+                    .fold((0.0, String::new()), |w, c| if c.0 > w.0 { c } else { w })
+            })
+            .collect();
+        let largest = worst.iter().enumerate().fold(None, |m: Option<(usize, f64)>, (i, w)| match m {
+            Some((_, d)) if d >= w.0 => m,
+            _ => Some((i, w.0)),
         });
-        match hit {
-            Some((i, what)) => {
+        let largest = match largest {
+            Some((i, d)) if d > 0.0 => {
+                format!("largest at {}: {}", a.token_text(comparable[i].0.at_token), worst[i].1)
+            }
+            _ => "identical".to_string(),
+        };
+        match worst.iter().position(|w| w.0 > tol) {
+            Some(i) => {
                 diverged = true;
                 let at = a.token_text(comparable[i].0.at_token);
-                let _ = writeln!(s, "layer {layer:>3}: diverges at {at}: {what}");
+                let _ = writeln!(s, "layer {layer:>3}: diverges at {at}: {}", worst[i].1);
+                let _ = writeln!(s, "           {largest}");
                 if first.as_ref().is_none_or(|f| i < f.0) {
                     first = Some((i, layer, at));
                 }
             }
             None => {
-                let _ = writeln!(s, "layer {layer:>3}: agrees");
+                let _ = writeln!(s, "layer {layer:>3}: agrees ({largest})");
             }
         }
     }
@@ -491,12 +508,15 @@ mod tests {
         let same = compare(&a, &trace(a.states.clone()), 1e-3);
         assert!(!same.diverged, "{}", same.text);
         assert!(same.text.contains("the traces agree"));
+        assert!(same.text.contains("layer   1: agrees (identical)"), "{}", same.text);
         let b = trace(vec![event(None, 0.5, 1.0), event(Some(0), 0.5, 1.0), event(Some(1), 0.6, 1.0)]);
         let c = compare(&a, &b, 1e-3);
         assert!(c.diverged);
         assert!(c.text.contains("layer   0: agrees"), "{}", c.text);
         assert!(c.text.contains("layer   1: diverges at #1"), "{}", c.text);
         assert!(c.text.contains("first divergence: layer 1 at #1"), "{}", c.text);
+        // Beside the first difference past the tolerance, the largest one.
+        assert!(c.text.contains("largest at #1 \"x\": β head 0: 0.5 vs 0.6"), "{}", c.text);
         // A NaN against a number is a divergence however loose the tolerance.
         let n = trace(vec![event(None, 0.5, f32::NAN)]);
         assert!(compare(&trace(vec![event(None, 0.5, 1.0)]), &n, 10.0).diverged);
