@@ -18,8 +18,10 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The fixtures of the Qwen3.5 layout (separate in_proj_qkv / z / b / a) and the demo model.
-const QWEN35: [&str; 3] = ["tests/fixtures/qwen3_5_text", "tests/fixtures/qwen3_5_moe", "models/demo"];
+/// The fixtures with one safetensors file — the Qwen3.5 layout (separate in_proj_qkv / z / b / a)
+/// and Qwen3-Next's fused, per-key-head one — and the demo model.
+const QWEN35: [&str; 4] =
+    ["tests/fixtures/qwen3_5_text", "tests/fixtures/qwen3_5_moe", "tests/fixtures/qwen3_next", "models/demo"];
 /// Every architecture, for the engine's own invariants.
 const ALL: [&str; 5] = [
     "tests/fixtures/qwen3_5_text",

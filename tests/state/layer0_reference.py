@@ -1,4 +1,4 @@
-"""An independent reference for the state trace: layer 0 of a Qwen3.5 checkpoint (a Gated-
+"""An independent reference for the state trace: layer 0 of a Qwen3.5 or Qwen3-Next checkpoint (a Gated-
 DeltaNet layer, whose input is the embedding through input_layernorm, so nothing of the
 engine's computes it) from the model-spec formulas in NumPy float64, token by token.
 
@@ -34,6 +34,8 @@ def tensors(path):
             x = np.frombuffer(buf, dtype="<f4").astype(np.float64)
         elif t["dtype"] == "BF16":
             x = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        elif t["dtype"] == "F16":
+            x = np.frombuffer(buf, dtype="<f2").astype(np.float64)
         else:
             continue
         out[name] = x.reshape(t["shape"])
@@ -50,9 +52,19 @@ kd, r = hk * dk, hv // hk
 
 x = w[prefix + "embed_tokens.weight"][ids]
 x = x / np.sqrt((x * x).mean(axis=1, keepdims=True) + eps) * (1.0 + w[L + "input_layernorm.weight"])
-qkv = x @ w[L + "linear_attn.in_proj_qkv.weight"].T
-b = x @ w[L + "linear_attn.in_proj_b.weight"].T
-a = x @ w[L + "linear_attn.in_proj_a.weight"].T
+if L + "linear_attn.in_proj_qkvz.weight" in w:
+    # Qwen3-Next: fused projections grouped per key head (model-spec §2.4), un-interleaved into
+    # the logical q | k | v order the conv channels use.
+    T = len(ids)
+    qkvz = (x @ w[L + "linear_attn.in_proj_qkvz.weight"].T).reshape(T, hk, 2 * dk + 2 * r * dv)
+    qg, kg, vg = qkvz[:, :, :dk], qkvz[:, :, dk:2 * dk], qkvz[:, :, 2 * dk:2 * dk + r * dv]
+    qkv = np.concatenate([qg.reshape(T, -1), kg.reshape(T, -1), vg.reshape(T, -1)], axis=1)
+    ba = (x @ w[L + "linear_attn.in_proj_ba.weight"].T).reshape(T, hk, 2 * r)
+    b, a = ba[:, :, :r].reshape(T, hv), ba[:, :, r:].reshape(T, hv)
+else:
+    qkv = x @ w[L + "linear_attn.in_proj_qkv.weight"].T
+    b = x @ w[L + "linear_attn.in_proj_b.weight"].T
+    a = x @ w[L + "linear_attn.in_proj_a.weight"].T
 conv = w[L + "linear_attn.conv1d.weight"][:, 0, :]  # [channels, K]
 K = conv.shape[1]
 padded = np.concatenate([np.zeros((K - 1, qkv.shape[1])), qkv])
