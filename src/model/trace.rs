@@ -46,30 +46,36 @@ pub struct StateTrace {
 }
 
 /// One head's state after a pass against before it, in one pass over both (while the head is
-/// still in cache): ‖S‖_F, ‖S − S_before‖_F (sums of squares in f64: a state of 16k entries
-/// must not round its small changes away) and the non-finite entries of S.
+/// still in cache): ‖S‖_F, ‖S − S_before‖_F and the non-finite entries of S.
+///
+/// Squares are summed in f32 over blocks of 256 entries (eight lanes of 32, so the loop
+/// vectorises; each lane's sum is within 32 roundings, ≤ 4e-6 relative), and the blocks in f64:
+/// a state of 16k entries does not round its small changes away.
 pub fn head_state_norms(before: &[f32], after: &[f32]) -> (f32, f32, u32) {
-    // Four independent sums so the loop is not one long chain of dependent adds.
-    let (mut n, mut d) = ([0f64; 4], [0f64; 4]);
-    let mut bad = 0u32;
-    let mut quads = after.chunks_exact(4).zip(before.chunks_exact(4));
-    for (a, b) in &mut quads {
-        for i in 0..4 {
-            let (x, y) = (a[i] as f64, b[i] as f64);
-            n[i] += x * x;
-            d[i] += (x - y) * (x - y);
-            bad += !a[i].is_finite() as u32;
+    const LANES: usize = 8;
+    let (mut norm, mut delta, mut bad) = (0f64, 0f64, 0u32);
+    for (a, b) in after.chunks(LANES * 32).zip(before.chunks(LANES * 32)) {
+        let (mut n, mut d, mut nb) = ([0f32; LANES], [0f32; LANES], [0u32; LANES]);
+        let mut lanes = a.chunks_exact(LANES).zip(b.chunks_exact(LANES));
+        for (x, y) in &mut lanes {
+            for i in 0..LANES {
+                n[i] += x[i] * x[i];
+                let e = x[i] - y[i];
+                d[i] += e * e;
+                nb[i] += !x[i].is_finite() as u32;
+            }
         }
+        let tail = a.len() - a.len() % LANES;
+        for (&x, &y) in a[tail..].iter().zip(&b[tail..]) {
+            n[0] += x * x;
+            d[0] += (x - y) * (x - y);
+            nb[0] += !x.is_finite() as u32;
+        }
+        norm += n.iter().map(|&v| v as f64).sum::<f64>();
+        delta += d.iter().map(|&v| v as f64).sum::<f64>();
+        bad += nb.iter().sum::<u32>();
     }
-    let tail = after.len() - after.len() % 4;
-    for (&x, &y) in after[tail..].iter().zip(&before[tail..]) {
-        let (x64, y64) = (x as f64, y as f64);
-        n[0] += x64 * x64;
-        d[0] += (x64 - y64) * (x64 - y64);
-        bad += !x.is_finite() as u32;
-    }
-    let sum = |v: [f64; 4]| ((v[0] + v[1]) + (v[2] + v[3])).sqrt() as f32;
-    (sum(n), sum(d), bad)
+    (norm.sqrt() as f32, delta.sqrt() as f32, bad)
 }
 
 #[cfg(test)]
