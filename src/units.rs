@@ -27,8 +27,44 @@ pub fn duration_ms(ms: f64) -> String {
     if ms < 999.5 { format!("{:.0} ms", ms.max(0.0)) } else { format!("{:.1} s", ms / 1000.0) }
 }
 
+/// A number in four significant digits, without a wall of zeros.
+pub fn sig4(v: f32) -> String {
+    let a = v.abs();
+    if !v.is_finite() {
+        if v.is_nan() {
+            "NaN".into()
+        } else if v > 0.0 {
+            "∞".into()
+        } else {
+            "−∞".into()
+        }
+    } else if a != 0.0 && !(1e-3..1e4).contains(&a) {
+        format!("{v:.3e}").replace('-', "−")
+    } else {
+        // Four significant digits (at most four decimals), trailing zeros dropped.
+        let decimals = if a == 0.0 { 0 } else { (3 - a.log10().floor() as i32).clamp(0, 4) as usize };
+        let s = format!("{v:.decimals$}");
+        let s = if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.').to_string() } else { s };
+        s.replace('-', "−")
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::sig4 as sig;
+
+    #[test]
+    fn four_significant_digits() {
+        assert_eq!(sig(0.41234), "0.4123");
+        assert_eq!(sig(-0.12), "−0.12");
+        assert_eq!(sig(12345.0), "1.234e4");
+        assert_eq!(sig(6_931.472), "6931");
+        assert_eq!(sig(13.5335), "13.53");
+        assert_eq!(sig(-1e-4), "−1.000e−4");
+        assert_eq!(sig(0.0), "0");
+        assert_eq!(sig(f32::INFINITY), "∞");
+    }
+
     #[test]
     fn durations_below_a_second_are_milliseconds() {
         assert_eq!(super::duration_ms(61.4), "61 ms");

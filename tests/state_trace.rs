@@ -364,3 +364,47 @@ fn a_nonfinite_state_names_the_layer_and_the_head() {
         assert!(msg.contains("layer 1's GDN output") && msg.contains("value head 4's recurrent state holds"), "{msg}");
     }
 }
+
+#[test]
+fn break_checkpoint_makes_the_broken_demo_copies_the_readme_shows() {
+    let py = python();
+    let dir = tempfile::tempdir().unwrap();
+    let demo = root().join("models/demo");
+    let break_it = |dst: &Path, args: &[&str]| {
+        Command::new(&py)
+            .arg(root().join("scripts/break_checkpoint.py"))
+            .arg(&demo)
+            .arg(dst)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    // A_log of layer 1 lowered by 12 (the demo is bf16): every head of layer 1 keeps its memory.
+    let keep = dir.path().join("keep");
+    let out = break_it(&keep, &["model.layers.1.linear_attn.A_log", "--add", "-12"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let summary = |model: &Path| {
+        let out = Command::new(bin())
+            .args(["trace", "--device", "cpu", "--prompt", "Is 91 prime?", "--max-tokens", "16", "--model"])
+            .arg(model)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let layer1 = |s: &str| s.lines().find(|l| l.trim_start().starts_with("1 ")).unwrap_or_default().to_string();
+    // The last column: heads that keep half their memory past 1000 tokens.
+    assert!(layer1(&summary(&demo)).ends_with(" 0"), "{}", summary(&demo));
+    assert!(layer1(&summary(&keep)).ends_with(" 4"), "{}", summary(&keep));
+    // One NaN in A_log: value head 2's state goes NaN at the first prompt token.
+    let nan = dir.path().join("nan");
+    assert!(break_it(&nan, &["model.layers.1.linear_attn.A_log", "--nan", "2"]).status.success());
+    let d = run_json(&nan, &[]);
+    let d = diagnostics(&d, "nonfinite");
+    assert_eq!((d[0]["layer"].as_u64(), d[0]["head"].as_u64()), (Some(1), Some(2)), "{}", d[0]);
+    // A wrong name is refused, naming the tensor and what GDN tensors look like.
+    let out = break_it(&dir.path().join("x"), &["model.layers.1.linear_attn.Alog", "--nan", "0"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("model.layers.1.linear_attn.Alog: no such tensor") && err.contains("A_log"), "{err}");
+}

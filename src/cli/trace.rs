@@ -13,6 +13,7 @@ use super::common::{self, GenArgs, ModelArgs, PromptArgs};
 use super::interrupt::Interrupt;
 use crate::backend::state_trace::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
 use crate::backend::{ChatRequest, EngineEvent, FinishReason, StateEvent, StateMetric, TokenEvent};
+use crate::units::{short_bytes, sig4};
 
 #[derive(Args, Debug)]
 pub struct TraceArgs {
@@ -184,7 +185,7 @@ pub fn summary(t: &Trace) -> String {
     );
     let _ = writeln!(
         s,
-        "layer  heads  β mean  half-life min / median / max (tokens)  ‖S‖ max   ‖ΔS‖/‖S‖ mean  forget<{FORGETS_WITHIN}  keep>{KEEPS_PAST}"
+        "layer heads  β mean  half-life min  median      max  ‖S‖ max  ‖ΔS‖/‖S‖  forget<{FORGETS_WITHIN}  keep>{KEEPS_PAST}"
     );
     for (li, l) in last.gdn.iter().enumerate() {
         let heads = l.beta.len();
@@ -198,21 +199,21 @@ pub fn summary(t: &Trace) -> String {
         let keeps = hl.iter().filter(|&&h| memory_of(h) == HeadMemory::Keeps).count();
         let _ = writeln!(
             s,
-            "{:>5}  {:>5}  {:>6.3}  {:>9} / {:>9} / {:>9}            {:>9.3e}  {:>13.3}  {:>8}  {:>9}",
+            "{:>5} {:>5}  {:>6}  {:>13}  {:>6}  {:>7}  {:>7}  {:>8}  {:>8}  {:>9}",
             l.layer,
             heads,
-            l.beta.iter().sum::<f32>() / heads as f32,
-            tokens_fmt(hl[0]),
-            tokens_fmt(hl[heads / 2]),
-            tokens_fmt(hl[heads - 1]),
-            norm_max,
-            delta_mean,
+            sig4(l.beta.iter().sum::<f32>() / heads as f32),
+            sig4(hl[0]),
+            sig4(hl[heads / 2]),
+            sig4(hl[heads - 1]),
+            sig4(norm_max),
+            sig4(delta_mean as f32),
             forgets,
             keeps
         );
     }
     for a in &last.attention {
-        let _ = writeln!(s, "{:>5}  attention: KV {} tokens, {} bytes", a.layer, a.kv_len, a.kv_bytes);
+        let _ = writeln!(s, "{:>5} attention: KV {} tokens, {}", a.layer, a.kv_len, short_bytes(a.kv_bytes as u64));
     }
     match t.states.iter().find_map(|e| e.alarm(EXPLODED_NORM).map(|a| (e.at_token, a))) {
         Some((at, (layer, head, what))) => {
@@ -223,16 +224,6 @@ pub fn summary(t: &Trace) -> String {
         }
     }
     s
-}
-
-fn tokens_fmt(h: f32) -> String {
-    if h.is_infinite() {
-        "∞".into()
-    } else if h >= 1e4 {
-        format!("{h:.2e}")
-    } else {
-        format!("{h:.3}")
-    }
 }
 
 pub struct Comparison {
@@ -526,8 +517,14 @@ mod tests {
     fn summary_marks_heads_and_raises_the_alarm() {
         let s = summary(&trace(vec![event(None, 0.5, 1.0), event(Some(0), 0.5, 1.0)]));
         // Layer 0: head 1 forgets (half-life 0.14); layer 1: head 1 keeps (6931 tokens).
-        assert!(s.lines().any(|l| l.trim_start().starts_with("0 ") && l.ends_with("1          0")), "{s}");
-        assert!(s.lines().any(|l| l.trim_start().starts_with("1 ") && l.ends_with("0          1")), "{s}");
+        let row = |layer: &str| {
+            let l = s.lines().find(|l| l.trim_start().starts_with(layer)).unwrap_or_default();
+            l.split_whitespace().map(str::to_string).collect::<Vec<_>>()
+        };
+        // layer, heads, β mean, half-lives (tokens) min / median / max, ‖S‖ max, ‖ΔS‖/‖S‖ mean over
+        // the tokens, heads that forget / keep
+        assert_eq!(row("0 "), ["0", "2", "0.5", "0.1386", "6.931", "6.931", "1", "0.5", "1", "0"], "{s}");
+        assert_eq!(row("1 "), ["1", "2", "0.5", "6.931", "6931", "6931", "1", "0.05", "0", "1"], "{s}");
         assert!(s.contains("no alarm"));
         let s = summary(&trace(vec![event(None, 0.5, 1.0), event(Some(0), 0.5, 3e4)]));
         assert!(s.contains("ALARM at #0 \"x\": layer 1 head 0"), "{s}");

@@ -30,7 +30,7 @@ use crate::session::Turn;
 use crate::tui::app::{App, Focus, StateScope};
 use crate::tui::keymap::Action;
 use crate::tui::theme::Theme;
-use crate::units::short_bytes;
+use crate::units::{short_bytes, sig4 as sig};
 
 const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
 /// Columns of a layer row's label ("▸L12 ").
@@ -91,28 +91,6 @@ impl Scale {
             StateMetric::HalfLife => "0.1 … 10k tok, log".into(),
             StateMetric::StateNorm => format!("{} … {}, log", sig(10f32.powf(self.lo)), sig(10f32.powf(self.hi))),
         }
-    }
-}
-
-/// A number in four significant digits, without a wall of zeros.
-fn sig(v: f32) -> String {
-    let a = v.abs();
-    if !v.is_finite() {
-        if v.is_nan() {
-            "NaN".into()
-        } else if v > 0.0 {
-            "∞".into()
-        } else {
-            "−∞".into()
-        }
-    } else if a != 0.0 && !(1e-3..1e4).contains(&a) {
-        format!("{v:.3e}").replace('-', "−")
-    } else {
-        // Four significant digits (at most four decimals), trailing zeros dropped.
-        let decimals = if a == 0.0 { 0 } else { (3 - a.log10().floor() as i32).clamp(0, 4) as usize };
-        let s = format!("{v:.decimals$}");
-        let s = if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.').to_string() } else { s };
-        s.replace('-', "−")
     }
 }
 
@@ -566,14 +544,6 @@ mod tests {
         assert_eq!((norm.lo, norm.hi), (-1.0, 1.0));
         assert_eq!(norm.x(1.0), Some(0.5));
         assert_eq!(norm.x(2e4), None, "an exploded state is marked, not coloured");
-        assert_eq!(sig(0.41234), "0.4123");
-        assert_eq!(sig(-0.12), "−0.12");
-        assert_eq!(sig(12345.0), "1.234e4");
-        assert_eq!(sig(6_931.472), "6931");
-        assert_eq!(sig(13.5335), "13.53");
-        assert_eq!(sig(-1e-4), "−1.000e−4");
-        assert_eq!(sig(0.0), "0");
-        assert_eq!(sig(f32::INFINITY), "∞");
         let th = Theme::default();
         assert_eq!(bar(&th, Some(0.0)).0, '▁');
         assert_eq!(bar(&th, Some(1.0)).0, '█');
