@@ -356,8 +356,33 @@ fn escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
-/// The SVG: a layers × heads heat map of `metric` at the last pass, and the metric of every
-/// head of `layer` over the passes.
+/// A value back from the plot's scale (half-lives are drawn as log10 tokens).
+fn unscaled(metric: StateMetric, v: f32) -> String {
+    match metric {
+        StateMetric::HalfLife => format!("{} tok", sig4(10f32.powf(v))),
+        _ => sig4(v),
+    }
+}
+
+/// Ten colours that tell lines apart (Tableau 10), then viridis for more heads.
+fn line_colour(h: usize, n: usize) -> (u8, u8, u8) {
+    const TAB10: [(u8, u8, u8); 10] = [
+        (31, 119, 180),
+        (255, 127, 14),
+        (44, 160, 44),
+        (214, 39, 40),
+        (148, 103, 189),
+        (140, 86, 75),
+        (227, 119, 194),
+        (127, 127, 127),
+        (188, 189, 34),
+        (23, 190, 207),
+    ];
+    if n <= TAB10.len() { TAB10[h] } else { viridis(h as f32 / (n - 1) as f32 * 0.95) }
+}
+
+/// The SVG: a layers × heads heat map of `metric` at the last pass (with its colour scale), and
+/// the metric of every head of `layer` over the passes (with its axes and a legend of heads).
 pub fn plot(t: &Trace, metric: StateMetric, layer: usize) -> anyhow::Result<String> {
     let last = t.states.last().context("no state events")?;
     let li = last
@@ -366,12 +391,13 @@ pub fn plot(t: &Trace, metric: StateMetric, layer: usize) -> anyhow::Result<Stri
         .position(|l| l.layer == layer)
         .with_context(|| format!("--layer {layer} is not a GDN layer of this trace"))?;
     let heads = last.gdn.iter().map(|l| l.beta.len()).max().unwrap_or(1);
-    let cell = 14.0f32.min(600.0 / heads as f32).max(3.0);
+    let cell = (600.0 / heads as f32).clamp(6.0, 36.0);
     let (map_w, map_h) = (heads as f32 * cell, last.gdn.len() as f32 * cell);
-    let (line_w, line_h) = (640.0f32, 220.0f32);
-    let (left, top) = (70.0f32, 40.0f32);
-    let width = (left + map_w.max(line_w) + 40.0).ceil();
-    let height = (top + map_h + 80.0 + line_h + 60.0).ceil();
+    let (line_w, line_h) = (720.0f32, 240.0f32);
+    let (left, top) = (70.0f32, 44.0f32);
+    let width = (left + map_w.max(line_w) + 120.0).ceil();
+    // Title, the map (at least the colour bar's 60), its note, the chart's title, the chart, ticks.
+    let height = (top + map_h.max(60.0) + 18.0 + 44.0 + line_h + 30.0).ceil();
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -382,70 +408,121 @@ pub fn plot(t: &Trace, metric: StateMetric, layer: usize) -> anyhow::Result<Stri
     let (lo, hi) = range(last.gdn.iter().flat_map(|l| (0..l.beta.len()).map(move |h| scaled(metric.value(l, h)))));
     let _ = writeln!(
         s,
-        r#"<text x="{left}" y="20">{} at {} — layers × heads (colour: {:.3} … {:.3}{})</text>"#,
+        r#"<text x="{left}" y="18" font-size="13">{} at {} — GDN layers × value heads</text>"#,
         escape(metric.label()),
         escape(&t.token_text(last.at_token)),
-        lo,
-        hi,
-        if metric == StateMetric::HalfLife { ", log10 tokens" } else { "" }
     );
+    for h in 0..heads {
+        if heads <= 16 || h % 8 == 0 {
+            let _ = writeln!(s, r#"<text x="{:.1}" y="{:.1}">h{h}</text>"#, left + h as f32 * cell, top - 6.0);
+        }
+    }
     for (r, l) in last.gdn.iter().enumerate() {
         let y = top + r as f32 * cell;
-        let _ = writeln!(s, r#"<text x="4" y="{:.1}">L{}</text>"#, y + cell * 0.8, l.layer);
+        let _ = writeln!(s, r#"<text x="4" y="{:.1}">L{}</text>"#, y + cell * 0.5 + 4.0, l.layer);
         for h in 0..l.beta.len() {
             let v = metric.value(l, h);
             let (cr, cg, cb) = viridis((scaled(v) - lo) / (hi - lo));
             let mark = match memory_of(l.half_life(h)) {
-                HeadMemory::Forgets => " stroke=\"#d00\"",
-                HeadMemory::Keeps => " stroke=\"#00d\"",
+                HeadMemory::Forgets => " stroke=\"#d00\" stroke-width=\"1.5\"",
+                HeadMemory::Keeps => " stroke=\"#00d\" stroke-width=\"1.5\"",
                 HeadMemory::Between => "",
             };
             let _ = writeln!(
                 s,
-                r#"<rect x="{:.1}" y="{y:.1}" width="{cell:.1}" height="{cell:.1}" fill="rgb({cr},{cg},{cb})"{mark}><title>L{} head {h}: {v}</title></rect>"#,
+                r#"<rect x="{:.1}" y="{y:.1}" width="{:.1}" height="{:.1}" fill="rgb({cr},{cg},{cb})"{mark}><title>L{} head {h}: {v}</title></rect>"#,
                 left + h as f32 * cell,
+                cell - 1.0,
+                cell - 1.0,
                 l.layer
             );
         }
     }
-    let ly = top + map_h + 16.0;
+    // The colour scale, in the metric's own units.
+    let bx = left + map_w + 16.0;
+    for i in 0..20 {
+        let (cr, cg, cb) = viridis(1.0 - i as f32 / 19.0);
+        let _ = writeln!(
+            s,
+            r#"<rect x="{bx:.1}" y="{:.1}" width="12" height="{:.1}" fill="rgb({cr},{cg},{cb})"/>"#,
+            top + i as f32 * map_h.max(60.0) / 20.0,
+            map_h.max(60.0) / 20.0 + 0.5
+        );
+    }
+    let _ = writeln!(s, r#"<text x="{:.1}" y="{:.1}">{}</text>"#, bx + 16.0, top + 9.0, escape(&unscaled(metric, hi)));
     let _ = writeln!(
         s,
-        "<text x=\"{left}\" y=\"{ly:.1}\">red outline: forgets within {FORGETS_WITHIN} tokens · blue outline: keeps half past {KEEPS_PAST} tokens</text>"
+        r#"<text x="{:.1}" y="{:.1}">{}</text>"#,
+        bx + 16.0,
+        top + map_h.max(60.0),
+        escape(&unscaled(metric, lo))
     );
+    let ly = top + map_h.max(60.0) + 18.0;
+    let _ = writeln!(
+        s,
+        "<text x=\"{left}\" y=\"{ly:.1}\">red outline: forgets within {FORGETS_WITHIN} tokens · blue outline: keeps half past {KEEPS_PAST} tokens{}</text>",
+        if metric == StateMetric::HalfLife { " · colours on a log scale" } else { "" }
+    );
+
     // The metric over the passes for one layer, one line per head.
     let series: Vec<Vec<f32>> = (0..last.gdn[li].beta.len())
         .map(|h| t.states.iter().map(|e| scaled(metric.value(&e.gdn[li], h))).collect())
         .collect();
     let (lo, hi) = range(series.iter().flatten().copied());
-    let y0 = ly + 40.0;
+    let y0 = ly + 44.0;
     let _ = writeln!(
         s,
-        r#"<text x="{left}" y="{:.1}">layer {layer}: {} over {} passes (prompt first), {:.3} … {:.3}</text>"#,
-        y0 - 8.0,
+        r#"<text x="{left}" y="{:.1}" font-size="13">layer {layer}: {} of every head over {} passes (the prompt first)</text>"#,
+        y0 - 12.0,
         escape(metric.label()),
         t.states.len(),
-        lo,
-        hi
     );
     let _ =
         writeln!(s, r##"<rect x="{left}" y="{y0:.1}" width="{line_w}" height="{line_h}" fill="none" stroke="#888"/>"##);
+    let _ = writeln!(s, r#"<text x="4" y="{:.1}">{}</text>"#, y0 + 10.0, escape(&unscaled(metric, hi)));
+    let _ = writeln!(s, r#"<text x="4" y="{:.1}">{}</text>"#, y0 + line_h, escape(&unscaled(metric, lo)));
     let n = t.states.len().max(2) as f32 - 1.0;
+    let x_of = |i: usize| left + i as f32 / n * line_w;
+    // Ticks: the prompt, then every tenth of the passes, labelled with the token read.
+    let step = (t.states.len() / 8).max(1);
+    for (i, e) in t.states.iter().enumerate().step_by(step) {
+        let label = match e.at_token {
+            None => "prompt".to_string(),
+            Some(a) => format!("#{a}"),
+        };
+        let _ = writeln!(
+            s,
+            r##"<line x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="#888"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+            y0 + line_h,
+            y0 + line_h + 4.0,
+            y0 + line_h + 16.0,
+            escape(&label),
+            x = x_of(i)
+        );
+    }
     for (h, ys) in series.iter().enumerate() {
-        let (cr, cg, cb) = viridis(h as f32 / series.len().max(2) as f32 - 1.0 / series.len().max(2) as f32);
+        let (cr, cg, cb) = line_colour(h, series.len());
         let pts: Vec<String> = ys
             .iter()
             .enumerate()
             .filter(|(_, v)| v.is_finite())
-            .map(|(i, v)| {
-                format!("{:.1},{:.1}", left + i as f32 / n * line_w, y0 + line_h - (v - lo) / (hi - lo) * line_h)
-            })
+            .map(|(i, v)| format!("{:.1},{:.1}", x_of(i), y0 + line_h - (v - lo) / (hi - lo) * line_h))
             .collect();
         let _ = writeln!(
             s,
             r#"<polyline fill="none" stroke="rgb({cr},{cg},{cb})" stroke-width="1.2" points="{}"><title>head {h}</title></polyline>"#,
             pts.join(" ")
         );
+        if h < 24 {
+            let ky = y0 + 8.0 + h as f32 * 13.0;
+            let _ = writeln!(
+                s,
+                r#"<rect x="{:.1}" y="{:.1}" width="10" height="3" fill="rgb({cr},{cg},{cb})"/><text x="{:.1}" y="{ky:.1}">h{h}</text>"#,
+                left + line_w + 10.0,
+                ky - 4.0,
+                left + line_w + 24.0
+            );
+        }
     }
     let _ = writeln!(s, "</svg>");
     Ok(s)
