@@ -270,6 +270,13 @@ fn compare_runs_side_by_side() {
     engine(&mut app, token(2, Phase::Answer, "91 is not prime.", -0.1, DraftKind::None, false), 305.0);
     engine(&mut app, done(FinishReason::Stop, 16, 2, 1, "91 / 7 = 13", "91 is not prime."), 306.0);
     snap("compare", render(&app, W, H));
+    // The State view and the comparison take the panes' place one at a time.
+    key(&mut app, KeyCode::F(7), KeyModifiers::NONE, 307.0);
+    assert!(app.view.state.shown && !app.view.show_compare);
+    key(&mut app, KeyCode::Char('c'), KeyModifiers::ALT, 308.0);
+    assert!(!app.view.state.shown && app.view.show_compare);
+    assert_eq!(app.view.focus, Focus::Input);
+    assert!(render(&app, W, H).contains("B · turn 2 (re-run)"));
 }
 
 #[test]

@@ -251,7 +251,13 @@ impl App {
             Action::CollapseThinking => self.view.thinking_view = self.view.thinking_view.next(),
             Action::CompareView => {
                 if self.compare_pair().is_some() {
-                    self.view.show_compare = !self.view.show_compare;
+                    // The comparison and the State view take the panes' place: one at a time.
+                    if self.view.state.shown {
+                        self.toggle_state_view();
+                        self.view.show_compare = true;
+                    } else {
+                        self.view.show_compare = !self.view.show_compare;
+                    }
                 } else {
                     let key = self.keymap.first(Action::Compare);
                     self.say(Level::Info, format!("no comparison yet ({key} re-runs the last prompt)"));
