@@ -288,6 +288,11 @@ fn trace_writes_jsonl_a_summary_and_an_svg_and_compare_finds_the_broken_layer() 
     assert_eq!(states, 12);
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("half-life"));
+    // A --layer that is not a GDN layer is refused at the prompt's pass, naming the GDN layers.
+    let bad = trace_cli(&fixture, &dir.path().join("c.jsonl"), &["--plot", "x.svg", "--layer", "3"]);
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("--layer 3 is not a GDN layer of this model (GDN layers: 0, 1, 2)"), "{err}");
 
     // The same checkpoint again: the traces agree (exit 0).
     let again = dir.path().join("again.jsonl");

@@ -148,6 +148,17 @@ pub fn run(a: TraceArgs) -> anyhow::Result<()> {
                 break;
             }
             EngineEvent::Error(e) => bail!("{}", e.message),
+            // The prompt's pass names the GDN layers: a --layer that is not one fails now, not
+            // after the whole generation.
+            EngineEvent::State(s) if trace.states.len() == 1 => {
+                if let (Some(_), Some(layer)) = (&a.plot, a.layer)
+                    && !s.gdn.iter().any(|l| l.layer == layer)
+                {
+                    generation.control().cancel();
+                    let gdn: Vec<String> = s.gdn.iter().map(|l| l.layer.to_string()).collect();
+                    bail!("--layer {layer} is not a GDN layer of this model (GDN layers: {})", gdn.join(", "));
+                }
+            }
             _ => {}
         }
     }
