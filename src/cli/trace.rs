@@ -35,7 +35,7 @@ pub struct TraceArgs {
     /// Draw an SVG: the metric per layer × head at the last token, and over the tokens for --layer.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
-    /// The metric to draw and to compare first: beta, half-life, norm, delta.
+    /// The metric --plot draws: beta, half-life, norm, delta (--compare checks β, g and ‖S‖).
     #[arg(long, default_value = "beta", value_parser = metric)]
     pub metric: StateMetric,
     /// The layer whose heads the SVG draws over the tokens (default: the first GDN layer).
