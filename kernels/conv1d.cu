@@ -45,12 +45,12 @@ extern "C" __global__ void conv1d_restore_slot(bf16* __restrict__ state, const b
 // Prefill: y[t][c] over all tokens at once (one thread per (token, channel)), inputs before
 // the first token read from the state. The state is not written here: conv1d_save_state
 // runs after, once every y has read it.
-// grid: (ceil(channels / 256), tokens); block: 256.
+// grid: (tokens, ceil(channels / 256)); block: 256. Tokens on x: grid y stops at 65535.
 extern "C" __global__ void conv1d_prefill(const bf16* __restrict__ x, const bf16* __restrict__ state,
                                           const bf16* __restrict__ w, bf16* __restrict__ y, int tokens,
                                           int channels, int kernel) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    const int t = blockIdx.y;
+    const int c = blockIdx.y * blockDim.x + threadIdx.x;
+    const int t = blockIdx.x;
     if (c >= channels || t >= tokens) return;
     float s = 0.0f;
     for (int i = 0; i < kernel; ++i) {

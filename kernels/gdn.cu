@@ -19,6 +19,11 @@
 // slots (nullable, MTP verify): the state after token t goes to slots + t·Hv·dv·dk (same
 // layout) and `state` is left as it was before the pass; gdn_restore_slot then keeps the
 // accepted prefix's state. Without slots the state is updated in place.
+// trace (nullable, the state scope): [T][Hv][2] β, g per token and value head (written by the
+// head's first block), then at T·Hv·2 the pass's sums [Hv][⌈dv / 16⌉][4 warps][3]: Σ S², Σ (S −
+// S_before)² and the count of non-finite entries over each warp's rows of S after the pass
+// (S_before: the state as the pass found it). The host adds them up in f64 per head. Off
+// (null), it costs one uniform branch per token.
 // grid: (Hv, ⌈dv / 16⌉); block: 128.
 
 #define GDN_ROWS_PER_WARP 4
@@ -27,7 +32,8 @@
 extern "C" __global__ void gdn_recurrent(const bf16* __restrict__ qkv, const bf16* __restrict__ a,
                                          const bf16* __restrict__ b, const float* __restrict__ A_log,
                                          const float* __restrict__ dt_bias, float* __restrict__ state,
-                                         float* __restrict__ slots, bf16* __restrict__ out, int tokens,
+                                         float* __restrict__ slots, float* __restrict__ trace,
+                                         bf16* __restrict__ out, int tokens,
                                          int n_k_heads, int n_v_heads, int dk, int dv) {
     const int h = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -67,6 +73,10 @@ extern "C" __global__ void gdn_recurrent(const bf16* __restrict__ qkv, const bf1
         const float beta = round_bf(sigmoidf(bf2f(b[(long long)t * n_v_heads + h])));
         const float g = neg_a * softplusf(bf2f(a[(long long)t * n_v_heads + h]) + dt_bias[h]);
         const float decay = expf(g);
+        if (trace && blockIdx.y == 0 && threadIdx.x == 0) {
+            trace[((long long)t * n_v_heads + h) * 2] = beta;
+            trace[((long long)t * n_v_heads + h) * 2 + 1] = g;
+        }
 #pragma unroll
         for (int r = 0; r < GDN_ROWS_PER_WARP; ++r) {
             if (row0 + r >= dv) break;  // the same for the whole warp
@@ -94,6 +104,29 @@ extern "C" __global__ void gdn_recurrent(const bf16* __restrict__ qkv, const bf1
 #pragma unroll
                 for (int i = 0; i < GDN_MAX_KPL; ++i)
                     if (i * 32 + lane < dk && row0 + r < dv) slot[(long long)(row0 + r) * dk + i * 32 + lane] = s[r][i];
+        }
+    }
+    if (trace) {
+        float ss = 0.0f, dd = 0.0f, bad = 0.0f;
+#pragma unroll
+        for (int r = 0; r < GDN_ROWS_PER_WARP; ++r)
+#pragma unroll
+            for (int i = 0; i < GDN_MAX_KPL; ++i)
+                if (i * 32 + lane < dk && row0 + r < dv) {
+                    const float x = s[r][i];
+                    const float e = x - state[head_state + (long long)(row0 + r) * dk + i * 32 + lane];
+                    ss = fmaf(x, x, ss);
+                    dd = fmaf(e, e, dd);
+                    bad += finite_f32(x) ? 0.0f : 1.0f;
+                }
+        ss = warp_sum(ss);
+        dd = warp_sum(dd);
+        bad = warp_sum(bad);
+        if (lane == 0) {
+            float* sums = trace + (long long)tokens * n_v_heads * 2 + (((long long)h * gridDim.y + blockIdx.y) * 4 + warp) * 3;
+            sums[0] = ss;
+            sums[1] = dd;
+            sums[2] = bad;
         }
     }
     if (slots) return;

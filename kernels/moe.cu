@@ -3,7 +3,8 @@
 
 // Router: softmax over the experts in f32, the k largest (ties: the lower id), renormalised
 // to sum 1 when `renorm` (norm_topk_prob), the weights rounded to bf16 as the reference casts
-// them. logits [T][E] f32 (the router GEMV's f32 output). ids / weights [T][k].
+// them. logits [T][E] f32 (the router GEMV's f32 output), rounded to bf16 here as the bf16
+// router's output is (the CPU engine and transformers). ids / weights [T][k].
 // grid: T; block: 256. E ≤ 1024, k ≤ 32.
 extern "C" __global__ void moe_topk(const float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ weights,
                                     int experts, int k, int renorm) {
@@ -14,7 +15,7 @@ extern "C" __global__ void moe_topk(const float* __restrict__ logits, int* __res
     const int t = blockIdx.x;
     const float* row = logits + (long long)t * experts;
     float mx = -INFINITY;
-    for (int e = threadIdx.x; e < experts; e += blockDim.x) mx = fmaxf(mx, row[e]);
+    for (int e = threadIdx.x; e < experts; e += blockDim.x) mx = fmaxf(mx, round_bf(row[e]));
     // block max through the same scratch as block_sum
     mx = warp_max(mx);
     if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = mx;
@@ -24,7 +25,7 @@ extern "C" __global__ void moe_topk(const float* __restrict__ logits, int* __res
     __syncthreads();
     float sum = 0.0f;
     for (int e = threadIdx.x; e < experts; e += blockDim.x) {
-        p[e] = expf(row[e] - mx);
+        p[e] = expf(round_bf(row[e]) - mx);
         sum += p[e];
     }
     sum = block_sum(sum, scratch);
@@ -67,12 +68,13 @@ extern "C" __global__ void moe_topk(const float* __restrict__ logits, int* __res
 // y[p][n] = W[ids[p]][n] · x_p for each (token, slot) pair p = t·k + s, W expert-major
 // [E][n_out][k_in] bf16; x_p is x[p] when `x_per_pair` (the down projection reads each pair's
 // own activation) else x[t] (gate/up read the token's). One warp per (pair, feature).
-// grid: (ceil(n_out / 8), pairs); block: 256.
+// grid: (pairs, ceil(n_out / 8)); block: 256. Pairs on x: T·top_k passes grid y's 65535 at
+// 8192 tokens of a top-8 model.
 extern "C" __global__ void moe_gemv(const bf16* __restrict__ W, const int* __restrict__ ids, const bf16* __restrict__ x,
                                     int x_per_pair, bf16* __restrict__ y, int n_out, int k_in, int top_k) {
     const int lane = threadIdx.x & 31;
-    const int n = blockIdx.x * 8 + (threadIdx.x >> 5);
-    const int pair = blockIdx.y;
+    const int n = blockIdx.y * 8 + (threadIdx.x >> 5);
+    const int pair = blockIdx.x;
     if (n >= n_out) return;
     const long long e = ids[pair];
     const bf16* wrow = W + (e * n_out + n) * (long long)k_in;
@@ -109,10 +111,10 @@ extern "C" __global__ void moe_combine(const bf16* __restrict__ y, const int* __
     out[i] = f2bf(acc);
 }
 
-// The shared expert's gate: out[t][i] = round(x[t][i] · round(sigmoid(g[t]))), g the
-// shared_expert_gate GEMV's output per token.
+// The shared expert's gate: out[t][i] = round(x[t][i] · round(sigmoid(round(g[t])))), g the
+// shared_expert_gate GEMV's f32 output per token, rounded as the bf16 linear's output is.
 extern "C" __global__ void sigmoid_scale_rows(const bf16* __restrict__ x, const float* __restrict__ g,
                                              bf16* __restrict__ out, int hidden, long long n) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = f2bf(bf2f(x[i]) * round_bf(sigmoidf(g[i / hidden])));
+    if (i < n) out[i] = f2bf(bf2f(x[i]) * round_bf(sigmoidf(round_bf(g[i / hidden]))));
 }

@@ -5,7 +5,8 @@
 // y = x · rsqrt(mean(x²) + eps) · w           (zero_centred = 0: Qwen3-Next's q/k norms use it too)
 // y = x · rsqrt(mean(x²) + eps) · (1 + w)     (zero_centred = 1: Qwen3.5 / 3.6 decoder and q/k norms)
 // Rows of `n` elements, `stride` apart (q/k norms run per head inside a wider row).
-extern "C" __global__ void rms_norm(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ y,
+// x and y may be one buffer (the per-head q / k norms run in place), so neither is __restrict__.
+extern "C" __global__ void rms_norm(const bf16* x, const bf16* __restrict__ w, bf16* y,
                                     int n, long long stride, float eps, int zero_centred) {
     __shared__ float scratch[32];
     const bf16* xr = x + blockIdx.x * stride;

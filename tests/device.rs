@@ -76,7 +76,7 @@ fn a_malformed_device_names_the_part() {
     let out = deltascope(&["run", "--device", "cuda:one", "--prompt", "hi"]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("\"one\" is not a GPU ordinal"), "{stderr}");
+    assert!(stderr.contains("\"one\" is not a device ordinal"), "{stderr}");
 }
 
 #[test]

@@ -1,11 +1,13 @@
 //! Every kernel in kernels/ compiles with NVRTC from PyPI (pinned, installed by
 //! `scripts/setup-nvrtc.sh`, run by this test) to PTX and to an sm_90 CUBIN, with the entry
-//! points it must define; the kernel cache keys and reuses compiled code. No GPU is needed.
+//! points it must define, and fits the register, spill and shared-memory limits on sm_90 and
+//! sm_86; the kernel cache keys and reuses compiled code. No GPU is needed.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+use deltascope::model::cuda::{kernels, nvrtc, probe, resources};
 use serde_json::Value;
 
 fn root() -> PathBuf {
@@ -136,4 +138,110 @@ fn without_nvrtc_compiling_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.trim(), "error: NVRTC not found (libnvrtc): kernels cannot be compiled");
+}
+
+/// Set in the child that runs the resource check in-process (see below).
+const RESOURCES_INNER: &str = "DELTASCOPE_TEST_NVRTC_RESOURCES_INNER";
+const RESOURCES_TEST: &str = "every_kernel_fits_the_register_spill_and_shared_memory_limits";
+/// Hopper (H100 / H200) and Ampere's A6000.
+const RESOURCE_ARCHS: &[&str] = &["sm_90", "sm_86"];
+
+/// ptxas's report for every entry point, on each architecture: no spills, at most 255
+/// registers, at most 48 KiB of static shared memory. cudarc opens libnvrtc by name once per
+/// process, so LD_LIBRARY_PATH has to be set before the process starts: the test runs itself
+/// again, in a child with it set, and checks that the child ran the check on every entry.
+#[test]
+fn every_kernel_fits_the_register_spill_and_shared_memory_limits() {
+    if std::env::var_os(RESOURCES_INNER).is_some() {
+        return check_resources();
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([RESOURCES_TEST, "--exact", "--nocapture", "--test-threads=1"])
+        .env("LD_LIBRARY_PATH", nvrtc_dir())
+        .env(RESOURCES_INNER, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the resource check failed:\n{stdout}\n{stderr}");
+    // The child's table, shown with --nocapture.
+    eprintln!("{stderr}");
+    assert!(stdout.contains("1 passed"), "the child ran no test:\n{stdout}");
+    let expected = kernels::FILES.iter().map(|f| f.entries.len()).sum::<usize>() * RESOURCE_ARCHS.len();
+    let line = format!("resources checked: {expected} entries ({} architectures)", RESOURCE_ARCHS.len());
+    assert!(stdout.contains(&line), "expected {line:?} from the child:\n{stdout}");
+}
+
+fn check_resources() {
+    assert_eq!(probe::nvrtc_version(), Some((13, 4)), "the pinned NVRTC");
+    let mut failures = vec![];
+    let mut checked = 0;
+    // (file, entry) → each architecture's numbers, in RESOURCE_ARCHS order.
+    let mut rows: Vec<(String, &str, Vec<resources::KernelResources>)> = vec![];
+    for file in kernels::FILES {
+        for e in file.entries {
+            rows.push((format!("{}.cu", file.name), e, vec![]));
+        }
+    }
+    for arch in RESOURCE_ARCHS {
+        for file in kernels::FILES {
+            let report =
+                nvrtc::resource_usage(file, arch).unwrap_or_else(|e| panic!("{}.cu for {arch}: {e}", file.name));
+            for f in &report.device_functions {
+                if let Some(v) = f.violation() {
+                    failures.push(format!("{}.cu, {arch}: {v}", file.name));
+                }
+            }
+            for &entry in file.entries {
+                let Some(r) = report.entry(entry) else {
+                    failures.push(format!("{}.cu, {arch}: ptxas reported no entry {entry}", file.name));
+                    continue;
+                };
+                assert_eq!(&r.arch, arch, "{}.cu {entry}", file.name);
+                for v in r.violations() {
+                    failures.push(format!(
+                        "{}.cu {entry}, {arch}: {v} [{} registers, {} bytes smem, {}-byte stack frame, \
+                         {} bytes spill stores, {} bytes spill loads]",
+                        file.name,
+                        r.registers,
+                        r.smem_bytes,
+                        r.stack_frame_bytes,
+                        r.spill_store_bytes,
+                        r.spill_load_bytes
+                    ));
+                }
+                let row = rows.iter_mut().find(|(f, e, _)| *f == format!("{}.cu", file.name) && *e == entry).unwrap();
+                row.2.push(r.clone());
+                checked += 1;
+            }
+        }
+    }
+    let per_arch = |rs: &[resources::KernelResources], f: fn(&resources::KernelResources) -> u64| {
+        let v: Vec<u64> = rs.iter().map(f).collect();
+        if v.windows(2).all(|w| w[0] == w[1]) && !v.is_empty() {
+            v[0].to_string()
+        } else {
+            v.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(" / ")
+        }
+    };
+    let archs = RESOURCE_ARCHS.join(" / ");
+    let mut table = format!(
+        "NVRTC 13.4, ptxas --verbose; where the architectures differ, numbers are {archs}\n\n\
+         | file | entry | registers ({archs}) | static smem (B) | stack frame (B) | spill stores / loads (B) |\n\
+         |---|---|---:|---:|---:|---:|\n"
+    );
+    for (file, entry, rs) in &rows {
+        let regs: Vec<String> = rs.iter().map(|r| r.registers.to_string()).collect();
+        table += &format!(
+            "| {file} | {entry} | {} | {} | {} | {} / {} |\n",
+            regs.join(" / "),
+            per_arch(rs, |r| r.smem_bytes),
+            per_arch(rs, |r| r.stack_frame_bytes),
+            per_arch(rs, |r| r.spill_store_bytes),
+            per_arch(rs, |r| r.spill_load_bytes),
+        );
+    }
+    eprintln!("{table}");
+    assert!(failures.is_empty(), "kernels past the limits:\n{}", failures.join("\n"));
+    println!("resources checked: {checked} entries ({} architectures)", RESOURCE_ARCHS.len());
 }

@@ -2,7 +2,7 @@
 //! renders prompts through its chat template, validates them against the model and queues
 //! generations on the engine thread.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{
@@ -12,6 +12,7 @@ use super::{
 use crate::chat::{ChatTemplate, RenderOptions, TextTokenizer};
 use crate::checkpoint::{ModelSource, demo_source};
 use crate::engine::{Compute, EngineHandle, GenerateRequest, Generation, SamplingParams, StepControl};
+use crate::model::cuda::DeviceKind;
 use crate::model::device_plan::{DeviceBudget, PlanInputs, plan_devices, plan_fewest};
 use crate::model::{DeviceSpec, LayerKind, LoadOptions, LoadProgress, Model, Precision, cuda};
 use crate::units::human_bytes;
@@ -25,6 +26,9 @@ pub struct LocalSpec {
     pub threads: Option<usize>,
     /// `--device`: checked before any weight is read.
     pub device: DeviceSpec,
+    /// `--kernels DIR`: the CUDA kernels' sources read from a folder instead of the embedded
+    /// copies (on `--device cuda|emu`).
+    pub kernels: Option<PathBuf>,
 }
 
 impl LocalSpec {
@@ -36,7 +40,13 @@ impl LocalSpec {
             Some(p) if p == Path::new("demo") => demo_source(),
             Some(p) => ModelSource::Dir(p.to_path_buf()),
         };
-        Ok(LocalSpec { source, precision: Precision::parse(dtype)?, threads: None, device: DeviceSpec::Auto })
+        Ok(LocalSpec {
+            source,
+            precision: Precision::parse(dtype)?,
+            threads: None,
+            device: DeviceSpec::Auto,
+            kernels: None,
+        })
     }
 }
 
@@ -94,7 +104,7 @@ impl Loaded {
             model.clone()
         } else {
             step("weights to the GPUs");
-            let gpu = upload(&model, &spec.device, &placement)?;
+            let gpu = upload(&model, spec, &placement)?;
             placement.devices = gpu.device_weights.iter().map(|(d, _)| d.clone()).collect();
             Arc::new(gpu)
         };
@@ -165,6 +175,15 @@ pub struct Placement {
     pub gpus: Vec<(usize, DeviceBudget)>,
     /// `--device cuda` without ordinals: the fewest of `gpus` that hold the model.
     pub fewest: bool,
+    /// GPUs or emulated devices (meaningful when `gpus` is not empty).
+    pub kind: DeviceKind,
+}
+
+impl Placement {
+    /// Whether the model runs on the emulated device.
+    pub fn emulated(&self) -> bool {
+        !self.gpus.is_empty() && self.kind == DeviceKind::Emu
+    }
 }
 
 /// Resolves `--device` before any weight is read: a GPU the user asked for that cannot run is
@@ -172,7 +191,13 @@ pub struct Placement {
 /// one-line note when a GPU is present (the CUDA engine is chosen explicitly until
 /// `scripts/gpu-check.sh` has passed on a GPU) or why there is none.
 pub fn place(spec: &DeviceSpec) -> crate::Result<Placement> {
-    let cpu = |note: Option<String>| Placement { devices: vec!["cpu".into()], note, gpus: vec![], fewest: false };
+    let cpu = |note: Option<String>| Placement {
+        devices: vec!["cpu".into()],
+        note,
+        gpus: vec![],
+        fewest: false,
+        kind: DeviceKind::Cuda,
+    };
     let fail = |message: String| crate::Error::Device { spec: spec.to_string(), message };
     match spec {
         DeviceSpec::Cpu => Ok(cpu(None)),
@@ -188,14 +213,28 @@ pub fn place(spec: &DeviceSpec) -> crate::Result<Placement> {
             let gpus =
                 report.budgets(wanted.as_deref()).map_err(|e| fail(format!("{e} ({})", gpu_list(&report.gpus))))?;
             let devices = gpus.iter().map(|(o, _)| format!("cuda:{o}")).collect();
-            Ok(Placement { devices, note: None, gpus, fewest: wanted.is_none() })
+            Ok(Placement { devices, note: None, gpus, fewest: wanted.is_none(), kind: DeviceKind::Cuda })
+        }
+        DeviceSpec::Emu(ordinals) => {
+            cuda::emu::probe().map_err(|e| fail(e.to_string()))?;
+            let mut gpus = vec![];
+            for &o in ordinals {
+                if o >= 8 {
+                    return Err(fail(cuda::emu::EmuError::NoSuchDevice { ordinal: o }.to_string()));
+                }
+                let free_bytes = cuda::emu::capacity().map_err(|e| fail(e.to_string()))?;
+                gpus.push((o, DeviceBudget { label: format!("emu:{o} (emulated)"), free_bytes }));
+            }
+            let devices = ordinals.iter().map(|o| format!("emu:{o}")).collect();
+            Ok(Placement { devices, note: None, gpus, fewest: false, kind: DeviceKind::Emu })
         }
     }
 }
 
 /// Plans the layers over the placement's GPUs by free memory and uploads the weights; a model
 /// that does not fit is an error with the plan's numbers.
-fn upload(model: &Model, spec: &DeviceSpec, placement: &Placement) -> crate::Result<cuda::CudaModel> {
+fn upload(model: &Model, local: &LocalSpec, placement: &Placement) -> crate::Result<cuda::CudaModel> {
+    let spec = &local.device;
     let budgets: Vec<DeviceBudget> = placement.gpus.iter().map(|(_, b)| b.clone()).collect();
     let inputs = PlanInputs::for_model(&model.config);
     let plan = if placement.fewest {
@@ -218,8 +257,16 @@ fn upload(model: &Model, spec: &DeviceSpec, placement: &Placement) -> crate::Res
             ),
         });
     }
-    let ordinals: Vec<usize> = placement.gpus.iter().take(plan.devices.len()).map(|(o, _)| *o).collect();
-    cuda::CudaModel::upload(model, &ordinals, &plan)
+    let kernels =
+        cuda::kernels::load(local.kernels.as_deref()).map_err(|e| crate::Error::InvalidArgument(e.to_string()))?;
+    let mut gpus = vec![];
+    for (o, _) in placement.gpus.iter().take(plan.devices.len()) {
+        gpus.push(
+            cuda::Gpu::open(placement.kind, *o, kernels)
+                .map_err(|e| crate::Error::Device { spec: spec.to_string(), message: e.to_string() })?,
+        );
+    }
+    cuda::CudaModel::upload(model, gpus, &plan)
 }
 
 /// "1 GPU (0: NVIDIA H200, sm_90, 139.8 GiB)".

@@ -31,9 +31,16 @@ pub struct ModelArgs {
     pub threads: Option<usize>,
     /// Where the in-process engine runs: `auto` (a GPU when one can run the model, else the
     /// CPU, saying why in one line), `cpu`, `cuda` (every GPU the model needs), `cuda:0`,
-    /// `cuda:0,1`. A GPU asked for by name that cannot run is an error.
-    #[arg(long, default_value = "auto", value_name = "auto|cpu|cuda|cuda:N[,M]", value_parser = device_spec, conflicts_with = "server")]
+    /// `cuda:0,1`, or `emu` / `emu:0,1` (the emulated CUDA device: the CUDA engine with its
+    /// kernels compiled for this CPU; slow, for checking the GPU path without a GPU). A device
+    /// asked for by name that cannot run is an error.
+    #[arg(long, default_value = "auto", value_name = "auto|cpu|cuda[:N[,M]]|emu[:N[,M]]", value_parser = device_spec, conflicts_with = "server")]
     pub device: DeviceSpec,
+    /// The CUDA kernels' sources read from this folder (prelude.cu and every kernels/*.cu)
+    /// instead of the copies built into the binary: an edited kernel runs on --device
+    /// cuda|emu without a rebuild.
+    #[arg(long, value_name = "DIR", conflicts_with = "server")]
+    pub kernels: Option<PathBuf>,
     #[command(flatten)]
     pub server: ServerArgs,
 }
@@ -89,6 +96,7 @@ impl ModelArgs {
         Ok(LocalSpec {
             threads: self.threads,
             device: self.device.clone(),
+            kernels: self.kernels.clone(),
             ..LocalSpec::new(self.model.as_deref(), &self.dtype)?
         })
     }

@@ -6,7 +6,13 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 
-use crate::model::cuda::{self, kernels, nvrtc};
+use std::sync::Arc;
+
+use crate::model::DeviceSpec;
+use crate::model::cuda::device::Device;
+use crate::model::cuda::emu::{EmuDevice, Schedule};
+use crate::model::cuda::parity::Parity;
+use crate::model::cuda::{self, DeviceKind, Gpu, kernels, nvrtc};
 use crate::units::human_bytes;
 
 #[derive(Args, Debug)]
@@ -23,12 +29,20 @@ pub enum GpuCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Runs every kernel on a GPU against its CPU twin on random inputs (kernel-by-kernel
-    /// parity); exit 1 without a GPU, 2 when a kernel differs beyond its tolerance.
+    /// Runs every kernel on a GPU (or the emulated device) against its CPU twin on random
+    /// inputs (kernel-by-kernel parity); exit 1 without the device, 2 when a kernel differs
+    /// beyond its tolerance. On `emu` each case runs under the forward, reverse and a random
+    /// thread schedule, and results that depend on the schedule fail.
     Check {
-        /// The GPU to run on.
-        #[arg(long, default_value_t = 0)]
-        ordinal: usize,
+        /// The device: `cuda:N` or `emu`.
+        #[arg(long, default_value = "cuda:0", value_name = "cuda:N|emu:N")]
+        device: String,
+        /// The GPU to run on (the same as --device cuda:N).
+        #[arg(long, conflicts_with = "device", hide = true)]
+        ordinal: Option<usize>,
+        /// Kernel sources from this folder instead of the embedded copies.
+        #[arg(long, value_name = "DIR")]
+        kernels: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -39,8 +53,15 @@ pub enum GpuCommand {
         /// A Hugging Face model directory (default: the embedded demo model).
         #[arg(long, value_name = "DIR")]
         model: Option<PathBuf>,
-        #[arg(long, default_value_t = 0)]
-        ordinal: usize,
+        /// The device: `cuda:N` (the split runs as two devices on that GPU) or `emu` (the split
+        /// runs on emu:0 and emu:1).
+        #[arg(long, default_value = "cuda:0", value_name = "cuda:N|emu:N")]
+        device: String,
+        #[arg(long, conflicts_with = "device", hide = true)]
+        ordinal: Option<usize>,
+        /// Kernel sources from this folder instead of the embedded copies.
+        #[arg(long, value_name = "DIR")]
+        kernels: Option<PathBuf>,
         /// Greedy tokens compared per prompt.
         #[arg(long, default_value_t = 64)]
         tokens: usize,
@@ -71,31 +92,59 @@ pub fn run(a: GpuArgs) -> anyhow::Result<()> {
     match a.command {
         GpuCommand::Info { json } => info(json),
         GpuCommand::Kernels { arch, ptx, out, no_cache, json } => compile_all(&arch, ptx, out, no_cache, json),
-        GpuCommand::Check { ordinal, json } => check(ordinal, json),
-        GpuCommand::Parity { model, ordinal, tokens, json } => {
-            super::gpu_parity::run(model.as_deref(), ordinal, tokens, json)
+        GpuCommand::Check { device, ordinal, kernels, json } => {
+            let (kind, n) = one_device(&device, ordinal)?;
+            check(kind, n, kernels.as_deref(), json)
+        }
+        GpuCommand::Parity { model, device, ordinal, kernels, tokens, json } => {
+            let (kind, n) = one_device(&device, ordinal)?;
+            super::gpu_parity::run(model.as_deref(), kind, n, kernels.as_deref(), tokens, json)
         }
     }
 }
 
-fn check(ordinal: usize, json: bool) -> anyhow::Result<()> {
-    let gpu = cuda::runtime::Gpu::open(ordinal)?;
-    let results = cuda::parity::run_all(&gpu)?;
+/// `cuda:N` / `emu:N` (one device), or the hidden `--ordinal N`.
+fn one_device(device: &str, ordinal: Option<usize>) -> anyhow::Result<(DeviceKind, usize)> {
+    if let Some(o) = ordinal {
+        return Ok((DeviceKind::Cuda, o));
+    }
+    match DeviceSpec::parse(device)? {
+        DeviceSpec::Cuda(None) => Ok((DeviceKind::Cuda, 0)),
+        DeviceSpec::Cuda(Some(o)) if o.len() == 1 => Ok((DeviceKind::Cuda, o[0])),
+        DeviceSpec::Emu(o) if o.len() == 1 => Ok((DeviceKind::Emu, o[0])),
+        _ => anyhow::bail!("--device {device}: one device, cuda:N or emu:N"),
+    }
+}
+
+fn check(kind: DeviceKind, ordinal: usize, kernels: Option<&std::path::Path>, json: bool) -> anyhow::Result<()> {
+    let kernels = cuda::kernels::load(kernels)?;
+    let (gpu, results) = match kind {
+        DeviceKind::Cuda => {
+            let gpu = Gpu::open(kind, ordinal, kernels)?;
+            let mut results = cuda::parity::run_all(&gpu)?;
+            results.extend(cuda::parity::long_grids(&gpu)?);
+            (gpu, results)
+        }
+        DeviceKind::Emu => emu_check(ordinal, kernels)?,
+    };
     let mut w = std::io::stdout().lock();
+    let label = gpu.label();
     if json {
-        let v = serde_json::json!({ "gpu": gpu.info, "results": results });
+        let v = serde_json::json!({ "device": label, "gpu": gpu.info, "results": results });
         writeln!(w, "{}", serde_json::to_string_pretty(&v)?)?;
     } else {
-        writeln!(w, "cuda:{} {} ({})", gpu.info.ordinal, gpu.info.name, gpu.info.arch())?;
+        let arch = if gpu.dev.emulated() { "emulated".to_string() } else { gpu.info.arch() };
+        writeln!(w, "{label} {} ({arch})", gpu.info.name)?;
         for r in &results {
             writeln!(
                 w,
-                "  {:<22} {:<44} max |Δ| {:.3e} · rel {:.3e} (≤ {:.1e}) {}",
+                "  {:<22} {:<44} max |Δ| {:.3e} · rel {:.3e} (≤ {:.1e}) {:>6.2}s {}",
                 r.kernel,
                 r.case,
                 r.max_abs,
                 r.max_rel,
                 r.tolerance,
+                r.seconds,
                 if r.pass { "ok" } else { "FAIL" }
             )?;
         }
@@ -103,11 +152,30 @@ fn check(ordinal: usize, json: bool) -> anyhow::Result<()> {
     w.flush()?;
     let failed: Vec<String> =
         results.iter().filter(|r| !r.pass).map(|r| format!("{} ({})", r.kernel, r.case)).collect();
+    let _ = gpu;
     if !failed.is_empty() {
         eprintln!("error: {} kernel check(s) differ from the CPU twins: {}", failed.len(), failed.join(", "));
         std::process::exit(2);
     }
     Ok(())
+}
+
+/// The emulated device's run: every case under the forward, reverse and a random schedule
+/// (cases whose bits differ between them fail), then the long grids once.
+fn emu_check(ordinal: usize, kernels: &'static [cuda::kernels::KernelFile]) -> anyhow::Result<(Gpu, Vec<Parity>)> {
+    let mut runs = vec![];
+    let mut first = None;
+    for schedule in [Schedule::Forward, Schedule::Reverse, Schedule::Random(0x5eed)] {
+        let dev: Arc<dyn Device> = Arc::new(EmuDevice::open_with(ordinal, kernels, schedule)?);
+        let gpu = Gpu { info: dev.info().clone(), dev };
+        runs.push((schedule.to_string(), cuda::parity::run_all(&gpu)?));
+        first.get_or_insert(gpu);
+    }
+    let gpu = first.ok_or_else(|| anyhow::anyhow!("no schedule ran"))?;
+    let mut results = runs[0].1.clone();
+    results.extend(cuda::parity::schedule_mismatches(&runs));
+    results.extend(cuda::parity::long_grids(&gpu)?);
+    Ok((gpu, results))
 }
 
 fn info(json: bool) -> anyhow::Result<()> {

@@ -1,4 +1,4 @@
-//! Which device computes: `--device cpu|cuda|cuda:N|cuda:N,M|auto`.
+//! Which device computes: `--device cpu|cuda|cuda:N|cuda:N,M|emu|emu:N|emu:N,M|auto`.
 
 use std::fmt;
 
@@ -14,35 +14,48 @@ pub enum DeviceSpec {
     Cpu,
     /// `cuda`: every visible GPU the plan needs; `cuda:0` / `cuda:0,1`: those ordinals.
     Cuda(Option<Vec<usize>>),
+    /// `emu` / `emu:0,1`: the emulated CUDA device (the kernels compiled for this CPU, the CUDA
+    /// model's host code unchanged): slow, for checking the GPU path without a GPU.
+    Emu(Vec<usize>),
 }
 
 impl DeviceSpec {
     pub fn parse(s: &str) -> Result<Self> {
         let bad = |why: &str| {
-            Error::InvalidArgument(format!("--device {s:?}: {why} (expected cpu, cuda, cuda:0, cuda:0,1 or auto)"))
+            Error::InvalidArgument(format!(
+                "--device {s:?}: {why} (expected cpu, cuda, cuda:0, cuda:0,1, emu, emu:0,1 or auto)"
+            ))
+        };
+        let ordinals = |list: &str| -> Result<Vec<usize>> {
+            let mut ordinals = vec![];
+            for part in list.split(',') {
+                let n: usize = part.trim().parse().map_err(|_| bad(&format!("{part:?} is not a device ordinal")))?;
+                if ordinals.contains(&n) {
+                    return Err(bad(&format!("device {n} is named twice")));
+                }
+                ordinals.push(n);
+            }
+            Ok(ordinals)
         };
         match s.trim() {
             "auto" => Ok(DeviceSpec::Auto),
             "cpu" => Ok(DeviceSpec::Cpu),
             "cuda" => Ok(DeviceSpec::Cuda(None)),
+            "emu" => Ok(DeviceSpec::Emu(vec![0])),
             other => {
-                let list = other.strip_prefix("cuda:").ok_or_else(|| bad("unknown device"))?;
-                let mut ordinals = vec![];
-                for part in list.split(',') {
-                    let n: usize = part.trim().parse().map_err(|_| bad(&format!("{part:?} is not a GPU ordinal")))?;
-                    if ordinals.contains(&n) {
-                        return Err(bad(&format!("GPU {n} is named twice")));
-                    }
-                    ordinals.push(n);
+                if let Some(list) = other.strip_prefix("emu:") {
+                    return Ok(DeviceSpec::Emu(ordinals(list)?));
                 }
-                Ok(DeviceSpec::Cuda(Some(ordinals)))
+                let list = other.strip_prefix("cuda:").ok_or_else(|| bad("unknown device"))?;
+                Ok(DeviceSpec::Cuda(Some(ordinals(list)?)))
             }
         }
     }
 
-    /// Whether the user asked for a GPU (a missing one is then an error, not a fallback).
+    /// Whether the user asked for a GPU or the emulated one (a missing one is then an error,
+    /// not a fallback).
     pub fn wants_cuda(&self) -> bool {
-        matches!(self, DeviceSpec::Cuda(_))
+        matches!(self, DeviceSpec::Cuda(_) | DeviceSpec::Emu(_))
     }
 }
 
@@ -55,6 +68,10 @@ impl fmt::Display for DeviceSpec {
             DeviceSpec::Cuda(Some(o)) => {
                 let list: Vec<String> = o.iter().map(usize::to_string).collect();
                 write!(f, "cuda:{}", list.join(","))
+            }
+            DeviceSpec::Emu(o) => {
+                let list: Vec<String> = o.iter().map(usize::to_string).collect();
+                write!(f, "emu:{}", list.join(","))
             }
         }
     }
@@ -73,9 +90,13 @@ mod tests {
         assert_eq!(DeviceSpec::parse("cuda:0,1").unwrap(), DeviceSpec::Cuda(Some(vec![0, 1])));
         assert_eq!(DeviceSpec::parse("cuda:1,0").unwrap().to_string(), "cuda:1,0");
         let e = DeviceSpec::parse("cuda:0,x").unwrap_err().to_string();
-        assert!(e.contains("\"x\" is not a GPU ordinal"), "{e}");
+        assert!(e.contains("\"x\" is not a device ordinal"), "{e}");
         let e = DeviceSpec::parse("cuda:1,1").unwrap_err().to_string();
-        assert!(e.contains("GPU 1 is named twice"), "{e}");
+        assert!(e.contains("device 1 is named twice"), "{e}");
+        assert_eq!(DeviceSpec::parse("emu").unwrap(), DeviceSpec::Emu(vec![0]));
+        assert_eq!(DeviceSpec::parse("emu:0,1").unwrap(), DeviceSpec::Emu(vec![0, 1]));
+        assert_eq!(DeviceSpec::parse("emu:0,1").unwrap().to_string(), "emu:0,1");
+        assert!(DeviceSpec::parse("emu:0,0").unwrap_err().to_string().contains("named twice"));
         let e = DeviceSpec::parse("gpu").unwrap_err().to_string();
         assert!(e.contains("unknown device") && e.contains("cuda:0,1"), "{e}");
     }

@@ -19,6 +19,12 @@ impl Rope {
         Rope { inv_freq, rotary_dim: dim }
     }
 
+    /// `1 / theta^(2i / rotary_dim)` for each frequency, as computed here (the CUDA model
+    /// uploads this table rather than recomputing it with the device's `powf`).
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+
     pub fn rotary_dim(&self) -> usize {
         self.rotary_dim
     }

@@ -8,6 +8,8 @@ pub struct KernelFile {
     pub source: &'static str,
     /// The `extern "C" __global__` functions it defines.
     pub entries: &'static [&'static str],
+    /// What goes in front of it (`kernels/prelude.cu`).
+    pub prelude: &'static str,
 }
 
 pub const PRELUDE: &str = include_str!("../../../kernels/prelude.cu");
@@ -18,6 +20,7 @@ macro_rules! kernel_file {
             name: $name,
             source: include_str!(concat!("../../../kernels/", $name, ".cu")),
             entries: &[$($entry),*],
+            prelude: PRELUDE,
         }
     };
 }
@@ -38,10 +41,51 @@ pub const FILES: &[KernelFile] = &[
 impl KernelFile {
     /// What NVRTC compiles: the prelude, then the file (a `#line` keeps error lines the file's).
     pub fn full_source(&self) -> String {
-        format!("{PRELUDE}\n#line 1 \"{}.cu\"\n{}", self.name, self.source)
+        format!("{}\n#line 1 \"{}.cu\"\n{}", self.prelude, self.name, self.source)
     }
 }
 
 pub fn file(name: &str) -> Option<&'static KernelFile> {
     FILES.iter().find(|f| f.name == name)
+}
+
+/// Why `--kernels DIR` cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KernelDirError {
+    #[error("--kernels {dir}: {file} cannot be read: {message}")]
+    Read { dir: String, file: String, message: String },
+    #[error("--kernels {dir}: {file} does not define `extern \"C\" __global__ void {entry}(`")]
+    MissingEntry { dir: String, file: String, entry: String },
+}
+
+/// The kernels to compile: the embedded copies, or (`--kernels DIR`) the same files read from
+/// a folder — `prelude.cu` and every file of [`FILES`] — so an edited kernel is checked on the
+/// emulator or a GPU without a rebuild. Read once per process use (the texts are kept for the
+/// life of the process, as the embedded ones are).
+pub fn load(dir: Option<&std::path::Path>) -> Result<&'static [KernelFile], KernelDirError> {
+    let Some(dir) = dir else { return Ok(FILES) };
+    let label = dir.display().to_string();
+    let read = |name: &str| {
+        std::fs::read_to_string(dir.join(name)).map_err(|e| KernelDirError::Read {
+            dir: label.clone(),
+            file: name.into(),
+            message: e.to_string(),
+        })
+    };
+    let prelude: &'static str = Box::leak(read("prelude.cu")?.into_boxed_str());
+    let mut files = vec![];
+    for f in FILES {
+        let source: &'static str = Box::leak(read(&format!("{}.cu", f.name))?.into_boxed_str());
+        for e in f.entries {
+            if !source.contains(&format!("void {e}(")) {
+                return Err(KernelDirError::MissingEntry {
+                    dir: label.clone(),
+                    file: format!("{}.cu", f.name),
+                    entry: (*e).into(),
+                });
+            }
+        }
+        files.push(KernelFile { name: f.name, source, entries: f.entries, prelude });
+    }
+    Ok(Box::leak(files.into_boxed_slice()))
 }

@@ -1,14 +1,20 @@
 //! The CUDA side of the model: a sibling of the CPU engine behind the same seam, on the
-//! driver, NVRTC and cuBLAS(Lt) loaded at run time (one binary runs everywhere).
+//! driver, NVRTC and cuBLAS(Lt) loaded at run time (one binary runs everywhere), or on the
+//! emulated device (`emu`): the same kernels compiled for the CPU, behind one device seam.
 
+pub mod cuda_device;
+pub mod device;
+pub mod emu;
 pub mod kernels;
 pub mod model;
 pub mod nvrtc;
 pub mod ops;
 pub mod parity;
 pub mod probe;
+pub mod resources;
 pub mod runtime;
 pub mod twins;
 
 pub use model::CudaModel;
 pub use probe::{GpuInfo, GpuReport, Libraries, NoGpu, probe};
+pub use runtime::{DeviceKind, Gpu, GpuError};

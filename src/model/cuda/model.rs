@@ -8,11 +8,17 @@
 //! bf16, 10 KiB a decode step on the 27B). A layer split buys capacity, not batch-1 speed:
 //! the devices run one after the other.
 //!
+//! The devices are [`Gpu`]s behind the [`Device`](super::device::Device) seam: real GPUs, or
+//! the emulated device (`--device emu`), which runs this same host code over the same kernels
+//! compiled for the CPU.
+//!
+//! Prefills run in chunks of [`PREFILL_CHUNK`] tokens (the memory plan's workspace): bit for
+//! bit the same as one pass, since every kernel carries its state across the boundary.
+//!
 //! Not yet: cuBLASLt for prefill GEMMs (the tiled kernel runs), a chunked GDN prefill (the
 //! recurrent kernel runs every token), a workspace arena (buffers are allocated per pass).
 
-use cudarc::driver::CudaSlice;
-
+use super::device::Buf;
 use super::ops::{self, Bf16Buf, DeviceMat, GdnShape, Out, RopeParams};
 use super::runtime::{Gpu, GpuError, GpuResult};
 use crate::error::{Error, Result};
@@ -24,8 +30,14 @@ use crate::model::hybrid::{
 };
 use crate::model::mlp::{DenseMlp, Mlp};
 use crate::model::norm::RmsNorm;
+use crate::model::rope::Rope;
 use crate::model::state::StateBytes;
+use crate::model::trace::{GdnPassTrace, LayerTrace, StateTrace};
 use crate::model::{Mat, ModelConfig, Precision};
+
+/// Tokens per prefill pass: the activations of one pass are sized by it, and the device plan
+/// reserves its workspace ([`crate::model::device_plan::PlanInputs::for_model`]).
+pub const PREFILL_CHUNK: usize = 512;
 
 impl From<GpuError> for Error {
     fn from(e: GpuError) -> Self {
@@ -38,7 +50,7 @@ fn bits(x: &[f32]) -> Vec<u16> {
 }
 
 fn norm_weight(gpu: &Gpu, n: &RmsNorm) -> GpuResult<Bf16Buf> {
-    Ok(gpu.stream.clone_htod(&bits(n.weight()))?)
+    gpu.upload(&bits(n.weight()))
 }
 
 fn mat(gpu: &Gpu, l: &crate::model::tensor::Linear, o0: usize, n: usize) -> GpuResult<DeviceMat> {
@@ -60,8 +72,8 @@ struct GdnWeights {
     a: DeviceMat,
     /// `[conv_dim][K]` (the checkpoint's layout; the CPU keeps them tap-major).
     conv_w: Bf16Buf,
-    a_log: CudaSlice<f32>,
-    dt_bias: CudaSlice<f32>,
+    a_log: Buf<f32>,
+    dt_bias: Buf<f32>,
     norm_w: Bf16Buf,
     out: DeviceMat,
 }
@@ -132,13 +144,14 @@ struct MtpWeights {
 pub struct CudaModel {
     pub config: ModelConfig,
     gpus: Vec<Gpu>,
+    /// Each device's rotary table.
+    rope: Vec<RopeParams>,
     embed: DeviceMat,
     /// `None`: the head is the embedding, on the one device.
     head: Option<DeviceMat>,
     norm: Bf16Buf,
     layers: Vec<LayerWeights>,
     mtp: Option<MtpWeights>,
-    rope: RopeParams,
     weight_bytes: usize,
     /// Per used device: its label and the bytes of weights put there.
     pub device_weights: Vec<(String, usize)>,
@@ -175,10 +188,10 @@ fn layer(gpu: &Gpu, device: usize, l: &DecoderLayer, c: &ModelConfig) -> GpuResu
                 z: mat(gpu, &g.in_proj, cd, vd)?,
                 b: mat(gpu, &g.in_proj, cd + vd, hv)?,
                 a: mat(gpu, &g.in_proj, cd + vd + hv, hv)?,
-                conv_w: gpu.stream.clone_htod(&bits(&conv))?,
+                conv_w: gpu.upload(&bits(&conv))?,
                 a_log: gpu.f32(&g.a_log)?,
                 dt_bias: gpu.f32(&g.dt_bias)?,
-                norm_w: gpu.stream.clone_htod(&bits(&g.norm_w))?,
+                norm_w: gpu.upload(&bits(&g.norm_w))?,
                 out: whole(gpu, &g.out_proj)?,
             })
         }
@@ -213,8 +226,8 @@ fn layer(gpu: &Gpu, device: usize, l: &DecoderLayer, c: &ModelConfig) -> GpuResu
                 renorm: m.norm_topk_prob,
                 inter: m.experts.first().map_or(0, |e| e.inter),
                 router: whole(gpu, &m.router)?,
-                gate_up: gpu.stream.clone_htod(&gu)?,
-                down: gpu.stream.clone_htod(&dn)?,
+                gate_up: gpu.upload(&gu)?,
+                down: gpu.upload(&dn)?,
                 shared: dense(gpu, &m.shared)?,
                 shared_gate: whole(gpu, &m.shared_gate)?,
             })
@@ -254,19 +267,15 @@ impl LayerWeights {
 }
 
 impl CudaModel {
-    /// Uploads `model` (loaded at `--dtype bf16`) to the GPUs `ordinals`, layers placed by
-    /// `plan` (whose devices are `ordinals`, in order).
-    pub fn upload(model: &Model, ordinals: &[usize], plan: &DevicePlan) -> Result<CudaModel> {
+    /// Uploads `model` (loaded at `--dtype bf16`) to the opened devices `gpus` (GPUs, or
+    /// emulated devices), layers placed by `plan` (whose devices are `gpus`, in order).
+    pub fn upload(model: &Model, gpus: Vec<Gpu>, plan: &DevicePlan) -> Result<CudaModel> {
         let c = &model.config;
         if model.precision != Precision::Bf16 {
             return Err(Error::InvalidArgument("the CUDA engine runs bf16: load the model with --dtype bf16".into()));
         }
-        if ordinals.is_empty() || plan.layer_device.len() != c.num_hidden_layers {
+        if gpus.is_empty() || plan.layer_device.len() != c.num_hidden_layers {
             return Err(Error::State("the device plan does not match the model".into()));
-        }
-        let mut gpus = vec![];
-        for &o in ordinals {
-            gpus.push(Gpu::open(o)?);
         }
         let last = plan.layer_device.iter().copied().max().unwrap_or(0).min(gpus.len() - 1);
         let embed = whole(&gpus[0], &model.embed)?;
@@ -299,14 +308,17 @@ impl CudaModel {
             }
         };
         let sections = c.rope.mrope_section.clone().unwrap_or_default();
-        let rope = RopeParams {
-            rotary_dim: c.rope.rotary_dim,
-            theta: c.rope.theta as f32,
-            sec_h: sections.get(1).copied().unwrap_or(0) as i32,
-            sec_w: sections.get(2).copied().unwrap_or(0) as i32,
-        };
-        let mut device_weights: Vec<(String, usize)> =
-            gpus.iter().map(|g| (format!("cuda:{}", g.info.ordinal), 0)).collect();
+        let inv_freq = Rope::new(&c.rope).inv_freq().to_vec();
+        let mut rope = vec![];
+        for g in &gpus {
+            rope.push(RopeParams {
+                rotary_dim: c.rope.rotary_dim,
+                inv_freq: g.f32(&inv_freq)?,
+                sec_h: sections.get(1).copied().unwrap_or(0) as i32,
+                sec_w: sections.get(2).copied().unwrap_or(0) as i32,
+            });
+        }
+        let mut device_weights: Vec<(String, usize)> = gpus.iter().map(|g| (g.label(), 0)).collect();
         device_weights[0].1 += embed.bytes();
         if let Some(h) = &head {
             device_weights[last].1 += h.bytes();
@@ -318,7 +330,7 @@ impl CudaModel {
             device_weights[last].1 += m.fc.bytes() + m.layers.iter().map(LayerWeights::bytes).sum::<usize>();
         }
         let weight_bytes = device_weights.iter().map(|d| d.1).sum();
-        Ok(CudaModel { config: c.clone(), gpus, embed, head, norm, layers, mtp, rope, weight_bytes, device_weights })
+        Ok(CudaModel { config: c.clone(), gpus, rope, embed, head, norm, layers, mtp, weight_bytes, device_weights })
     }
 
     fn last_device(&self) -> usize {
@@ -331,8 +343,8 @@ impl CudaModel {
         if from == to {
             return Ok(x);
         }
-        let host = self.gpus[from].stream.clone_dtoh(&x)?;
-        Ok(self.gpus[to].stream.clone_htod(&host)?)
+        let host = x.read()?;
+        self.gpus[to].upload(&host)
     }
 
     fn embed_rows(&self, ids: &[u32], to: usize) -> GpuResult<Bf16Buf> {
@@ -343,7 +355,9 @@ impl CudaModel {
         self.hop(x, 0, to)
     }
 
-    /// One decoder layer over `x` (`[T][hidden]`, on the layer's device), in place.
+    /// One decoder layer over `x` (`[T][hidden]`, on the layer's device), in place; with
+    /// `trace`, what it did to its state.
+    #[allow(clippy::too_many_arguments)]
     fn run_layer(
         &self,
         l: &LayerWeights,
@@ -352,14 +366,22 @@ impl CudaModel {
         pos0: usize,
         t: usize,
         verify: bool,
-    ) -> GpuResult<()> {
+        trace: bool,
+    ) -> GpuResult<Option<LayerTrace>> {
         let g = &self.gpus[l.device];
         let h = self.config.hidden_size;
         let n = g.zeros_bf16(t * h)?;
         ops::rms_norm(g, x, &l.input_norm, &n, t, h, h, l.eps)?;
-        let mixed = match (&l.mixer, cache) {
-            (MixerWeights::Gdn(w), LayerCache::Gdn(c)) => self.gdn(g, w, &n, c, t, verify)?,
-            (MixerWeights::Attn(w), LayerCache::Attn(c)) => self.attention(g, w, &n, c, pos0, t)?,
+        let (mixed, traced) = match (&l.mixer, cache) {
+            (MixerWeights::Gdn(w), LayerCache::Gdn(c)) => {
+                let (y, tr) = self.gdn(g, w, &n, c, t, verify, trace)?;
+                (y, tr.map(LayerTrace::Gdn))
+            }
+            (MixerWeights::Attn(w), LayerCache::Attn(c)) => {
+                let y = self.attention(g, w, &n, c, l.device, pos0, t)?;
+                let kv_len = pos0 + t;
+                (y, trace.then(|| LayerTrace::Attention { kv_len, kv_bytes: 2 * kv_len * c.row * 2 }))
+            }
             _ => return Err(GpuError::Driver("the state does not match the model's layer plan".into())),
         };
         ops::add_into(g, x, &mixed, t * h)?;
@@ -368,9 +390,11 @@ impl CudaModel {
             MlpWeights::Dense(d) => self.dense(g, d, &n, t)?,
             MlpWeights::Moe(m) => self.moe(g, m, &n, t)?,
         };
-        ops::add_into(g, x, &m, t * h)
+        ops::add_into(g, x, &m, t * h)?;
+        Ok(traced)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn gdn(
         &self,
         g: &Gpu,
@@ -379,7 +403,8 @@ impl CudaModel {
         c: &mut GdnCache,
         t: usize,
         verify: bool,
-    ) -> GpuResult<Bf16Buf> {
+        trace: bool,
+    ) -> GpuResult<(Bf16Buf, Option<GdnPassTrace>)> {
         let s = w.shape;
         let (vd, hv, cd) = (s.v_heads * s.dv, s.v_heads, w.conv_dim);
         let mut pre = g.zeros_bf16(t * cd)?;
@@ -392,32 +417,41 @@ impl CudaModel {
         ops::linear(g, &w.a, n, t, Out::Bf16(&mut a))?;
         let mut qkv = g.zeros_bf16(t * cd)?;
         let mut out = g.zeros_bf16(t * vd)?;
+        let mut trace_buf = if trace { Some(g.zeros_f32(s.trace_len(t))?) } else { None };
         if verify {
             c.ensure_slots(g, t, cd * (w.kernel - 1), hv * s.dv * s.dk)?;
             let (cs, ss) = (c.conv_slots.as_mut(), c.ssm_slots.as_mut());
             ops::conv_decode(g, &pre, &mut c.conv, &w.conv_w, &mut qkv, cs, t, cd, w.kernel)?;
-            ops::gdn(g, &qkv, &a, &b, &w.a_log, &w.dt_bias, &mut c.ssm, ss, &mut out, t, s)?;
+            let tb = trace_buf.as_mut();
+            ops::gdn(g, &qkv, &a, &b, &w.a_log, &w.dt_bias, &mut c.ssm, ss, tb, &mut out, t, s)?;
         } else {
             if t <= ops::GEMV_MAX_ROWS {
                 ops::conv_decode(g, &pre, &mut c.conv, &w.conv_w, &mut qkv, None, t, cd, w.kernel)?;
             } else {
                 ops::conv_prefill(g, &pre, &mut c.conv, &w.conv_w, &mut qkv, t, cd, w.kernel)?;
             }
-            ops::gdn(g, &qkv, &a, &b, &w.a_log, &w.dt_bias, &mut c.ssm, None, &mut out, t, s)?;
+            let tb = trace_buf.as_mut();
+            ops::gdn(g, &qkv, &a, &b, &w.a_log, &w.dt_bias, &mut c.ssm, None, tb, &mut out, t, s)?;
         }
         let mut normed = g.zeros_bf16(t * vd)?;
         ops::rms_norm_gated(g, &out, &z, &w.norm_w, &mut normed, t * hv, s.dv, w.eps)?;
         let mut y = g.zeros_bf16(t * self.config.hidden_size)?;
         ops::linear(g, &w.out, &normed, t, Out::Bf16(&mut y))?;
-        Ok(y)
+        let traced = match trace_buf {
+            Some(tb) => Some(gdn_trace(&tb.read()?, t, s)),
+            None => None,
+        };
+        Ok((y, traced))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         g: &Gpu,
         w: &AttnWeights,
         n: &Bf16Buf,
         c: &mut KvCacheDev,
+        device: usize,
         pos0: usize,
         t: usize,
     ) -> GpuResult<Bf16Buf> {
@@ -436,8 +470,9 @@ impl CudaModel {
         ops::rms_norm(g, &k, &w.k_norm, &k, t * nkv, hd, hd, w.eps)?;
         let pos: Vec<i32> = (pos0..pos0 + t).map(|p| p as i32).collect();
         let d_pos = g.i32(&pos)?;
-        ops::rope(g, &q, &d_pos, t, nh, 2 * qw, 2 * hd, self.rope)?;
-        ops::rope(g, &k, &d_pos, t, nkv, kw, hd, self.rope)?;
+        let rope = &self.rope[device];
+        ops::rope(g, &q, &d_pos, t, nh, 2 * qw, 2 * hd, rope)?;
+        ops::rope(g, &k, &d_pos, t, nkv, kw, hd, rope)?;
         ops::kv_append(g, &k, &v, &mut c.k, &mut c.v, pos0, t, nkv, hd, c.l_max)?;
         let mut att = g.zeros_bf16(t * qw)?;
         ops::attention(g, &q, &c.k, &c.v, &mut att, pos0, t, nh, nkv, hd, c.l_max)?;
@@ -459,6 +494,7 @@ impl CudaModel {
     fn moe(&self, g: &Gpu, m: &MoeWeights, n: &Bf16Buf, t: usize) -> GpuResult<Bf16Buf> {
         let (hsz, k, inter) = (self.config.hidden_size, m.top_k, m.inter);
         let pairs = t * k;
+        // f32 out; moe_topk rounds to bf16 as the bf16 router's output is.
         let mut logits = g.zeros_f32(t * m.experts)?;
         ops::linear(g, &m.router, n, t, Out::F32(&mut logits))?;
         let mut ids = g.i32(&vec![0; pairs])?;
@@ -473,6 +509,7 @@ impl CudaModel {
         let mut routed = g.zeros_bf16(t * hsz)?;
         ops::moe_combine(g, &y, &ids, &weights, &mut routed, t, hsz, k)?;
         let shared = self.dense(g, &m.shared, n, t)?;
+        // f32 out; sigmoid_scale_rows rounds it to bf16 first, as the bf16 linear's output is.
         let mut gate = g.zeros_f32(t)?;
         ops::linear(g, &m.shared_gate, n, t, Out::F32(&mut gate))?;
         let mut scaled = g.zeros_bf16(t * hsz)?;
@@ -481,31 +518,44 @@ impl CudaModel {
         Ok(routed)
     }
 
-    /// Logits of `rows` rows of post-norm hidden states `x` (on the last device), to the host.
+    /// Logits of `rows` rows of post-norm hidden states `x` (on the last device), to the host,
+    /// rounded to bf16 as the CPU engine's bf16 head and transformers' return them (greedy
+    /// breaks ties between equal bf16 logits toward the lower id on both).
     fn logits(&self, x: &Bf16Buf, rows: std::ops::Range<usize>) -> GpuResult<Mat> {
         let d = self.last_device();
         let g = &self.gpus[d];
         let (h, n) = (self.config.hidden_size, rows.len());
-        let sel = g.stream.clone_dtod(&x.slice(rows.start * h..rows.end * h))?;
+        let sel = x.copy_range(rows.start * h..rows.end * h)?;
         let head = self.head.as_ref().unwrap_or(&self.embed);
-        let mut y = g.zeros_f32(n * head.n_out)?;
-        ops::linear(g, head, &sel, n, Out::F32(&mut y))?;
-        Ok(Mat::from_vec(n, head.n_out, g.read_f32(&y)?))
+        let mut y = g.zeros_bf16(n * head.n_out)?;
+        ops::linear(g, head, &sel, n, Out::Bf16(&mut y))?;
+        Ok(Mat::from_vec(n, head.n_out, g.read_bf16(&y)?))
     }
 
     fn read_mat(&self, device: usize, x: &Bf16Buf, rows: usize) -> GpuResult<Mat> {
         Ok(Mat::from_vec(rows, self.config.hidden_size, self.gpus[device].read_bf16(x)?))
     }
 
-    fn forward_gpu(&self, ids: &[u32], cache: &mut CudaCache, opts: ForwardOptions) -> GpuResult<(Mat, Mat)> {
+    /// One pass of `ids` (a prefill chunk, a decode step or a verify pass): logits of the rows
+    /// `opts.logits` asks for, the post-norm hidden rows, and the layers' traces when asked.
+    fn forward_gpu(
+        &self,
+        ids: &[u32],
+        cache: &mut CudaCache,
+        opts: ForwardOptions,
+    ) -> GpuResult<(Mat, Mat, Option<Vec<LayerTrace>>)> {
         let (t, pos0, h) = (ids.len(), cache.position, self.config.hidden_size);
         let first = self.layers.first().map_or(0, |l| l.device);
         let mut x = self.embed_rows(ids, first)?;
         let mut at = first;
+        let mut traces = opts.trace_state.then(Vec::new);
         for (l, c) in self.layers.iter().zip(cache.layers.iter_mut()) {
             x = self.hop(x, at, l.device)?;
             at = l.device;
-            self.run_layer(l, &x, c, pos0, t, opts.verify)?;
+            let traced = self.run_layer(l, &x, c, pos0, t, opts.verify, opts.trace_state)?;
+            if let (Some(ts), Some(tr)) = (traces.as_mut(), traced) {
+                ts.push(tr);
+            }
         }
         let last = self.last_device();
         let x = self.hop(x, at, last)?;
@@ -518,7 +568,7 @@ impl CudaModel {
         };
         let logits = self.logits(&hidden, rows)?;
         cache.verified = opts.verify.then_some(t);
-        Ok((logits, self.read_mat(last, &hidden, t)?))
+        Ok((logits, self.read_mat(last, &hidden, t)?, traces))
     }
 
     fn mtp_gpu(
@@ -547,7 +597,7 @@ impl CudaModel {
         ops::linear(g, &m.fc, &cat, t, Out::Bf16(&mut u))?;
         let pos0 = cache.position;
         for (l, c) in m.layers.iter().zip(cache.layers.iter_mut()) {
-            self.run_layer(l, &u, c, pos0, t, false)?;
+            self.run_layer(l, &u, c, pos0, t, false, false)?;
         }
         cache.position += t;
         let out = g.zeros_bf16(t * h)?;
@@ -594,6 +644,37 @@ impl CudaModel {
     pub fn gpu(&self, device: usize) -> Option<&Gpu> {
         self.gpus.get(device)
     }
+
+    /// Whether the devices are emulated (`--device emu`).
+    pub fn emulated(&self) -> bool {
+        self.gpus.iter().any(|g| g.dev.emulated())
+    }
+}
+
+/// A GDN layer's trace from the kernel's buffer ([`GdnShape::trace_len`]): β and g as the
+/// kernel used them, the per-warp sums added in f64 per head.
+fn gdn_trace(buf: &[f32], tokens: usize, s: GdnShape) -> GdnPassTrace {
+    let hv = s.v_heads;
+    let (mut beta, mut g) = (vec![0f32; tokens * hv], vec![0f32; tokens * hv]);
+    for i in 0..tokens * hv {
+        beta[i] = buf[2 * i];
+        g[i] = buf[2 * i + 1];
+    }
+    let sums = &buf[tokens * hv * 2..];
+    let per_head = s.row_blocks() * 4 * 3;
+    let (mut state_norm, mut delta_norm, mut nonfinite) = (vec![0f32; hv], vec![0f32; hv], vec![0u32; hv]);
+    for h in 0..hv {
+        let (mut ss, mut dd, mut bad) = (0f64, 0f64, 0f64);
+        for w in sums[h * per_head..(h + 1) * per_head].chunks_exact(3) {
+            ss += w[0] as f64;
+            dd += w[1] as f64;
+            bad += w[2] as f64;
+        }
+        state_norm[h] = ss.sqrt() as f32;
+        delta_norm[h] = dd.sqrt() as f32;
+        nonfinite[h] = bad as u32;
+    }
+    GdnPassTrace { tokens, heads: hv, beta, g, state_norm, delta_norm, nonfinite }
 }
 
 /// One GDN layer's state on its device: the conv window (bf16, as the engine rounds it) and
@@ -601,9 +682,9 @@ impl CudaModel {
 pub struct GdnCache {
     device: usize,
     conv: Bf16Buf,
-    ssm: CudaSlice<f32>,
+    ssm: Buf<f32>,
     conv_slots: Option<Bf16Buf>,
-    ssm_slots: Option<CudaSlice<f32>>,
+    ssm_slots: Option<Buf<f32>>,
     slot_tokens: usize,
 }
 
@@ -615,6 +696,12 @@ impl GdnCache {
             self.slot_tokens = tokens;
         }
         Ok(())
+    }
+
+    /// The conv window and the recurrent state, read back (tests: a rejected draft restores
+    /// them exactly).
+    pub fn read(&self) -> GpuResult<(Vec<u16>, Vec<f32>)> {
+        Ok((self.conv.read()?, self.ssm.read()?))
     }
 }
 
@@ -633,27 +720,20 @@ pub enum LayerCache {
     Attn(KvCacheDev),
 }
 
-/// A sequence's state on the GPUs.
+/// A sequence's state on the devices.
 pub struct CudaCache {
     position: usize,
     layers: Vec<LayerCache>,
     /// Tokens of the last verify pass, until `accept`.
     verified: Option<usize>,
-    gpus: Vec<GpuHandle>,
+    /// The model's devices (shared handles), for the restores `accept` launches.
+    gpus: Vec<Gpu>,
 }
 
-/// What `accept` needs to launch the restores: each device's GPU (shared with the model).
-#[derive(Clone)]
-struct GpuHandle(std::sync::Arc<cudarc::driver::CudaStream>, Vec<(String, cudarc::driver::CudaFunction)>);
-
-impl GpuHandle {
-    fn of(g: &Gpu) -> GpuResult<Self> {
-        let names = ["conv1d_restore_slot", "gdn_restore_slot"];
-        let mut f = vec![];
-        for n in names {
-            f.push((n.to_string(), g.function(n)?.clone()));
-        }
-        Ok(GpuHandle(g.stream.clone(), f))
+impl CudaCache {
+    /// Every GDN layer's conv window and recurrent state, in layer order.
+    pub fn gdn_states(&self) -> GpuResult<Vec<(Vec<u16>, Vec<f32>)>> {
+        self.layers.iter().filter_map(|l| if let LayerCache::Gdn(g) = l { Some(g.read()) } else { None }).collect()
     }
 }
 
@@ -666,7 +746,7 @@ impl SequenceCache for CudaCache {
         let mut b = StateBytes::default();
         for l in &self.layers {
             match l {
-                LayerCache::Gdn(g) => b.recurrent_bytes += g.conv.len() * 2 + g.ssm.len() * 4,
+                LayerCache::Gdn(g) => b.recurrent_bytes += g.conv.bytes() + g.ssm.bytes(),
                 // Bytes in use (the cache is allocated for the whole context).
                 LayerCache::Attn(kv) => b.kv_bytes += 2 * self.position * kv.row * 2,
             }
@@ -678,7 +758,7 @@ impl SequenceCache for CudaCache {
         let mut out = vec![StateBytes::default(); self.gpus.len()];
         for l in &self.layers {
             match l {
-                LayerCache::Gdn(g) => out[g.device].recurrent_bytes += g.conv.len() * 2 + g.ssm.len() * 4,
+                LayerCache::Gdn(g) => out[g.device].recurrent_bytes += g.conv.bytes() + g.ssm.bytes(),
                 LayerCache::Attn(kv) => out[kv.device].kv_bytes += 2 * self.position * kv.row * 2,
             }
         }
@@ -690,7 +770,7 @@ impl SequenceCache for CudaCache {
             .iter()
             .map(|l| match l {
                 LayerCache::Gdn(g) => {
-                    g.conv_slots.as_ref().map_or(0, |s| s.len() * 2) + g.ssm_slots.as_ref().map_or(0, |s| s.len() * 4)
+                    g.conv_slots.as_ref().map_or(0, |s| s.bytes()) + g.ssm_slots.as_ref().map_or(0, |s| s.bytes())
                 }
                 LayerCache::Attn(_) => 0,
             })
@@ -705,8 +785,7 @@ impl SequenceCache for CudaCache {
         }
         for l in &mut self.layers {
             if let LayerCache::Gdn(c) = l {
-                let handle = &self.gpus[c.device];
-                restore(handle, c, keep)?;
+                restore(&self.gpus[c.device], c, keep)?;
             }
         }
         self.position = self.position - tokens + keep;
@@ -715,28 +794,13 @@ impl SequenceCache for CudaCache {
 }
 
 /// Puts slot `keep − 1` of the last verify pass into the layer's conv and recurrent state.
-fn restore(h: &GpuHandle, c: &mut GdnCache, keep: usize) -> Result<()> {
-    use cudarc::driver::{LaunchConfig, PushKernelArg};
+fn restore(g: &Gpu, c: &mut GdnCache, keep: usize) -> Result<()> {
     let (Some(cs), Some(ss)) = (c.conv_slots.as_ref(), c.ssm_slots.as_ref()) else {
         return Err(Error::State("verify pass without rollback slots".into()));
     };
-    let k_i = keep as i32;
-    for (name, f) in &h.1 {
-        let (n, grid) =
-            if name == "conv1d_restore_slot" { (c.conv.len(), c.conv.len()) } else { (c.ssm.len(), c.ssm.len()) };
-        let n_i = n as i64;
-        let cfg =
-            LaunchConfig { grid_dim: (grid.div_ceil(256) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let mut b = h.0.launch_builder(f);
-        if name == "conv1d_restore_slot" {
-            b.arg(&mut c.conv).arg(cs).arg(&k_i).arg(&n_i);
-        } else {
-            b.arg(&mut c.ssm).arg(ss).arg(&k_i).arg(&n_i);
-        }
-        // SAFETY: {conv1d,gdn}_restore_slot(state, slots, keep, n): the slots hold the pass's
-        // `tokens` ≥ keep states of n values.
-        unsafe { b.launch(cfg) }.map_err(GpuError::from)?;
-    }
+    let (conv_n, ssm_n) = (c.conv.len(), c.ssm.len());
+    ops::conv_restore(g, &mut c.conv, cs, keep, conv_n)?;
+    ops::gdn_restore(g, &mut c.ssm, ss, keep, ssm_n)?;
     Ok(())
 }
 
@@ -761,6 +825,16 @@ impl DraftCache for CudaDraft {
     }
 }
 
+/// Rows `rows` of every pass's matrix, one after the other.
+fn stack(parts: Vec<Mat>, cols: usize) -> Mat {
+    let rows = parts.iter().map(|m| m.rows).sum();
+    let mut data = Vec::with_capacity(rows * cols);
+    for m in parts {
+        data.extend_from_slice(&m.data);
+    }
+    Mat::from_vec(rows, cols, data)
+}
+
 impl Forward for CudaModel {
     type Cache = CudaCache;
     type Draft = CudaDraft;
@@ -778,17 +852,17 @@ impl Forward for CudaModel {
     }
 
     fn new_cache(&self) -> Result<CudaCache> {
-        let gpus = self.gpus.iter().map(GpuHandle::of).collect::<GpuResult<Vec<_>>>()?;
-        Ok(CudaCache { position: 0, layers: self.layer_caches(self.layers.iter())?, verified: None, gpus })
+        Ok(CudaCache {
+            position: 0,
+            layers: self.layer_caches(self.layers.iter())?,
+            verified: None,
+            gpus: self.gpus.clone(),
+        })
     }
 
     fn new_draft_cache(&self) -> Result<Option<CudaDraft>> {
         let Some(m) = &self.mtp else { return Ok(None) };
         Ok(Some(CudaDraft { position: 0, layers: self.layer_caches(m.layers.iter())? }))
-    }
-
-    fn state_trace_refusal(&self) -> Option<&'static str> {
-        Some("the state trace is computed by the CPU model only for now: run with --device cpu")
     }
 
     fn validate_at(&self, ids: &[u32], position: usize) -> Result<()> {
@@ -800,20 +874,38 @@ impl Forward for CudaModel {
             return Err(Error::InvalidArgument("forward needs at least one token".into()));
         }
         self.validate_at(ids, cache.position)?;
-        if let (true, Some(why)) = (opts.trace_state, self.state_trace_refusal()) {
-            return Err(Error::InvalidArgument(why.into()));
-        }
         if opts.verify && ids.len() > ops::GEMV_MAX_ROWS {
             return Err(Error::InvalidArgument(format!("a verify pass holds at most {} tokens", ops::GEMV_MAX_ROWS)));
         }
         let pos0 = cache.position;
-        let (logits, hidden) = self.forward_gpu(ids, cache, opts)?;
-        cache.position += ids.len();
+        // A prefill runs in chunks of PREFILL_CHUNK tokens (the plan's workspace); a traced one
+        // in one pass, so that ‖ΔS‖ is measured over the whole prefill as the CPU measures it.
+        let chunk = if opts.trace_state { ids.len() } else { PREFILL_CHUNK };
+        let pieces: Vec<&[u32]> = ids.chunks(chunk).collect();
+        let (mut logits, mut hidden, mut traces) = (vec![], vec![], vec![]);
+        for (i, piece) in pieces.iter().enumerate() {
+            let last = i + 1 == pieces.len();
+            // Earlier chunks' logits are dropped unless every row's were asked for.
+            let (l, h, t) = self.forward_gpu(piece, cache, opts)?;
+            cache.position += piece.len();
+            if last || opts.logits == LogitsRows::All {
+                logits.push(l);
+            }
+            hidden.push(h);
+            if let Some(t) = t {
+                traces.push(t);
+            }
+        }
+        let vocab = self.config.vocab_size;
+        let logits = stack(logits, vocab);
+        let hidden = stack(hidden, self.config.hidden_size);
         if opts.check_finite {
             let first = ids.len() - logits.rows;
             finite::check(&logits, None, Sublayer::LmHead, pos0 + first, &ids[first..])?;
         }
-        Ok(ForwardOutput { logits, hidden_norms: None, hidden, state_trace: None })
+        let state_trace =
+            opts.trace_state.then(|| StateTrace { layers: traces.into_iter().next().unwrap_or_default() });
+        Ok(ForwardOutput { logits, hidden_norms: None, hidden, state_trace })
     }
 
     fn mtp_forward_cached(

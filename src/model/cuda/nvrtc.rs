@@ -9,6 +9,7 @@ use cudarc::nvrtc::{result as nv, sys as nv_sys};
 
 use super::kernels::KernelFile;
 use super::probe::nvrtc_version;
+use super::resources::{PtxasReport, parse_ptxas_log};
 
 /// What to produce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +28,8 @@ pub enum CompileError {
     Nvrtc { file: String, step: &'static str, code: String, log: String },
     #[error("{arch:?}: expected an architecture such as sm_90")]
     BadArch { arch: String },
+    #[error("{file}.cu for {arch}: cannot read ptxas's resource report ({reason}):\n{log}")]
+    PtxasLog { file: String, arch: String, reason: String, log: String },
 }
 
 /// Options every kernel is compiled with: no fast-math (expf, division and rsqrt stay
@@ -71,7 +74,7 @@ fn arch_number(arch: &str) -> Result<u32, CompileError> {
 }
 
 /// FNV-1a, 64 bits: stable across builds and Rust versions (the std hasher is not).
-fn fnv1a(parts: &[&[u8]]) -> u64 {
+pub(crate) fn fnv1a(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf29ce484222325;
     for p in parts {
         for &b in *p {
@@ -93,15 +96,67 @@ fn nvrtc_call(file: &str, step: &'static str, r: Result<(), nv::NvrtcError>, log
     r.map_err(|e| CompileError::Nvrtc { file: file.into(), step, code: format!("{:?}", e.0), log })
 }
 
+/// The program's log (warnings, errors, ptxas's report), trimmed; empty when there is none.
 fn program_log(prog: nv_sys::nvrtcProgram) -> String {
     // SAFETY: prog is a live program.
     match unsafe { nv::get_program_log(prog) } {
         Ok(chars) => {
             let bytes: Vec<u8> = chars.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
-            let text = String::from_utf8_lossy(&bytes).trim().to_string();
-            if text.is_empty() { String::new() } else { format!(":\n{text}") }
+            String::from_utf8_lossy(&bytes).trim().to_string()
         }
         Err(_) => String::new(),
+    }
+}
+
+/// Runs NVRTC on one source: the code for `target` and the program's log.
+fn run_nvrtc(
+    file: &str,
+    source: String,
+    options: &[String],
+    target: Target,
+) -> Result<(Vec<u8>, String), CompileError> {
+    let src = CString::new(source).map_err(|_| CompileError::Nvrtc {
+        file: file.into(),
+        step: "create",
+        code: "source holds a NUL byte".into(),
+        log: String::new(),
+    })?;
+    let name = CString::new(format!("{file}.cu")).unwrap_or_default();
+    let prog = nv::create_program(&src, Some(&name)).map_err(|e| CompileError::Nvrtc {
+        file: file.into(),
+        step: "create",
+        code: format!("{:?}", e.0),
+        log: String::new(),
+    })?;
+    // SAFETY: prog is live until destroy_program below; the option strings outlive the call.
+    unsafe {
+        let compiled = nv::compile_program(prog, options);
+        let log = program_log(prog);
+        let shown = if log.is_empty() { String::new() } else { format!(":\n{log}") };
+        let out = nvrtc_call(file, "compile", compiled, shown).and_then(|()| match target {
+            Target::Ptx => nv::get_ptx(prog)
+                .map(|chars| chars.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect::<Vec<u8>>())
+                .map_err(|e| CompileError::Nvrtc {
+                    file: file.into(),
+                    step: "get PTX",
+                    code: format!("{:?}", e.0),
+                    log: String::new(),
+                }),
+            Target::Cubin => {
+                let mut size = 0usize;
+                nvrtc_call(file, "get CUBIN size", nv_sys::nvrtcGetCUBINSize(prog, &mut size).result(), String::new())?;
+                let mut buf = vec![0u8; size];
+                nvrtc_call(
+                    file,
+                    "get CUBIN",
+                    nv_sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut c_char).result(),
+                    String::new(),
+                )?;
+                Ok(buf)
+            }
+        });
+        let _ = nv::destroy_program(prog);
+        out.map(|code| (code, log))
     }
 }
 
@@ -134,54 +189,7 @@ pub fn compile(
         return Ok(Compiled { file: file.name, target, arch: arch.into(), code, cached: true });
     }
 
-    let src = CString::new(source).map_err(|_| CompileError::Nvrtc {
-        file: file.name.into(),
-        step: "create",
-        code: "source holds a NUL byte".into(),
-        log: String::new(),
-    })?;
-    let name = CString::new(format!("{}.cu", file.name)).unwrap_or_default();
-    let prog = nv::create_program(&src, Some(&name)).map_err(|e| CompileError::Nvrtc {
-        file: file.name.into(),
-        step: "create",
-        code: format!("{:?}", e.0),
-        log: String::new(),
-    })?;
-    // SAFETY: prog is live until destroy_program below; the option strings outlive the call.
-    let result = unsafe {
-        let compiled = nv::compile_program(prog, &options);
-        let log = program_log(prog);
-        let out = nvrtc_call(file.name, "compile", compiled, log).and_then(|()| match target {
-            Target::Ptx => nv::get_ptx(prog)
-                .map(|chars| chars.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect::<Vec<u8>>())
-                .map_err(|e| CompileError::Nvrtc {
-                    file: file.name.into(),
-                    step: "get PTX",
-                    code: format!("{:?}", e.0),
-                    log: String::new(),
-                }),
-            Target::Cubin => {
-                let mut size = 0usize;
-                nvrtc_call(
-                    file.name,
-                    "get CUBIN size",
-                    nv_sys::nvrtcGetCUBINSize(prog, &mut size).result(),
-                    String::new(),
-                )?;
-                let mut buf = vec![0u8; size];
-                nvrtc_call(
-                    file.name,
-                    "get CUBIN",
-                    nv_sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut c_char).result(),
-                    String::new(),
-                )?;
-                Ok(buf)
-            }
-        });
-        let _ = nv::destroy_program(prog);
-        out
-    };
-    let code = result?;
+    let (code, _log) = run_nvrtc(file.name, source, &options, target)?;
     if let Some(p) = &cached_path {
         // A cache that cannot be written only costs a recompile next time.
         if let Some(dir) = p.parent()
@@ -194,6 +202,26 @@ pub fn compile(
         }
     }
     Ok(Compiled { file: file.name, target, arch: arch.into(), code, cached: false })
+}
+
+/// What each entry point of `file` costs on `arch` (`sm_90`): registers, spills, stack frame
+/// and static shared memory, as ptxas reports them when it compiles the file to a CUBIN with
+/// the kernels' own options (plus `--ptxas-options=--verbose`). Always compiled now, never
+/// from the disk cache: the numbers are in the log, not in the code.
+pub fn resource_usage(file: &KernelFile, arch: &str) -> Result<PtxasReport, CompileError> {
+    let number = arch_number(arch)?;
+    nvrtc_version().ok_or(CompileError::NoNvrtc)?;
+    let mut options: Vec<String> = OPTIONS.iter().map(|s| s.to_string()).collect();
+    options.push(format!("--gpu-architecture=sm_{number}"));
+    options.push("--ptxas-options=--verbose".into());
+    let (_code, log) = run_nvrtc(file.name, file.full_source(), &options, Target::Cubin)?;
+    let fail =
+        |reason: String| CompileError::PtxasLog { file: file.name.into(), arch: arch.into(), reason, log: log.clone() };
+    let report = parse_ptxas_log(&log).map_err(fail)?;
+    if report.entries.is_empty() {
+        return Err(fail("it names no entry function".into()));
+    }
+    Ok(report)
 }
 
 #[cfg(test)]

@@ -2,17 +2,17 @@
 //! block as the kernel's comment states, the arguments in the kernel's order. The CUDA model
 //! (`model.rs`) composes them; `parity.rs` checks each kernel alone against its CPU twin.
 //!
-//! bf16 buffers are `CudaSlice<u16>` (raw bits, as in the kernels). Every launch is on the
-//! GPU's one stream, so each kernel sees the writes of the ones before it.
+//! bf16 buffers are `Buf<u16>` (raw bits, as in the kernels). Every launch goes through the
+//! [`Device`](super::device::Device) seam in order, so each kernel sees the writes of the ones
+//! before it, on a GPU and on the emulated device alike.
 
 // The wrappers take the kernels' parameters one for one.
 #![allow(clippy::too_many_arguments)]
 
-use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
-
+use super::device::{Arg, Buf};
 use super::runtime::{Gpu, GpuError, GpuResult};
 
-pub type Bf16Buf = CudaSlice<u16>;
+pub type Bf16Buf = Buf<u16>;
 
 /// A weight matrix `[n_out][k]` in bf16 on one GPU.
 pub struct DeviceMat {
@@ -29,7 +29,7 @@ impl DeviceMat {
                 bits.len()
             )));
         }
-        Ok(DeviceMat { w: gpu.stream.clone_htod(bits)?, n_out, k })
+        Ok(DeviceMat { w: gpu.upload(bits)?, n_out, k })
     }
 
     pub fn bytes(&self) -> usize {
@@ -39,7 +39,7 @@ impl DeviceMat {
 
 /// Where a matrix product goes: f32 (logits, router and gate outputs) or bf16 (activations).
 pub enum Out<'a> {
-    F32(&'a mut CudaSlice<f32>),
+    F32(&'a mut Buf<f32>),
     Bf16(&'a mut Bf16Buf),
 }
 
@@ -47,10 +47,14 @@ pub enum Out<'a> {
 /// go to the GEMM.
 pub const GEMV_MAX_ROWS: usize = 8;
 
-const NULL: u64 = 0;
-
-fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
-    LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 }
+impl Out<'_> {
+    /// The kernels' (`y_f32`, `y_bf16`) pair: one of them, the other null.
+    fn args(&self) -> [Arg; 2] {
+        match self {
+            Out::F32(y) => [y.arg(), Arg::NULL],
+            Out::Bf16(y) => [Arg::NULL, y.arg()],
+        }
+    }
 }
 
 fn blocks(n: usize, per: usize) -> u32 {
@@ -60,37 +64,36 @@ fn blocks(n: usize, per: usize) -> u32 {
 /// `y[r] = W · x[r]` for `rows` rows of `x` (`[rows][k]`): the GEMV for a decode step or a
 /// verify pass, the tiled GEMM for a prefill.
 pub fn linear(gpu: &Gpu, w: &DeviceMat, x: &Bf16Buf, rows: usize, out: Out) -> GpuResult<()> {
-    let (n_i, k_i, r_i) = (w.n_out as i32, w.k as i32, rows as i32);
+    let (n_i, k_i, r_i) = (Arg::I32(w.n_out as i32), Arg::I32(w.k as i32), Arg::I32(rows as i32));
+    let [y_f32, y_bf16] = out.args();
     if rows <= GEMV_MAX_ROWS {
-        let f = gpu.function("gemv_bf16")?;
-        let mut b = gpu.stream.launch_builder(f);
-        b.arg(&w.w).arg(x);
-        match out {
-            Out::F32(y) => b.arg(y).arg(&NULL),
-            Out::Bf16(y) => b.arg(&NULL).arg(y),
-        };
-        b.arg(&n_i).arg(&k_i).arg(&r_i);
         // SAFETY: gemv_bf16(W, x, y_f32, y_bf16, n_out, k, rows); grid ceil(n_out / 8), 256
         // threads; x holds rows·k values, y rows·n_out.
-        unsafe { b.launch(cfg((blocks(w.n_out, 8), 1, 1), 256)) }?;
+        unsafe {
+            gpu.launch(
+                "gemv_bf16",
+                (blocks(w.n_out, 8), 1, 1),
+                256,
+                &[w.w.arg(), x.arg(), y_f32, y_bf16, n_i, k_i, r_i],
+            )
+        }
     } else {
-        let f = gpu.function("gemm_bf16_tiled")?;
-        let mut b = gpu.stream.launch_builder(f);
-        b.arg(x).arg(&w.w);
-        match out {
-            Out::F32(y) => b.arg(y).arg(&NULL),
-            Out::Bf16(y) => b.arg(&NULL).arg(y),
-        };
-        b.arg(&r_i).arg(&n_i).arg(&k_i);
         // SAFETY: gemm_bf16_tiled(X, W, y_f32, y_bf16, m, n, k); grid (ceil(n / 64),
         // ceil(m / 64)), 256 threads.
-        unsafe { b.launch(cfg((blocks(w.n_out, 64), blocks(rows, 64), 1), 256)) }?;
+        unsafe {
+            gpu.launch(
+                "gemm_bf16_tiled",
+                (blocks(w.n_out, 64), blocks(rows, 64), 1),
+                256,
+                &[x.arg(), w.w.arg(), y_f32, y_bf16, r_i, n_i, k_i],
+            )
+        }
     }
-    Ok(())
 }
 
 /// Zero-centred RMSNorm of `rows` rows of `n`, `stride` apart, from `x` into `y` (`y` may be
-/// `x`: each thread reads an element before it writes it, after the block's sum).
+/// `x`: each thread reads an element before it writes it, after the block's sum; the kernel's
+/// `x` and `y` are not `__restrict__` for that).
 pub fn rms_norm(
     gpu: &Gpu,
     x: &Bf16Buf,
@@ -101,13 +104,9 @@ pub fn rms_norm(
     stride: usize,
     eps: f32,
 ) -> GpuResult<()> {
-    let f = gpu.function("rms_norm")?;
-    let (n_i, s_i, zc) = (n as i32, stride as i64, 1i32);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(x).arg(w).arg(y).arg(&n_i).arg(&s_i).arg(&eps).arg(&zc);
+    let args = [x.arg(), w.arg(), y.arg(), Arg::I32(n as i32), Arg::I64(stride as i64), Arg::F32(eps), Arg::I32(1)];
     // SAFETY: rms_norm(x, w, y, n, stride, eps, zero_centred); one block per row, 256 threads.
-    unsafe { b.launch(cfg((rows as u32, 1, 1), 256)) }?;
-    Ok(())
+    unsafe { gpu.launch("rms_norm", (rows as u32, 1, 1), 256, &args) }
 }
 
 /// The GDN output norm per value head: `rows` = tokens · value heads, rows of `n` = dv.
@@ -121,20 +120,19 @@ pub fn rms_norm_gated(
     n: usize,
     eps: f32,
 ) -> GpuResult<()> {
-    let f = gpu.function("rms_norm_gated")?;
-    let n_i = n as i32;
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(x).arg(z).arg(w).arg(y).arg(&n_i).arg(&eps);
+    let args = [x.arg(), z.arg(), w.arg(), y.arg(), Arg::I32(n as i32), Arg::F32(eps)];
     // SAFETY: rms_norm_gated(x, z, w, y, n, eps); one block per row, 128 threads.
-    unsafe { b.launch(cfg((rows as u32, 1, 1), 128)) }?;
-    Ok(())
+    unsafe { gpu.launch("rms_norm_gated", (rows as u32, 1, 1), 128, &args) }
 }
 
-/// The rotary parameters of a model (text: the three mRoPE position ids are equal).
-#[derive(Debug, Clone, Copy)]
+/// The rotary parameters of a model (text: the three mRoPE position ids are equal), with the
+/// inverse frequencies computed once on the host by the engine's own expression
+/// ([`crate::model::rope::Rope`]): a GPU's `powf` may differ from the CPU's by an ulp, which
+/// moves the angle by many bf16 steps at long positions.
 pub struct RopeParams {
     pub rotary_dim: usize,
-    pub theta: f32,
+    /// `[rotary_dim / 2]` f32 on the device.
+    pub inv_freq: Buf<f32>,
     pub sec_h: i32,
     pub sec_w: i32,
 }
@@ -144,21 +142,28 @@ pub struct RopeParams {
 pub fn rope(
     gpu: &Gpu,
     x: &Bf16Buf,
-    pos: &CudaSlice<i32>,
+    pos: &Buf<i32>,
     tokens: usize,
     heads: usize,
     token_stride: usize,
     head_stride: usize,
-    r: RopeParams,
+    r: &RopeParams,
 ) -> GpuResult<()> {
-    let f = gpu.function("rope_mrope")?;
-    let (ts, hs, rd) = (token_stride as i64, head_stride as i32, r.rotary_dim as i32);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(x).arg(pos).arg(pos).arg(pos).arg(&ts).arg(&hs).arg(&rd).arg(&r.theta).arg(&r.sec_h).arg(&r.sec_w);
-    // SAFETY: rope_mrope(x, pos_t, pos_h, pos_w, token_stride, head_stride, rotary_dim, theta,
-    // sec_h, sec_w); grid (tokens, heads), rotary_dim / 2 threads.
-    unsafe { b.launch(cfg((tokens as u32, heads as u32, 1), (r.rotary_dim / 2) as u32)) }?;
-    Ok(())
+    let args = [
+        x.arg(),
+        pos.arg(),
+        pos.arg(),
+        pos.arg(),
+        Arg::I64(token_stride as i64),
+        Arg::I32(head_stride as i32),
+        Arg::I32(r.rotary_dim as i32),
+        r.inv_freq.arg(),
+        Arg::I32(r.sec_h),
+        Arg::I32(r.sec_w),
+    ];
+    // SAFETY: rope_mrope(x, pos_t, pos_h, pos_w, token_stride, head_stride, rotary_dim,
+    // inv_freq, sec_h, sec_w); grid (tokens, heads), rotary_dim / 2 threads.
+    unsafe { gpu.launch("rope_mrope", (tokens as u32, heads as u32, 1), (r.rotary_dim / 2) as u32, &args) }
 }
 
 /// Appends this pass's keys and values (`[T][kv_heads·hd]`) to the caches at `pos0..`.
@@ -174,15 +179,27 @@ pub fn kv_append(
     hd: usize,
     l_max: usize,
 ) -> GpuResult<()> {
-    let f = gpu.function("kv_append")?;
-    let stride = (kv_heads * hd) as i64;
-    let (p_i, hd_i, l_i) = (pos0 as i32, hd as i32, l_max as i32);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(k).arg(&stride).arg(v).arg(&stride).arg(kc).arg(vc).arg(&p_i).arg(&hd_i).arg(&l_i);
+    let stride = Arg::I64((kv_heads * hd) as i64);
+    let args = [
+        k.arg(),
+        stride,
+        v.arg(),
+        stride,
+        kc.arg(),
+        vc.arg(),
+        Arg::I32(pos0 as i32),
+        Arg::I32(hd as i32),
+        Arg::I32(l_max as i32),
+    ];
     // SAFETY: kv_append(k, k_stride, v, v_stride, kcache, vcache, pos0, hd, l_max); grid
     // (tokens, kv_heads), hd threads; pos0 + tokens ≤ l_max (checked by the caller).
-    unsafe { b.launch(cfg((tokens as u32, kv_heads as u32, 1), hd as u32)) }?;
-    Ok(())
+    unsafe { gpu.launch("kv_append", (tokens as u32, kv_heads as u32, 1), hd as u32, &args) }
+}
+
+/// The attention scale as the CPU engine computes it (`hd^-0.5` through `powf`: for some head
+/// sizes, 24 among them, `1 / sqrt(hd)` is one f32 ulp away).
+pub fn attention_scale(hd: usize) -> f32 {
+    (hd as f32).powf(-0.5)
 }
 
 /// Causal GQA attention with the output gate: `q` rows interleave query and gate per head
@@ -200,18 +217,24 @@ pub fn attention(
     hd: usize,
     l_max: usize,
 ) -> GpuResult<()> {
-    let f = gpu.function("attn_gqa")?;
-    let gate: CudaView<u16> = q.slice(hd..);
-    let (q_ts, q_hs) = ((heads * 2 * hd) as i64, (2 * hd) as i32);
-    let (l_i, p_i, nh_i, nkv_i, hd_i) = (l_max as i32, pos0 as i32, heads as i32, kv_heads as i32, hd as i32);
-    let scale = 1.0 / (hd as f32).sqrt();
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(q).arg(&q_ts).arg(&q_hs).arg(&gate).arg(kc).arg(vc).arg(&l_i).arg(out);
-    b.arg(&p_i).arg(&nh_i).arg(&nkv_i).arg(&hd_i).arg(&scale);
+    let args = [
+        q.arg(),
+        Arg::I64((heads * 2 * hd) as i64),
+        Arg::I32((2 * hd) as i32),
+        q.at(hd),
+        kc.arg(),
+        vc.arg(),
+        Arg::I32(l_max as i32),
+        out.arg(),
+        Arg::I32(pos0 as i32),
+        Arg::I32(heads as i32),
+        Arg::I32(kv_heads as i32),
+        Arg::I32(hd as i32),
+        Arg::F32(attention_scale(hd)),
+    ];
     // SAFETY: attn_gqa(q, q_token_stride, q_head_stride, gate, kcache, vcache, l_max, out,
     // pos0, n_heads, n_kv_heads, hd, scale); grid (T, heads), 128 threads; hd ≤ 256.
-    unsafe { b.launch(cfg((tokens as u32, heads as u32, 1), 128)) }?;
-    Ok(())
+    unsafe { gpu.launch("attn_gqa", (tokens as u32, heads as u32, 1), 128, &args) }
 }
 
 /// The conv for ≤ 8 tokens (decode, verify): with `slots`, each token's window is kept and the
@@ -227,22 +250,23 @@ pub fn conv_decode(
     channels: usize,
     kernel: usize,
 ) -> GpuResult<()> {
-    let f = gpu.function("conv1d_decode")?;
-    let (t_i, c_i, k_i) = (tokens as i32, channels as i32, kernel as i32);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(x).arg(state).arg(w).arg(y);
-    match slots {
-        Some(s) => b.arg(s),
-        None => b.arg(&NULL),
-    };
-    b.arg(&t_i).arg(&c_i).arg(&k_i);
+    let args = [
+        x.arg(),
+        state.arg(),
+        w.arg(),
+        y.arg(),
+        slots.map_or(Arg::NULL, |s| s.arg()),
+        Arg::I32(tokens as i32),
+        Arg::I32(channels as i32),
+        Arg::I32(kernel as i32),
+    ];
     // SAFETY: conv1d_decode(x, state, w, y, slots, tokens, channels, kernel); grid
     // ceil(channels / 256), 256 threads.
-    unsafe { b.launch(cfg((blocks(channels, 256), 1, 1), 256)) }?;
-    Ok(())
+    unsafe { gpu.launch("conv1d_decode", (blocks(channels, 256), 1, 1), 256, &args) }
 }
 
 /// The conv over a prefill's tokens at once, then the state saved from its last inputs.
+/// Tokens go on grid x (up to 2³¹ − 1; grid y stops at 65535), channel blocks on y.
 pub fn conv_prefill(
     gpu: &Gpu,
     x: &Bf16Buf,
@@ -253,47 +277,35 @@ pub fn conv_prefill(
     channels: usize,
     kernel: usize,
 ) -> GpuResult<()> {
-    let (t_i, c_i, k_i) = (tokens as i32, channels as i32, kernel as i32);
-    let f = gpu.function("conv1d_prefill")?;
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(x).arg(&*state).arg(w).arg(y).arg(&t_i).arg(&c_i).arg(&k_i);
-    // SAFETY: conv1d_prefill(x, state, w, y, tokens, channels, kernel); grid
-    // (ceil(channels / 256), tokens), 256 threads.
-    unsafe { b.launch(cfg((blocks(channels, 256), tokens as u32, 1), 256)) }?;
-    let f = gpu.function("conv1d_save_state")?;
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(x).arg(state).arg(&t_i).arg(&c_i).arg(&k_i);
-    // SAFETY: conv1d_save_state(x, state, tokens, channels, kernel), after the prefill on the
-    // same stream; grid ceil(channels / 256), 256 threads.
-    unsafe { b.launch(cfg((blocks(channels, 256), 1, 1), 256)) }?;
-    Ok(())
+    let (t_i, c_i, k_i) = (Arg::I32(tokens as i32), Arg::I32(channels as i32), Arg::I32(kernel as i32));
+    // SAFETY: conv1d_prefill(x, state, w, y, tokens, channels, kernel); grid (tokens,
+    // ceil(channels / 256)), 256 threads.
+    unsafe {
+        gpu.launch(
+            "conv1d_prefill",
+            (tokens as u32, blocks(channels, 256), 1),
+            256,
+            &[x.arg(), state.arg(), w.arg(), y.arg(), t_i, c_i, k_i],
+        )
+    }?;
+    // SAFETY: conv1d_save_state(x, state, tokens, channels, kernel), after the prefill in
+    // order; grid ceil(channels / 256), 256 threads.
+    unsafe {
+        gpu.launch("conv1d_save_state", (blocks(channels, 256), 1, 1), 256, &[x.arg(), state.arg(), t_i, c_i, k_i])
+    }
 }
 
 /// After a verify pass: the state becomes slot `keep − 1` (no change for `keep` = 0).
 pub fn conv_restore(gpu: &Gpu, state: &mut Bf16Buf, slots: &Bf16Buf, keep: usize, n: usize) -> GpuResult<()> {
-    let f = gpu.function("conv1d_restore_slot")?;
-    let (k_i, n_i) = (keep as i32, n as i64);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(state).arg(slots).arg(&k_i).arg(&n_i);
+    let args = [state.arg(), slots.arg(), Arg::I32(keep as i32), Arg::I64(n as i64)];
     // SAFETY: conv1d_restore_slot(state, slots, keep, n); slots hold ≥ keep windows of n.
-    unsafe { b.launch(cfg((blocks(n, 256), 1, 1), 256)) }?;
-    Ok(())
+    unsafe { gpu.launch("conv1d_restore_slot", (blocks(n, 256), 1, 1), 256, &args) }
 }
 
-pub fn gdn_restore(
-    gpu: &Gpu,
-    state: &mut CudaSlice<f32>,
-    slots: &CudaSlice<f32>,
-    keep: usize,
-    n: usize,
-) -> GpuResult<()> {
-    let f = gpu.function("gdn_restore_slot")?;
-    let (k_i, n_i) = (keep as i32, n as i64);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(state).arg(slots).arg(&k_i).arg(&n_i);
+pub fn gdn_restore(gpu: &Gpu, state: &mut Buf<f32>, slots: &Buf<f32>, keep: usize, n: usize) -> GpuResult<()> {
+    let args = [state.arg(), slots.arg(), Arg::I32(keep as i32), Arg::I64(n as i64)];
     // SAFETY: gdn_restore_slot(state, slots, keep, n); slots hold ≥ keep states of n.
-    unsafe { b.launch(cfg((blocks(n, 256), 1, 1), 256)) }?;
-    Ok(())
+    unsafe { gpu.launch("gdn_restore_slot", (blocks(n, 256), 1, 1), 256, &args) }
 }
 
 /// The shapes of a GDN layer's heads.
@@ -305,97 +317,106 @@ pub struct GdnShape {
     pub dv: usize,
 }
 
+impl GdnShape {
+    /// Blocks per value head: 16 value rows each.
+    pub fn row_blocks(&self) -> usize {
+        self.dv.div_ceil(16)
+    }
+
+    /// f32 values of a state trace of `tokens` tokens: `[T][Hv][2]` β and g, then
+    /// `[Hv][row blocks][4 warps][3]` sums (see kernels/gdn.cu).
+    pub fn trace_len(&self, tokens: usize) -> usize {
+        tokens * self.v_heads * 2 + self.v_heads * self.row_blocks() * 4 * 3
+    }
+}
+
 /// The gated delta rule over `tokens` tokens (q/k L2 norm and the gates inside); with `slots`
-/// the state after each token is kept and the state left as before the pass.
+/// the state after each token is kept and the state left as before the pass; with `trace`
+/// ([`GdnShape::trace_len`]) β and g per token and head, and per warp of rows the sums of S²
+/// and ΔS² and the non-finite count.
 pub fn gdn(
     gpu: &Gpu,
     qkv: &Bf16Buf,
     a: &Bf16Buf,
     b_in: &Bf16Buf,
-    a_log: &CudaSlice<f32>,
-    dt_bias: &CudaSlice<f32>,
-    state: &mut CudaSlice<f32>,
-    slots: Option<&mut CudaSlice<f32>>,
+    a_log: &Buf<f32>,
+    dt_bias: &Buf<f32>,
+    state: &mut Buf<f32>,
+    slots: Option<&mut Buf<f32>>,
+    trace: Option<&mut Buf<f32>>,
     out: &mut Bf16Buf,
     tokens: usize,
     s: GdnShape,
 ) -> GpuResult<()> {
-    let f = gpu.function("gdn_recurrent")?;
-    let (t_i, hk, hv, dk, dv) = (tokens as i32, s.k_heads as i32, s.v_heads as i32, s.dk as i32, s.dv as i32);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(qkv).arg(a).arg(b_in).arg(a_log).arg(dt_bias).arg(state);
-    match slots {
-        Some(sl) => b.arg(sl),
-        None => b.arg(&NULL),
-    };
-    b.arg(out).arg(&t_i).arg(&hk).arg(&hv).arg(&dk).arg(&dv);
-    // SAFETY: gdn_recurrent(qkv, a, b, A_log, dt_bias, state, slots, out, tokens, n_k_heads,
-    // n_v_heads, dk, dv); grid (Hv, ⌈dv / 16⌉), 128 threads; dk ≤ 256.
-    unsafe { b.launch(cfg((s.v_heads as u32, s.dv.div_ceil(16) as u32, 1), 128)) }?;
-    Ok(())
+    let args = [
+        qkv.arg(),
+        a.arg(),
+        b_in.arg(),
+        a_log.arg(),
+        dt_bias.arg(),
+        state.arg(),
+        slots.map_or(Arg::NULL, |x| x.arg()),
+        trace.map_or(Arg::NULL, |x| x.arg()),
+        out.arg(),
+        Arg::I32(tokens as i32),
+        Arg::I32(s.k_heads as i32),
+        Arg::I32(s.v_heads as i32),
+        Arg::I32(s.dk as i32),
+        Arg::I32(s.dv as i32),
+    ];
+    // SAFETY: gdn_recurrent(qkv, a, b, A_log, dt_bias, state, slots, trace, out, tokens,
+    // n_k_heads, n_v_heads, dk, dv); grid (Hv, ⌈dv / 16⌉), 128 threads; dk ≤ 256.
+    unsafe { gpu.launch("gdn_recurrent", (s.v_heads as u32, s.row_blocks() as u32, 1), 128, &args) }
 }
 
 /// `x += y` elementwise (bf16, rounded once): the residual adds.
 pub fn add_into(gpu: &Gpu, x: &Bf16Buf, y: &Bf16Buf, n: usize) -> GpuResult<()> {
-    let f = gpu.function("add_bf16")?;
-    let n_i = n as i64;
-    let mut b = gpu.stream.launch_builder(f);
     // The kernel's x and out are not restrict: the same buffer is both.
-    b.arg(x).arg(y).arg(x).arg(&n_i);
+    let args = [x.arg(), y.arg(), x.arg(), Arg::I64(n as i64)];
     // SAFETY: add_bf16(x, y, out, n); ceil(n / 256) blocks of 256.
-    unsafe { b.launch(cfg((blocks(n, 256), 1, 1), 256)) }?;
-    Ok(())
+    unsafe { gpu.launch("add_bf16", (blocks(n, 256), 1, 1), 256, &args) }
 }
 
 /// SwiGLU over fused `[rows][2·inter]` gate/up rows into `[rows][inter]`.
 pub fn swiglu(gpu: &Gpu, gate_up: &Bf16Buf, out: &mut Bf16Buf, rows: usize, inter: usize) -> GpuResult<()> {
-    let f = gpu.function("swiglu")?;
-    let (i_i, n) = (inter as i32, (rows * inter) as i64);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(gate_up).arg(out).arg(&i_i).arg(&n);
+    let args = [gate_up.arg(), out.arg(), Arg::I32(inter as i32), Arg::I64((rows * inter) as i64)];
     // SAFETY: swiglu(gate_up, out, inter, n); ceil(n / 256) blocks of 256.
-    unsafe { b.launch(cfg((blocks(rows * inter, 256), 1, 1), 256)) }?;
-    Ok(())
+    unsafe { gpu.launch("swiglu", (blocks(rows * inter, 256), 1, 1), 256, &args) }
 }
 
 /// Embedding rows of `ids` into `out` (`[T][hidden]`).
-pub fn embed(gpu: &Gpu, table: &DeviceMat, ids: &CudaSlice<u32>, out: &mut Bf16Buf, tokens: usize) -> GpuResult<()> {
-    let f = gpu.function("embed_gather")?;
-    let (h_i, v_u) = (table.k as i32, table.n_out as u32);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(&table.w).arg(ids).arg(out).arg(&h_i).arg(&v_u);
+pub fn embed(gpu: &Gpu, table: &DeviceMat, ids: &Buf<u32>, out: &mut Bf16Buf, tokens: usize) -> GpuResult<()> {
+    let args = [table.w.arg(), ids.arg(), out.arg(), Arg::I32(table.k as i32), Arg::U32(table.n_out as u32)];
     // SAFETY: embed_gather(table, ids, out, hidden, vocab); one block per token, 256 threads.
-    unsafe { b.launch(cfg((tokens as u32, 1, 1), 256)) }?;
-    Ok(())
+    unsafe { gpu.launch("embed_gather", (tokens as u32, 1, 1), 256, &args) }
 }
 
-/// Router top-k per token: softmax, the k largest (ties to the lower id), renormalised.
+/// Router top-k per token: softmax of the bf16-rounded logits, the k largest (ties to the
+/// lower id), renormalised.
 pub fn moe_topk(
     gpu: &Gpu,
-    logits: &CudaSlice<f32>,
-    ids: &mut CudaSlice<i32>,
-    weights: &mut CudaSlice<f32>,
+    logits: &Buf<f32>,
+    ids: &mut Buf<i32>,
+    weights: &mut Buf<f32>,
     tokens: usize,
     experts: usize,
     k: usize,
     renorm: bool,
 ) -> GpuResult<()> {
-    let f = gpu.function("moe_topk")?;
-    let (e_i, k_i, r_i) = (experts as i32, k as i32, renorm as i32);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(logits).arg(ids).arg(weights).arg(&e_i).arg(&k_i).arg(&r_i);
+    let args =
+        [logits.arg(), ids.arg(), weights.arg(), Arg::I32(experts as i32), Arg::I32(k as i32), Arg::I32(renorm as i32)];
     // SAFETY: moe_topk(logits, ids, weights, experts, k, renorm); one block per token, 256
     // threads; experts ≤ 1024.
-    unsafe { b.launch(cfg((tokens as u32, 1, 1), 256)) }?;
-    Ok(())
+    unsafe { gpu.launch("moe_topk", (tokens as u32, 1, 1), 256, &args) }
 }
 
 /// One GEMV per (token, slot) pair through its expert's rows of the expert-major `w`
-/// (`[E][n_out][k_in]`).
+/// (`[E][n_out][k_in]`). Pairs go on grid x (up to 2³¹ − 1: a 35B-A3B prefill of 8192
+/// tokens makes 65536 pairs, past grid y's 65535), feature blocks on y.
 pub fn moe_gemv(
     gpu: &Gpu,
     w: &Bf16Buf,
-    ids: &CudaSlice<i32>,
+    ids: &Buf<i32>,
     x: &Bf16Buf,
     x_per_pair: bool,
     y: &mut Bf16Buf,
@@ -404,52 +425,57 @@ pub fn moe_gemv(
     top_k: usize,
     pairs: usize,
 ) -> GpuResult<()> {
-    let f = gpu.function("moe_gemv")?;
-    let (pp, n_i, k_i, t_i) = (x_per_pair as i32, n_out as i32, k_in as i32, top_k as i32);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(w).arg(ids).arg(x).arg(&pp).arg(y).arg(&n_i).arg(&k_i).arg(&t_i);
-    // SAFETY: moe_gemv(W, ids, x, x_per_pair, y, n_out, k_in, top_k); grid (ceil(n_out / 8),
-    // pairs), 256 threads.
-    unsafe { b.launch(cfg((blocks(n_out, 8), pairs as u32, 1), 256)) }?;
-    Ok(())
+    let args = [
+        w.arg(),
+        ids.arg(),
+        x.arg(),
+        Arg::I32(x_per_pair as i32),
+        y.arg(),
+        Arg::I32(n_out as i32),
+        Arg::I32(k_in as i32),
+        Arg::I32(top_k as i32),
+    ];
+    // SAFETY: moe_gemv(W, ids, x, x_per_pair, y, n_out, k_in, top_k); grid (pairs,
+    // ceil(n_out / 8)), 256 threads.
+    unsafe { gpu.launch("moe_gemv", (pairs as u32, blocks(n_out, 8), 1), 256, &args) }
 }
 
 /// The routed experts' outputs summed per token in ascending expert id, weighted.
 pub fn moe_combine(
     gpu: &Gpu,
     y: &Bf16Buf,
-    ids: &CudaSlice<i32>,
-    weights: &CudaSlice<f32>,
+    ids: &Buf<i32>,
+    weights: &Buf<f32>,
     out: &mut Bf16Buf,
     tokens: usize,
     hidden: usize,
     top_k: usize,
 ) -> GpuResult<()> {
-    let f = gpu.function("moe_combine")?;
-    let (h_i, k_i, n) = (hidden as i32, top_k as i32, (tokens * hidden) as i64);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(y).arg(ids).arg(weights).arg(out).arg(&h_i).arg(&k_i).arg(&n);
+    let args = [
+        y.arg(),
+        ids.arg(),
+        weights.arg(),
+        out.arg(),
+        Arg::I32(hidden as i32),
+        Arg::I32(top_k as i32),
+        Arg::I64((tokens * hidden) as i64),
+    ];
     // SAFETY: moe_combine(y, ids, weights, out, hidden, top_k, n); ceil(n / 256) blocks.
-    unsafe { b.launch(cfg((blocks(tokens * hidden, 256), 1, 1), 256)) }?;
-    Ok(())
+    unsafe { gpu.launch("moe_combine", (blocks(tokens * hidden, 256), 1, 1), 256, &args) }
 }
 
-/// The shared expert's gate: `out[t] = x[t] · round(sigmoid(g[t]))`.
+/// The shared expert's gate: `out[t] = x[t] · round(sigmoid(round(g[t])))`.
 pub fn sigmoid_scale(
     gpu: &Gpu,
     x: &Bf16Buf,
-    g: &CudaSlice<f32>,
+    g: &Buf<f32>,
     out: &mut Bf16Buf,
     tokens: usize,
     hidden: usize,
 ) -> GpuResult<()> {
-    let f = gpu.function("sigmoid_scale_rows")?;
-    let (h_i, n) = (hidden as i32, (tokens * hidden) as i64);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(x).arg(g).arg(out).arg(&h_i).arg(&n);
+    let args = [x.arg(), g.arg(), out.arg(), Arg::I32(hidden as i32), Arg::I64((tokens * hidden) as i64)];
     // SAFETY: sigmoid_scale_rows(x, g, out, hidden, n); ceil(n / 256) blocks of 256.
-    unsafe { b.launch(cfg((blocks(tokens * hidden, 256), 1, 1), 256)) }?;
-    Ok(())
+    unsafe { gpu.launch("sigmoid_scale_rows", (blocks(tokens * hidden, 256), 1, 1), 256, &args) }
 }
 
 /// Rows side by side: `out[r] = [a[r], b[r]]` (the MTP layer's fc input).
@@ -462,11 +488,8 @@ pub fn concat_rows(
     na: usize,
     nb: usize,
 ) -> GpuResult<()> {
-    let f = gpu.function("concat_rows")?;
-    let (a_i, b_i, n) = (na as i32, nb as i32, (rows * (na + nb)) as i64);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(a).arg(b_in).arg(out).arg(&a_i).arg(&b_i).arg(&n);
+    let n = rows * (na + nb);
+    let args = [a.arg(), b_in.arg(), out.arg(), Arg::I32(na as i32), Arg::I32(nb as i32), Arg::I64(n as i64)];
     // SAFETY: concat_rows(a, b, out, na, nb, n); ceil(n / 256) blocks of 256.
-    unsafe { b.launch(cfg((blocks(rows * (na + nb), 256), 1, 1), 256)) }?;
-    Ok(())
+    unsafe { gpu.launch("concat_rows", (blocks(n, 256), 1, 1), 256, &args) }
 }

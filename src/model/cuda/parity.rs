@@ -1,13 +1,19 @@
-//! Kernel-by-kernel parity on a GPU: each kernel on random inputs against its CPU twin
-//! (`twins.rs`), the largest difference relative to the twin's largest value, against a stated
-//! tolerance. Run by `deltascope gpu check` (and so by `scripts/gpu-check.sh`). The twins are
-//! tied to the CPU engine by the tests; this closes the loop on the device.
+//! Kernel-by-kernel parity on a device (a GPU or the emulated one): every entry point of
+//! `kernels/*.cu` on random inputs at Qwen3.6-27B / 35B-A3B shapes, launched through `ops.rs`
+//! (the model's own grids, blocks and argument lists), against its CPU twin (`twins.rs`): the
+//! largest difference relative to the twin's largest value, against a stated tolerance. Run by
+//! `deltascope gpu check` (and so by `scripts/gpu-check.sh`). The twins are tied to the CPU
+//! engine by their tests; this closes the loop on the device.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
 use serde::Serialize;
 
+use super::device::Buf;
+use super::model::PREFILL_CHUNK;
+use super::nvrtc::fnv1a;
+use super::ops::{self, DeviceMat, GdnShape, Out, RopeParams};
 use super::runtime::{Gpu, GpuResult};
 use super::twins::{self, randoms};
+use crate::model::trace::head_state_norms;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Parity {
@@ -19,12 +25,22 @@ pub struct Parity {
     pub max_rel: f32,
     pub tolerance: f32,
     pub pass: bool,
+    /// A hash of the device's output bits (the emulator compares them across schedules).
+    #[serde(skip)]
+    pub bits: u64,
+    /// Wall time of the case (its launches, copies and twin).
+    pub seconds: f64,
 }
 
 /// bf16 results differ from the twin where one f32 rounding tips a bf16 value: one bf16 ulp
 /// (2⁻⁸ relative) of the largest value, twice for slack; f32 results to 1e-4.
-const BF16_TOL: f32 = 2.0 / 256.0;
-const F32_TOL: f32 = 1e-4;
+pub const BF16_TOL: f32 = 2.0 / 256.0;
+pub const F32_TOL: f32 = 1e-4;
+
+fn hash(x: &[f32]) -> u64 {
+    let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+    fnv1a(&[&bytes])
+}
 
 fn compare(kernel: &str, case: String, gpu: &[f32], twin: &[f32], tolerance: f32) -> Parity {
     let scale = twin.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
@@ -34,62 +50,168 @@ fn compare(kernel: &str, case: String, gpu: &[f32], twin: &[f32], tolerance: f32
         max_abs = max_abs.max(d);
     }
     let max_rel = max_abs / scale;
-    Parity { kernel: kernel.into(), case, max_abs, max_rel, tolerance, pass: max_rel <= tolerance }
+    Parity {
+        kernel: kernel.into(),
+        case,
+        max_abs,
+        max_rel,
+        tolerance,
+        pass: max_rel <= tolerance,
+        bits: hash(gpu),
+        seconds: 0.0,
+    }
 }
 
-fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
-    LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 }
+fn widen(x: &[i32]) -> Vec<f32> {
+    x.iter().map(|&i| i as f32).collect()
 }
 
-const NULL: u64 = 0;
+fn bf(x: f32) -> f32 {
+    half::bf16::from_f32(x).to_f32()
+}
 
-/// Every kernel check, in order; a launch or copy that fails ends the run with its error.
+fn timed(out: &mut Vec<Parity>, f: impl FnOnce() -> GpuResult<Parity>) -> GpuResult<()> {
+    timed_all(out, || f().map(|p| vec![p]))
+}
+
+fn timed_all(out: &mut Vec<Parity>, f: impl FnOnce() -> GpuResult<Vec<Parity>>) -> GpuResult<()> {
+    let start = std::time::Instant::now();
+    let mut ps = f()?;
+    let seconds = start.elapsed().as_secs_f64() / ps.len().max(1) as f64;
+    for p in &mut ps {
+        p.seconds = seconds;
+    }
+    out.extend(ps);
+    Ok(())
+}
+
+/// Every kernel check, in order; a launch or copy that fails ends the run with its error
+/// (naming the kernel).
 pub fn run_all(gpu: &Gpu) -> GpuResult<Vec<Parity>> {
     let mut out = vec![];
     for rows in [1usize, 4, 8] {
-        out.push(gemv(gpu, 5120, 1024, rows)?);
+        timed(&mut out, || linear(gpu, 5120, 1024, rows))?;
     }
-    out.push(gemv(gpu, 1024, 17408, 3)?);
-    out.push(gated_norm(gpu)?);
-    out.push(rms_norm(gpu)?);
-    out.push(rope(gpu)?);
-    out.push(swiglu(gpu)?);
-    out.push(embedding(gpu)?);
-    out.extend(conv_prefill(gpu, 37)?);
+    timed(&mut out, || linear(gpu, 1024, 17408, 3))?;
+    // The tiled GEMM (prefill rows), ragged edges included.
+    timed(&mut out, || linear(gpu, 200, 72, 37))?;
+    timed(&mut out, || linear(gpu, 70, 104, 130))?;
+    timed(&mut out, || gated_norm(gpu))?;
+    timed(&mut out, || rms_norm(gpu))?;
+    timed(&mut out, || rope(gpu))?;
+    timed(&mut out, || swiglu(gpu))?;
+    timed(&mut out, || elementwise(gpu))?;
+    timed_all(&mut out, || misc(gpu))?;
+    timed(&mut out, || embedding(gpu))?;
+    timed_all(&mut out, || conv_prefill(gpu, 37))?;
     for tokens in [1usize, 4] {
-        out.extend(conv_decode(gpu, tokens)?);
+        timed_all(&mut out, || conv_decode(gpu, tokens))?;
     }
     for tokens in [1usize, 4, 64] {
-        out.extend(gdn(gpu, tokens, QWEN36_GDN)?);
+        timed_all(&mut out, || gdn(gpu, tokens, QWEN36_GDN))?;
     }
     // The small test models' heads (masked lanes and rows): the fixtures and the demo.
     for shape in [(2, 6, 8, 12), (1, 3, 16, 16), (4, 4, 32, 32)] {
-        out.extend(gdn(gpu, 4, shape)?);
+        timed_all(&mut out, || gdn(gpu, 4, shape))?;
     }
-    out.push(attention(gpu, 0, 37, QWEN36_ATTN)?);
-    out.push(attention(gpu, 100, 1, QWEN36_ATTN)?);
-    out.push(attention(gpu, 100, 4, QWEN36_ATTN)?);
+    timed_all(&mut out, || gdn_traced(gpu, 5, (2, 4, 32, 32)))?;
+    timed_all(&mut out, || gdn_traced(gpu, 2, QWEN36_GDN))?;
+    timed_all(&mut out, || attention(gpu, 0, 37, QWEN36_ATTN))?;
+    timed_all(&mut out, || attention(gpu, 100, 1, QWEN36_ATTN))?;
+    timed_all(&mut out, || attention(gpu, 100, 4, QWEN36_ATTN))?;
     for shape in [(4, 1, 24), (6, 2, 16), (4, 2, 48)] {
-        out.push(attention(gpu, 9, 3, shape)?);
+        timed_all(&mut out, || attention(gpu, 9, 3, shape))?;
     }
-    out.extend(moe(gpu)?);
+    timed_all(&mut out, || moe(gpu))?;
     Ok(out)
 }
 
-fn gemv(gpu: &Gpu, n_out: usize, k: usize, rows: usize) -> GpuResult<Parity> {
+/// Launches past grid y's 65535 limit that a long prefill makes, at small feature sizes: the
+/// expert GEMVs of 8192 tokens × top 8 (35B-A3B) and the conv of 65536 tokens. Each kernel
+/// puts tokens (or token × slot pairs) on grid x.
+pub fn long_grids(gpu: &Gpu) -> GpuResult<Vec<Parity>> {
+    let mut out = vec![];
+    timed_all(&mut out, || long_moe_gemv(gpu))?;
+    timed_all(&mut out, || long_conv(gpu))?;
+    Ok(out)
+}
+
+fn long_moe_gemv(gpu: &Gpu) -> GpuResult<Vec<Parity>> {
+    let mut out = vec![];
+    // moe_gemv: 65536 + 8 pairs of an [E = 4][8][32] table.
+    let (experts, n_out, k_in, top_k, tokens) = (4usize, 8usize, 32usize, 8usize, 8193usize);
+    let pairs = tokens * top_k;
+    let w = randoms(experts * n_out * k_in, 70, 0.5);
+    let x = randoms(tokens * k_in, 71, 1.0);
+    let ids: Vec<i32> = (0..pairs).map(|p| ((p * 7 + p / 5) % experts) as i32).collect();
+    let (dw, dx, dids) = (gpu.bf16(&w)?, gpu.bf16(&x)?, gpu.i32(&ids)?);
+    let mut dy = gpu.zeros_bf16(pairs * n_out)?;
+    ops::moe_gemv(gpu, &dw, &dids, &dx, false, &mut dy, n_out, k_in, top_k, pairs)?;
+    let y = gpu.read_bf16(&dy)?;
+    let twin = moe_gemv_twin(&w, &ids, &x, false, n_out, k_in, top_k);
+    out.push(compare(
+        "moe_gemv",
+        format!("{pairs} pairs ({tokens} tokens × top {top_k}): past grid y"),
+        &y,
+        &twin,
+        BF16_TOL,
+    ));
+    Ok(out)
+}
+
+fn long_conv(gpu: &Gpu) -> GpuResult<Vec<Parity>> {
+    let mut out = vec![];
+    // conv1d_prefill over 65537 tokens of 8 channels.
+    let (t, c, k) = (65537usize, 8usize, 4usize);
+    let x = randoms(t * c, 72, 1.0);
+    let w = randoms(c * k, 73, 0.5);
+    let state0 = randoms(c * (k - 1), 74, 1.0);
+    let (dx, dw) = (gpu.bf16(&x)?, gpu.bf16(&w)?);
+    let mut dstate = gpu.bf16(&state0)?;
+    let mut dy = gpu.zeros_bf16(t * c)?;
+    ops::conv_prefill(gpu, &dx, &mut dstate, &dw, &mut dy, t, c, k)?;
+    let y = gpu.read_bf16(&dy)?;
+    let mut st = state0;
+    let twin = twins::conv1d_decode(&x, &mut st, &w, None, t, c, k);
+    out.push(compare("conv1d_prefill", format!("{t} tokens: past grid y"), &y, &twin, BF16_TOL));
+    Ok(out)
+}
+
+/// Cases whose output bits differ between schedules of the same device: a race or a missing
+/// barrier (a correct kernel's result does not depend on the order of its threads).
+pub fn schedule_mismatches(runs: &[(String, Vec<Parity>)]) -> Vec<Parity> {
+    let Some((first_name, first)) = runs.first() else { return vec![] };
+    let mut out = vec![];
+    for (name, run) in &runs[1..] {
+        for (a, b) in first.iter().zip(run) {
+            if a.bits != b.bits {
+                out.push(Parity {
+                    kernel: a.kernel.clone(),
+                    case: format!("{}: results depend on the thread schedule ({first_name} vs {name})", a.case),
+                    max_abs: f32::NAN,
+                    max_rel: f32::NAN,
+                    tolerance: 0.0,
+                    pass: false,
+                    bits: 0,
+                    seconds: 0.0,
+                });
+            }
+        }
+    }
+    out
+}
+
+fn linear(gpu: &Gpu, n_out: usize, k: usize, rows: usize) -> GpuResult<Parity> {
     let w = randoms(n_out * k, 1, 0.05);
     let x = randoms(rows * k, 2, 1.0);
-    let (dw, dx) = (gpu.bf16(&w)?, gpu.bf16(&x)?);
+    let dw = DeviceMat { w: gpu.bf16(&w)?, n_out, k };
+    let dx = gpu.bf16(&x)?;
     let mut dy = gpu.zeros_f32(rows * n_out)?;
-    let f = gpu.function("gemv_bf16")?;
-    let (n_i, k_i, r_i) = (n_out as i32, k as i32, rows as i32);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(&dw).arg(&dx).arg(&mut dy).arg(&NULL).arg(&n_i).arg(&k_i).arg(&r_i);
-    // SAFETY: the arguments match gemv_bf16's parameters (kernels/gemv.cu) and the buffers' sizes.
-    unsafe { b.launch(cfg((n_out.div_ceil(8) as u32, 1, 1), 256)) }?;
+    ops::linear(gpu, &dw, &dx, rows, Out::F32(&mut dy))?;
     let y = gpu.read_f32(&dy)?;
     let twin = twins::gemv_bf16(&w, &x, n_out, k, rows);
-    Ok(compare("gemv_bf16", format!("{n_out}x{k}, {rows} rows"), &y, &twin, F32_TOL))
+    let kernel = if rows <= ops::GEMV_MAX_ROWS { "gemv_bf16" } else { "gemm_bf16_tiled" };
+    Ok(compare(kernel, format!("{n_out}x{k}, {rows} rows"), &y, &twin, F32_TOL))
 }
 
 fn gated_norm(gpu: &Gpu) -> GpuResult<Parity> {
@@ -99,12 +221,7 @@ fn gated_norm(gpu: &Gpu) -> GpuResult<Parity> {
     let w = randoms(n, 5, 1.0);
     let (dx, dz, dw) = (gpu.bf16(&x)?, gpu.bf16(&z)?, gpu.bf16(&w)?);
     let mut dy = gpu.zeros_bf16(rows * n)?;
-    let f = gpu.function("rms_norm_gated")?;
-    let (n_i, eps) = (n as i32, 1e-6f32);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(&dx).arg(&dz).arg(&dw).arg(&mut dy).arg(&n_i).arg(&eps);
-    // SAFETY: matches rms_norm_gated (kernels/norm.cu).
-    unsafe { b.launch(cfg((rows as u32, 1, 1), 128)) }?;
+    ops::rms_norm_gated(gpu, &dx, &dz, &dw, &mut dy, rows, n, 1e-6)?;
     let y = gpu.read_bf16(&dy)?;
     let twin = twins::rms_norm_gated(&x, &z, &w, n, 1e-6);
     Ok(compare("rms_norm_gated", format!("{rows} rows of {n}"), &y, &twin, BF16_TOL))
@@ -119,21 +236,23 @@ fn conv_decode(gpu: &Gpu, tokens: usize) -> GpuResult<Vec<Parity>> {
     let mut dstate = gpu.bf16(&state0)?;
     let mut dy = gpu.zeros_bf16(tokens * c)?;
     let mut dslots = gpu.zeros_bf16(tokens * c * (k - 1))?;
-    let f = gpu.function("conv1d_decode")?;
-    let (t_i, c_i, k_i) = (tokens as i32, c as i32, k as i32);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(&dx).arg(&mut dstate).arg(&dw).arg(&mut dy).arg(&mut dslots).arg(&t_i).arg(&c_i).arg(&k_i);
-    // SAFETY: matches conv1d_decode (kernels/conv1d.cu).
-    unsafe { b.launch(cfg((c.div_ceil(256) as u32, 1, 1), 256)) }?;
+    ops::conv_decode(gpu, &dx, &mut dstate, &dw, &mut dy, Some(&mut dslots), tokens, c, k)?;
     let y = gpu.read_bf16(&dy)?;
     let slots = gpu.read_bf16(&dslots)?;
+    let untouched = gpu.read_bf16(&dstate)?;
     let mut st = state0.clone();
     let mut twin_slots = vec![0f32; tokens * c * (k - 1)];
     let twin = twins::conv1d_decode(&x, &mut st, &w, Some(&mut twin_slots), tokens, c, k);
     let case = format!("{c} channels, K {k}, {tokens} tokens");
+    // Accept the last token: the state becomes its slot.
+    ops::conv_restore(gpu, &mut dstate, &dslots, tokens, c * (k - 1))?;
+    let restored = gpu.read_bf16(&dstate)?;
+    let last = &twin_slots[(tokens - 1) * c * (k - 1)..];
     Ok(vec![
         compare("conv1d_decode", case.clone(), &y, &twin, BF16_TOL),
-        compare("conv1d_decode slots", case, &slots, &twin_slots, 0.0),
+        compare("conv1d_decode slots", case.clone(), &slots, &twin_slots, 0.0),
+        compare("conv1d_decode state kept", case.clone(), &untouched, &state0, 0.0),
+        compare("conv1d_restore_slot", format!("{case}, keep {tokens}"), &restored, last, 0.0),
     ])
 }
 
@@ -142,42 +261,49 @@ const QWEN36_GDN: (usize, usize, usize, usize) = (16, 48, 128, 128);
 /// Qwen3.6-27B's attention: 24 query / 4 KV heads of 256.
 const QWEN36_ATTN: (usize, usize, usize) = (24, 4, 256);
 
-fn gdn(gpu: &Gpu, tokens: usize, (hk, hv, dk, dv): (usize, usize, usize, usize)) -> GpuResult<Vec<Parity>> {
+struct GdnInputs {
+    qkv: Vec<f32>,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    a_log: Vec<f32>,
+    dt_bias: Vec<f32>,
+    state0: Vec<f32>,
+}
+
+fn gdn_inputs(tokens: usize, (hk, hv, dk, dv): (usize, usize, usize, usize)) -> GdnInputs {
     let conv_dim = 2 * hk * dk + hv * dv;
-    let qkv = randoms(tokens * conv_dim, 9, 1.0);
-    let a = randoms(tokens * hv, 10, 2.0);
-    let bb = randoms(tokens * hv, 11, 2.0);
-    let a_log = randoms(hv, 12, 1.0);
-    let dt_bias = randoms(hv, 13, 1.0);
-    let state0 = randoms(hv * dv * dk, 14, 0.05);
-    let with_slots = tokens <= 8;
-    let (dqkv, da, db) = (gpu.bf16(&qkv)?, gpu.bf16(&a)?, gpu.bf16(&bb)?);
-    let (dalog, ddt) = (gpu.f32(&a_log)?, gpu.f32(&dt_bias)?);
-    let mut dstate = gpu.f32(&state0)?;
-    let mut dslots = gpu.zeros_f32(if with_slots { tokens * hv * dv * dk } else { 1 })?;
-    let mut dout = gpu.zeros_bf16(tokens * hv * dv)?;
-    let f = gpu.function("gdn_recurrent")?;
-    let (t_i, hk_i, hv_i, dk_i, dv_i) = (tokens as i32, hk as i32, hv as i32, dk as i32, dv as i32);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(&dqkv).arg(&da).arg(&db).arg(&dalog).arg(&ddt).arg(&mut dstate);
-    if with_slots {
-        b.arg(&mut dslots);
-    } else {
-        b.arg(&NULL);
+    GdnInputs {
+        qkv: randoms(tokens * conv_dim, 9, 1.0),
+        a: randoms(tokens * hv, 10, 2.0),
+        b: randoms(tokens * hv, 11, 2.0),
+        a_log: randoms(hv, 12, 1.0),
+        dt_bias: randoms(hv, 13, 1.0),
+        state0: randoms(hv * dv * dk, 14, 0.05),
     }
-    b.arg(&mut dout).arg(&t_i).arg(&hk_i).arg(&hv_i).arg(&dk_i).arg(&dv_i);
-    // SAFETY: matches gdn_recurrent (kernels/gdn.cu); grid (Hv, ⌈dv / 16⌉), 128 threads.
-    unsafe { b.launch(cfg((hv as u32, dv.div_ceil(16) as u32, 1), 128)) }?;
+}
+
+fn gdn(gpu: &Gpu, tokens: usize, (hk, hv, dk, dv): (usize, usize, usize, usize)) -> GpuResult<Vec<Parity>> {
+    let s = GdnShape { k_heads: hk, v_heads: hv, dk, dv };
+    let i = gdn_inputs(tokens, (hk, hv, dk, dv));
+    let with_slots = tokens <= 8;
+    let (dqkv, da, db) = (gpu.bf16(&i.qkv)?, gpu.bf16(&i.a)?, gpu.bf16(&i.b)?);
+    let (dalog, ddt) = (gpu.f32(&i.a_log)?, gpu.f32(&i.dt_bias)?);
+    let mut dstate = gpu.f32(&i.state0)?;
+    let n = hv * dv * dk;
+    let mut dslots = gpu.zeros_f32(if with_slots { tokens * n } else { 1 })?;
+    let mut dout = gpu.zeros_bf16(tokens * hv * dv)?;
+    let slots_arg = with_slots.then_some(&mut dslots);
+    ops::gdn(gpu, &dqkv, &da, &db, &dalog, &ddt, &mut dstate, slots_arg, None, &mut dout, tokens, s)?;
     let out = gpu.read_bf16(&dout)?;
     let state = gpu.read_f32(&dstate)?;
-    let mut st = state0.clone();
-    let mut twin_slots = vec![0f32; if with_slots { tokens * hv * dv * dk } else { 0 }];
+    let mut st = i.state0.clone();
+    let mut twin_slots = vec![0f32; if with_slots { tokens * n } else { 0 }];
     let twin = twins::gdn_recurrent(
-        &qkv,
-        &a,
-        &bb,
-        &a_log,
-        &dt_bias,
+        &i.qkv,
+        &i.a,
+        &i.b,
+        &i.a_log,
+        &i.dt_bias,
         &mut st,
         with_slots.then_some(twin_slots.as_mut_slice()),
         tokens,
@@ -190,36 +316,94 @@ fn gdn(gpu: &Gpu, tokens: usize, (hk, hv, dk, dv): (usize, usize, usize, usize))
     let mut res = vec![compare("gdn_recurrent", case.clone(), &out, &twin, BF16_TOL)];
     if with_slots {
         let slots = gpu.read_f32(&dslots)?;
-        res.push(compare("gdn_recurrent slots", case, &slots, &twin_slots, F32_TOL));
+        res.push(compare("gdn_recurrent slots", case.clone(), &slots, &twin_slots, F32_TOL));
+        res.push(compare("gdn_recurrent state kept", case.clone(), &state, &i.state0, 0.0));
+        // A rejected draft: keep the first token only; the state becomes its slot exactly.
+        ops::gdn_restore(gpu, &mut dstate, &dslots, 1, n)?;
+        let restored = gpu.read_f32(&dstate)?;
+        res.push(compare("gdn_restore_slot", format!("{case}, keep 1"), &restored, &slots[..n], 0.0));
     } else {
         res.push(compare("gdn_recurrent state", case, &state, &st, F32_TOL));
     }
     Ok(res)
 }
 
-/// q rows interleave query and gate per head.
-fn attention(gpu: &Gpu, pos0: usize, tokens: usize, (nh, nkv, hd): (usize, usize, usize)) -> GpuResult<Parity> {
+/// The state trace written by `gdn_recurrent` (β, g per token and head; ‖S‖ and ‖ΔS‖ per head)
+/// against the twin's gates and the engine's own norms of the twin's states.
+fn gdn_traced(gpu: &Gpu, tokens: usize, (hk, hv, dk, dv): (usize, usize, usize, usize)) -> GpuResult<Vec<Parity>> {
+    let s = GdnShape { k_heads: hk, v_heads: hv, dk, dv };
+    let i = gdn_inputs(tokens, (hk, hv, dk, dv));
+    let (dqkv, da, db) = (gpu.bf16(&i.qkv)?, gpu.bf16(&i.a)?, gpu.bf16(&i.b)?);
+    let (dalog, ddt) = (gpu.f32(&i.a_log)?, gpu.f32(&i.dt_bias)?);
+    let mut dstate = gpu.f32(&i.state0)?;
+    let mut dout = gpu.zeros_bf16(tokens * hv * dv)?;
+    let mut dtrace = gpu.zeros_f32(s.trace_len(tokens))?;
+    ops::gdn(gpu, &dqkv, &da, &db, &dalog, &ddt, &mut dstate, None, Some(&mut dtrace), &mut dout, tokens, s)?;
+    let trace = gpu.read_f32(&dtrace)?;
+    let mut st = i.state0.clone();
+    twins::gdn_recurrent(&i.qkv, &i.a, &i.b, &i.a_log, &i.dt_bias, &mut st, None, tokens, hk, hv, dk, dv);
+    let head = dv * dk;
+    let (mut twin_gates, mut twin_norms) = (vec![], vec![]);
+    for t in 0..tokens {
+        for h in 0..hv {
+            twin_gates.push(bf(crate::model::tensor::sigmoid(i.b[t * hv + h])));
+            let a_neg = -i.a_log[h].exp();
+            twin_gates.push(a_neg * crate::model::tensor::softplus(i.a[t * hv + h] + i.dt_bias[h]));
+        }
+    }
+    let mut norms = vec![];
+    for h in 0..hv {
+        let (n, d, bad) = head_state_norms(&i.state0[h * head..(h + 1) * head], &st[h * head..(h + 1) * head]);
+        twin_norms.extend([n, d]);
+        norms.extend([0f32; 2]);
+        let sums = &trace[tokens * hv * 2 + h * s.row_blocks() * 12..tokens * hv * 2 + (h + 1) * s.row_blocks() * 12];
+        let (mut ss, mut dd, mut nb) = (0f64, 0f64, 0f64);
+        for w in sums.chunks_exact(3) {
+            ss += w[0] as f64;
+            dd += w[1] as f64;
+            nb += w[2] as f64;
+        }
+        norms[2 * h] = ss.sqrt() as f32;
+        norms[2 * h + 1] = dd.sqrt() as f32;
+        if nb as u32 != bad {
+            norms[2 * h] = f32::NAN;
+        }
+    }
+    let case = format!("{hk}/{hv} heads of {dk}/{dv}, {tokens} tokens, traced");
+    Ok(vec![
+        compare("gdn_recurrent trace β, g", case.clone(), &trace[..tokens * hv * 2], &twin_gates, F32_TOL),
+        compare("gdn_recurrent trace ‖S‖, ‖ΔS‖", case, &norms, &twin_norms, F32_TOL),
+    ])
+}
+
+/// q rows interleave query and gate per head; the keys and values go in through kv_append.
+fn attention(gpu: &Gpu, pos0: usize, tokens: usize, (nh, nkv, hd): (usize, usize, usize)) -> GpuResult<Vec<Parity>> {
     let l_max = pos0 + tokens;
     let q_rows = randoms(tokens * nh * 2 * hd, 15, 1.0);
     let kc = randoms(nkv * l_max * hd, 16, 1.0);
     let vc = randoms(nkv * l_max * hd, 17, 1.0);
-    let (dq, dk, dv) = (gpu.bf16(&q_rows)?, gpu.bf16(&kc)?, gpu.bf16(&vc)?);
+    // The cache holds positions < pos0; this pass's keys and values are appended by the kernel.
+    let mut kc0 = kc.clone();
+    let mut vc0 = vc.clone();
+    let (mut k_new, mut v_new) = (vec![0f32; tokens * nkv * hd], vec![0f32; tokens * nkv * hd]);
+    for t in 0..tokens {
+        for h in 0..nkv {
+            for d in 0..hd {
+                let c = (h * l_max + pos0 + t) * hd + d;
+                k_new[(t * nkv + h) * hd + d] = kc[c];
+                v_new[(t * nkv + h) * hd + d] = vc[c];
+                kc0[c] = 0.0;
+                vc0[c] = 0.0;
+            }
+        }
+    }
+    let dq = gpu.bf16(&q_rows)?;
+    let (mut dkc, mut dvc) = (gpu.bf16(&kc0)?, gpu.bf16(&vc0)?);
+    let (dk, dv) = (gpu.bf16(&k_new)?, gpu.bf16(&v_new)?);
+    ops::kv_append(gpu, &dk, &dv, &mut dkc, &mut dvc, pos0, tokens, nkv, hd, l_max)?;
+    let cache_k = gpu.read_bf16(&dkc)?;
     let mut dout = gpu.zeros_bf16(tokens * nh * hd)?;
-    // The gate is the same buffer offset by hd elements (2 bytes each).
-    let gate_ptr: u64 = {
-        use cudarc::driver::DevicePtr;
-        let (p, _sync) = dq.device_ptr(&gpu.stream);
-        p + (hd * 2) as u64
-    };
-    let f = gpu.function("attn_gqa")?;
-    let (q_ts, q_hs) = ((nh * 2 * hd) as i64, (2 * hd) as i32);
-    let (l_i, p_i, nh_i, nkv_i, hd_i) = (l_max as i32, pos0 as i32, nh as i32, nkv as i32, hd as i32);
-    let scale = 1.0 / (hd as f32).sqrt();
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(&dq).arg(&q_ts).arg(&q_hs).arg(&gate_ptr).arg(&dk).arg(&dv).arg(&l_i).arg(&mut dout);
-    b.arg(&p_i).arg(&nh_i).arg(&nkv_i).arg(&hd_i).arg(&scale);
-    // SAFETY: matches attn_gqa (kernels/attention.cu); grid (T, Hq), 128 threads.
-    unsafe { b.launch(cfg((tokens as u32, nh as u32, 1), 128)) }?;
+    ops::attention(gpu, &dq, &dkc, &dvc, &mut dout, pos0, tokens, nh, nkv, hd, l_max)?;
     let out = gpu.read_bf16(&dout)?;
     let mut q = vec![0f32; tokens * nh * hd];
     let mut gate = vec![0f32; tokens * nh * hd];
@@ -231,7 +415,21 @@ fn attention(gpu: &Gpu, pos0: usize, tokens: usize, (nh, nkv, hd): (usize, usize
         }
     }
     let twin = twins::attn_gqa(&q, Some(&gate), &kc, &vc, l_max, pos0, tokens, nh, nkv, hd);
-    Ok(compare("attn_gqa", format!("{nh}/{nkv} heads of {hd}, {pos0} cached, {tokens} tokens"), &out, &twin, BF16_TOL))
+    let case = format!("{nh}/{nkv} heads of {hd}, {pos0} cached, {tokens} tokens");
+    Ok(vec![compare("kv_append", case.clone(), &cache_k, &kc, 0.0), compare("attn_gqa", case, &out, &twin, BF16_TOL)])
+}
+
+/// `moe_gemv`'s twin: per pair its expert's rows times the token's (or the pair's) input.
+fn moe_gemv_twin(w: &[f32], ids: &[i32], x: &[f32], per_pair: bool, n_out: usize, k_in: usize, k: usize) -> Vec<f32> {
+    let mut y = vec![0f32; ids.len() * n_out];
+    for (p, &e) in ids.iter().enumerate() {
+        let xr = &x[(if per_pair { p } else { p / k }) * k_in..][..k_in];
+        for n in 0..n_out {
+            let wr = &w[(e as usize * n_out + n) * k_in..][..k_in];
+            y[p * n_out + n] = bf(wr.iter().zip(xr).map(|(a, b)| (*a as f64) * (*b as f64)).sum::<f64>() as f32);
+        }
+    }
+    y
 }
 
 fn moe(gpu: &Gpu) -> GpuResult<Vec<Parity>> {
@@ -240,77 +438,102 @@ fn moe(gpu: &Gpu) -> GpuResult<Vec<Parity>> {
     let dl = gpu.f32(&logits)?;
     let mut dids = gpu.i32(&vec![0; tokens * k])?;
     let mut dw = gpu.zeros_f32(tokens * k)?;
-    let f = gpu.function("moe_topk")?;
-    let (e_i, k_i, renorm) = (experts as i32, k as i32, 1i32);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(&dl).arg(&mut dids).arg(&mut dw).arg(&e_i).arg(&k_i).arg(&renorm);
-    // SAFETY: matches moe_topk (kernels/moe.cu).
-    unsafe { b.launch(cfg((tokens as u32, 1, 1), 256)) }?;
+    ops::moe_topk(gpu, &dl, &mut dids, &mut dw, tokens, experts, k, true)?;
     let ids = gpu.read_i32(&dids)?;
     let weights = gpu.read_f32(&dw)?;
     let (twin_ids, twin_w) = twins::moe_topk(&logits, experts, k, true);
-    let ids_f: Vec<f32> = ids.iter().map(|&i| i as f32).collect();
-    let twin_ids_f: Vec<f32> = twin_ids.iter().map(|&i| i as f32).collect();
     let mut res = vec![
-        compare("moe_topk ids", format!("{experts} experts, top {k}"), &ids_f, &twin_ids_f, 0.0),
+        compare("moe_topk ids", format!("{experts} experts, top {k}"), &widen(&ids), &widen(&twin_ids), 0.0),
         compare("moe_topk weights", format!("{experts} experts, top {k}"), &weights, &twin_w, BF16_TOL),
     ];
+    // Expert GEMVs of 35B-A3B's gate_up ([E][2·512][2048]) over 16 experts (the table's size,
+    // not the routing, is what changes at 256) and its down projection per pair.
+    let (e_small, inter) = (16usize, 512usize);
+    let ids_small: Vec<i32> = twin_ids.iter().map(|&i| i % e_small as i32).collect();
+    let d_ids = gpu.i32(&ids_small)?;
+    let x = randoms(tokens * hidden, 75, 1.0);
+    let wgu = randoms(e_small * 2 * inter * hidden, 76, 0.05);
+    let (dx, dwgu) = (gpu.bf16(&x)?, gpu.bf16(&wgu)?);
+    let pairs = tokens * k;
+    let mut dgu = gpu.zeros_bf16(pairs * 2 * inter)?;
+    ops::moe_gemv(gpu, &dwgu, &d_ids, &dx, false, &mut dgu, 2 * inter, hidden, k, pairs)?;
+    let gu = gpu.read_bf16(&dgu)?;
+    let twin_gu = moe_gemv_twin(&wgu, &ids_small, &x, false, 2 * inter, hidden, k);
+    res.push(compare(
+        "moe_gemv",
+        format!("gate_up [{e_small}][{}][{hidden}], {pairs} pairs", 2 * inter),
+        &gu,
+        &twin_gu,
+        BF16_TOL,
+    ));
+    let h = randoms(pairs * inter, 77, 1.0);
+    let wd = randoms(e_small * hidden * inter, 78, 0.05);
+    let (dh, dwd) = (gpu.bf16(&h)?, gpu.bf16(&wd)?);
+    let mut dd = gpu.zeros_bf16(pairs * hidden)?;
+    ops::moe_gemv(gpu, &dwd, &d_ids, &dh, true, &mut dd, hidden, inter, k, pairs)?;
+    let down = gpu.read_bf16(&dd)?;
+    let twin_down = moe_gemv_twin(&wd, &ids_small, &h, true, hidden, inter, k);
+    res.push(compare(
+        "moe_gemv",
+        format!("down [{e_small}][{hidden}][{inter}], per pair"),
+        &down,
+        &twin_down,
+        BF16_TOL,
+    ));
+    // Combine.
     let y = randoms(tokens * k * hidden, 19, 1.0);
     let dy = gpu.bf16(&y)?;
     let dids2 = gpu.i32(&twin_ids)?;
     let dw2 = gpu.f32(&twin_w)?;
     let mut dout = gpu.zeros_bf16(tokens * hidden)?;
-    let f = gpu.function("moe_combine")?;
-    let (h_i, n) = (hidden as i32, (tokens * hidden) as i64);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(&dy).arg(&dids2).arg(&dw2).arg(&mut dout).arg(&h_i).arg(&k_i).arg(&n);
-    // SAFETY: matches moe_combine (kernels/moe.cu).
-    unsafe { b.launch(cfg(((tokens * hidden).div_ceil(256) as u32, 1, 1), 256)) }?;
+    ops::moe_combine(gpu, &dy, &dids2, &dw2, &mut dout, tokens, hidden, k)?;
     let out = gpu.read_bf16(&dout)?;
     let twin = twins::moe_combine(&y, &twin_ids, &twin_w, hidden, k);
     res.push(compare("moe_combine", format!("{tokens} tokens, top {k}, hidden {hidden}"), &out, &twin, 0.0));
+    // The shared expert's gate (f32 gate outputs, rounded in the kernel).
+    let g = randoms(tokens, 79, 5.0).iter().map(|v| v * 1.001).collect::<Vec<f32>>();
+    let sx = randoms(tokens * hidden, 80, 1.0);
+    let (dg, dsx) = (gpu.f32(&g)?, gpu.bf16(&sx)?);
+    let mut dso = gpu.zeros_bf16(tokens * hidden)?;
+    ops::sigmoid_scale(gpu, &dsx, &dg, &mut dso, tokens, hidden)?;
+    let so = gpu.read_bf16(&dso)?;
+    let twin = twins::sigmoid_scale_rows(&sx, &g, hidden);
+    res.push(compare("sigmoid_scale_rows", format!("{tokens} tokens, hidden {hidden}"), &so, &twin, 0.0));
     Ok(res)
 }
 
 fn rms_norm(gpu: &Gpu) -> GpuResult<Parity> {
-    // Per-head q norm of the 27B: rows of 256, every other 256 of a 512-wide row (query, gate).
+    // Per-head q norm of the 27B, in place: rows of 256, every other 256 of a 512-wide row
+    // (query, gate).
     let (tokens, heads, hd) = (3usize, 24usize, 256usize);
     let x = randoms(tokens * heads * 2 * hd, 20, 2.0);
     let w = randoms(hd, 21, 0.5);
     let (dx, dw) = (gpu.bf16(&x)?, gpu.bf16(&w)?);
-    let mut dy = gpu.bf16(&x)?;
-    let f = gpu.function("rms_norm")?;
-    let (n_i, stride, eps, zc) = (hd as i32, (2 * hd) as i64, 1e-6f32, 1i32);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(&dx).arg(&dw).arg(&mut dy).arg(&n_i).arg(&stride).arg(&eps).arg(&zc);
-    // SAFETY: matches rms_norm (kernels/norm.cu): one block per row of hd, rows 2·hd apart.
-    unsafe { b.launch(cfg(((tokens * heads) as u32, 1, 1), 256)) }?;
-    let y = gpu.read_bf16(&dy)?;
+    ops::rms_norm(gpu, &dx, &dw, &dx, tokens * heads, hd, 2 * hd, 1e-6)?;
+    let y = gpu.read_bf16(&dx)?;
     let mut twin = x.clone();
     for r in 0..tokens * heads {
         let normed = twins::rms_norm(&x[r * 2 * hd..r * 2 * hd + hd], &w, hd, 1e-6, true);
         twin[r * 2 * hd..r * 2 * hd + hd].copy_from_slice(&normed);
     }
-    Ok(compare("rms_norm", format!("{} heads of {hd}, strided", tokens * heads), &y, &twin, BF16_TOL))
+    Ok(compare("rms_norm", format!("{} heads of {hd}, strided, in place", tokens * heads), &y, &twin, BF16_TOL))
 }
 
 fn rope(gpu: &Gpu) -> GpuResult<Parity> {
-    let (heads, hd, rotary, theta) = (4usize, 256usize, 64usize, 1e7f32);
+    // 27B: partial rotary 64 of 256, theta 1e7, the host's inverse frequencies.
+    let (heads, hd, rotary) = (4usize, 256usize, 64usize);
+    let inv_freq: Vec<f32> = (0..rotary / 2).map(|i| 1.0f32 / 1e7f32.powf((2 * i) as f32 / rotary as f32)).collect();
     let positions = [0usize, 1, 17, 4095, 262_143];
     let tokens = positions.len();
     let x = randoms(tokens * heads * hd, 22, 1.0);
-    let mut dx = gpu.bf16(&x)?;
+    let dx = gpu.bf16(&x)?;
     let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
     let dp = gpu.i32(&pos)?;
-    let f = gpu.function("rope_mrope")?;
-    let (ts, hs, rd, s_h, s_w) = ((heads * hd) as i64, hd as i32, rotary as i32, 11i32, 10i32);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(&mut dx).arg(&dp).arg(&dp).arg(&dp).arg(&ts).arg(&hs).arg(&rd).arg(&theta).arg(&s_h).arg(&s_w);
-    // SAFETY: matches rope_mrope (kernels/rope.cu); text: the three position ids are one buffer.
-    unsafe { b.launch(cfg((tokens as u32, heads as u32, 1), (rotary / 2) as u32)) }?;
+    let r = RopeParams { rotary_dim: rotary, inv_freq: gpu.f32(&inv_freq)?, sec_h: 11, sec_w: 10 };
+    ops::rope(gpu, &dx, &dp, tokens, heads, heads * hd, hd, &r)?;
     let y = gpu.read_bf16(&dx)?;
     let mut twin = x.clone();
-    twins::rope(&mut twin, &positions, heads, hd, rotary, theta);
+    twins::rope(&mut twin, &positions, heads, hd, &inv_freq);
     Ok(compare("rope_mrope", "4 heads of 256, rotary 64, positions to 262143".into(), &y, &twin, BF16_TOL))
 }
 
@@ -319,28 +542,74 @@ fn swiglu(gpu: &Gpu) -> GpuResult<Parity> {
     let gu = randoms(rows * 2 * inter, 23, 3.0);
     let dgu = gpu.bf16(&gu)?;
     let mut dout = gpu.zeros_bf16(rows * inter)?;
-    let f = gpu.function("swiglu")?;
-    let (i_i, n) = (inter as i32, (rows * inter) as i64);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(&dgu).arg(&mut dout).arg(&i_i).arg(&n);
-    // SAFETY: matches swiglu (kernels/elementwise.cu).
-    unsafe { b.launch(cfg(((rows * inter).div_ceil(256) as u32, 1, 1), 256)) }?;
+    ops::swiglu(gpu, &dgu, &mut dout, rows, inter)?;
     let y = gpu.read_bf16(&dout)?;
     Ok(compare("swiglu", format!("{rows} rows of {inter}"), &y, &twins::swiglu(&gu, inter), BF16_TOL))
+}
+
+/// The residual add (in place, as the model runs it).
+fn elementwise(gpu: &Gpu) -> GpuResult<Parity> {
+    let n = 3 * 5120 + 7;
+    let (x, y) = (randoms(n, 81, 4.0), randoms(n, 82, 1.0));
+    let (dx, dy) = (gpu.bf16(&x)?, gpu.bf16(&y)?);
+    ops::add_into(gpu, &dx, &dy, n)?;
+    let out = gpu.read_bf16(&dx)?;
+    let twin: Vec<f32> = x.iter().zip(&y).map(|(a, b)| bf(a + b)).collect();
+    Ok(compare("add_bf16", format!("{n} values, in place"), &out, &twin, 0.0))
+}
+
+/// The kernels the model launches outside the layers: the MTP concat, and the two helpers kept
+/// for device-side checks (f32 → bf16, the non-finite count).
+fn misc(gpu: &Gpu) -> GpuResult<Vec<Parity>> {
+    let (rows, na, nb) = (3usize, 5120usize, 5120usize);
+    let (a, b) = (randoms(rows * na, 83, 1.0), randoms(rows * nb, 84, 1.0));
+    let (da, db) = (gpu.bf16(&a)?, gpu.bf16(&b)?);
+    let mut dout = gpu.zeros_bf16(rows * (na + nb))?;
+    ops::concat_rows(gpu, &da, &db, &mut dout, rows, na, nb)?;
+    let out = gpu.read_bf16(&dout)?;
+    let twin: Vec<f32> =
+        (0..rows).flat_map(|r| a[r * na..(r + 1) * na].iter().chain(&b[r * nb..(r + 1) * nb]).copied()).collect();
+    let mut res = vec![compare("concat_rows", format!("{rows} rows of {na} + {nb}"), &out, &twin, 0.0)];
+    let n = 248_320usize;
+    let mut x: Vec<f32> = randoms(n, 85, 100.0).iter().map(|v| v * 1.37).collect();
+    for (i, bad) in [(7usize, f32::NAN), (70_001, f32::INFINITY), (n - 1, f32::NEG_INFINITY)] {
+        x[i] = bad;
+    }
+    let dx = gpu.f32(&x)?;
+    let mut dbf = gpu.zeros_bf16(n)?;
+    let mut count = gpu.upload(&[0u32])?;
+    // SAFETY: f32_to_bf16(x, out, n) and count_nonfinite_f32(x, n, count); ceil(n / 256)
+    // blocks of 256 over buffers of n (count: one value).
+    unsafe {
+        gpu.launch("f32_to_bf16", (n.div_ceil(256) as u32, 1, 1), 256, &[dx.arg(), dbf.arg(), ops_i64(n)])?;
+        gpu.launch("count_nonfinite_f32", (n.div_ceil(256) as u32, 1, 1), 256, &[dx.arg(), ops_i64(n), count.arg()])?;
+    }
+    let got = gpu.read_bf16(&dbf)?;
+    let finite_twin: Vec<f32> = x.iter().map(|&v| bf(v)).collect();
+    let (g2, t2): (Vec<f32>, Vec<f32>) = got
+        .iter()
+        .zip(&finite_twin)
+        .map(|(a, b)| if b.is_finite() { (*a, *b) } else { (a.is_nan() as u8 as f32, b.is_nan() as u8 as f32) })
+        .unzip();
+    res.push(compare("f32_to_bf16", format!("{n} values with NaN and ±Inf"), &g2, &t2, 0.0));
+    let counted = count.read()?[0];
+    res.push(compare("count_nonfinite_f32", format!("{n} values, 3 non-finite"), &[counted as f32], &[3.0], 0.0));
+    let _ = (&mut dbf, &mut count);
+    Ok(res)
+}
+
+fn ops_i64(n: usize) -> super::device::Arg {
+    super::device::Arg::I64(n as i64)
 }
 
 fn embedding(gpu: &Gpu) -> GpuResult<Parity> {
     let (vocab, hidden) = (1000usize, 5120usize);
     let table = randoms(vocab * hidden, 24, 1.0);
     let ids: Vec<u32> = vec![0, 999, 17, 17, 500];
-    let (dt, di) = (gpu.bf16(&table)?, gpu.u32(&ids)?);
+    let t = DeviceMat { w: gpu.bf16(&table)?, n_out: vocab, k: hidden };
+    let di = gpu.u32(&ids)?;
     let mut dout = gpu.zeros_bf16(ids.len() * hidden)?;
-    let f = gpu.function("embed_gather")?;
-    let (h_i, v_u) = (hidden as i32, vocab as u32);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(&dt).arg(&di).arg(&mut dout).arg(&h_i).arg(&v_u);
-    // SAFETY: matches embed_gather (kernels/embedding.cu).
-    unsafe { b.launch(cfg((ids.len() as u32, 1, 1), 256)) }?;
+    ops::embed(gpu, &t, &di, &mut dout, ids.len())?;
     let y = gpu.read_bf16(&dout)?;
     let twin: Vec<f32> =
         ids.iter().flat_map(|&i| table[i as usize * hidden..(i as usize + 1) * hidden].to_vec()).collect();
@@ -356,17 +625,7 @@ fn conv_prefill(gpu: &Gpu, tokens: usize) -> GpuResult<Vec<Parity>> {
     let (dx, dw) = (gpu.bf16(&x)?, gpu.bf16(&w)?);
     let mut dstate = gpu.bf16(&state0)?;
     let mut dy = gpu.zeros_bf16(tokens * c)?;
-    let (t_i, c_i, k_i) = (tokens as i32, c as i32, k as i32);
-    let f = gpu.function("conv1d_prefill")?;
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(&dx).arg(&dstate).arg(&dw).arg(&mut dy).arg(&t_i).arg(&c_i).arg(&k_i);
-    // SAFETY: matches conv1d_prefill (kernels/conv1d.cu); grid (channels / 256, tokens).
-    unsafe { b.launch(cfg((c.div_ceil(256) as u32, tokens as u32, 1), 256)) }?;
-    let f = gpu.function("conv1d_save_state")?;
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(&dx).arg(&mut dstate).arg(&t_i).arg(&c_i).arg(&k_i);
-    // SAFETY: matches conv1d_save_state (kernels/conv1d.cu), after the prefill on the same stream.
-    unsafe { b.launch(cfg((c.div_ceil(256) as u32, 1, 1), 256)) }?;
+    ops::conv_prefill(gpu, &dx, &mut dstate, &dw, &mut dy, tokens, c, k)?;
     let y = gpu.read_bf16(&dy)?;
     let state = gpu.read_bf16(&dstate)?;
     let mut st = state0.clone();
@@ -376,6 +635,14 @@ fn conv_prefill(gpu: &Gpu, tokens: usize) -> GpuResult<Vec<Parity>> {
         compare("conv1d_prefill", case.clone(), &y, &twin, BF16_TOL),
         compare("conv1d_save_state", case, &state, &st, 0.0),
     ])
+}
+
+/// The prefill chunk the model runs (so that a reader of `gpu check` sees the GEMM sizes).
+pub const MODEL_PREFILL_CHUNK: usize = PREFILL_CHUNK;
+
+/// A device buffer's bytes as f32 (for a caller that checks a buffer it launched into).
+pub fn read_all(b: &Buf<f32>) -> GpuResult<Vec<f32>> {
+    b.read()
 }
 
 #[cfg(test)]
@@ -389,5 +656,18 @@ mod tests {
         assert!(!compare("k", "c".into(), &[1.0], &[1.0, 2.0], 1.0).pass);
         let p = compare("k", "c".into(), &[1.0, 2.02], &[1.0, 2.0], BF16_TOL);
         assert!((p.max_rel - 0.01).abs() < 1e-4 && !p.pass);
+    }
+
+    #[test]
+    fn schedules_that_disagree_are_failures_naming_the_kernel() {
+        let a = compare("gemv_bf16", "c".into(), &[1.0], &[1.0], 0.0);
+        let mut b = a.clone();
+        assert!(
+            schedule_mismatches(&[("forward".into(), vec![a.clone()]), ("reverse".into(), vec![b.clone()])]).is_empty()
+        );
+        b.bits ^= 1;
+        let m = schedule_mismatches(&[("forward".into(), vec![a]), ("reverse".into(), vec![b])]);
+        assert_eq!(m.len(), 1);
+        assert!(!m[0].pass && m[0].kernel == "gemv_bf16" && m[0].case.contains("thread schedule"), "{m:?}");
     }
 }

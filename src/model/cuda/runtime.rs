@@ -1,27 +1,33 @@
-//! One GPU, ready to run the kernels: a context and stream on the device, every kernel file
-//! compiled for its architecture (a CUBIN through the disk cache) and loaded, and the typed
-//! copies in and out. bf16 travels as raw `u16` bits, as in the kernels.
+//! One device, ready to run the kernels: a GPU through the driver or the emulated device (the
+//! same kernels compiled for the CPU), behind [`Device`], with the typed copies in and out.
+//! bf16 travels as raw `u16` bits, as in the kernels.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError};
-use cudarc::nvrtc::Ptx;
+use cudarc::driver::DriverError;
 
-use super::kernels;
-use super::nvrtc::{self, CompileError, Target};
-use super::probe::{self, GpuInfo, NoGpu};
+use super::cuda_device::CudaDevice;
+use super::device::{Arg, Buf, Device, Elem};
+use super::emu::{EmuDevice, EmuError};
+use super::kernels::KernelFile;
+use super::nvrtc::CompileError;
+use super::probe::{GpuInfo, NoGpu};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
     #[error("{0}")]
     NoGpu(#[from] NoGpu),
+    #[error("{0}")]
+    Emu(#[from] EmuError),
     #[error("GPU {ordinal} not found: this machine has {count}")]
     NoSuchGpu { ordinal: usize, count: usize },
     #[error(transparent)]
     Compile(#[from] CompileError),
     #[error("CUDA: {0}")]
     Driver(String),
+    /// A launch the device refused, or (emulated) a fault inside the kernel: named by kernel.
+    #[error("kernel {kernel}: {message}")]
+    Launch { kernel: String, message: String },
     #[error("the CUDA kernels cannot run this model: {0}")]
     Shape(String),
     #[error("kernel {0} is not loaded")]
@@ -36,11 +42,30 @@ impl From<DriverError> for GpuError {
 
 pub type GpuResult<T> = Result<T, GpuError>;
 
+/// Which kind of device runs the kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// A GPU through the CUDA driver.
+    Cuda,
+    /// `kernels/*.cu` compiled for this CPU by its C++ compiler, each CUDA thread a fiber.
+    Emu,
+}
+
+impl DeviceKind {
+    /// "cuda" / "emu", as `--device` spells it.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            DeviceKind::Cuda => "cuda",
+            DeviceKind::Emu => "emu",
+        }
+    }
+}
+
+/// A device and the typed copies the model and the parity checks use. Cheap to clone.
+#[derive(Clone)]
 pub struct Gpu {
     pub info: GpuInfo,
-    pub ctx: Arc<CudaContext>,
-    pub stream: Arc<CudaStream>,
-    functions: HashMap<&'static str, CudaFunction>,
+    pub dev: Arc<dyn Device>,
 }
 
 fn to_bits(x: &[f32]) -> Vec<u16> {
@@ -48,71 +73,75 @@ fn to_bits(x: &[f32]) -> Vec<u16> {
 }
 
 impl Gpu {
-    /// Opens GPU `ordinal`, compiling and loading every kernel (NVRTC needed).
-    pub fn open(ordinal: usize) -> GpuResult<Self> {
-        let report = probe::probe()?;
-        let count = report.gpus.len();
-        let info = report.gpus.into_iter().nth(ordinal).ok_or(GpuError::NoSuchGpu { ordinal, count })?;
-        let ctx = CudaContext::new(ordinal)?;
-        // A stream of its own: two `Gpu`s on one device (a layer split tried on one card) do
-        // not share one, and nothing waits on the legacy default stream.
-        let stream = ctx.new_stream()?;
-        let cache = nvrtc::default_cache_dir();
-        let arch = info.arch();
-        let mut functions = HashMap::new();
-        for file in kernels::FILES {
-            let compiled = nvrtc::compile(file, Target::Cubin, &arch, cache.as_deref())?;
-            let module = ctx.load_module(Ptx::from_binary(compiled.code))?;
-            for entry in file.entries {
-                functions.insert(*entry, module.load_function(entry)?);
-            }
-        }
-        Ok(Gpu { info, ctx, stream, functions })
+    /// Opens device `ordinal` of `kind` with `kernels` compiled and loaded (NVRTC for a GPU,
+    /// the C++ compiler for the emulator).
+    pub fn open(kind: DeviceKind, ordinal: usize, kernels: &'static [KernelFile]) -> GpuResult<Self> {
+        let dev: Arc<dyn Device> = match kind {
+            DeviceKind::Cuda => Arc::new(CudaDevice::open(ordinal, kernels)?),
+            DeviceKind::Emu => Arc::new(EmuDevice::open(ordinal, kernels)?),
+        };
+        Ok(Gpu { info: dev.info().clone(), dev })
     }
 
-    pub fn function(&self, name: &str) -> GpuResult<&CudaFunction> {
-        self.functions.get(name).ok_or_else(|| GpuError::NoKernel(name.into()))
+    pub fn label(&self) -> String {
+        self.dev.label()
+    }
+
+    /// Launches `kernel` (see [`Device::launch`]).
+    ///
+    /// # Safety
+    /// As [`Device::launch`]: the arguments match the kernel and the buffers its grid touches.
+    pub unsafe fn launch(&self, kernel: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> GpuResult<()> {
+        // SAFETY: forwarded.
+        unsafe { self.dev.launch(kernel, grid, block, args) }
+    }
+
+    pub fn upload<T: Elem>(&self, x: &[T]) -> GpuResult<Buf<T>> {
+        Buf::from_host(&self.dev, x)
     }
 
     /// f32 values rounded to bf16, on the device.
-    pub fn bf16(&self, x: &[f32]) -> GpuResult<CudaSlice<u16>> {
-        Ok(self.stream.clone_htod(&to_bits(x))?)
+    pub fn bf16(&self, x: &[f32]) -> GpuResult<Buf<u16>> {
+        self.upload(&to_bits(x))
     }
 
-    pub fn f32(&self, x: &[f32]) -> GpuResult<CudaSlice<f32>> {
-        Ok(self.stream.clone_htod(x)?)
+    pub fn f32(&self, x: &[f32]) -> GpuResult<Buf<f32>> {
+        self.upload(x)
     }
 
-    pub fn i32(&self, x: &[i32]) -> GpuResult<CudaSlice<i32>> {
-        Ok(self.stream.clone_htod(x)?)
+    pub fn i32(&self, x: &[i32]) -> GpuResult<Buf<i32>> {
+        self.upload(x)
     }
 
-    pub fn u32(&self, x: &[u32]) -> GpuResult<CudaSlice<u32>> {
-        Ok(self.stream.clone_htod(x)?)
+    pub fn u32(&self, x: &[u32]) -> GpuResult<Buf<u32>> {
+        self.upload(x)
     }
 
-    pub fn zeros_bf16(&self, n: usize) -> GpuResult<CudaSlice<u16>> {
-        Ok(self.stream.alloc_zeros::<u16>(n)?)
+    pub fn zeros<T: Elem>(&self, n: usize) -> GpuResult<Buf<T>> {
+        Buf::zeros(&self.dev, n)
     }
 
-    pub fn zeros_f32(&self, n: usize) -> GpuResult<CudaSlice<f32>> {
-        Ok(self.stream.alloc_zeros::<f32>(n)?)
+    pub fn zeros_bf16(&self, n: usize) -> GpuResult<Buf<u16>> {
+        self.zeros(n)
     }
 
-    pub fn read_bf16(&self, x: &CudaSlice<u16>) -> GpuResult<Vec<f32>> {
-        let bits = self.stream.clone_dtoh(x)?;
-        Ok(bits.into_iter().map(|b| half::bf16::from_bits(b).to_f32()).collect())
+    pub fn zeros_f32(&self, n: usize) -> GpuResult<Buf<f32>> {
+        self.zeros(n)
     }
 
-    pub fn read_f32(&self, x: &CudaSlice<f32>) -> GpuResult<Vec<f32>> {
-        Ok(self.stream.clone_dtoh(x)?)
+    pub fn read_bf16(&self, x: &Buf<u16>) -> GpuResult<Vec<f32>> {
+        Ok(x.read()?.into_iter().map(|b| half::bf16::from_bits(b).to_f32()).collect())
     }
 
-    pub fn read_i32(&self, x: &CudaSlice<i32>) -> GpuResult<Vec<i32>> {
-        Ok(self.stream.clone_dtoh(x)?)
+    pub fn read_f32(&self, x: &Buf<f32>) -> GpuResult<Vec<f32>> {
+        x.read()
+    }
+
+    pub fn read_i32(&self, x: &Buf<i32>) -> GpuResult<Vec<i32>> {
+        x.read()
     }
 
     pub fn sync(&self) -> GpuResult<()> {
-        Ok(self.stream.synchronize()?)
+        self.dev.synchronize()
     }
 }

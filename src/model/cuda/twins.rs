@@ -192,7 +192,7 @@ pub fn attn_gqa(
     nkv: usize,
     hd: usize,
 ) -> Vec<f32> {
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = super::ops::attention_scale(hd);
     let mut out = vec![0f32; tokens * nh * hd];
     for t in 0..tokens {
         for h in 0..nh {
@@ -227,12 +227,14 @@ pub fn attn_gqa(
     out
 }
 
-/// `moe_topk`: per token the `k` most probable experts of `softmax(logits)` (ties: lower id),
-/// renormalised when `renorm`, weights rounded to bf16. Returns `(ids, weights)`, `[T][k]`.
+/// `moe_topk`: per token the `k` most probable experts of `softmax(round(logits))` (the bf16
+/// router's output; ties: lower id), renormalised when `renorm`, weights rounded to bf16.
+/// Returns `(ids, weights)`, `[T][k]`.
 pub fn moe_topk(logits: &[f32], experts: usize, k: usize, renorm: bool) -> (Vec<i32>, Vec<f32>) {
     let mut ids = vec![];
     let mut weights = vec![];
-    for row in logits.chunks(experts) {
+    for raw in logits.chunks(experts) {
+        let row: Vec<f32> = raw.iter().map(|&x| bf(x)).collect();
         let max = row.iter().fold(f32::NEG_INFINITY, |m, x| m.max(*x));
         let e: Vec<f32> = row.iter().map(|x| (x - max).exp()).collect();
         let sum: f32 = e.iter().sum();
@@ -247,6 +249,12 @@ pub fn moe_topk(logits: &[f32], experts: usize, k: usize, renorm: bool) -> (Vec<
         }
     }
     (ids, weights)
+}
+
+/// `sigmoid_scale_rows`: the shared expert's gate, `out[t] = round(x[t] · round(sigmoid(round(g[t]))))`
+/// (the gate linear's output rounded as the engine's bf16 linear rounds it).
+pub fn sigmoid_scale_rows(x: &[f32], g: &[f32], hidden: usize) -> Vec<f32> {
+    x.iter().enumerate().map(|(i, &v)| bf(v * bf(sigmoid(bf(g[i / hidden]))))).collect()
 }
 
 /// `moe_combine`: `out[t] = Σ_s round(w·y)` in ascending expert id, each add rounded.
@@ -281,15 +289,14 @@ pub fn rms_norm(x: &[f32], w: &[f32], n: usize, eps: f32, zero_centred: bool) ->
 }
 
 /// `rope_mrope` on rows `[T][heads][hd]` (contiguous heads) with one position per token
-/// (text: the three mRoPE ids equal).
-pub fn rope(x: &mut [f32], positions: &[usize], heads: usize, hd: usize, rotary_dim: usize, theta: f32) {
-    let half = rotary_dim / 2;
+/// (text: the three mRoPE ids equal) and the host's inverse frequencies (`[rotary_dim / 2]`).
+pub fn rope(x: &mut [f32], positions: &[usize], heads: usize, hd: usize, inv_freq: &[f32]) {
+    let half = inv_freq.len();
     for (t, &pos) in positions.iter().enumerate() {
         for h in 0..heads {
             let row = &mut x[(t * heads + h) * hd..(t * heads + h + 1) * hd];
             for j in 0..half {
-                let inv_freq = 1.0 / theta.powf((2 * j) as f32 / rotary_dim as f32);
-                let angle = pos as f32 * inv_freq;
+                let angle = pos as f32 * inv_freq[j];
                 let (c, s) = (bf(angle.cos()), bf(angle.sin()));
                 let (a, b) = (row[j], row[j + half]);
                 row[j] = bf(bf(a * c) - bf(b * s));
@@ -498,7 +505,7 @@ mod tests {
         let logits = randoms(tokens * experts, 51, 3.0);
         let (ids, weights) = moe_topk(&logits, experts, k, true);
         for t in 0..tokens {
-            let row = &logits[t * experts..(t + 1) * experts];
+            let row: Vec<f32> = logits[t * experts..(t + 1) * experts].iter().map(|&x| bf(x)).collect();
             let chosen: Vec<i32> = ids[t * k..(t + 1) * k].to_vec();
             // The chosen are the k largest logits (softmax keeps the order).
             let mut sorted: Vec<usize> = (0..experts).collect();
@@ -561,7 +568,7 @@ mod tests {
             }
         }
         let mut twin = x.clone();
-        rope(&mut twin, &positions, heads, hd, rotary, 1e7);
+        rope(&mut twin, &positions, heads, hd, rope_e.inv_freq());
         close(&twin, &engine, 1e-2, "rope");
         // The dims past rotary_dim pass through.
         for t in 0..positions.len() * heads {
