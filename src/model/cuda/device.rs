@@ -91,6 +91,12 @@ pub trait Device: Send + Sync {
     fn synchronize(&self) -> GpuResult<()>;
     /// (free, total) bytes now.
     fn memory(&self) -> GpuResult<(u64, u64)>;
+    /// The most bytes allocated at once since the device opened or the last reset, where the
+    /// device keeps count (the emulated device does; checks the memory plan).
+    fn peak_bytes(&self) -> Option<u64> {
+        None
+    }
+    fn reset_peak(&self) {}
 }
 
 /// An element type of device buffers (plain old data of the kernels' C types).

@@ -343,8 +343,9 @@ pub struct EmuDevice {
     entries: HashMap<&'static str, Entry>,
     schedule: Schedule,
     allocations: Mutex<Allocations>,
-    /// Bytes in `allocations`.
+    /// Bytes in `allocations`, and the most there were at once.
     in_use: std::sync::atomic::AtomicU64,
+    peak: std::sync::atomic::AtomicU64,
     /// `DELTASCOPE_EMU_PROFILE=1`: launches and time per kernel, printed when the device closes.
     profile: Option<Mutex<HashMap<&'static str, (u64, f64)>>>,
 }
@@ -407,6 +408,7 @@ impl EmuDevice {
             schedule,
             allocations: Mutex::new(BTreeMap::new()),
             in_use: std::sync::atomic::AtomicU64::new(0),
+            peak: std::sync::atomic::AtomicU64::new(0),
             profile,
         })
     }
@@ -463,7 +465,8 @@ impl Device for EmuDevice {
             return Err(GpuError::Driver(format!("CUDA_ERROR_OUT_OF_MEMORY: the host refused {bytes} bytes")));
         }
         self.allocations.lock().unwrap_or_else(|p| p.into_inner()).insert(p as DevPtr, bytes);
-        self.in_use.fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
+        let now = self.in_use.fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed) + bytes as u64;
+        self.peak.fetch_max(now, std::sync::atomic::Ordering::Relaxed);
         Ok(p as DevPtr)
     }
 
@@ -563,6 +566,14 @@ impl Device for EmuDevice {
     fn memory(&self) -> GpuResult<(u64, u64)> {
         let total = self.info.total_bytes;
         Ok((total.saturating_sub(self.allocated()), total))
+    }
+
+    fn peak_bytes(&self) -> Option<u64> {
+        Some(self.peak.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn reset_peak(&self) {
+        self.peak.store(self.allocated(), std::sync::atomic::Ordering::Relaxed);
     }
 }
 
