@@ -225,8 +225,12 @@ pub fn place(spec: &DeviceSpec) -> crate::Result<Placement> {
                 let free_bytes = cuda::emu::capacity().map_err(|e| fail(e.to_string()))?;
                 gpus.push((o, DeviceBudget { label: format!("emu:{o} (emulated)"), free_bytes }));
             }
-            let devices = ordinals.iter().map(|o| format!("emu:{o}")).collect();
-            Ok(Placement { devices, note: None, gpus, fewest: false, kind: DeviceKind::Emu })
+            let devices: Vec<String> = ordinals.iter().map(|o| format!("emu:{o}")).collect();
+            let note = format!(
+                "{}: the emulated CUDA device (the CUDA engine with its kernels compiled for this CPU; slow, for checking the GPU path)",
+                devices.join(",")
+            );
+            Ok(Placement { devices, note: Some(note), gpus, fewest: false, kind: DeviceKind::Emu })
         }
     }
 }

@@ -152,6 +152,11 @@ impl BackendInfo {
     /// "local · cpu" or "llama.cpp b10434 · http://…": the status bar's backend label.
     pub fn label(&self) -> String {
         match &self.kind {
+            // The emulated CUDA device says so: it runs the GPU path at a fraction of the CPU
+            // engine's speed.
+            BackendKind::Local { devices, .. } if devices.iter().any(|d| d.starts_with("emu:")) => {
+                format!("local · {} (emulated GPU)", devices.join(","))
+            }
             BackendKind::Local { devices, .. } => format!("local · {}", devices.join(",")),
             BackendKind::Remote(s) => match &s.version {
                 Some(v) => format!("{} {v} · {}", s.kind, s.url),
