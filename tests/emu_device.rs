@@ -252,3 +252,50 @@ fn the_emulated_device_refuses_clearly() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("DELTASCOPE_EMU_SCHEDULE=\"sideways\""), "{}", text(&out.stderr));
 }
+
+/// Desk-check finding 1: the CUDA model's logits are rounded to bf16 as the CPU engine's bf16
+/// head returns them (greedy then breaks exact ties toward the lower id on both).
+#[test]
+fn the_cuda_models_logits_are_bf16_values() {
+    use deltascope::checkpoint::demo_source;
+    use deltascope::model::cuda::{CudaModel, DeviceKind, Gpu, kernels};
+    use deltascope::model::device_plan::{DeviceBudget, PlanInputs, plan_devices};
+    use deltascope::model::{Forward, ForwardOptions, LoadOptions, LogitsRows, Model, Precision};
+    let cpu = Model::load(&demo_source(), &LoadOptions { precision: Precision::Bf16, ..Default::default() }).unwrap();
+    let gpu = Gpu::open(DeviceKind::Emu, 0, kernels::FILES).unwrap();
+    let budget = [DeviceBudget { label: "emu:0".into(), free_bytes: 8 << 30 }];
+    let plan = plan_devices(&cpu.config, &budget, PlanInputs::for_model(&cpu.config));
+    let model = CudaModel::upload(&cpu, vec![gpu], &plan).unwrap();
+    let mut cache = model.new_cache().unwrap();
+    let ids: Vec<u32> = (0..12).map(|i| (i * 41 + 7) % 480).collect();
+    let all = ForwardOptions { logits: LogitsRows::All, ..Default::default() };
+    let out = model.forward_cached(&ids, &mut cache, all).unwrap();
+    let step = model.forward_cached(&[5], &mut cache, ForwardOptions::default()).unwrap();
+    for v in out.logits.data.iter().chain(&step.logits.data) {
+        assert_eq!(*v, half::bf16::from_f32(*v).to_f32(), "a logit that is not a bf16 value: {v}");
+    }
+    assert!(out.logits.data.iter().any(|v| *v != 0.0));
+}
+
+/// Desk-check finding 2: `rope_mrope` rotates by the host's inverse frequencies (the engine's
+/// own table), not by the device's `powf`: a table scaled by 1.01 moves the kernel's rotation
+/// exactly as it moves the twin's.
+#[test]
+fn rope_rotates_by_the_hosts_table() {
+    use deltascope::model::cuda::ops::{self, RopeParams};
+    use deltascope::model::cuda::twins;
+    use deltascope::model::cuda::{DeviceKind, Gpu, kernels};
+    let gpu = Gpu::open(DeviceKind::Emu, 0, kernels::FILES).unwrap();
+    let (heads, hd, rotary) = (2usize, 64usize, 32usize);
+    let table: Vec<f32> = (0..rotary / 2).map(|i| 1.01 / 1e7f32.powf((2 * i) as f32 / rotary as f32)).collect();
+    let positions = [0usize, 3, 4095, 262_143];
+    let x = twins::randoms(positions.len() * heads * hd, 9, 1.0);
+    let dx = gpu.bf16(&x).unwrap();
+    let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+    let dp = gpu.i32(&pos).unwrap();
+    let r = RopeParams { rotary_dim: rotary, inv_freq: gpu.f32(&table).unwrap(), sec_h: 0, sec_w: 0 };
+    ops::rope(&gpu, &dx, &dp, positions.len(), heads, heads * hd, hd, &r).unwrap();
+    let mut twin = x.clone();
+    twins::rope(&mut twin, &positions, heads, hd, &table);
+    assert_eq!(gpu.read_bf16(&dx).unwrap(), twin);
+}

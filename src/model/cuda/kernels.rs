@@ -89,3 +89,46 @@ pub fn load(dir: Option<&std::path::Path>) -> Result<&'static [KernelFile], Kern
     }
     Ok(Box::leak(files.into_boxed_slice()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The parameters of one kernel's signature, as written.
+    fn params(entry: &str) -> Vec<String> {
+        let f = FILES.iter().find(|f| f.entries.contains(&entry)).unwrap();
+        let start = f.source.find(&format!("void {entry}(")).unwrap() + entry.len() + 6;
+        let end = start + f.source[start..].find(')').unwrap();
+        f.source[start..end].split(',').map(|p| p.split_whitespace().collect::<Vec<_>>().join(" ")).collect()
+    }
+
+    /// Kernels the model calls in place (`rms_norm` on the q / k heads, `add_bf16` for the
+    /// residual) must not promise the compiler their input and output never alias.
+    #[test]
+    fn kernels_called_in_place_do_not_declare_restrict() {
+        for (entry, names) in [("rms_norm", ["x", "y"]), ("add_bf16", ["x", "out"])] {
+            for p in params(entry) {
+                if names.iter().any(|n| p.ends_with(&format!(" {n}")) || p.ends_with(&format!("*{n}"))) {
+                    assert!(!p.contains("__restrict__"), "{entry}: {p}");
+                }
+            }
+        }
+        assert!(params("rms_norm").iter().any(|p| p.contains("__restrict__") && p.ends_with(" w")));
+    }
+
+    #[test]
+    fn a_kernel_folder_must_hold_every_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("prelude.cu"), PRELUDE).unwrap();
+        let e = load(Some(dir.path())).unwrap_err().to_string();
+        assert!(e.contains("embedding.cu cannot be read"), "{e}");
+        for f in FILES {
+            std::fs::write(dir.path().join(format!("{}.cu", f.name)), f.source).unwrap();
+        }
+        let loaded = load(Some(dir.path())).unwrap();
+        assert_eq!(loaded.len(), FILES.len());
+        std::fs::write(dir.path().join("gemv.cu"), "// nothing here").unwrap();
+        let e = load(Some(dir.path())).unwrap_err().to_string();
+        assert!(e.contains("gemv.cu does not define") && e.contains("gemv_bf16"), "{e}");
+    }
+}

@@ -493,3 +493,18 @@ pub fn concat_rows(
     // SAFETY: concat_rows(a, b, out, na, nb, n); ceil(n / 256) blocks of 256.
     unsafe { gpu.launch("concat_rows", (blocks(n, 256), 1, 1), 256, &args) }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The engine scales scores by `hd^-0.5` through `powf`; for a head of 24 (the qwen3_5_text
+    /// fixture) that is one f32 ulp away from `1 / sqrt(24)`, and the kernels get the engine's.
+    #[test]
+    fn the_attention_scale_is_the_engines() {
+        for hd in [16usize, 24, 32, 48, 128, 256] {
+            assert_eq!(attention_scale(hd), (hd as f32).powf(-0.5), "hd {hd}");
+        }
+        assert_ne!(attention_scale(24), 1.0 / (24f32).sqrt(), "the two expressions differ at 24");
+    }
+}

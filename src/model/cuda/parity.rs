@@ -446,6 +446,22 @@ fn moe(gpu: &Gpu) -> GpuResult<Vec<Parity>> {
         compare("moe_topk ids", format!("{experts} experts, top {k}"), &widen(&ids), &widen(&twin_ids), 0.0),
         compare("moe_topk weights", format!("{experts} experts, top {k}"), &weights, &twin_w, BF16_TOL),
     ];
+    // The router's f32 output is rounded to bf16 before the softmax (as the engine's bf16
+    // router returns it): experts 3 and 5 then tie at 1.0 and the lower id wins, where the
+    // unrounded 1 + 2⁻¹⁰ would pick expert 5.
+    let tie = [0.25f32, -1.0, 0.5, 1.0, 0.0, 1.0 + 1.0 / 1024.0, -0.5, 0.75];
+    let dl = gpu.f32(&tie)?;
+    let mut dids = gpu.i32(&[0])?;
+    let mut dw = gpu.zeros_f32(1)?;
+    ops::moe_topk(gpu, &dl, &mut dids, &mut dw, 1, tie.len(), 1, true)?;
+    let (tie_ids, _) = twins::moe_topk(&tie, tie.len(), 1, true);
+    res.push(compare(
+        "moe_topk ids",
+        "8 experts, top 1, logits tied once rounded to bf16".into(),
+        &widen(&gpu.read_i32(&dids)?),
+        &widen(&tie_ids),
+        0.0,
+    ));
     // Expert GEMVs of 35B-A3B's gate_up ([E][2·512][2048]) over 16 experts (the table's size,
     // not the routing, is what changes at 256) and its down projection per pair.
     let (e_small, inter) = (16usize, 512usize);
@@ -491,14 +507,16 @@ fn moe(gpu: &Gpu) -> GpuResult<Vec<Parity>> {
     let twin = twins::moe_combine(&y, &twin_ids, &twin_w, hidden, k);
     res.push(compare("moe_combine", format!("{tokens} tokens, top {k}, hidden {hidden}"), &out, &twin, 0.0));
     // The shared expert's gate (f32 gate outputs, rounded in the kernel).
-    let g = randoms(tokens, 79, 5.0).iter().map(|v| v * 1.001).collect::<Vec<f32>>();
-    let sx = randoms(tokens * hidden, 80, 1.0);
+    // Gate values between bf16 steps, so that rounding them first matters for some tokens.
+    let (gt, gh) = (512usize, 64usize);
+    let g = randoms(gt, 79, 5.0).iter().map(|v| v * 1.001).collect::<Vec<f32>>();
+    let sx = randoms(gt * gh, 80, 1.0);
     let (dg, dsx) = (gpu.f32(&g)?, gpu.bf16(&sx)?);
-    let mut dso = gpu.zeros_bf16(tokens * hidden)?;
-    ops::sigmoid_scale(gpu, &dsx, &dg, &mut dso, tokens, hidden)?;
+    let mut dso = gpu.zeros_bf16(gt * gh)?;
+    ops::sigmoid_scale(gpu, &dsx, &dg, &mut dso, gt, gh)?;
     let so = gpu.read_bf16(&dso)?;
-    let twin = twins::sigmoid_scale_rows(&sx, &g, hidden);
-    res.push(compare("sigmoid_scale_rows", format!("{tokens} tokens, hidden {hidden}"), &so, &twin, 0.0));
+    let twin = twins::sigmoid_scale_rows(&sx, &g, gh);
+    res.push(compare("sigmoid_scale_rows", format!("{gt} tokens, hidden {gh}"), &so, &twin, 0.0));
     Ok(res)
 }
 
