@@ -19,11 +19,16 @@
 #   kernels        deltascope gpu kernels for the GPU's architecture with its NVRTC → kernels.json
 #   kernel-parity  deltascope gpu check --json: every kernel on random inputs at the real shapes
 #                  against its CPU twin (src/model/cuda/twins.rs)         → kernel-parity.json
-#   model-parity-* deltascope gpu parity --json on the demo model and the three fixtures: the
-#                  CUDA model against the CPU engine at --dtype bf16 (prefill and decode logits
-#                  within 3 % of the row's largest logit, greedy output identical for >= 64
-#                  tokens, MTP greedy at depth 1-3 identical to plain, a two-device layer split
-#                  (two streams on this GPU) equal to one device)          → model-parity-*.json
+#   model-parity-* deltascope gpu parity --json on the demo model and the four fixtures: the
+#                  CUDA model against the CPU engine at --dtype bf16 (prefill logits within 3 %
+#                  of the row's largest logit; 64 greedy steps fed the CPU's tokens, the device's
+#                  argmax the CPU's token except at near-ties of the CPU's own logits, decode
+#                  logits within 3 % + twice the engine's bf16-vs-f32 difference; MTP greedy
+#                  at depth 1-3 identical to plain; a rejected draft restoring the GDN state
+#                  exactly; a two-device layer split (two streams on this GPU) bit-identical
+#                  to one device)                                          → model-parity-*.json
+#   trace-*        deltascope trace on the GPU and on the CPU engine at bf16, then
+#                  trace --compare within 2e-2                             → trace-*.txt
 #   synth          deltascope synth --like tests/data/qwen3_6_27b (random weights of the real
 #                  shapes, bf16, MTP head) into $SYNTH                    → synth.txt
 #   bench-512      deltascope bench --device cuda: decode and prefill at 512 tokens with
@@ -431,12 +436,19 @@ fi
 ds_step --out "$OUT/kernels.json" kernels 180 "$OUT/kernels.err" gpu kernels --arch "$ARCH" --json --no-cache
 ds_step --out "$OUT/kernel-parity.json" kernel-parity 180 "$OUT/kernel-parity.err" gpu check --json
 
-for m in demo tests/fixtures/qwen3_5_text tests/fixtures/qwen3_5_moe tests/fixtures/qwen3_next; do
+for m in demo tests/fixtures/qwen3_5_text tests/fixtures/qwen3_5_moe tests/fixtures/qwen3_next tests/fixtures/qwen3_5_vl; do
   name=$(basename "$m")
   if [ "$m" = demo ]; then model=demo; else model=$ROOT/$m; fi
   ds_step --out "$OUT/model-parity-$name.json" "model-parity-$name" 120 "$OUT/model-parity-$name.err" \
     gpu parity --model "$model" --json
 done
+
+# The state scope on the GPU: gdn_recurrent's trace against the CPU engine's at bf16 (the
+# tolerance the emulator's test uses: 2e-2, where f32 and bf16 traces already part).
+TRACE_ARGS=(--prompt "Sort 93, 17, 56." --max-tokens 24)
+ds_step trace-cuda 60 "$OUT/trace-cuda.txt" trace --device cuda "${TRACE_ARGS[@]}" --out "$OUT/trace-cuda.jsonl"
+ds_step trace-cpu 60 "$OUT/trace-cpu.txt" trace --device cpu --dtype bf16 "${TRACE_ARGS[@]}" --out "$OUT/trace-cpu.jsonl"
+ds_step trace-compare 30 "$OUT/trace-compare.txt" trace --compare "$OUT/trace-cuda.jsonl" "$OUT/trace-cpu.jsonl" --tolerance 2e-2
 
 SYNTH=${SYNTH:-/dev/shm/ds-synth-27b}
 rm -rf "$SYNTH"
