@@ -88,8 +88,15 @@ fn plan_budgets(a: &InspectArgs) -> anyhow::Result<Option<(Vec<DeviceBudget>, bo
     let Some(spec) = &a.device else { return Ok(None) };
     let wanted = match spec {
         DeviceSpec::Cuda(w) => w.clone(),
+        // The emulated devices offer what DELTASCOPE_EMU_MEMORY says (host memory, as used).
+        DeviceSpec::Emu(ordinals) => {
+            let free_bytes = cuda::emu::capacity()?;
+            let budgets =
+                ordinals.iter().map(|o| DeviceBudget { label: format!("emu:{o} (emulated)"), free_bytes }).collect();
+            return Ok(Some((budgets, false)));
+        }
         other => anyhow::bail!(
-            "--device {other}: inspect plans GPUs (cuda, cuda:0, cuda:0,1); for sizes without a GPU use --plan-devices"
+            "--device {other}: inspect plans GPUs (cuda, cuda:0, cuda:0,1) or emulated devices (emu:0,1); for sizes without a GPU use --plan-devices"
         ),
     };
     let report = cuda::probe().map_err(|no| anyhow::anyhow!("--device {spec}: {no}"))?;
