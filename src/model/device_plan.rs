@@ -6,13 +6,16 @@
 use serde::Serialize;
 
 use super::config::{LayerKind, MlpKind, ModelConfig};
+use super::cuda::model::PREFILL_CHUNK;
 use super::plan::param_counts;
 
-/// Bytes of one weight / KV / conv-state element (bf16) and of one SSM-state element (f32,
-/// the checkpoints' `mamba_ssm_dtype`).
+/// Bytes of one weight / KV / conv-state / activation element (bf16) and of one SSM-state
+/// element (f32, the checkpoints' `mamba_ssm_dtype`); f32 / i32 activations (router logits,
+/// expert ids and weights, positions) take [`WORD_BYTES`].
 const WEIGHT_BYTES: u64 = 2;
 const ACT_BYTES: u64 = 2;
 const SSM_BYTES: u64 = 4;
+const WORD_BYTES: u64 = 4;
 /// Held back on every device for the CUDA context, loaded kernels and the cuBLASLt workspace
 /// (a CUDA 12/13 context alone takes 300–500 MiB on Hopper).
 pub const CONTEXT_RESERVE: u64 = 768 << 20;
@@ -30,20 +33,21 @@ pub struct DeviceBudget {
 pub struct PlanInputs {
     /// KV cache reserved for this many tokens of one sequence.
     pub context_tokens: u64,
-    /// Draft tokens verified per step (MTP): each GDN layer keeps this many extra state slots.
+    /// Draft tokens verified per step (MTP): a verify pass runs `mtp_depth + 1` tokens, and
+    /// each GDN layer keeps a slot of its SSM state and conv window per token to roll back to.
     pub mtp_depth: u64,
     /// Tokens per prefill pass (sizes the activation workspace).
     pub prefill_chunk: u64,
 }
 
 impl PlanInputs {
-    /// The whole context, MTP at depth 3 (when the model has an MTP layer), 512-token prefill
-    /// passes.
+    /// The whole context, MTP at depth 3 (when the model has an MTP layer), prefill passes of
+    /// the CUDA model's chunk ([`PREFILL_CHUNK`] tokens).
     pub fn for_model(c: &ModelConfig) -> Self {
         PlanInputs {
             context_tokens: c.max_position_embeddings as u64,
             mtp_depth: if c.mtp_num_hidden_layers > 0 { 3 } else { 0 },
-            prefill_chunk: 512,
+            prefill_chunk: PREFILL_CHUNK as u64,
         }
     }
 }
@@ -67,9 +71,12 @@ pub struct DeviceShare {
     pub kv_bytes: u64,
     /// Conv + SSM state of its GDN layers, one sequence.
     pub recurrent_bytes: u64,
-    /// The extra state slots MTP verify writes per draft token.
+    /// The rollback slots of a verify pass (`mtp_depth + 1` tokens, each an SSM state and a
+    /// conv window per GDN layer), held once the first verify pass ran.
     pub mtp_slot_bytes: u64,
-    /// Activations of a prefill pass, logits, and [`CONTEXT_RESERVE`].
+    /// The activations of one pass of `prefill_chunk` tokens at their peak (with every row's
+    /// logits and, on the last device, the MTP pass over the same rows), and
+    /// [`CONTEXT_RESERVE`].
     pub workspace_bytes: u64,
     pub total_bytes: u64,
     /// `free − total`: negative when it does not fit.
@@ -129,30 +136,80 @@ fn layer_costs(c: &ModelConfig, inputs: &PlanInputs) -> Vec<LayerCost> {
                 weights: (mixer + ff + 2 * h) * WEIGHT_BYTES,
                 kv_per_token: if gdn { 0 } else { kv_layer },
                 recurrent: if gdn { conv + ssm } else { 0 },
-                // One conv column and one SSM state per draft token verified.
-                mtp_slots: if gdn { inputs.mtp_depth * (ssm + l.conv_dim() as u64 * ACT_BYTES) } else { 0 },
+                // A verify pass of depth + 1 tokens keeps, per token, an SSM state and a conv
+                // window (`GdnCache::ensure_slots` in src/model/cuda/model.rs).
+                mtp_slots: if gdn { (inputs.mtp_depth + 1) * (ssm + conv) } else { 0 },
                 gdn,
             }
         })
         .collect()
 }
 
-/// Activations of one prefill pass on a device (four f32 buffers of the widest projection
-/// per token), plus the logits when it holds the head (f32, one row per verified token).
-fn workspace(c: &ModelConfig, inputs: &PlanInputs, head: bool) -> u64 {
+/// The device memory of one pass of `t` tokens at its peak, on a device holding decoder layers
+/// and, when `last`, the final norm, head and MTP layer: the buffers `CudaModel`
+/// (src/model/cuda/model.rs) allocates, counted phase by phase as they are alive together
+/// (each function's temporaries are freed when it returns). Host memory (the read-back hidden
+/// rows and logits, the host hop between devices) is not counted.
+///
+/// Margin: none over what the model allocates in the phase that peaks — on the emulated device
+/// (which counts its bytes) a chunk's prefill with every row's logits, or the MTP pass over its
+/// rows, peaks at exactly this (tests/device_plan_emu.rs). It is an upper bound because it
+/// takes the worst case where the engine asks for less: every row's logits (a prefill asks
+/// for the last row's, and the MTP pass after it too: the 27B's last device then peaks at
+/// 106 MB, not 301 MB), and every layer kind of the model on every device. Allocator rounding
+/// on a GPU (≤ 2 MiB for each of the ~20 live buffers) comes out of [`CONTEXT_RESERVE`].
+fn pass_peak(c: &ModelConfig, t: u64, last: bool) -> u64 {
+    let (a, f) = (ACT_BYTES, WORD_BYTES);
+    let h = c.hidden_size as u64;
+    let v = c.vocab_size as u64;
     let l = &c.linear;
-    let ff = c.intermediate_size.unwrap_or(0).max(
-        c.moe
-            .as_ref()
-            .map_or(0, |m| m.num_experts_per_tok * m.moe_intermediate_size + m.shared_expert_intermediate_size),
-    );
-    let widest = [l.conv_dim() + l.value_dim(), 2 * ff, 2 * c.num_attention_heads * c.head_dim, c.hidden_size]
-        .into_iter()
-        .max()
-        .unwrap_or(0) as u64;
-    let activations = inputs.prefill_chunk * widest * 4 * 4;
-    let logits = if head { (inputs.mtp_depth + 1) * c.vocab_size as u64 * 4 } else { 0 };
-    CONTEXT_RESERVE + activations + logits
+    let (cd, vd, hv) = (l.conv_dim() as u64, l.value_dim() as u64, l.num_value_heads as u64);
+    let (qw, kw) = ((c.num_attention_heads * c.head_dim) as u64, (c.num_key_value_heads * c.head_dim) as u64);
+    // run_layer: the hidden rows x and the normed rows n live through the layer.
+    let xn = 2 * t * h * a;
+    // gdn: pre, z, b, a, qkv, out, normed and y, alive together at its end.
+    let gdn = xn + t * a * (2 * cd + 3 * vd + 2 * hv + h);
+    // attention: q (query and gate), k, v, positions (i32), att and y.
+    let attention = xn + t * a * (3 * qw + 2 * kw + h) + t * f;
+    // The MLP runs while the mixer's output is held: x, n and mixed.
+    let xnm = 3 * t * h * a;
+    // dense: gate_up, hmid and y.
+    let dense_of = |inter: u64| t * a * (3 * inter + h);
+    let dense = xnm + dense_of(c.intermediate_size.unwrap_or(0) as u64);
+    // moe: router logits (f32), ids and weights per pair, gate_up, hmid and y per pair, routed;
+    // then the shared expert's dense pass, or its output with the gate (f32) and the scaled rows.
+    let moe = c.moe.as_ref().map_or(0, |m| {
+        let (e, p, inter) = (m.num_experts as u64, t * m.num_experts_per_tok as u64, m.moe_intermediate_size as u64);
+        let shared = dense_of(m.shared_expert_intermediate_size as u64).max(2 * t * h * a + t * f);
+        xnm + t * e * f + 2 * p * f + p * a * (3 * inter + h) + t * h * a + shared
+    });
+    let mixer = |kind: LayerKind| if kind == LayerKind::LinearAttention { gdn } else { attention };
+    let mlp = |kind: MlpKind| if kind == MlpKind::Moe { moe } else { dense };
+    // embed_rows: the ids (u32) and the rows.
+    let embed = t * f + t * h * a;
+    let layers = c.layer_types.iter().zip(&c.mlp_kinds).map(|(&k, &m)| mixer(k).max(mlp(m))).fold(embed, u64::max);
+    if !last {
+        return layers;
+    }
+    // forward_gpu's end: x, the final-normed rows, the rows selected and their logits (bf16).
+    let head = t * a * (3 * h + v);
+    if c.mtp_num_hidden_layers == 0 {
+        return layers.max(head);
+    }
+    // mtp_gpu: the embedded rows, the hidden rows, both normed and their concatenation live
+    // through the pass; its attention layer runs on u (fc's output: the layer's x); then u,
+    // the normed output, the rows selected and their logits.
+    let mtp_in = 6 * t * h * a;
+    let mtp_mlp = mlp(if c.moe.is_some() { MlpKind::Moe } else { MlpKind::Dense });
+    let mtp_layer = mtp_in + attention.max(mtp_mlp);
+    let mtp_head = mtp_in + t * a * (3 * h + v);
+    layers.max(head).max(mtp_layer).max(mtp_head)
+}
+
+/// The workspace a device reserves: one pass of `prefill_chunk` tokens ([`pass_peak`]), and
+/// [`CONTEXT_RESERVE`]. A verify pass (≤ 8 tokens) or a decode step needs far less.
+fn workspace(c: &ModelConfig, inputs: &PlanInputs, last: bool) -> u64 {
+    CONTEXT_RESERVE + pass_peak(c, inputs.prefill_chunk, last)
 }
 
 /// Splits the decoder over `devices` in order, each taking a share of the bytes in proportion
@@ -324,6 +381,28 @@ mod tests {
         assert!(one.fits);
         assert_eq!(one.devices.len(), 1, "one big card: no split");
         check_conservation(&c, &one);
+    }
+
+    /// A verify pass of depth + 1 tokens keeps that many SSM states and conv windows per GDN
+    /// layer (what `GdnCache::ensure_slots` allocates), and the workspace is a pass of the
+    /// CUDA model's chunk, independent of the context.
+    #[test]
+    fn verify_slots_and_workspace_follow_the_model() {
+        let c = config("qwen3_6_27b");
+        let inputs = PlanInputs::for_model(&c);
+        assert_eq!(inputs.prefill_chunk, crate::model::cuda::model::PREFILL_CHUNK as u64);
+        let plan = plan_devices(&c, &[gib(48), gib(48)], inputs);
+        let slots: u64 = plan.devices.iter().map(|d| d.mtp_slot_bytes).sum();
+        // 48 GDN layers × 4 tokens × (48·128·128 f32 + 10240·3 bf16).
+        assert_eq!(slots, 48 * 4 * (3_145_728 + 61_440));
+        let short = plan_devices(&c, &[gib(48), gib(48)], PlanInputs { context_tokens: 4096, ..inputs });
+        for (a, b) in plan.devices.iter().zip(&short.devices) {
+            assert_eq!(a.workspace_bytes, b.workspace_bytes);
+        }
+        // Every row's logits of a 512-token chunk (bf16) are the last device's largest part.
+        let logits = 512 * c.vocab_size as u64 * ACT_BYTES;
+        let last = plan.devices[1].workspace_bytes - CONTEXT_RESERVE;
+        assert!(last > logits && last < 2 * logits, "{last}");
     }
 
     #[test]

@@ -924,7 +924,21 @@ impl Forward for CudaModel {
         }
         validate_ids(&self.config, next_ids, 0)?;
         let pos0 = cache.position;
-        let (logits, hidden) = self.mtp_gpu(next_ids, hidden, cache, rows)?;
+        // In passes of PREFILL_CHUNK rows, as the forward pass (catching the draft cache up
+        // on a prompt hands it every row): the plan's workspace holds one.
+        let h = self.config.hidden_size;
+        let pieces = next_ids.len().div_ceil(PREFILL_CHUNK);
+        let (mut logits, mut hiddens) = (vec![], vec![]);
+        for i in 0..pieces {
+            let r = i * PREFILL_CHUNK..((i + 1) * PREFILL_CHUNK).min(next_ids.len());
+            let part = Mat::from_vec(r.len(), h, hidden.data[r.start * h..r.end * h].to_vec());
+            let (l, hs) = self.mtp_gpu(&next_ids[r], &part, cache, rows)?;
+            if i + 1 == pieces || rows == LogitsRows::All {
+                logits.push(l);
+            }
+            hiddens.push(hs);
+        }
+        let (logits, hidden) = (stack(logits, self.config.vocab_size), stack(hiddens, h));
         let base = next_ids.len() - logits.rows;
         finite::check(&logits, None, Sublayer::MtpHead, pos0 + base, &next_ids[base..])?;
         Ok(MtpOutput { logits, hidden })
