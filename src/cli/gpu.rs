@@ -32,7 +32,8 @@ pub enum GpuCommand {
     /// Runs every kernel on a GPU (or the emulated device) against its CPU twin on random
     /// inputs (kernel-by-kernel parity); exit 1 without the device, 2 when a kernel differs
     /// beyond its tolerance. On `emu` each case runs under the forward, reverse and a random
-    /// thread schedule, and results that depend on the schedule fail.
+    /// thread schedule (or those `--schedules` names), and results that depend on the schedule
+    /// fail.
     Check {
         /// The device: `cuda:N` or `emu`.
         #[arg(long, default_value = "cuda:0", value_name = "cuda:N|emu:N")]
@@ -43,6 +44,10 @@ pub enum GpuCommand {
         /// Kernel sources from this folder instead of the embedded copies.
         #[arg(long, value_name = "DIR")]
         kernels: Option<PathBuf>,
+        /// The emulated device's thread schedules, comma-separated: forward, reverse, random
+        /// or random:SEED [default: forward,reverse,random:24301]. `emu` only.
+        #[arg(long, value_name = "LIST")]
+        schedules: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -92,9 +97,16 @@ pub fn run(a: GpuArgs) -> anyhow::Result<()> {
     match a.command {
         GpuCommand::Info { json } => info(json),
         GpuCommand::Kernels { arch, ptx, out, no_cache, json } => compile_all(&arch, ptx, out, no_cache, json),
-        GpuCommand::Check { device, ordinal, kernels, json } => {
+        GpuCommand::Check { device, ordinal, kernels, schedules, json } => {
             let (kind, n) = one_device(&device, ordinal)?;
-            check(kind, n, kernels.as_deref(), json)
+            let schedules = match (kind, schedules) {
+                (DeviceKind::Emu, list) => parse_schedules(list.as_deref())?,
+                (DeviceKind::Cuda, None) => vec![],
+                (DeviceKind::Cuda, Some(_)) => anyhow::bail!(
+                    "--schedules is for the emulated device (--device emu): a GPU resumes its threads in its own order"
+                ),
+            };
+            check(kind, n, kernels.as_deref(), &schedules, json)
         }
         GpuCommand::Parity { model, device, ordinal, kernels, tokens, json } => {
             let (kind, n) = one_device(&device, ordinal)?;
@@ -116,7 +128,36 @@ fn one_device(device: &str, ordinal: Option<usize>) -> anyhow::Result<(DeviceKin
     }
 }
 
-fn check(kind: DeviceKind, ordinal: usize, kernels: Option<&std::path::Path>, json: bool) -> anyhow::Result<()> {
+/// The schedules `gpu check --device emu` runs when `--schedules` does not say.
+const DEFAULT_SCHEDULES: [Schedule; 3] = [Schedule::Forward, Schedule::Reverse, Schedule::Random(0x5eed)];
+
+/// `--schedules forward,reverse,random:7` (each as `DELTASCOPE_EMU_SCHEDULE` takes it); the
+/// default when not given.
+fn parse_schedules(list: Option<&str>) -> anyhow::Result<Vec<Schedule>> {
+    let Some(list) = list else { return Ok(DEFAULT_SCHEDULES.to_vec()) };
+    let mut out = vec![];
+    for item in list.split(',').map(str::trim) {
+        anyhow::ensure!(
+            !item.is_empty(),
+            "--schedules {list:?}: an empty schedule; expected a comma-separated list of forward, reverse, random or random:SEED"
+        );
+        let s = Schedule::parse(item).map_err(|_| {
+            anyhow::anyhow!(
+                "--schedules {list:?}: {item:?} is not a schedule; expected forward, reverse, random or random:SEED"
+            )
+        })?;
+        out.push(s);
+    }
+    Ok(out)
+}
+
+fn check(
+    kind: DeviceKind,
+    ordinal: usize,
+    kernels: Option<&std::path::Path>,
+    schedules: &[Schedule],
+    json: bool,
+) -> anyhow::Result<()> {
     let kernels = cuda::kernels::load(kernels)?;
     let (gpu, results) = match kind {
         DeviceKind::Cuda => {
@@ -125,16 +166,20 @@ fn check(kind: DeviceKind, ordinal: usize, kernels: Option<&std::path::Path>, js
             results.extend(cuda::parity::long_grids(&gpu)?);
             (gpu, results)
         }
-        DeviceKind::Emu => emu_check(ordinal, kernels)?,
+        DeviceKind::Emu => emu_check(ordinal, kernels, schedules)?,
     };
     let mut w = std::io::stdout().lock();
     let label = gpu.label();
+    let names: Vec<String> = schedules.iter().map(Schedule::to_string).collect();
     if json {
-        let v = serde_json::json!({ "device": label, "gpu": gpu.info, "results": results });
+        // The emulated device's schedules (null on a GPU).
+        let schedules = (!schedules.is_empty()).then_some(&names);
+        let v = serde_json::json!({ "device": label, "gpu": gpu.info, "schedules": schedules, "results": results });
         writeln!(w, "{}", serde_json::to_string_pretty(&v)?)?;
     } else {
         let arch = if gpu.dev.emulated() { "emulated".to_string() } else { gpu.info.arch() };
-        writeln!(w, "{label} {} ({arch})", gpu.info.name)?;
+        let under = if names.is_empty() { String::new() } else { format!(" · schedules {}", names.join(", ")) };
+        writeln!(w, "{label} {} ({arch}){under}", gpu.info.name)?;
         for r in &results {
             writeln!(
                 w,
@@ -160,12 +205,17 @@ fn check(kind: DeviceKind, ordinal: usize, kernels: Option<&std::path::Path>, js
     Ok(())
 }
 
-/// The emulated device's run: every case under the forward, reverse and a random schedule
-/// (cases whose bits differ between them fail), then the long grids once.
-fn emu_check(ordinal: usize, kernels: &'static [cuda::kernels::KernelFile]) -> anyhow::Result<(Gpu, Vec<Parity>)> {
+/// The emulated device's run: every case under each schedule (by default forward, reverse and
+/// a random one; cases whose bits differ between them fail), then the long grids once, under
+/// the first.
+fn emu_check(
+    ordinal: usize,
+    kernels: &'static [cuda::kernels::KernelFile],
+    schedules: &[Schedule],
+) -> anyhow::Result<(Gpu, Vec<Parity>)> {
     let mut runs = vec![];
     let mut first = None;
-    for schedule in [Schedule::Forward, Schedule::Reverse, Schedule::Random(0x5eed)] {
+    for &schedule in schedules {
         let dev: Arc<dyn Device> = Arc::new(EmuDevice::open_with(ordinal, kernels, schedule)?);
         let gpu = Gpu { info: dev.info().clone(), dev };
         runs.push((schedule.to_string(), cuda::parity::run_all(&gpu)?));

@@ -210,7 +210,11 @@ fn build(file: &KernelFile, cxx: &Compiler, dir: &Path) -> Result<PathBuf, EmuEr
     }
     std::fs::create_dir_all(dir)
         .map_err(|e| EmuError::Load { path: dir.display().to_string(), message: format!("cannot create: {e}") })?;
-    let tag = format!("{}-{key:016x}.{}", file.name, std::process::id());
+    // Unique per build, so two threads (or processes) building the same file never share a
+    // temporary; the rename below is atomic.
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tag = format!("{}-{key:016x}.{}.{seq}", file.name, std::process::id());
     let src = dir.join(format!("{tag}.cpp"));
     let tmp = dir.join(format!("{tag}.so.tmp"));
     std::fs::write(&src, &tu)
@@ -596,5 +600,343 @@ mod tests {
         let tu = translation_unit(f);
         assert!(tu.contains("emu_entry_rms_norm(") && tu.contains("emu_signature_rms_norm_gated("));
         assert!(tu.contains("#line 1 \"norm.cu\""));
+    }
+    // The strictness rules, each on a tiny kernel of our own launched through `Device::launch`
+    // (what ops.rs does), with the error the emulator gives asserted word for word where it is
+    // deterministic. Every refusal is a `GpuError::Launch` naming the kernel.
+
+    use super::super::device::Buf;
+    use super::super::kernels::{self, KernelFile};
+
+    /// Test kernels (prelude.cu in front, as for kernels/*.cu).
+    const STRICT: &str = r#"
+extern "C" __global__ void fill(float* out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = (float)i;
+}
+
+// A full-mask shuffle: every lane of a warp of 32 must be there.
+extern "C" __global__ void lane_sums(float* out) {
+    out[threadIdx.x] = warp_sum((float)threadIdx.x);
+}
+
+// Lanes < 16 reduce at one call site, the others at another: undefined on a GPU.
+extern "C" __global__ void split_sums(const float* x, float* out) {
+    const int lane = threadIdx.x & 31;
+    if (lane < 16) {
+        out[threadIdx.x] = warp_sum(x[threadIdx.x]) * 2.0f;
+    } else {
+        out[threadIdx.x] = 1.0f - warp_sum(x[threadIdx.x] + 3.0f);
+    }
+}
+
+// Thread `quitter` returns before the barrier the others wait at.
+extern "C" __global__ void early_exit(float* out, int quitter) {
+    __shared__ float tile[64];
+    if ((int)threadIdx.x == quitter) return;
+    tile[threadIdx.x] = 1.0f;
+    __syncthreads();
+    out[threadIdx.x] = tile[(threadIdx.x + 1) & 63];
+}
+
+// Thread 0 publishes a value the others read without a barrier: a race.
+extern "C" __global__ void racy(float* out) {
+    __shared__ float published;
+    if (threadIdx.x == 0) published = 42.0f;
+    out[blockIdx.x * blockDim.x + threadIdx.x] = published;
+}
+
+// Correct: a tile exchanged through shared memory behind a barrier, then a block reduction.
+extern "C" __global__ void block_dot(const float* x, float* out, int n) {
+    __shared__ float tile[256];
+    __shared__ float scratch[32];
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const float v = i < n ? x[i] : 0.0f;
+    tile[threadIdx.x] = v;
+    __syncthreads();
+    const float mirrored = tile[blockDim.x - 1 - threadIdx.x];
+    const float total = block_sum(v * mirrored, scratch);
+    if (i < n) out[i] = total + mirrored;
+}
+"#;
+
+    /// One kernel file, `__shared__` over the 48 KiB a block may have statically.
+    const BIG_SHARED: &str = r#"
+extern "C" __global__ void hog(float* out) {
+    __shared__ float big[12289];
+    big[threadIdx.x] = (float)threadIdx.x;
+    __syncthreads();
+    out[threadIdx.x] = big[(threadIdx.x + 1) % blockDim.x];
+}
+"#;
+
+    fn leak<T>(v: Vec<T>) -> &'static [T] {
+        Box::leak(v.into_boxed_slice())
+    }
+
+    fn file(name: &str, source: &str, entries: &[&str]) -> &'static [KernelFile] {
+        let entries: Vec<&'static str> = entries.iter().map(|e| &*Box::leak(e.to_string().into_boxed_str())).collect();
+        leak(vec![KernelFile {
+            name: Box::leak(name.to_string().into_boxed_str()),
+            source: Box::leak(source.to_string().into_boxed_str()),
+            entries: leak(entries),
+            prelude: kernels::PRELUDE,
+        }])
+    }
+
+    fn strict() -> &'static [KernelFile] {
+        static FILES: OnceLock<&'static [KernelFile]> = OnceLock::new();
+        FILES.get_or_init(|| {
+            file("emu_test_strict", STRICT, &["fill", "lane_sums", "split_sums", "early_exit", "racy", "block_dot"])
+        })
+    }
+
+    /// An emulated device with `files` (one open at a time: the tests run on threads of one
+    /// process, and two threads building the same uncached library would share its temporary
+    /// file names, which carry the process id only).
+    fn open_emu(files: &'static [KernelFile], schedule: Schedule) -> EmuDevice {
+        static OPENING: Mutex<()> = Mutex::new(());
+        let _one = OPENING.lock().unwrap_or_else(|p| p.into_inner());
+        EmuDevice::open_with(0, files, schedule).unwrap_or_else(|e| panic!("the emulated device: {e}"))
+    }
+
+    fn open(files: &'static [KernelFile], schedule: Schedule) -> Arc<dyn Device> {
+        Arc::new(open_emu(files, schedule))
+    }
+
+    /// Launches and returns the error's text, asserting it is a launch error naming `kernel`.
+    fn refused(dev: &Arc<dyn Device>, kernel: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> String {
+        // SAFETY: every buffer the test kernels touch is as large as the launch (or the launch
+        // is refused before it runs).
+        let e = unsafe { dev.launch(kernel, grid, block, args) }.expect_err("the launch should be refused");
+        match &e {
+            GpuError::Launch { kernel: k, .. } => assert_eq!(k, kernel, "{e}"),
+            other => panic!("not a launch error: {other:?}"),
+        }
+        let text = e.to_string();
+        assert!(text.starts_with(&format!("kernel {kernel}: ")), "{text}");
+        text
+    }
+
+    fn launch(dev: &Arc<dyn Device>, kernel: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) {
+        // SAFETY: as in `refused`.
+        unsafe { dev.launch(kernel, grid, block, args) }.unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    #[test]
+    fn a_correct_kernel_runs() {
+        let dev = open(strict(), Schedule::Forward);
+        let out = Buf::<f32>::zeros(&dev, 100).unwrap();
+        launch(&dev, "fill", (4, 1, 1), 32, &[out.arg(), Arg::I32(100)]);
+        assert_eq!(out.read().unwrap(), (0..100).map(|i| i as f32).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_block_of_1025_threads_is_refused() {
+        let dev = open(strict(), Schedule::Forward);
+        let out = Buf::<f32>::zeros(&dev, 1025).unwrap();
+        let e = refused(&dev, "fill", (1, 1, 1), 1025, &[out.arg(), Arg::I32(1025)]);
+        assert_eq!(
+            e,
+            "kernel fill: invalid launch configuration: block 1025,1,1 (1025 threads; at most 1024, z at most 64)"
+        );
+        // 1024 is the limit, not past it.
+        launch(&dev, "fill", (1, 1, 1), 1024, &[out.arg(), Arg::I32(1024)]);
+    }
+
+    #[test]
+    fn grid_y_of_65536_is_refused() {
+        let dev = open(strict(), Schedule::Forward);
+        let out = Buf::<f32>::zeros(&dev, 32).unwrap();
+        let e = refused(&dev, "fill", (1, 65536, 1), 32, &[out.arg(), Arg::I32(32)]);
+        assert_eq!(e, "kernel fill: invalid launch configuration: grid 1,65536,1 (grid y/z > 65535 or x > 2^31-1)");
+        let e = refused(&dev, "fill", (1, 1, 65536), 32, &[out.arg(), Arg::I32(32)]);
+        assert!(e.contains("grid 1,1,65536"), "{e}");
+        let e = refused(&dev, "fill", (0, 1, 1), 32, &[out.arg(), Arg::I32(32)]);
+        assert!(e.contains("a zero dimension"), "{e}");
+        // x goes past 65535 (each block writes nothing past n = 32).
+        launch(&dev, "fill", (70_000, 1, 1), 32, &[out.arg(), Arg::I32(32)]);
+    }
+
+    #[test]
+    fn static_shared_memory_over_48_kib_is_refused() {
+        let emu = open_emu(file("emu_test_big_shared", BIG_SHARED, &["hog"]), Schedule::Forward);
+        let bytes = emu.shared_bytes("hog").unwrap();
+        let dev: Arc<dyn Device> = Arc::new(emu);
+        assert!(bytes > 48 * 1024 && bytes <= 48 * 1024 + 64, "{bytes}");
+        let out = Buf::<f32>::zeros(&dev, 64).unwrap();
+        let e = refused(&dev, "hog", (1, 1, 1), 64, &[out.arg()]);
+        assert_eq!(e, format!("kernel hog: static shared memory {bytes} bytes > 48 KiB"));
+    }
+
+    #[test]
+    fn a_full_mask_shuffle_in_a_partial_warp_is_refused() {
+        let dev = open(strict(), Schedule::Forward);
+        let out = Buf::<f32>::zeros(&dev, 64).unwrap();
+        let e = refused(&dev, "lane_sums", (1, 1, 1), 48, &[out.arg()]);
+        assert_eq!(
+            e,
+            "kernel lane_sums: __shfl_xor_sync(0xffffffff) in a partial warp (blockDim 48, not a multiple of 32): undefined on a GPU"
+        );
+        // Whole warps are fine: each lane gets the warp's sum.
+        launch(&dev, "lane_sums", (1, 1, 1), 64, &[out.arg()]);
+        let sums = out.read().unwrap();
+        assert!(sums[..32].iter().all(|&v| v == 496.0) && sums[32..].iter().all(|&v| v == 1520.0), "{sums:?}");
+    }
+
+    #[test]
+    fn lanes_at_different_shuffles_are_divergent() {
+        for schedule in [Schedule::Forward, Schedule::Reverse, Schedule::Random(7)] {
+            let dev = open(strict(), schedule);
+            let x = Buf::from_host(&dev, &vec![1.0f32; 64]).unwrap();
+            let out = Buf::<f32>::zeros(&dev, 64).unwrap();
+            let e = refused(&dev, "split_sums", (1, 1, 1), 32, &[x.arg(), out.arg()]);
+            assert!(
+                e.starts_with("kernel split_sums: divergent __shfl_xor_sync in block (0,0,0), warp 0: lane 0 at shuffle #0, lane 16 at #0"),
+                "{schedule}: {e}"
+            );
+            assert!(e.ends_with("(another call site or lane mask)"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_thread_that_exits_before_a_barrier_is_a_deadlock_with_counts() {
+        let dev = open(strict(), Schedule::Forward);
+        let out = Buf::<f32>::zeros(&dev, 64).unwrap();
+        // Threads 0..4 wait at the barrier when thread 5 returns.
+        let e = refused(&dev, "early_exit", (1, 1, 1), 64, &[out.arg(), Arg::I32(5)]);
+        assert_eq!(
+            e,
+            "kernel early_exit: a thread exited while others wait at __syncthreads: deadlock in block (0,0,0): \
+             5 threads at __syncthreads, 0 at a shuffle, 1 exited, of 64"
+        );
+        // Thread 0 returns first; thread 1 then reaches the barrier no one can complete.
+        let e = refused(&dev, "early_exit", (1, 1, 1), 64, &[out.arg(), Arg::I32(0)]);
+        assert_eq!(
+            e,
+            "kernel early_exit: __syncthreads after a thread of the block exited: deadlock in block (0,0,0): \
+             0 threads at __syncthreads, 0 at a shuffle, 1 exited, of 64"
+        );
+        // In reverse, threads 63..6 are waiting.
+        let dev = open(strict(), Schedule::Reverse);
+        let e = refused(&dev, "early_exit", (1, 1, 1), 64, &[out_on(&dev), Arg::I32(5)]);
+        assert!(
+            e.contains("deadlock in block (0,0,0): 58 threads at __syncthreads, 0 at a shuffle, 1 exited, of 64"),
+            "{e}"
+        );
+        // Nobody quitting is fine.
+        launch(&dev, "early_exit", (1, 1, 1), 64, &[out_on(&dev), Arg::I32(-1)]);
+    }
+
+    /// A 64-float buffer on `dev` kept for the life of the test process (its pointer is an
+    /// argument only).
+    fn out_on(dev: &Arc<dyn Device>) -> Arg {
+        let b = Buf::<f32>::zeros(dev, 64).unwrap();
+        let a = b.arg();
+        std::mem::forget(b);
+        a
+    }
+
+    #[test]
+    fn an_argument_list_unlike_the_kernels_parameters_is_refused() {
+        let dev = open(strict(), Schedule::Forward);
+        let out = Buf::<f32>::zeros(&dev, 32).unwrap();
+        let e = refused(&dev, "fill", (1, 1, 1), 32, &[out.arg(), Arg::I64(32)]);
+        assert_eq!(
+            e,
+            "kernel fill: argument list (pl) does not match the kernel's parameters (pi) \
+             [p pointer, i int, u unsigned, l long long, f float]"
+        );
+        let e = refused(&dev, "fill", (1, 1, 1), 32, &[out.arg()]);
+        assert!(e.contains("argument list (p) does not match the kernel's parameters (pi)"), "{e}");
+        let e = refused(&dev, "block_dot", (1, 1, 1), 32, &[out.arg(), Arg::F32(1.0), Arg::I32(1)]);
+        assert!(e.contains("argument list (pfi) does not match the kernel's parameters (ppi)"), "{e}");
+        // SAFETY: refused before it runs.
+        let e = unsafe { dev.launch("no_such_kernel", (1, 1, 1), 32, &[]) }.unwrap_err();
+        assert_eq!(e.to_string(), "kernel no_such_kernel is not loaded");
+    }
+
+    #[test]
+    fn a_pointer_outside_every_live_allocation_is_refused() {
+        let dev = open(strict(), Schedule::Forward);
+        let e = refused(&dev, "fill", (1, 1, 1), 32, &[Arg::Ptr(0x1000), Arg::I32(32)]);
+        assert_eq!(e, "kernel fill: argument 0 (0x1000) is not inside a live allocation of emu:0");
+        // A freed buffer's address.
+        let freed = Buf::<f32>::zeros(&dev, 32).unwrap();
+        let Arg::Ptr(p) = freed.arg() else { unreachable!() };
+        drop(freed);
+        let e = refused(&dev, "fill", (1, 1, 1), 32, &[Arg::Ptr(p), Arg::I32(32)]);
+        assert_eq!(e, format!("kernel fill: argument 0 ({p:#x}) is not inside a live allocation of emu:0"));
+        // A live buffer, and a view into it, are fine.
+        let out = Buf::<f32>::zeros(&dev, 64).unwrap();
+        launch(&dev, "fill", (1, 1, 1), 32, &[out.at(32), Arg::I32(32)]);
+        let got = out.read().unwrap();
+        assert_eq!(&got[32..], (0..32).map(|i| i as f32).collect::<Vec<_>>().as_slice());
+    }
+
+    fn run_racy(schedule: Schedule) -> Vec<u32> {
+        let dev = open(strict(), schedule);
+        let out = Buf::<f32>::zeros(&dev, 4 * 64).unwrap();
+        launch(&dev, "racy", (4, 1, 1), 64, &[out.arg()]);
+        out.read().unwrap().iter().map(|v| v.to_bits()).collect()
+    }
+
+    #[test]
+    fn a_race_on_shared_memory_shows_as_poison_and_depends_on_the_schedule() {
+        let forward = run_racy(Schedule::Forward);
+        let reverse = run_racy(Schedule::Reverse);
+        let random = run_racy(Schedule::Random(7));
+        // Forward happens to run thread 0 first; reverse runs it last, so threads 1.. read the
+        // shared value before anyone wrote it: the poison, 0xFF bytes (a NaN).
+        assert!(forward.iter().all(|&b| b == 42f32.to_bits()), "{forward:x?}");
+        for block in reverse.chunks(64) {
+            assert_eq!(block[0], 42f32.to_bits());
+            assert!(block[1..].iter().all(|&b| b == 0xffff_ffff), "{block:x?}");
+        }
+        assert_ne!(forward, reverse, "the race must change the bits between forward and reverse");
+        let poisoned = random.iter().filter(|&&b| b == 0xffff_ffff).count();
+        assert!(poisoned > 0 && poisoned < 4 * 63, "random:7 should mix both: {poisoned} poisoned");
+    }
+
+    /// `block_dot`'s result on the host, in the kernel's order of additions (a butterfly per
+    /// warp, then the warps' totals through the same butterfly).
+    fn block_dot_twin(x: &[f32], block: usize) -> Vec<f32> {
+        let butterfly = |mut v: Vec<f32>| {
+            for o in [16, 8, 4, 2, 1] {
+                v = (0..32).map(|i| v[i] + v[i ^ o]).collect();
+            }
+            v[0]
+        };
+        let mut out = vec![0f32; x.len()];
+        for (b, chunk) in out.chunks_mut(block).enumerate() {
+            let v: Vec<f32> = (0..block).map(|t| x.get(b * block + t).copied().unwrap_or(0.0)).collect();
+            let prod: Vec<f32> = (0..block).map(|t| v[t] * v[block - 1 - t]).collect();
+            let warps: Vec<f32> = prod.chunks(32).map(|w| butterfly(w.to_vec())).collect();
+            let total = butterfly((0..32).map(|l| warps.get(l).copied().unwrap_or(0.0)).collect());
+            for (t, o) in chunk.iter_mut().enumerate() {
+                *o = total + v[block - 1 - t];
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_correct_kernel_gives_the_same_bits_under_every_schedule() {
+        let n = 1000usize;
+        let x: Vec<f32> = (0..n).map(|i| ((i * 7919 % 1009) as f32 / 1009.0 - 0.5) * 3.0).collect();
+        let twin = block_dot_twin(&x, 256);
+        let mut runs = vec![];
+        for schedule in [Schedule::Forward, Schedule::Reverse, Schedule::Random(7)] {
+            let dev = open(strict(), schedule);
+            let dx = Buf::from_host(&dev, &x).unwrap();
+            let out = Buf::<f32>::zeros(&dev, n).unwrap();
+            launch(&dev, "block_dot", (n.div_ceil(256) as u32, 1, 1), 256, &[dx.arg(), out.arg(), Arg::I32(n as i32)]);
+            let bits: Vec<u32> = out.read().unwrap().iter().map(|v| v.to_bits()).collect();
+            runs.push((schedule, bits));
+        }
+        let twin_bits: Vec<u32> = twin.iter().map(|v| v.to_bits()).collect();
+        for (schedule, bits) in &runs {
+            assert_eq!(bits, &twin_bits, "{schedule}: the kernel's bits differ from the host's");
+        }
     }
 }

@@ -228,7 +228,7 @@ void syncthreads() {
     to_scheduler(false);
 }
 
-uint64_t shfl_xor(unsigned int mask, uint64_t bits, int lane_mask) {
+__attribute__((noinline)) uint64_t shfl_xor(unsigned int mask, uint64_t bits, int lane_mask) {
     Fiber* f = current;
     const int warp = f->linear >> 5;
     if (mask != 0xffffffffu) {
