@@ -88,6 +88,9 @@ pub enum GpuCommand {
         /// Compile afresh, without reading or writing the kernel cache.
         #[arg(long)]
         no_cache: bool,
+        /// Kernel sources from this folder instead of the embedded copies.
+        #[arg(long, value_name = "DIR")]
+        kernels: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -96,7 +99,9 @@ pub enum GpuCommand {
 pub fn run(a: GpuArgs) -> anyhow::Result<()> {
     match a.command {
         GpuCommand::Info { json } => info(json),
-        GpuCommand::Kernels { arch, ptx, out, no_cache, json } => compile_all(&arch, ptx, out, no_cache, json),
+        GpuCommand::Kernels { arch, ptx, out, no_cache, kernels, json } => {
+            compile_all(&arch, ptx, out, no_cache, kernels.as_deref(), json)
+        }
         GpuCommand::Check { device, ordinal, kernels, schedules, json } => {
             let (kind, n) = one_device(&device, ordinal)?;
             let schedules = match (kind, schedules) {
@@ -275,7 +280,15 @@ fn info(json: bool) -> anyhow::Result<()> {
     }
 }
 
-fn compile_all(arch: &str, ptx: bool, out: Option<PathBuf>, no_cache: bool, json: bool) -> anyhow::Result<()> {
+fn compile_all(
+    arch: &str,
+    ptx: bool,
+    out: Option<PathBuf>,
+    no_cache: bool,
+    sources: Option<&std::path::Path>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let files = kernels::load(sources)?;
     let target = if ptx { nvrtc::Target::Ptx } else { nvrtc::Target::Cubin };
     let cache = if no_cache { None } else { nvrtc::default_cache_dir() };
     if let Some(dir) = &out {
@@ -283,7 +296,7 @@ fn compile_all(arch: &str, ptx: bool, out: Option<PathBuf>, no_cache: bool, json
     }
     let mut rows = vec![];
     let mut missing = vec![];
-    for file in kernels::FILES {
+    for file in files {
         let started = std::time::Instant::now();
         let compiled = nvrtc::compile(file, target, arch, cache.as_deref())?;
         let ms = started.elapsed().as_secs_f64() * 1e3;
