@@ -202,7 +202,6 @@ fn check(
     w.flush()?;
     let failed: Vec<String> =
         results.iter().filter(|r| !r.pass).map(|r| format!("{} ({})", r.kernel, r.case)).collect();
-    let _ = gpu;
     if !failed.is_empty() {
         eprintln!("error: {} kernel check(s) differ from the CPU twins: {}", failed.len(), failed.join(", "));
         std::process::exit(2);

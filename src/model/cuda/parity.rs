@@ -7,8 +7,7 @@
 
 use serde::Serialize;
 
-use super::device::Buf;
-use super::model::PREFILL_CHUNK;
+use super::device::Arg;
 use super::nvrtc::fnv1a;
 use super::ops::{self, DeviceMat, GdnShape, Out, RopeParams};
 use super::runtime::{Gpu, GpuResult};
@@ -594,13 +593,18 @@ fn misc(gpu: &Gpu) -> GpuResult<Vec<Parity>> {
         x[i] = bad;
     }
     let dx = gpu.f32(&x)?;
-    let mut dbf = gpu.zeros_bf16(n)?;
-    let mut count = gpu.upload(&[0u32])?;
+    let dbf = gpu.zeros_bf16(n)?;
+    let count = gpu.upload(&[0u32])?;
     // SAFETY: f32_to_bf16(x, out, n) and count_nonfinite_f32(x, n, count); ceil(n / 256)
     // blocks of 256 over buffers of n (count: one value).
     unsafe {
-        gpu.launch("f32_to_bf16", (n.div_ceil(256) as u32, 1, 1), 256, &[dx.arg(), dbf.arg(), ops_i64(n)])?;
-        gpu.launch("count_nonfinite_f32", (n.div_ceil(256) as u32, 1, 1), 256, &[dx.arg(), ops_i64(n), count.arg()])?;
+        gpu.launch("f32_to_bf16", (n.div_ceil(256) as u32, 1, 1), 256, &[dx.arg(), dbf.arg(), Arg::I64(n as i64)])?;
+        gpu.launch(
+            "count_nonfinite_f32",
+            (n.div_ceil(256) as u32, 1, 1),
+            256,
+            &[dx.arg(), Arg::I64(n as i64), count.arg()],
+        )?;
     }
     let got = gpu.read_bf16(&dbf)?;
     let finite_twin: Vec<f32> = x.iter().map(|&v| bf(v)).collect();
@@ -612,12 +616,7 @@ fn misc(gpu: &Gpu) -> GpuResult<Vec<Parity>> {
     res.push(compare("f32_to_bf16", format!("{n} values with NaN and ±Inf"), &g2, &t2, 0.0));
     let counted = count.read()?[0];
     res.push(compare("count_nonfinite_f32", format!("{n} values, 3 non-finite"), &[counted as f32], &[3.0], 0.0));
-    let _ = (&mut dbf, &mut count);
     Ok(res)
-}
-
-fn ops_i64(n: usize) -> super::device::Arg {
-    super::device::Arg::I64(n as i64)
 }
 
 fn embedding(gpu: &Gpu) -> GpuResult<Parity> {
@@ -653,14 +652,6 @@ fn conv_prefill(gpu: &Gpu, tokens: usize) -> GpuResult<Vec<Parity>> {
         compare("conv1d_prefill", case.clone(), &y, &twin, BF16_TOL),
         compare("conv1d_save_state", case, &state, &st, 0.0),
     ])
-}
-
-/// The prefill chunk the model runs (so that a reader of `gpu check` sees the GEMM sizes).
-pub const MODEL_PREFILL_CHUNK: usize = PREFILL_CHUNK;
-
-/// A device buffer's bytes as f32 (for a caller that checks a buffer it launched into).
-pub fn read_all(b: &Buf<f32>) -> GpuResult<Vec<f32>> {
-    b.read()
 }
 
 #[cfg(test)]
