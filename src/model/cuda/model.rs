@@ -438,7 +438,7 @@ impl CudaModel {
         let mut y = g.zeros_bf16(t * self.config.hidden_size)?;
         ops::linear(g, &w.out, &normed, t, Out::Bf16(&mut y))?;
         let traced = match trace_buf {
-            Some(tb) => Some(gdn_trace(&tb.read()?, t, s)),
+            Some(tb) => Some(ops::read_gdn_trace(&tb.read()?, t, s)),
             None => None,
         };
         Ok((y, traced))
@@ -649,32 +649,6 @@ impl CudaModel {
     pub fn emulated(&self) -> bool {
         self.gpus.iter().any(|g| g.dev.emulated())
     }
-}
-
-/// A GDN layer's trace from the kernel's buffer ([`GdnShape::trace_len`]): β and g as the
-/// kernel used them, the per-warp sums added in f64 per head.
-fn gdn_trace(buf: &[f32], tokens: usize, s: GdnShape) -> GdnPassTrace {
-    let hv = s.v_heads;
-    let (mut beta, mut g) = (vec![0f32; tokens * hv], vec![0f32; tokens * hv]);
-    for i in 0..tokens * hv {
-        beta[i] = buf[2 * i];
-        g[i] = buf[2 * i + 1];
-    }
-    let sums = &buf[tokens * hv * 2..];
-    let per_head = s.row_blocks() * 4 * 3;
-    let (mut state_norm, mut delta_norm, mut nonfinite) = (vec![0f32; hv], vec![0f32; hv], vec![0u32; hv]);
-    for h in 0..hv {
-        let (mut ss, mut dd, mut bad) = (0f64, 0f64, 0f64);
-        for w in sums[h * per_head..(h + 1) * per_head].chunks_exact(3) {
-            ss += w[0] as f64;
-            dd += w[1] as f64;
-            bad += w[2] as f64;
-        }
-        state_norm[h] = ss.sqrt() as f32;
-        delta_norm[h] = dd.sqrt() as f32;
-        nonfinite[h] = bad as u32;
-    }
-    GdnPassTrace { tokens, heads: hv, beta, g, state_norm, delta_norm, nonfinite }
 }
 
 /// One GDN layer's state on its device: the conv window (bf16, as the engine rounds it) and

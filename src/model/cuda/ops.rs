@@ -11,6 +11,7 @@
 
 use super::device::{Arg, Buf};
 use super::runtime::{Gpu, GpuError, GpuResult};
+use crate::model::trace::GdnPassTrace;
 
 pub type Bf16Buf = Buf<u16>;
 
@@ -328,6 +329,32 @@ impl GdnShape {
     pub fn trace_len(&self, tokens: usize) -> usize {
         tokens * self.v_heads * 2 + self.v_heads * self.row_blocks() * 4 * 3
     }
+}
+
+/// A GDN layer's trace from the kernel's buffer ([`GdnShape::trace_len`], the layout `gdn_recurrent` writes): β and g as the
+/// kernel used them, the per-warp sums added in f64 per head.
+pub fn read_gdn_trace(buf: &[f32], tokens: usize, s: GdnShape) -> GdnPassTrace {
+    let hv = s.v_heads;
+    let (mut beta, mut g) = (vec![0f32; tokens * hv], vec![0f32; tokens * hv]);
+    for i in 0..tokens * hv {
+        beta[i] = buf[2 * i];
+        g[i] = buf[2 * i + 1];
+    }
+    let sums = &buf[tokens * hv * 2..];
+    let per_head = s.row_blocks() * 4 * 3;
+    let (mut state_norm, mut delta_norm, mut nonfinite) = (vec![0f32; hv], vec![0f32; hv], vec![0u32; hv]);
+    for h in 0..hv {
+        let (mut ss, mut dd, mut bad) = (0f64, 0f64, 0f64);
+        for w in sums[h * per_head..(h + 1) * per_head].chunks_exact(3) {
+            ss += w[0] as f64;
+            dd += w[1] as f64;
+            bad += w[2] as f64;
+        }
+        state_norm[h] = ss.sqrt() as f32;
+        delta_norm[h] = dd.sqrt() as f32;
+        nonfinite[h] = bad as u32;
+    }
+    GdnPassTrace { tokens, heads: hv, beta, g, state_norm, delta_norm, nonfinite }
 }
 
 /// The gated delta rule over `tokens` tokens (q/k L2 norm and the gates inside); with `slots`

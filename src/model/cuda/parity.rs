@@ -61,6 +61,11 @@ fn compare(kernel: &str, case: String, gpu: &[f32], twin: &[f32], tolerance: f32
     }
 }
 
+/// `[a0, b0, a1, b1, …]`.
+fn interleave(a: &[f32], b: &[f32]) -> Vec<f32> {
+    a.iter().zip(b).flat_map(|(x, y)| [*x, *y]).collect()
+}
+
 fn widen(x: &[i32]) -> Vec<f32> {
     x.iter().map(|&i| i as f32).collect()
 }
@@ -350,27 +355,19 @@ fn gdn_traced(gpu: &Gpu, tokens: usize, (hk, hv, dk, dv): (usize, usize, usize, 
             twin_gates.push(a_neg * crate::model::tensor::softplus(i.a[t * hv + h] + i.dt_bias[h]));
         }
     }
+    // Decoded as the model decodes it (the per-warp sums added per head).
+    let read = ops::read_gdn_trace(&trace, tokens, s);
     let mut norms = vec![];
     for h in 0..hv {
         let (n, d, bad) = head_state_norms(&i.state0[h * head..(h + 1) * head], &st[h * head..(h + 1) * head]);
         twin_norms.extend([n, d]);
-        norms.extend([0f32; 2]);
-        let sums = &trace[tokens * hv * 2 + h * s.row_blocks() * 12..tokens * hv * 2 + (h + 1) * s.row_blocks() * 12];
-        let (mut ss, mut dd, mut nb) = (0f64, 0f64, 0f64);
-        for w in sums.chunks_exact(3) {
-            ss += w[0] as f64;
-            dd += w[1] as f64;
-            nb += w[2] as f64;
-        }
-        norms[2 * h] = ss.sqrt() as f32;
-        norms[2 * h + 1] = dd.sqrt() as f32;
-        if nb as u32 != bad {
-            norms[2 * h] = f32::NAN;
-        }
+        // A wrong non-finite count fails the case (NaN never compares equal).
+        let norm = if read.nonfinite[h] == bad { read.state_norm[h] } else { f32::NAN };
+        norms.extend([norm, read.delta_norm[h]]);
     }
     let case = format!("{hk}/{hv} heads of {dk}/{dv}, {tokens} tokens, traced");
     Ok(vec![
-        compare("gdn_recurrent trace β, g", case.clone(), &trace[..tokens * hv * 2], &twin_gates, F32_TOL),
+        compare("gdn_recurrent trace β, g", case.clone(), &interleave(&read.beta, &read.g), &twin_gates, F32_TOL),
         compare("gdn_recurrent trace ‖S‖, ‖ΔS‖", case, &norms, &twin_norms, F32_TOL),
     ])
 }
