@@ -35,15 +35,8 @@ pub enum GpuCommand {
     /// thread schedule (or those `--schedules` names), and results that depend on the schedule
     /// fail.
     Check {
-        /// The device: `cuda:N` or `emu`.
-        #[arg(long, default_value = "cuda:0", value_name = "cuda:N|emu:N")]
-        device: String,
-        /// The GPU to run on (the same as --device cuda:N).
-        #[arg(long, conflicts_with = "device", hide = true)]
-        ordinal: Option<usize>,
-        /// Kernel sources from this folder instead of the embedded copies.
-        #[arg(long, value_name = "DIR")]
-        kernels: Option<PathBuf>,
+        #[command(flatten)]
+        on: OneDevice,
         /// The emulated device's thread schedules, comma-separated: forward, reverse, random
         /// or random:SEED [default: forward,reverse,random:24301]. `emu` only.
         #[arg(long, value_name = "LIST")]
@@ -53,20 +46,14 @@ pub enum GpuCommand {
     },
     /// The CUDA model against the CPU engine at --dtype bf16: prefill and decode logits within
     /// a stated tolerance, greedy output identical, MTP greedy identical to plain greedy, a
-    /// two-device layer split (two streams on one GPU) equal to one device; exit 2 on a miss.
+    /// two-device layer split (two streams on one GPU, or emu:N and emu:N+1) equal to one device;
+    /// exit 2 on a miss.
     Parity {
         /// A Hugging Face model directory (default: the embedded demo model).
         #[arg(long, value_name = "DIR")]
         model: Option<PathBuf>,
-        /// The device: `cuda:N` (the split runs as two devices on that GPU) or `emu` (the split
-        /// runs on emu:0 and emu:1).
-        #[arg(long, default_value = "cuda:0", value_name = "cuda:N|emu:N")]
-        device: String,
-        #[arg(long, conflicts_with = "device", hide = true)]
-        ordinal: Option<usize>,
-        /// Kernel sources from this folder instead of the embedded copies.
-        #[arg(long, value_name = "DIR")]
-        kernels: Option<PathBuf>,
+        #[command(flatten)]
+        on: OneDevice,
         /// Greedy tokens compared per prompt.
         #[arg(long, default_value_t = 64)]
         tokens: usize,
@@ -102,8 +89,8 @@ pub fn run(a: GpuArgs) -> anyhow::Result<()> {
         GpuCommand::Kernels { arch, ptx, out, no_cache, kernels, json } => {
             compile_all(&arch, ptx, out, no_cache, kernels.as_deref(), json)
         }
-        GpuCommand::Check { device, ordinal, kernels, schedules, json } => {
-            let (kind, n) = one_device(&device, ordinal)?;
+        GpuCommand::Check { on, schedules, json } => {
+            let (kind, n) = on.resolve()?;
             let schedules = match (kind, schedules) {
                 (DeviceKind::Emu, list) => parse_schedules(list.as_deref())?,
                 (DeviceKind::Cuda, None) => vec![],
@@ -111,25 +98,41 @@ pub fn run(a: GpuArgs) -> anyhow::Result<()> {
                     "--schedules is for the emulated device (--device emu): a GPU resumes its threads in its own order"
                 ),
             };
-            check(kind, n, kernels.as_deref(), &schedules, json)
+            check(kind, n, on.kernels.as_deref(), &schedules, json)
         }
-        GpuCommand::Parity { model, device, ordinal, kernels, tokens, json } => {
-            let (kind, n) = one_device(&device, ordinal)?;
-            super::gpu_parity::run(model.as_deref(), kind, n, kernels.as_deref(), tokens, json)
+        GpuCommand::Parity { model, on, tokens, json } => {
+            let (kind, n) = on.resolve()?;
+            super::gpu_parity::run(model.as_deref(), kind, n, on.kernels.as_deref(), tokens, json)
         }
     }
 }
 
-/// `cuda:N` / `emu:N` (one device), or the hidden `--ordinal N`.
-fn one_device(device: &str, ordinal: Option<usize>) -> anyhow::Result<(DeviceKind, usize)> {
-    if let Some(o) = ordinal {
-        return Ok((DeviceKind::Cuda, o));
-    }
-    match DeviceSpec::parse(device)? {
-        DeviceSpec::Cuda(None) => Ok((DeviceKind::Cuda, 0)),
-        DeviceSpec::Cuda(Some(o)) if o.len() == 1 => Ok((DeviceKind::Cuda, o[0])),
-        DeviceSpec::Emu(o) if o.len() == 1 => Ok((DeviceKind::Emu, o[0])),
-        _ => anyhow::bail!("--device {device}: one device, cuda:N or emu:N"),
+/// The one device `gpu check` and `gpu parity` run on, and the kernels they compile.
+#[derive(Args, Debug)]
+pub struct OneDevice {
+    /// The device: `cuda:N` or `emu:N`.
+    #[arg(long, default_value = "cuda:0", value_name = "cuda:N|emu:N")]
+    device: String,
+    /// The GPU to run on (the same as --device cuda:N).
+    #[arg(long, conflicts_with = "device", hide = true)]
+    ordinal: Option<usize>,
+    /// Kernel sources from this folder instead of the embedded copies.
+    #[arg(long, value_name = "DIR")]
+    kernels: Option<PathBuf>,
+}
+
+impl OneDevice {
+    /// `cuda:N` / `emu:N`, or the hidden `--ordinal N`.
+    fn resolve(&self) -> anyhow::Result<(DeviceKind, usize)> {
+        if let Some(o) = self.ordinal {
+            return Ok((DeviceKind::Cuda, o));
+        }
+        match DeviceSpec::parse(&self.device)? {
+            DeviceSpec::Cuda(None) => Ok((DeviceKind::Cuda, 0)),
+            DeviceSpec::Cuda(Some(o)) if o.len() == 1 => Ok((DeviceKind::Cuda, o[0])),
+            DeviceSpec::Emu(o) if o.len() == 1 => Ok((DeviceKind::Emu, o[0])),
+            _ => anyhow::bail!("--device {}: one device, cuda:N or emu:N", self.device),
+        }
     }
 }
 
