@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod engine;
 pub mod error;
+pub mod generation;
 pub mod model;
 pub mod server;
 pub mod session;

@@ -12,6 +12,7 @@ const PARTS: &[(&str, &str)] = &[
     ("lib.rs", "Root"),
     ("model/", "Model"),
     ("chat/", "Chat"),
+    ("generation/", "Generation"),
     ("engine/", "Engine"),
     ("backend/", "Backend"),
     ("session/", "Session"),
@@ -30,6 +31,7 @@ const MODULES: &[(&str, &str)] = &[
     ("units", "Core"),
     ("model", "Model"),
     ("chat", "Chat"),
+    ("generation", "Generation"),
     ("engine", "Engine"),
     ("backend", "Backend"),
     ("session", "Session"),
@@ -62,6 +64,14 @@ const MAY_IMPORT: &[(&str, &str)] = &[
     ("Cli", "Backend"),
     ("Cli", "Session"),
     ("Cli", "Core"),
+    ("Generation", "Core"),
+    ("Generation", "Chat"),
+    ("Engine", "Generation"),
+    ("Backend", "Generation"),
+    ("Session", "Generation"),
+    ("Server", "Generation"),
+    ("Tui", "Generation"),
+    ("Cli", "Generation"),
 ];
 
 /// The developer tools that measure the engine itself and may reach Model / Engine / Chat

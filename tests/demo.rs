@@ -8,7 +8,8 @@ use std::sync::atomic::AtomicBool;
 
 use deltascope::chat::{ChatTemplate, RenderOptions, TextTokenizer};
 use deltascope::engine::sampler::argmax;
-use deltascope::engine::{FinishReason, GenerateRequest, GenerationParams, Generator, ModelSession, Outcome};
+use deltascope::engine::{GenerateRequest, Generator, ModelSequence, Outcome};
+use deltascope::generation::{FinishReason, GenerationParams};
 use deltascope::model::{ForwardOptions, LoadOptions, LogitsRows, Model, demo_source};
 use serde_json::{Value, json};
 
@@ -67,7 +68,7 @@ impl Demo {
         let g = Generator { tokenizer: &self.tok, model_name: "demo".into() };
         let req =
             GenerateRequest { prompt_ids: ids, params: GenerationParams { max_tokens: 400, ..Default::default() } };
-        g.generate(&mut ModelSession::new(&self.model), &req, &AtomicBool::new(false), &mut |_| {}).unwrap()
+        g.generate(&mut ModelSequence::new(&self.model), &req, &AtomicBool::new(false), &mut |_| {}).unwrap()
     }
 }
 

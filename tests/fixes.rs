@@ -10,9 +10,8 @@ use std::process::Command;
 
 use common::*;
 use deltascope::backend::local::{LocalBackend, LocalSpec};
-use deltascope::backend::{
-    Backend, ChatMessage, ChatRequest, DiagnosticKind, EngineEvent, FinishReason, OpenProgress, Prompt, Role,
-};
+use deltascope::backend::{Backend, ChatMessage, ChatRequest, OpenProgress, Prompt, Role};
+use deltascope::generation::{DiagnosticKind, EngineEvent, FinishReason};
 use deltascope::session::Session;
 use deltascope::tui::app::{App, AppConfig, Effect, SessionsDir};
 use deltascope::tui::keymap::Keymap;

@@ -7,10 +7,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use deltascope::Result;
 use deltascope::chat::{ChatTemplate, RenderOptions, TextTokenizer};
-use deltascope::engine::events::Memory;
-use deltascope::engine::{
-    Control, Diagnostic, DiagnosticKind, DoneEvent, EngineEvent, FinishReason, GenerateRequest, GenerationParams,
-    Generator, LogitsSource, LoopParams, ModelSession, Outcome, Phase, QWEN_BUDGET_BRIDGE, SamplingParams, StepControl,
+use deltascope::engine::{DecodeSequence, GenerateRequest, Generator, ModelSequence, Outcome};
+use deltascope::generation::events::Memory;
+use deltascope::generation::{
+    Control, Diagnostic, DiagnosticKind, DoneEvent, EngineEvent, FinishReason, GenerationParams, LoopParams, Phase,
+    QWEN_BUDGET_BRIDGE, SamplingParams, StepControl,
 };
 use deltascope::model::{LoadOptions, Model, ModelSource, demo_source, read_config};
 use serde_json::json;
@@ -27,7 +28,7 @@ struct Scripted {
 
 const VOCAB: usize = 512;
 
-impl LogitsSource for Scripted {
+impl DecodeSequence for Scripted {
     fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
         if self.history.is_empty() {
             self.prompt_len = ids.len();
@@ -427,7 +428,7 @@ fn demo_run(m: &Model, tok: &TextTokenizer, prompt: Vec<u32>, params: Generation
     let g = Generator { tokenizer: tok, model_name: "demo".into() };
     let mut ev = vec![];
     let out = g
-        .generate(&mut ModelSession::new(m), &GenerateRequest { prompt_ids: prompt, params }, &no_cancel(), &mut |e| {
+        .generate(&mut ModelSequence::new(m), &GenerateRequest { prompt_ids: prompt, params }, &no_cancel(), &mut |e| {
             ev.push(e)
         })
         .unwrap();

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
 use deltascope::chat::{ChatTemplate, RenderOptions, TextTokenizer};
-use deltascope::engine::{
-    DraftKind, EngineEvent, FinishReason, GenerateRequest, GenerationParams, Generator, ModelSession, MtpParams,
-    Outcome, SamplingParams, StatsEvent, TokenEvent,
+use deltascope::engine::{GenerateRequest, Generator, ModelSequence, Outcome};
+use deltascope::generation::{
+    DraftKind, EngineEvent, FinishReason, GenerationParams, MtpParams, SamplingParams, StatsEvent, TokenEvent,
 };
 use deltascope::model::{ForwardOptions, LoadOptions, Model, ModelSource, demo_source};
 use serde_json::json;
@@ -39,9 +39,9 @@ impl Setup {
     fn run(&self, prompt: &[u32], params: GenerationParams) -> (Outcome, Vec<EngineEvent>) {
         let g = Generator { tokenizer: &self.tok, model_name: "t".into() };
         let mut session = if params.mtp.depth > 0 || params.mtp.auto {
-            ModelSession::with_mtp(&self.model)
+            ModelSequence::with_mtp(&self.model)
         } else {
-            ModelSession::new(&self.model)
+            ModelSequence::new(&self.model)
         };
         let mut ev = vec![];
         let out = g
@@ -261,7 +261,7 @@ fn mtp_stats_are_reported_in_events() {
 /// A model session that logs what the generator asks of it, and how many tokens had been
 /// emitted at each call.
 struct Logged<'m> {
-    inner: ModelSession<'m>,
+    inner: ModelSequence<'m>,
     log: std::sync::Arc<std::sync::Mutex<Vec<(String, usize)>>>,
     emitted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -273,7 +273,7 @@ impl Logged<'_> {
     }
 }
 
-impl deltascope::engine::LogitsSource for Logged<'_> {
+impl deltascope::engine::DecodeSequence for Logged<'_> {
     fn feed(&mut self, ids: &[u32]) -> deltascope::Result<Vec<f32>> {
         self.note(format!("feed {}", ids.len()));
         self.inner.feed(ids)
@@ -284,7 +284,7 @@ impl deltascope::engine::LogitsSource for Logged<'_> {
     fn context_len(&self) -> usize {
         self.inner.context_len()
     }
-    fn memory(&self) -> deltascope::engine::events::Memory {
+    fn memory(&self) -> deltascope::generation::events::Memory {
         self.inner.memory()
     }
     fn can_draft(&self) -> bool {
@@ -327,7 +327,7 @@ fn the_mtp_head_reads_the_prompt_during_prefill() {
     let (plain, _) = s.run(&prompt, GenerationParams { max_tokens: 60, ..Default::default() });
     let log = Arc::new(Mutex::new(vec![]));
     let emitted = Arc::new(AtomicUsize::new(0));
-    let mut src = Logged { inner: ModelSession::with_mtp(&s.model), log: log.clone(), emitted: emitted.clone() };
+    let mut src = Logged { inner: ModelSequence::with_mtp(&s.model), log: log.clone(), emitted: emitted.clone() };
     let g = Generator { tokenizer: &s.tok, model_name: "t".into() };
     let out = g
         .generate(

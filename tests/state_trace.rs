@@ -8,7 +8,8 @@ use std::process::Command;
 use std::sync::atomic::AtomicBool;
 
 use deltascope::chat::TextTokenizer;
-use deltascope::engine::{EngineEvent, GenerateRequest, GenerationParams, Generator, ModelSession, MtpParams};
+use deltascope::engine::{GenerateRequest, Generator, ModelSequence};
+use deltascope::generation::{EngineEvent, GenerationParams, MtpParams};
 use deltascope::model::{
     ForwardOptions, GdnPassTrace, LayerKind, LayerTrace, LoadOptions, Model, ModelSource, StateTrace, read_config,
 };
@@ -193,7 +194,7 @@ fn the_engine_emits_a_state_event_after_the_prompt_and_every_token_read() {
         ..Default::default()
     };
     let g = Generator { tokenizer: &tok, model_name: "demo".into() };
-    let mut session = ModelSession::with_mtp(&model);
+    let mut session = ModelSequence::with_mtp(&model);
     let mut events = vec![];
     let out = g
         .generate(
@@ -222,7 +223,7 @@ fn the_engine_emits_a_state_event_after_the_prompt_and_every_token_read() {
         assert_eq!(s.alarm(1e6), None);
     }
     // Off: no state events.
-    let mut session = ModelSession::new(&model);
+    let mut session = ModelSequence::new(&model);
     let mut plain = vec![];
     g.generate(
         &mut session,

@@ -7,8 +7,9 @@
 mod common;
 
 use common::*;
-use deltascope::backend::{DryRun, ErrorKind, Prompt, Role};
-use deltascope::engine::{DiagnosticKind, DraftKind, EngineEvent, FinishReason, Phase};
+use deltascope::backend::{DryRun, Prompt, Role};
+use deltascope::generation::ErrorKind;
+use deltascope::generation::{DiagnosticKind, DraftKind, EngineEvent, FinishReason, Phase};
 use deltascope::session::Session;
 use deltascope::tui::app::{App, AppConfig, EditTarget, Effect, Focus, SessionsDir};
 use deltascope::tui::event::Inbound;

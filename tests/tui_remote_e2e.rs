@@ -13,7 +13,7 @@ mod tmux;
 
 use std::path::Path;
 
-use deltascope::backend::FinishReason;
+use deltascope::generation::FinishReason;
 use llama_server::{Build, LlamaServer, ServerConfig};
 use tmux::{shell, shell_quote};
 

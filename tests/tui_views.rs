@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use deltascope::engine::{DiagnosticKind, DraftKind, EngineEvent, FinishReason, Phase};
+use deltascope::generation::{DiagnosticKind, DraftKind, EngineEvent, FinishReason, Phase};
 use deltascope::session::Session;
 use deltascope::tui::app::{EditTarget, Effect, Focus, Overlay};
 use ratatui::crossterm::event::{KeyCode, KeyModifiers};
@@ -64,7 +64,7 @@ fn healthy_run_with_markdown_answer_and_gauges() {
 
 #[test]
 fn memory_gauge_shows_each_device_of_a_layer_split() {
-    use deltascope::engine::{DeviceMemory, EngineEvent as E};
+    use deltascope::generation::{DeviceMemory, EngineEvent as E};
     let mut app = app();
     healthy_turn(&mut app, false);
     let mut done = done(FinishReason::Stop, 16, 10, 10, THINKING, ANSWER);
@@ -669,7 +669,8 @@ fn state_view_without_a_trace_says_what_to_press() {
 
 #[test]
 fn a_server_backend_says_why_there_is_no_state_view() {
-    use deltascope::backend::{BackendKind, ServerLabel, Support};
+    use deltascope::backend::{BackendKind, Support};
+    use deltascope::generation::ServerLabel;
     let mut app = app();
     let mut info = model();
     info.kind = BackendKind::Remote(ServerLabel {
@@ -690,7 +691,7 @@ fn a_server_backend_says_why_there_is_no_state_view() {
 
 #[test]
 fn a_state_alarm_raises_a_banner_and_the_view_opens_on_that_head() {
-    use deltascope::backend::Diagnostic;
+    use deltascope::generation::Diagnostic;
     let mut app = app();
     traced_turn(&mut app, 6, 4);
     let alarm = Diagnostic {

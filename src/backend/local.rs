@@ -11,7 +11,8 @@ use super::{
 };
 use crate::chat::{ChatTemplate, RenderOptions, TextTokenizer};
 use crate::checkpoint::{ModelSource, demo_source};
-use crate::engine::{Compute, EngineHandle, GenerateRequest, Generation, SamplingParams, StepControl};
+use crate::engine::{Compute, EngineHandle, GenerateRequest};
+use crate::generation::{Generation, SamplingParams, StepControl};
 use crate::model::cuda::DeviceKind;
 use crate::model::device_plan::{DeviceBudget, PlanInputs, plan_devices, plan_fewest};
 use crate::model::{DeviceSpec, LayerKind, LoadOptions, LoadProgress, Model, Precision, cuda};
@@ -297,7 +298,10 @@ impl LocalBackend {
     pub fn from_loaded(loaded: Loaded) -> BackendResult<Self> {
         let engine = EngineHandle::spawn(loaded.compute.clone(), loaded.tokenizer.clone(), loaded.name.clone())
             .map_err(|e| {
-                BackendError::new(super::ErrorKind::Internal, format!("cannot start the engine thread: {e}"))
+                BackendError::new(
+                    crate::generation::ErrorKind::Internal,
+                    format!("cannot start the engine thread: {e}"),
+                )
             })?;
         let info = describe(&loaded);
         Ok(LocalBackend { loaded, engine, info })

@@ -3,8 +3,8 @@
 //! OpenAI-compatible server ([`openai`]); it describes itself ([`BackendInfo`]) and starts one
 //! [`Generation`] per request, each with its own event stream and controls.
 //!
-//! The engine's event types are the spine of the program and are re-exported here, so front
-//! ends read them through `backend` and never import `engine` or `model`.
+//! The events, parameters and controls every backend speaks are the generation protocol
+//! (crate::generation), which front ends import directly; they never import `engine` or `model`.
 
 pub mod local;
 pub mod openai;
@@ -15,15 +15,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::generation::{ErrorKind, Generation, GenerationParams, SamplingParams, ServerLabel, StepControl};
+
 pub use crate::checkpoint::ModelSource;
-pub use crate::engine::advice::{self, BudgetFix, Fix};
-pub use crate::engine::events::*;
-pub use crate::engine::speculative::MAX_DEPTH;
-pub use crate::engine::state_trace::{self, AttentionLayerState, GdnLayerState, StateEvent, StateMetric};
-pub use crate::engine::{
-    Generation, GenerationParams, LoopParams, MtpParams, MtpStats, Preset, QWEN_BUDGET_BRIDGE, SamplingParams,
-    StepControl,
-};
 pub use crate::model::DeviceSpec;
 pub use params::{MtpChoice, ParamOverrides};
 
@@ -186,7 +180,7 @@ impl BackendError {
 
 impl From<crate::Error> for BackendError {
     fn from(e: crate::Error) -> Self {
-        BackendError::new(crate::engine::error_kind(&e), e.to_string())
+        BackendError::new(crate::generation::error_kind(&e), e.to_string())
     }
 }
 

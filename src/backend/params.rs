@@ -2,8 +2,9 @@
 //! against what a backend says about itself. Precedence for sampling: an explicit value, then
 //! the preset, then the backend's defaults (generation_config.json, or the server's own).
 
-use super::{BackendError, BackendInfo, BackendResult, MAX_DEPTH};
-use crate::engine::{GenerationParams, LoopParams, MtpParams, Preset, QWEN_BUDGET_BRIDGE};
+use super::{BackendError, BackendInfo, BackendResult};
+use crate::generation::MAX_DEPTH;
+use crate::generation::{GenerationParams, LoopParams, MtpParams, Preset, QWEN_BUDGET_BRIDGE};
 
 /// MTP speculative decoding as asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,8 +12,10 @@ use super::bench_stats::{Speedup, Spread};
 use super::common::{self, ModelArgs};
 use super::interrupt::Interrupt;
 use crate::backend::local::Loaded;
-use crate::backend::{ChatMessage, ChatRequest, MAX_DEPTH, Prompt, Role};
-use crate::engine::{GenerateRequest, GenerationParams, Generator, Memory, MtpParams, MtpStats, SamplingParams};
+use crate::backend::{ChatMessage, ChatRequest, Prompt, Role};
+use crate::engine::{GenerateRequest, Generator};
+use crate::generation::MAX_DEPTH;
+use crate::generation::{GenerationParams, Memory, MtpParams, MtpStats, SamplingParams};
 use crate::model::gdn::replay_head;
 
 #[derive(Args, Debug)]

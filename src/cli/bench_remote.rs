@@ -11,7 +11,8 @@ use super::bench::BenchArgs;
 use super::bench_stats::Spread;
 use super::common;
 use super::interrupt::Interrupt;
-use crate::backend::{ChatMessage, ChatRequest, EngineEvent, ErrorKind, FinishReason, MtpStats, Prompt, Role};
+use crate::backend::{ChatMessage, ChatRequest, Prompt, Role};
+use crate::generation::{EngineEvent, ErrorKind, FinishReason, MtpStats};
 
 #[derive(Debug, Serialize)]
 pub struct RequestRow {

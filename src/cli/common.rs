@@ -10,10 +10,11 @@ use clap::Args;
 use crate::backend::DeviceSpec;
 
 use crate::backend::{
-    self, Backend, BackendSpec, BudgetMode, ChatMessage, KeySource, MtpChoice, OpenProgress, ParamOverrides, Preset,
-    Prompt, ReasoningSplit, RemoteSpec, Role,
+    self, Backend, BackendSpec, BudgetMode, ChatMessage, KeySource, MtpChoice, OpenProgress, ParamOverrides, Prompt,
+    ReasoningSplit, RemoteSpec, Role,
     local::{Loaded, LocalSpec},
 };
+use crate::generation::Preset;
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {

@@ -7,7 +7,8 @@ use clap::{Args, ValueEnum};
 
 use super::common::{self, GenArgs, ModelArgs, PromptArgs};
 use super::interrupt::Interrupt;
-use crate::backend::{ChatRequest, Diagnostic, DoneEvent, EngineEvent, FinishReason, Fix, Phase, TokenEvent};
+use crate::backend::ChatRequest;
+use crate::generation::{Diagnostic, DoneEvent, EngineEvent, FinishReason, Fix, Phase, TokenEvent};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {

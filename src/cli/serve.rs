@@ -7,7 +7,8 @@ use std::sync::Arc;
 use clap::Args;
 
 use super::common::{device_spec, whole_number};
-use crate::backend::{self, BackendSpec, DeviceSpec, MtpChoice, MtpParams, OpenProgress, local::LocalSpec};
+use crate::backend::{self, BackendSpec, DeviceSpec, MtpChoice, OpenProgress, local::LocalSpec};
+use crate::generation::MtpParams;
 use crate::server::{ServeConfig, serve};
 
 #[derive(Args, Debug)]

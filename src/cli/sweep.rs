@@ -10,7 +10,8 @@ use serde::Serialize;
 
 use super::common::{self, GenArgs, ModelArgs, PromptArgs};
 use super::interrupt::Interrupt;
-use crate::backend::{Backend, ChatRequest, DiagnosticKind, EngineEvent, ErrorKind, FinishReason, Prompt};
+use crate::backend::{Backend, ChatRequest, Prompt};
+use crate::generation::{DiagnosticKind, EngineEvent, ErrorKind, FinishReason};
 
 #[derive(Args, Debug)]
 pub struct SweepArgs {

@@ -11,8 +11,9 @@ use clap::Args;
 
 use super::common::{self, GenArgs, ModelArgs, PromptArgs};
 use super::interrupt::Interrupt;
-use crate::backend::state_trace::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
-use crate::backend::{ChatRequest, EngineEvent, FinishReason, StateEvent, StateMetric, TokenEvent};
+use crate::backend::ChatRequest;
+use crate::generation::state::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
+use crate::generation::{EngineEvent, FinishReason, StateEvent, StateMetric, TokenEvent};
 use crate::units::{short_bytes, sig4};
 
 #[derive(Args, Debug)]
@@ -542,7 +543,7 @@ pub fn plot(t: &Trace, metric: StateMetric, layer: usize) -> anyhow::Result<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::GdnLayerState;
+    use crate::generation::GdnLayerState;
 
     fn event(at: Option<usize>, beta: f32, norm: f32) -> StateEvent {
         StateEvent {

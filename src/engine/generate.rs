@@ -5,21 +5,23 @@
 
 use std::time::Instant;
 
-use super::advice::{self, Fix};
-use super::control::Control;
-use super::events::{
+use super::request::GenerateRequest;
+use super::sampler::{Rng, Sampler, entropy, logprob, top_logprobs};
+use super::sequence::DecodeSequence;
+use super::speculative::{DepthControl, prob, residual};
+use super::state_trace::state_event;
+use crate::chat::{IncrementalDecoder, TextTokenizer};
+use crate::error::{Error, Result};
+use crate::generation::MtpStats;
+use crate::generation::advice::{self, Fix};
+use crate::generation::control::Control;
+use crate::generation::events::{
     Alternative, CountSource, Diagnostic, DiagnosticKind, DoneEvent, DraftKind, EngineEvent, FinishReason, Memory,
     Phase, StartEvent, StatsEvent, Timing, TokenEvent, Usage,
 };
-use super::reasoning::PhaseTracker;
-use super::request::GenerateRequest;
-use super::sampler::{Rng, Sampler, entropy, logprob, top_logprobs};
-use super::session::LogitsSource;
-use super::speculative::{DepthControl, MtpStats, prob, residual};
-use super::state_trace::{EXPLODED_NORM, StateEvent};
-use super::watchdog::LoopDetector;
-use crate::chat::{IncrementalDecoder, TextTokenizer};
-use crate::error::{Error, Result};
+use crate::generation::phases::PhaseTracker;
+use crate::generation::state::EXPLODED_NORM;
+use crate::generation::watchdog::LoopDetector;
 
 /// What a finished generation produced (also sent as the `done` event).
 #[derive(Debug, Clone)]
@@ -138,9 +140,9 @@ enum Rounds {
 
 /// The state trace of the pass just fed, as a `state` event (when tracing is on), and the
 /// first head whose state went non-finite or exploded as a `state_alarm` diagnostic (once).
-fn emit_state(run: &mut Run, source: &mut dyn LogitsSource, at_token: Option<usize>) {
+fn emit_state(run: &mut Run, source: &mut dyn DecodeSequence, at_token: Option<usize>) {
     let Some(trace) = source.take_trace() else { return };
-    let ev = StateEvent::of(&trace, at_token, source.position());
+    let ev = state_event(&trace, at_token, source.position());
     let alarm = ev.alarm(EXPLODED_NORM);
     (run.emit)(EngineEvent::State(ev));
     let Some((layer, head, what)) = alarm else { return };
@@ -166,7 +168,7 @@ fn emit_state(run: &mut Run, source: &mut dyn LogitsSource, at_token: Option<usi
 }
 
 /// A `stats` event every [`STATS_EVERY`] generated tokens (live gauges).
-fn emit_stats(run: &mut Run, source: &dyn LogitsSource, mtp: Option<&MtpStats>) {
+fn emit_stats(run: &mut Run, source: &dyn DecodeSequence, mtp: Option<&MtpStats>) {
     if run.tokens.len() < run.stats_at + STATS_EVERY {
         return;
     }
@@ -187,7 +189,7 @@ fn emit_stats(run: &mut Run, source: &dyn LogitsSource, mtp: Option<&MtpStats>) 
 
 /// Memory now, with the rollback tape of a verify pass counted: between steps the tape is
 /// settled, but every step holds it while it verifies.
-fn memory(source: &dyn LogitsSource, mtp: Option<&MtpStats>) -> Memory {
+fn memory(source: &dyn DecodeSequence, mtp: Option<&MtpStats>) -> Memory {
     let mut m = source.memory();
     if let Some(s) = mtp {
         m.snapshot_bytes = m.snapshot_bytes.max(s.snapshot_bytes);
@@ -249,7 +251,7 @@ impl Generator<'_> {
     /// error.
     pub fn generate(
         &self,
-        source: &mut dyn LogitsSource,
+        source: &mut dyn DecodeSequence,
         req: &GenerateRequest,
         control: &dyn Control,
         emit: &mut dyn FnMut(EngineEvent),
@@ -519,7 +521,7 @@ impl Generator<'_> {
     fn speculate(
         &self,
         run: &mut Run,
-        source: &mut dyn LogitsSource,
+        source: &mut dyn DecodeSequence,
         req: &GenerateRequest,
         mut x: u32,
         control: &dyn Control,

@@ -10,127 +10,7 @@
 
 use std::collections::VecDeque;
 
-use serde::{Deserialize, Serialize};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub struct MtpParams {
-    /// Draft steps per verify pass (0 = off).
-    pub depth: usize,
-    /// Adapt the depth to the measured acceptance (between 1 and 4).
-    pub auto: bool,
-}
-
-pub const MAX_DEPTH: usize = 4;
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct MtpStats {
-    /// The depth in use (changes under `auto`).
-    pub depth: usize,
-    /// Verify passes.
-    pub steps: usize,
-    pub drafted: usize,
-    pub accepted: usize,
-    pub acceptance_rate: f64,
-    /// Acceptance rate at each draft position (1st draft, 2nd, …): accepted there / drafted there.
-    pub per_position: Vec<f64>,
-    /// Tokens each verify pass produced on average: accepted drafts plus the pass's own (bonus)
-    /// token — so 1.0 means every draft was rejected.
-    pub mean_accepted_length: f64,
-    /// Tokens produced per verify pass, pass by pass (accepted drafts + bonus).
-    pub history: Vec<usize>,
-    pub draft_ms: f64,
-    pub verify_ms: f64,
-    /// Bytes held for rollback by the last verify pass (the GDN tapes).
-    pub snapshot_bytes: usize,
-    /// `[drafted, accepted]` at each draft position: the counts behind `per_position`, kept so
-    /// stats merge exactly and a saved session reloads to the same value.
-    #[serde(default, rename = "position_counts")]
-    counts: Vec<(usize, usize)>,
-    /// Where a remote backend's figures come from (e.g. "llama.cpp timings.draft_n; per
-    /// position from /metrics"); `None` when the in-process engine measured them.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source: Option<String>,
-}
-
-impl MtpStats {
-    pub fn new(depth: usize) -> Self {
-        MtpStats { depth, ..Default::default() }
-    }
-
-    /// Adds another generation's numbers (for totals over several prompts).
-    pub fn merge(&mut self, o: &MtpStats) {
-        self.steps += o.steps;
-        self.drafted += o.drafted;
-        self.accepted += o.accepted;
-        if self.counts.len() < o.counts.len() {
-            self.counts.resize(o.counts.len(), (0, 0));
-        }
-        for (a, b) in self.counts.iter_mut().zip(&o.counts) {
-            a.0 += b.0;
-            a.1 += b.1;
-        }
-        self.history.extend_from_slice(&o.history);
-        self.draft_ms += o.draft_ms;
-        self.verify_ms += o.verify_ms;
-        self.snapshot_bytes = self.snapshot_bytes.max(o.snapshot_bytes);
-        self.depth = o.depth;
-        self.acceptance_rate = self.accepted as f64 / self.drafted.max(1) as f64;
-        self.per_position = self.counts.iter().map(|(d, a)| *a as f64 / (*d).max(1) as f64).collect();
-        self.mean_accepted_length = self.history.iter().sum::<usize>() as f64 / self.steps.max(1) as f64;
-    }
-
-    /// A remote server's figures for one request: `steps` verify passes (0 when it does not
-    /// say), `drafted` / `accepted` draft tokens, `[drafted, accepted]` per draft position
-    /// where known, and where the numbers came from.
-    pub fn from_server(
-        depth: usize,
-        steps: usize,
-        drafted: usize,
-        accepted: usize,
-        counts: Vec<(usize, usize)>,
-        mean_accepted_length: f64,
-        source: String,
-    ) -> Self {
-        MtpStats {
-            depth,
-            steps,
-            drafted,
-            accepted,
-            acceptance_rate: accepted as f64 / drafted.max(1) as f64,
-            per_position: counts.iter().map(|(d, a)| *a as f64 / (*d).max(1) as f64).collect(),
-            mean_accepted_length,
-            counts,
-            source: Some(source),
-            ..Default::default()
-        }
-    }
-
-    /// Records one verify pass: `drafted` drafts, the first `accepted` of them kept, `produced`
-    /// tokens appended in all (accepted + bonus, or fewer when generation stopped inside).
-    /// `(drafted, accepted)` at each draft position.
-    pub fn position_counts(&self) -> &[(usize, usize)] {
-        &self.counts
-    }
-
-    pub fn record(&mut self, drafted: usize, accepted: usize, produced: usize) {
-        self.steps += 1;
-        self.drafted += drafted;
-        self.accepted += accepted;
-        if self.counts.len() < drafted {
-            self.counts.resize(drafted, (0, 0));
-        }
-        for i in 0..drafted {
-            self.counts[i].0 += 1;
-            if i < accepted {
-                self.counts[i].1 += 1;
-            }
-        }
-        self.history.push(produced);
-        self.acceptance_rate = self.accepted as f64 / self.drafted.max(1) as f64;
-        self.per_position = self.counts.iter().map(|(d, a)| *a as f64 / (*d).max(1) as f64).collect();
-        self.mean_accepted_length = self.history.iter().sum::<usize>() as f64 / self.steps as f64;
-    }
-}
+use crate::generation::{MAX_DEPTH, MtpParams};
 
 /// Picks the depth for the next step. Fixed unless `auto`, which adapts twice over:
 ///
@@ -307,6 +187,7 @@ pub fn residual(p: &[(u32, f64)], q: &[(u32, f64)]) -> Vec<(u32, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::generation::MtpStats;
 
     #[test]
     fn stats_count_positions_and_the_bonus() {

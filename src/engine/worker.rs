@@ -3,86 +3,19 @@
 //! cancelling one request can never touch another; requests queue behind each other.
 
 use std::sync::Arc;
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Sender};
 use std::thread::JoinHandle;
 
-use super::control::StepControl;
-use super::events::{EngineEvent, ErrorKind};
 use super::generate::Generator;
 use super::request::GenerateRequest;
-use super::session::Compute;
+use super::sequence::Compute;
 use crate::chat::TextTokenizer;
-use crate::error::{Error, panic_message};
+use crate::error::panic_message;
+use crate::generation::{EngineEvent, ErrorKind, Generation, StepControl, error_kind};
 
 enum Command {
     Generate { req: Box<GenerateRequest>, events: Sender<EngineEvent>, control: Arc<StepControl> },
     Shutdown,
-}
-
-/// One request's event stream and its controls. Dropping it does not stop the generation;
-/// [`Generation::cancel`] does (within one token, keeping what was produced).
-pub struct Generation {
-    events: Receiver<EngineEvent>,
-    control: Arc<StepControl>,
-}
-
-impl Generation {
-    /// A generation fed by `events` and steered through `control` (the remote backend's
-    /// streaming task holds the other ends).
-    pub fn new(events: Receiver<EngineEvent>, control: Arc<StepControl>) -> Self {
-        Generation { events, control }
-    }
-
-    pub fn events(&self) -> &Receiver<EngineEvent> {
-        &self.events
-    }
-
-    /// Stops the generation; the stream still ends with `done` (finish `cancelled`).
-    pub fn cancel(&self) {
-        self.control.cancel();
-    }
-
-    pub fn is_cancelled(&self) -> bool {
-        self.control.is_cancelled()
-    }
-
-    /// Step mode: pause before the next token; [`Generation::step`] then advances one token.
-    pub fn set_paused(&self, paused: bool) {
-        self.control.set_paused(paused);
-    }
-
-    pub fn step(&self) {
-        self.control.step(1);
-    }
-
-    /// The control, for a signal handler that must cancel from another thread.
-    pub fn control(&self) -> Arc<StepControl> {
-        self.control.clone()
-    }
-
-    /// Waits for the terminal event (`done` or `error`), handing every event to `on_event`.
-    /// A stream that ends without one (the producer died) ends with an internal error.
-    pub fn for_each(&self, mut on_event: impl FnMut(&EngineEvent)) -> EngineEvent {
-        for ev in self.events.iter() {
-            on_event(&ev);
-            if ev.is_terminal() {
-                return ev;
-            }
-        }
-        let ev = EngineEvent::error(ErrorKind::Internal, "the generation stopped without a done event");
-        on_event(&ev);
-        ev
-    }
-}
-
-/// The error kind of a library error raised while a generation runs.
-pub fn error_kind(e: &Error) -> ErrorKind {
-    match e {
-        Error::ContextOverflow { .. } => ErrorKind::ContextOverflow,
-        Error::InvalidArgument(_) | Error::TokenOutOfRange { .. } => ErrorKind::InvalidRequest,
-        Error::Device { .. } => ErrorKind::Unavailable,
-        _ => ErrorKind::Internal,
-    }
 }
 
 pub struct EngineHandle {

@@ -28,7 +28,8 @@ use axum::routing::{get, post};
 use serde_json::json;
 use tokio::sync::{Mutex, OwnedMutexGuard, OwnedSemaphorePermit, Semaphore, mpsc};
 
-use crate::backend::{Backend, BackendError, EngineEvent, ErrorKind, MtpParams, Prompt, StepControl};
+use crate::backend::{Backend, BackendError, Prompt};
+use crate::generation::{EngineEvent, ErrorKind, MtpParams, StepControl};
 use error::ApiError;
 use metrics::Metrics;
 use request::Parsed;

@@ -5,7 +5,8 @@
 
 use serde_json::{Map, Value};
 
-use crate::backend::{ChatMessage, ChatRequest, GenerationParams, Prompt, QWEN_BUDGET_BRIDGE, Role, SamplingParams};
+use crate::backend::{ChatMessage, ChatRequest, Prompt, Role};
+use crate::generation::{GenerationParams, QWEN_BUDGET_BRIDGE, SamplingParams};
 
 use super::error::ApiError;
 

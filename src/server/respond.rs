@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::error::ApiError;
 use super::metrics::Metrics;
 use super::{Endpoint, Running};
-use crate::backend::{Diagnostic, DoneEvent, EngineEvent, ErrorEvent, FinishReason, Phase, TokenEvent};
+use crate::generation::{Diagnostic, DoneEvent, EngineEvent, ErrorEvent, FinishReason, Phase, TokenEvent};
 
 pub(crate) struct Context {
     pub id: String,
@@ -220,7 +220,7 @@ pub(crate) fn stream(ctx: Context, run: Running) -> impl Stream<Item = Result<By
                     run.finished = true;
                     ctx.metrics.finished("error", None, &[]);
                     let err = ErrorEvent {
-                        kind: crate::backend::ErrorKind::Internal,
+                        kind: crate::generation::ErrorKind::Internal,
                         message: "the engine's stream ended early".into(),
                     };
                     return Some((frame(&error_value(&err)), (ctx, run, seen, Phase2::Done)));

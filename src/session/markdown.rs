@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use super::{Session, format_timestamp};
-use crate::backend::FinishReason;
+use crate::generation::FinishReason;
 
 impl Session {
     /// A readable transcript: prompts, thinking (quoted), answers, parameters and statistics.

@@ -19,9 +19,9 @@ use serde::{Deserialize, Serialize};
 
 pub use self::listing::{SessionInfo, list_sessions};
 pub use self::turn::{Timed, Turn, TurnStats, budget_label, mtp_label};
-#[cfg(doc)]
-use crate::backend::EngineEvent;
 use crate::backend::{ChatMessage, Role};
+#[cfg(doc)]
+use crate::generation::EngineEvent;
 
 /// The file format this build writes. Version 1 files (before the remote backend; their
 /// tokens always had ids), version 2 files (one JSON object per token) and version 3 files

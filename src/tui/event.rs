@@ -8,7 +8,8 @@ use std::sync::mpsc::Sender;
 
 use ratatui::crossterm::event::{self, Event as TermEvent};
 
-use crate::backend::{Backend, EngineEvent};
+use crate::backend::Backend;
+use crate::generation::EngineEvent;
 
 // Events are moved once through a channel; boxing every token event would allocate per token.
 #[allow(clippy::large_enum_variant)]

@@ -30,11 +30,9 @@ use self::keymap::Keymap;
 use self::render::FrameClock;
 use self::sliders::Settings;
 use self::theme::Theme;
-use crate::backend::{
-    self, Backend, BackendInfo, BackendSpec, ChatRequest, EngineEvent, ErrorKind, Generation, GenerationParams,
-    OpenProgress, ParamOverrides, StepControl, Support,
-};
+use crate::backend::{self, Backend, BackendInfo, BackendSpec, ChatRequest, OpenProgress, ParamOverrides, Support};
 use crate::error::panic_message;
+use crate::generation::{EngineEvent, ErrorKind, Generation, GenerationParams, StepControl};
 use crate::session::{Session, default_sessions_dir};
 
 /// Everything `deltascope chat` (or plain `deltascope`) was asked for.

@@ -1,7 +1,8 @@
 //! The generation settings the sliders edit, and how each slider steps. Changes apply to the
 //! next generation; the running one keeps the parameters it started with.
 
-use crate::backend::{GenerationParams, MAX_DEPTH, MtpParams, Preset, Support};
+use crate::backend::Support;
+use crate::generation::{GenerationParams, MAX_DEPTH, MtpParams, Preset};
 use crate::session::budget_label;
 
 /// What the next generation will use.

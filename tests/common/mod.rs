@@ -1,10 +1,11 @@
 //! Scripted engine event streams and an app without a model, for the TUI tests and the bench.
 #![allow(dead_code)]
 
-use deltascope::backend::{
-    Alternative, BackendInfo, BackendKind, CountSource, Diagnostic, DiagnosticKind, DoneEvent, DraftKind, EngineEvent,
-    FinishReason, GenerationParams, Memory, MtpParams, MtpStats, Phase, SamplingParams, StartEvent, StatsEvent,
-    Support, Timing, TokenEvent, Usage,
+use deltascope::backend::{BackendInfo, BackendKind, Support};
+use deltascope::generation::{
+    Alternative, CountSource, Diagnostic, DiagnosticKind, DoneEvent, DraftKind, EngineEvent, FinishReason,
+    GenerationParams, Memory, MtpParams, MtpStats, Phase, SamplingParams, StartEvent, StatsEvent, Timing, TokenEvent,
+    Usage,
 };
 use deltascope::session::Session;
 use deltascope::tui::app::{App, AppConfig, Effect, SessionsDir};
@@ -236,7 +237,7 @@ pub fn render(app: &App, w: u16, h: u16) -> String {
 /// attention layer every fourth) of `heads` value heads, values varying with pass, layer and
 /// head; head 0 of the first layer forgets within two tokens, head 1 keeps past 1000.
 pub fn state_event(at_token: Option<usize>, layers: usize, heads: usize) -> EngineEvent {
-    use deltascope::backend::{AttentionLayerState, GdnLayerState, StateEvent};
+    use deltascope::generation::{AttentionLayerState, GdnLayerState, StateEvent};
     let pass = at_token.map_or(0, |a| a + 1);
     let decoder = |i: usize| i + i / 3;
     let gdn = (0..layers)

@@ -5,7 +5,8 @@
 use serde_json::Value;
 
 use super::http::{Http, check_status};
-use crate::backend::{BackendError, BackendResult, ErrorKind, SamplingParams};
+use crate::backend::{BackendError, BackendResult};
+use crate::generation::{ErrorKind, SamplingParams};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ServerKind {

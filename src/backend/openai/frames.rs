@@ -20,9 +20,9 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use crate::engine::advice;
-use crate::engine::watchdog::LoopDetector;
-use crate::engine::{
+use crate::generation::advice;
+use crate::generation::watchdog::LoopDetector;
+use crate::generation::{
     Alternative, CountSource, Diagnostic, DiagnosticKind, DoneEvent, EngineEvent, ErrorKind, FinishReason,
     GenerationParams, MtpStats, Phase, ServerMemory, StatsEvent, Timing, TokenEvent, Usage,
 };

@@ -6,7 +6,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::frames::error_text;
-use crate::backend::{BackendError, BackendResult, ErrorKind, KeySource};
+use crate::backend::{BackendError, BackendResult, KeySource};
+use crate::generation::ErrorKind;
 
 /// A client bound to one server.
 #[derive(Clone)]

@@ -22,12 +22,14 @@ use self::http::Http;
 use self::stream::{ClientBudget, StreamJob};
 use super::local::render_chat;
 use super::{
-    Backend, BackendError, BackendInfo, BackendKind, BackendResult, BudgetMode, ChatRequest, DryRun, ErrorKind,
-    OpenProgress, Prompt, ReasoningSplit, RemoteSpec, Support,
+    Backend, BackendError, BackendInfo, BackendKind, BackendResult, BudgetMode, ChatRequest, DryRun, OpenProgress,
+    Prompt, ReasoningSplit, RemoteSpec, Support,
 };
 use crate::chat::ChatTemplate;
 use crate::checkpoint::ModelSource;
-use crate::engine::{EngineEvent, Generation, Preset, SamplingParams, ServerLabel, StartEvent, StepControl};
+use crate::generation::{
+    EngineEvent, ErrorKind, Generation, Preset, SamplingParams, ServerLabel, StartEvent, StepControl,
+};
 
 pub struct RemoteBackend {
     runtime: tokio::runtime::Runtime,

@@ -15,7 +15,7 @@ use super::detect::{ServerFacts, ServerKind};
 use super::frames::{End, Flow, FrameMapper, MetricsDelta};
 use super::http::{Http, check_status, transport_error};
 use super::metrics;
-use crate::engine::{EngineEvent, ErrorKind, FinishReason, StepControl};
+use crate::generation::{EngineEvent, ErrorKind, FinishReason, StepControl};
 
 /// The largest SSE frame accepted (a runaway or hostile server cannot fill memory).
 pub const MAX_FRAME: usize = 1 << 20;
@@ -91,7 +91,7 @@ pub async fn run(mut job: StreamJob) {
     job.mapper.finish(end, delta, &mut emit);
 }
 
-type Snapshot = (Option<metrics::SpecCounters>, Option<crate::engine::ServerMemory>);
+type Snapshot = (Option<metrics::SpecCounters>, Option<crate::generation::ServerMemory>);
 
 async fn metrics_snapshot(http: &Http, facts: &ServerFacts) -> Option<Snapshot> {
     if !facts.metrics {

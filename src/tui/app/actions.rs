@@ -7,7 +7,7 @@ use super::messages::Level;
 use super::overlay::{Overlay, line_input};
 use super::view_state::ColourMode;
 use super::{App, EditTarget, Effect, Focus};
-use crate::backend::Phase;
+use crate::generation::Phase;
 use crate::session::list_sessions;
 use crate::tui::keymap::Action;
 use crate::tui::sliders::Slider;

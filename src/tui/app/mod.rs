@@ -38,7 +38,8 @@ use super::highlight::Markdown;
 use super::keymap::Keymap;
 use super::sliders::Settings;
 use super::theme::Theme;
-use crate::backend::{BackendInfo, DryRun, EngineEvent, GenerationParams, Phase, Prompt, Support};
+use crate::backend::{BackendInfo, DryRun, Prompt, Support};
+use crate::generation::{EngineEvent, GenerationParams, Phase};
 use crate::session::{Session, Turn};
 
 /// What the runner does for the app.

@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use crate::backend::EngineEvent;
+use crate::generation::EngineEvent;
 use crate::session::{Session, Turn};
 
 /// A session being replayed: items due at (ms since the replay started).

@@ -9,7 +9,7 @@ use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
 use super::messages::Level;
 use super::{App, Focus};
-use crate::backend::{DiagnosticKind, StateMetric};
+use crate::generation::{DiagnosticKind, StateMetric};
 use crate::tui::keymap::Action;
 
 #[derive(Debug, Default)]

@@ -374,7 +374,7 @@ pub fn strip(app: &App, f: &mut Frame, area: Rect) {
 #[cfg(test)]
 mod tests {
     use super::ttft;
-    use crate::backend::{EngineEvent, GenerationParams, Phase, StartEvent, TokenEvent};
+    use crate::generation::{EngineEvent, GenerationParams, Phase, StartEvent, TokenEvent};
     use crate::session::Turn;
 
     fn start() -> EngineEvent {

@@ -8,7 +8,7 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph};
 
-use crate::backend::{DraftKind, Phase};
+use crate::generation::{DraftKind, Phase};
 use crate::tui::app::App;
 
 pub fn draw(app: &App, f: &mut Frame, area: Rect, cursor: usize) {
@@ -97,7 +97,7 @@ pub fn fmt_p(lp: f32) -> String {
 
 /// The entropy of the distribution the token was drawn from: exact from the local engine; from
 /// a server's top alternatives only a lower bound (the tokens left out add to it).
-fn entropy_text(tok: &crate::backend::TokenEvent) -> String {
+fn entropy_text(tok: &crate::generation::TokenEvent) -> String {
     if tok.forced {
         return "- (forced, not drawn)".into();
     }
@@ -113,7 +113,7 @@ fn entropy_text(tok: &crate::backend::TokenEvent) -> String {
 
 /// How far the likeliest token is ahead of the second: a small margin is a coin toss that a
 /// kernel's rounding can flip.
-fn margin_text(top: &[crate::backend::Alternative]) -> String {
+fn margin_text(top: &[crate::generation::Alternative]) -> String {
     let mut lps: Vec<f32> = top.iter().map(|a| a.logprob).collect();
     lps.sort_by(|a, b| b.total_cmp(a));
     match lps[..] {
@@ -141,7 +141,7 @@ mod tests {
 
     #[test]
     fn margin_and_entropy_bound() {
-        let alt = |lp: f32| crate::backend::Alternative { id: None, logprob: lp, text: String::new() };
+        let alt = |lp: f32| crate::generation::Alternative { id: None, logprob: lp, text: String::new() };
         assert!(margin_text(&[alt(-0.1), alt(-2.5)]).starts_with("top-1 − top-2 = 2.4000"));
         assert!(margin_text(&[alt(-0.1)]).starts_with("-"));
     }

@@ -282,7 +282,7 @@ fn banner_lines(app: &App) -> Vec<Line<'static>> {
 
 fn phase_of(t: &Turn, token: usize) -> &'static str {
     match t.tokens.get(token).map(|x| x.phase) {
-        Some(crate::backend::Phase::Answer) => "answer",
+        Some(crate::generation::Phase::Answer) => "answer",
         _ => "thinking",
     }
 }

@@ -8,7 +8,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Scrollbar, ScrollbarOrientation, ScrollbarState};
 
 use super::wrap::wrap;
-use crate::backend::{DiagnosticKind, DraftKind, Phase, TokenEvent};
+use crate::generation::{DiagnosticKind, DraftKind, Phase, TokenEvent};
 use crate::session::{Timed, Turn};
 use crate::tui::app::{App, ColourMode, EditTarget, Focus, PaneScroll, ThinkingView};
 use crate::tui::keymap::Action;

@@ -24,8 +24,8 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph};
 use unicode_width::UnicodeWidthStr;
 
-use crate::backend::state_trace::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
-use crate::backend::{GdnLayerState, Phase, StateEvent, StateMetric, TokenEvent};
+use crate::generation::state::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
+use crate::generation::{GdnLayerState, Phase, StateEvent, StateMetric, TokenEvent};
 use crate::session::Turn;
 use crate::tui::app::{App, Focus, StateScope};
 use crate::tui::keymap::Action;

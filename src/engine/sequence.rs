@@ -2,11 +2,11 @@
 //! for speculative decoding, draft with the MTP head, verify a block, keep a prefix. The
 //! in-process model implements it over its per-sequence state; tests script it.
 
-use super::events::{DeviceMemory, Memory};
 use crate::error::{Error, Result};
+use crate::generation::{DeviceMemory, Memory};
 use crate::model::{DraftCache, Forward, ForwardOptions, LogitsRows, Mat, Model, SequenceCache, StateTrace};
 
-pub trait LogitsSource {
+pub trait DecodeSequence {
     /// Feeds `ids` (the prompt, a sampled token, or a block of forced tokens) and returns the
     /// logits after the last one.
     fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>>;
@@ -16,7 +16,7 @@ pub trait LogitsSource {
     fn context_len(&self) -> usize;
     fn memory(&self) -> Memory;
 
-    /// Whether [`LogitsSource::draft`] works (the model has an MTP head and drafting is on).
+    /// Whether [`DecodeSequence::draft`] works (the model has an MTP head and drafting is on).
     fn can_draft(&self) -> bool {
         false
     }
@@ -28,7 +28,7 @@ pub trait LogitsSource {
     }
 
     /// Runs the MTP head over every position the target has read whose next token is known
-    /// (all but the last), so the next [`LogitsSource::draft`] only covers the newest one. Called
+    /// (all but the last), so the next [`DecodeSequence::draft`] only covers the newest one. Called
     /// right after the prompt: that pass is part of reading the prompt (prefill and TTFT), not of
     /// decoding.
     fn catch_up_draft(&mut self) -> Result<()> {
@@ -50,12 +50,12 @@ pub trait LogitsSource {
         0
     }
 
-    /// Turns the state trace on for the passes that follow ([`LogitsSource::take_trace`]).
+    /// Turns the state trace on for the passes that follow ([`DecodeSequence::take_trace`]).
     fn trace_state(&mut self) -> Result<()> {
         Err(Error::InvalidArgument("this model cannot trace its state".into()))
     }
 
-    /// The trace of the last [`LogitsSource::feed`], when tracing is on.
+    /// The trace of the last [`DecodeSequence::feed`], when tracing is on.
     fn take_trace(&mut self) -> Option<StateTrace> {
         None
     }
@@ -63,12 +63,12 @@ pub trait LogitsSource {
 
 /// What the engine needs from a loaded model on some device: fresh sequences to generate
 /// with, and a prompt check before anything starts. Every [`Forward`] model (the CPU [`Model`],
-/// the CUDA model) implements it through [`ModelSession`], so every front end, MTP, budgets and
+/// the CUDA model) implements it through [`ModelSequence`], so every front end, MTP, budgets and
 /// the loop alarm run on either unchanged.
 pub trait Compute: Send + Sync {
     /// A new sequence at position 0; with `drafting`, one that drafts with the model's MTP head
     /// (plain when it has none). Fails when the device cannot hold another sequence's state.
-    fn sequence(&self, drafting: bool) -> Result<Box<dyn LogitsSource + '_>>;
+    fn sequence(&self, drafting: bool) -> Result<Box<dyn DecodeSequence + '_>>;
     /// Validates a prompt (ids in the vocabulary, prompt + max_tokens within the context).
     fn check(&self, prompt: &[u32], max_tokens: usize) -> Result<()>;
     /// Why sequences here cannot trace their state (`None`: they can).
@@ -80,8 +80,8 @@ impl<M: Forward> Compute for M {
         Forward::state_trace_refusal(self)
     }
 
-    fn sequence(&self, drafting: bool) -> Result<Box<dyn LogitsSource + '_>> {
-        Ok(Box::new(if drafting { ModelSession::try_with_mtp(self)? } else { ModelSession::try_new(self)? }))
+    fn sequence(&self, drafting: bool) -> Result<Box<dyn DecodeSequence + '_>> {
+        Ok(Box::new(if drafting { ModelSequence::try_with_mtp(self)? } else { ModelSequence::try_new(self)? }))
     }
 
     fn check(&self, prompt: &[u32], max_tokens: usize) -> Result<()> {
@@ -90,7 +90,7 @@ impl<M: Forward> Compute for M {
 }
 
 /// A sequence on an in-process model (any device).
-pub struct ModelSession<'m, M: Forward = Model> {
+pub struct ModelSequence<'m, M: Forward = Model> {
     pub model: &'m M,
     pub state: M::Cache,
     /// The MTP head's own KV cache, when drafting is on.
@@ -106,9 +106,9 @@ pub struct ModelSession<'m, M: Forward = Model> {
     trace: Option<StateTrace>,
 }
 
-impl<'m> ModelSession<'m, Model> {
+impl<'m> ModelSequence<'m, Model> {
     pub fn new(model: &'m Model) -> Self {
-        ModelSession {
+        ModelSequence {
             model,
             state: model.new_state(),
             mtp: None,
@@ -122,15 +122,15 @@ impl<'m> ModelSession<'m, Model> {
 
     /// A session that can draft with the checkpoint's MTP head (plain, when it has none).
     pub fn with_mtp(model: &'m Model) -> Self {
-        let mut s = ModelSession::new(model);
+        let mut s = ModelSequence::new(model);
         s.mtp = model.new_mtp_state();
         s
     }
 }
 
-impl<'m, M: Forward> ModelSession<'m, M> {
+impl<'m, M: Forward> ModelSequence<'m, M> {
     pub fn try_new(model: &'m M) -> Result<Self> {
-        Ok(ModelSession {
+        Ok(ModelSequence {
             model,
             state: model.new_cache()?,
             mtp: None,
@@ -143,7 +143,7 @@ impl<'m, M: Forward> ModelSession<'m, M> {
     }
 
     pub fn try_with_mtp(model: &'m M) -> Result<Self> {
-        let mut s = ModelSession::try_new(model)?;
+        let mut s = ModelSequence::try_new(model)?;
         s.mtp = model.new_draft_cache()?;
         Ok(s)
     }
@@ -156,7 +156,7 @@ impl<'m, M: Forward> ModelSession<'m, M> {
     }
 }
 
-impl<M: Forward> LogitsSource for ModelSession<'_, M> {
+impl<M: Forward> DecodeSequence for ModelSequence<'_, M> {
     fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
         let opts = ForwardOptions { trace_state: self.tracing, ..Default::default() };
         let out = self.model.forward_cached(ids, &mut self.state, opts)?;

@@ -188,7 +188,7 @@ mod tests {
 
     #[test]
     fn an_estimated_close_is_marked() {
-        let (_, msg) = starved(24, 24, None, (estimate_forced(crate::engine::QWEN_BUDGET_BRIDGE), false), BIG);
+        let (_, msg) = starved(24, 24, None, (estimate_forced(crate::generation::QWEN_BUDGET_BRIDGE), false), BIG);
         assert!(msg.contains("≈"), "{msg}");
     }
 

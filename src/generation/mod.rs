@@ -1,0 +1,29 @@
+//! The generation protocol every backend speaks: the events of one request's stream, the
+//! parameters with their one range table, the controls, the advice a diagnostic offers, phase
+//! tracking, the loop detector, the state-trace values — and the [`Tally`], the one bookkeeping
+//! of what a generation produced, fed alike by the local engine and by a remote server's frames.
+//! It computes nothing and knows no backend.
+
+#![forbid(unsafe_code)]
+
+pub mod advice;
+pub mod control;
+pub mod events;
+pub mod handle;
+pub mod params;
+pub mod phases;
+pub mod state;
+pub mod watchdog;
+
+pub use advice::{BudgetFix, Fix};
+pub use control::{Control, StepControl};
+pub use events::{
+    Alternative, CountSource, DeviceMemory, Diagnostic, DiagnosticKind, DoneEvent, DraftKind, EngineEvent, ErrorEvent,
+    ErrorKind, FinishReason, Memory, MtpStats, Phase, ServerLabel, ServerMemory, StartEvent, StatsEvent, Timing,
+    TokenEvent, Usage,
+};
+pub use handle::{Generation, error_kind};
+pub use params::{GenerationParams, MAX_DEPTH, MtpParams, ParamProblem, Preset, QWEN_BUDGET_BRIDGE, SamplingParams};
+pub use phases::PhaseTracker;
+pub use state::{AttentionLayerState, GdnLayerState, StateEvent, StateMetric};
+pub use watchdog::LoopParams;
