@@ -3,10 +3,12 @@
 
 #![forbid(unsafe_code)]
 
+pub mod budget;
 pub mod generate;
 pub mod request;
 pub mod sampler;
 pub mod sequence;
+pub mod speculate;
 pub mod speculative;
 pub mod state_trace;
 pub mod worker;

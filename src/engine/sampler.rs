@@ -40,6 +40,21 @@ impl Rng {
     }
 }
 
+/// Draws from a distribution with `rng` (no randomness spent on a single certain token).
+pub fn draw_with(dist: &[(u32, f64)], rng: &mut Rng) -> u32 {
+    if dist.len() == 1 {
+        return dist[0].0;
+    }
+    let mut u = rng.uniform();
+    for &(id, p) in dist {
+        if u < p {
+            return id;
+        }
+        u -= p;
+    }
+    dist[dist.len() - 1].0
+}
+
 /// One alternative at a position: token id and its raw log-probability.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct TokenLogprob {
@@ -132,19 +147,9 @@ impl Sampler {
         cand.iter().zip(weights).map(|(c, w)| (c.0, w / total)).collect()
     }
 
-    /// Draws from a distribution (no randomness spent on a single certain token).
+    /// Draws from a distribution with the request's generator.
     pub fn draw(&mut self, dist: &[(u32, f64)]) -> u32 {
-        if dist.len() == 1 {
-            return dist[0].0;
-        }
-        let mut u = self.rng.uniform();
-        for &(id, p) in dist {
-            if u < p {
-                return id;
-            }
-            u -= p;
-        }
-        dist[dist.len() - 1].0
+        draw_with(dist, &mut self.rng)
     }
 
     /// Chooses the next token.

@@ -161,6 +161,10 @@ pub struct Usage {
     /// Where the thinking / answer split comes from.
     #[serde(default)]
     pub counted: CountSource,
+    /// Why the forced-token count is an estimate (a server that does not say which tokens its
+    /// thinking budget forced); `None` when it is exact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -305,6 +309,41 @@ pub struct Diagnostic {
     pub layer: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head: Option<usize>,
+}
+
+impl Diagnostic {
+    pub fn new(kind: DiagnosticKind, at_token: usize, message: impl Into<String>) -> Self {
+        Diagnostic {
+            kind,
+            at_token,
+            message: message.into(),
+            period: None,
+            start: None,
+            fix: None,
+            layer: None,
+            head: None,
+        }
+    }
+
+    /// The settings that fix it.
+    pub fn with_fix(mut self, fix: super::advice::Fix) -> Self {
+        self.fix = Some(fix);
+        self
+    }
+
+    /// A loop's period and first token.
+    pub fn with_loop(mut self, period: usize, start: usize) -> Self {
+        self.period = Some(period);
+        self.start = Some(start);
+        self
+    }
+
+    /// The decoder layer and GDN value head it names.
+    pub fn at_head(mut self, layer: Option<usize>, head: Option<usize>) -> Self {
+        self.layer = layer;
+        self.head = head;
+        self
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

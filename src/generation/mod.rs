@@ -13,6 +13,7 @@ pub mod handle;
 pub mod params;
 pub mod phases;
 pub mod state;
+pub mod tally;
 pub mod watchdog;
 
 pub use advice::{BudgetFix, Fix};
@@ -26,4 +27,5 @@ pub use handle::{Generation, error_kind};
 pub use params::{GenerationParams, MAX_DEPTH, MtpParams, ParamProblem, Preset, QWEN_BUDGET_BRIDGE, SamplingParams};
 pub use phases::PhaseTracker;
 pub use state::{AttentionLayerState, GdnLayerState, StateEvent, StateMetric};
+pub use tally::{FinishContext, Finished, Marker, Reported, STATS_EVERY, Tally, TokenPiece, Verdict};
 pub use watchdog::LoopParams;

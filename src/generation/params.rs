@@ -272,3 +272,10 @@ pub struct MtpParams {
 }
 
 pub const MAX_DEPTH: usize = 4;
+
+impl MtpParams {
+    /// Whether drafting is asked for.
+    pub fn is_on(&self) -> bool {
+        self.depth > 0 || self.auto
+    }
+}

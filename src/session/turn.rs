@@ -273,6 +273,7 @@ impl Turn {
                         completion_tokens: before.completion_tokens + d.usage.completion_tokens,
                         forced_tokens: before.forced_tokens + d.usage.forced_tokens,
                         counted: d.usage.counted,
+                        estimate: d.usage.estimate.clone().or_else(|| before.estimate.clone()),
                     },
                     None => d.usage.clone(),
                 });

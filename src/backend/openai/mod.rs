@@ -17,7 +17,7 @@ use std::time::Instant;
 
 pub use detect::{ServerFacts, ServerKind};
 
-use self::frames::{FrameMapper, Split};
+use self::frames::{Forcing, FrameMapper, Split};
 use self::http::Http;
 use self::stream::{ClientBudget, StreamJob};
 use super::local::render_chat;
@@ -71,7 +71,7 @@ impl RemoteBackend {
     }
 
     fn client_budget(&self, req: &ChatRequest) -> BackendResult<Option<ClientBudget>> {
-        let (BudgetMode::Client, Some(budget), true) =
+        let (BudgetMode::Client, Some(_), true) =
             (self.spec.budget_mode, req.params.thinking_budget, req.enable_thinking)
         else {
             return Ok(None);
@@ -86,7 +86,6 @@ impl RemoteBackend {
         let facts = self.facts.clone();
         let request = req.clone();
         Ok(Some(ClientBudget {
-            budget,
             rendered_prompt,
             bridge: req.params.budget_bridge.clone(),
             max_tokens: req.params.max_tokens,
@@ -154,8 +153,17 @@ impl Backend for RemoteBackend {
             (_, ServerKind::LlamaCpp, _) | (_, _, Some(true)) => Split::Server,
             _ => Split::Auto,
         };
+        let forcing = match (req.params.thinking_budget, req.enable_thinking, self.spec.budget_mode, self.facts.kind) {
+            (None, _, _, _) | (_, false, _, _) => Forcing::None,
+            (_, _, BudgetMode::Client, _) => Forcing::Client,
+            (_, _, _, ServerKind::LlamaCpp) => Forcing::Streamed("llama.cpp"),
+            (_, _, _, ServerKind::Deltascope) => Forcing::Streamed("deltascope serve"),
+            (_, _, _, ServerKind::Vllm) => Forcing::Unmarked("vLLM"),
+            (_, _, _, ServerKind::Sglang) => Forcing::Unmarked("SGLang"),
+            (_, _, _, ServerKind::Generic) => Forcing::Unmarked("the server"),
+        };
         let started = Instant::now();
-        let mapper = FrameMapper::new(req.params.clone(), split, req.enable_thinking, started);
+        let mapper = FrameMapper::new(&req.params, split, forcing, req.enable_thinking, started);
         let (tx, rx) = std::sync::mpsc::channel();
         let _ = tx.send(EngineEvent::Start(StartEvent {
             model: self.facts.model.clone(),

@@ -39,7 +39,10 @@ pub fn chat_body(
     });
     let o = body.as_object_mut().ok_or_else(|| BackendError::invalid("request body"))?;
     add_sampling(o, facts, req);
-    if p.top_logprobs > 0 {
+    // A client-side budget continues from the thinking's token ids, which servers send with
+    // logprobs.
+    let client_budget = budget_mode == BudgetMode::Client && p.thinking_budget.is_some() && req.enable_thinking;
+    if p.top_logprobs > 0 || client_budget {
         o.insert("logprobs".into(), json!(true));
         o.insert("top_logprobs".into(), json!(p.top_logprobs));
     }
@@ -83,7 +86,10 @@ pub fn chat_body(
     if let (Some(budget), true, BudgetMode::Server) = (p.thinking_budget, req.enable_thinking, budget_mode) {
         match facts.kind {
             ServerKind::LlamaCpp => {
-                o.insert("reasoning_budget_tokens".into(), json!(budget));
+                // llama.cpp counts the newline after the prompt's `<think>` toward the budget
+                // (b10566 and b11549 alike: a budget of 8 let the model write 7 tokens); one
+                // more gives the model exactly the budget, as the engine does.
+                o.insert("reasoning_budget_tokens".into(), json!(budget + 1));
                 if !p.budget_bridge.is_empty() {
                     o.insert("reasoning_budget_message".into(), json!(p.budget_bridge));
                 }
@@ -111,7 +117,7 @@ pub fn chat_body(
 
 /// The `/v1/completions` body that continues a client-forced end of thinking: the rendered
 /// prompt, the thinking so far, the bridge and `</think>`, then the answer.
-pub fn continuation_body(facts: &ServerFacts, req: &ChatRequest, prompt: String, max_tokens: usize) -> Value {
+pub fn continuation_body(facts: &ServerFacts, req: &ChatRequest, prompt: Value, max_tokens: usize) -> Value {
     let mut body = json!({
         "model": facts.model,
         "prompt": prompt,

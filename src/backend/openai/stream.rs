@@ -37,12 +37,12 @@ pub struct StreamJob {
 
 /// What a client-forced end of thinking needs to continue with `/v1/completions`.
 pub struct ClientBudget {
-    pub budget: usize,
     /// The prompt rendered through the chat template (with the generation prompt).
     pub rendered_prompt: String,
     pub bridge: String,
     pub max_tokens: usize,
-    pub continuation: Box<dyn Fn(String, usize) -> Value + Send>,
+    /// The `/v1/completions` body for a prompt (text, or token ids) and a max_tokens.
+    pub continuation: Box<dyn Fn(Value, usize) -> Value + Send>,
 }
 
 enum Outcome {
@@ -201,13 +201,10 @@ async fn one_stream(
         if !ev.event.is_empty() && ev.event != "message" && value.get("choices").is_none() {
             continue;
         }
-        if job.mapper.frame(&value, emit) == Flow::StopLoop {
-            return Outcome::End(End::Stopped(FinishReason::Loop));
+        if let Flow::Stop(f) = job.mapper.frame(&value, emit) {
+            return Outcome::End(End::Stopped(f));
         }
-        if let Some(b) = &job.client_budget
-            && job.mapper.in_thinking()
-            && job.mapper.thinking_tokens() >= b.budget
-        {
+        if job.client_budget.is_some() && job.mapper.tally().budget_spent() {
             return Outcome::Budget;
         }
     }
@@ -216,35 +213,68 @@ async fn one_stream(
 }
 
 /// A client-forced end of thinking: the bridge and `</think>` go out as forced tokens, then
-/// `/v1/completions` continues from the rendered prompt + thinking + bridge + `</think>\n\n`.
+/// `/v1/completions` continues from exactly what the engine would hold — the rendered prompt,
+/// the thinking tokens, the bridge's tokens and `</think>`, as token ids when the server can
+/// tokenize (llama.cpp, vLLM) — and the model writes the rest, the blank line included.
 async fn continue_after_budget(job: &mut StreamJob, emit: &mut (dyn FnMut(EngineEvent) + Send)) -> Outcome {
     let Some(b) = job.client_budget.take() else { return Outcome::End(End::Complete) };
-    job.mapper.force_end_of_thinking(&b.bridge, b.budget, emit);
-    // The first stream was closed before its usage came: ask the server how long the prompt is.
-    job.mapper.prompt_tokens = prompt_length(&job.http, &job.facts, &b.rendered_prompt).await;
-    let used = job.mapper.tokens();
-    let prompt = format!("{}{}{}</think>\n\n", b.rendered_prompt, job.mapper.thinking_text(), b.bridge);
-    let remaining = b.max_tokens.saturating_sub(used);
+    let prompt_ids = tokenize(&job.http, &job.facts, &b.rendered_prompt).await;
+    let bridge = tokenize(&job.http, &job.facts, &b.bridge).await;
+    let end = tokenize(&job.http, &job.facts, THINK_END).await;
+    // One forced token per bridge token (the server's pieces), then `</think>`.
+    let forced: Vec<(Option<u32>, String)> = match (&bridge, &end) {
+        (Some(br), Some(e)) if e.len() == 1 => {
+            let mut f: Vec<(Option<u32>, String)> = br.iter().map(|(id, t)| (Some(*id), t.clone())).collect();
+            f.push((Some(e[0].0), THINK_END.to_string()));
+            f
+        }
+        _ => [(None, b.bridge.clone()), (None, THINK_END.to_string())]
+            .into_iter()
+            .filter(|(_, t)| !t.is_empty())
+            .collect(),
+    };
+    // The thinking as token ids (a server sends them with logprobs, which client mode asks for).
+    let thinking_ids: Option<Vec<u32>> = job.mapper.tally().ids().iter().copied().collect();
+    job.mapper.force_end_of_thinking(forced.clone(), emit);
+    job.mapper.prompt_tokens = prompt_ids.as_ref().map(Vec::len);
+    let remaining = b.max_tokens.saturating_sub(job.mapper.tally().generated());
     if remaining == 0 {
         return Outcome::End(End::Stopped(FinishReason::Length));
     }
+    let prompt = match (prompt_ids, thinking_ids, forced.iter().map(|f| f.0).collect::<Option<Vec<u32>>>()) {
+        (Some(p), Some(t), Some(f)) => {
+            let ids: Vec<u32> = p.iter().map(|x| x.0).chain(t).chain(f).collect();
+            serde_json::json!(ids)
+        }
+        // No tokenizer on the server (or ids missing): the text, which it may split otherwise.
+        _ => Value::String(format!("{}{}{THINK_END}", b.rendered_prompt, job.mapper.tally().thinking_text())),
+    };
     let body = (b.continuation)(prompt, remaining);
     one_stream(job, "/v1/completions", body, emit).await
 }
 
-/// The rendered prompt's length in the server's own tokens (llama.cpp and vLLM `/tokenize`).
-async fn prompt_length(http: &Http, facts: &ServerFacts, prompt: &str) -> Option<usize> {
+const THINK_END: &str = "</think>";
+
+/// `text` in the server's own tokens, with each token's text (llama.cpp `/tokenize` with
+/// pieces; vLLM gives ids only, so the text goes with the first). `None` when it cannot say.
+async fn tokenize(http: &Http, facts: &ServerFacts, text: &str) -> Option<Vec<(u32, String)>> {
     let body = match facts.kind {
-        ServerKind::LlamaCpp => serde_json::json!({"content": prompt}),
-        ServerKind::Vllm => serde_json::json!({"model": facts.model, "prompt": prompt}),
+        ServerKind::LlamaCpp => serde_json::json!({"content": text, "with_pieces": true}),
+        ServerKind::Vllm => serde_json::json!({"model": facts.model, "prompt": text, "add_special_tokens": false}),
         _ => return None,
     };
     let resp = http.post("/tokenize").json(&body).timeout(http.timeout).send().await.ok()?;
     let v: Value = resp.error_for_status().ok()?.json().await.ok()?;
-    v.get("tokens")
-        .and_then(Value::as_array)
-        .map(Vec::len)
-        .or_else(|| v.get("count").and_then(Value::as_u64).map(|c| c as usize))
+    let tokens = v.get("tokens").and_then(Value::as_array)?;
+    let mut out = vec![];
+    for (i, t) in tokens.iter().enumerate() {
+        let (id, piece) = match t {
+            Value::Number(n) => (n.as_u64()?, if i == 0 { text.to_string() } else { String::new() }),
+            _ => (t.get("id")?.as_u64()?, t.get("piece").and_then(Value::as_str).unwrap_or("").to_string()),
+        };
+        out.push((u32::try_from(id).ok()?, piece));
+    }
+    Some(out)
 }
 
 /// Bytes of the SSE frame being received, across chunks: a blank line (after `\n`, `\r\n`

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use super::frames::{End, Flow, FrameMapper, MetricsDelta, Split};
+use super::frames::{End, Flow, Forcing, FrameMapper, MetricsDelta, Split};
 use crate::generation::{
     CountSource, DiagnosticKind, DoneEvent, EngineEvent, FinishReason, GenerationParams, Phase, TokenEvent,
 };
@@ -26,7 +26,9 @@ fn replay(
     thinking: bool,
     metrics: Option<MetricsDelta>,
 ) -> Vec<EngineEvent> {
-    let mut m = FrameMapper::new(params, split, thinking, Instant::now());
+    // The recorded budgets are llama.cpp's.
+    let forcing = if params.thinking_budget.is_some() { Forcing::Streamed("llama.cpp") } else { Forcing::None };
+    let mut m = FrameMapper::new(&params, split, forcing, thinking, Instant::now());
     let mut out = vec![];
     let mut emit = |e: EngineEvent| out.push(e);
     for line in sse.lines() {
@@ -213,7 +215,7 @@ fn vllm_and_sglang_length_cuts() {
 
 #[test]
 fn loops_are_caught_on_token_text_without_ids() {
-    let mut m = FrameMapper::new(params(), Split::Server, true, Instant::now());
+    let mut m = FrameMapper::new(&params(), Split::Server, Forcing::None, true, Instant::now());
     let mut out = vec![];
     let mut emit = |e: EngineEvent| out.push(e);
     let pattern = ["2", " +", " 2", " =", " 2", "."];
@@ -231,7 +233,7 @@ fn cut_stream_is_an_error_that_keeps_the_tokens() {
     let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wire/faults/cut-mid-token.sse");
     // Cut inside a UTF-8 character: the last frame is not even text.
     let sse = String::from_utf8_lossy(&std::fs::read(p).unwrap()).to_string();
-    let mut m = FrameMapper::new(params(), Split::Server, true, Instant::now());
+    let mut m = FrameMapper::new(&params(), Split::Server, Forcing::None, true, Instant::now());
     let mut out = vec![];
     let mut emit = |e: EngineEvent| out.push(e);
     for line in sse.lines() {

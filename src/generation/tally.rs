@@ -1,0 +1,510 @@
+//! The one bookkeeping of a generation: what it produced so far, whoever produced it. The local
+//! engine pushes the tokens it samples or forces; the remote frame mapper pushes the pieces a
+//! server streams. From those alone the tally keeps the counts (thinking / answer / forced, and
+//! the thinking the budget counts), the texts, the stop-string cut, the loop alarm, the `stats`
+//! cadence and the arrival times — and at the end it writes the length diagnostics, the usage,
+//! the timing and the `done` event. Neither producer counts anything by itself, so every
+//! backend reports the same numbers for the same tokens.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use super::advice;
+use super::events::{
+    Alternative, CountSource, Diagnostic, DiagnosticKind, DoneEvent, DraftKind, EngineEvent, FinishReason, Memory,
+    MtpStats, Phase, ServerMemory, StatsEvent, Timing, TokenEvent, Usage,
+};
+use super::params::GenerationParams;
+use super::watchdog::LoopDetector;
+
+/// Generated tokens between two `stats` events (live gauges), on every backend.
+pub const STATS_EVERY: usize = 8;
+
+/// One token as its producer saw it.
+#[derive(Debug, Clone, Default)]
+pub struct TokenPiece {
+    /// `None` when a server did not say.
+    pub id: Option<u32>,
+    /// The text it completes (empty for stop tokens and inside a UTF-8 character).
+    pub text: String,
+    /// The phase it counts in (`</think>` counts as thinking: it closes it).
+    pub phase: Phase,
+    /// A `<think>` / `</think>` marker: counted, kept out of the texts.
+    pub marker: Option<Marker>,
+    /// Injected (the thinking-budget bridge and `</think>`), not sampled.
+    pub forced: bool,
+    /// A stop token: generation ends here (finish `stop`).
+    pub stop: bool,
+    pub logprob: Option<f32>,
+    pub top: Vec<Alternative>,
+    pub entropy: Option<f32>,
+    pub draft: Option<DraftKind>,
+}
+
+/// The markers that open and close thinking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Marker {
+    /// `<think>`
+    Open,
+    /// `</think>`
+    Close,
+}
+
+/// What one pushed token decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Continue,
+    Finish(FinishReason),
+}
+
+/// What a server reported about the whole request (its `usage`, and deltascope's extension):
+/// tokens it generated without streaming them (`</think>`, the blank line, `<|im_end|>`) are
+/// only known from here.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reported {
+    pub prompt_tokens: Option<usize>,
+    pub completion_tokens: Option<usize>,
+    /// Thinking as the server counts it (forced tokens inside thinking included).
+    pub reasoning_tokens: Option<usize>,
+    /// deltascope's own split (`serve`'s extension): exact.
+    pub split: Option<(usize, usize, usize)>,
+}
+
+/// What only the producer knows when the generation ends.
+#[derive(Debug, Clone, Default)]
+pub struct FinishContext {
+    /// The most max_tokens could be for this prompt (the fixes stay inside the context);
+    /// `None` when the context is not known (a server).
+    pub cap: Option<usize>,
+    /// Tokens a forced end of thinking takes, and whether counted with the tokenizer.
+    pub forced_close: (usize, bool),
+    /// Prompt tokens per second (measured by the engine, or the server's timings).
+    pub prefill_tok_s: Option<f64>,
+    pub reported: Reported,
+    pub memory: Option<Memory>,
+    pub server_memory: Option<ServerMemory>,
+    pub mtp: Option<MtpStats>,
+    /// Why the forced-token count is an estimate, when the producer cannot tell.
+    pub forced_estimate: Option<String>,
+}
+
+/// The tally of one generation.
+pub struct Tally {
+    params: GenerationParams,
+    phase: Phase,
+    generated: usize,
+    /// Each token's id, where known.
+    ids: Vec<Option<u32>>,
+    thinking: String,
+    answer: String,
+    thinking_tokens: usize,
+    answer_tokens: usize,
+    forced_tokens: usize,
+    /// Thinking tokens the model generated (the budget counts these, not forced ones nor the
+    /// markers).
+    budgeted: usize,
+    counted: CountSource,
+    watchdog: LoopDetector,
+    /// Loop keys for tokens that arrive without an id (their texts).
+    text_keys: HashMap<String, u32>,
+    /// Where a stop string was found: (phase, byte offset in that phase's text).
+    stop_cut: Option<(Phase, usize)>,
+    /// The kinds raised so far, with the token each names.
+    raised: Vec<(DiagnosticKind, usize)>,
+    /// A `</think>` came (streamed or implied): the index after which the answer began.
+    closed_at: Option<usize>,
+    /// The close was a streamed marker (a server that splits reasoning does not stream it).
+    marker_streamed: bool,
+    started: Instant,
+    first_at: Option<Instant>,
+    last_at: Option<Instant>,
+    stats_at: usize,
+}
+
+impl Tally {
+    /// `started` is when the request was made (time to first token counts from it).
+    pub fn new(params: &GenerationParams, phase: Phase, counted: CountSource, started: Instant) -> Self {
+        Tally {
+            watchdog: LoopDetector::new(params.loop_detection.clone()),
+            params: params.clone(),
+            phase,
+            generated: 0,
+            ids: vec![],
+            thinking: String::new(),
+            answer: String::new(),
+            thinking_tokens: 0,
+            answer_tokens: 0,
+            forced_tokens: 0,
+            budgeted: 0,
+            counted,
+            text_keys: HashMap::new(),
+            stop_cut: None,
+            raised: vec![],
+            closed_at: None,
+            marker_streamed: false,
+            started,
+            first_at: None,
+            last_at: None,
+            stats_at: 0,
+        }
+    }
+
+    pub fn params(&self) -> &GenerationParams {
+        &self.params
+    }
+
+    /// The phase the next token is in.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// Tokens pushed so far.
+    pub fn generated(&self) -> usize {
+        self.generated
+    }
+
+    /// Each pushed token's id (`None` where a server did not say).
+    pub fn ids(&self) -> &[Option<u32>] {
+        &self.ids
+    }
+
+    /// Tokens left before max_tokens.
+    pub fn room(&self) -> usize {
+        self.params.max_tokens.saturating_sub(self.generated)
+    }
+
+    pub fn answer_tokens(&self) -> usize {
+        self.answer_tokens
+    }
+
+    /// The thinking tokens the budget counts.
+    pub fn budgeted_thinking(&self) -> usize {
+        self.budgeted
+    }
+
+    /// Thinking budget tokens left (`None`: no budget).
+    pub fn budget_left(&self) -> Option<usize> {
+        self.params.thinking_budget.map(|b| b.saturating_sub(self.budgeted))
+    }
+
+    /// Answer-budget tokens left (`None`: no answer budget).
+    pub fn answer_budget_left(&self) -> Option<usize> {
+        self.params.answer_budget.map(|b| b.saturating_sub(self.answer_tokens))
+    }
+
+    /// In thinking with the thinking budget spent: the end of thinking must be forced now.
+    pub fn budget_spent(&self) -> bool {
+        self.phase == Phase::Thinking && self.budget_left() == Some(0)
+    }
+
+    /// The thinking so far (without markers).
+    pub fn thinking_text(&self) -> &str {
+        &self.thinking
+    }
+
+    /// The diagnostics raised so far: (kind, at_token).
+    pub fn raised(&self) -> &[(DiagnosticKind, usize)] {
+        &self.raised
+    }
+
+    /// How the counts were obtained (a remote stream learns it as frames arrive).
+    pub fn set_counted(&mut self, counted: CountSource) {
+        self.counted = counted;
+    }
+
+    /// A server's reasoning parser took `</think>` out of the stream: thinking ended here.
+    pub fn close_thinking(&mut self) {
+        if self.phase == Phase::Thinking {
+            self.phase = Phase::Answer;
+            self.closed_at = Some(self.generated);
+        }
+    }
+
+    /// Records and emits a diagnostic.
+    pub fn diagnostic(&mut self, d: Diagnostic, emit: &mut dyn FnMut(EngineEvent)) {
+        self.raised.push((d.kind, d.at_token));
+        emit(EngineEvent::Diagnostic(d));
+    }
+
+    /// The thinking budget ran out and `who` forces the end of thinking from the next token on.
+    pub fn budget_forced(&mut self, who: &str, forced: Option<usize>, emit: &mut dyn FnMut(EngineEvent)) {
+        let budget = self.params.thinking_budget.unwrap_or(0);
+        let how_many = forced.map(|n| format!("{n} tokens: ")).unwrap_or_default();
+        let d = Diagnostic::new(
+            DiagnosticKind::ThinkingBudgetForced,
+            self.generated,
+            format!(
+                "thinking budget of {budget} tokens spent after {} thinking tokens: {who} forced the end of thinking ({how_many}bridge text, </think>)",
+                self.budgeted
+            ),
+        );
+        self.diagnostic(d, emit);
+    }
+
+    /// Appends one token: the `token` event, the counts, the texts and every stop check.
+    pub fn push(&mut self, piece: TokenPiece, emit: &mut dyn FnMut(EngineEvent)) -> Verdict {
+        let now = Instant::now();
+        self.first_at.get_or_insert(now);
+        self.last_at = Some(now);
+        let index = self.generated;
+        self.generated += 1;
+        self.ids.push(piece.id);
+        match (piece.forced, piece.phase) {
+            (true, _) => self.forced_tokens += 1,
+            (false, Phase::Thinking) => self.thinking_tokens += 1,
+            (false, Phase::Answer) => self.answer_tokens += 1,
+        }
+        if piece.marker.is_none() {
+            match piece.phase {
+                Phase::Thinking => self.thinking.push_str(&piece.text),
+                Phase::Answer => self.answer.push_str(&piece.text),
+            }
+        }
+        if piece.phase == Phase::Thinking && !piece.forced && piece.marker.is_none() {
+            self.budgeted += 1;
+        }
+        match piece.marker {
+            Some(Marker::Open) => self.phase = Phase::Thinking,
+            Some(Marker::Close) => {
+                if self.phase == Phase::Thinking {
+                    self.phase = Phase::Answer;
+                    self.closed_at = Some(self.generated);
+                    self.marker_streamed = true;
+                }
+            }
+            None if piece.phase == Phase::Answer => self.close_thinking(),
+            None => {}
+        }
+        // The loop alarm runs on token ids, or on token texts when the server sends no ids.
+        let key = match piece.id {
+            Some(id) => id,
+            None => {
+                let next = self.text_keys.len() as u32 | 0x8000_0000;
+                *self.text_keys.entry(piece.text.clone()).or_insert(next)
+            }
+        };
+        let phase = piece.phase;
+        let marker = piece.marker;
+        emit(EngineEvent::Token(TokenEvent {
+            index,
+            phase,
+            id: piece.id,
+            text: piece.text,
+            logprob: piece.logprob,
+            draft: piece.draft,
+            forced: piece.forced,
+            top_logprobs: piece.top,
+            entropy: piece.entropy,
+        }));
+        if let Some(r) = self.watchdog.push(key) {
+            let stop = self.params.loop_detection.auto_stop;
+            let d = Diagnostic::new(
+                DiagnosticKind::DegenerateLoop,
+                r.at,
+                format!(
+                    "degenerate loop: a {}-token pattern repeats from token {} on{}",
+                    r.period,
+                    r.start,
+                    if stop { "; stopping" } else { "" }
+                ),
+            )
+            .with_loop(r.period, r.start);
+            self.diagnostic(d, emit);
+            if stop {
+                return Verdict::Finish(FinishReason::Loop);
+            }
+        }
+        if piece.stop {
+            return Verdict::Finish(FinishReason::Stop);
+        }
+        if let Some(at) = self.stop_string(phase) {
+            self.stop_cut = Some((phase, at));
+            return Verdict::Finish(FinishReason::StopString);
+        }
+        if self.generated >= self.params.max_tokens {
+            return Verdict::Finish(FinishReason::Length);
+        }
+        if phase == Phase::Answer && marker.is_none() && self.answer_budget_left() == Some(0) {
+            return Verdict::Finish(FinishReason::Length);
+        }
+        Verdict::Continue
+    }
+
+    /// Where a stop string now ends the text of `phase` (only the tail can hold a new one).
+    fn stop_string(&self, phase: Phase) -> Option<usize> {
+        let stops = &self.params.stop;
+        if stops.is_empty() {
+            return None;
+        }
+        let buf = match phase {
+            Phase::Thinking => &self.thinking,
+            Phase::Answer => &self.answer,
+        };
+        let longest = stops.iter().map(String::len).max().unwrap_or(0);
+        let mut from = buf.len().saturating_sub(longest + 8);
+        while !buf.is_char_boundary(from) {
+            from -= 1;
+        }
+        stops.iter().filter(|s| !s.is_empty()).filter_map(|s| buf[from..].find(s.as_str()).map(|i| from + i)).min()
+    }
+
+    /// A `stats` event when [`STATS_EVERY`] tokens arrived since the last one.
+    pub fn stats_due(&mut self) -> bool {
+        if self.generated < self.stats_at + STATS_EVERY {
+            return false;
+        }
+        self.stats_at = self.generated;
+        true
+    }
+
+    /// The running totals now.
+    pub fn stats(
+        &self,
+        memory: Option<Memory>,
+        server_memory: Option<ServerMemory>,
+        mtp: Option<MtpStats>,
+    ) -> StatsEvent {
+        StatsEvent {
+            generated: self.generated,
+            thinking_tokens: self.thinking_tokens,
+            answer_tokens: self.answer_tokens,
+            counted: self.counted,
+            tok_s: self.decode_rate(),
+            memory,
+            server_memory,
+            mtp,
+        }
+    }
+
+    /// Tokens after the first per second between the first and the last arrival: never more
+    /// than what arrived allows (0 until two arrivals are apart in time).
+    fn decode_rate(&self) -> f64 {
+        match (self.first_at, self.last_at) {
+            (Some(a), Some(b)) if self.generated > 1 && b > a => (self.generated - 1) as f64 / (b - a).as_secs_f64(),
+            _ => 0.0,
+        }
+    }
+
+    /// `thinking (phase) + answer (phase)` as the user sees them: the incomplete character at
+    /// the end added, a stop string cut off.
+    pub fn add_tail(&mut self, tail: &str) {
+        match self.phase {
+            Phase::Thinking => self.thinking.push_str(tail),
+            Phase::Answer => self.answer.push_str(tail),
+        }
+    }
+
+    /// The end of the generation: the length diagnostic (finish `length`), the usage, the
+    /// timing and the `done` event.
+    pub fn finish(mut self, finish: FinishReason, ctx: FinishContext, emit: &mut dyn FnMut(EngineEvent)) -> Finished {
+        if let Some((phase, at)) = self.stop_cut {
+            match phase {
+                Phase::Thinking => {
+                    self.thinking.truncate(at);
+                    self.answer.clear();
+                }
+                Phase::Answer => self.answer.truncate(at),
+            }
+        }
+        let usage = self.usage(&ctx);
+        if finish == FinishReason::Length {
+            let d = self.length_diagnostic(&usage, &ctx);
+            self.diagnostic(d, emit);
+        }
+        let total = self.started.elapsed().as_secs_f64();
+        let ttft = self.first_at.map_or(total, |t| (t - self.started).as_secs_f64());
+        let prompt = usage.prompt_tokens as f64;
+        let timing = Timing {
+            ttft_ms: ttft * 1e3,
+            prefill_tok_s: ctx.prefill_tok_s.unwrap_or(if ttft > 0.0 && prompt > 0.0 { prompt / ttft } else { 0.0 }),
+            decode_tok_s: self.decode_rate(),
+            total_ms: total * 1e3,
+        };
+        let done = DoneEvent {
+            finish_reason: finish,
+            usage,
+            timing,
+            mtp: ctx.mtp,
+            memory: ctx.memory,
+            server_memory: ctx.server_memory,
+            thinking: self.thinking,
+            answer: self.answer,
+        };
+        emit(EngineEvent::Done(done.clone()));
+        Finished { done, diagnostics: self.raised }
+    }
+
+    /// The counts, reconciled with what a server reported (tokens it did not stream).
+    fn usage(&self, ctx: &FinishContext) -> Usage {
+        let r = &ctx.reported;
+        let estimate = ctx.forced_estimate.clone();
+        let prompt_tokens = r.prompt_tokens.unwrap_or(0);
+        if let Some((thinking, answer, forced)) = r.split {
+            return Usage {
+                prompt_tokens,
+                thinking_tokens: thinking,
+                answer_tokens: answer,
+                completion_tokens: thinking + answer + forced,
+                forced_tokens: forced,
+                counted: CountSource::ServerUsage,
+                estimate,
+            };
+        }
+        // A `</think>` the server did not stream: forced when the budget ended thinking, else
+        // thinking the model generated.
+        let hidden_close = usize::from(self.closed_at.is_some() && !self.marker_streamed);
+        let forcing = self.raised.iter().any(|(k, _)| *k == DiagnosticKind::ThinkingBudgetForced);
+        let forced = self.forced_tokens + if forcing { hidden_close } else { 0 };
+        let mut thinking = self.thinking_tokens + if forcing { 0 } else { hidden_close };
+        let streamed = self.generated + hidden_close;
+        let completion = r.completion_tokens.unwrap_or(streamed).max(streamed);
+        let mut counted = self.counted;
+        if let Some(reasoning) = r.reasoning_tokens.filter(|&x| x > 0 || thinking == 0) {
+            // The server counts its forced tokens inside thinking.
+            thinking = reasoning.saturating_sub(forced).min(completion);
+            counted = CountSource::ServerUsage;
+        }
+        Usage {
+            prompt_tokens,
+            thinking_tokens: thinking,
+            // Tokens generated but not streamed (the blank line after `</think>`,
+            // `<|im_end|>`) belong to the answer, as the engine counts them.
+            answer_tokens: completion.saturating_sub(thinking + forced),
+            completion_tokens: completion,
+            forced_tokens: forced,
+            counted,
+            estimate,
+        }
+    }
+
+    fn length_diagnostic(&self, usage: &Usage, ctx: &FinishContext) -> Diagnostic {
+        let max = self.params.max_tokens;
+        let last = self.generated.saturating_sub(1);
+        // A server's context is not known here: the TUI caps the fix by it when applying it.
+        let cap = ctx.cap.unwrap_or(usize::MAX / 4);
+        if self.phase == Phase::Thinking && usage.answer_tokens > 0 {
+            let message = format!(
+                "max_tokens cut the answer after {} answer tokens: the model re-opened <think> after answering and was still thinking",
+                usage.answer_tokens
+            );
+            Diagnostic::new(DiagnosticKind::AnswerTruncated, last, message).with_fix(advice::truncated(max, false, cap))
+        } else if self.phase == Phase::Thinking {
+            let (fix, message) =
+                advice::starved(max, usage.thinking_tokens, self.params.thinking_budget, ctx.forced_close, cap);
+            Diagnostic::new(DiagnosticKind::ThinkingExhaustedMaxTokens, last, message).with_fix(fix)
+        } else {
+            let by_budget = self.params.answer_budget.is_some_and(|b| usage.answer_tokens >= b);
+            let by = if by_budget { "the answer budget" } else { "max_tokens" };
+            let message = format!("{by} cut the answer after {} answer tokens", usage.answer_tokens);
+            Diagnostic::new(DiagnosticKind::AnswerTruncated, last, message)
+                .with_fix(advice::truncated(max, by_budget, cap))
+        }
+    }
+}
+
+/// What [`Tally::finish`] leaves: the `done` event it sent and the diagnostics raised.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    pub done: DoneEvent,
+    pub diagnostics: Vec<(DiagnosticKind, usize)>,
+}
