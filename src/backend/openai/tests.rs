@@ -116,7 +116,9 @@ fn llama_cpp_length_cut_inside_thinking_raises_the_banner() {
 #[test]
 fn llama_cpp_budget_is_recognised_as_forced() {
     let mut p = params();
-    p.thinking_budget = Some(8);
+    // Recorded with `reasoning_budget_tokens: 8`, which llama.cpp counts from the prompt's
+    // newline: the budget deltascope now sends as 8 for a budget of 7.
+    p.thinking_budget = Some(7);
     for f in ["llamacpp/llamacpp-b10434-chat-stream-budget8.sse", "llamacpp/llamacpp-b11549-chat-stream-budget8.sse"] {
         let ev = replay(&wire(f), p.clone(), Split::Server, true, None);
         assert!(
@@ -124,7 +126,11 @@ fn llama_cpp_budget_is_recognised_as_forced() {
                 .any(|e| matches!(e, EngineEvent::Diagnostic(d) if d.kind == DiagnosticKind::ThinkingBudgetForced)),
             "{f}"
         );
-        assert!(!done(&ev).answer.is_empty(), "{f}");
+        let d = done(&ev);
+        assert!(!d.answer.is_empty(), "{f}");
+        assert_eq!(d.usage.thinking_tokens, 7, "{f}: the model's own thinking is the budget");
+        assert_eq!(d.usage.completion_tokens, d.usage.thinking_tokens + d.usage.forced_tokens + d.usage.answer_tokens);
+        assert!(d.usage.forced_tokens >= 1, "{f}: at least `</think>` was forced");
     }
 }
 
