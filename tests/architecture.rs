@@ -380,10 +380,11 @@ fn visible_before(toks: &[String], end: usize) -> bool {
     if end >= 1 && t(end - 1) == Some("pub") {
         return true;
     }
-    if end >= 1 && t(end - 1) == Some(")") {
-        if let Some(open) = (0..end - 1).rev().find(|&k| t(k) == Some("(")) {
-            return open >= 1 && t(open - 1) == Some("pub") && t(open + 1) != Some("self");
-        }
+    if end >= 1
+        && t(end - 1) == Some(")")
+        && let Some(open) = (0..end - 1).rev().find(|&k| t(k) == Some("("))
+    {
+        return open >= 1 && t(open - 1) == Some("pub") && t(open + 1) != Some("self");
     }
     false
 }
@@ -519,9 +520,9 @@ fn judge(files: &[(String, String)]) -> Verdict {
                     MAY_IMPORT.iter().filter(|(r, p)| *p == from && !may_import(r, to)).map(|(r, _)| *r).collect();
                 if !launders.is_empty() {
                     let shown = r.shown();
-                    let excused = REEXPORT_EXCEPTIONS
-                        .iter()
-                        .find(|(f, prefix, _)| f == rel && (shown == *prefix || shown.starts_with(&format!("{prefix}::"))));
+                    let excused = REEXPORT_EXCEPTIONS.iter().find(|(f, prefix, _)| {
+                        f == rel && (shown == *prefix || shown.starts_with(&format!("{prefix}::")))
+                    });
                     match excused {
                         Some(e) => {
                             v.used.insert(format!("{} re-exports {}", e.0, e.1));
@@ -659,9 +660,7 @@ fn the_check_catches_what_it_is_for() {
     assert!(violations(&f("tui/x.rs", "/* crate::model::Model */ fn f() { \"crate::model\"; }")).is_empty());
     // What is allowed passes: the backend seam, the declared developer tools.
     assert!(violations(&f("tui/x.rs", "use crate::backend::{EngineEvent, Generation};")).is_empty());
-    assert!(
-        violations(&f("cli/bench.rs", "//! A developer tool.\nuse crate::model::gdn::replay_head;")).is_empty()
-    );
+    assert!(violations(&f("cli/bench.rs", "//! A developer tool.\nuse crate::model::gdn::replay_head;")).is_empty());
     assert!(violations(&f("backend/local.rs", "use crate::model::Model; use crate::engine::EngineHandle;")).is_empty());
     // A developer tool says so; a subcommand that is none may not reach past the backend.
     assert_eq!(violations(&f("cli/bench.rs", "use crate::model::gdn::replay_head;")).len(), 1);
