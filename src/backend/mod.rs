@@ -6,6 +6,8 @@
 //! The engine's event types are the spine of the program and are re-exported here, so front
 //! ends read them through `backend` and never import `engine` or `model`.
 
+#![forbid(unsafe_code)]
+
 pub mod local;
 pub mod openai;
 pub mod params;

@@ -1,5 +1,7 @@
 //! Text around the model: tokenizer, chat templates, incremental decoding.
 
+#![forbid(unsafe_code)]
+
 pub mod template;
 pub mod tokenizer;
 

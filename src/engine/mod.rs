@@ -1,6 +1,8 @@
 //! The engine: decides what to compute (sampling, budgets, phases, the loop alarm) and emits one
 //! event stream. It never renders.
 
+#![forbid(unsafe_code)]
+
 pub mod advice;
 pub mod control;
 pub mod events;
