@@ -1,6 +1,8 @@
 //! The library's error type. Every variant names what was wrong and where (file, field, tensor,
 //! expected vs found), because the first thing a user sees of a bad checkpoint is this message.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -4,6 +4,8 @@
 //! Data flows one way: [`model`] (pure compute) → [`engine`] (sampling, budgets, phases) → one
 //! event stream → front ends ([`cli`], [`tui`]).
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod backend;
 pub mod chat;
 pub mod checkpoint;

@@ -1,5 +1,7 @@
 //! Unit formatting shared by the front ends.
 
+#![forbid(unsafe_code)]
+
 /// Bytes in human units (binary), two decimals: `1.50 GiB`.
 pub fn human_bytes(b: u64) -> String {
     bytes_in_units(b, 2)

@@ -6,6 +6,8 @@
 //! The events, parameters and controls every backend speaks are the generation protocol
 //! (crate::generation), which front ends import directly; they never import `engine` or `model`.
 
+#![forbid(unsafe_code)]
+
 pub mod local;
 pub mod openai;
 pub mod params;

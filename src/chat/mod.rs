@@ -1,9 +1,9 @@
-//! Text around the model: tokenizer, chat templates, prompts.
+//! Text around the model: tokenizer, chat templates, incremental decoding.
 
-pub mod prompt;
+#![forbid(unsafe_code)]
+
 pub mod template;
 pub mod tokenizer;
 
-pub use prompt::{Prompt, PromptInput, build_prompt, parse_ids};
 pub use template::{ChatTemplate, RenderOptions};
 pub use tokenizer::{IncrementalDecoder, SpecialTokens, TextTokenizer};

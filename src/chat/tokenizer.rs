@@ -30,8 +30,6 @@ pub struct TextTokenizer {
     token_bytes: Option<Vec<Vec<u8>>>,
     /// Ids the tokenizer knows (`0..len`).
     pub len: usize,
-    /// Added (special and control) tokens: id → content.
-    added: HashMap<u32, String>,
 }
 
 /// GPT-2's byte ↔ printable-character table used by byte-level BPE.
@@ -150,7 +148,7 @@ impl TextTokenizer {
             endoftext: id_of("<|endoftext|>"),
             stop,
         };
-        Ok(TextTokenizer { inner, specials, token_bytes, len, added })
+        Ok(TextTokenizer { inner, specials, token_bytes, len })
     }
 
     /// Tokenises text as the chat-template path of transformers does (no special tokens
@@ -174,15 +172,6 @@ impl TextTokenizer {
     /// Decoding by the tokenizers library itself (whole sequence at once), special tokens kept.
     pub fn library_decode(&self, ids: &[u32]) -> String {
         self.inner.decode(ids, false).unwrap_or_default()
-    }
-
-    /// The vocabulary entry of `id` (byte-level form), for inspection.
-    pub fn token_repr(&self, id: u32) -> Option<String> {
-        self.added.get(&id).cloned().or_else(|| self.inner.id_to_token(id))
-    }
-
-    pub fn is_special(&self, id: u32) -> bool {
-        self.added.contains_key(&id)
     }
 
     fn bytes_of(&self, id: u32) -> Option<&[u8]> {

@@ -1,6 +1,12 @@
 //! Where a model's files come from: a Hugging Face directory on disk (weights memory-mapped), or
 //! a set of files embedded in the binary (the demo model). Everything downstream reads through
 //! this one interface, so an embedded model takes exactly the loader path of a real checkpoint.
+//!
+//! Unsafe code is denied here but for two functions, each allowing it for one call with its
+//! `SAFETY:` comment: [`ModelSource::map`] (mapping a weights file) and [`FileBytes::release`]
+//! (`MADV_DONTNEED` on that mapping). Everything else in the crate's unsafe code is in `model/`.
+
+#![deny(unsafe_code)]
 
 use std::borrow::Cow;
 use std::fs::File;
@@ -36,6 +42,7 @@ impl FileBytes {
     /// pages leave the process's resident set (they stay in the page cache, and are read again
     /// if touched). A tensor copied out at load (widened, rounded, or misaligned in the file)
     /// has its pages released, so the resident set holds it once, not also the file's copy.
+    #[allow(unsafe_code)]
     pub fn release(&self, start: usize, len: usize) {
         #[cfg(unix)]
         if let FileBytes::Mmap(m) = self {
@@ -158,6 +165,7 @@ impl ModelSource {
     }
 
     /// Maps a (large) weights file without reading it.
+    #[allow(unsafe_code)]
     pub fn map(&self, name: &str) -> Result<FileBytes> {
         match self {
             ModelSource::Dir(d) => {

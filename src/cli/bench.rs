@@ -1,5 +1,6 @@
 //! `deltascope bench`: prefill and decode speed, TTFT, MTP acceptance and speed-up per draft
 //! depth, memory; and the cost of the two rollback schemes for speculative decoding.
+//! A developer tool (architecture.json): it measures the engine and the model directly.
 
 use std::io::Write;
 use std::path::PathBuf;

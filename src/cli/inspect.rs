@@ -1,5 +1,7 @@
 //! `deltascope inspect`: what a checkpoint is and what it will cost, from `config.json` alone
 //! (weights are only looked at, header-only, when present).
+//! A developer tool (architecture.json): it reads the model's configuration, weights and device
+//! plan directly.
 
 use std::io::Write;
 use std::path::PathBuf;

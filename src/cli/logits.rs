@@ -1,4 +1,5 @@
 //! `deltascope logits`: the top-k next-token logits at the last position.
+//! A developer tool (architecture.json): it runs the model's forward pass directly.
 
 use std::io::Write;
 

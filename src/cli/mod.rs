@@ -1,6 +1,8 @@
 //! Command-line front ends. Each subcommand lives in its own file and only consumes the
 //! library (model, chat, engine events).
 
+#![forbid(unsafe_code)]
+
 pub mod bench;
 pub mod bench_remote;
 pub mod bench_stats;

@@ -3,6 +3,8 @@
 //! downloading 54 GB. Tensors are written one after the other straight into one safetensors
 //! file (header first, then each tensor as it is generated), so a 27B shape never has to fit
 //! in memory.
+//! A developer tool (tests/architecture.rs lists the exception): it reads the model's configuration
+//! types to know which tensors a shape holds.
 
 use rayon::prelude::*;
 use std::io::{BufWriter, Write};

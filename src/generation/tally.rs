@@ -265,13 +265,12 @@ impl Tally {
         }
         match piece.marker {
             Some(Marker::Open) => self.phase = Phase::Thinking,
-            Some(Marker::Close) => {
-                if self.phase == Phase::Thinking {
-                    self.phase = Phase::Answer;
-                    self.closed_at = Some(self.generated);
-                    self.marker_streamed = true;
-                }
+            Some(Marker::Close) if self.phase == Phase::Thinking => {
+                self.phase = Phase::Answer;
+                self.closed_at = Some(self.generated);
+                self.marker_streamed = true;
             }
+            Some(Marker::Close) => {}
             None if piece.phase == Phase::Answer => self.close_thinking(),
             None => {}
         }

@@ -374,6 +374,7 @@ fn recurrent_from(
     match Simd::detect() {
         // SAFETY: the CPU has the instruction set (detected at run time).
         Simd::Avx512 => return unsafe { vector::recurrent_avx512(from, q, k, v, g, beta, s, dk, dv, deltas) },
+        // SAFETY: as above.
         Simd::Avx2 => return unsafe { vector::recurrent_avx2(from, q, k, v, g, beta, s, dk, dv, deltas) },
         Simd::Portable => {}
     }
@@ -486,6 +487,7 @@ pub fn replay_head(s: &mut [f32], k: &[f32], delta: &[f32], g: &[f32], dk: usize
     match Simd::detect() {
         // SAFETY: the CPU has the instruction set (detected at run time).
         Simd::Avx512 => return unsafe { vector::replay_avx512(s, k, delta, g, dk, dv) },
+        // SAFETY: as above.
         Simd::Avx2 => return unsafe { vector::replay_avx2(s, k, delta, g, dk, dv) },
         Simd::Portable => {}
     }

@@ -104,6 +104,7 @@ where
 struct OutPtr(*mut f32);
 // SAFETY: the tasks write disjoint elements through it (see `gemm`), and `y` outlives them.
 unsafe impl Send for OutPtr {}
+// SAFETY: as for Send: shared between the tasks, each writing only its own elements.
 unsafe impl Sync for OutPtr {}
 
 impl OutPtr {

@@ -9,6 +9,8 @@
 //! disconnects, queued or generating, drops its request's future, which cancels its
 //! generation (the engine stops within one token) and frees its place.
 
+#![forbid(unsafe_code)]
+
 pub mod error;
 pub mod metrics;
 pub mod request;

@@ -7,6 +7,8 @@
 //! alternatives); what it adds is arrival times, and it rebuilds [`EngineEvent`]s from them
 //! for replay. Version 3 stores a turn's tokens as columns ([`compact`]).
 
+#![forbid(unsafe_code)]
+
 mod compact;
 mod listing;
 mod markdown;

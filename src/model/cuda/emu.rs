@@ -266,6 +266,7 @@ struct Entry {
 
 // SAFETY: the trampoline is a function address in a library the entry keeps loaded.
 unsafe impl Send for Entry {}
+// SAFETY: as for Send; entries are only read once `load_kernels` has built them.
 unsafe impl Sync for Entry {}
 
 fn loaded_libraries() -> &'static Mutex<HashMap<PathBuf, Arc<Library>>> {
