@@ -341,8 +341,9 @@ fn sweep_table_json_and_plot() {
     assert_eq!(runs[0]["thinking_tokens"], 0);
     assert_eq!(runs[1]["forced"], true);
     assert_eq!(runs[2]["forced"], false);
-    // Forced tokens counted apart: the budget's 4 thinking tokens, then 53 forced.
-    assert_eq!((runs[1]["thinking_tokens"].as_u64(), runs[1]["forced_tokens"].as_u64()), (Some(4), Some(53)));
+    // Forced tokens counted apart: the budget's 4 thinking tokens, then 52 forced (the bridge's
+    // 51 tokens and `</think>`).
+    assert_eq!((runs[1]["thinking_tokens"].as_u64(), runs[1]["forced_tokens"].as_u64()), (Some(4), Some(52)));
     assert_eq!(runs[2]["forced_tokens"], 0);
     assert_eq!(runs[2]["correct"], true, "unlimited thinking gets 482 + 739 right: {}", runs[2]);
     assert!(runs[2]["thinking_tokens"].as_u64().unwrap() > runs[1]["thinking_tokens"].as_u64().unwrap());

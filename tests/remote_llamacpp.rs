@@ -209,12 +209,23 @@ fn thinking_budget(build: Build) {
             "{who} {name}: {} thinking tokens, unlimited {full_tokens}",
             usage(evs, "thinking_tokens")
         );
-        // The diagnostic comes at the end of thinking, before the first answer token.
+        // The diagnostic names the first forced token: right after the budget's 8 (a `</think>`
+        // the server does not stream has no index of its own, so the answer may start there).
         let at = u64_of(forced[0], "at_token");
+        assert_eq!(at, 8, "{who} {name}: {}", forced[0]);
         let first_answer = tokens(evs).iter().find(|t| t["phase"] == "answer").map(|t| u64_of(t, "index"));
         assert!(
-            first_answer.is_some_and(|a| at < a),
+            first_answer.is_some_and(|a| at <= a),
             "{who} {name}: at_token {at}, first answer token {first_answer:?}"
+        );
+        // Exactly the budget of the model's own thinking (deltascope sends llama.cpp budget + 1:
+        // it counts the prompt's newline), the forced tokens counted apart.
+        assert_eq!(usage(evs, "thinking_tokens"), 8, "{who} {name}: {d}");
+        assert!(usage(evs, "forced_tokens") >= 1, "{who} {name}: {d}");
+        assert_eq!(
+            usage(evs, "completion_tokens"),
+            usage(evs, "thinking_tokens") + usage(evs, "forced_tokens") + usage(evs, "answer_tokens"),
+            "{who} {name}: {d}"
         );
     }
 
@@ -223,8 +234,6 @@ fn thinking_budget(build: Build) {
     let cut = str_of(done(&bare), "thinking").trim_end();
     assert!(!cut.is_empty() && cut.len() < full.len() && full.starts_with(cut), "{who}: {cut:?} vs {full:?}");
     assert!(!cut.contains(BRIDGE_WORDS), "{who}: --budget-bridge \"\" sent no message: {cut:?}");
-    let n = usage(&bare, "thinking_tokens");
-    assert!((7..=9).contains(&n), "{who}: {n} thinking tokens for a budget of 8");
 
     // With the bridge: the own thinking is cut the same way, then the bridge sentence follows.
     let with = str_of(done(&bridged), "thinking");
@@ -232,7 +241,13 @@ fn thinking_budget(build: Build) {
     let own = with[..at].trim_end();
     assert!(!own.is_empty() && own.len() < full.len() && full.starts_with(own), "{who}: {own:?} vs {full:?}");
     assert!(with.trim_end().ends_with("directly now."), "{who}: {with:?}");
-    assert!(usage(&bridged, "thinking_tokens") > n, "{who}: the bridge's tokens count as thinking");
+    // The bridge's tokens are forced, not thinking: 51 of them and `</think>` (b11549 forces a
+    // newline before `</think>` too).
+    let forced = usage(&bridged, "forced_tokens");
+    assert!((52..=53).contains(&forced), "{who}: {forced} forced tokens");
+    let streamed: Vec<&Value> = tokens(&bridged).into_iter().filter(|t| t["forced"] == true).collect();
+    let forced_text: String = streamed.iter().map(|t| str_of(t, "text")).collect();
+    assert!(forced_text.starts_with("\n\nConsidering the limited time"), "{who}: {forced_text:?}");
 }
 
 #[test]
@@ -526,16 +541,18 @@ fn sweep_on_a_server() {
 fn client_budget(build: Build) {
     let who = build.name();
     let server = LlamaServer::start(build);
-    let evs = remote(&server, PRIME, &["--budget-mode", "client", "--thinking-budget", "8"]);
+    let evs = remote(&server, PRIME, &["--budget-mode", "client", "--thinking-budget", "8", "--top-logprobs", "1"]);
     let d = done(&evs);
     let bridge = str_of(&evs[0]["params"], "budget_bridge").to_string();
     assert!(bridge.contains(BRIDGE_WORDS), "{who}: the default bridge: {bridge:?}");
 
     let toks = tokens(&evs);
     let forced: Vec<&&Value> = toks.iter().filter(|t| t["forced"] == true).collect();
-    assert_eq!(forced.len(), 2, "{who}: {forced:?}");
-    assert_eq!(str_of(forced[0], "text"), bridge, "{who}");
-    assert_eq!(str_of(forced[1], "text"), "</think>", "{who}");
+    // The bridge in the server's own tokens (51 on the demo tokenizer), then `</think>`.
+    assert_eq!(forced.len(), 52, "{who}: {forced:?}");
+    let bridge_text: String = forced[..51].iter().map(|t| str_of(t, "text")).collect();
+    assert_eq!(bridge_text, bridge, "{who}");
+    assert_eq!(str_of(forced[51], "text"), "</think>", "{who}");
     assert!(forced.iter().all(|t| t["phase"] == "thinking"), "{who}: {forced:?}");
     // Exactly the budget streamed before them, the engine's first 8 thinking tokens.
     let before: Vec<&&Value> = toks.iter().take_while(|t| t["forced"] == false).collect();
@@ -553,12 +570,19 @@ fn client_budget(build: Build) {
     assert!(diag_pos < forced_pos, "{who}: the diagnostic comes before the forced tokens");
 
     // The answer continues after them.
-    let after = &toks[10..];
+    let after = &toks[8 + 52..];
     assert!(!after.is_empty() && after.iter().all(|t| t["phase"] == "answer" && t["forced"] == false), "{who}");
     assert_eq!(d["finish_reason"], "stop", "{who}: {d}");
     assert!(!str_of(d, "answer").trim().is_empty(), "{who}: {d}");
     assert_eq!(str_of(d, "thinking"), format!("{own}{bridge}"), "{who}");
-    assert_eq!(usage(&evs, "forced_tokens"), 2, "{who}: {d}");
+    assert_eq!(usage(&evs, "forced_tokens"), 52, "{who}: {d}");
+    // Continued from the engine's exact token ids: the engine's budget-8 answer, token for token.
+    let local = local(PRIME, &["--thinking-budget", "8", "--top-logprobs", "1"]);
+    let ids = |evs: &[Value]| -> Vec<u64> {
+        tokens(evs).iter().filter(|t| t["phase"] == "answer").filter_map(|t| t["id"].as_u64()).collect()
+    };
+    assert_eq!(ids(&evs), ids(&local), "{who}");
+    assert_eq!(usage(&evs, "answer_tokens"), usage(&local, "answer_tokens"), "{who}: {d}");
     // The user's prompt, not the continuation's (which re-sent the thinking and the bridge).
     assert_eq!(usage(&evs, "prompt_tokens"), usage(local_prime(), "prompt_tokens"), "{who}: {d}");
     // Counted apart: 8 generated thinking tokens, 2 forced (bridge, `</think>`), the answer.

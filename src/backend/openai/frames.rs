@@ -181,7 +181,11 @@ impl FrameMapper {
         if reasoning.is_empty() && content.is_empty() {
             return Flow::Continue;
         }
-        let entries = logprob_entries(choice);
+        let mut entries = logprob_entries(choice);
+        if self.tally.params().top_logprobs == 0 {
+            // Asked for the ids only (a client-side budget).
+            entries.iter_mut().for_each(|e| e.top.clear());
+        }
         self.frames.0 += 1;
         self.frames.1 += usize::from(!entries.is_empty());
         let (r_entries, c_entries) = assign_entries(entries, reasoning, content);

@@ -39,12 +39,13 @@ pub fn chat_body(
     });
     let o = body.as_object_mut().ok_or_else(|| BackendError::invalid("request body"))?;
     add_sampling(o, facts, req);
-    // A client-side budget continues from the thinking's token ids, which servers send with
-    // logprobs.
+    // A client-side budget continues from the thinking's token ids, which servers send only
+    // with logprob entries (llama.cpp: with at least one alternative; the frame mapper drops
+    // alternatives nobody asked for).
     let client_budget = budget_mode == BudgetMode::Client && p.thinking_budget.is_some() && req.enable_thinking;
     if p.top_logprobs > 0 || client_budget {
         o.insert("logprobs".into(), json!(true));
-        o.insert("top_logprobs".into(), json!(p.top_logprobs));
+        o.insert("top_logprobs".into(), json!(p.top_logprobs.max(usize::from(client_budget))));
     }
     match facts.kind {
         ServerKind::LlamaCpp => {
@@ -127,6 +128,10 @@ pub fn continuation_body(facts: &ServerFacts, req: &ChatRequest, prompt: Value, 
     });
     if let Some(o) = body.as_object_mut() {
         add_sampling(o, facts, req);
+        // The legacy endpoint's `logprobs: N` (0 sends none).
+        if req.params.top_logprobs > 0 {
+            o.insert("logprobs".into(), json!(req.params.top_logprobs));
+        }
     }
     body
 }
