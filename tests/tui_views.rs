@@ -339,7 +339,7 @@ fn help_lists_every_key() {
     assert_eq!(app.overlay.name(), Overlay::Help.name());
     let screen = render(&app, W, H);
     for a in deltascope::tui::keymap::Action::ALL {
-        assert!(screen.contains(a.name()), "{} missing from help", a.name());
+        assert!(screen.contains(&a.name()), "{} missing from help", a.name());
         assert!(screen.contains(a.describe()), "{}: description cut in help", a.name());
     }
     snap("help", screen);

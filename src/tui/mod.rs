@@ -6,6 +6,8 @@
 //! most one frame per interval (see [`render`]). The TUI talks to the backend only through
 //! [`crate::backend`]: one [`Generation`] per request.
 
+#![forbid(unsafe_code)]
+
 pub mod app;
 pub mod config;
 pub mod event;

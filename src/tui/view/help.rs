@@ -36,10 +36,10 @@ pub fn help(app: &App, f: &mut Frame, area: Rect) {
     let th = &app.theme;
     let key_style = Style::new().fg(th.accent).add_modifier(Modifier::BOLD);
     // (key, action name, description) rows; the name is empty for the context keys.
-    let mut entries: Vec<(String, &str, &str)> =
+    let mut entries: Vec<(String, String, &str)> =
         Action::ALL.iter().map(|a| (app.keymap.label(*a), a.name(), a.describe())).collect();
     let first_context = entries.len();
-    entries.extend(CONTEXT_KEYS.iter().map(|(k, d)| (k.to_string(), "", *d)));
+    entries.extend(CONTEXT_KEYS.iter().map(|(k, d)| (k.to_string(), String::new(), *d)));
     let indent = |i: usize| if i < first_context { KEY_COLS + NAME_COLS } else { KEY_COLS };
     let heading = Line::styled("Keys (rebind in keymap.toml, see README)", th.fg(th.dim));
     // As wide as the longest line (descriptions are not cut), wrapping only when the terminal is
