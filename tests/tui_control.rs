@@ -415,6 +415,7 @@ fn opening_a_session_and_quitting_writes_nothing() {
     let mut app = app();
     app.convo.save.dir.path = Some(dir.path().to_path_buf());
     app.open_session(&path, false);
+    settle(&mut app);
     assert_eq!(app.convo.session.turns.len(), 1);
     key(&mut app, KeyCode::Char('q'), KeyModifiers::CONTROL, 1.0);
     assert!(settle(&mut app).is_empty());

@@ -290,7 +290,8 @@ fn cancel_keeps_output_and_step_mode_sends_steps() {
     assert_eq!(app.shown().unwrap().finish_reason, Some(FinishReason::Cancelled));
     assert!(app.shown().unwrap().thinking_tokens() > 0);
     // The cancelled turn is saved like any other.
-    assert_eq!(app.take_effects(), vec![Effect::Save]);
+    let effects = app.take_effects();
+    assert!(matches!(&effects[..], [Effect::Save { session, .. }] if session.turns.len() == 1), "{effects:?}");
     key(&mut app, KeyCode::Char('s'), KeyModifiers::CONTROL, 102.0);
     key(&mut app, KeyCode::Char('n'), KeyModifiers::CONTROL, 102.0);
     assert_eq!(app.take_effects(), vec![Effect::SetPaused(true), Effect::Step]);
@@ -391,6 +392,7 @@ fn session_picker_lists_saved_sessions() {
     other.created = 1_700_000_000;
     other.save_atomic(&dir.path().join("older.json")).unwrap();
     key(&mut app, KeyCode::Char('p'), KeyModifiers::CONTROL, 300.0);
+    settle(&mut app);
     let screen = render(&app, W, H);
     let screen = screen.replace(&dir.path().display().to_string(), "[DIR]");
     snap("picker", screen);
@@ -401,6 +403,7 @@ fn session_picker_lists_saved_sessions() {
     let path = dir.path().join("foreign.json");
     foreign.save_atomic(&path).unwrap();
     app.open_session(&path, false);
+    settle(&mut app);
     let msg = app.status().unwrap().to_string();
     assert_eq!(msg, "this session was recorded with Qwen3.6-27B; new turns use embedded:demo");
 
@@ -408,6 +411,7 @@ fn session_picker_lists_saved_sessions() {
     std::fs::write(dir.path().join("broken.json"), "{").unwrap();
     app.overlay = Overlay::None;
     key(&mut app, KeyCode::Char('p'), KeyModifiers::CONTROL, 300.0);
+    settle(&mut app);
     let screen = render(&app, W, H);
     assert!(screen.contains("✖") && screen.contains("broken.json is not a deltascope session"), "{screen}");
 }

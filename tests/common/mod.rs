@@ -79,17 +79,25 @@ pub fn app() -> App {
     app
 }
 
-/// Runs the app's disk effects as the runner does (saves, exports); the others are returned.
+/// Runs the app's disk effects as the runner does (saves, exports, session listing and
+/// loading), handing the answers back; the other effects are returned.
 pub fn settle(app: &mut App) -> Vec<Effect> {
     let mut rest = vec![];
-    for e in app.take_effects() {
-        match e {
-            Effect::Save => app.save_now(),
-            Effect::Export(p) => app.export_to(&p),
-            other => rest.push(other),
+    loop {
+        let effects = app.take_effects();
+        if effects.is_empty() {
+            return rest;
+        }
+        for e in effects {
+            match deltascope::tui::runner::disk_io(e) {
+                Ok(answer) => {
+                    let now = app.now_ms;
+                    app.update(answer, now)
+                }
+                Err(other) => rest.push(other),
+            }
         }
     }
-    rest
 }
 
 pub fn key(app: &mut App, code: KeyCode, m: KeyModifiers, t: f64) {

@@ -8,7 +8,6 @@ use super::overlay::{Overlay, line_input};
 use super::view_state::ColourMode;
 use super::{App, EditTarget, Effect, Focus};
 use crate::backend::Phase;
-use crate::session::list_sessions;
 use crate::tui::keymap::Action;
 use crate::tui::sliders::Slider;
 
@@ -233,13 +232,10 @@ impl App {
                 }
                 self.overlay = Overlay::Messages;
             }
-            Action::Picker => {
-                let items = self.convo.save.dir.path.as_deref().map(list_sessions).unwrap_or_default();
-                if items.is_empty() {
-                    self.say(Level::Info, "no saved sessions");
-                }
-                self.overlay = Overlay::Picker { items, selected: 0 };
-            }
+            Action::Picker => match self.convo.save.dir.path.clone() {
+                Some(dir) => self.effects.push(Effect::ListSessions(dir)),
+                None => self.show_sessions(vec![]),
+            },
             Action::Export => self.export(),
             Action::Replay => self.start_replay(self.convo.session.clone()),
             _ => {}
@@ -376,7 +372,15 @@ impl App {
             self.say(Level::Error, "no sessions directory to export to");
             return;
         };
-        let md = json.with_extension("md");
-        self.effects.push(Effect::Export(md));
+        let path = json.with_extension("md");
+        self.effects.push(Effect::Export { path, markdown: self.convo.session.to_markdown() });
+    }
+
+    /// The picker over the saved sessions the runner listed.
+    pub(super) fn show_sessions(&mut self, items: Vec<crate::session::SessionInfo>) {
+        if items.is_empty() {
+            self.say(Level::Info, "no saved sessions");
+        }
+        self.overlay = Overlay::Picker { items, selected: 0 };
     }
 }

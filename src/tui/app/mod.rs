@@ -60,10 +60,25 @@ pub enum Effect {
     Step,
     /// Put this text on the terminal's clipboard.
     Copy(String),
-    /// Save the conversation now (the runner calls [`App::save_now`]).
-    Save,
-    /// Write the Markdown transcript here (the runner calls [`App::export_to`]).
-    Export(PathBuf),
+    /// Write this session to `path`, atomically (the runner answers with [`Inbound::Saved`];
+    /// `path: None`, no sessions directory, is answered with the error).
+    Save {
+        path: Option<PathBuf>,
+        session: Box<Session>,
+    },
+    /// Write this Markdown transcript to `path` (answered with [`Inbound::Exported`]).
+    Export {
+        path: PathBuf,
+        markdown: String,
+    },
+    /// List the saved sessions in this directory (answered with [`Inbound::SessionsListed`]).
+    ListSessions(PathBuf),
+    /// Read the session saved at `path`, to continue it or to `replay` it (answered with
+    /// [`Inbound::SessionLoaded`]).
+    LoadSession {
+        path: PathBuf,
+        replay: bool,
+    },
 }
 
 /// Startup configuration.
@@ -258,6 +273,16 @@ impl App {
             // The runner takes `Ready(Ok)` (it owns the backend) and calls `set_model`.
             Inbound::Ready(Ok(_)) => {}
             Inbound::Terminate => self.force_quit(),
+            Inbound::Saved { path, result } => {
+                let result = self.convo.save.written(path, result);
+                self.after_save(result);
+            }
+            Inbound::Exported { path, result } => match result {
+                Ok(()) => self.say(Level::Info, format!("exported to {}", path.display())),
+                Err(e) => self.say(Level::Error, format!("export failed: {}: {e}", path.display())),
+            },
+            Inbound::SessionsListed(items) => self.show_sessions(items),
+            Inbound::SessionLoaded { path, replay, result } => self.session_loaded(&path, replay, result),
         }
         if !quiet {
             self.dirty = true;
@@ -294,7 +319,7 @@ impl App {
         self.sync_markdown();
         if end {
             self.convo.live = None;
-            self.convo.changed(&mut self.effects);
+            self.changed();
         }
     }
 
@@ -341,7 +366,7 @@ impl App {
             return;
         }
         self.quit_after_save = true;
-        self.effects.push(Effect::Save);
+        self.save_now();
     }
 
     /// A signal or a lost terminal: save what can be saved and go, without asking.
@@ -352,13 +377,22 @@ impl App {
         self.quit = true;
     }
 
-    /// Writes the conversation if it changed (the runner calls this for [`Effect::Save`], and
-    /// once more at the end).
+    /// Asks the runner to write the conversation if it changed ([`Effect::Save`], answered
+    /// with [`Inbound::Saved`]). Also the runner's last act before the program ends.
     pub fn save_now(&mut self) {
         if self.convo.replay.is_some() {
             return;
         }
-        let result = self.convo.save.save(&self.convo.session);
+        if self.convo.save.due(&self.convo.session) {
+            let path = self.convo.save.file(&self.convo.session);
+            self.effects.push(Effect::Save { path, session: Box::new(self.convo.session.clone()) });
+        } else {
+            self.after_save(Ok(()));
+        }
+    }
+
+    /// A save worked or failed: quit if that was waiting for it, or ask.
+    fn after_save(&mut self, result: Result<(), String>) {
         let quit_after = std::mem::take(&mut self.quit_after_save);
         match result {
             Ok(()) if quit_after => self.quit = true,
@@ -377,21 +411,6 @@ impl App {
     pub fn show_dry_run(&mut self, result: Result<DryRun, String>) {
         self.view.popup_scroll = 0;
         self.overlay = Overlay::Prompt(result);
-        self.dirty = true;
-    }
-
-    /// Writes the Markdown transcript ([`Effect::Export`]).
-    pub fn export_to(&mut self, md: &std::path::Path) {
-        let res = md
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .map(std::fs::create_dir_all)
-            .unwrap_or(Ok(()))
-            .and_then(|_| std::fs::write(md, self.convo.session.to_markdown()));
-        match res {
-            Ok(()) => self.say(Level::Info, format!("exported to {}", md.display())),
-            Err(e) => self.say(Level::Error, format!("export failed: {}: {e}", md.display())),
-        }
         self.dirty = true;
     }
 

@@ -5,8 +5,8 @@
 use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use ratatui_textarea::TextArea;
 
+use super::App;
 use super::messages::Level;
-use super::{App, Effect};
 use crate::backend::DryRun;
 use crate::session::SessionInfo;
 use crate::tui::sliders::Slider;
@@ -125,8 +125,9 @@ impl App {
                     } else {
                         self.convo.save.path = Some(path.into());
                         self.quit_after_save = true;
-                        self.effects.push(Effect::Save);
-                        Overlay::None
+                        self.save_now();
+                        // A failed save opened the quit question again.
+                        return;
                     }
                 }
                 _ => {
