@@ -13,6 +13,7 @@ pub mod config;
 pub mod event;
 pub mod highlight;
 pub mod keymap;
+pub mod panels;
 pub mod render;
 pub mod runner;
 pub mod sliders;
@@ -168,6 +169,7 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
     let now_ms = || start.elapsed().as_secs_f64() * 1000.0;
     let mut runner = Runner::new();
     let mut clock = FrameClock::default();
+    let mut view = view::View::default();
     loop {
         let idle = if app.busy() { Duration::from_millis(50) } else { Duration::from_millis(500) };
         let mut batch = vec![];
@@ -198,9 +200,12 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
         if clock.due(now) {
             // A terminal that is gone (its window closed, an ssh connection dropped) cannot
             // be drawn on: save and leave as for a signal.
-            if let Err(e) = render::draw(&mut terminal, &app, Some(&mut runner.stdout)) {
-                tracing::warn!("the terminal is gone ({e}): saving and quitting");
-                break;
+            match render::draw(&mut terminal, &app, &mut view, Some(&mut runner.stdout)) {
+                Ok(layout) => app.laid_out(layout),
+                Err(e) => {
+                    tracing::warn!("the terminal is gone ({e}): saving and quitting");
+                    break;
+                }
             }
             clock.drawn(now);
             if runner.backend.is_some() {

@@ -234,9 +234,12 @@ pub fn terminal(w: u16, h: u16) -> Terminal<TestBackend> {
     Terminal::new(TestBackend::new(w, h)).expect("test backend")
 }
 
-pub fn render(app: &App, w: u16, h: u16) -> String {
+/// Draws one frame as the runner does (handing the layout back to the app) and returns it as text.
+pub fn render(app: &mut App, w: u16, h: u16) -> String {
     let mut term = terminal(w, h);
-    term.draw(|f| deltascope::tui::view::draw(app, f)).expect("draw");
+    let mut layout = Default::default();
+    term.draw(|f| layout = deltascope::tui::view::View::default().draw(app, f)).expect("draw");
+    app.laid_out(layout);
     format!("{}", term.backend())
 }
 

@@ -17,7 +17,6 @@ mod overlay;
 mod replay;
 mod saving;
 mod scroll;
-mod state_scope;
 mod view_state;
 
 use std::path::PathBuf;
@@ -30,8 +29,7 @@ pub use self::messages::{Level, Message, MessageLog};
 pub use self::overlay::Overlay;
 pub use self::replay::{Replay, ReplayItem};
 pub use self::saving::{SaveState, SessionsDir, check_writable, turns_label};
-pub use self::scroll::PaneScroll;
-pub use self::state_scope::StateScope;
+pub use self::scroll::{Layout, PaneLayout, PaneScroll};
 pub use self::view_state::{ColourMode, Focus, ThinkingView, ViewState};
 use super::event::Inbound;
 use super::highlight::Markdown;
@@ -40,6 +38,7 @@ use super::sliders::Settings;
 use super::theme::Theme;
 use crate::backend::{BackendInfo, DryRun, EngineEvent, GenerationParams, Phase, Prompt, Support};
 use crate::session::{Session, Turn};
+pub use crate::tui::panels::state_scope::StateScope;
 
 /// What the runner does for the app.
 #[derive(Debug, Clone, PartialEq)]
@@ -405,6 +404,11 @@ impl App {
             }
         }
         self.dirty = true;
+    }
+
+    /// What the last frame laid out (the runner hands back what drawing returned).
+    pub fn laid_out(&mut self, layout: Layout) {
+        self.view.laid_out(layout);
     }
 
     /// What the backend rendered for [`Effect::DryRun`].

@@ -1,18 +1,31 @@
-//! Scroll state of a streaming pane.
+//! Scroll state of a streaming pane, and the layout a frame drew (the runner hands it back, so a
+//! scroll key knows where the view is; drawing never writes into the state).
 
-use std::cell::{Cell, RefCell};
+/// What one pane drew: its wrapped lines and its height in rows.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PaneLayout {
+    pub total: usize,
+    pub height: usize,
+}
 
-/// Scroll state of a streaming pane: `None` follows the tail. Draw records the last layout
-/// (in cells: a read-only draw cannot otherwise report what it laid out), so a scroll key
-/// knows where the view currently is.
+/// What a frame laid out. `None`: not drawn in that frame (the last known value stays).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub thinking: Option<PaneLayout>,
+    pub answer: Option<PaneLayout>,
+    /// The largest useful first line of the scrollable popup on screen.
+    pub popup_scroll_max: Option<u16>,
+    /// The State view's first layer row and head column (it keeps the selection in sight).
+    pub state_top: Option<usize>,
+    pub state_left: Option<usize>,
+}
+
+/// Scroll state of a streaming pane: `None` follows the tail.
 #[derive(Debug, Default)]
 pub struct PaneScroll {
     pub top: Option<usize>,
-    pub last_total: Cell<usize>,
-    pub last_height: Cell<usize>,
-    /// The pane's wrapped token lines, and wrapped Markdown, kept between frames.
-    pub lines: RefCell<crate::tui::view::PaneCache>,
-    pub markdown: RefCell<crate::tui::view::MarkdownWrap>,
+    /// What the last frame drew of this pane.
+    pub last: PaneLayout,
 }
 
 impl PaneScroll {
@@ -23,8 +36,8 @@ impl PaneScroll {
     }
 
     pub fn scroll(&mut self, delta: i64) {
-        let total = self.last_total.get();
-        let height = self.last_height.get().max(1);
+        let total = self.last.total;
+        let height = self.last.height.max(1);
         let tail = total.saturating_sub(height);
         let cur = self.first_line(total, height) as i64;
         let next = (cur + delta).clamp(0, tail as i64) as usize;
@@ -34,7 +47,7 @@ impl PaneScroll {
 
     /// One page up (`-1`) or down (`1`).
     pub fn page(&mut self, dir: i64) {
-        let page = self.last_height.get().max(2) as i64 - 1;
+        let page = self.last.height.max(2) as i64 - 1;
         self.scroll(dir * page);
     }
 

@@ -1,5 +1,6 @@
 //! The help screen (every key, from the live keymap) and the session picker.
 
+use super::View;
 use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::style::{Modifier, Style};
@@ -32,7 +33,7 @@ const CONTEXT_KEYS: [(&str, &str); 12] = [
 const KEY_COLS: usize = 24;
 const NAME_COLS: usize = 20;
 
-pub fn help(app: &App, f: &mut Frame, area: Rect) {
+pub fn help(app: &App, f: &mut Frame, area: Rect, v: &mut View) {
     let th = &app.theme;
     let key_style = Style::new().fg(th.accent).add_modifier(Modifier::BOLD);
     // (key, action name, description) rows; the name is empty for the context keys.
@@ -79,7 +80,7 @@ pub fn help(app: &App, f: &mut Frame, area: Rect) {
     }
     let visible = r.height.saturating_sub(2) as usize;
     let max = rows.len().saturating_sub(visible);
-    app.view.popup_scroll_max.set(max as u16);
+    v.layout.popup_scroll_max = Some(max as u16);
     let first = (app.view.popup_scroll as usize).min(max);
     let title = if rows.len() > visible {
         format!(" Help · ↑↓ scroll ({}–{} of {}) ", first + 1, (first + visible).min(rows.len()), rows.len())

@@ -8,9 +8,10 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Scrollbar, ScrollbarOrientation, ScrollbarState};
 
 use super::wrap::wrap;
+use super::{Pane, View};
 use crate::backend::{DiagnosticKind, DraftKind, Phase, TokenEvent};
 use crate::session::{Timed, Turn};
-use crate::tui::app::{App, ColourMode, EditTarget, Focus, PaneScroll, ThinkingView};
+use crate::tui::app::{App, ColourMode, EditTarget, Focus, PaneLayout, PaneScroll, ThinkingView};
 use crate::tui::keymap::Action;
 use crate::tui::theme::Theme;
 use crate::units::duration_ms;
@@ -60,7 +61,7 @@ fn one_line(s: &str) -> String {
 }
 
 /// Thinking and answer panes for the shown turn.
-pub fn conversation(app: &App, f: &mut Frame, area: Rect) {
+pub fn conversation(app: &App, f: &mut Frame, area: Rect, v: &mut View) {
     let thinking_w = match app.view.thinking_view {
         ThinkingView::Shown => None,
         ThinkingView::Collapsed => Some(3),
@@ -84,9 +85,9 @@ pub fn conversation(app: &App, f: &mut Frame, area: Rect) {
     };
     let turn = app.shown();
     if let Some(t_area) = t_area {
-        thinking(app, f, t_area, turn);
+        thinking(app, f, t_area, turn, v);
     }
-    answer(app, f, a_area, turn);
+    answer(app, f, a_area, turn, v);
 }
 
 fn thinking_title(app: &App, turn: Option<&Turn>) -> Line<'static> {
@@ -112,7 +113,7 @@ fn thinking_title(app: &App, turn: Option<&Turn>) -> Line<'static> {
     Line::from(spans)
 }
 
-fn thinking(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>) {
+fn thinking(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>, v: &mut View) {
     let th = &app.theme;
     let block =
         Block::bordered().title(thinking_title(app, turn)).border_style(th.border(app.view.focus == Focus::Thinking));
@@ -127,12 +128,12 @@ fn thinking(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>) {
         return;
     }
     match turn {
-        Some(t) => token_pane(app, f, area, block, t, Phase::Thinking, &app.view.thinking_scroll),
-        None => scrolled(app, f, area, block, vec![], &app.view.thinking_scroll),
+        Some(t) => token_pane(app, f, area, block, t, Pane::Thinking, v),
+        None => scrolled(app, f, area, block, vec![], Pane::Thinking, v),
     }
 }
 
-fn answer(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>) {
+fn answer(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>, v: &mut View) {
     let th = &app.theme;
     let mut title = vec![Span::styled(" Answer ", th.title())];
     if let Some(t) = turn {
@@ -144,16 +145,16 @@ fn answer(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>) {
     }
     let block = Block::bordered().title(Line::from(title)).border_style(th.border(app.view.focus == Focus::Answer));
     match turn {
-        None => scrolled(app, f, area, block, welcome(app), &app.view.answer_scroll),
+        None => scrolled(app, f, area, block, welcome(app), Pane::Answer, v),
         // Markdown in the default view; raw tokens when colouring or inspecting tokens.
         Some(t)
             if app.view.colour_mode == ColourMode::Phase
                 && app.view.inspector.is_none()
                 && !has_loop_in(t, Phase::Answer) =>
         {
-            markdown_pane(app, f, area, block, t, &app.view.answer_scroll)
+            markdown_pane(app, f, area, block, t, v)
         }
-        Some(t) => token_pane(app, f, area, block, t, Phase::Answer, &app.view.answer_scroll),
+        Some(t) => token_pane(app, f, area, block, t, Pane::Answer, v),
     }
 }
 
@@ -182,48 +183,50 @@ fn welcome(app: &App) -> Vec<Line<'static>> {
 }
 
 /// Draws `lines` wrapped inside `block`, following the tail unless scrolled back.
-fn scrolled(app: &App, f: &mut Frame, area: Rect, block: Block, lines: Vec<Line<'static>>, scroll: &PaneScroll) {
+fn scrolled(app: &App, f: &mut Frame, area: Rect, block: Block, lines: Vec<Line<'static>>, pane: Pane, v: &mut View) {
     let inner = block.inner(area);
     f.render_widget(block, area);
     if inner.width < 2 || inner.height == 0 {
         return;
     }
     let wrapped = wrap(&lines, inner.width.saturating_sub(1) as usize);
-    show(app, f, inner, wrapped.len(), |r| wrapped[r].to_vec(), scroll);
+    let drawn = show(app, f, inner, wrapped.len(), |r| wrapped[r].to_vec(), pane.scroll(app));
+    v.record(pane, drawn);
 }
 
 /// Draws one phase's tokens inside `block`, wrapped through the pane's [`PaneCache`] so a frame
 /// only wraps what arrived since the last one.
-fn token_pane(app: &App, f: &mut Frame, area: Rect, block: Block, t: &Turn, phase: Phase, scroll: &PaneScroll) {
+fn token_pane(app: &App, f: &mut Frame, area: Rect, block: Block, t: &Turn, pane: Pane, v: &mut View) {
     let inner = block.inner(area);
     f.render_widget(block, area);
     if inner.width < 2 || inner.height == 0 {
         return;
     }
-    let mut cache = scroll.lines.borrow_mut();
-    let tail = cache.update(app, t, phase, inner.width.saturating_sub(1) as usize);
+    let cache = v.lines(pane);
+    let tail = cache.update(app, t, pane.phase(), inner.width.saturating_sub(1) as usize);
     let closed = &cache.wrapped;
     let total = closed.len() + tail.len();
-    show(
+    let drawn = show(
         app,
         f,
         inner,
         total,
         |r| r.map(|i| closed.get(i).unwrap_or_else(|| &tail[i - closed.len()]).clone()).collect(),
-        scroll,
+        pane.scroll(app),
     );
+    v.record(pane, drawn);
 }
 
 /// Draws the answer as Markdown inside `block`: the finished lines wrapped once (kept in the
 /// pane's [`MarkdownWrap`]), the open ones each frame.
-fn markdown_pane(app: &App, f: &mut Frame, area: Rect, block: Block, t: &Turn, scroll: &PaneScroll) {
+fn markdown_pane(app: &App, f: &mut Frame, area: Rect, block: Block, t: &Turn, v: &mut View) {
     let inner = block.inner(area);
     f.render_widget(block, area);
     if inner.width < 2 || inner.height == 0 {
         return;
     }
     let width = inner.width.saturating_sub(1) as usize;
-    let mut cache = scroll.markdown.borrow_mut();
+    let cache = &mut v.markdown;
     let finished = app.md.finished();
     if (cache.md_id, cache.width) != (Some(app.md.id), width) || cache.wrapped_from > finished.len() {
         *cache = MarkdownWrap { md_id: Some(app.md.id), width, ..Default::default() };
@@ -234,14 +237,15 @@ fn markdown_pane(app: &App, f: &mut Frame, area: Rect, block: Block, t: &Turn, s
     let open = wrap(&app.md.open_lines(t.answer.trim_start_matches('\n'), &app.theme), width);
     let closed = &cache.wrapped;
     let total = closed.len() + open.len();
-    show(
+    let drawn = show(
         app,
         f,
         inner,
         total,
         |r| r.map(|i| closed.get(i).unwrap_or_else(|| &open[i - closed.len()]).clone()).collect(),
-        scroll,
+        &app.view.answer_scroll,
     );
+    v.record(Pane::Answer, drawn);
 }
 
 /// The wrapped finished lines of one [`crate::tui::highlight::Markdown`] (by its id) at one width.
@@ -255,7 +259,7 @@ pub struct MarkdownWrap {
 }
 
 /// Draws the visible rows of `total` wrapped lines (`rows` yields a range of them) and the
-/// scrollbar, following the tail unless scrolled back.
+/// scrollbar, following the tail unless scrolled back. Returns what it laid out.
 fn show(
     app: &App,
     f: &mut Frame,
@@ -263,11 +267,9 @@ fn show(
     total: usize,
     rows: impl FnOnce(std::ops::Range<usize>) -> Vec<Line<'static>>,
     scroll: &PaneScroll,
-) {
+) -> PaneLayout {
     let h = inner.height as usize;
     let first = scroll.first_line(total, h);
-    scroll.last_total.set(total);
-    scroll.last_height.set(h);
     let visible = rows(first..(first + h).min(total));
     let text_area = Rect { width: inner.width - 1, ..inner };
     f.render_widget(Paragraph::new(visible), text_area);
@@ -279,6 +281,7 @@ fn show(
             &mut state,
         );
     }
+    PaneLayout { total, height: h }
 }
 
 fn has_loop_in(t: &Turn, phase: Phase) -> bool {

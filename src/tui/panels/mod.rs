@@ -1,0 +1,3 @@
+//! The workbench's panels: each file holds one feature's state, keys and drawing.
+
+pub mod state_scope;
