@@ -14,9 +14,10 @@ pub mod event;
 pub mod highlight;
 pub mod keymap;
 pub mod panels;
+/// The sliders' settings (`tui::sliders::Settings`) where they always were.
+pub use self::panels::sliders;
 pub mod render;
 pub mod runner;
-pub mod sliders;
 pub mod theme;
 pub mod view;
 
@@ -30,9 +31,9 @@ use ratatui::crossterm::event::{DisableBracketedPaste, EnableBracketedPaste};
 use self::app::{App, AppConfig, SessionsDir};
 use self::event::Inbound;
 use self::keymap::Keymap;
+use self::panels::sliders::Settings;
 use self::render::FrameClock;
 use self::runner::Runner;
-use self::sliders::Settings;
 use self::theme::Theme;
 use crate::backend::{self, BackendSpec, GenerationParams, OpenProgress, ParamOverrides, Support};
 use crate::error::panic_message;

@@ -1,7 +1,7 @@
 //! What each bound action does. Actions are grouped by what they change: the generation in
 //! flight, the conversation, the view, the settings, and the files.
 
-use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use ratatui::crossterm::event::{KeyCode, KeyEvent};
 
 use super::messages::Level;
 use super::overlay::{Overlay, line_input};
@@ -321,30 +321,6 @@ impl App {
         self.view.show_compare = false;
         self.sync_markdown();
         self.say(Level::Info, format!("turn {} of {n}", next + 1));
-    }
-
-    fn slider_key(&mut self, k: KeyEvent) {
-        let n = Slider::ALL.len();
-        let big = k.modifiers.contains(KeyModifiers::SHIFT);
-        let cap = self.settings.max_tokens_cap(self.next_prompt_estimate());
-        let slider = Slider::ALL[self.view.slider];
-        match k.code {
-            KeyCode::Up => self.view.slider = (self.view.slider + n - 1) % n,
-            KeyCode::Down => self.view.slider = (self.view.slider + 1) % n,
-            KeyCode::Left | KeyCode::Char('h') | KeyCode::Char('-') => slider.adjust(&mut self.settings, -1, big),
-            KeyCode::Right | KeyCode::Char('l') | KeyCode::Char('+') | KeyCode::Char('=') => {
-                slider.adjust(&mut self.settings, 1, big)
-            }
-            KeyCode::Char('[') => slider.adjust(&mut self.settings, -1, true),
-            KeyCode::Char(']') => slider.adjust(&mut self.settings, 1, true),
-            KeyCode::Char('p') => Slider::Preset.adjust(&mut self.settings, 1, false),
-            _ => {}
-        }
-        // Steps stop at the model's context.
-        if self.settings.params.max_tokens > cap {
-            self.settings.params.max_tokens = cap;
-            self.say(Level::Info, format!("max_tokens stops at {cap}: the model's context less the conversation"));
-        }
     }
 
     /// Tokens the next prompt will take before generation (≈ the history so far).

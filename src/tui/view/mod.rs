@@ -8,7 +8,7 @@ mod help;
 mod inspector;
 mod panes;
 mod popups;
-mod sliders;
+use crate::tui::panels::sliders;
 pub mod wrap;
 
 use panes::{MarkdownWrap, PaneCache};
