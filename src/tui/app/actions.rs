@@ -3,7 +3,7 @@
 
 use ratatui::crossterm::event::{KeyCode, KeyEvent};
 
-use super::messages::Level;
+use super::Level;
 use super::overlay::{Overlay, line_input};
 use super::view_state::ColourMode;
 use super::{App, EditTarget, Effect, Focus};
@@ -56,21 +56,8 @@ impl App {
         if self.view.focus == Focus::State {
             return self.state_key(k);
         }
-        if let Some(cur) = self.view.inspector {
-            let n = self.shown().map(|t| t.tokens.len()).unwrap_or(0);
-            let moved = match k.code {
-                KeyCode::Left => Some(cur.saturating_sub(1)),
-                KeyCode::Right => Some((cur + 1).min(n.saturating_sub(1))),
-                KeyCode::Up => Some(cur.saturating_sub(10)),
-                KeyCode::Down => Some((cur + 10).min(n.saturating_sub(1))),
-                KeyCode::Home => Some(0),
-                KeyCode::End => Some(n.saturating_sub(1)),
-                _ => None,
-            };
-            if let Some(m) = moved {
-                self.view.inspector = Some(m);
-                return;
-            }
+        if self.inspector_key(k) {
+            return;
         }
         match self.view.focus {
             Focus::Input => self.composer.key(k),
@@ -350,13 +337,5 @@ impl App {
         };
         let path = json.with_extension("md");
         self.effects.push(Effect::Export { path, markdown: self.convo.session.to_markdown() });
-    }
-
-    /// The picker over the saved sessions the runner listed.
-    pub(super) fn show_sessions(&mut self, items: Vec<crate::session::SessionInfo>) {
-        if items.is_empty() {
-            self.say(Level::Info, "no saved sessions");
-        }
-        self.overlay = Overlay::Picker { items, selected: 0 };
     }
 }

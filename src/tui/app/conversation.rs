@@ -2,7 +2,7 @@
 //! change a user can make to it (send, regenerate, compare, edit an earlier prompt, delete,
 //! continue a cut answer, start afresh).
 
-use super::messages::Level;
+use super::Level;
 use super::replay::Replay;
 use super::saving::SaveState;
 use super::{App, Effect};

@@ -12,7 +12,6 @@
 mod actions;
 mod composer;
 mod conversation;
-mod messages;
 mod overlay;
 mod replay;
 mod saving;
@@ -25,7 +24,6 @@ use ratatui::crossterm::event::{Event as TermEvent, KeyCode, KeyEvent, KeyEventK
 
 pub use self::composer::{Composer, EditTarget, MAX_ROWS as COMPOSER_MAX_ROWS};
 pub use self::conversation::{Conversation, Live};
-pub use self::messages::{Level, Message, MessageLog};
 pub use self::overlay::Overlay;
 pub use self::replay::{Replay, ReplayItem};
 pub use self::saving::{SaveState, SessionsDir, check_writable, turns_label};
@@ -38,6 +36,7 @@ use super::sliders::Settings;
 use super::theme::Theme;
 use crate::backend::{BackendInfo, DryRun, EngineEvent, GenerationParams, Phase, Prompt, Support};
 use crate::session::{Session, Turn};
+pub use crate::tui::panels::messages::{Level, Message, MessageLog};
 pub use crate::tui::panels::state_scope::StateScope;
 
 /// What the runner does for the app.

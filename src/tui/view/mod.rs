@@ -2,13 +2,9 @@
 //! thinking and answer side by side, and the gauge/slider column on wide terminals; panes
 //! stacked on narrow ones; a message instead of a broken layout on tiny ones.
 
-mod compare;
-mod gauges;
-mod help;
-mod inspector;
 mod panes;
-mod popups;
-use crate::tui::panels::sliders;
+pub(crate) mod popups;
+use crate::tui::panels::{compare, gauges, help, inspector, messages, picker, sliders};
 pub mod wrap;
 
 use panes::{MarkdownWrap, PaneCache};
@@ -181,9 +177,9 @@ fn draw(app: &App, f: &mut Frame, v: &mut View) {
     }
     match &app.overlay {
         Overlay::None => {}
-        Overlay::Help => help::help(app, f, area, v),
-        Overlay::Picker { items, selected } => help::picker(app, f, area, items, *selected),
-        Overlay::Messages => popups::messages(app, f, area, v),
+        Overlay::Help => help::draw(app, f, area, &mut v.layout),
+        Overlay::Picker { items, selected } => picker::draw(app, f, area, items, *selected),
+        Overlay::Messages => messages::draw(app, f, area, &mut v.layout),
         Overlay::Prompt(result) => popups::prompt(app, f, area, result, v),
         Overlay::ConfirmQuit => popups::confirm_quit(app, f, area),
         Overlay::SaveAs { input, error } => popups::save_as(app, f, area, input, error.as_deref()),
