@@ -1,7 +1,7 @@
 //! What each bound action does. Actions are grouped by what they change: the generation in
 //! flight, the conversation, the view, the settings, and the files.
 
-use ratatui::crossterm::event::{KeyCode, KeyEvent};
+use ratatui::crossterm::event::KeyEvent;
 
 use super::Level;
 use super::overlay::{Overlay, line_input};
@@ -63,20 +63,7 @@ impl App {
             Focus::Input => self.composer.key(k),
             Focus::Sliders => self.slider_key(k),
             Focus::State => {}
-            Focus::Thinking | Focus::Answer => {
-                let scroll = if self.view.focus == Focus::Thinking {
-                    &mut self.view.thinking_scroll
-                } else {
-                    &mut self.view.answer_scroll
-                };
-                match k.code {
-                    KeyCode::Up => scroll.scroll(-1),
-                    KeyCode::Down => scroll.scroll(1),
-                    KeyCode::Home => scroll.top = Some(0),
-                    KeyCode::End => scroll.follow(),
-                    _ => {}
-                }
-            }
+            Focus::Thinking | Focus::Answer => self.pane_key(k),
         }
     }
 

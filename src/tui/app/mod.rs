@@ -10,24 +10,22 @@
 //! ([`Overlay`]) and the message log ([`MessageLog`]).
 
 mod actions;
-mod composer;
 mod conversation;
+mod layout;
 mod overlay;
 mod replay;
 mod saving;
-mod scroll;
 mod view_state;
 
 use std::path::PathBuf;
 
 use ratatui::crossterm::event::{Event as TermEvent, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
-pub use self::composer::{Composer, EditTarget, MAX_ROWS as COMPOSER_MAX_ROWS};
 pub use self::conversation::{Conversation, Live};
+pub use self::layout::{Layout, PaneLayout};
 pub use self::overlay::Overlay;
 pub use self::replay::{Replay, ReplayItem};
 pub use self::saving::{SaveState, SessionsDir, check_writable, turns_label};
-pub use self::scroll::{Layout, PaneLayout, PaneScroll};
 pub use self::view_state::{ColourMode, Focus, ThinkingView, ViewState};
 use super::event::Inbound;
 use super::highlight::Markdown;
@@ -36,8 +34,10 @@ use super::sliders::Settings;
 use super::theme::Theme;
 use crate::backend::{BackendInfo, DryRun, EngineEvent, GenerationParams, Phase, Prompt, Support};
 use crate::session::{Session, Turn};
+pub use crate::tui::panels::composer::{Composer, EditTarget, MAX_ROWS as COMPOSER_MAX_ROWS};
 pub use crate::tui::panels::messages::{Level, Message, MessageLog};
 pub use crate::tui::panels::state_scope::StateScope;
+pub use crate::tui::panels::transcript::PaneScroll;
 
 /// What the runner does for the app.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,8 +1,8 @@
 //! What the screen shows, apart from the conversation itself: focus, the shown turn, pane
 //! scrolling, the token inspector and the display toggles.
 
+use super::PaneScroll;
 use super::StateScope;
-use super::scroll::PaneScroll;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Focus {

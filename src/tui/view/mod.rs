@@ -2,12 +2,11 @@
 //! thinking and answer side by side, and the gauge/slider column on wide terminals; panes
 //! stacked on narrow ones; a message instead of a broken layout on tiny ones.
 
-mod panes;
 pub(crate) mod popups;
 use crate::tui::panels::{compare, gauges, help, inspector, messages, picker, sliders};
 pub mod wrap;
 
-use panes::{MarkdownWrap, PaneCache};
+use crate::tui::panels::transcript::{self, MarkdownWrap, PaneCache};
 
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -37,26 +36,26 @@ const HISTORY_FROM: u16 = 150;
 pub struct View {
     thinking: PaneCache,
     answer: PaneCache,
-    markdown: MarkdownWrap,
-    layout: app::Layout,
+    pub(crate) markdown: MarkdownWrap,
+    pub(crate) layout: app::Layout,
 }
 
 /// The two streaming panes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Pane {
+pub(crate) enum Pane {
     Thinking,
     Answer,
 }
 
 impl Pane {
-    fn phase(self) -> Phase {
+    pub(crate) fn phase(self) -> Phase {
         match self {
             Pane::Thinking => Phase::Thinking,
             Pane::Answer => Phase::Answer,
         }
     }
 
-    fn scroll(self, app: &App) -> &PaneScroll {
+    pub(crate) fn scroll(self, app: &App) -> &PaneScroll {
         match self {
             Pane::Thinking => &app.view.thinking_scroll,
             Pane::Answer => &app.view.answer_scroll,
@@ -73,14 +72,14 @@ impl View {
         std::mem::take(&mut self.layout)
     }
 
-    fn lines(&mut self, pane: Pane) -> &mut PaneCache {
+    pub(crate) fn lines(&mut self, pane: Pane) -> &mut PaneCache {
         match pane {
             Pane::Thinking => &mut self.thinking,
             Pane::Answer => &mut self.answer,
         }
     }
 
-    fn record(&mut self, pane: Pane, drawn: PaneLayout) {
+    pub(crate) fn record(&mut self, pane: Pane, drawn: PaneLayout) {
         match pane {
             Pane::Thinking => self.layout.thinking = Some(drawn),
             Pane::Answer => self.layout.answer = Some(drawn),
@@ -132,7 +131,7 @@ fn draw(app: &App, f: &mut Frame, v: &mut View) {
     };
     let center = if area.width >= HISTORY_FROM {
         let [h, c] = Layout::horizontal([Constraint::Length(HISTORY_WIDTH), Constraint::Min(40)]).areas(center);
-        panes::history(app, f, h);
+        transcript::history(app, f, h);
         c
     } else {
         center
@@ -156,12 +155,12 @@ fn draw(app: &App, f: &mut Frame, v: &mut View) {
     {
         compare::draw(app, f, center, a, b);
     } else {
-        panes::conversation(app, f, center, v);
+        transcript::conversation(app, f, center, v);
     }
     if !banners.is_empty() {
         f.render_widget(Paragraph::new(banners).style(Style::new().bg(app.theme.banner_bg)), banner_area);
     }
-    panes::input(app, f, input_area);
+    crate::tui::panels::composer::draw(app, f, input_area);
     status(app, f, status_area);
 
     if side.is_none() && app.view.focus == super::app::Focus::Sliders {

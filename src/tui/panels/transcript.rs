@@ -1,20 +1,77 @@
-//! The conversation panes: history, thinking and answer (side by side, or stacked when
-//! narrow), and the input box.
+//! The transcript panel: the history list, and the thinking and answer panes (side by side, or
+//! stacked when narrow) with their scroll state and keys. Drawing wraps through caches the
+//! runner's [`View`] keeps between frames, and records each pane's layout in the frame's
+//! [`crate::tui::app::Layout`].
 
 use ratatui::Frame;
+use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Scrollbar, ScrollbarOrientation, ScrollbarState};
 
-use super::wrap::wrap;
-use super::{Pane, View};
 use crate::backend::{DiagnosticKind, DraftKind, Phase, TokenEvent};
 use crate::session::{Timed, Turn};
-use crate::tui::app::{App, ColourMode, EditTarget, Focus, PaneLayout, PaneScroll, ThinkingView};
+use crate::tui::app::{App, ColourMode, Focus, PaneLayout, ThinkingView};
 use crate::tui::keymap::Action;
 use crate::tui::theme::Theme;
+use crate::tui::view::wrap::wrap;
+use crate::tui::view::{Pane, View};
 use crate::units::duration_ms;
+
+/// Scroll state of a streaming pane: `None` follows the tail.
+#[derive(Debug, Default)]
+pub struct PaneScroll {
+    pub top: Option<usize>,
+    /// What the last frame drew of this pane.
+    pub last: PaneLayout,
+}
+
+impl PaneScroll {
+    /// The first visible line for `total` lines in `height` rows.
+    pub fn first_line(&self, total: usize, height: usize) -> usize {
+        let tail = total.saturating_sub(height);
+        self.top.map(|t| t.min(tail)).unwrap_or(tail)
+    }
+
+    pub fn scroll(&mut self, delta: i64) {
+        let total = self.last.total;
+        let height = self.last.height.max(1);
+        let tail = total.saturating_sub(height);
+        let cur = self.first_line(total, height) as i64;
+        let next = (cur + delta).clamp(0, tail as i64) as usize;
+        // Back at the bottom: follow the tail again.
+        self.top = if next >= tail { None } else { Some(next) };
+    }
+
+    /// One page up (`-1`) or down (`1`).
+    pub fn page(&mut self, dir: i64) {
+        let page = self.last.height.max(2) as i64 - 1;
+        self.scroll(dir * page);
+    }
+
+    pub fn follow(&mut self) {
+        self.top = None;
+    }
+}
+
+impl App {
+    /// A key while the thinking or answer pane has the focus: ↑/↓ scroll, Home / End.
+    pub(crate) fn pane_key(&mut self, k: KeyEvent) {
+        let scroll = if self.view.focus == Focus::Thinking {
+            &mut self.view.thinking_scroll
+        } else {
+            &mut self.view.answer_scroll
+        };
+        match k.code {
+            KeyCode::Up => scroll.scroll(-1),
+            KeyCode::Down => scroll.scroll(1),
+            KeyCode::Home => scroll.top = Some(0),
+            KeyCode::End => scroll.follow(),
+            _ => {}
+        }
+    }
+}
 
 /// Side by side from this width of the centre area.
 const SIDE_BY_SIDE_FROM: u16 = 70;
@@ -462,34 +519,4 @@ pub fn token_style(th: &Theme, mode: ColourMode, tok: &TokenEvent, in_loop: bool
         s = s.bg(th.cursor_bg).add_modifier(Modifier::BOLD | Modifier::UNDERLINED);
     }
     s
-}
-
-pub fn input(app: &App, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
-    let k = |a| app.keymap.first(a);
-    let mut title = vec![Span::styled(" Prompt ", th.title())];
-    match app.composer.target {
-        EditTarget::NewTurn => {}
-        EditTarget::Turn(i) => {
-            title.push(Span::styled(format!("(editing turn {}: Enter re-runs from it) ", i + 1), th.fg(th.warn)))
-        }
-        EditTarget::System => title.push(Span::styled("(editing the system prompt) ", th.fg(th.warn))),
-    }
-    let hint = format!(
-        " {} send · {} newline · {} cancel · {} regenerate · {} compare · {} thinking {} ",
-        k(Action::Send),
-        k(Action::Newline),
-        k(Action::Cancel),
-        k(Action::Regenerate),
-        k(Action::Compare),
-        k(Action::ToggleThinking),
-        if app.settings.enable_thinking { "on" } else { "off" }
-    );
-    let block = Block::bordered()
-        .title(Line::from(title))
-        .title_bottom(Line::styled(hint, th.fg(th.dim)))
-        .border_style(th.border(app.view.focus == Focus::Input));
-    let inner = block.inner(area);
-    f.render_widget(block, area);
-    f.render_widget(&app.composer.input, inner);
 }
