@@ -91,7 +91,7 @@ pub fn settle(app: &mut App) -> Vec<Effect> {
         for e in effects {
             match deltascope::tui::runner::disk_io(e) {
                 Ok(answer) => {
-                    let now = app.now_ms;
+                    let now = app.now_ms();
                     app.update(answer, now)
                 }
                 Err(other) => rest.push(other),

@@ -92,28 +92,28 @@ pub struct AppConfig {
 }
 
 pub struct App {
-    pub theme: Theme,
-    pub keymap: Keymap,
+    pub(crate) theme: Theme,
+    pub(crate) keymap: Keymap,
     pub settings: Settings,
     /// What the backend said about itself, once it is open.
     pub model: Option<BackendInfo>,
     /// Loading progress: (done, total, what).
     pub loading: Option<(u64, u64, String)>,
-    pub fatal: Option<String>,
+    pub(crate) fatal: Option<String>,
     pub composer: Composer,
     pub convo: Conversation,
     pub view: ViewState,
     pub overlay: Overlay,
     pub messages: MessageLog,
     /// Rendered answer of the shown turn (for turn index `md_turn`).
-    pub md: Markdown,
+    pub(crate) md: Markdown,
     md_turn: Option<usize>,
     /// App time in ms (set by each update).
-    pub now_ms: f64,
+    pub(crate) now_ms: f64,
     pub quit: bool,
     /// Quit once the save asked for has worked (a path typed after a failed save).
     quit_after_save: bool,
-    pub dirty: bool,
+    pub(crate) dirty: bool,
     effects: Vec<Effect>,
 }
 
@@ -154,6 +154,11 @@ impl App {
         }
         app.sync_markdown();
         app
+    }
+
+    /// App time in ms, as the last update set it.
+    pub fn now_ms(&self) -> f64 {
+        self.now_ms
     }
 
     pub fn take_effects(&mut self) -> Vec<Effect> {
