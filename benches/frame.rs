@@ -42,16 +42,31 @@ fn long_transcript() -> deltascope::tui::app::App {
 fn frame(c: &mut Criterion) {
     let mut app = long_transcript();
     let mut term = terminal(160, 48);
+    // What drawing keeps between frames (the panes' wrapped lines), as the runner keeps it.
+    let mut view = deltascope::tui::view::View::default();
     c.bench_function("frame_10k_tokens_markdown", |b| {
-        b.iter(|| term.draw(|f| deltascope::tui::view::draw(&app, f)).map(|_| ()).unwrap_or(()))
+        b.iter(|| {
+            term.draw(|f| {
+                view.draw(&app, f);
+            })
+            .map(|_| ())
+            .unwrap_or(())
+        })
     });
     key(&mut app, KeyCode::Char('l'), KeyModifiers::CONTROL, 0.0);
     c.bench_function("frame_10k_tokens_logprob_colours", |b| {
-        b.iter(|| term.draw(|f| deltascope::tui::view::draw(&app, f)).map(|_| ()).unwrap_or(()))
+        b.iter(|| {
+            term.draw(|f| {
+                view.draw(&app, f);
+            })
+            .map(|_| ())
+            .unwrap_or(())
+        })
     });
     // While streaming: every frame has new tokens (here one MTP step's worth, 3) after 8k
     // thinking tokens, so the panes' caches add to what they hold rather than reuse it whole.
     let mut app = streaming_transcript();
+    let mut view = deltascope::tui::view::View::default();
     let mut i = 8_000;
     c.bench_function("frame_streaming_after_8k_tokens", |b| {
         b.iter(|| {
@@ -60,7 +75,11 @@ fn frame(c: &mut Criterion) {
                 engine(&mut app, token(i, Phase::Thinking, &piece, -0.1, DraftKind::Accepted, false), i as f64);
                 i += 1;
             }
-            term.draw(|f| deltascope::tui::view::draw(&app, f)).map(|_| ()).unwrap_or(())
+            term.draw(|f| {
+                view.draw(&app, f);
+            })
+            .map(|_| ())
+            .unwrap_or(())
         })
     });
 }

@@ -223,7 +223,7 @@ fn the_prompt_box_grows_with_wrapped_text_and_keeps_the_cursor_in_view() {
     let long = "word ".repeat(200);
     type_text(&mut app, &long, 0.0);
     type_text(&mut app, "END", 0.0);
-    let screen = render(&app, 100, 40);
+    let screen = render(&mut app, 100, 40);
     let rows = screen.lines().filter(|l| l.contains("word word")).count();
     assert!(rows >= 8, "the box grew to several wrapped rows ({rows}):\n{screen}");
     assert!(screen.contains("END"), "the cursor's end of the text is in view:\n{screen}");
@@ -252,7 +252,7 @@ fn sliders_take_typed_values_and_stop_at_the_context() {
     // The current value is shown selected: typing replaces it.
     type_text(&mut app, "9000", 0.0);
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 0.0);
-    let screen = render(&app, 80, 30);
+    let screen = render(&mut app, 80, 30);
     assert!(screen.contains("max_tokens 9000 is more than the model's context"), "{screen}");
     for _ in 0..4 {
         key(&mut app, KeyCode::Backspace, KeyModifiers::NONE, 0.0);
@@ -291,7 +291,7 @@ fn the_next_turns_prompt_is_shown_with_its_token_ids() {
         text: Some("<|im_start|>user\nWhat is 2 + 2?<|im_end|>".into()),
         ids: Some(vec![1, 2, 3]),
     }));
-    let screen = render(&app, W, H);
+    let screen = render(&mut app, W, H);
     assert!(screen.contains("Next turn's prompt") && screen.contains("--- 3 token ids ---"), "{screen}");
     assert!(screen.contains("1,2,3"), "{screen}");
     // Nothing was sent, and the prompt is still there.
@@ -304,7 +304,7 @@ fn the_context_in_use_is_in_the_budget_gauge() {
     let mut app = app();
     app.settings.context = Some(4096);
     answer_turn(&mut app, "Is 91 prime?", "No.", 0.0);
-    let screen = render(&app, W, H);
+    let screen = render(&mut app, W, H);
     // The last turn's prompt (10) and answer (1).
     assert!(screen.contains("history ≈11 of 4096 context tokens"), "{screen}");
 }
@@ -327,11 +327,11 @@ fn a_failed_autosave_stays_visible_and_quitting_asks() {
     let err = app.convo.save.error.clone().expect("the save failed");
     // Long after the status message expired, the status line still says it.
     app.update(Inbound::Tick, 60_000.0);
-    let screen = render(&app, 80, 30);
+    let screen = render(&mut app, 80, 30);
     assert!(screen.contains("NOT SAVED"), "{screen}");
     // The message log has the whole reason, wrapped, at 80 columns.
     key(&mut app, KeyCode::Char('m'), KeyModifiers::ALT, 60_000.0);
-    let screen = render(&app, 80, 30);
+    let screen = render(&mut app, 80, 30);
     let flat: String = screen.lines().map(|l| l.trim_matches(|c| c == '│' || c == ' ')).collect::<Vec<_>>().join(" ");
     let words: Vec<&str> = err.split_whitespace().collect();
     assert!(words.iter().all(|w| flat.contains(w)), "every word of {err:?} is on screen:\n{screen}");
@@ -341,7 +341,7 @@ fn a_failed_autosave_stays_visible_and_quitting_asks() {
     settle(&mut app);
     assert!(!app.quit);
     assert_eq!(app.overlay.name(), "confirm-quit");
-    let screen = render(&app, 80, 30);
+    let screen = render(&mut app, 80, 30);
     assert!(screen.contains("save it to another path") && screen.contains("quit anyway"), "{screen}");
     // Esc cancels; q quits anyway, and what was lost is reported.
     key(&mut app, KeyCode::Esc, KeyModifiers::NONE, 61_000.0);
@@ -398,7 +398,7 @@ fn a_session_directory_that_cannot_be_used_falls_back_and_says_so() {
         session: Session::new("embedded:demo", None),
     });
     app.set_model(model());
-    let screen = render(&app, W, H);
+    let screen = render(&mut app, W, H);
     assert!(screen.contains("⚠ sessions cannot be saved in"), "{screen}");
     assert!(app.messages.items.iter().any(|m| m.text == why), "the message log has it whole");
     assert!(screen.contains("sessions →"), "{screen}");
@@ -416,6 +416,7 @@ fn opening_a_session_and_quitting_writes_nothing() {
     let mut app = app();
     app.convo.save.dir.path = Some(dir.path().to_path_buf());
     app.open_session(&path, false);
+    settle(&mut app);
     assert_eq!(app.convo.session.turns.len(), 1);
     key(&mut app, KeyCode::Char('q'), KeyModifiers::CONTROL, 1.0);
     assert!(settle(&mut app).is_empty());

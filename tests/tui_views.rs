@@ -28,8 +28,8 @@ fn snap(name: &str, screen: String) {
 
 #[test]
 fn welcome() {
-    let app = app();
-    snap("welcome", render(&app, W, H));
+    let mut app = app();
+    snap("welcome", render(&mut app, W, H));
 }
 
 #[test]
@@ -37,7 +37,7 @@ fn loading_progress() {
     let mut app = app();
     app.model = None;
     app.loading = Some((9_500_000, 25_000_000, "weights of demo: 9.06 MiB of 23.84 MiB".into()));
-    snap("loading", render(&app, 100, 24));
+    snap("loading", render(&mut app, 100, 24));
 }
 
 #[test]
@@ -45,7 +45,7 @@ fn streaming_thinking() {
     let mut app = app();
     healthy_turn(&mut app, false);
     assert_eq!(app.state_label(), "answering");
-    snap("streaming", render(&app, W, H));
+    snap("streaming", render(&mut app, W, H));
 }
 
 #[test]
@@ -53,7 +53,7 @@ fn healthy_run_with_markdown_answer_and_gauges() {
     let mut app = app();
     healthy_turn(&mut app, true);
     assert_eq!(app.state_label(), "done");
-    let screen = render(&app, W, H);
+    let screen = render(&mut app, W, H);
     // Both panes, the gauges and the finish reason are on screen.
     assert!(screen.contains("91 / 7 = 13 r 0"), "{screen}");
     assert!(screen.contains("91 = 7 × 13"), "{screen}");
@@ -86,7 +86,7 @@ fn memory_gauge_shows_each_device_of_a_layer_split() {
         ];
     }
     engine(&mut app, done, 300.0);
-    let screen = render(&app, W, H);
+    let screen = render(&mut app, W, H);
     let line = |dev: &str| screen.lines().find(|l| l.contains(dev)).map(str::to_string);
     let (a, b) = (line("cuda:0 ").expect("a cuda:0 row"), line("cuda:1 ").expect("a cuda:1 row"));
     // Each device's row gives its own total: weights + KV + recurrent state.
@@ -98,13 +98,13 @@ fn memory_gauge_shows_each_device_of_a_layer_split() {
 fn narrow_terminal_stacks_the_panes() {
     let mut app = app();
     healthy_turn(&mut app, true);
-    snap("narrow", render(&app, 80, 34));
+    snap("narrow", render(&mut app, 80, 34));
 }
 
 #[test]
 fn tiny_terminal_gets_a_message() {
-    let app = app();
-    snap("tiny", render(&app, 40, 10));
+    let mut app = app();
+    snap("tiny", render(&mut app, 40, 10));
 }
 
 #[test]
@@ -130,7 +130,7 @@ fn thinking_ate_max_tokens_banner_and_fixes() {
     engine(&mut app, done(FinishReason::Length, 16, 16, 0, "199 / 3 ", ""), 18.0);
     // A diagnostic without fixes (a file from an older build): worked out from the turn's
     // settings, the forced end of thinking estimated from the bridge text (56 tokens).
-    let screen = render(&app, W, H);
+    let screen = render(&mut app, W, H);
     assert!(
         screen.contains("max_tokens → 528") && screen.contains("budget → 8, max_tokens → 96 (≈56 forced, ≈32 answer)"),
         "{screen}"
@@ -169,7 +169,7 @@ fn loop_banner_highlights_the_loop() {
         62.0,
     );
     engine(&mut app, done(FinishReason::Length, 12, 60, 0, "", ""), 63.0);
-    let screen = render(&app, W, H);
+    let screen = render(&mut app, W, H);
     assert!(screen.contains("LOOP DETECTED"), "{screen}");
     snap("loop", screen);
 }
@@ -189,7 +189,7 @@ fn forced_end_of_thinking_banner() {
     engine(&mut app, token(9, Phase::Thinking, "</think>", 0.0, DraftKind::None, true), 10.0);
     engine(&mut app, token(10, Phase::Answer, "97 is prime.", -0.2, DraftKind::None, false), 11.0);
     // While streaming the forced tokens are counted apart from the thinking.
-    let screen = render(&app, W, H);
+    let screen = render(&mut app, W, H);
     assert!(screen.contains("Thinking · 8 tok + 2 forced"), "{screen}");
     let mut end = done(FinishReason::Stop, 16, 8, 1, "", "97 is prime.");
     if let EngineEvent::Done(d) = &mut end {
@@ -197,7 +197,7 @@ fn forced_end_of_thinking_banner() {
         d.usage.completion_tokens = 11;
     }
     engine(&mut app, end, 12.0);
-    let screen = render(&app, W, H);
+    let screen = render(&mut app, W, H);
     assert!(screen.contains("Thinking · 8 tok + 2 forced"), "{screen}");
     assert!(screen.contains("think 8 ") && screen.contains("forced 2") && screen.contains("answer 1 "), "{screen}");
     assert!(screen.contains("11/256 max_tokens"), "{screen}");
@@ -213,7 +213,7 @@ fn token_inspector_and_colour_modes() {
     for _ in 0..12 {
         key(&mut app, KeyCode::Left, KeyModifiers::NONE, 200.0);
     }
-    let screen = render(&app, W, H);
+    let screen = render(&mut app, W, H);
     // The scripted token: logprob -0.3 (entropy 0.65 nats), the runner-up 2.5 below it.
     assert!(screen.contains("entropy   0.6500 nats (0.94 bits)"), "{screen}");
     assert!(screen.contains("margin    top-1 − top-2 = 2.5000 (p 0.741 vs 0.061)"), "{screen}");
@@ -221,7 +221,7 @@ fn token_inspector_and_colour_modes() {
     key(&mut app, KeyCode::Char('g'), KeyModifiers::CONTROL, 200.0);
     key(&mut app, KeyCode::Char('l'), KeyModifiers::CONTROL, 200.0);
     key(&mut app, KeyCode::Char('l'), KeyModifiers::CONTROL, 200.0);
-    snap("provenance", render(&app, W, H));
+    snap("provenance", render(&mut app, W, H));
 }
 
 #[test]
@@ -234,8 +234,8 @@ fn sliders_change_the_next_generation() {
     key(&mut app, KeyCode::Left, KeyModifiers::NONE, 0.0); // budget unlimited → 16384
     key(&mut app, KeyCode::Down, KeyModifiers::NONE, 0.0);
     key(&mut app, KeyCode::Right, KeyModifiers::NONE, 0.0); // temperature 0 → 0.05
-    snap("sliders", render(&app, W, H));
-    snap("sliders_narrow", render(&app, 90, 32));
+    snap("sliders", render(&mut app, W, H));
+    snap("sliders_narrow", render(&mut app, 90, 32));
     key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 0.0);
     key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 0.0);
     key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 0.0);
@@ -269,14 +269,14 @@ fn compare_runs_side_by_side() {
     }
     engine(&mut app, token(2, Phase::Answer, "91 is not prime.", -0.1, DraftKind::None, false), 305.0);
     engine(&mut app, done(FinishReason::Stop, 16, 2, 1, "91 / 7 = 13", "91 is not prime."), 306.0);
-    snap("compare", render(&app, W, H));
+    snap("compare", render(&mut app, W, H));
     // The State view and the comparison take the panes' place one at a time.
     key(&mut app, KeyCode::F(7), KeyModifiers::NONE, 307.0);
     assert!(app.view.state.shown && !app.view.show_compare);
     key(&mut app, KeyCode::Char('c'), KeyModifiers::ALT, 308.0);
     assert!(!app.view.state.shown && app.view.show_compare);
     assert_eq!(app.view.focus, Focus::Input);
-    assert!(render(&app, W, H).contains("B · turn 2 (re-run)"));
+    assert!(render(&mut app, W, H).contains("B · turn 2 (re-run)"));
 }
 
 #[test]
@@ -290,7 +290,8 @@ fn cancel_keeps_output_and_step_mode_sends_steps() {
     assert_eq!(app.shown().unwrap().finish_reason, Some(FinishReason::Cancelled));
     assert!(app.shown().unwrap().thinking_tokens() > 0);
     // The cancelled turn is saved like any other.
-    assert_eq!(app.take_effects(), vec![Effect::Save]);
+    let effects = app.take_effects();
+    assert!(matches!(&effects[..], [Effect::Save { session, .. }] if session.turns.len() == 1), "{effects:?}");
     key(&mut app, KeyCode::Char('s'), KeyModifiers::CONTROL, 102.0);
     key(&mut app, KeyCode::Char('n'), KeyModifiers::CONTROL, 102.0);
     assert_eq!(app.take_effects(), vec![Effect::SetPaused(true), Effect::Step]);
@@ -326,9 +327,9 @@ fn collapse_and_hide_thinking() {
     let mut app = app();
     healthy_turn(&mut app, true);
     key(&mut app, KeyCode::Char('t'), KeyModifiers::ALT, 200.0);
-    snap("thinking_collapsed", render(&app, W, H));
+    snap("thinking_collapsed", render(&mut app, W, H));
     key(&mut app, KeyCode::Char('t'), KeyModifiers::ALT, 200.0);
-    let screen = render(&app, W, H);
+    let screen = render(&mut app, W, H);
     assert!(!screen.contains(" Thinking "), "{screen}");
 }
 
@@ -337,26 +338,26 @@ fn help_lists_every_key() {
     let mut app = app();
     key(&mut app, KeyCode::F(1), KeyModifiers::NONE, 0.0);
     assert_eq!(app.overlay.name(), Overlay::Help.name());
-    let screen = render(&app, W, H);
+    let screen = render(&mut app, W, H);
     for a in deltascope::tui::keymap::Action::ALL {
-        assert!(screen.contains(a.name()), "{} missing from help", a.name());
+        assert!(screen.contains(&a.name()), "{} missing from help", a.name());
         assert!(screen.contains(a.describe()), "{}: description cut in help", a.name());
     }
     snap("help", screen);
 
     // On a short terminal it scrolls: every key can still be read, down to the last line.
-    let small = render(&app, 100, 24);
+    let small = render(&mut app, 100, 24);
     assert!(small.contains("↑↓ scroll (1–22 of"), "{small}");
     assert!(!small.contains("closes this help"));
     for _ in 0..60 {
         key(&mut app, KeyCode::Down, KeyModifiers::NONE, 0.0);
     }
     assert_eq!(app.overlay.name(), Overlay::Help.name());
-    let bottom = render(&app, 100, 24);
+    let bottom = render(&mut app, 100, 24);
     assert!(bottom.contains("closes this help") && bottom.contains("quit"), "{bottom}");
     // Scrolling past the end stops there: one ↑ moves up at once.
     key(&mut app, KeyCode::Up, KeyModifiers::NONE, 0.0);
-    assert!(!render(&app, 100, 24).contains("closes this help"));
+    assert!(!render(&mut app, 100, 24).contains("closes this help"));
     key(&mut app, KeyCode::Char('x'), KeyModifiers::NONE, 0.0);
     assert_eq!(app.overlay.name(), Overlay::None.name());
 
@@ -391,7 +392,8 @@ fn session_picker_lists_saved_sessions() {
     other.created = 1_700_000_000;
     other.save_atomic(&dir.path().join("older.json")).unwrap();
     key(&mut app, KeyCode::Char('p'), KeyModifiers::CONTROL, 300.0);
-    let screen = render(&app, W, H);
+    settle(&mut app);
+    let screen = render(&mut app, W, H);
     let screen = screen.replace(&dir.path().display().to_string(), "[DIR]");
     snap("picker", screen);
 
@@ -401,6 +403,7 @@ fn session_picker_lists_saved_sessions() {
     let path = dir.path().join("foreign.json");
     foreign.save_atomic(&path).unwrap();
     app.open_session(&path, false);
+    settle(&mut app);
     let msg = app.status().unwrap().to_string();
     assert_eq!(msg, "this session was recorded with Qwen3.6-27B; new turns use embedded:demo");
 
@@ -408,14 +411,18 @@ fn session_picker_lists_saved_sessions() {
     std::fs::write(dir.path().join("broken.json"), "{").unwrap();
     app.overlay = Overlay::None;
     key(&mut app, KeyCode::Char('p'), KeyModifiers::CONTROL, 300.0);
-    let screen = render(&app, W, H);
+    settle(&mut app);
+    let screen = render(&mut app, W, H);
     assert!(screen.contains("✖") && screen.contains("broken.json is not a deltascope session"), "{screen}");
 }
 
 /// The full cell grid (symbols and styles) of one frame.
 fn cells(app: &deltascope::tui::app::App, w: u16, h: u16) -> ratatui::buffer::Buffer {
     let mut term = terminal(w, h);
-    term.draw(|f| deltascope::tui::view::draw(app, f)).expect("draw");
+    term.draw(|f| {
+        deltascope::tui::view::View::default().draw(app, f);
+    })
+    .expect("draw");
     term.backend().buffer().clone()
 }
 
@@ -466,9 +473,14 @@ fn incremental_pane_lines_match_a_fresh_draw() {
     let mut live = app();
     ask(&mut live, "q", 0.0);
     let mut term = terminal(W, H);
+    // What drawing keeps between frames, as the runner keeps it.
+    let mut view = deltascope::tui::view::View::default();
     for (i, e) in events.iter().enumerate() {
         engine(&mut live, e.clone(), i as f64);
-        term.draw(|f| deltascope::tui::view::draw(&live, f)).unwrap();
+        term.draw(|f| {
+            view.draw(&live, f);
+        })
+        .unwrap();
         // Midway through thinking, and inside the answer's table and code block.
         if [150, 262, 275].contains(&i) {
             assert_eq!(term.backend().buffer(), &fresh(i + 1, &[], W, H), "after {} events", i + 1);
@@ -476,14 +488,17 @@ fn incremental_pane_lines_match_a_fresh_draw() {
     }
     let all = events.len();
     assert_eq!(term.backend().buffer(), &fresh(all, &[], W, H), "streamed");
-    let screen = render(&live, W, H);
+    let screen = render(&mut live, W, H);
     assert!(screen.contains("LOOP DETECTED"));
     assert!(screen.contains("91 │  no") && screen.contains("97 │  yes"), "the table is drawn aligned:\n{screen}");
 
     // Logprob colours: the answer pane shows tokens (not Markdown) and goes through the cache too.
     let mut keys = vec![(KeyCode::Char('l'), KeyModifiers::CONTROL)];
     key(&mut live, KeyCode::Char('l'), KeyModifiers::CONTROL, 400.0);
-    term.draw(|f| deltascope::tui::view::draw(&live, f)).unwrap();
+    term.draw(|f| {
+        view.draw(&live, f);
+    })
+    .unwrap();
     assert_eq!(term.backend().buffer(), &fresh(all, &keys, W, H), "logprob colours");
 
     // The inspector's cursor moves over the tokens.
@@ -492,12 +507,19 @@ fn incremental_pane_lines_match_a_fresh_draw() {
     for (c, m) in &keys[1..] {
         key(&mut live, *c, *m, 400.0);
     }
-    term.draw(|f| deltascope::tui::view::draw(&live, f)).unwrap();
+    term.draw(|f| {
+        view.draw(&live, f);
+    })
+    .unwrap();
     assert_eq!(term.backend().buffer(), &fresh(all, &keys, W, H), "inspector");
 
     // A narrower terminal re-wraps.
     let mut narrow = terminal(100, 30);
-    narrow.draw(|f| deltascope::tui::view::draw(&live, f)).unwrap();
+    narrow
+        .draw(|f| {
+            view.draw(&live, f);
+        })
+        .unwrap();
     assert_eq!(narrow.backend().buffer(), &fresh(all, &keys, 100, 30), "narrow");
 }
 
@@ -520,16 +542,23 @@ fn a_new_turn_redraws_the_markdown_answer() {
     let run = |draw_between: bool| {
         let mut a = app();
         let mut term = terminal(W, H);
+        let mut view = deltascope::tui::view::View::default();
         for (q, evs) in [("first", answer(5, "alpha")), ("second", answer(12, "beta"))] {
             ask(&mut a, q, 0.0);
             for (t, e) in evs.into_iter().enumerate() {
                 engine(&mut a, e, t as f64);
             }
             if draw_between {
-                term.draw(|f| deltascope::tui::view::draw(&a, f)).unwrap();
+                term.draw(|f| {
+                    view.draw(&a, f);
+                })
+                .unwrap();
             }
         }
-        term.draw(|f| deltascope::tui::view::draw(&a, f)).unwrap();
+        term.draw(|f| {
+            view.draw(&a, f);
+        })
+        .unwrap();
         term.backend().buffer().clone()
     };
     let (live, fresh) = (run(true), run(false));
@@ -548,10 +577,10 @@ fn state_app() -> deltascope::tui::app::App {
 
 #[test]
 fn state_view_fits_80x24() {
-    let app = state_app();
+    let mut app = state_app();
     assert!(app.view.state.shown);
     assert_eq!(app.view.focus, Focus::State);
-    let screen = render(&app, 80, 24);
+    let screen = render(&mut app, 80, 24);
     // The metric, the token it is at, the map's rows, the selected head and its history.
     assert!(screen.contains("write strength β · after #"), "{screen}");
     assert!(screen.contains("▸L0 "), "{screen}");
@@ -568,7 +597,7 @@ fn state_view_wide_with_every_head_of_the_layer_over_the_tokens() {
     for c in [KeyCode::Right, KeyCode::Char('m')] {
         key(&mut app, c, KeyModifiers::NONE, 501.0);
     }
-    let screen = render(&app, W, H);
+    let screen = render(&mut app, W, H);
     assert!(screen.contains("half-life (tokens)"), "m moves to the next metric: {screen}");
     assert!(screen.contains("L0 head 1 ·"), "→ selects head 1: {screen}");
     assert!(screen.contains("keeps half past 1000 tokens"), "{screen}");
@@ -584,16 +613,16 @@ fn state_view_follows_the_token_cursor_both_ways() {
     let mut app = state_app();
     let n = app.shown().unwrap().tokens.len();
     // The latest pass read the second-to-last token (the last one is sampled, not read).
-    assert!(render(&app, W, H).contains(&format!("pass {n} of {n}")));
+    assert!(render(&mut app, W, H).contains(&format!("pass {n} of {n}")));
     // [ moves the cursor, which is the inspector's: to the last token (sampled, not read yet),
     // then to the one before it (the latest pass), then one more back.
     key(&mut app, KeyCode::Char('['), KeyModifiers::NONE, 501.0);
     assert_eq!(app.view.inspector, Some(n - 1));
-    assert!(render(&app, W, H).contains(&format!("#{} not read yet: after #{} ", n - 1, n - 2)));
+    assert!(render(&mut app, W, H).contains(&format!("#{} not read yet: after #{} ", n - 1, n - 2)));
     key(&mut app, KeyCode::Char('['), KeyModifiers::NONE, 501.0);
     key(&mut app, KeyCode::Char('['), KeyModifiers::NONE, 501.0);
     assert_eq!(app.view.inspector, Some(n - 3));
-    let screen = render(&app, W, H);
+    let screen = render(&mut app, W, H);
     assert!(
         screen.contains(&format!("after #{} ", n - 3)) && screen.contains(&format!("pass {} of {n}", n - 1)),
         "{screen}"
@@ -603,7 +632,7 @@ fn state_view_follows_the_token_cursor_both_ways() {
     assert_eq!(app.view.focus, Focus::Input);
     key(&mut app, KeyCode::Home, KeyModifiers::NONE, 502.0);
     assert_eq!(app.view.inspector, Some(0));
-    assert!(render(&app, W, H).contains("after #0 "), "Home: the first token");
+    assert!(render(&mut app, W, H).contains("after #0 "), "Home: the first token");
     // End follows the latest pass again; the last token is not read yet.
     key(&mut app, KeyCode::BackTab, KeyModifiers::NONE, 503.0);
     assert_eq!(app.view.focus, Focus::State);
@@ -613,7 +642,7 @@ fn state_view_follows_the_token_cursor_both_ways() {
     assert_eq!(app.view.inspector, None, "] past the end keeps following");
     key(&mut app, KeyCode::Char('['), KeyModifiers::NONE, 503.0);
     assert_eq!(app.view.inspector, Some(n - 1));
-    assert!(render(&app, W, H).contains(&format!("#{} not read yet", n - 1)));
+    assert!(render(&mut app, W, H).contains(&format!("#{} not read yet", n - 1)));
     // Esc closes the view and gives the prompt the focus.
     key(&mut app, KeyCode::Esc, KeyModifiers::NONE, 504.0);
     assert!(!app.view.state.shown);
@@ -632,7 +661,7 @@ fn state_view_scrolls_many_layers_and_heads_at_80x24() {
     for _ in 0..5 {
         key(&mut app, KeyCode::Right, KeyModifiers::SHIFT, 501.0);
     }
-    let screen = render(&app, 80, 24);
+    let screen = render(&mut app, 80, 24);
     // GDN layer index 40 is decoder layer 53; head 47 is the last.
     assert!(screen.contains("▸L53 "), "{screen}");
     assert!(screen.contains("L53 head 47 ·"), "{screen}");
@@ -647,14 +676,14 @@ fn state_view_without_a_trace_says_what_to_press() {
     let mut app = app();
     healthy_turn(&mut app, true);
     key(&mut app, KeyCode::F(7), KeyModifiers::NONE, 500.0);
-    let screen = render(&app, 100, 30);
+    let screen = render(&mut app, 100, 30);
     assert!(screen.contains("No state trace for this turn."), "{screen}");
     assert!(screen.contains("F8 (or t here) traces the next generation"), "{screen}");
     // t turns tracing on for the next generation, which then asks the engine for it.
     key(&mut app, KeyCode::Char('t'), KeyModifiers::NONE, 501.0);
     assert!(app.settings.params.trace_state);
-    assert!(render(&app, 100, 30).contains("Tracing is on"));
-    assert!(render(&app, 160, 30).contains("state trace on"), "the status line says so");
+    assert!(render(&mut app, 100, 30).contains("Tracing is on"));
+    assert!(render(&mut app, 160, 30).contains("state trace on"), "the status line says so");
     key(&mut app, KeyCode::Esc, KeyModifiers::NONE, 502.0);
     ask(&mut app, "again", 503.0);
     let sent = settle(&mut app).into_iter().rev().find_map(|e| match e {
@@ -684,7 +713,7 @@ fn a_server_backend_says_why_there_is_no_state_view() {
     assert!(!app.settings.params.trace_state);
     assert!(app.status().unwrap().contains("llama.cpp does not expose"), "{:?}", app.status());
     key(&mut app, KeyCode::F(7), KeyModifiers::NONE, 2.0);
-    let screen = render(&app, 100, 30);
+    let screen = render(&mut app, 100, 30);
     assert!(screen.contains("The state scope needs the in-process engine:"), "{screen}");
     assert!(screen.contains("llama.cpp does not expose a model's recurrent state"), "{screen}");
 }
@@ -711,12 +740,12 @@ fn a_state_alarm_raises_a_banner_and_the_view_opens_on_that_head() {
     engine(&mut app, start(16, &p), 601.0);
     engine(&mut app, state_event(None, 6, 4), 602.0);
     engine(&mut app, EngineEvent::Diagnostic(alarm), 603.0);
-    let screen = render(&app, W, H);
+    let screen = render(&mut app, W, H);
     assert!(screen.contains("⚠ STATE ALARM"), "{screen}");
     assert!(screen.contains("layer 5, value head 2: ‖S‖ = 3.200e4, over 1e4"), "{screen}");
     assert!(screen.contains("[F7] shows it"), "{screen}");
     key(&mut app, KeyCode::F(7), KeyModifiers::NONE, 604.0);
-    let screen = render(&app, W, H);
+    let screen = render(&mut app, W, H);
     // Layer 5 is the fourth GDN layer (0, 1, 2, 4, 5, …).
     assert_eq!((app.view.state.layer, app.view.state.head), (4, 2));
     assert!(screen.contains("L5 head 2 ·"), "{screen}");

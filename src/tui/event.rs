@@ -2,14 +2,18 @@
 //!
 //! Terminal input is read on its own small thread (crossterm's `read` blocks), so keys are
 //! taken while the engine streams at full speed; the engine's events arrive on the live
-//! generation's channel and are wrapped into the same enum by the main loop.
+//! generation's channel and are wrapped into the same enum by the main loop. The runner's
+//! answers to the app's disk effects (saved, exported, listed, loaded) come back as events too.
 
 use std::sync::mpsc::Sender;
 
 use ratatui::crossterm::event::{self, Event as TermEvent};
 
+use std::path::PathBuf;
+
 use crate::backend::Backend;
 use crate::generation::EngineEvent;
+use crate::session::{Session, SessionInfo};
 
 // Events are moved once through a channel; boxing every token event would allocate per token.
 #[allow(clippy::large_enum_variant)]
@@ -31,6 +35,24 @@ pub enum Inbound {
     /// SIGINT, SIGTERM or SIGHUP from outside: save and quit, restoring the terminal. (Ctrl+C
     /// typed in the TUI is a key, since raw mode turns off the terminal's own signal keys.)
     Terminate,
+    /// The runner wrote the session to `path` (for [`crate::tui::app::Effect::Save`]), or why not.
+    Saved {
+        path: Option<PathBuf>,
+        result: Result<(), String>,
+    },
+    /// The runner wrote the Markdown transcript ([`crate::tui::app::Effect::Export`]), or why not.
+    Exported {
+        path: PathBuf,
+        result: Result<(), String>,
+    },
+    /// The saved sessions in the sessions directory ([`crate::tui::app::Effect::ListSessions`]).
+    SessionsListed(Vec<SessionInfo>),
+    /// A saved session read from `path` ([`crate::tui::app::Effect::LoadSession`]), or why not.
+    SessionLoaded {
+        path: PathBuf,
+        replay: bool,
+        result: Result<Box<Session>, String>,
+    },
 }
 
 /// Starts the input thread. It ends when the receiver is gone or the terminal errors.

@@ -17,18 +17,12 @@ use std::sync::LazyLock;
 use pulldown_cmark::{Event, Options, Parser, Tag, TagEnd};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
-use syntect::highlighting::{FontStyle, HighlightIterator, HighlightState, Highlighter, ThemeSet};
+use syntect::highlighting::{FontStyle, HighlightIterator, HighlightState, Highlighter};
 use syntect::parsing::{ParseState, ScopeStack, SyntaxSet};
 
-use super::theme::Theme;
+use super::theme::{CODE_THEMES as THEMES, Theme};
 
 static SYNTAXES: LazyLock<SyntaxSet> = LazyLock::new(SyntaxSet::load_defaults_newlines);
-static THEMES: LazyLock<ThemeSet> = LazyLock::new(ThemeSet::load_defaults);
-
-/// The names a theme's `code_theme` may take (syntect's built-in themes).
-pub fn code_themes() -> impl Iterator<Item = &'static str> {
-    THEMES.themes.keys().map(String::as_str)
-}
 
 /// syntect's style to ratatui's: foreground colour and font style. The background is
 /// ignored so the terminal theme shows through.

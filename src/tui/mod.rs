@@ -13,28 +13,31 @@ pub mod config;
 pub mod event;
 pub mod highlight;
 pub mod keymap;
+pub mod panels;
+/// The sliders' settings (`tui::sliders::Settings`) where they always were.
+pub use self::panels::sliders;
 pub mod render;
-pub mod sliders;
+pub mod runner;
 pub mod theme;
 pub mod view;
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::mpsc::{self, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use ratatui::crossterm::event::{DisableBracketedPaste, EnableBracketedPaste};
 
-use self::app::{App, AppConfig, Effect, SessionsDir};
+use self::app::{App, AppConfig, SessionsDir};
 use self::event::Inbound;
 use self::keymap::Keymap;
+use self::panels::sliders::Settings;
 use self::render::FrameClock;
-use self::sliders::Settings;
+use self::runner::Runner;
 use self::theme::Theme;
-use crate::backend::{self, Backend, BackendInfo, BackendSpec, ChatRequest, OpenProgress, ParamOverrides, Support};
+use crate::backend::{self, BackendSpec, OpenProgress, ParamOverrides, Support};
 use crate::error::panic_message;
-use crate::generation::{EngineEvent, ErrorKind, Generation, GenerationParams, StepControl};
+use crate::generation::GenerationParams;
 use crate::session::{Session, default_sessions_dir};
 
 /// Everything `deltascope chat` (or plain `deltascope`) was asked for.
@@ -166,8 +169,9 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
 
     let start = Instant::now();
     let now_ms = || start.elapsed().as_secs_f64() * 1000.0;
-    let mut runner = Runner { backend: None, live: None, stdout: std::io::stdout() };
+    let mut runner = Runner::new();
     let mut clock = FrameClock::default();
+    let mut view = view::View::default();
     loop {
         let idle = if app.busy() { Duration::from_millis(50) } else { Duration::from_millis(500) };
         let mut batch = vec![];
@@ -198,9 +202,12 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
         if clock.due(now) {
             // A terminal that is gone (its window closed, an ssh connection dropped) cannot
             // be drawn on: save and leave as for a signal.
-            if let Err(e) = render::draw(&mut terminal, &app, Some(&mut runner.stdout)) {
-                tracing::warn!("the terminal is gone ({e}): saving and quitting");
-                break;
+            match render::draw(&mut terminal, &app, &mut view, Some(&mut runner.stdout)) {
+                Ok(layout) => app.laid_out(layout),
+                Err(e) => {
+                    tracing::warn!("the terminal is gone ({e}): saving and quitting");
+                    break;
+                }
             }
             clock.drawn(now);
             if runner.backend.is_some() {
@@ -217,130 +224,6 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
         (None, Some(loss)) => anyhow::bail!("{loss}"),
         (None, None) => Ok(()),
     }
-}
-
-/// What the runner owns: the backend, the live generation and the terminal's output stream.
-struct Runner {
-    backend: Option<Box<dyn Backend>>,
-    live: Option<Generation>,
-    stdout: std::io::Stdout,
-}
-
-impl Runner {
-    /// The backend is open: the sliders start from the session or the flags.
-    fn opened(&mut self, app: &mut App, b: Box<dyn Backend>, opts: &TuiOptions, resumed: Option<&Session>) {
-        match starting_settings(b.info(), opts, resumed) {
-            Ok((params, thinking)) => {
-                app.settings.params = params;
-                app.settings.enable_thinking = thinking;
-            }
-            Err(e) => app.fatal = Some(crate::error::error_text(&e)),
-        }
-        app.set_model(b.info().clone());
-        self.backend = Some(b);
-    }
-
-    /// Moves the live generation's events into the app.
-    fn pump(&mut self, app: &mut App, now_ms: f64) {
-        if let Some(g) = &self.live {
-            pump(app, g, now_ms);
-            if !app.generating() {
-                self.live = None;
-            }
-        }
-    }
-
-    fn run_effects(&mut self, app: &mut App) {
-        for effect in app.take_effects() {
-            match effect {
-                Effect::Generate { prompt, enable_thinking, params } => {
-                    let Some(b) = &self.backend else { continue };
-                    let request = ChatRequest { prompt, enable_thinking, params: *params };
-                    // Step mode switched on before sending holds the new generation too.
-                    let control = Arc::new(StepControl::default());
-                    control.set_paused(app.view.step_mode);
-                    match b.start_with(request, control) {
-                        Ok(g) => self.live = Some(g),
-                        Err(err) => app.on_engine(EngineEvent::error(err.kind, err.message)),
-                    }
-                }
-                Effect::DryRun { prompt, enable_thinking, params } => {
-                    let Some(b) = &self.backend else { continue };
-                    let request = ChatRequest { prompt, enable_thinking, params: *params };
-                    app.show_dry_run(b.dry_run(&request).map_err(|e| e.message));
-                }
-                Effect::Cancel => self.live.iter().for_each(Generation::cancel),
-                Effect::SetPaused(p) => self.live.iter().for_each(|g| g.set_paused(p)),
-                Effect::Step => self.live.iter().for_each(Generation::step),
-                Effect::Save => app.save_now(),
-                Effect::Export(path) => app.export_to(&path),
-                Effect::Copy(text) => {
-                    // OSC 52: the terminal (or tmux, or the ssh client's terminal) sets its clipboard.
-                    let copy = ratatui::crossterm::clipboard::CopyToClipboard::to_clipboard_from(text.as_bytes());
-                    if let Err(err) = ratatui::crossterm::execute!(self.stdout, copy) {
-                        tracing::warn!("copying to the clipboard: {err}");
-                    }
-                }
-            }
-        }
-    }
-
-    /// Quitting cancelled a running generation: wait briefly for its `done` (the engine stops
-    /// within a token, a server stream at once) so the saved turn has its finish reason and
-    /// stats, not an open end. Then the last save.
-    fn shutdown(mut self, app: &mut App, now_ms: impl Fn() -> f64) {
-        if let Some(g) = &self.live
-            && app.generating()
-        {
-            g.cancel();
-            let deadline = Instant::now() + Duration::from_secs(2);
-            while app.generating() {
-                match g.events().recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                    Ok(ev) => app.update(Inbound::Engine(ev), now_ms()),
-                    Err(_) => break,
-                }
-            }
-        }
-        app.take_effects();
-        app.save_now();
-        // Dropping the backend stops its engine thread (or its server connections).
-        self.live = None;
-        self.backend = None;
-    }
-}
-
-/// Moves the live generation's events into the app (bounded, so a flood of tokens cannot
-/// starve the keys).
-fn pump(app: &mut App, g: &Generation, now_ms: f64) {
-    for _ in 0..20_000 {
-        match g.events().try_recv() {
-            Ok(ev) => app.update(Inbound::Engine(ev), now_ms),
-            Err(TryRecvError::Empty) => break,
-            Err(TryRecvError::Disconnected) => {
-                if app.generating() {
-                    app.on_engine(EngineEvent::error(
-                        ErrorKind::Internal,
-                        "the generation stopped without a done event",
-                    ));
-                }
-                break;
-            }
-        }
-    }
-}
-
-/// The sliders' starting values: a resumed session's last settings, else the flags (resolved
-/// exactly like `run`'s).
-fn starting_settings(
-    info: &BackendInfo,
-    opts: &TuiOptions,
-    resumed: Option<&Session>,
-) -> anyhow::Result<(GenerationParams, bool)> {
-    if let Some(t) = resumed.and_then(|s| s.turns.iter().rev().find(|t| t.compare_of.is_none())) {
-        return Ok((t.params.clone(), t.enable_thinking));
-    }
-    let params = opts.generation.resolve(info)?;
-    Ok((params, opts.generation.thinking_enabled(opts.no_think)))
 }
 
 fn opening_message(spec: &BackendSpec) -> String {

@@ -11,8 +11,8 @@ use ratatui::backend::Backend;
 use ratatui::crossterm::execute;
 use ratatui::crossterm::terminal::{BeginSynchronizedUpdate, EndSynchronizedUpdate};
 
-use super::app::App;
-use super::view;
+use super::app::{App, Layout};
+use super::view::View;
 
 /// About 60 frames per second at most.
 pub const FRAME: Duration = Duration::from_millis(16);
@@ -53,23 +53,30 @@ impl FrameClock {
     }
 }
 
-/// Draws one frame of `app`, inside a synchronized update when `sync` (a real terminal).
-pub fn draw<B: Backend, W: Write>(terminal: &mut Terminal<B>, app: &App, sync: Option<&mut W>) -> anyhow::Result<()>
+/// Draws one frame of `app`, inside a synchronized update when `sync` (a real terminal), and
+/// returns what it laid out.
+pub fn draw<B: Backend, W: Write>(
+    terminal: &mut Terminal<B>,
+    app: &App,
+    view: &mut View,
+    sync: Option<&mut W>,
+) -> anyhow::Result<Layout>
 where
     B::Error: Send + Sync + 'static,
 {
+    let mut layout = Layout::default();
     match sync {
         Some(out) => {
             execute!(out, BeginSynchronizedUpdate)?;
-            let r = terminal.draw(|f| view::draw(app, f));
+            let r = terminal.draw(|f| layout = view.draw(app, f));
             execute!(out, EndSynchronizedUpdate)?;
             r?;
         }
         None => {
-            terminal.draw(|f| view::draw(app, f))?;
+            terminal.draw(|f| layout = view.draw(app, f))?;
         }
     }
-    Ok(())
+    Ok(layout)
 }
 
 #[cfg(test)]

@@ -3,8 +3,19 @@
 //! `extends = "dark"` and override single keys. Errors name the file and the key.
 
 use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
 
 use ratatui::style::{Color, Modifier, Style};
+use syntect::highlighting::ThemeSet;
+
+/// syntect's built-in code themes (a theme's `code_theme` names one; the answer pane's
+/// highlighter draws with it).
+pub(crate) static CODE_THEMES: LazyLock<ThemeSet> = LazyLock::new(ThemeSet::load_defaults);
+
+/// The names a theme's `code_theme` may take (syntect's built-in themes).
+pub fn code_themes() -> impl Iterator<Item = &'static str> {
+    CODE_THEMES.themes.keys().map(String::as_str)
+}
 
 /// The embedded themes: (name, TOML source).
 pub const BUILTIN: [(&str, &str); 3] = [
@@ -226,11 +237,11 @@ impl Theme {
         }
         if let Some(c) = string("code_theme")? {
             // An unknown name would silently highlight code with some other theme.
-            if !super::highlight::code_themes().any(|known| known == c) {
+            if !code_themes().any(|known| known == c) {
                 return Err(ThemeError::UnknownCodeTheme {
                     file: file.into(),
                     name: c,
-                    known: super::highlight::code_themes().collect::<Vec<_>>().join(", "),
+                    known: code_themes().collect::<Vec<_>>().join(", "),
                 });
             }
             theme.code_theme = c;

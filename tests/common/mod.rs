@@ -80,17 +80,25 @@ pub fn app() -> App {
     app
 }
 
-/// Runs the app's disk effects as the runner does (saves, exports); the others are returned.
+/// Runs the app's disk effects as the runner does (saves, exports, session listing and
+/// loading), handing the answers back; the other effects are returned.
 pub fn settle(app: &mut App) -> Vec<Effect> {
     let mut rest = vec![];
-    for e in app.take_effects() {
-        match e {
-            Effect::Save => app.save_now(),
-            Effect::Export(p) => app.export_to(&p),
-            other => rest.push(other),
+    loop {
+        let effects = app.take_effects();
+        if effects.is_empty() {
+            return rest;
+        }
+        for e in effects {
+            match deltascope::tui::runner::disk_io(e) {
+                Ok(answer) => {
+                    let now = app.now_ms();
+                    app.update(answer, now)
+                }
+                Err(other) => rest.push(other),
+            }
         }
     }
-    rest
 }
 
 pub fn key(app: &mut App, code: KeyCode, m: KeyModifiers, t: f64) {
@@ -228,9 +236,12 @@ pub fn terminal(w: u16, h: u16) -> Terminal<TestBackend> {
     Terminal::new(TestBackend::new(w, h)).expect("test backend")
 }
 
-pub fn render(app: &App, w: u16, h: u16) -> String {
+/// Draws one frame as the runner does (handing the layout back to the app) and returns it as text.
+pub fn render(app: &mut App, w: u16, h: u16) -> String {
     let mut term = terminal(w, h);
-    term.draw(|f| deltascope::tui::view::draw(app, f)).expect("draw");
+    let mut layout = Default::default();
+    term.draw(|f| layout = deltascope::tui::view::View::default().draw(app, f)).expect("draw");
+    app.laid_out(layout);
     format!("{}", term.backend())
 }
 

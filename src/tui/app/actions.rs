@@ -1,14 +1,13 @@
 //! What each bound action does. Actions are grouped by what they change: the generation in
 //! flight, the conversation, the view, the settings, and the files.
 
-use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use ratatui::crossterm::event::KeyEvent;
 
-use super::messages::Level;
+use super::Level;
 use super::overlay::{Overlay, line_input};
 use super::view_state::ColourMode;
 use super::{App, EditTarget, Effect, Focus};
 use crate::generation::Phase;
-use crate::session::list_sessions;
 use crate::tui::keymap::Action;
 use crate::tui::sliders::Slider;
 
@@ -57,40 +56,14 @@ impl App {
         if self.view.focus == Focus::State {
             return self.state_key(k);
         }
-        if let Some(cur) = self.view.inspector {
-            let n = self.shown().map(|t| t.tokens.len()).unwrap_or(0);
-            let moved = match k.code {
-                KeyCode::Left => Some(cur.saturating_sub(1)),
-                KeyCode::Right => Some((cur + 1).min(n.saturating_sub(1))),
-                KeyCode::Up => Some(cur.saturating_sub(10)),
-                KeyCode::Down => Some((cur + 10).min(n.saturating_sub(1))),
-                KeyCode::Home => Some(0),
-                KeyCode::End => Some(n.saturating_sub(1)),
-                _ => None,
-            };
-            if let Some(m) = moved {
-                self.view.inspector = Some(m);
-                return;
-            }
+        if self.inspector_key(k) {
+            return;
         }
         match self.view.focus {
             Focus::Input => self.composer.key(k),
             Focus::Sliders => self.slider_key(k),
             Focus::State => {}
-            Focus::Thinking | Focus::Answer => {
-                let scroll = if self.view.focus == Focus::Thinking {
-                    &mut self.view.thinking_scroll
-                } else {
-                    &mut self.view.answer_scroll
-                };
-                match k.code {
-                    KeyCode::Up => scroll.scroll(-1),
-                    KeyCode::Down => scroll.scroll(1),
-                    KeyCode::Home => scroll.top = Some(0),
-                    KeyCode::End => scroll.follow(),
-                    _ => {}
-                }
-            }
+            Focus::Thinking | Focus::Answer => self.pane_key(k),
         }
     }
 
@@ -233,13 +206,10 @@ impl App {
                 }
                 self.overlay = Overlay::Messages;
             }
-            Action::Picker => {
-                let items = self.convo.save.dir.path.as_deref().map(list_sessions).unwrap_or_default();
-                if items.is_empty() {
-                    self.say(Level::Info, "no saved sessions");
-                }
-                self.overlay = Overlay::Picker { items, selected: 0 };
-            }
+            Action::Picker => match self.convo.save.dir.path.clone() {
+                Some(dir) => self.effects.push(Effect::ListSessions(dir)),
+                None => self.show_sessions(vec![]),
+            },
             Action::Export => self.export(),
             Action::Replay => self.start_replay(self.convo.session.clone()),
             _ => {}
@@ -327,30 +297,6 @@ impl App {
         self.say(Level::Info, format!("turn {} of {n}", next + 1));
     }
 
-    fn slider_key(&mut self, k: KeyEvent) {
-        let n = Slider::ALL.len();
-        let big = k.modifiers.contains(KeyModifiers::SHIFT);
-        let cap = self.settings.max_tokens_cap(self.next_prompt_estimate());
-        let slider = Slider::ALL[self.view.slider];
-        match k.code {
-            KeyCode::Up => self.view.slider = (self.view.slider + n - 1) % n,
-            KeyCode::Down => self.view.slider = (self.view.slider + 1) % n,
-            KeyCode::Left | KeyCode::Char('h') | KeyCode::Char('-') => slider.adjust(&mut self.settings, -1, big),
-            KeyCode::Right | KeyCode::Char('l') | KeyCode::Char('+') | KeyCode::Char('=') => {
-                slider.adjust(&mut self.settings, 1, big)
-            }
-            KeyCode::Char('[') => slider.adjust(&mut self.settings, -1, true),
-            KeyCode::Char(']') => slider.adjust(&mut self.settings, 1, true),
-            KeyCode::Char('p') => Slider::Preset.adjust(&mut self.settings, 1, false),
-            _ => {}
-        }
-        // Steps stop at the model's context.
-        if self.settings.params.max_tokens > cap {
-            self.settings.params.max_tokens = cap;
-            self.say(Level::Info, format!("max_tokens stops at {cap}: the model's context less the conversation"));
-        }
-    }
-
     /// Tokens the next prompt will take before generation (≈ the history so far).
     pub fn next_prompt_estimate(&self) -> usize {
         self.convo.history_tokens(self.convo.session.turns.len())
@@ -376,7 +322,7 @@ impl App {
             self.say(Level::Error, "no sessions directory to export to");
             return;
         };
-        let md = json.with_extension("md");
-        self.effects.push(Effect::Export(md));
+        let path = json.with_extension("md");
+        self.effects.push(Effect::Export { path, markdown: self.convo.session.to_markdown() });
     }
 }

@@ -2,7 +2,7 @@
 //! change a user can make to it (send, regenerate, compare, edit an earlier prompt, delete,
 //! continue a cut answer, start afresh).
 
-use super::messages::Level;
+use super::Level;
 use super::replay::Replay;
 use super::saving::SaveState;
 use super::{App, Effect};
@@ -45,12 +45,6 @@ impl Conversation {
             .find(|t| t.compare_of.is_none() && !t.failed() && t.is_finished())
             .map(|t| t.prompt_tokens + t.answer_tokens())
             .unwrap_or(0)
-    }
-
-    /// Marks the conversation changed and asks the runner to save it.
-    pub fn changed(&mut self, effects: &mut Vec<Effect>) {
-        self.save.unsaved = true;
-        effects.push(Effect::Save);
     }
 }
 
@@ -113,7 +107,7 @@ impl App {
             None => "system prompt removed: the next turns have none",
         };
         self.convo.session.system = system;
-        self.convo.changed(&mut self.effects);
+        self.changed();
         self.say(Level::Info, msg);
     }
 
@@ -222,7 +216,7 @@ impl App {
         self.view.show_compare = false;
         self.view.reset_panes();
         self.sync_markdown();
-        self.convo.changed(&mut self.effects);
+        self.changed();
         self.say(Level::Info, format!("turn {} deleted from the conversation (kept in the session file)", i + 1));
     }
 
@@ -317,13 +311,31 @@ impl App {
         });
     }
 
-    /// Opens a saved session to continue it (or to replay it).
+    /// Marks the conversation changed and asks the runner to save it.
+    pub(super) fn changed(&mut self) {
+        self.convo.save.unsaved = true;
+        self.save_now();
+    }
+
+    /// Opens a saved session to continue it (or to replay it): the runner reads it and
+    /// answers with [`crate::tui::event::Inbound::SessionLoaded`].
     pub fn open_session(&mut self, path: &std::path::Path, replay: bool) {
         if !self.can_leave_conversation() {
             return;
         }
-        match Session::load(path) {
+        self.effects.push(Effect::LoadSession { path: path.to_path_buf(), replay });
+    }
+
+    /// The session the runner read for [`App::open_session`].
+    pub(super) fn session_loaded(
+        &mut self,
+        path: &std::path::Path,
+        replay: bool,
+        result: Result<Box<Session>, String>,
+    ) {
+        match result {
             Ok(s) => {
+                let s = *s;
                 if let Some(t) = s.turns.iter().rev().find(|t| t.compare_of.is_none()) {
                     self.settings.params = t.params.clone();
                     self.settings.enable_thinking = t.enable_thinking;
@@ -344,7 +356,7 @@ impl App {
                     self.warn_other_model();
                 }
             }
-            Err(e) => self.say(Level::Error, e.to_string()),
+            Err(e) => self.say(Level::Error, e),
         }
     }
 

@@ -10,28 +10,22 @@
 //! ([`Overlay`]) and the message log ([`MessageLog`]).
 
 mod actions;
-mod composer;
 mod conversation;
-mod messages;
+mod layout;
 mod overlay;
 mod replay;
 mod saving;
-mod scroll;
-mod state_scope;
 mod view_state;
 
 use std::path::PathBuf;
 
 use ratatui::crossterm::event::{Event as TermEvent, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
-pub use self::composer::{Composer, EditTarget, MAX_ROWS as COMPOSER_MAX_ROWS};
 pub use self::conversation::{Conversation, Live};
-pub use self::messages::{Level, Message, MessageLog};
+pub use self::layout::{Layout, PaneLayout};
 pub use self::overlay::Overlay;
 pub use self::replay::{Replay, ReplayItem};
 pub use self::saving::{SaveState, SessionsDir, check_writable, turns_label};
-pub use self::scroll::PaneScroll;
-pub use self::state_scope::StateScope;
 pub use self::view_state::{ColourMode, Focus, ThinkingView, ViewState};
 use super::event::Inbound;
 use super::highlight::Markdown;
@@ -41,6 +35,10 @@ use super::theme::Theme;
 use crate::backend::{BackendInfo, DryRun, Prompt, Support};
 use crate::generation::{EngineEvent, GenerationParams, Phase};
 use crate::session::{Session, Turn};
+pub use crate::tui::panels::composer::{Composer, EditTarget, MAX_ROWS as COMPOSER_MAX_ROWS};
+pub use crate::tui::panels::messages::{Level, Message, MessageLog};
+pub use crate::tui::panels::state_scope::StateScope;
+pub use crate::tui::panels::transcript::PaneScroll;
 
 /// What the runner does for the app.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,10 +59,25 @@ pub enum Effect {
     Step,
     /// Put this text on the terminal's clipboard.
     Copy(String),
-    /// Save the conversation now (the runner calls [`App::save_now`]).
-    Save,
-    /// Write the Markdown transcript here (the runner calls [`App::export_to`]).
-    Export(PathBuf),
+    /// Write this session to `path`, atomically (the runner answers with [`Inbound::Saved`];
+    /// `path: None`, no sessions directory, is answered with the error).
+    Save {
+        path: Option<PathBuf>,
+        session: Box<Session>,
+    },
+    /// Write this Markdown transcript to `path` (answered with [`Inbound::Exported`]).
+    Export {
+        path: PathBuf,
+        markdown: String,
+    },
+    /// List the saved sessions in this directory (answered with [`Inbound::SessionsListed`]).
+    ListSessions(PathBuf),
+    /// Read the session saved at `path`, to continue it or to `replay` it (answered with
+    /// [`Inbound::SessionLoaded`]).
+    LoadSession {
+        path: PathBuf,
+        replay: bool,
+    },
 }
 
 /// Startup configuration.
@@ -80,28 +93,28 @@ pub struct AppConfig {
 }
 
 pub struct App {
-    pub theme: Theme,
-    pub keymap: Keymap,
+    pub(crate) theme: Theme,
+    pub(crate) keymap: Keymap,
     pub settings: Settings,
     /// What the backend said about itself, once it is open.
     pub model: Option<BackendInfo>,
     /// Loading progress: (done, total, what).
     pub loading: Option<(u64, u64, String)>,
-    pub fatal: Option<String>,
+    pub(crate) fatal: Option<String>,
     pub composer: Composer,
     pub convo: Conversation,
     pub view: ViewState,
     pub overlay: Overlay,
     pub messages: MessageLog,
     /// Rendered answer of the shown turn (for turn index `md_turn`).
-    pub md: Markdown,
+    pub(crate) md: Markdown,
     md_turn: Option<usize>,
     /// App time in ms (set by each update).
-    pub now_ms: f64,
+    pub(crate) now_ms: f64,
     pub quit: bool,
     /// Quit once the save asked for has worked (a path typed after a failed save).
     quit_after_save: bool,
-    pub dirty: bool,
+    pub(crate) dirty: bool,
     effects: Vec<Effect>,
 }
 
@@ -142,6 +155,11 @@ impl App {
         }
         app.sync_markdown();
         app
+    }
+
+    /// App time in ms, as the last update set it.
+    pub fn now_ms(&self) -> f64 {
+        self.now_ms
     }
 
     pub fn take_effects(&mut self) -> Vec<Effect> {
@@ -259,6 +277,16 @@ impl App {
             // The runner takes `Ready(Ok)` (it owns the backend) and calls `set_model`.
             Inbound::Ready(Ok(_)) => {}
             Inbound::Terminate => self.force_quit(),
+            Inbound::Saved { path, result } => {
+                let result = self.convo.save.written(path, result);
+                self.after_save(result);
+            }
+            Inbound::Exported { path, result } => match result {
+                Ok(()) => self.say(Level::Info, format!("exported to {}", path.display())),
+                Err(e) => self.say(Level::Error, format!("export failed: {}: {e}", path.display())),
+            },
+            Inbound::SessionsListed(items) => self.show_sessions(items),
+            Inbound::SessionLoaded { path, replay, result } => self.session_loaded(&path, replay, result),
         }
         if !quiet {
             self.dirty = true;
@@ -295,7 +323,7 @@ impl App {
         self.sync_markdown();
         if end {
             self.convo.live = None;
-            self.convo.changed(&mut self.effects);
+            self.changed();
         }
     }
 
@@ -342,7 +370,7 @@ impl App {
             return;
         }
         self.quit_after_save = true;
-        self.effects.push(Effect::Save);
+        self.save_now();
     }
 
     /// A signal or a lost terminal: save what can be saved and go, without asking.
@@ -353,13 +381,22 @@ impl App {
         self.quit = true;
     }
 
-    /// Writes the conversation if it changed (the runner calls this for [`Effect::Save`], and
-    /// once more at the end).
+    /// Asks the runner to write the conversation if it changed ([`Effect::Save`], answered
+    /// with [`Inbound::Saved`]). Also the runner's last act before the program ends.
     pub fn save_now(&mut self) {
         if self.convo.replay.is_some() {
             return;
         }
-        let result = self.convo.save.save(&self.convo.session);
+        if self.convo.save.due(&self.convo.session) {
+            let path = self.convo.save.file(&self.convo.session);
+            self.effects.push(Effect::Save { path, session: Box::new(self.convo.session.clone()) });
+        } else {
+            self.after_save(Ok(()));
+        }
+    }
+
+    /// A save worked or failed: quit if that was waiting for it, or ask.
+    fn after_save(&mut self, result: Result<(), String>) {
         let quit_after = std::mem::take(&mut self.quit_after_save);
         match result {
             Ok(()) if quit_after => self.quit = true,
@@ -374,25 +411,15 @@ impl App {
         self.dirty = true;
     }
 
+    /// What the last frame laid out (the runner hands back what drawing returned).
+    pub fn laid_out(&mut self, layout: Layout) {
+        self.view.laid_out(layout);
+    }
+
     /// What the backend rendered for [`Effect::DryRun`].
     pub fn show_dry_run(&mut self, result: Result<DryRun, String>) {
         self.view.popup_scroll = 0;
         self.overlay = Overlay::Prompt(result);
-        self.dirty = true;
-    }
-
-    /// Writes the Markdown transcript ([`Effect::Export`]).
-    pub fn export_to(&mut self, md: &std::path::Path) {
-        let res = md
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .map(std::fs::create_dir_all)
-            .unwrap_or(Ok(()))
-            .and_then(|_| std::fs::write(md, self.convo.session.to_markdown()));
-        match res {
-            Ok(()) => self.say(Level::Info, format!("exported to {}", md.display())),
-            Err(e) => self.say(Level::Error, format!("export failed: {}: {e}", md.display())),
-        }
         self.dirty = true;
     }
 

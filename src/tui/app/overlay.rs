@@ -5,8 +5,8 @@
 use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use ratatui_textarea::TextArea;
 
-use super::messages::Level;
-use super::{App, Effect};
+use super::App;
+use super::Level;
 use crate::backend::DryRun;
 use crate::session::SessionInfo;
 use crate::tui::sliders::Slider;
@@ -88,22 +88,7 @@ impl App {
                 }
                 overlay
             }
-            Overlay::Picker { items, mut selected } => match k.code {
-                KeyCode::Esc => Overlay::None,
-                KeyCode::Up => Overlay::Picker { selected: selected.saturating_sub(1), items },
-                KeyCode::Down => {
-                    selected = (selected + 1).min(items.len().saturating_sub(1));
-                    Overlay::Picker { items, selected }
-                }
-                KeyCode::Enter | KeyCode::Char('r') => {
-                    if let Some(info) = items.get(selected).cloned() {
-                        self.open_session(&info.path, k.code == KeyCode::Char('r'));
-                    }
-                    // Opening may have opened another popup (nothing): keep what it set.
-                    return;
-                }
-                _ => Overlay::Picker { items, selected },
-            },
+            Overlay::Picker { items, selected } => self.picker_key(items, selected, k),
             Overlay::ConfirmQuit => match k.code {
                 KeyCode::Char('s') => {
                     let suggestion = std::env::temp_dir().join(self.convo.session.file_name());
@@ -125,8 +110,9 @@ impl App {
                     } else {
                         self.convo.save.path = Some(path.into());
                         self.quit_after_save = true;
-                        self.effects.push(Effect::Save);
-                        Overlay::None
+                        self.save_now();
+                        // A failed save opened the quit question again.
+                        return;
                     }
                 }
                 _ => {

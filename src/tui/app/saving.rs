@@ -1,6 +1,7 @@
 //! Where the conversation is saved, whether the last save worked, and what is not saved yet.
 //! The app decides when to save (after each turn, on quit); the runner does the disk I/O
-//! ([`super::Effect::Save`]) and reports back, so `App::update` never touches the disk.
+//! ([`super::Effect::Save`]) and answers with [`crate::tui::event::Inbound::Saved`], so the
+//! app never touches the disk.
 
 use std::path::{Path, PathBuf};
 
@@ -87,26 +88,22 @@ impl SaveState {
         self.path.clone().or_else(|| self.dir.path.as_ref().map(|d| d.join(session.file_name())))
     }
 
-    /// Writes the session if a turn changed. Returns the error message of a failed write.
-    pub fn save(&mut self, session: &Session) -> Result<(), String> {
-        if !self.unsaved || session.turns.is_empty() && session.branches.is_empty() {
-            return Ok(());
-        }
-        let Some(path) = self.file(session) else {
-            let msg = "no sessions directory: this conversation is not saved".to_string();
-            self.error = Some(msg.clone());
-            return Err(msg);
-        };
-        match session.save_atomic(&path) {
+    /// Whether a turn changed since the last good save (an empty conversation is never
+    /// written).
+    pub fn due(&self, session: &Session) -> bool {
+        self.unsaved && !(session.turns.is_empty() && session.branches.is_empty())
+    }
+
+    /// What the runner's write came to (`path: None`: there was nowhere to write).
+    pub fn written(&mut self, path: Option<PathBuf>, result: Result<(), String>) -> Result<(), String> {
+        match result {
             Ok(()) => {
                 self.unsaved = false;
                 self.error = None;
-                self.last_good = Some(path);
+                self.last_good = path;
                 Ok(())
             }
-            Err(e) => {
-                tracing::warn!("{e}");
-                let msg = e.to_string();
+            Err(msg) => {
                 self.error = Some(msg.clone());
                 Err(msg)
             }

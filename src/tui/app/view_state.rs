@@ -1,10 +1,8 @@
 //! What the screen shows, apart from the conversation itself: focus, the shown turn, pane
 //! scrolling, the token inspector and the display toggles.
 
-use std::cell::Cell;
-
-use super::scroll::PaneScroll;
-use super::state_scope::StateScope;
+use super::PaneScroll;
+use super::StateScope;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Focus {
@@ -90,7 +88,7 @@ pub struct ViewState {
     /// First line of a scrollable popup (help, messages, prompt view), and the largest useful
     /// value (the view sets it).
     pub popup_scroll: u16,
-    pub popup_scroll_max: Cell<u16>,
+    pub popup_scroll_max: u16,
 }
 
 impl Default for ViewState {
@@ -108,7 +106,7 @@ impl Default for ViewState {
             thinking_scroll: PaneScroll::default(),
             answer_scroll: PaneScroll::default(),
             popup_scroll: 0,
-            popup_scroll_max: Cell::new(0),
+            popup_scroll_max: 0,
         }
     }
 }
@@ -121,9 +119,28 @@ impl ViewState {
         self.answer_scroll.follow();
     }
 
+    /// Takes in what the last frame laid out.
+    pub fn laid_out(&mut self, l: super::Layout) {
+        if let Some(p) = l.thinking {
+            self.thinking_scroll.last = p;
+        }
+        if let Some(p) = l.answer {
+            self.answer_scroll.last = p;
+        }
+        if let Some(m) = l.popup_scroll_max {
+            self.popup_scroll_max = m;
+        }
+        if let Some(t) = l.state_top {
+            self.state.top = t;
+        }
+        if let Some(x) = l.state_left {
+            self.state.left = x;
+        }
+    }
+
     /// Scrolls the popup by `delta` lines within what the view last laid out.
     pub fn scroll_popup(&mut self, delta: i32) {
-        let max = self.popup_scroll_max.get() as i32;
+        let max = self.popup_scroll_max as i32;
         self.popup_scroll = (self.popup_scroll as i32 + delta).clamp(0, max) as u16;
     }
 }

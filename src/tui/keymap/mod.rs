@@ -16,18 +16,23 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use ratatui::crossterm::event::KeyEvent;
+use serde::de::IntoDeserializer;
+use serde::{Deserialize, Serialize};
 
 pub use self::chord::Chord;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// What a key does. The names in keymap.toml are the variants in snake_case (serde's), except
+/// `sessions` for the picker. The order is the help screen's, and the precedence when a user
+/// binds one key to two actions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Action {
-    Quit,
-    Cancel,
-    CancelOrQuit,
     Send,
     Newline,
     HistoryPrev,
     HistoryNext,
+    Cancel,
+    CancelOrQuit,
     Regenerate,
     EditPrompt,
     EditSystem,
@@ -37,7 +42,6 @@ pub enum Action {
     ShowPrompt,
     PrevTurn,
     NextTurn,
-    Messages,
     ToggleThinking,
     CollapseThinking,
     StepMode,
@@ -46,24 +50,28 @@ pub enum Action {
     CompareView,
     ColourMode,
     Inspector,
+    StateView,
+    TraceState,
     FocusNext,
     FocusPrev,
-    Help,
-    Picker,
-    Export,
-    Replay,
-    RaiseMaxTokens,
-    SetThinkingBudget,
     ScrollUp,
     ScrollDown,
     FollowTail,
+    RaiseMaxTokens,
+    SetThinkingBudget,
     CopyAnswer,
     CopyThinking,
-    StateView,
-    TraceState,
+    #[serde(rename = "sessions")]
+    Picker,
+    Export,
+    Replay,
+    Messages,
+    Help,
+    Quit,
 }
 
 impl Action {
+    /// Every action, in declaration order (the help screen lists them so).
     pub const ALL: [Action; 40] = [
         Action::Send,
         Action::Newline,
@@ -107,50 +115,17 @@ impl Action {
         Action::Quit,
     ];
 
-    /// The name used in keymap.toml.
-    pub fn name(self) -> &'static str {
-        match self {
-            Action::Quit => "quit",
-            Action::Cancel => "cancel",
-            Action::CancelOrQuit => "cancel_or_quit",
-            Action::Send => "send",
-            Action::Newline => "newline",
-            Action::HistoryPrev => "history_prev",
-            Action::HistoryNext => "history_next",
-            Action::Regenerate => "regenerate",
-            Action::EditPrompt => "edit_prompt",
-            Action::EditSystem => "edit_system",
-            Action::DeleteTurn => "delete_turn",
-            Action::Continue => "continue",
-            Action::NewConversation => "new_conversation",
-            Action::ShowPrompt => "show_prompt",
-            Action::PrevTurn => "prev_turn",
-            Action::NextTurn => "next_turn",
-            Action::Messages => "messages",
-            Action::ToggleThinking => "toggle_thinking",
-            Action::CollapseThinking => "collapse_thinking",
-            Action::StepMode => "step_mode",
-            Action::Step => "step",
-            Action::Compare => "compare",
-            Action::CompareView => "compare_view",
-            Action::ColourMode => "colour_mode",
-            Action::Inspector => "inspector",
-            Action::FocusNext => "focus_next",
-            Action::FocusPrev => "focus_prev",
-            Action::Help => "help",
-            Action::Picker => "sessions",
-            Action::Export => "export",
-            Action::Replay => "replay",
-            Action::RaiseMaxTokens => "raise_max_tokens",
-            Action::SetThinkingBudget => "set_thinking_budget",
-            Action::ScrollUp => "scroll_up",
-            Action::ScrollDown => "scroll_down",
-            Action::FollowTail => "follow_tail",
-            Action::CopyAnswer => "copy_answer",
-            Action::CopyThinking => "copy_thinking",
-            Action::StateView => "state_view",
-            Action::TraceState => "trace_state",
+    /// The name used in keymap.toml (serde's).
+    pub fn name(self) -> String {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::String(name)) => name,
+            _ => format!("{self:?}"),
         }
+    }
+
+    /// The action a keymap.toml name stands for.
+    fn parse(name: &str) -> Option<Action> {
+        Action::deserialize(name.into_deserializer()).map_err(|_: serde::de::value::Error| ()).ok()
     }
 
     pub fn describe(self) -> &'static str {
@@ -241,10 +216,6 @@ impl Action {
             Action::StateView => &["f7"],
             Action::TraceState => &["f8"],
         }
-    }
-
-    fn parse(s: &str) -> Option<Action> {
-        Action::ALL.into_iter().find(|a| a.name() == s)
     }
 }
 
@@ -365,8 +336,8 @@ impl Keymap {
                     return Err(KeymapError::Conflict {
                         file: file.into(),
                         key: c.to_string(),
-                        first: first.name().into(),
-                        second: a.name().into(),
+                        first: first.name(),
+                        second: a.name(),
                         hint,
                     });
                 }
@@ -374,7 +345,7 @@ impl Keymap {
         }
         for (a, what) in [(Action::Send, "send a prompt"), (Action::Quit, "quit")] {
             if self.bindings[&a].is_empty() {
-                return Err(KeymapError::Unbound { file: file.into(), action: a.name().into(), what });
+                return Err(KeymapError::Unbound { file: file.into(), action: a.name(), what });
             }
         }
         Ok(())
@@ -414,6 +385,23 @@ mod tests {
 
     fn key(code: KeyCode, m: KeyModifiers) -> KeyEvent {
         KeyEvent::new(code, m)
+    }
+
+    #[test]
+    fn keymap_names_are_serdes_and_unchanged() {
+        // The names users' keymap.toml files use: they must keep parsing.
+        let names = "send newline history_prev history_next cancel cancel_or_quit regenerate edit_prompt \
+            edit_system delete_turn continue new_conversation show_prompt prev_turn next_turn toggle_thinking \
+            collapse_thinking step_mode step compare compare_view colour_mode inspector state_view trace_state \
+            focus_next focus_prev scroll_up scroll_down follow_tail raise_max_tokens set_thinking_budget \
+            copy_answer copy_thinking sessions export replay messages help quit";
+        let names: Vec<&str> = names.split_whitespace().collect();
+        assert_eq!(Action::ALL.map(Action::name).to_vec(), names);
+        for a in Action::ALL {
+            assert_eq!(Action::parse(&a.name()), Some(a));
+        }
+        assert_eq!(Action::parse("picker"), None);
+        assert_eq!(Action::parse("Quit"), None);
     }
 
     #[test]

@@ -2,17 +2,11 @@
 //! thinking and answer side by side, and the gauge/slider column on wide terminals; panes
 //! stacked on narrow ones; a message instead of a broken layout on tiny ones.
 
-mod compare;
-mod gauges;
-mod help;
-mod inspector;
-mod panes;
-mod popups;
-mod sliders;
-mod state;
+pub(crate) mod popups;
+use crate::tui::panels::{compare, gauges, help, inspector, messages, picker, sliders};
 pub mod wrap;
 
-pub use panes::{MarkdownWrap, PaneCache};
+use crate::tui::panels::transcript::{self, MarkdownWrap, PaneCache};
 
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -20,8 +14,9 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Gauge, Paragraph, Wrap};
 
-use super::app::{App, Level, Overlay};
+use super::app::{self, App, Level, Overlay, PaneLayout, PaneScroll};
 use super::keymap::Action;
+use crate::generation::Phase;
 use crate::session::Turn;
 
 /// Below this the layout cannot show a usable workbench.
@@ -34,7 +29,65 @@ const SIDE_FROM: u16 = 110;
 const HISTORY_WIDTH: u16 = 24;
 const HISTORY_FROM: u16 = 150;
 
-pub fn draw(app: &App, f: &mut Frame) {
+/// What drawing keeps between frames (each pane's wrapped lines, so a frame only wraps what
+/// arrived since the last one) and the layout of the frame being drawn. The runner owns it;
+/// the state never holds drawing's caches.
+#[derive(Debug, Default)]
+pub struct View {
+    thinking: PaneCache,
+    answer: PaneCache,
+    pub(crate) markdown: MarkdownWrap,
+    pub(crate) layout: app::Layout,
+}
+
+/// The two streaming panes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pane {
+    Thinking,
+    Answer,
+}
+
+impl Pane {
+    pub(crate) fn phase(self) -> Phase {
+        match self {
+            Pane::Thinking => Phase::Thinking,
+            Pane::Answer => Phase::Answer,
+        }
+    }
+
+    pub(crate) fn scroll(self, app: &App) -> &PaneScroll {
+        match self {
+            Pane::Thinking => &app.view.thinking_scroll,
+            Pane::Answer => &app.view.answer_scroll,
+        }
+    }
+}
+
+impl View {
+    /// Draws one frame of `app` and returns what it laid out (the runner hands that back with
+    /// [`App::laid_out`]).
+    pub fn draw(&mut self, app: &App, f: &mut Frame) -> app::Layout {
+        self.layout = app::Layout::default();
+        draw(app, f, self);
+        std::mem::take(&mut self.layout)
+    }
+
+    pub(crate) fn lines(&mut self, pane: Pane) -> &mut PaneCache {
+        match pane {
+            Pane::Thinking => &mut self.thinking,
+            Pane::Answer => &mut self.answer,
+        }
+    }
+
+    pub(crate) fn record(&mut self, pane: Pane, drawn: PaneLayout) {
+        match pane {
+            Pane::Thinking => self.layout.thinking = Some(drawn),
+            Pane::Answer => self.layout.answer = Some(drawn),
+        }
+    }
+}
+
+fn draw(app: &App, f: &mut Frame, v: &mut View) {
     let area = f.area();
     if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
         return too_small(f, area);
@@ -78,7 +131,7 @@ pub fn draw(app: &App, f: &mut Frame) {
     };
     let center = if area.width >= HISTORY_FROM {
         let [h, c] = Layout::horizontal([Constraint::Length(HISTORY_WIDTH), Constraint::Min(40)]).areas(center);
-        panes::history(app, f, h);
+        transcript::history(app, f, h);
         c
     } else {
         center
@@ -96,18 +149,18 @@ pub fn draw(app: &App, f: &mut Frame) {
         }
     };
     if app.view.state.shown {
-        state::draw(app, f, center);
+        crate::tui::panels::state_scope::draw(app, f, center, &mut v.layout);
     } else if app.view.show_compare
         && let Some((a, b)) = app.compare_pair()
     {
         compare::draw(app, f, center, a, b);
     } else {
-        panes::conversation(app, f, center);
+        transcript::conversation(app, f, center, v);
     }
     if !banners.is_empty() {
         f.render_widget(Paragraph::new(banners).style(Style::new().bg(app.theme.banner_bg)), banner_area);
     }
-    panes::input(app, f, input_area);
+    crate::tui::panels::composer::draw(app, f, input_area);
     status(app, f, status_area);
 
     if side.is_none() && app.view.focus == super::app::Focus::Sliders {
@@ -123,10 +176,10 @@ pub fn draw(app: &App, f: &mut Frame) {
     }
     match &app.overlay {
         Overlay::None => {}
-        Overlay::Help => help::help(app, f, area),
-        Overlay::Picker { items, selected } => help::picker(app, f, area, items, *selected),
-        Overlay::Messages => popups::messages(app, f, area),
-        Overlay::Prompt(result) => popups::prompt(app, f, area, result),
+        Overlay::Help => help::draw(app, f, area, &mut v.layout),
+        Overlay::Picker { items, selected } => picker::draw(app, f, area, items, *selected),
+        Overlay::Messages => messages::draw(app, f, area, &mut v.layout),
+        Overlay::Prompt(result) => popups::prompt(app, f, area, result, v),
         Overlay::ConfirmQuit => popups::confirm_quit(app, f, area),
         Overlay::SaveAs { input, error } => popups::save_as(app, f, area, input, error.as_deref()),
         Overlay::SliderValue { slider, input, error } => {

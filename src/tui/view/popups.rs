@@ -2,6 +2,7 @@
 //! rendered prompt, the quit question, save-as, and a typed slider value. Long text wraps and
 //! scrolls; nothing is cut.
 
+use super::View;
 use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::style::{Modifier, Style};
@@ -12,19 +13,26 @@ use ratatui_textarea::TextArea;
 use super::centered;
 use super::wrap::wrap;
 use crate::backend::DryRun;
-use crate::tui::app::{App, Level, turns_label};
+use crate::tui::app::{App, Layout, turns_label};
 use crate::tui::keymap::Action;
 use crate::tui::sliders::Slider;
 
 /// A scrollable popup of `lines`, wrapped to the popup's width (↑/↓/PgUp/PgDn scroll).
-fn scrolled_popup(app: &App, f: &mut Frame, area: Rect, title: &str, lines: Vec<Line<'static>>) {
+pub(crate) fn scrolled_popup(
+    app: &App,
+    f: &mut Frame,
+    area: Rect,
+    title: &str,
+    lines: Vec<Line<'static>>,
+    layout: &mut Layout,
+) {
     let th = &app.theme;
     let r = centered(area, area.width.saturating_sub(6).clamp(20, 110), area.height.saturating_sub(4));
     f.render_widget(Clear, r);
     let rows = wrap(&lines, r.width.saturating_sub(2) as usize);
     let visible = r.height.saturating_sub(2) as usize;
     let max = rows.len().saturating_sub(visible);
-    app.view.popup_scroll_max.set(max.min(u16::MAX as usize) as u16);
+    layout.popup_scroll_max = Some(max.min(u16::MAX as usize) as u16);
     let first = (app.view.popup_scroll as usize).min(max);
     let title = if rows.len() > visible {
         format!(" {title} · ↑↓ scroll ({}–{} of {}) ", first + 1, (first + visible).min(rows.len()), rows.len())
@@ -35,31 +43,7 @@ fn scrolled_popup(app: &App, f: &mut Frame, area: Rect, title: &str, lines: Vec<
     f.render_widget(Paragraph::new(rows[first..].to_vec()).block(block), r);
 }
 
-pub fn messages(app: &App, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
-    let mut lines = vec![];
-    if let Some(err) = &app.convo.save.error {
-        lines.push(Line::styled(format!("NOT SAVED: {err}"), th.fg(th.bad).add_modifier(Modifier::BOLD)));
-        lines.push(Line::raw(""));
-    }
-    for m in app.messages.items.iter().rev() {
-        let (tag, style) = match m.level {
-            Level::Info => ("  ", th.fg(th.text)),
-            Level::Warning => ("⚠ ", th.fg(th.warn)),
-            Level::Error => ("✖ ", th.fg(th.bad)),
-        };
-        lines.push(Line::from(vec![
-            Span::styled(format!("{:>7.1}s ", m.at_ms / 1000.0), th.fg(th.dim)),
-            Span::styled(format!("{tag}{}", m.text), style),
-        ]));
-    }
-    if lines.is_empty() {
-        lines.push(Line::styled("no messages yet", th.fg(th.dim)));
-    }
-    scrolled_popup(app, f, area, "Messages (newest first)", lines);
-}
-
-pub fn prompt(app: &App, f: &mut Frame, area: Rect, result: &Result<DryRun, String>) {
+pub fn prompt(app: &App, f: &mut Frame, area: Rect, result: &Result<DryRun, String>, v: &mut View) {
     let th = &app.theme;
     let mut lines = vec![];
     match result {
@@ -77,7 +61,7 @@ pub fn prompt(app: &App, f: &mut Frame, area: Rect, result: &Result<DryRun, Stri
             }
         }
     }
-    scrolled_popup(app, f, area, "Next turn's prompt", lines);
+    scrolled_popup(app, f, area, "Next turn's prompt", lines, &mut v.layout);
 }
 
 pub fn confirm_quit(app: &App, f: &mut Frame, area: Rect) {

@@ -8,10 +8,10 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph};
 
 use super::gauges::BudgetBar;
-use super::wrap::wrap;
 use crate::session::Turn;
 use crate::tui::app::App;
 use crate::tui::highlight::block_line;
+use crate::tui::view::wrap::wrap;
 use crate::units::duration_ms;
 
 pub fn draw(app: &App, f: &mut Frame, area: Rect, a: usize, b: usize) {

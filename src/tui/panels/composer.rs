@@ -1,9 +1,16 @@
-//! The prompt box: the text being written, prompt history recall, and what sending it does
-//! (a new turn, the re-run of an earlier prompt, or a new system prompt).
+//! The composer panel: the prompt box's text, prompt history recall, what sending it does (a
+//! new turn, the re-run of an earlier prompt, or a new system prompt), and its drawing.
 
+use ratatui::Frame;
 use ratatui::crossterm::event::{KeyCode, KeyEvent};
+use ratatui::layout::Rect;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::Block;
 use ratatui_textarea::{CursorMove, TextArea, WrapMode};
 use unicode_width::UnicodeWidthStr;
+
+use crate::tui::app::{App, Focus};
+use crate::tui::keymap::Action;
 
 const PLACEHOLDER: &str = "Ask something — e.g. Is 91 prime?";
 
@@ -126,4 +133,37 @@ fn fresh(text: &str) -> TextArea<'static> {
     t.move_cursor(CursorMove::Bottom);
     t.move_cursor(CursorMove::End);
     t
+}
+
+// Drawing.
+
+/// The prompt box: what is being edited, the keys that send it, and the text.
+pub fn draw(app: &App, f: &mut Frame, area: Rect) {
+    let th = &app.theme;
+    let k = |a| app.keymap.first(a);
+    let mut title = vec![Span::styled(" Prompt ", th.title())];
+    match app.composer.target {
+        EditTarget::NewTurn => {}
+        EditTarget::Turn(i) => {
+            title.push(Span::styled(format!("(editing turn {}: Enter re-runs from it) ", i + 1), th.fg(th.warn)))
+        }
+        EditTarget::System => title.push(Span::styled("(editing the system prompt) ", th.fg(th.warn))),
+    }
+    let hint = format!(
+        " {} send · {} newline · {} cancel · {} regenerate · {} compare · {} thinking {} ",
+        k(Action::Send),
+        k(Action::Newline),
+        k(Action::Cancel),
+        k(Action::Regenerate),
+        k(Action::Compare),
+        k(Action::ToggleThinking),
+        if app.settings.enable_thinking { "on" } else { "off" }
+    );
+    let block = Block::bordered()
+        .title(Line::from(title))
+        .title_bottom(Line::styled(hint, th.fg(th.dim)))
+        .border_style(th.border(app.view.focus == Focus::Input));
+    let inner = block.inner(area);
+    f.render_widget(block, area);
+    f.render_widget(&app.composer.input, inner);
 }

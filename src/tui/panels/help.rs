@@ -1,4 +1,5 @@
-//! The help screen (every key, from the live keymap) and the session picker.
+//! The help panel: every key, from the live keymap, and the keys that depend on the focused
+//! pane (↑/↓/PgUp/PgDn scroll it when it is taller than the terminal; any other key closes it).
 
 use ratatui::Frame;
 use ratatui::layout::Rect;
@@ -6,11 +7,10 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph};
 
-use super::centered;
-use super::wrap::wrap;
-use crate::session::{SessionInfo, format_timestamp};
-use crate::tui::app::App;
+use crate::tui::app::{App, Layout};
 use crate::tui::keymap::Action;
+use crate::tui::view::centered;
+use crate::tui::view::wrap::wrap;
 
 /// Keys that depend on the focused pane (not rebindable).
 const CONTEXT_KEYS: [(&str, &str); 12] = [
@@ -32,14 +32,14 @@ const CONTEXT_KEYS: [(&str, &str); 12] = [
 const KEY_COLS: usize = 24;
 const NAME_COLS: usize = 20;
 
-pub fn help(app: &App, f: &mut Frame, area: Rect) {
+pub fn draw(app: &App, f: &mut Frame, area: Rect, layout: &mut Layout) {
     let th = &app.theme;
     let key_style = Style::new().fg(th.accent).add_modifier(Modifier::BOLD);
     // (key, action name, description) rows; the name is empty for the context keys.
-    let mut entries: Vec<(String, &str, &str)> =
+    let mut entries: Vec<(String, String, &str)> =
         Action::ALL.iter().map(|a| (app.keymap.label(*a), a.name(), a.describe())).collect();
     let first_context = entries.len();
-    entries.extend(CONTEXT_KEYS.iter().map(|(k, d)| (k.to_string(), "", *d)));
+    entries.extend(CONTEXT_KEYS.iter().map(|(k, d)| (k.to_string(), String::new(), *d)));
     let indent = |i: usize| if i < first_context { KEY_COLS + NAME_COLS } else { KEY_COLS };
     let heading = Line::styled("Keys (rebind in keymap.toml, see README)", th.fg(th.dim));
     // As wide as the longest line (descriptions are not cut), wrapping only when the terminal is
@@ -79,7 +79,7 @@ pub fn help(app: &App, f: &mut Frame, area: Rect) {
     }
     let visible = r.height.saturating_sub(2) as usize;
     let max = rows.len().saturating_sub(visible);
-    app.view.popup_scroll_max.set(max as u16);
+    layout.popup_scroll_max = Some(max as u16);
     let first = (app.view.popup_scroll as usize).min(max);
     let title = if rows.len() > visible {
         format!(" Help · ↑↓ scroll ({}–{} of {}) ", first + 1, (first + visible).min(rows.len()), rows.len())
@@ -88,46 +88,4 @@ pub fn help(app: &App, f: &mut Frame, area: Rect) {
     };
     let block = Block::bordered().title(Line::styled(title, th.title())).border_style(th.border(true));
     f.render_widget(Paragraph::new(rows[first..].to_vec()).block(block), r);
-}
-
-pub fn picker(app: &App, f: &mut Frame, area: Rect, items: &[SessionInfo], selected: usize) {
-    let th = &app.theme;
-    let r = centered(area, 100, area.height.saturating_sub(4).max(6));
-    f.render_widget(Clear, r);
-    let mut lines = vec![];
-    if items.is_empty() {
-        let dir = app.convo.save.dir.path.as_ref().map(|d| d.display().to_string()).unwrap_or_else(|| "(none)".into());
-        lines.push(Line::styled(format!("no saved sessions in {dir}"), th.fg(th.dim)));
-    }
-    let visible = r.height.saturating_sub(2) as usize;
-    let skip = selected.saturating_sub(visible.saturating_sub(1));
-    for (i, s) in items.iter().enumerate().skip(skip).take(visible) {
-        let sel = i == selected;
-        let st = if sel {
-            Style::new().fg(th.accent).bg(th.selection_bg).add_modifier(Modifier::BOLD)
-        } else {
-            th.fg(th.text)
-        };
-        if let Some(e) = &s.error {
-            let st = if sel { st } else { th.fg(th.bad) };
-            lines.push(Line::styled(format!("{} ✖ {e}", if sel { "▸" } else { " " }), st));
-            continue;
-        }
-        let prompt: String = s.first_prompt.split_whitespace().collect::<Vec<_>>().join(" ");
-        lines.push(Line::styled(
-            format!(
-                "{} {}  {:>2} turns  {:<16} {}",
-                if sel { "▸" } else { " " },
-                format_timestamp(s.created),
-                s.turns,
-                s.model.chars().take(16).collect::<String>(),
-                prompt.chars().take(60).collect::<String>()
-            ),
-            st,
-        ));
-    }
-    let block = Block::bordered()
-        .title(Line::styled(" Sessions · Enter open · r replay · Esc close ", th.title()))
-        .border_style(th.border(true));
-    f.render_widget(Paragraph::new(lines).block(block), r);
 }

@@ -3,6 +3,7 @@
 //! the margin between the two likeliest tokens, and the top alternatives.
 
 use ratatui::Frame;
+use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use ratatui::layout::Rect;
 use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
@@ -10,6 +11,28 @@ use ratatui::widgets::{Block, Clear, Paragraph};
 
 use crate::generation::{DraftKind, Phase};
 use crate::tui::app::App;
+
+impl App {
+    /// A key while the inspector is open: ←/→ one token, ↑/↓ ten, Home / End. `false`: not
+    /// the inspector's (the focused pane gets it).
+    pub(crate) fn inspector_key(&mut self, k: KeyEvent) -> bool {
+        let Some(cur) = self.view.inspector else { return false };
+        let n = self.shown().map(|t| t.tokens.len()).unwrap_or(0);
+        let moved = match k.code {
+            KeyCode::Left => Some(cur.saturating_sub(1)),
+            KeyCode::Right => Some((cur + 1).min(n.saturating_sub(1))),
+            KeyCode::Up => Some(cur.saturating_sub(10)),
+            KeyCode::Down => Some((cur + 10).min(n.saturating_sub(1))),
+            KeyCode::Home => Some(0),
+            KeyCode::End => Some(n.saturating_sub(1)),
+            _ => None,
+        };
+        if let Some(m) = moved {
+            self.view.inspector = Some(m);
+        }
+        moved.is_some()
+    }
+}
 
 pub fn draw(app: &App, f: &mut Frame, area: Rect, cursor: usize) {
     let th = &app.theme;

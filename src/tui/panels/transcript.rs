@@ -1,19 +1,77 @@
-//! The conversation panes: history, thinking and answer (side by side, or stacked when
-//! narrow), and the input box.
+//! The transcript panel: the history list, and the thinking and answer panes (side by side, or
+//! stacked when narrow) with their scroll state and keys. Drawing wraps through caches the
+//! runner's [`View`] keeps between frames, and records each pane's layout in the frame's
+//! [`crate::tui::app::Layout`].
 
 use ratatui::Frame;
+use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Scrollbar, ScrollbarOrientation, ScrollbarState};
 
-use super::wrap::wrap;
 use crate::generation::{DiagnosticKind, DraftKind, Phase, TokenEvent};
 use crate::session::{Timed, Turn};
-use crate::tui::app::{App, ColourMode, EditTarget, Focus, PaneScroll, ThinkingView};
+use crate::tui::app::{App, ColourMode, Focus, PaneLayout, ThinkingView};
 use crate::tui::keymap::Action;
 use crate::tui::theme::Theme;
+use crate::tui::view::wrap::wrap;
+use crate::tui::view::{Pane, View};
 use crate::units::duration_ms;
+
+/// Scroll state of a streaming pane: `None` follows the tail.
+#[derive(Debug, Default)]
+pub struct PaneScroll {
+    pub top: Option<usize>,
+    /// What the last frame drew of this pane.
+    pub last: PaneLayout,
+}
+
+impl PaneScroll {
+    /// The first visible line for `total` lines in `height` rows.
+    pub fn first_line(&self, total: usize, height: usize) -> usize {
+        let tail = total.saturating_sub(height);
+        self.top.map(|t| t.min(tail)).unwrap_or(tail)
+    }
+
+    pub fn scroll(&mut self, delta: i64) {
+        let total = self.last.total;
+        let height = self.last.height.max(1);
+        let tail = total.saturating_sub(height);
+        let cur = self.first_line(total, height) as i64;
+        let next = (cur + delta).clamp(0, tail as i64) as usize;
+        // Back at the bottom: follow the tail again.
+        self.top = if next >= tail { None } else { Some(next) };
+    }
+
+    /// One page up (`-1`) or down (`1`).
+    pub fn page(&mut self, dir: i64) {
+        let page = self.last.height.max(2) as i64 - 1;
+        self.scroll(dir * page);
+    }
+
+    pub fn follow(&mut self) {
+        self.top = None;
+    }
+}
+
+impl App {
+    /// A key while the thinking or answer pane has the focus: ↑/↓ scroll, Home / End.
+    pub(crate) fn pane_key(&mut self, k: KeyEvent) {
+        let scroll = if self.view.focus == Focus::Thinking {
+            &mut self.view.thinking_scroll
+        } else {
+            &mut self.view.answer_scroll
+        };
+        match k.code {
+            KeyCode::Up => scroll.scroll(-1),
+            KeyCode::Down => scroll.scroll(1),
+            KeyCode::Home => scroll.top = Some(0),
+            KeyCode::End => scroll.follow(),
+            _ => {}
+        }
+    }
+}
 
 /// Side by side from this width of the centre area.
 const SIDE_BY_SIDE_FROM: u16 = 70;
@@ -60,7 +118,7 @@ fn one_line(s: &str) -> String {
 }
 
 /// Thinking and answer panes for the shown turn.
-pub fn conversation(app: &App, f: &mut Frame, area: Rect) {
+pub fn conversation(app: &App, f: &mut Frame, area: Rect, v: &mut View) {
     let thinking_w = match app.view.thinking_view {
         ThinkingView::Shown => None,
         ThinkingView::Collapsed => Some(3),
@@ -84,9 +142,9 @@ pub fn conversation(app: &App, f: &mut Frame, area: Rect) {
     };
     let turn = app.shown();
     if let Some(t_area) = t_area {
-        thinking(app, f, t_area, turn);
+        thinking(app, f, t_area, turn, v);
     }
-    answer(app, f, a_area, turn);
+    answer(app, f, a_area, turn, v);
 }
 
 fn thinking_title(app: &App, turn: Option<&Turn>) -> Line<'static> {
@@ -112,7 +170,7 @@ fn thinking_title(app: &App, turn: Option<&Turn>) -> Line<'static> {
     Line::from(spans)
 }
 
-fn thinking(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>) {
+fn thinking(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>, v: &mut View) {
     let th = &app.theme;
     let block =
         Block::bordered().title(thinking_title(app, turn)).border_style(th.border(app.view.focus == Focus::Thinking));
@@ -127,12 +185,12 @@ fn thinking(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>) {
         return;
     }
     match turn {
-        Some(t) => token_pane(app, f, area, block, t, Phase::Thinking, &app.view.thinking_scroll),
-        None => scrolled(app, f, area, block, vec![], &app.view.thinking_scroll),
+        Some(t) => token_pane(app, f, area, block, t, Pane::Thinking, v),
+        None => scrolled(app, f, area, block, vec![], Pane::Thinking, v),
     }
 }
 
-fn answer(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>) {
+fn answer(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>, v: &mut View) {
     let th = &app.theme;
     let mut title = vec![Span::styled(" Answer ", th.title())];
     if let Some(t) = turn {
@@ -144,16 +202,16 @@ fn answer(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>) {
     }
     let block = Block::bordered().title(Line::from(title)).border_style(th.border(app.view.focus == Focus::Answer));
     match turn {
-        None => scrolled(app, f, area, block, welcome(app), &app.view.answer_scroll),
+        None => scrolled(app, f, area, block, welcome(app), Pane::Answer, v),
         // Markdown in the default view; raw tokens when colouring or inspecting tokens.
         Some(t)
             if app.view.colour_mode == ColourMode::Phase
                 && app.view.inspector.is_none()
                 && !has_loop_in(t, Phase::Answer) =>
         {
-            markdown_pane(app, f, area, block, t, &app.view.answer_scroll)
+            markdown_pane(app, f, area, block, t, v)
         }
-        Some(t) => token_pane(app, f, area, block, t, Phase::Answer, &app.view.answer_scroll),
+        Some(t) => token_pane(app, f, area, block, t, Pane::Answer, v),
     }
 }
 
@@ -182,48 +240,50 @@ fn welcome(app: &App) -> Vec<Line<'static>> {
 }
 
 /// Draws `lines` wrapped inside `block`, following the tail unless scrolled back.
-fn scrolled(app: &App, f: &mut Frame, area: Rect, block: Block, lines: Vec<Line<'static>>, scroll: &PaneScroll) {
+fn scrolled(app: &App, f: &mut Frame, area: Rect, block: Block, lines: Vec<Line<'static>>, pane: Pane, v: &mut View) {
     let inner = block.inner(area);
     f.render_widget(block, area);
     if inner.width < 2 || inner.height == 0 {
         return;
     }
     let wrapped = wrap(&lines, inner.width.saturating_sub(1) as usize);
-    show(app, f, inner, wrapped.len(), |r| wrapped[r].to_vec(), scroll);
+    let drawn = show(app, f, inner, wrapped.len(), |r| wrapped[r].to_vec(), pane.scroll(app));
+    v.record(pane, drawn);
 }
 
 /// Draws one phase's tokens inside `block`, wrapped through the pane's [`PaneCache`] so a frame
 /// only wraps what arrived since the last one.
-fn token_pane(app: &App, f: &mut Frame, area: Rect, block: Block, t: &Turn, phase: Phase, scroll: &PaneScroll) {
+fn token_pane(app: &App, f: &mut Frame, area: Rect, block: Block, t: &Turn, pane: Pane, v: &mut View) {
     let inner = block.inner(area);
     f.render_widget(block, area);
     if inner.width < 2 || inner.height == 0 {
         return;
     }
-    let mut cache = scroll.lines.borrow_mut();
-    let tail = cache.update(app, t, phase, inner.width.saturating_sub(1) as usize);
+    let cache = v.lines(pane);
+    let tail = cache.update(app, t, pane.phase(), inner.width.saturating_sub(1) as usize);
     let closed = &cache.wrapped;
     let total = closed.len() + tail.len();
-    show(
+    let drawn = show(
         app,
         f,
         inner,
         total,
         |r| r.map(|i| closed.get(i).unwrap_or_else(|| &tail[i - closed.len()]).clone()).collect(),
-        scroll,
+        pane.scroll(app),
     );
+    v.record(pane, drawn);
 }
 
 /// Draws the answer as Markdown inside `block`: the finished lines wrapped once (kept in the
 /// pane's [`MarkdownWrap`]), the open ones each frame.
-fn markdown_pane(app: &App, f: &mut Frame, area: Rect, block: Block, t: &Turn, scroll: &PaneScroll) {
+fn markdown_pane(app: &App, f: &mut Frame, area: Rect, block: Block, t: &Turn, v: &mut View) {
     let inner = block.inner(area);
     f.render_widget(block, area);
     if inner.width < 2 || inner.height == 0 {
         return;
     }
     let width = inner.width.saturating_sub(1) as usize;
-    let mut cache = scroll.markdown.borrow_mut();
+    let cache = &mut v.markdown;
     let finished = app.md.finished();
     if (cache.md_id, cache.width) != (Some(app.md.id), width) || cache.wrapped_from > finished.len() {
         *cache = MarkdownWrap { md_id: Some(app.md.id), width, ..Default::default() };
@@ -234,14 +294,15 @@ fn markdown_pane(app: &App, f: &mut Frame, area: Rect, block: Block, t: &Turn, s
     let open = wrap(&app.md.open_lines(t.answer.trim_start_matches('\n'), &app.theme), width);
     let closed = &cache.wrapped;
     let total = closed.len() + open.len();
-    show(
+    let drawn = show(
         app,
         f,
         inner,
         total,
         |r| r.map(|i| closed.get(i).unwrap_or_else(|| &open[i - closed.len()]).clone()).collect(),
-        scroll,
+        &app.view.answer_scroll,
     );
+    v.record(Pane::Answer, drawn);
 }
 
 /// The wrapped finished lines of one [`crate::tui::highlight::Markdown`] (by its id) at one width.
@@ -255,7 +316,7 @@ pub struct MarkdownWrap {
 }
 
 /// Draws the visible rows of `total` wrapped lines (`rows` yields a range of them) and the
-/// scrollbar, following the tail unless scrolled back.
+/// scrollbar, following the tail unless scrolled back. Returns what it laid out.
 fn show(
     app: &App,
     f: &mut Frame,
@@ -263,11 +324,9 @@ fn show(
     total: usize,
     rows: impl FnOnce(std::ops::Range<usize>) -> Vec<Line<'static>>,
     scroll: &PaneScroll,
-) {
+) -> PaneLayout {
     let h = inner.height as usize;
     let first = scroll.first_line(total, h);
-    scroll.last_total.set(total);
-    scroll.last_height.set(h);
     let visible = rows(first..(first + h).min(total));
     let text_area = Rect { width: inner.width - 1, ..inner };
     f.render_widget(Paragraph::new(visible), text_area);
@@ -279,6 +338,7 @@ fn show(
             &mut state,
         );
     }
+    PaneLayout { total, height: h }
 }
 
 fn has_loop_in(t: &Turn, phase: Phase) -> bool {
@@ -459,34 +519,4 @@ pub fn token_style(th: &Theme, mode: ColourMode, tok: &TokenEvent, in_loop: bool
         s = s.bg(th.cursor_bg).add_modifier(Modifier::BOLD | Modifier::UNDERLINED);
     }
     s
-}
-
-pub fn input(app: &App, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
-    let k = |a| app.keymap.first(a);
-    let mut title = vec![Span::styled(" Prompt ", th.title())];
-    match app.composer.target {
-        EditTarget::NewTurn => {}
-        EditTarget::Turn(i) => {
-            title.push(Span::styled(format!("(editing turn {}: Enter re-runs from it) ", i + 1), th.fg(th.warn)))
-        }
-        EditTarget::System => title.push(Span::styled("(editing the system prompt) ", th.fg(th.warn))),
-    }
-    let hint = format!(
-        " {} send · {} newline · {} cancel · {} regenerate · {} compare · {} thinking {} ",
-        k(Action::Send),
-        k(Action::Newline),
-        k(Action::Cancel),
-        k(Action::Regenerate),
-        k(Action::Compare),
-        k(Action::ToggleThinking),
-        if app.settings.enable_thinking { "on" } else { "off" }
-    );
-    let block = Block::bordered()
-        .title(Line::from(title))
-        .title_bottom(Line::styled(hint, th.fg(th.dim)))
-        .border_style(th.border(app.view.focus == Focus::Input));
-    let inner = block.inner(area);
-    f.render_widget(block, area);
-    f.render_widget(&app.composer.input, inner);
 }

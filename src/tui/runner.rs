@@ -1,0 +1,190 @@
+//! The runner: it owns the backend, the live generation and the terminal's output, executes
+//! the app's [`Effect`]s and is the only part of the TUI that touches the disk after start
+//! (saving, exporting, listing and reading sessions). Every result goes back into the app as an
+//! [`Inbound`] event.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::mpsc::TryRecvError;
+use std::time::{Duration, Instant};
+
+use super::TuiOptions;
+use super::app::{App, Effect};
+use super::event::Inbound;
+use crate::backend::{Backend, BackendInfo, ChatRequest};
+use crate::generation::{EngineEvent, ErrorKind, Generation, GenerationParams, StepControl};
+use crate::session::{Session, list_sessions};
+
+/// What the runner owns: the backend, the live generation and the terminal's output stream.
+pub(crate) struct Runner {
+    pub(crate) backend: Option<Box<dyn Backend>>,
+    live: Option<Generation>,
+    pub(crate) stdout: std::io::Stdout,
+}
+
+impl Runner {
+    /// The backend is open: the sliders start from the session or the flags.
+    pub(crate) fn new() -> Runner {
+        Runner { backend: None, live: None, stdout: std::io::stdout() }
+    }
+
+    pub(crate) fn opened(&mut self, app: &mut App, b: Box<dyn Backend>, opts: &TuiOptions, resumed: Option<&Session>) {
+        match starting_settings(b.info(), opts, resumed) {
+            Ok((params, thinking)) => {
+                app.settings.params = params;
+                app.settings.enable_thinking = thinking;
+            }
+            Err(e) => app.fatal = Some(crate::error::error_text(&e)),
+        }
+        app.set_model(b.info().clone());
+        self.backend = Some(b);
+    }
+
+    /// Moves the live generation's events into the app.
+    pub(crate) fn pump(&mut self, app: &mut App, now_ms: f64) {
+        if let Some(g) = &self.live {
+            pump(app, g, now_ms);
+            if !app.generating() {
+                self.live = None;
+            }
+        }
+    }
+
+    pub(crate) fn run_effects(&mut self, app: &mut App) {
+        for effect in app.take_effects() {
+            match effect {
+                Effect::Generate { prompt, enable_thinking, params } => {
+                    let Some(b) = &self.backend else { continue };
+                    let request = ChatRequest { prompt, enable_thinking, params: *params };
+                    // Step mode switched on before sending holds the new generation too.
+                    let control = Arc::new(StepControl::default());
+                    control.set_paused(app.view.step_mode);
+                    match b.start_with(request, control) {
+                        Ok(g) => self.live = Some(g),
+                        Err(err) => app.on_engine(EngineEvent::error(err.kind, err.message)),
+                    }
+                }
+                Effect::DryRun { prompt, enable_thinking, params } => {
+                    let Some(b) = &self.backend else { continue };
+                    let request = ChatRequest { prompt, enable_thinking, params: *params };
+                    app.show_dry_run(b.dry_run(&request).map_err(|e| e.message));
+                }
+                Effect::Cancel => self.live.iter().for_each(Generation::cancel),
+                Effect::SetPaused(p) => self.live.iter().for_each(|g| g.set_paused(p)),
+                Effect::Step => self.live.iter().for_each(Generation::step),
+                disk @ (Effect::Save { .. }
+                | Effect::Export { .. }
+                | Effect::ListSessions(_)
+                | Effect::LoadSession { .. }) => {
+                    if let Ok(answer) = disk_io(disk) {
+                        app.update(answer, app.now_ms);
+                    }
+                }
+                Effect::Copy(text) => {
+                    // OSC 52: the terminal (or tmux, or the ssh client's terminal) sets its clipboard.
+                    let copy = ratatui::crossterm::clipboard::CopyToClipboard::to_clipboard_from(text.as_bytes());
+                    if let Err(err) = ratatui::crossterm::execute!(self.stdout, copy) {
+                        tracing::warn!("copying to the clipboard: {err}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Quitting cancelled a running generation: wait briefly for its `done` (the engine stops
+    /// within a token, a server stream at once) so the saved turn has its finish reason and
+    /// stats, not an open end. Then the last save.
+    pub(crate) fn shutdown(mut self, app: &mut App, now_ms: impl Fn() -> f64) {
+        if let Some(g) = &self.live
+            && app.generating()
+        {
+            g.cancel();
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while app.generating() {
+                match g.events().recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                    Ok(ev) => app.update(Inbound::Engine(ev), now_ms()),
+                    Err(_) => break,
+                }
+            }
+        }
+        app.take_effects();
+        app.save_now();
+        for effect in app.take_effects() {
+            if let Ok(answer) = disk_io(effect) {
+                app.update(answer, now_ms());
+            }
+        }
+        // Dropping the backend stops its engine thread (or its server connections).
+        self.live = None;
+        self.backend = None;
+    }
+}
+
+/// Moves the live generation's events into the app (bounded, so a flood of tokens cannot
+/// starve the keys).
+fn pump(app: &mut App, g: &Generation, now_ms: f64) {
+    for _ in 0..20_000 {
+        match g.events().try_recv() {
+            Ok(ev) => app.update(Inbound::Engine(ev), now_ms),
+            Err(TryRecvError::Empty) => break,
+            Err(TryRecvError::Disconnected) => {
+                if app.generating() {
+                    app.on_engine(EngineEvent::error(
+                        ErrorKind::Internal,
+                        "the generation stopped without a done event",
+                    ));
+                }
+                break;
+            }
+        }
+    }
+}
+
+/// The sliders' starting values: a resumed session's last settings, else the flags (resolved
+/// exactly like `run`'s).
+fn starting_settings(
+    info: &BackendInfo,
+    opts: &TuiOptions,
+    resumed: Option<&Session>,
+) -> anyhow::Result<(GenerationParams, bool)> {
+    if let Some(t) = resumed.and_then(|s| s.turns.iter().rev().find(|t| t.compare_of.is_none())) {
+        return Ok((t.params.clone(), t.enable_thinking));
+    }
+    let params = opts.generation.resolve(info)?;
+    Ok((params, opts.generation.thinking_enabled(opts.no_think)))
+}
+
+/// Does one disk effect and returns the app's answer to it; any other effect comes back
+/// unchanged. Sessions are written atomically ([`Session::save_atomic`]).
+pub fn disk_io(effect: Effect) -> Result<Inbound, Effect> {
+    Ok(match effect {
+        Effect::Save { path, session } => {
+            let result = match &path {
+                Some(path) => session.save_atomic(path).map_err(|e| {
+                    tracing::warn!("{e}");
+                    e.to_string()
+                }),
+                None => Err("no sessions directory: this conversation is not saved".to_string()),
+            };
+            Inbound::Saved { path, result }
+        }
+        Effect::Export { path, markdown } => {
+            let result = write_creating_dir(&path, &markdown).map_err(|e| e.to_string());
+            Inbound::Exported { path, result }
+        }
+        Effect::ListSessions(dir) => Inbound::SessionsListed(list_sessions(&dir)),
+        Effect::LoadSession { path, replay } => {
+            let result = Session::load(&path).map(Box::new).map_err(|e| e.to_string());
+            Inbound::SessionLoaded { path, replay, result }
+        }
+        other => return Err(other),
+    })
+}
+
+/// Writes `text` to `path`, creating its directory.
+fn write_creating_dir(path: &Path, text: &str) -> std::io::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, text)
+}
