@@ -370,7 +370,7 @@ impl Turn {
         })
     }
 
-    /// Tokens forced by a thinking budget: bridge text, `</think>`, blank line.
+    /// Tokens forced by a thinking budget: bridge text and `</think>`.
     pub fn forced_tokens(&self) -> usize {
         match &self.stats.usage {
             Some(u) => u.forced_tokens,

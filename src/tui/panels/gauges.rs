@@ -21,7 +21,7 @@ pub const MIN_HEIGHT: u16 = 18;
 pub struct BudgetBar {
     pub prompt: usize,
     pub thinking: usize,
-    /// Forced by the thinking budget (bridge, `</think>`, blank line), between the two.
+    /// Forced by the thinking budget (bridge, `</think>`), between the two.
     pub forced: usize,
     pub answer: usize,
     pub max_tokens: usize,
