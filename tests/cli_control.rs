@@ -259,7 +259,7 @@ fn demo_with_generation_config(dir: &Path, json: &str) -> PathBuf {
 fn settings_out_of_range_name_their_source() {
     let dir = tempfile::tempdir().unwrap();
     for (json, message) in [
-        (r#"{"do_sample": true, "temperature": -5}"#, "field `temperature`: -5: must be ≥ 0 (0 is greedy)"),
+        (r#"{"do_sample": true, "temperature": -5}"#, "field `temperature`: -5: must be in [0, 100] (0 is greedy)"),
         (r#"{"top_p": 7}"#, "field `top_p`: 7: must be in (0, 1]"),
         (r#"{"do_sample": "yes"}"#, "field `do_sample`: \"yes\": must be true or false"),
     ] {
@@ -272,5 +272,5 @@ fn settings_out_of_range_name_their_source() {
     let err = fails(&["run", "--prompt", "Is 91 prime?", "--top-p", "7"]);
     assert!(err.contains("--top-p 7: must be in (0, 1]"), "{err}");
     let err = fails(&["run", "--prompt", "Is 91 prime?", "--temperature=-1"]);
-    assert!(err.contains("--temperature -1: must be ≥ 0 (0 is greedy)"), "{err}");
+    assert!(err.contains("--temperature -1: must be in [0, 100] (0 is greedy)"), "{err}");
 }

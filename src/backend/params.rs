@@ -107,19 +107,13 @@ impl ParamOverrides {
         s.frequency_penalty = self.frequency_penalty.unwrap_or(s.frequency_penalty);
         s.repetition_penalty = self.repetition_penalty.unwrap_or(s.repetition_penalty);
         s.seed = self.seed;
-        // A value out of range is blamed on whoever gave it: the flag when one was passed,
-        // else the backend's defaults (presets are in range by construction).
-        if let Err(p) = sampling.check() {
-            let message = if self.gives(&p.field) {
-                format!("--{} {}: must be {}", p.field.replace('_', "-"), p.value, p.expected)
-            } else {
-                format!("the sampling defaults of {}: {p}", info.name)
-            };
-            return Err(BackendError::invalid(message));
+        // A value out of the defaults' range is blamed on the backend (presets are in range by
+        // construction); one the flags set is named by its flag below.
+        if let Err(p) = sampling.check()
+            && !self.gives(&p.field)
+        {
+            return Err(BackendError::invalid(format!("the sampling defaults of {}: {p}", info.name)));
         }
-        let check = |ok: bool, message: &str| if ok { Ok(()) } else { Err(BackendError::invalid(message)) };
-        check(self.top_logprobs <= 20, "--top-logprobs is at most 20")?;
-        check(self.max_tokens >= 1, "--max-tokens must be at least 1")?;
         let thinking_budget = match self.thinking_budget {
             None | Some(-1) => None,
             Some(n) if n >= 0 => Some(n as usize),
@@ -148,16 +142,10 @@ impl ParamOverrides {
             top_logprobs: self.top_logprobs,
             mtp: self.mtp_params(info)?,
         };
-        // The rest of the ranges are the ones a session's values are checked with; every field
-        // they cover here came from a flag.
-        params.check().map_err(|p| {
-            let flag = match p.field.as_str() {
-                "loop_detection.min_repeats" => "loop-min-repeats".to_string(),
-                "loop_detection.min_span" => "loop-min-span".to_string(),
-                f => f.replace('_', "-"),
-            };
-            BackendError::invalid(format!("--{flag} {}: must be {}", p.value, p.expected))
-        })?;
+        // The one range table (`GenerationParams::check`) judges; the error names the flag.
+        params
+            .check()
+            .map_err(|p| BackendError::invalid(format!("--{} {}: must be {}", flag(&p.field), p.value, p.expected)))?;
         Ok(params)
     }
 
@@ -193,5 +181,15 @@ impl ParamOverrides {
             )));
         }
         Ok(p)
+    }
+}
+
+/// The flag that sets a field of [`GenerationParams`] (`sampling.top_p` → `top-p`).
+pub fn flag(field: &str) -> String {
+    match field {
+        "loop_detection.min_repeats" => "loop-min-repeats".into(),
+        "loop_detection.min_span" => "loop-min-span".into(),
+        "mtp.depth" => "mtp".into(),
+        f => f.trim_start_matches("sampling.").replace('_', "-"),
     }
 }

@@ -61,18 +61,17 @@ impl Default for GenerationParams {
 }
 
 impl GenerationParams {
-    /// The first setting out of its range, if any (sampling fields as `sampling.temperature`).
+    /// The first setting out of its range, if any, as [`RANGES`] states them (fields named by
+    /// their JSON path: `max_tokens`, `sampling.temperature`, `loop_detection.min_span`). This is
+    /// the only range check: every front end (flags, the server's bodies, the sliders, session
+    /// files) builds the params and asks this; none keeps a range of its own.
     pub fn check(&self) -> Result<(), ParamProblem> {
-        self.sampling.check().map_err(|p| ParamProblem { field: format!("sampling.{}", p.field), ..p })?;
-        if self.max_tokens == 0 {
-            return Err(ParamProblem { field: "max_tokens".into(), value: "0".into(), expected: "at least 1" });
-        }
-        if self.answer_budget == Some(0) {
-            return Err(ParamProblem {
-                field: "answer_budget".into(),
-                value: "0".into(),
-                expected: "at least 1 (or no answer budget)",
-            });
+        for r in &RANGES {
+            if let Some(v) = (r.get)(self)
+                && !r.admits(v)
+            {
+                return Err(ParamProblem { field: r.field.into(), value: show(v), expected: r.expected });
+            }
         }
         if self.stop.iter().any(String::is_empty) {
             return Err(ParamProblem {
@@ -81,30 +80,221 @@ impl GenerationParams {
                 expected: "non-empty (an empty stop string would match anywhere)",
             });
         }
-        if self.loop_detection.min_repeats < 2 {
-            return Err(ParamProblem {
-                field: "loop_detection.min_repeats".into(),
-                value: self.loop_detection.min_repeats.to_string(),
-                expected: "at least 2 (a loop is a pattern seen more than once)",
-            });
-        }
-        if self.loop_detection.min_span == 0 {
-            return Err(ParamProblem {
-                field: "loop_detection.min_span".into(),
-                value: "0".into(),
-                expected: "at least 1",
-            });
-        }
-        if self.top_logprobs > 20 {
-            return Err(ParamProblem {
-                field: "top_logprobs".into(),
-                value: self.top_logprobs.to_string(),
-                expected: "at most 20",
-            });
-        }
         Ok(())
     }
+
+    /// [`check`](Self::check), then the bounds that need the model's context: max_tokens and
+    /// the thinking budget fit in it.
+    pub fn check_within(&self, context: usize) -> Result<(), ParamProblem> {
+        self.check()?;
+        let over = |field: &str, v: usize| ParamProblem {
+            field: field.into(),
+            value: v.to_string(),
+            expected: "at most the model's context length",
+        };
+        if self.max_tokens > context {
+            return Err(over("max_tokens", self.max_tokens));
+        }
+        match self.thinking_budget {
+            Some(b) if b > context => Err(over("thinking_budget", b)),
+            _ => Ok(()),
+        }
+    }
 }
+
+/// A value as a person typed it: whole numbers without a fraction.
+fn show(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 { format!("{}", v as i64) } else { format!("{}", v as f32) }
+}
+
+/// One row of the range table: a setting (by its JSON path in [`GenerationParams`]) and the
+/// interval it must lie in. `hi` is `f64::INFINITY` where there is no upper bound; values
+/// must be finite (NaN and ±inf are refused everywhere).
+#[derive(Debug, Clone, Copy)]
+pub struct Range {
+    pub field: &'static str,
+    pub lo: f64,
+    /// Whether `lo` itself is excluded (`top_p` in (0, 1]).
+    pub lo_open: bool,
+    pub hi: f64,
+    /// What the value must be, as error messages say it.
+    pub expected: &'static str,
+    get: fn(&GenerationParams) -> Option<f64>,
+}
+
+impl Range {
+    /// Whether `v` is in the range.
+    pub fn admits(&self, v: f64) -> bool {
+        v.is_finite() && (if self.lo_open { v > self.lo } else { v >= self.lo }) && v <= self.hi
+    }
+
+    /// `v` moved into the range (`step` above an open lower bound); NaN becomes the lower end.
+    pub fn clamp(&self, v: f64, step: f64) -> f64 {
+        let lo = if self.lo_open { self.lo + step } else { self.lo };
+        if v.is_nan() { lo } else { v.clamp(lo, self.hi) }
+    }
+
+    /// The field's name without its group (`temperature` for `sampling.temperature`).
+    pub fn name(&self) -> &'static str {
+        self.field.rsplit('.').next().unwrap_or(self.field)
+    }
+}
+
+/// The row of [`RANGES`] for a field (`"sampling.top_p"`, or the bare `"top_p"`).
+pub fn range(field: &str) -> Option<&'static Range> {
+    RANGES.iter().find(|r| r.field == field).or_else(|| RANGES.iter().find(|r| r.name() == field))
+}
+
+const NO_MAX: f64 = f64::INFINITY;
+
+/// THE range table: every numeric generation setting and its allowed interval, used by
+/// [`GenerationParams::check`] and by every front end that shows or clamps a value.
+pub const RANGES: [Range; 18] = [
+    Range {
+        field: "max_tokens",
+        lo: 1.0,
+        lo_open: false,
+        hi: NO_MAX,
+        expected: "at least 1",
+        get: |p| Some(p.max_tokens as f64),
+    },
+    Range {
+        field: "thinking_budget",
+        lo: 0.0,
+        lo_open: false,
+        hi: NO_MAX,
+        expected: "0 (thinking off) or more, or unlimited",
+        get: |p| p.thinking_budget.map(|b| b as f64),
+    },
+    Range {
+        field: "answer_budget",
+        lo: 1.0,
+        lo_open: false,
+        hi: NO_MAX,
+        expected: "at least 1 (or no answer budget)",
+        get: |p| p.answer_budget.map(|b| b as f64),
+    },
+    Range {
+        field: "sampling.temperature",
+        lo: 0.0,
+        lo_open: false,
+        hi: 100.0,
+        expected: "in [0, 100] (0 is greedy)",
+        get: |p| Some(p.sampling.temperature as f64),
+    },
+    Range {
+        field: "sampling.top_k",
+        lo: 0.0,
+        lo_open: false,
+        hi: 1_048_576.0,
+        expected: "in [0, 1048576] (0 is off)",
+        get: |p| Some(p.sampling.top_k as f64),
+    },
+    Range {
+        field: "sampling.top_p",
+        lo: 0.0,
+        lo_open: true,
+        hi: 1.0,
+        expected: "in (0, 1]",
+        get: |p| Some(p.sampling.top_p as f64),
+    },
+    Range {
+        field: "sampling.min_p",
+        lo: 0.0,
+        lo_open: false,
+        hi: 1.0,
+        expected: "in [0, 1]",
+        get: |p| Some(p.sampling.min_p as f64),
+    },
+    Range {
+        field: "sampling.presence_penalty",
+        lo: -2.0,
+        lo_open: false,
+        hi: 2.0,
+        expected: "in [-2, 2]",
+        get: |p| Some(p.sampling.presence_penalty as f64),
+    },
+    Range {
+        field: "sampling.frequency_penalty",
+        lo: -2.0,
+        lo_open: false,
+        hi: 2.0,
+        expected: "in [-2, 2]",
+        get: |p| Some(p.sampling.frequency_penalty as f64),
+    },
+    Range {
+        field: "sampling.repetition_penalty",
+        lo: 0.0,
+        lo_open: true,
+        hi: 100.0,
+        expected: "in (0, 100] (1 is off)",
+        get: |p| Some(p.sampling.repetition_penalty as f64),
+    },
+    Range {
+        field: "top_logprobs",
+        lo: 0.0,
+        lo_open: false,
+        hi: 20.0,
+        expected: "at most 20",
+        get: |p| Some(p.top_logprobs as f64),
+    },
+    Range {
+        field: "stop",
+        lo: 0.0,
+        lo_open: false,
+        hi: 16.0,
+        expected: "at most 16 strings",
+        get: |p| Some(p.stop.len() as f64),
+    },
+    Range {
+        field: "loop_detection.min_repeats",
+        lo: 2.0,
+        lo_open: false,
+        hi: NO_MAX,
+        expected: "at least 2 (a loop is a pattern seen more than once)",
+        get: |p| Some(p.loop_detection.min_repeats as f64),
+    },
+    Range {
+        field: "loop_detection.min_span",
+        lo: 1.0,
+        lo_open: false,
+        hi: NO_MAX,
+        expected: "at least 1",
+        get: |p| Some(p.loop_detection.min_span as f64),
+    },
+    Range {
+        field: "loop_detection.ngram",
+        lo: 1.0,
+        lo_open: false,
+        hi: NO_MAX,
+        expected: "at least 1",
+        get: |p| Some(p.loop_detection.ngram as f64),
+    },
+    Range {
+        field: "loop_detection.window",
+        lo: 0.0,
+        lo_open: false,
+        hi: NO_MAX,
+        expected: "0 (off) or more",
+        get: |p| Some(p.loop_detection.window as f64),
+    },
+    Range {
+        field: "loop_detection.ngram_ratio",
+        lo: 0.0,
+        lo_open: true,
+        hi: 1.0,
+        expected: "in (0, 1]",
+        get: |p| Some(p.loop_detection.ngram_ratio as f64),
+    },
+    Range {
+        field: "mtp.depth",
+        lo: 0.0,
+        lo_open: false,
+        hi: MAX_DEPTH as f64,
+        expected: "0 (off) to 4 draft steps",
+        get: |p| Some(p.mtp.depth as f64),
+    },
+];
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SamplingParams {
@@ -153,29 +343,16 @@ impl std::fmt::Display for ParamProblem {
     }
 }
 
-type Range = (&'static str, fn(&SamplingParams) -> f32, fn(f32) -> bool, &'static str);
-
-/// The one list of allowed ranges, checked for every source of sampling values (flags,
-/// generation_config.json, sessions, a server's defaults).
-const RANGES: [Range; 6] = [
-    ("temperature", |p| p.temperature, |v| v >= 0.0 && v.is_finite(), "≥ 0 (0 is greedy)"),
-    ("top_p", |p| p.top_p, |v| v > 0.0 && v <= 1.0, "in (0, 1]"),
-    ("min_p", |p| p.min_p, |v| (0.0..=1.0).contains(&v), "in [0, 1]"),
-    ("presence_penalty", |p| p.presence_penalty, f32::is_finite, "a finite number"),
-    ("frequency_penalty", |p| p.frequency_penalty, f32::is_finite, "a finite number"),
-    ("repetition_penalty", |p| p.repetition_penalty, |v| v > 0.0 && v.is_finite(), "> 0 (1 is off)"),
-];
-
 impl SamplingParams {
-    /// The first value out of its range, if any.
+    /// The first value out of its range in [`RANGES`], if any (named without `sampling.`).
     pub fn check(&self) -> Result<(), ParamProblem> {
-        for (field, get, ok, expected) in RANGES {
-            let v = get(self);
-            if !ok(v) {
-                return Err(ParamProblem { field: field.into(), value: v.to_string(), expected });
+        let p = GenerationParams { sampling: self.clone(), ..Default::default() };
+        match p.check() {
+            Err(e) if e.field.starts_with("sampling.") => {
+                Err(ParamProblem { field: e.field["sampling.".len()..].to_string(), ..e })
             }
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// The sampling defaults a checkpoint ships in generation_config.json (`do_sample: false`
