@@ -6,7 +6,7 @@
 use clap::Parser;
 use deltascope::backend::{BackendInfo, BackendKind, Support};
 use deltascope::cli::common::GenArgs;
-use deltascope::generation::{GenerationParams, RANGES, SamplingParams, range};
+use deltascope::generation::{GenerationParams, MtpMode, RANGES, SamplingParams, range};
 use deltascope::session::Session;
 use deltascope::tui::sliders::{Settings, Slider};
 
@@ -67,6 +67,7 @@ const FIELDS: &[Field] = &[
     Field { path: "top_logprobs", flag: "--top-logprobs", body: "top_logprobs", slider: None },
     Field { path: "loop_detection.min_repeats", flag: "--loop-min-repeats", body: "", slider: None },
     Field { path: "loop_detection.min_span", flag: "--loop-min-span", body: "", slider: None },
+    Field { path: "mtp.depth", flag: "--mtp", body: "", slider: Some(Slider::MtpDepth) },
 ];
 
 fn field(path: &str) -> &'static Field {
@@ -126,6 +127,9 @@ const CASES: &[(&str, &str)] = &[
     ("loop_detection.min_repeats", "2"),
     ("loop_detection.min_span", "0"),
     ("loop_detection.min_span", "1"),
+    ("mtp.depth", "0"),
+    ("mtp.depth", "4"),
+    ("mtp.depth", "5"),
 ];
 
 /// The judge: the value written into default params (`None` when the field's type cannot hold
@@ -151,6 +155,7 @@ fn reference(path: &str, text: &str) -> bool {
         "top_logprobs" => count().map(|n| p.top_logprobs = n),
         "loop_detection.min_repeats" => count().map(|n| p.loop_detection.min_repeats = n),
         "loop_detection.min_span" => count().map(|n| p.loop_detection.min_span = n),
+        "mtp.depth" => count().map(|n| p.mtp = MtpMode::fixed(n)),
         other => panic!("no reference for {other}"),
     };
     set.is_some() && p.check().is_ok()
@@ -162,7 +167,7 @@ fn info() -> BackendInfo {
         kind: BackendKind::Local { devices: vec!["cpu".into()], dtype: "f32".into() },
         device_note: None,
         context: Some(CONTEXT),
-        has_mtp: false,
+        has_mtp: true,
         layers: None,
         weights_bytes: None,
         defaults: SamplingParams::default(),
@@ -305,7 +310,7 @@ fn old_session_files_load() {
     let s = Session::load(std::path::Path::new(fixture)).unwrap();
     assert_eq!(s.turns[0].params.thinking_budget, None);
     assert!(s.turns[0].enable_thinking);
-    assert_eq!((s.turns[0].params.mtp.depth, s.turns[0].params.mtp.auto), (2, false));
+    assert_eq!(s.turns[0].params.mtp, MtpMode::fixed(2));
     let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
     v["turns"][0]["enable_thinking"] = false.into();
     v["turns"][0]["params"]["thinking_budget"] = 8.into();
@@ -319,4 +324,22 @@ fn old_session_files_load() {
     std::fs::write(&path, v.to_string()).unwrap();
     let err = Session::load(&path).unwrap_err().to_string();
     assert!(err.contains("off.json") && err.contains("turns[0].params.sampling.temperature"), "{err}");
+}
+
+/// MTP settings keep the `{"depth", "auto"}` form sessions and events have always had.
+#[test]
+fn mtp_mode_keeps_its_stored_form() {
+    let wire = |m: MtpMode| serde_json::to_value(m).unwrap();
+    assert_eq!(wire(MtpMode::Off), serde_json::json!({"depth": 0, "auto": false}));
+    assert_eq!(wire(MtpMode::fixed(3)), serde_json::json!({"depth": 3, "auto": false}));
+    assert_eq!(wire(MtpMode::Auto), serde_json::json!({"depth": 2, "auto": true}));
+    let read = |v: serde_json::Value| serde_json::from_value::<MtpMode>(v).unwrap();
+    // The TUI wrote auto as depth 0, the flags as depth 2: both are Auto.
+    assert_eq!(read(serde_json::json!({"depth": 0, "auto": true})), MtpMode::Auto);
+    assert_eq!(read(serde_json::json!({"depth": 2, "auto": true})), MtpMode::Auto);
+    assert_eq!(read(serde_json::json!({"depth": 0, "auto": false})), MtpMode::Off);
+    for (text, m) in [("auto", MtpMode::Auto), ("off", MtpMode::Off), ("0", MtpMode::Off), ("3", MtpMode::fixed(3))] {
+        assert_eq!(text.parse::<MtpMode>().unwrap(), m, "{text}");
+    }
+    assert_eq!(MtpMode::fixed(3).to_string(), "3");
 }

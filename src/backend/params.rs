@@ -3,32 +3,7 @@
 //! the preset, then the backend's defaults (generation_config.json, or the server's own).
 
 use super::{BackendError, BackendInfo, BackendResult};
-use crate::generation::MAX_DEPTH;
-use crate::generation::{GenerationParams, LoopParams, MtpParams, Preset, QWEN_BUDGET_BRIDGE};
-
-/// MTP speculative decoding as asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MtpChoice {
-    /// A fixed number of draft steps (0 = off).
-    Depth(usize),
-    /// Adapt the depth to the acceptance.
-    Auto,
-}
-
-impl std::str::FromStr for MtpChoice {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        if s == "auto" {
-            return Ok(MtpChoice::Auto);
-        }
-        let depth: usize = s.parse().map_err(|_| format!("expected 0–{MAX_DEPTH} or auto, found \"{s}\""))?;
-        if depth > MAX_DEPTH {
-            return Err(format!("at most {MAX_DEPTH} draft steps, found {depth}"));
-        }
-        Ok(MtpChoice::Depth(depth))
-    }
-}
+use crate::generation::{GenerationParams, LoopParams, MtpMode, Preset, QWEN_BUDGET_BRIDGE};
 
 /// The generation settings a user asked for; `None` means "the backend's default".
 #[derive(Debug, Clone, PartialEq)]
@@ -55,7 +30,7 @@ pub struct ParamOverrides {
     pub loop_min_repeats: usize,
     pub loop_min_span: usize,
     pub top_logprobs: usize,
-    pub mtp: Option<MtpChoice>,
+    pub mtp: Option<MtpMode>,
 }
 
 impl Default for ParamOverrides {
@@ -162,19 +137,18 @@ impl ParamOverrides {
         }
     }
 
-    fn mtp_params(&self, info: &BackendInfo) -> BackendResult<MtpParams> {
+    fn mtp_params(&self, info: &BackendInfo) -> BackendResult<MtpMode> {
         if self.mtp.is_some() && !info.mtp_control.is_yes() {
             return Err(BackendError::invalid(
                 "--mtp: a server decides speculative decoding itself (set it where the server is started)",
             ));
         }
         let p = match self.mtp {
-            None if info.mtp_control.is_yes() && info.has_mtp => MtpParams { depth: 2, auto: false },
-            None => MtpParams { depth: 0, auto: false },
-            Some(MtpChoice::Auto) => MtpParams { depth: 2, auto: true },
-            Some(MtpChoice::Depth(depth)) => MtpParams { depth, auto: false },
+            None if info.mtp_control.is_yes() && info.has_mtp => MtpMode::fixed(2),
+            None => MtpMode::Off,
+            Some(m) => m,
         };
-        if (p.depth > 0 || p.auto) && !info.has_mtp {
+        if p.is_on() && !info.has_mtp {
             return Err(BackendError::invalid(format!(
                 "--mtp: {} has no MTP head (no mtp.* tensors); use --mtp 0",
                 info.name

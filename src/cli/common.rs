@@ -10,11 +10,11 @@ use clap::Args;
 use crate::backend::DeviceSpec;
 
 use crate::backend::{
-    self, Backend, BackendSpec, BudgetMode, ChatMessage, KeySource, MtpChoice, OpenProgress, ParamOverrides, Prompt,
+    self, Backend, BackendSpec, BudgetMode, ChatMessage, KeySource, OpenProgress, ParamOverrides, Prompt,
     ReasoningSplit, RemoteSpec, Role,
     local::{Loaded, LocalSpec},
 };
-use crate::generation::Preset;
+use crate::generation::{MtpMode, Preset};
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
@@ -244,7 +244,7 @@ pub struct GenArgs {
     /// depth to the acceptance. Default: 2 when the checkpoint has an MTP head. (A server
     /// decides this itself.)
     #[arg(long, value_name = "K|auto")]
-    pub mtp: Option<MtpChoice>,
+    pub mtp: Option<MtpMode>,
 }
 
 /// The model-card presets, as flag values.

@@ -25,7 +25,7 @@ pub use events::{
 };
 pub use handle::{Generation, error_kind};
 pub use params::{
-    GenerationParams, MAX_DEPTH, MtpParams, ParamProblem, Preset, QWEN_BUDGET_BRIDGE, RANGES, Range, SamplingParams,
+    GenerationParams, MAX_DEPTH, MtpMode, ParamProblem, Preset, QWEN_BUDGET_BRIDGE, RANGES, Range, SamplingParams,
     range,
 };
 pub use phases::PhaseTracker;

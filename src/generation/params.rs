@@ -1,5 +1,7 @@
 //! What a generation request asks for. Shared by every front end (`run`, `sweep`, the TUI).
 
+use std::num::NonZeroUsize;
+
 use serde::{Deserialize, Serialize};
 
 use super::watchdog::LoopParams;
@@ -38,7 +40,7 @@ pub struct GenerationParams {
     /// Alternatives reported with every token (0–20).
     pub top_logprobs: usize,
     /// MTP speculative decoding (needs a checkpoint with an MTP head).
-    pub mtp: MtpParams,
+    pub mtp: MtpMode,
 }
 
 impl Default for GenerationParams {
@@ -55,7 +57,7 @@ impl Default for GenerationParams {
             trace_state: false,
             loop_detection: LoopParams::default(),
             top_logprobs: 0,
-            mtp: MtpParams::default(),
+            mtp: MtpMode::Off,
         }
     }
 }
@@ -292,7 +294,7 @@ pub const RANGES: [Range; 18] = [
         lo_open: false,
         hi: MAX_DEPTH as f64,
         expected: "0 (off) to 4 draft steps",
-        get: |p| Some(p.mtp.depth as f64),
+        get: |p| Some(p.mtp.depth() as f64),
     },
 ];
 
@@ -439,20 +441,92 @@ impl Preset {
     }
 }
 
-/// MTP speculative decoding settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub struct MtpParams {
-    /// Draft steps per verify pass (0 = off).
-    pub depth: usize,
-    /// Adapt the depth to the measured acceptance (between 1 and 4).
-    pub auto: bool,
+/// MTP speculative decoding: off, a fixed number of draft steps per verify pass, or `Auto`
+/// (the engine adapts the depth to the measured acceptance and cost, starting at
+/// [`MtpMode::AUTO_START`]). Stored as `{"depth": N, "auto": bool}`, as sessions and events have
+/// always written it (`Auto` as `{"depth": 2, "auto": true}`; any depth with `auto: true` reads
+/// as `Auto`, depth 0 as `Off`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(from = "MtpWire", into = "MtpWire")]
+pub enum MtpMode {
+    #[default]
+    Off,
+    Fixed(NonZeroUsize),
+    Auto,
+}
+
+#[derive(Serialize, Deserialize)]
+struct MtpWire {
+    depth: usize,
+    #[serde(default)]
+    auto: bool,
+}
+
+impl From<MtpWire> for MtpMode {
+    fn from(w: MtpWire) -> Self {
+        if w.auto { MtpMode::Auto } else { MtpMode::fixed(w.depth) }
+    }
+}
+
+impl From<MtpMode> for MtpWire {
+    fn from(m: MtpMode) -> Self {
+        MtpWire { depth: m.depth(), auto: m.is_auto() }
+    }
+}
+
+impl MtpMode {
+    /// The depth `Auto` starts at.
+    pub const AUTO_START: usize = 2;
+
+    /// `depth` draft steps (0 = off).
+    pub fn fixed(depth: usize) -> Self {
+        NonZeroUsize::new(depth).map_or(MtpMode::Off, MtpMode::Fixed)
+    }
+
+    /// Whether drafting is asked for.
+    pub fn is_on(self) -> bool {
+        self != MtpMode::Off
+    }
+
+    pub fn is_auto(self) -> bool {
+        self == MtpMode::Auto
+    }
+
+    /// The draft steps per verify pass: the fixed depth, `Auto`'s starting depth, 0 when off.
+    pub fn depth(self) -> usize {
+        match self {
+            MtpMode::Off => 0,
+            MtpMode::Fixed(d) => d.get(),
+            MtpMode::Auto => Self::AUTO_START,
+        }
+    }
+}
+
+/// `auto`, `off`, or a number of draft steps (0 = off). Only the spelling is read here; the
+/// depth's range is the table's (`mtp.depth`, see [`RANGES`]).
+impl std::str::FromStr for MtpMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(MtpMode::Auto),
+            "off" => Ok(MtpMode::Off),
+            t => t
+                .parse()
+                .map(MtpMode::fixed)
+                .map_err(|_| format!("expected a number of draft steps or auto, found \"{s}\"")),
+        }
+    }
+}
+
+/// `auto`, or the depth (0 = off): what [`FromStr`](std::str::FromStr) reads back.
+impl std::fmt::Display for MtpMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MtpMode::Auto => f.write_str("auto"),
+            m => write!(f, "{}", m.depth()),
+        }
+    }
 }
 
 pub const MAX_DEPTH: usize = 4;
-
-impl MtpParams {
-    /// Whether drafting is asked for.
-    pub fn is_on(&self) -> bool {
-        self.depth > 0 || self.auto
-    }
-}

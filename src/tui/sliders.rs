@@ -2,7 +2,7 @@
 //! next generation; the running one keeps the parameters it started with.
 
 use crate::backend::Support;
-use crate::generation::{GenerationParams, MAX_DEPTH, MtpParams, Preset, range};
+use crate::generation::{GenerationParams, MAX_DEPTH, MtpMode, Preset, range};
 use crate::session::budget_label;
 
 /// What the next generation will use.
@@ -103,9 +103,9 @@ impl Slider {
             Slider::RepetitionPenalty if q.repetition_penalty == 1.0 => "1.00 (off)".into(),
             Slider::RepetitionPenalty => format!("{:.2}", q.repetition_penalty),
             Slider::MtpDepth if !s.mtp.is_yes() => format!("n/a ({})", s.mtp.reason().unwrap_or_default()),
-            Slider::MtpDepth if p.mtp.auto => "auto (adapts)".into(),
-            Slider::MtpDepth if p.mtp.depth == 0 => "0 (off)".into(),
-            Slider::MtpDepth => p.mtp.depth.to_string(),
+            Slider::MtpDepth if p.mtp.is_auto() => "auto (adapts)".into(),
+            Slider::MtpDepth if !p.mtp.is_on() => "0 (off)".into(),
+            Slider::MtpDepth => p.mtp.to_string(),
             Slider::Seed => q.seed.to_string(),
             Slider::Preset => s.preset.map(|p| p.name().to_string()).unwrap_or_else(|| "custom".into()),
         }
@@ -131,8 +131,8 @@ impl Slider {
             Slider::PresencePenalty => ((q.presence_penalty + 2.0) / 4.0) as f64,
             Slider::FrequencyPenalty => ((q.frequency_penalty + 2.0) / 4.0) as f64,
             Slider::RepetitionPenalty => ((q.repetition_penalty - 0.5) / 1.5) as f64,
-            Slider::MtpDepth if p.mtp.auto => 1.0,
-            Slider::MtpDepth => p.mtp.depth as f64 / 5.0,
+            Slider::MtpDepth if p.mtp.is_auto() => 1.0,
+            Slider::MtpDepth => p.mtp.depth() as f64 / 5.0,
             Slider::Seed => 0.0,
             Slider::Preset => s
                 .preset
@@ -157,8 +157,7 @@ impl Slider {
             Slider::PresencePenalty => q.presence_penalty.to_string(),
             Slider::FrequencyPenalty => q.frequency_penalty.to_string(),
             Slider::RepetitionPenalty => q.repetition_penalty.to_string(),
-            Slider::MtpDepth if p.mtp.auto => "auto".into(),
-            Slider::MtpDepth => p.mtp.depth.to_string(),
+            Slider::MtpDepth => p.mtp.to_string(),
             Slider::Seed => q.seed.to_string(),
             Slider::Preset => s.preset.map(|p| p.name().to_string()).unwrap_or_default(),
         }
@@ -205,11 +204,7 @@ impl Slider {
                 if let Some(why) = s.mtp.reason() {
                     return Err(format!("the MTP depth cannot be set here: {why}"));
                 }
-                p.mtp = if text.eq_ignore_ascii_case("auto") {
-                    MtpParams { depth: 0, auto: true }
-                } else {
-                    MtpParams { depth: count(&format!("0–{MAX_DEPTH} or auto"))?, auto: false }
-                };
+                p.mtp = text.parse().map_err(|e| format!("{label}: {e}"))?;
             }
             Slider::Seed => q.seed = text.parse().map_err(|_| format!("seed: {text:?} is not a whole number"))?,
             Slider::Preset => {
@@ -314,13 +309,13 @@ impl Slider {
                 // 0 (off) < 1 < … < 4 < auto (the engine adapts the depth to acceptance).
                 if s.mtp.is_yes() {
                     let max = MAX_DEPTH;
-                    match (p.mtp.auto, up) {
-                        (true, true) => {}
-                        (true, false) => p.mtp = MtpParams { depth: max, auto: false },
-                        (false, true) if p.mtp.depth >= max => p.mtp = MtpParams { depth: 0, auto: true },
-                        (false, true) => p.mtp.depth += 1,
-                        (false, false) => p.mtp.depth = p.mtp.depth.saturating_sub(1),
-                    }
+                    p.mtp = match (p.mtp, up) {
+                        (MtpMode::Auto, true) => MtpMode::Auto,
+                        (MtpMode::Auto, false) => MtpMode::fixed(max),
+                        (m, true) if m.depth() >= max => MtpMode::Auto,
+                        (m, true) => MtpMode::fixed(m.depth() + 1),
+                        (m, false) => MtpMode::fixed(m.depth().saturating_sub(1)),
+                    };
                 }
             }
             Slider::Seed => {
@@ -396,20 +391,20 @@ mod tests {
     #[test]
     fn mtp_depth_runs_from_off_to_auto_and_frequency_penalty_steps() {
         let mut s = settings();
-        s.params.mtp = MtpParams { depth: 0, auto: false };
+        s.params.mtp = MtpMode::Off;
         assert_eq!(Slider::MtpDepth.value(&s), "0 (off)");
         for _ in 0..4 {
             Slider::MtpDepth.adjust(&mut s, 1, false);
         }
-        assert_eq!(s.params.mtp, MtpParams { depth: 4, auto: false });
+        assert_eq!(s.params.mtp, MtpMode::fixed(4));
         Slider::MtpDepth.adjust(&mut s, 1, false);
-        assert!(s.params.mtp.auto);
+        assert!(s.params.mtp.is_auto());
         assert_eq!(Slider::MtpDepth.value(&s), "auto (adapts)");
         assert_eq!(Slider::MtpDepth.position(&s), 1.0);
         Slider::MtpDepth.adjust(&mut s, 1, false);
-        assert!(s.params.mtp.auto, "auto is the top of the range");
+        assert!(s.params.mtp.is_auto(), "auto is the top of the range");
         Slider::MtpDepth.adjust(&mut s, -1, false);
-        assert_eq!(s.params.mtp, MtpParams { depth: 4, auto: false });
+        assert_eq!(s.params.mtp, MtpMode::fixed(4));
 
         for _ in 0..3 {
             Slider::FrequencyPenalty.adjust(&mut s, 1, false);
@@ -432,7 +427,7 @@ mod tests {
         Slider::ThinkingBudget.set(&mut s, "off").unwrap();
         assert!(!s.enable_thinking);
         Slider::MtpDepth.set(&mut s, "auto").unwrap();
-        assert!(s.params.mtp.auto);
+        assert!(s.params.mtp.is_auto());
         Slider::Preset.set(&mut s, "thinking-general").unwrap();
         assert_eq!(s.preset, Some(Preset::ALL[0]));
         // Checked like the flags, and the error says what is accepted.
