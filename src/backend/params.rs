@@ -3,14 +3,14 @@
 //! the preset, then the backend's defaults (generation_config.json, or the server's own).
 
 use super::{BackendError, BackendInfo, BackendResult};
-use crate::generation::{GenerationParams, LoopParams, MtpMode, Preset, QWEN_BUDGET_BRIDGE};
+use crate::generation::{GenerationParams, LoopParams, MtpMode, Preset, QWEN_BUDGET_BRIDGE, Thinking};
 
 /// The generation settings a user asked for; `None` means "the backend's default".
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParamOverrides {
     pub max_tokens: usize,
-    /// -1 unlimited, 0 thinking off (through the template), N tokens.
-    pub thinking_budget: Option<i64>,
+    /// Off (through the template), unlimited, or N tokens; `None` = unlimited.
+    pub thinking_budget: Option<Thinking>,
     pub budget_bridge: Option<String>,
     pub answer_budget: Option<usize>,
     pub preset: Option<Preset>,
@@ -65,7 +65,7 @@ impl Default for ParamOverrides {
 impl ParamOverrides {
     /// Whether the template should render thinking on (budget 0 turns it off).
     pub fn thinking_enabled(&self, no_think: bool) -> bool {
-        !no_think && self.thinking_budget != Some(0)
+        !no_think && self.thinking_budget != Some(Thinking::Off)
     }
 
     pub fn resolve(&self, info: &BackendInfo) -> BackendResult<GenerationParams> {
@@ -89,14 +89,11 @@ impl ParamOverrides {
         {
             return Err(BackendError::invalid(format!("the sampling defaults of {}: {p}", info.name)));
         }
-        let thinking_budget = match self.thinking_budget {
-            None | Some(-1) => None,
-            Some(n) if n >= 0 => Some(n as usize),
-            Some(n) => {
-                return Err(BackendError::invalid(format!(
-                    "--thinking-budget {n}: use -1 for unlimited, 0 for thinking off, or a token count"
-                )));
-            }
+        // Off travels as the template's enable_thinking=false (`thinking_enabled`) and budget 0.
+        let thinking_budget = match self.thinking_budget.unwrap_or_default() {
+            Thinking::Unlimited => None,
+            Thinking::Off => Some(0),
+            Thinking::Tokens(n) => Some(n.get()),
         };
         let params = GenerationParams {
             max_tokens: self.max_tokens,

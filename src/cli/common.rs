@@ -14,7 +14,7 @@ use crate::backend::{
     ReasoningSplit, RemoteSpec, Role,
     local::{Loaded, LocalSpec},
 };
-use crate::generation::{MtpMode, Preset};
+use crate::generation::{MtpMode, Preset, Thinking};
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
@@ -183,10 +183,10 @@ pub struct GenArgs {
     /// Generated tokens, thinking + answer (forced tokens included).
     #[arg(long, default_value_t = 1024, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
     pub max_tokens: usize,
-    /// Thinking tokens before the end of thinking is forced: -1 unlimited, 0 thinking off
-    /// (through the template).
+    /// Thinking tokens before the end of thinking is forced: -1 (or `unlimited`) unlimited,
+    /// 0 (or `off`) thinking off (through the template).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub thinking_budget: Option<i64>,
+    pub thinking_budget: Option<Thinking>,
     /// Text forced before `</think>` when the thinking budget runs out (default: Qwen's
     /// "Considering the limited time…" sentence; may be empty).
     #[arg(long, value_name = "TEXT")]

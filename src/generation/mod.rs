@@ -26,7 +26,7 @@ pub use events::{
 pub use handle::{Generation, error_kind};
 pub use params::{
     GenerationParams, MAX_DEPTH, MtpMode, ParamProblem, Preset, QWEN_BUDGET_BRIDGE, RANGES, Range, SamplingParams,
-    range,
+    Thinking, range,
 };
 pub use phases::PhaseTracker;
 pub use state::{AttentionLayerState, GdnLayerState, StateEvent, StateMetric};

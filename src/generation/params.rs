@@ -441,6 +441,67 @@ impl Preset {
     }
 }
 
+/// Thinking as asked for: off (the template renders `enable_thinking=false`), unlimited, or a
+/// budget of tokens after which the engine forces the end of thinking. The front ends' one
+/// spelling: `off` (also `0`, `no`, `false`), `unlimited` (also `-1`, `none`, `inf`), or a count.
+/// On the wire it is still the pair `enable_thinking` + `thinking_budget` (`null` unlimited).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Thinking {
+    Off,
+    #[default]
+    Unlimited,
+    Tokens(NonZeroUsize),
+}
+
+impl Thinking {
+    /// From the stored pair: the template switch and the budget (0 is off too).
+    pub fn from_parts(enable_thinking: bool, budget: Option<usize>) -> Self {
+        match budget {
+            _ if !enable_thinking => Thinking::Off,
+            None => Thinking::Unlimited,
+            Some(b) => NonZeroUsize::new(b).map_or(Thinking::Off, Thinking::Tokens),
+        }
+    }
+
+    /// Whether the template renders thinking on.
+    pub fn is_on(self) -> bool {
+        self != Thinking::Off
+    }
+
+    /// The budget to enforce: `None` when unlimited or off (off is the template's business).
+    pub fn budget(self) -> Option<usize> {
+        match self {
+            Thinking::Tokens(n) => Some(n.get()),
+            _ => None,
+        }
+    }
+}
+
+impl std::str::FromStr for Thinking {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" | "no" | "false" | "0" => Ok(Thinking::Off),
+            "unlimited" | "none" | "inf" | "-1" => Ok(Thinking::Unlimited),
+            t => t.parse::<NonZeroUsize>().map(Thinking::Tokens).map_err(|_| {
+                format!("{s:?}: use -1 (or unlimited) for unlimited, 0 (or off) for thinking off, or a token count")
+            }),
+        }
+    }
+}
+
+/// `off`, `unlimited` or the budget: what [`FromStr`](std::str::FromStr) reads back.
+impl std::fmt::Display for Thinking {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Thinking::Off => f.write_str("off"),
+            Thinking::Unlimited => f.write_str("unlimited"),
+            Thinking::Tokens(n) => write!(f, "{n}"),
+        }
+    }
+}
+
 /// MTP speculative decoding: off, a fixed number of draft steps per verify pass, or `Auto`
 /// (the engine adapts the depth to the measured acceptance and cost, starting at
 /// [`MtpMode::AUTO_START`]). Stored as `{"depth": N, "auto": bool}`, as sessions and events have

@@ -2,7 +2,7 @@
 //! next generation; the running one keeps the parameters it started with.
 
 use crate::backend::Support;
-use crate::generation::{GenerationParams, MAX_DEPTH, MtpMode, Preset, range};
+use crate::generation::{GenerationParams, MAX_DEPTH, MtpMode, Preset, Thinking, range};
 use crate::session::budget_label;
 
 /// What the next generation will use.
@@ -179,20 +179,12 @@ impl Slider {
         let q = &mut p.sampling;
         match self {
             Slider::MaxTokens => p.max_tokens = count("a whole number of tokens")?,
-            Slider::ThinkingBudget => match text.to_ascii_lowercase().as_str() {
-                "off" | "no" | "false" => {
-                    next.enable_thinking = false;
-                    p.thinking_budget = None;
-                }
-                "unlimited" | "none" | "-1" | "inf" => {
-                    next.enable_thinking = true;
-                    p.thinking_budget = None;
-                }
-                _ => {
-                    p.thinking_budget = Some(count("a number of tokens, off or unlimited")?);
-                    next.enable_thinking = true;
-                }
-            },
+            Slider::ThinkingBudget => {
+                // The front ends' one spelling (off, unlimited, -1, 0, a count).
+                let t: Thinking = text.parse().map_err(|e| format!("{label}: {e}"))?;
+                next.enable_thinking = t.is_on();
+                p.thinking_budget = t.budget();
+            }
             Slider::Temperature => q.temperature = float()?,
             Slider::TopP => q.top_p = float()?,
             Slider::TopK => q.top_k = count("a whole number (0 = off)")?,
