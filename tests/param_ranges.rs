@@ -139,26 +139,47 @@ fn reference(path: &str, text: &str) -> bool {
     let count = || (x >= 0.0 && x.fract() == 0.0).then_some(x as usize);
     let mut p = GenerationParams::default();
     let q = &mut p.sampling;
-    let set = match path {
-        "max_tokens" => count().map(|n| p.max_tokens = n),
+    let settable = match path {
+        "max_tokens" => count().map(|n| p.max_tokens = n).is_some(),
         // -1 is every front end's spelling of unlimited.
-        "thinking_budget" if x == -1.0 => Some(p.thinking_budget = None),
-        "thinking_budget" => count().map(|n| p.thinking_budget = Some(n)),
-        "answer_budget" => count().map(|n| p.answer_budget = Some(n)),
-        "sampling.temperature" => Some(q.temperature = x as f32),
-        "sampling.top_p" => Some(q.top_p = x as f32),
-        "sampling.top_k" => count().map(|n| q.top_k = n),
-        "sampling.min_p" => Some(q.min_p = x as f32),
-        "sampling.presence_penalty" => Some(q.presence_penalty = x as f32),
-        "sampling.frequency_penalty" => Some(q.frequency_penalty = x as f32),
-        "sampling.repetition_penalty" => Some(q.repetition_penalty = x as f32),
-        "top_logprobs" => count().map(|n| p.top_logprobs = n),
-        "loop_detection.min_repeats" => count().map(|n| p.loop_detection.min_repeats = n),
-        "loop_detection.min_span" => count().map(|n| p.loop_detection.min_span = n),
-        "mtp.depth" => count().map(|n| p.mtp = MtpMode::fixed(n)),
+        "thinking_budget" if x == -1.0 => {
+            p.thinking_budget = None;
+            true
+        }
+        "thinking_budget" => count().map(|n| p.thinking_budget = Some(n)).is_some(),
+        "answer_budget" => count().map(|n| p.answer_budget = Some(n)).is_some(),
+        "sampling.temperature" => {
+            q.temperature = x as f32;
+            true
+        }
+        "sampling.top_p" => {
+            q.top_p = x as f32;
+            true
+        }
+        "sampling.top_k" => count().map(|n| q.top_k = n).is_some(),
+        "sampling.min_p" => {
+            q.min_p = x as f32;
+            true
+        }
+        "sampling.presence_penalty" => {
+            q.presence_penalty = x as f32;
+            true
+        }
+        "sampling.frequency_penalty" => {
+            q.frequency_penalty = x as f32;
+            true
+        }
+        "sampling.repetition_penalty" => {
+            q.repetition_penalty = x as f32;
+            true
+        }
+        "top_logprobs" => count().map(|n| p.top_logprobs = n).is_some(),
+        "loop_detection.min_repeats" => count().map(|n| p.loop_detection.min_repeats = n).is_some(),
+        "loop_detection.min_span" => count().map(|n| p.loop_detection.min_span = n).is_some(),
+        "mtp.depth" => count().map(|n| p.mtp = MtpMode::fixed(n)).is_some(),
         other => panic!("no reference for {other}"),
     };
-    set.is_some() && p.check().is_ok()
+    settable && p.check().is_ok()
 }
 
 fn info() -> BackendInfo {
