@@ -174,7 +174,8 @@ fn collect_runs(
                 return Ok(runs);
             }
             let mut g = a.generation.overrides();
-            g.thinking_budget = Some(budget);
+            g.thinking_budget =
+                Some(budget.to_string().parse().map_err(|e| anyhow::anyhow!("--thinking-budgets: {e}"))?);
             g.seed = a.generation.seed + r;
             let request = ChatRequest {
                 prompt: prompt.clone(),
