@@ -18,6 +18,7 @@ const PARTS: &[(&str, &str)] = &[
     ("server/", "Server"),
     ("tui/", "Tui"),
     ("cli/", "Cli"),
+    ("verify/", "Verify"),
     ("main.rs", "Cli"),
 ];
 
@@ -36,6 +37,7 @@ const MODULES: &[(&str, &str)] = &[
     ("server", "Server"),
     ("tui", "Tui"),
     ("cli", "Cli"),
+    ("verify", "Verify"),
 ];
 
 /// architecture.json's `may_import` (a part may always use itself).
@@ -62,6 +64,12 @@ const MAY_IMPORT: &[(&str, &str)] = &[
     ("Cli", "Backend"),
     ("Cli", "Session"),
     ("Cli", "Core"),
+    ("Verify", "Model"),
+    ("Verify", "Chat"),
+    ("Verify", "Core"),
+    ("Verify", "Backend"),
+    ("Cli", "Verify"),
+    ("Tui", "Verify"),
 ];
 
 /// The developer tools that measure the engine itself and may reach Model / Engine / Chat

@@ -283,8 +283,8 @@ fn the_cuda_models_logits_are_bf16_values() {
 #[test]
 fn rope_rotates_by_the_hosts_table() {
     use deltascope::model::cuda::ops::{self, RopeParams};
-    use deltascope::model::cuda::twins;
     use deltascope::model::cuda::{DeviceKind, Gpu, kernels};
+    use deltascope::verify::twins;
     let gpu = Gpu::open(DeviceKind::Emu, 0, kernels::FILES).unwrap();
     let (heads, hd, rotary) = (2usize, 64usize, 32usize);
     let table: Vec<f32> = (0..rotary / 2).map(|i| 1.01 / 1e7f32.powf((2 * i) as f32 / rotary as f32)).collect();

@@ -7,11 +7,11 @@
 
 use serde::Serialize;
 
-use super::device::Arg;
-use super::nvrtc::fnv1a;
-use super::ops::{self, DeviceMat, GdnShape, Out, RopeParams};
-use super::runtime::{Gpu, GpuResult};
 use super::twins::{self, randoms};
+use crate::model::cuda::device::Arg;
+use crate::model::cuda::nvrtc::fnv1a;
+use crate::model::cuda::ops::{self, DeviceMat, GdnShape, Out, RopeParams};
+use crate::model::cuda::runtime::{Gpu, GpuResult};
 use crate::model::trace::head_state_norms;
 
 #[derive(Debug, Clone, Serialize)]

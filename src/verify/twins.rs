@@ -192,7 +192,7 @@ pub fn attn_gqa(
     nkv: usize,
     hd: usize,
 ) -> Vec<f32> {
-    let scale = super::ops::attention_scale(hd);
+    let scale = crate::model::cuda::ops::attention_scale(hd);
     let mut out = vec![0f32; tokens * nh * hd];
     for t in 0..tokens {
         for h in 0..nh {
