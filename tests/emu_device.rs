@@ -259,7 +259,7 @@ fn the_emulated_device_refuses_clearly() {
 fn the_cuda_models_logits_are_bf16_values() {
     use deltascope::checkpoint::demo_source;
     use deltascope::model::cuda::{CudaModel, DeviceKind, Gpu, kernels};
-    use deltascope::model::device_plan::{DeviceBudget, PlanInputs, plan_devices};
+    use deltascope::model::placement::plan::{DeviceBudget, PlanInputs, plan_devices};
     use deltascope::model::{Forward, ForwardOptions, LoadOptions, LogitsRows, Model, Precision};
     let cpu = Model::load(&demo_source(), &LoadOptions { precision: Precision::Bf16, ..Default::default() }).unwrap();
     let gpu = Gpu::open(DeviceKind::Emu, 0, kernels::FILES).unwrap();

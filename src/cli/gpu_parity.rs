@@ -16,7 +16,7 @@ use crate::chat::{ChatTemplate, RenderOptions, TextTokenizer};
 use crate::checkpoint::{ModelSource, demo_source};
 use crate::engine::{GenerateRequest, GenerationParams, Generator, ModelSession, MtpParams};
 use crate::model::cuda::{self, CudaModel, DeviceKind, Gpu};
-use crate::model::device_plan::{DeviceBudget, DevicePlan, PlanInputs, plan_devices};
+use crate::model::placement::plan::{DeviceBudget, DevicePlan, PlanInputs, plan_devices};
 use crate::model::{Forward, ForwardOptions, LoadOptions, LogitsRows, Mat, Model, Precision};
 
 /// Logits agree when the largest difference is within this share of the largest |logit| of

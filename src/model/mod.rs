@@ -5,8 +5,6 @@ pub mod attention;
 pub mod config;
 pub mod cpu;
 pub mod cuda;
-pub mod device;
-pub mod device_plan;
 pub mod finite;
 pub mod forward;
 pub mod gdn;
@@ -16,6 +14,7 @@ pub mod hybrid;
 pub mod load;
 pub mod mlp;
 pub mod norm;
+pub mod placement;
 pub mod plan;
 pub mod rope;
 pub mod state;
@@ -27,13 +26,13 @@ pub mod weights;
 pub use crate::checkpoint::demo_source;
 pub use crate::checkpoint::{EmbeddedModel, ModelSource};
 pub use config::{Family, LayerKind, MlpKind, ModelConfig};
-pub use device::DeviceSpec;
 pub use forward::{DraftCache, Forward, SequenceCache};
 pub use hybrid::{
     ForwardOptions, ForwardOutput, HiddenStats, LoadOptions, LogitsRows, Model, MtpOutput, MtpState,
     missing_mtp_tensors,
 };
 pub use load::LoadProgress;
+pub use placement::DeviceSpec;
 pub use state::{SequenceState, StateBytes, StateSnapshot};
 pub use tensor::{Mat, Precision};
 pub use trace::{GdnPassTrace, LayerTrace, StateTrace};

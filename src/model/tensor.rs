@@ -62,14 +62,6 @@ impl Precision {
             });
         }
     }
-
-    /// Bytes per element of activations / KV entries in this precision's reference.
-    pub fn activation_bytes(self) -> usize {
-        match self {
-            Precision::F32 => 4,
-            Precision::Bf16 => 2,
-        }
-    }
 }
 
 /// Bytes of an f32 (norm weights, state, KV entries).
