@@ -4,12 +4,12 @@
 
 use rayon::prelude::*;
 
-use super::gemv::MAX_ROWS as GEMV_MAX_ROWS;
+use super::cpu::gemv::MAX_ROWS as GEMV_MAX_ROWS;
+use super::cpu::tensor::{Linear, Mat, Precision, dot, sigmoid, small_gemm};
 use super::load::Loader;
 use super::norm::RmsNorm;
 use super::rope::Rope;
 use super::state::KvCache;
-use super::tensor::{Linear, Mat, Precision, dot, sigmoid, small_gemm};
 use crate::error::Result;
 
 pub struct AttnLayer {

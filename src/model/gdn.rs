@@ -8,10 +8,11 @@
 use rayon::prelude::*;
 
 use super::config::{Family, LinearAttnConfig};
+use super::cpu::Simd;
+use super::cpu::tensor::{F32_BYTES, Linear, Mat, Precision, dot, sigmoid, silu, small_gemm, softplus};
 use super::load::Loader;
 use super::state::GdnState;
 use super::storage::Weights;
-use super::tensor::{F32_BYTES, Linear, Mat, Precision, Simd, dot, sigmoid, silu, small_gemm, softplus};
 use super::trace::{GdnPassTrace, head_state_norms};
 use crate::error::Result;
 

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use super::attention::AttnLayer;
 use super::config::{Family, LayerKind, MlpKind, ModelConfig};
+use super::cpu::tensor::{F32_BYTES, Linear, Mat, Precision};
 use super::finite::{self, Sublayer};
 use super::gdn::GdnLayer;
 use super::load::{LoadProgress, Loader};
@@ -13,7 +14,6 @@ use super::mlp::{DenseMlp, Mlp, MoeBlock};
 use super::norm::RmsNorm;
 use super::rope::Rope;
 use super::state::{LayerState, SequenceState};
-use super::tensor::{F32_BYTES, Linear, Mat, Precision};
 use super::trace::{LayerTrace, StateTrace};
 use super::weights::WeightStore;
 use crate::checkpoint::ModelSource;

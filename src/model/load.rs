@@ -6,8 +6,8 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
+use super::cpu::tensor::{Linear, Precision};
 use super::storage::Weights;
-use super::tensor::{Linear, Precision};
 use super::weights::WeightStore;
 use crate::error::Result;
 

@@ -2,10 +2,10 @@
 //! optional renormalisation, experts accumulated in ascending id order, sigmoid-gated shared
 //! expert), model-spec §5.2–§5.3.
 
+use super::cpu::tensor::{Linear, Mat, Precision, sigmoid, silu};
 use super::finite::{self, Sublayer};
 use super::load::Loader;
 use super::storage::Weights;
-use super::tensor::{Linear, Mat, Precision, sigmoid, silu};
 use crate::error::{Error, Result};
 
 pub struct DenseMlp {

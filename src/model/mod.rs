@@ -8,8 +8,6 @@ pub mod cuda;
 pub mod finite;
 pub mod forward;
 pub mod gdn;
-pub mod gemm_bf16;
-pub mod gemv;
 pub mod hybrid;
 pub mod load;
 pub mod mlp;
@@ -19,13 +17,13 @@ pub mod plan;
 pub mod rope;
 pub mod state;
 pub mod storage;
-pub mod tensor;
 pub mod trace;
 pub mod weights;
 
 pub use crate::checkpoint::demo_source;
 pub use crate::checkpoint::{EmbeddedModel, ModelSource};
 pub use config::{Family, LayerKind, MlpKind, ModelConfig};
+pub use cpu::tensor::{Mat, Precision};
 pub use forward::{DraftCache, Forward, SequenceCache};
 pub use hybrid::{
     ForwardOptions, ForwardOutput, HiddenStats, LoadOptions, LogitsRows, Model, MtpOutput, MtpState,
@@ -34,7 +32,6 @@ pub use hybrid::{
 pub use load::LoadProgress;
 pub use placement::DeviceSpec;
 pub use state::{SequenceState, StateBytes, StateSnapshot};
-pub use tensor::{Mat, Precision};
 pub use trace::{GdnPassTrace, LayerTrace, StateTrace};
 
 use crate::error::{Error, Result};

@@ -9,8 +9,8 @@
 use serde::Serialize;
 
 use super::config::{LayerKind, LinearAttnConfig, ModelConfig};
+use super::cpu::tensor::F32_BYTES;
 use super::gdn::GdnTape;
-use super::tensor::F32_BYTES;
 use crate::error::{Error, Result};
 
 /// Conv window and SSM state of one GDN layer (f32).

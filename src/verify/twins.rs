@@ -4,7 +4,7 @@
 //! functions (`gdn::conv_stage`, `gdn::gates_stage`, `gdn::recurrent_head`,
 //! `gdn::gated_norm_stage`): twin == engine, so kernel == twin means kernel == engine.
 
-use crate::model::tensor::{sigmoid, silu, softplus};
+use crate::model::cpu::tensor::{sigmoid, silu, softplus};
 
 fn bf(x: f32) -> f32 {
     half::bf16::from_f32(x).to_f32()
@@ -314,8 +314,8 @@ pub fn swiglu(gate_up: &[f32], inter: usize) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::cpu::tensor::{Mat, Precision};
     use crate::model::gdn::{conv_stage, gated_norm_stage, gates_stage, recurrent_head};
-    use crate::model::tensor::{Mat, Precision};
 
     fn close(a: &[f32], b: &[f32], rel: f32, what: &str) {
         assert_eq!(a.len(), b.len(), "{what}");

@@ -53,11 +53,11 @@ fn norm_weight(gpu: &Gpu, n: &RmsNorm) -> GpuResult<Bf16Buf> {
     gpu.upload(&bits(n.weight()))
 }
 
-fn mat(gpu: &Gpu, l: &crate::model::tensor::Linear, o0: usize, n: usize) -> GpuResult<DeviceMat> {
+fn mat(gpu: &Gpu, l: &crate::model::cpu::tensor::Linear, o0: usize, n: usize) -> GpuResult<DeviceMat> {
     DeviceMat::upload(gpu, &l.bf16_rows(o0, n), n, l.in_features)
 }
 
-fn whole(gpu: &Gpu, l: &crate::model::tensor::Linear) -> GpuResult<DeviceMat> {
+fn whole(gpu: &Gpu, l: &crate::model::cpu::tensor::Linear) -> GpuResult<DeviceMat> {
     mat(gpu, l, 0, l.out_features)
 }
 

@@ -18,8 +18,8 @@
 
 use std::ops::Range;
 
-use super::storage::bf16_to_f32;
-use super::tensor::Simd;
+use super::simd::Simd;
+use crate::model::storage::bf16_to_f32;
 
 /// Activation rows one call handles (a decode step is 1, an MTP verify pass K + 1 ≤ 5; prefill
 /// above this goes to the GEMM).

@@ -136,7 +136,7 @@ fn pack_panel<'w>(row: &impl Fn(usize) -> &'w [u16], n0: usize, width: usize, k:
 /// The kernel's sum for one output: f32, pairs in order, odd product then even (see the module
 /// documentation). The specification the kernel is tested against.
 pub fn reference(w: &[u16], x: &[u16]) -> f32 {
-    let f = super::storage::bf16_to_f32;
+    let f = crate::model::storage::bf16_to_f32;
     let mut acc = 0f32;
     for (wp, xp) in w.chunks(2).zip(x.chunks(2)) {
         if wp.len() == 2 {
