@@ -315,7 +315,7 @@ pub fn swiglu(gate_up: &[f32], inter: usize) -> Vec<f32> {
 mod tests {
     use super::*;
     use crate::model::cpu::tensor::{Mat, Precision};
-    use crate::model::gdn::{conv_stage, gated_norm_stage, gates_stage, recurrent_head};
+    use crate::model::gdn::{HeadInputs, conv_stage, gated_norm_stage, gates_stage, recurrent_head};
 
     fn close(a: &[f32], b: &[f32], rel: f32, what: &str) {
         assert_eq!(a.len(), b.len(), "{what}");
@@ -398,7 +398,7 @@ mod tests {
             let mut s: Vec<f32> = (0..dk * dv).map(|i| state0[h * dv * dk + (i % dv) * dk + i / dv]).collect();
             let gh: Vec<f32> = (0..tokens).map(|t| g[t * hv + h]).collect();
             let bh: Vec<f32> = (0..tokens).map(|t| beta[t * hv + h]).collect();
-            let o = recurrent_head(&q, &k, &v, &gh, &bh, &mut s, dk, dv, None);
+            let o = recurrent_head(&HeadInputs { q: &q, k: &k, v: &v, g: &gh, beta: &bh, dk, dv }, &mut s, None);
             for t in 0..tokens {
                 for j in 0..dv {
                     engine_out[(t * hv + h) * dv + j] = bf(o[t * dv + j]);
@@ -439,7 +439,7 @@ mod tests {
             .collect();
         let refs: Vec<&Vec<f32>> = heads.iter().collect();
         let engine =
-            gated_norm_stage(&refs, &Mat::from_vec(tokens, hv * dv, z.clone()), 0, hv, dv, &w, 1e-6, Precision::Bf16);
+            gated_norm_stage(&refs, &Mat::from_vec(tokens, hv * dv, z.clone()), 0, dv, &w, 1e-6, Precision::Bf16);
         let twin = rms_norm_gated(&x, &z, &w, dv, 1e-6);
         close(&twin, &engine.data, 1e-2, "gated norm");
     }
