@@ -7,7 +7,7 @@ use super::kernels::{HeadInputs, chunked_head, recurrent_from};
 use super::stages::{conv_stage, gated_norm_stage, gates_stage, l2norm};
 use super::tape::GdnState;
 use crate::error::Result;
-use crate::model::config::{Family, LinearAttnConfig};
+use crate::model::config::{Family, LinearAttnConfig, ModelConfig};
 use crate::model::cpu::tensor::{F32_BYTES, Linear, Mat, Precision};
 use crate::model::load::Loader;
 use crate::model::storage::Weights;
@@ -34,15 +34,17 @@ pub struct GdnLayer {
 }
 
 impl GdnLayer {
-    pub fn load(ld: &Loader, p: &str, cfg: &LinearAttnConfig, hidden: usize, eps: f64, family: Family) -> Result<Self> {
+    /// The layer's weights under `ld` (a layer's `linear_attn.`).
+    pub fn load(model: &ModelConfig, ld: &Loader) -> Result<Self> {
+        let (cfg, hidden, eps, family) = (&model.linear, model.hidden_size, model.rms_norm_eps, model.family);
         let (kd, vd, hv, hk) = (cfg.key_dim(), cfg.value_dim(), cfg.num_value_heads, cfg.num_key_heads);
         let (dk, dv, r) = (cfg.key_head_dim, cfg.value_head_dim, cfg.head_ratio());
         let in_proj = match family {
             Family::Qwen3Next => {
                 // Fused and grouped per key head g: [q_g | k_g | v_(r·g..) | z_(r·g..)], and
                 // [b_(r·g..) | a_(r·g..)]. Reorder rows into the logical [q; k; v; z; b; a].
-                let qkvz = ld.weights(&format!("{p}in_proj_qkvz.weight"), &[2 * kd + 2 * vd, hidden])?;
-                let ba = ld.weights(&format!("{p}in_proj_ba.weight"), &[2 * hv, hidden])?;
+                let qkvz = ld.weights("in_proj_qkvz.weight", &[2 * kd + 2 * vd, hidden])?;
+                let ba = ld.weights("in_proj_ba.weight", &[2 * hv, hidden])?;
                 let group = 2 * dk + 2 * r * dv;
                 // Each group's rows are a view into the checkpoint: the reorder copies nothing.
                 let rows = |m: &Weights, start: usize, n: usize| (m.slice(start * hidden, n * hidden), n);
@@ -61,18 +63,18 @@ impl GdnLayer {
             }
             Family::Qwen35 | Family::Qwen35Moe => Linear::fused(
                 vec![
-                    (ld.weights(&format!("{p}in_proj_qkv.weight"), &[2 * kd + vd, hidden])?, 2 * kd + vd),
-                    (ld.weights(&format!("{p}in_proj_z.weight"), &[vd, hidden])?, vd),
-                    (ld.weights(&format!("{p}in_proj_b.weight"), &[hv, hidden])?, hv),
-                    (ld.weights(&format!("{p}in_proj_a.weight"), &[hv, hidden])?, hv),
+                    (ld.weights("in_proj_qkv.weight", &[2 * kd + vd, hidden])?, 2 * kd + vd),
+                    (ld.weights("in_proj_z.weight", &[vd, hidden])?, vd),
+                    (ld.weights("in_proj_b.weight", &[hv, hidden])?, hv),
+                    (ld.weights("in_proj_a.weight", &[hv, hidden])?, hv),
                 ],
                 hidden,
             )?,
         };
-        let conv_w = ld.get(&format!("{p}conv1d.weight"), &[cfg.conv_dim(), 1, cfg.conv_kernel])?;
+        let conv_w = ld.get("conv1d.weight", &[cfg.conv_dim(), 1, cfg.conv_kernel])?;
         let (k, cd) = (cfg.conv_kernel, cfg.conv_dim());
         let conv_taps: Vec<f32> = (0..k * cd).map(|i| conv_w[(i % cd) * k + i / cd]).collect();
-        let a_log = ld.get(&format!("{p}A_log"), &[hv])?;
+        let a_log = ld.get("A_log", &[hv])?;
         Ok(GdnLayer {
             cfg: cfg.clone(),
             eps: eps as f32,
@@ -80,9 +82,9 @@ impl GdnLayer {
             conv_taps,
             a_neg: a_log.iter().map(|a| -a.exp()).collect(),
             a_log,
-            dt_bias: ld.get(&format!("{p}dt_bias"), &[hv])?,
-            norm_w: ld.get(&format!("{p}norm.weight"), &[dv])?,
-            out_proj: ld.linear(&format!("{p}out_proj.weight"), hidden, vd)?,
+            dt_bias: ld.get("dt_bias", &[hv])?,
+            norm_w: ld.get("norm.weight", &[dv])?,
+            out_proj: ld.linear("out_proj.weight", hidden, vd)?,
         })
     }
 
