@@ -273,7 +273,7 @@ pub fn missing_mtp_tensors(store: &WeightStore, config: &ModelConfig) -> Vec<Str
 impl Model {
     pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<Self> {
         let started = Instant::now();
-        let config = super::read_config(source)?;
+        let config = super::config::read_config(source)?;
         let store = WeightStore::open(source)?;
         store.prefetch();
         let (v, h) = (config.vocab_size, config.hidden_size);

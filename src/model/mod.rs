@@ -22,7 +22,7 @@ pub mod weights;
 
 pub use crate::checkpoint::demo_source;
 pub use crate::checkpoint::{EmbeddedModel, ModelSource};
-pub use config::{Family, LayerKind, MlpKind, ModelConfig};
+pub use config::{Family, LayerKind, MlpKind, ModelConfig, read_config};
 pub use cpu::tensor::{Mat, Precision};
 pub use forward::{DraftCache, Forward, SequenceCache};
 pub use hybrid::{
@@ -33,16 +33,3 @@ pub use load::LoadProgress;
 pub use placement::DeviceSpec;
 pub use state::{SequenceState, StateBytes, StateSnapshot};
 pub use trace::{GdnPassTrace, LayerTrace, StateTrace};
-
-use crate::error::{Error, Result};
-
-/// Reads and parses the model's `config.json`.
-pub fn read_config(source: &ModelSource) -> Result<ModelConfig> {
-    source.check_dir()?;
-    let text = source.read_string("config.json")?.ok_or_else(|| Error::MissingFile {
-        dir: source.dir(),
-        file: "config.json".into(),
-        hint: "a Hugging Face model directory holds config.json, *.safetensors and tokenizer.json".into(),
-    })?;
-    ModelConfig::from_json_str(&text, &source.file_label("config.json"))
-}
