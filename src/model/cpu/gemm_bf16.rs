@@ -178,6 +178,11 @@ mod x86 {
         dispatch!(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
     }
 
+    /// `R` tokens against a packed panel.
+    ///
+    /// # Safety
+    ///
+    /// As [`tile`] with `n = R`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     unsafe fn kernel<const R: usize>(

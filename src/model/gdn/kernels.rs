@@ -3,7 +3,7 @@
 //! [`HeadInputs`] and its `[dk][dv]` state.
 //!
 //! The recurrent loops run along `dv` and are compiled for the widest vector unit the CPU has
-//! (AVX-512, AVX2, else the baseline) by [`simd_dispatch!`]; a multiply and an add are never
+//! (AVX-512, AVX2, else the baseline) by `simd_dispatch!`; a multiply and an add are never
 //! fused, so every instruction set gives the same bits.
 
 use super::super::cpu::Simd;

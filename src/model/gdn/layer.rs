@@ -95,7 +95,7 @@ impl GdnLayer {
     }
 
     /// Runs the layer over `x`. With `verify`, every token goes through the recurrent rule — the
-    /// exact arithmetic of one-token decoding — and a [`GdnTape`] is kept so the state can be
+    /// exact arithmetic of one-token decoding — and a [`GdnTape`](super::GdnTape) is kept so the state can be
     /// rolled back to any prefix of the tokens (speculative decoding).
     pub fn forward(&self, x: &Mat, state: &mut GdnState, prec: Precision, verify: bool) -> Result<Mat> {
         Ok(self.forward_traced(x, state, prec, verify, false)?.0)
