@@ -18,5 +18,6 @@ pub mod server;
 pub mod session;
 pub mod tui;
 pub mod units;
+pub mod verify;
 
 pub use error::{Error, Result};

@@ -33,6 +33,7 @@ const PARTS: &[(&str, &str)] = &[
     ("server/", "Server"),
     ("tui/", "Tui"),
     ("cli/", "Cli"),
+    ("verify/", "Verify"),
     ("main.rs", "Cli"),
     ("verify/", "Verify"),
 ];

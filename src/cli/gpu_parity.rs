@@ -17,7 +17,7 @@ use crate::checkpoint::{ModelSource, demo_source};
 use crate::engine::{GenerateRequest, Generator, ModelSequence};
 use crate::generation::{GenerationParams, MtpMode};
 use crate::model::cuda::{self, CudaModel, DeviceKind, Gpu};
-use crate::model::device_plan::{DeviceBudget, DevicePlan, PlanInputs, plan_devices};
+use crate::model::placement::plan::{DeviceBudget, DevicePlan, PlanInputs, plan_devices};
 use crate::model::{Forward, ForwardOptions, LoadOptions, LogitsRows, Mat, Model, Precision};
 
 /// Logits agree when the largest difference is within this share of the largest |logit| of

@@ -1,6 +1,6 @@
 //! Typed launches of the kernels in `kernels/*.cu`: one function per kernel, its grid and
 //! block as the kernel's comment states, the arguments in the kernel's order. The CUDA model
-//! (`model.rs`) composes them; `parity.rs` checks each kernel alone against its CPU twin.
+//! (`model.rs`) composes them; `verify/parity.rs` checks each kernel alone against its CPU twin.
 //!
 //! bf16 buffers are `Buf<u16>` (raw bits, as in the kernels). Every launch goes through the
 //! [`Device`](super::device::Device) seam in order, so each kernel sees the writes of the ones

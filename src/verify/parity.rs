@@ -7,11 +7,11 @@
 
 use serde::Serialize;
 
-use super::device::Arg;
-use super::nvrtc::fnv1a;
-use super::ops::{self, DeviceMat, GdnShape, Out, RopeParams};
-use super::runtime::{Gpu, GpuResult};
 use super::twins::{self, randoms};
+use crate::model::cuda::device::Arg;
+use crate::model::cuda::nvrtc::fnv1a;
+use crate::model::cuda::ops::{self, DeviceMat, GdnShape, Out, RopeParams};
+use crate::model::cuda::runtime::{Gpu, GpuResult};
 use crate::model::trace::head_state_norms;
 
 #[derive(Debug, Clone, Serialize)]
@@ -350,9 +350,9 @@ fn gdn_traced(gpu: &Gpu, tokens: usize, (hk, hv, dk, dv): (usize, usize, usize, 
     let (mut twin_gates, mut twin_norms) = (vec![], vec![]);
     for t in 0..tokens {
         for h in 0..hv {
-            twin_gates.push(bf(crate::model::tensor::sigmoid(i.b[t * hv + h])));
+            twin_gates.push(bf(crate::model::cpu::tensor::sigmoid(i.b[t * hv + h])));
             let a_neg = -i.a_log[h].exp();
-            twin_gates.push(a_neg * crate::model::tensor::softplus(i.a[t * hv + h] + i.dt_bias[h]));
+            twin_gates.push(a_neg * crate::model::cpu::tensor::softplus(i.a[t * hv + h] + i.dt_bias[h]));
         }
     }
     // Decoded as the model decodes it (the per-warp sums added per head).

@@ -1,0 +1,6 @@
+//! Checks of one backend against a reference, kept out of the runtime: the CPU twins of the
+//! CUDA kernels (`twins.rs`) and kernel-by-kernel parity on a device (`parity.rs`), run by
+//! `deltascope gpu check`.
+
+pub mod parity;
+pub mod twins;
