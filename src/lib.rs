@@ -10,6 +10,7 @@ pub mod backend;
 pub mod chat;
 pub mod checkpoint;
 pub mod cli;
+pub mod devices;
 pub mod engine;
 pub mod error;
 pub mod generation;

@@ -20,7 +20,6 @@ use serde::{Deserialize, Serialize};
 use crate::generation::{ErrorKind, Generation, GenerationParams, SamplingParams, ServerLabel, StepControl};
 
 pub use crate::checkpoint::ModelSource;
-pub use crate::model::DeviceSpec;
 pub use params::{ParamOverrides, flag};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

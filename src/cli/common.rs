@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::backend::DeviceSpec;
+use crate::devices::DeviceSpec;
 
 use crate::backend::{
     self, Backend, BackendSpec, BudgetMode, ChatMessage, KeySource, OpenProgress, ParamOverrides, Prompt,

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 
 use std::sync::Arc;
 
-use crate::model::DeviceSpec;
+use crate::devices::DeviceSpec;
 use crate::model::cuda::device::Device;
 use crate::model::cuda::emu::{EmuDevice, Schedule};
 use crate::model::cuda::{self, DeviceKind, Gpu, kernels, nvrtc};

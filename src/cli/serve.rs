@@ -7,7 +7,8 @@ use std::sync::Arc;
 use clap::Args;
 
 use super::common::{device_spec, whole_number};
-use crate::backend::{self, BackendSpec, DeviceSpec, OpenProgress, local::LocalSpec};
+use crate::backend::{self, BackendSpec, OpenProgress, local::LocalSpec};
+use crate::devices::DeviceSpec;
 use crate::generation::{GenerationParams, MtpMode};
 use crate::server::{ServeConfig, serve};
 

@@ -8,7 +8,6 @@
 use serde::Serialize;
 
 use super::twins::{self, randoms};
-use crate::model::cuda::device::Arg;
 use crate::model::cuda::nvrtc::fnv1a;
 use crate::model::cuda::ops::{self, DeviceMat, GdnShape, Out, RopeParams};
 use crate::model::cuda::runtime::{Gpu, GpuResult};
@@ -590,19 +589,10 @@ fn misc(gpu: &Gpu) -> GpuResult<Vec<Parity>> {
         x[i] = bad;
     }
     let dx = gpu.f32(&x)?;
-    let dbf = gpu.zeros_bf16(n)?;
-    let count = gpu.upload(&[0u32])?;
-    // SAFETY: f32_to_bf16(x, out, n) and count_nonfinite_f32(x, n, count); ceil(n / 256)
-    // blocks of 256 over buffers of n (count: one value).
-    unsafe {
-        gpu.launch("f32_to_bf16", (n.div_ceil(256) as u32, 1, 1), 256, &[dx.arg(), dbf.arg(), Arg::I64(n as i64)])?;
-        gpu.launch(
-            "count_nonfinite_f32",
-            (n.div_ceil(256) as u32, 1, 1),
-            256,
-            &[dx.arg(), Arg::I64(n as i64), count.arg()],
-        )?;
-    }
+    let mut dbf = gpu.zeros_bf16(n)?;
+    let mut count = gpu.upload(&[0u32])?;
+    ops::f32_to_bf16(gpu, &dx, &mut dbf, n)?;
+    ops::count_nonfinite_f32(gpu, &dx, n, &mut count)?;
     let got = gpu.read_bf16(&dbf)?;
     let finite_twin: Vec<f32> = x.iter().map(|&v| bf(v)).collect();
     let (g2, t2): (Vec<f32>, Vec<f32>) = got
