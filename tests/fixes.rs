@@ -30,7 +30,7 @@ fn app_on(session: Session, backend: &LocalBackend) -> App {
         keymap: Keymap::default(),
         settings: Settings {
             params: session.turns.last().map(|t| t.params.clone()).unwrap_or_else(|| params(256, None)),
-            enable_thinking: true,
+            resume_thinking: deltascope::generation::Thinking::Unlimited,
             preset: None,
             mtp: deltascope::backend::Support::Yes,
             context: backend.info().context,
@@ -46,9 +46,7 @@ fn app_on(session: Session, backend: &LocalBackend) -> App {
 /// The request the app's last `Generate` effect would send.
 fn generate_request(effects: Vec<Effect>) -> Option<ChatRequest> {
     effects.into_iter().rev().find_map(|e| match e {
-        Effect::Generate { prompt, enable_thinking, params } => {
-            Some(ChatRequest { prompt, enable_thinking, params: *params })
-        }
+        Effect::Generate { prompt, params } => Some(ChatRequest { prompt, params: *params }),
         _ => None,
     })
 }
@@ -66,7 +64,7 @@ fn f4_on_the_shipped_starved_session_produces_an_answer() {
     key(&mut app, KeyCode::F(4), KeyModifiers::NONE, 1.0);
     let req = generate_request(app.take_effects()).expect("F4 re-runs the turn");
     // The forced end of thinking alone (52 tokens) does not fit in max_tokens 24: F4 raises it.
-    let budget = req.params.thinking_budget.expect("F4 sets a thinking budget");
+    let budget = req.params.thinking.budget().expect("F4 sets a thinking budget");
     assert!(budget < 24, "budget {budget}");
     assert!(req.params.max_tokens >= budget + 52 + 32, "max_tokens {} for budget {budget}", req.params.max_tokens);
     // The old, starved turn stays in the session file.
@@ -118,10 +116,10 @@ fn f4_never_offers_the_current_budget_again() {
         p.sampling.temperature = 0.0;
         let prompt = Prompt::Chat(vec![ChatMessage::new(Role::User, "Is 199 prime?")]);
         let mut session = Session::new("embedded:demo", None);
-        let mut turn = deltascope::session::Turn::new("Is 199 prime?", true, p.clone());
+        let mut turn = deltascope::session::Turn::new("Is 199 prime?", p.clone());
         let t0 = std::time::Instant::now();
         backend
-            .start(ChatRequest { prompt, enable_thinking: true, params: p })
+            .start(ChatRequest { prompt, params: p })
             .unwrap()
             .for_each(|ev| turn.apply(ev, t0.elapsed().as_secs_f64() * 1e3));
         session.turns.push(turn);
@@ -138,7 +136,7 @@ fn f4_never_offers_the_current_budget_again() {
     let mut app = app_on(session, &backend);
     key(&mut app, KeyCode::F(4), KeyModifiers::NONE, 1.0);
     let req = generate_request(app.take_effects()).unwrap();
-    assert_eq!((req.params.thinking_budget, req.params.max_tokens), (Some(fix.thinking_budget), fix.max_tokens));
+    assert_eq!((req.params.thinking.budget(), req.params.max_tokens), (Some(fix.thinking_budget), fix.max_tokens));
 }
 
 #[test]

@@ -11,7 +11,7 @@ use deltascope::engine::{DecodeSequence, GenerateRequest, Generator, ModelSequen
 use deltascope::generation::events::Memory;
 use deltascope::generation::{
     Control, Diagnostic, DiagnosticKind, DoneEvent, EngineEvent, FinishReason, GenerationParams, LoopParams, Phase,
-    QWEN_BUDGET_BRIDGE, SamplingParams, StepControl,
+    QWEN_BUDGET_BRIDGE, SamplingParams, StepControl, Thinking,
 };
 use deltascope::model::{LoadOptions, Model, ModelSource, demo_source, read_config};
 use serde_json::json;
@@ -176,7 +176,7 @@ fn max_tokens_exhausted_inside_thinking() {
 fn thinking_budget_forces_the_exact_close_sequence() {
     let tok = tokenizer();
     let (think_end, im_end) = (tok.specials.think_end.unwrap(), tok.specials.im_end.unwrap());
-    let params = GenerationParams { thinking_budget: Some(5), ..Default::default() };
+    let params = GenerationParams { thinking: Thinking::from_budget(Some(5)), ..Default::default() };
     // The script thinks forever; once `</think>` is in, it answers 3 tokens and stops.
     let (out, events) =
         run(&tok, thinking_prompt(&tok), params, &no_cancel(), move |g| match g.iter().position(|&t| t == think_end) {
@@ -200,7 +200,11 @@ fn thinking_budget_forces_the_exact_close_sequence() {
     assert_eq!((d[0].0, d[0].1), (DiagnosticKind::ThinkingBudgetForced, 5));
 
     // An empty bridge forces just `</think>`.
-    let params = GenerationParams { thinking_budget: Some(2), budget_bridge: String::new(), ..Default::default() };
+    let params = GenerationParams {
+        thinking: Thinking::from_budget(Some(2)),
+        budget_bridge: String::new(),
+        ..Default::default()
+    };
     let (out, _) = run(&tok, thinking_prompt(&tok), params, &no_cancel(), move |g| {
         onehot(if g.contains(&think_end) { im_end } else { 70 })
     });
@@ -210,7 +214,7 @@ fn thinking_budget_forces_the_exact_close_sequence() {
 #[test]
 fn forced_close_never_overshoots_max_tokens() {
     let tok = tokenizer();
-    let params = GenerationParams { thinking_budget: Some(5), max_tokens: 9, ..Default::default() };
+    let params = GenerationParams { thinking: Thinking::from_budget(Some(5)), max_tokens: 9, ..Default::default() };
     let (out, _) = run(&tok, thinking_prompt(&tok), params, &no_cancel(), |_| onehot(70));
     assert_eq!(out.tokens.len(), 9);
     assert_eq!(out.finish_reason, FinishReason::Length);
@@ -234,7 +238,11 @@ fn thinking_budget_counts_across_think_blocks() {
             _ => im_end,
         })
     };
-    let params = GenerationParams { thinking_budget: Some(6), budget_bridge: String::new(), ..Default::default() };
+    let params = GenerationParams {
+        thinking: Thinking::from_budget(Some(6)),
+        budget_bridge: String::new(),
+        ..Default::default()
+    };
     let (out, events) = run(&tok, thinking_prompt(&tok), params, &no_cancel(), script);
     // Budget 6 counts thinking content, not the <think> / </think> markers: 3 tokens in the
     // first block, 3 more after re-entry → forced close.
@@ -463,8 +471,12 @@ fn demo_thinking_eats_max_tokens() {
 fn demo_budget_forcing_still_answers() {
     let (m, tok, tpl) = demo();
     let p = demo_prompt(&tok, &tpl, "What is 482 + 739?", true);
-    let (out, ev) =
-        demo_run(&m, &tok, p, GenerationParams { thinking_budget: Some(6), max_tokens: 200, ..Default::default() });
+    let (out, ev) = demo_run(
+        &m,
+        &tok,
+        p,
+        GenerationParams { thinking: Thinking::from_budget(Some(6)), max_tokens: 200, ..Default::default() },
+    );
     assert_eq!(out.finish_reason, FinishReason::Stop);
     assert!(out.forced.iter().any(|&f| f));
     assert!(diagnostics(&ev).iter().any(|d| d.0 == DiagnosticKind::ThinkingBudgetForced));

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use deltascope::chat::{ChatTemplate, RenderOptions, TextTokenizer};
 use deltascope::engine::{GenerateRequest, Generator, ModelSequence, Outcome};
 use deltascope::generation::{
-    DraftKind, EngineEvent, FinishReason, GenerationParams, MtpMode, SamplingParams, StatsEvent, TokenEvent,
+    DraftKind, EngineEvent, FinishReason, GenerationParams, MtpMode, SamplingParams, StatsEvent, Thinking, TokenEvent,
 };
 use deltascope::model::{ForwardOptions, LoadOptions, Model, ModelSource, demo_source};
 use serde_json::json;
@@ -105,14 +105,14 @@ fn greedy_speculation_with_forcing_stops_and_odd_max_tokens() {
     assert_identical(
         &s,
         &p,
-        GenerationParams { thinking_budget: Some(11), max_tokens: 300, ..Default::default() },
+        GenerationParams { thinking: Thinking::from_budget(Some(11)), max_tokens: 300, ..Default::default() },
         "budget 11",
     );
     assert_identical(
         &s,
         &p,
-        GenerationParams { thinking_budget: Some(0), max_tokens: 300, ..Default::default() },
-        "budget 0",
+        GenerationParams { thinking: Thinking::from_budget(Some(1)), max_tokens: 300, ..Default::default() },
+        "budget 1",
     );
     // Stop strings and max_tokens in the middle of a draft.
     assert_identical(
@@ -139,7 +139,12 @@ fn greedy_speculation_with_forcing_stops_and_odd_max_tokens() {
     // No budget is overshot under speculation.
     let (out, _) = s.run(
         &p,
-        GenerationParams { thinking_budget: Some(11), max_tokens: 300, mtp: MtpMode::fixed(4), ..Default::default() },
+        GenerationParams {
+            thinking: Thinking::from_budget(Some(11)),
+            max_tokens: 300,
+            mtp: MtpMode::fixed(4),
+            ..Default::default()
+        },
     );
     let before_forced = out.forced.iter().position(|&f| f).unwrap();
     assert_eq!(before_forced, 11);

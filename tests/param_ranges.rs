@@ -6,7 +6,7 @@
 use clap::Parser;
 use deltascope::backend::{BackendInfo, BackendKind, Support};
 use deltascope::cli::common::GenArgs;
-use deltascope::generation::{GenerationParams, MtpMode, RANGES, SamplingParams, range};
+use deltascope::generation::{GenerationParams, MtpMode, RANGES, SamplingParams, Thinking, range};
 use deltascope::session::Session;
 use deltascope::tui::sliders::{Settings, Slider};
 
@@ -143,10 +143,10 @@ fn reference(path: &str, text: &str) -> bool {
         "max_tokens" => count().map(|n| p.max_tokens = n).is_some(),
         // -1 is every front end's spelling of unlimited.
         "thinking_budget" if x == -1.0 => {
-            p.thinking_budget = None;
+            p.thinking = Thinking::Unlimited;
             true
         }
-        "thinking_budget" => count().map(|n| p.thinking_budget = Some(n)).is_some(),
+        "thinking_budget" => count().map(|n| p.thinking = Thinking::from_budget(Some(n))).is_some(),
         "answer_budget" => count().map(|n| p.answer_budget = Some(n)).is_some(),
         "sampling.temperature" => {
             q.temperature = x as f32;
@@ -224,7 +224,7 @@ fn server(f: &Field, text: &str) -> Option<bool> {
 fn settings() -> Settings {
     Settings {
         params: GenerationParams::default(),
-        enable_thinking: true,
+        resume_thinking: Thinking::Unlimited,
         preset: None,
         mtp: Support::Yes,
         context: Some(CONTEXT),
@@ -323,14 +323,14 @@ fn refusals_name_the_field_in_every_front_end() {
 }
 
 /// Session files written before the one table still load: an unlimited budget is `null`, a
-/// turn with thinking off records `enable_thinking: false`, and MTP is `{depth, auto}`.
+/// turn with thinking off records `enable_thinking: false` (whatever budget it kept: the turn
+/// reads as thinking off), and MTP is `{depth, auto}`.
 #[test]
 fn old_session_files_load() {
     let dir = tempfile::tempdir().unwrap();
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sessions-v2/healthy.json");
     let s = Session::load(std::path::Path::new(fixture)).unwrap();
-    assert_eq!(s.turns[0].params.thinking_budget, None);
-    assert!(s.turns[0].enable_thinking);
+    assert_eq!(s.turns[0].params.thinking, Thinking::Unlimited);
     assert_eq!(s.turns[0].params.mtp, MtpMode::fixed(2));
     let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
     v["turns"][0]["enable_thinking"] = false.into();
@@ -338,8 +338,13 @@ fn old_session_files_load() {
     let path = dir.path().join("off.json");
     std::fs::write(&path, v.to_string()).unwrap();
     let s = Session::load(&path).unwrap();
-    assert!(!s.turns[0].enable_thinking);
-    assert_eq!(s.turns[0].params.thinking_budget, Some(8));
+    assert_eq!(s.turns[0].params.thinking, Thinking::Off);
+    // Saved again, the file says off in both places.
+    let again = dir.path().join("again.json");
+    s.save_atomic(&again).unwrap();
+    let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&again).unwrap()).unwrap();
+    assert_eq!(written["turns"][0]["enable_thinking"], false);
+    assert_eq!(written["turns"][0]["params"]["thinking_budget"], 0);
     // A bad value names the file and the field.
     v["turns"][0]["params"]["sampling"]["temperature"] = 150.into();
     std::fs::write(&path, v.to_string()).unwrap();

@@ -118,7 +118,7 @@ fn replay_reproduces_the_turn_with_its_timing() {
     let orig = &s.turns[0];
     let events = orig.replay_events();
     assert!(events.windows(2).all(|w| w[0].0 <= w[1].0), "events are in time order");
-    let mut copy = Turn::new(orig.user.clone(), orig.enable_thinking, orig.params.clone());
+    let mut copy = Turn::new(orig.user.clone(), orig.params.clone());
     for (t, e) in &events {
         copy.apply(e, *t);
     }
@@ -170,7 +170,7 @@ fn shipped_examples_show_each_failure_mode() {
     // Each replays to itself.
     for s in [&healthy, &starved, &looping] {
         for t in &s.turns {
-            let mut copy = Turn::new(t.user.clone(), t.enable_thinking, t.params.clone());
+            let mut copy = Turn::new(t.user.clone(), t.params.clone());
             copy.compare_of = t.compare_of;
             for (at, e) in t.replay_events() {
                 copy.apply(&e, at);
@@ -201,13 +201,16 @@ fn make_example_sessions() {
         let mut params = args.overrides().resolve(backend.info()).unwrap();
         params.top_logprobs = 5;
         tweak(&mut params);
+        if !thinking {
+            params.thinking = deltascope::generation::Thinking::Off;
+        }
         let prompt =
             if raw { Prompt::Text(user.to_string()) } else { Prompt::Chat(vec![ChatMessage::new(Role::User, user)]) };
         let mut session = Session::new(backend.info().name.clone(), None);
         session.id = Path::new(file).file_stem().unwrap().to_string_lossy().to_string();
-        let mut turn = Turn::new(user, thinking, params.clone());
+        let mut turn = Turn::new(user, params.clone());
         let t0 = std::time::Instant::now();
-        let generation = backend.start(ChatRequest { prompt, enable_thinking: thinking, params }).unwrap();
+        let generation = backend.start(ChatRequest { prompt, params }).unwrap();
         generation.for_each(|ev| turn.apply(ev, t0.elapsed().as_secs_f64() * 1000.0));
         session.turns.push(turn);
         session.save_atomic(&examples_dir().join(file)).unwrap();
@@ -232,7 +235,7 @@ fn make_example_sessions() {
 /// A long turn with MTP: every token with 3 alternatives, a stats sample every 10 tokens.
 fn long_turn(tokens: usize) -> Turn {
     let p = params(tokens + 10, None);
-    let mut t = Turn::new("Sort 93, 17, 56, 41, 8, 72.", true, p.clone());
+    let mut t = Turn::new("Sort 93, 17, 56, 41, 8, 72.", p.clone());
     t.apply(&start(16, &p), 1.0);
     for i in 0..tokens {
         let phase = if i < tokens / 2 { Phase::Thinking } else { Phase::Answer };
@@ -455,7 +458,7 @@ fn bad_settings_in_a_session_name_the_file_and_field() {
 #[test]
 fn a_format_3_file_counts_forced_tokens_apart_when_read() {
     let p = params(256, Some(1));
-    let mut turn = Turn::new("Is 97 prime?", true, p.clone());
+    let mut turn = Turn::new("Is 97 prime?", p.clone());
     turn.apply(&start(5, &p), 0.0);
     let toks = [
         (Phase::Thinking, "97 / 2", false),

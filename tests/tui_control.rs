@@ -130,14 +130,12 @@ fn an_answer_cut_by_max_tokens_is_continued_in_place() {
     let budget_before = app.convo.session.turns[0].params.max_tokens;
     key(&mut app, KeyCode::F(5), KeyModifiers::NONE, 10.0);
     let effects = app.take_effects();
-    let Some(Effect::Generate { prompt: Prompt::Continue { messages, generated }, enable_thinking, .. }) =
-        effects.last()
-    else {
+    let Some(Effect::Generate { prompt: Prompt::Continue { messages, generated }, params }) = effects.last() else {
         panic!("{effects:?}")
     };
     assert_eq!(generated, "Check divisors\n91", "the continuation's prompt ends with the text so far");
     assert_eq!(messages.last().map(|m| m.content.as_str()), Some("Is 91 prime?"));
-    assert!(*enable_thinking);
+    assert!(params.thinking.is_on());
     assert!(app.generating());
     // The continuation's events extend the same turn.
     engine(&mut app, start(14, &p), 11.0);
@@ -266,7 +264,7 @@ fn sliders_take_typed_values_and_stop_at_the_context() {
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 0.0);
     type_text(&mut app, "3000", 0.0);
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 0.0);
-    assert_eq!(app.settings.params.thinking_budget, Some(3000));
+    assert_eq!(app.settings.params.thinking.budget(), Some(3000));
     // Steps stop at the context.
     key(&mut app, KeyCode::Up, KeyModifiers::NONE, 0.0);
     for _ in 0..5 {

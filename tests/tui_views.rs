@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use deltascope::generation::{DiagnosticKind, DraftKind, EngineEvent, FinishReason, Phase};
+use deltascope::generation::{DiagnosticKind, DraftKind, EngineEvent, FinishReason, Phase, Thinking};
 use deltascope::session::Session;
 use deltascope::tui::app::{EditTarget, Effect, Focus, Overlay};
 use ratatui::crossterm::event::{KeyCode, KeyModifiers};
@@ -146,7 +146,7 @@ fn thinking_ate_max_tokens_banner_and_fixes() {
     engine(&mut app, done(FinishReason::Cancelled, 16, 0, 0, "", ""), 21.0);
     // The re-run (cancelled) has nothing to fix: F4 changes nothing.
     key(&mut app, KeyCode::F(4), KeyModifiers::NONE, 22.0);
-    assert_eq!(app.settings.params.thinking_budget, None);
+    assert_eq!(app.settings.params.thinking, Thinking::Unlimited);
     assert!(app.take_effects().iter().all(|e| !matches!(e, Effect::Generate { .. })));
 }
 
@@ -177,7 +177,7 @@ fn loop_banner_highlights_the_loop() {
 #[test]
 fn forced_end_of_thinking_banner() {
     let mut app = app();
-    app.settings.params.thinking_budget = Some(8);
+    app.settings.params.thinking = Thinking::from_budget(Some(8));
     let p = params(256, Some(8));
     ask(&mut app, "Is 97 prime?", 0.0);
     engine(&mut app, start(16, &p), 1.0);
@@ -242,12 +242,12 @@ fn sliders_change_the_next_generation() {
     assert_eq!(app.view.focus, Focus::Input);
     ask(&mut app, "Is 7 prime?", 1.0);
     let effects = app.take_effects();
-    let Some(Effect::Generate { params, enable_thinking, .. }) = effects.last() else { panic!("{effects:?}") };
+    let Some(Effect::Generate { params, .. }) = effects.last() else { panic!("{effects:?}") };
     assert_eq!(params.max_tokens, 384);
-    assert_eq!(params.thinking_budget, Some(16384));
+    assert_eq!(params.thinking.budget(), Some(16384));
     assert_eq!(params.sampling.temperature, 0.05);
     assert_eq!(params.top_logprobs, 5);
-    assert!(*enable_thinking);
+    assert!(params.thinking.is_on());
 }
 
 #[test]

@@ -142,9 +142,9 @@ impl Loaded {
                 return Ok((None, ids.clone()));
             }
             Prompt::Text(t) => t.clone(),
-            Prompt::Chat(messages) => render_chat(&self.template, messages, req.enable_thinking)?,
+            Prompt::Chat(messages) => render_chat(&self.template, messages, req.params.thinking.is_on())?,
             Prompt::Continue { messages, generated } => {
-                render_chat(&self.template, messages, req.enable_thinking)? + generated
+                render_chat(&self.template, messages, req.params.thinking.is_on())? + generated
             }
         };
         let ids = self.tokenizer.encode(&text)?;

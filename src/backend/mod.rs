@@ -64,8 +64,8 @@ pub enum Prompt {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChatRequest {
     pub prompt: Prompt,
-    /// The template's `enable_thinking` (off: the empty think block, the answer comes at once).
-    pub enable_thinking: bool,
+    /// Everything about the generation, thinking included: `params.thinking` off renders the
+    /// template's `enable_thinking=false` (the empty think block, the answer comes at once).
     pub params: GenerationParams,
 }
 

@@ -63,9 +63,12 @@ impl Default for ParamOverrides {
 }
 
 impl ParamOverrides {
-    /// Whether the template should render thinking on (budget 0 turns it off).
-    pub fn thinking_enabled(&self, no_think: bool) -> bool {
-        !no_think && self.thinking_budget != Some(Thinking::Off)
+    /// `--no-think`: thinking off, whatever budget was given.
+    pub fn without_thinking_if(mut self, no_think: bool) -> Self {
+        if no_think {
+            self.thinking_budget = Some(Thinking::Off);
+        }
+        self
     }
 
     pub fn resolve(&self, info: &BackendInfo) -> BackendResult<GenerationParams> {
@@ -89,16 +92,10 @@ impl ParamOverrides {
         {
             return Err(BackendError::invalid(format!("the sampling defaults of {}: {p}", info.name)));
         }
-        // Off travels as the template's enable_thinking=false (`thinking_enabled`) and budget 0.
-        let thinking_budget = match self.thinking_budget.unwrap_or_default() {
-            Thinking::Unlimited => None,
-            Thinking::Off => Some(0),
-            Thinking::Tokens(n) => Some(n.get()),
-        };
         let params = GenerationParams {
             max_tokens: self.max_tokens,
             sampling,
-            thinking_budget,
+            thinking: self.thinking_budget.unwrap_or_default(),
             budget_bridge: self.budget_bridge.clone().unwrap_or_else(|| QWEN_BUDGET_BRIDGE.to_string()),
             answer_budget: self.answer_budget,
             stop: self.stop.clone(),

@@ -141,11 +141,8 @@ struct Samples {
 fn padded(loaded: &Loaded, question: &str, len: usize) -> anyhow::Result<Vec<u32>> {
     let ids = |copies: usize| -> anyhow::Result<Vec<u32>> {
         let text = format!("{}\n\n{question}", PREAMBLE.repeat(copies));
-        let request = ChatRequest {
-            prompt: Prompt::Chat(vec![ChatMessage::new(Role::User, text)]),
-            enable_thinking: true,
-            params: Default::default(),
-        };
+        let request =
+            ChatRequest { prompt: Prompt::Chat(vec![ChatMessage::new(Role::User, text)]), params: Default::default() };
         Ok(loaded.render(&request)?.1)
     };
     let (none, one) = (ids(0)?.len(), ids(1)?.len());
@@ -221,7 +218,6 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             None => {
                 let request = ChatRequest {
                     prompt: Prompt::Chat(vec![ChatMessage::new(Role::User, p.clone())]),
-                    enable_thinking: true,
                     params: Default::default(),
                 };
                 Ok(loaded.render(&request)?.1)

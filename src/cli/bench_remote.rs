@@ -47,7 +47,6 @@ pub fn run(a: &BenchArgs, prompts: &[String]) -> anyhow::Result<()> {
             }
             let req = ChatRequest {
                 prompt: Prompt::Chat(vec![ChatMessage::new(Role::User, p.clone())]),
-                enable_thinking: true,
                 params: params.clone(),
             };
             let generation = backend.start(req)?;

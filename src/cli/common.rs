@@ -268,11 +268,6 @@ impl From<PresetArg> for Preset {
 }
 
 impl GenArgs {
-    /// Whether the template should render thinking on (budget 0 turns it off).
-    pub fn thinking_enabled(&self, no_think: bool) -> bool {
-        self.overrides().thinking_enabled(no_think)
-    }
-
     /// The flags as plain data, resolved later against the backend.
     pub fn overrides(&self) -> ParamOverrides {
         ParamOverrides {

@@ -8,6 +8,7 @@ use clap::Args;
 use super::common::{self, ModelArgs, PromptArgs};
 // A developer tool (architecture.json): it reads the model's logits directly.
 use crate::backend::ChatRequest;
+use crate::generation::{GenerationParams, Thinking};
 use crate::model::config::LayerKind;
 use crate::model::{ForwardOptions, HiddenStats, ModelConfig};
 
@@ -43,8 +44,10 @@ pub fn run(a: LogitsArgs) -> anyhow::Result<()> {
     let loaded = common::load_local(&a.model, "logits")?;
     let request = ChatRequest {
         prompt: common::prompt(a.text.as_deref(), a.ids.as_deref(), &a.prompt_opts)?,
-        enable_thinking: !a.prompt_opts.no_think,
-        params: Default::default(),
+        params: GenerationParams {
+            thinking: if a.prompt_opts.no_think { Thinking::Off } else { Thinking::Unlimited },
+            ..Default::default()
+        },
     };
     let (_, ids) = loaded.render(&request)?;
     let prompt = Prompt { ids };

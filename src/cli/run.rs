@@ -55,13 +55,9 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
     let text = common::prompt_text(a.prompt.as_deref(), a.prompt_file.as_deref())?;
     let prompt = common::prompt(text.as_deref(), a.prompt_ids.as_deref(), &a.prompt_opts)?;
     let backend = common::open(&a.model)?;
-    let overrides = a.generation.overrides();
-    let request = ChatRequest {
-        prompt,
-        enable_thinking: overrides.thinking_enabled(a.prompt_opts.no_think),
-        params: overrides.resolve(backend.info())?,
-    };
-    if let Some(b) = request.params.thinking_budget.filter(|&b| b > 0 && b >= request.params.max_tokens) {
+    let overrides = a.generation.overrides().without_thinking_if(a.prompt_opts.no_think);
+    let request = ChatRequest { prompt, params: overrides.resolve(backend.info())? };
+    if let Some(b) = request.params.thinking.budget().filter(|&b| b >= request.params.max_tokens) {
         eprintln!(
             "warning: --thinking-budget {b} is not below --max-tokens {}: max_tokens ends generation first, so the budget never forces the end of thinking",
             request.params.max_tokens

@@ -177,11 +177,8 @@ fn collect_runs(
             g.thinking_budget =
                 Some(budget.to_string().parse().map_err(|e| anyhow::anyhow!("--thinking-budgets: {e}"))?);
             g.seed = a.generation.seed + r;
-            let request = ChatRequest {
-                prompt: prompt.clone(),
-                enable_thinking: g.thinking_enabled(a.prompt_opts.no_think),
-                params: g.resolve(backend.info())?,
-            };
+            let g = g.without_thinking_if(a.prompt_opts.no_think);
+            let request = ChatRequest { prompt: prompt.clone(), params: g.resolve(backend.info())? };
             let generation = backend.start(request)?;
             let control = generation.control();
             interrupt.on_signal(move || control.cancel());

@@ -114,13 +114,9 @@ pub fn run(a: TraceArgs) -> anyhow::Result<()> {
     let text = a.prompt.as_deref().context("--prompt is needed (or --compare A B)")?;
     let prompt = common::prompt(Some(text), None, &a.prompt_opts)?;
     let backend = common::open(&a.model)?;
-    let mut overrides = a.generation.overrides();
+    let mut overrides = a.generation.overrides().without_thinking_if(a.prompt_opts.no_think);
     overrides.trace_state = true;
-    let request = ChatRequest {
-        prompt,
-        enable_thinking: overrides.thinking_enabled(a.prompt_opts.no_think),
-        params: overrides.resolve(backend.info())?,
-    };
+    let request = ChatRequest { prompt, params: overrides.resolve(backend.info())? };
     let interrupt = Interrupt::install()?;
     let generation = backend.start(request)?;
     let control = generation.control();

@@ -224,7 +224,7 @@ impl Generator<'_> {
         if needed > source.context_len() {
             return Err(Error::ContextOverflow { needed, max: source.context_len() });
         }
-        if p.thinking_budget.is_some() && self.tokenizer.specials.think_end.is_none() {
+        if p.thinking.budget().is_some() && self.tokenizer.specials.think_end.is_none() {
             return Err(Error::InvalidArgument(
                 "this tokenizer has no </think> token, so a thinking budget cannot be enforced".into(),
             ));

@@ -16,10 +16,11 @@ pub struct GenerationParams {
     /// Generated tokens, thinking + answer (forced tokens included), as the servers count them.
     pub max_tokens: usize,
     pub sampling: SamplingParams,
-    /// Thinking tokens the model may generate, counted across think blocks, before the engine
-    /// forces the end of thinking. `None` = unlimited. (Budget 0 is thinking off, which front
-    /// ends render through the template's `enable_thinking=false`.)
-    pub thinking_budget: Option<usize>,
+    /// Off (the template renders `enable_thinking=false`), unlimited, or the thinking tokens
+    /// the model may generate, counted across think blocks, before the engine forces the end of
+    /// thinking. Stored as `thinking_budget`: `null` unlimited, `0` off, else the budget.
+    #[serde(rename = "thinking_budget", default)]
+    pub thinking: Thinking,
     /// Text forced before `</think>` when the thinking budget runs out (may be empty).
     pub budget_bridge: String,
     /// Answer tokens after which generation ends (finish `length`). `None` = only max_tokens.
@@ -48,7 +49,7 @@ impl Default for GenerationParams {
         GenerationParams {
             max_tokens: 1024,
             sampling: SamplingParams::default(),
-            thinking_budget: None,
+            thinking: Thinking::Unlimited,
             budget_bridge: QWEN_BUDGET_BRIDGE.to_string(),
             answer_budget: None,
             stop: vec![],
@@ -97,7 +98,7 @@ impl GenerationParams {
         if self.max_tokens > context {
             return Err(over("max_tokens", self.max_tokens));
         }
-        match self.thinking_budget {
+        match self.thinking.budget() {
             Some(b) if b > context => Err(over("thinking_budget", b)),
             _ => Ok(()),
         }
@@ -166,7 +167,7 @@ pub const RANGES: [Range; 18] = [
         lo_open: false,
         hi: NO_MAX,
         expected: "0 (thinking off) or more, or unlimited",
-        get: |p| p.thinking_budget.map(|b| b as f64),
+        get: |p| p.thinking.budget().map(|b| b as f64),
     },
     Range {
         field: "answer_budget",
@@ -444,8 +445,10 @@ impl Preset {
 /// Thinking as asked for: off (the template renders `enable_thinking=false`), unlimited, or a
 /// budget of tokens after which the engine forces the end of thinking. The front ends' one
 /// spelling: `off` (also `0`, `no`, `false`), `unlimited` (also `-1`, `none`, `inf`), or a count.
-/// On the wire it is still the pair `enable_thinking` + `thinking_budget` (`null` unlimited).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// On the OpenAI wire it is the pair `enable_thinking` + a budget field; in session files and
+/// events the number `thinking_budget` (`null` unlimited, `0` off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(from = "Option<usize>", into = "Option<usize>")]
 pub enum Thinking {
     Off,
     #[default]
@@ -468,11 +471,33 @@ impl Thinking {
         self != Thinking::Off
     }
 
+    /// From a budget as servers spell it: `None` unlimited, 0 off, else the budget.
+    pub fn from_budget(budget: Option<usize>) -> Self {
+        Thinking::from_parts(true, budget)
+    }
+
     /// The budget to enforce: `None` when unlimited or off (off is the template's business).
     pub fn budget(self) -> Option<usize> {
         match self {
             Thinking::Tokens(n) => Some(n.get()),
             _ => None,
+        }
+    }
+}
+
+impl From<Option<usize>> for Thinking {
+    fn from(budget: Option<usize>) -> Self {
+        Thinking::from_budget(budget)
+    }
+}
+
+/// The stored number: `None` unlimited, 0 off, else the budget.
+impl From<Thinking> for Option<usize> {
+    fn from(t: Thinking) -> Self {
+        match t {
+            Thinking::Off => Some(0),
+            Thinking::Unlimited => None,
+            Thinking::Tokens(n) => Some(n.get()),
         }
     }
 }

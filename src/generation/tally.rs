@@ -184,7 +184,7 @@ impl Tally {
 
     /// Thinking budget tokens left (`None`: no budget).
     pub fn budget_left(&self) -> Option<usize> {
-        self.params.thinking_budget.map(|b| b.saturating_sub(self.budgeted))
+        self.params.thinking.budget().map(|b| b.saturating_sub(self.budgeted))
     }
 
     /// Answer-budget tokens left (`None`: no answer budget).
@@ -228,7 +228,7 @@ impl Tally {
 
     /// The thinking budget ran out and `who` forces the end of thinking from the next token on.
     pub fn budget_forced(&mut self, who: &str, forced: Option<usize>, emit: &mut dyn FnMut(EngineEvent)) {
-        let budget = self.params.thinking_budget.unwrap_or(0);
+        let budget = self.params.thinking.budget().unwrap_or(0);
         let how_many = forced.map(|n| format!("{n} tokens: ")).unwrap_or_default();
         let d = Diagnostic::new(
             DiagnosticKind::ThinkingBudgetForced,
@@ -489,7 +489,7 @@ impl Tally {
             Diagnostic::new(DiagnosticKind::AnswerTruncated, last, message).with_fix(advice::truncated(max, false, cap))
         } else if self.phase == Phase::Thinking {
             let (fix, message) =
-                advice::starved(max, usage.thinking_tokens, self.params.thinking_budget, ctx.forced_close, cap);
+                advice::starved(max, usage.thinking_tokens, self.params.thinking.budget(), ctx.forced_close, cap);
             Diagnostic::new(DiagnosticKind::ThinkingExhaustedMaxTokens, last, message).with_fix(fix)
         } else {
             let by_budget = self.params.answer_budget.is_some_and(|b| usage.answer_tokens >= b);
@@ -512,6 +512,8 @@ pub struct Finished {
 mod tests {
     use std::time::Duration;
 
+    use crate::generation::Thinking;
+
     use super::*;
 
     fn piece(text: &str, phase: Phase) -> TokenPiece {
@@ -519,7 +521,7 @@ mod tests {
     }
 
     fn budgeted(budget: usize) -> GenerationParams {
-        GenerationParams { thinking_budget: Some(budget), ..Default::default() }
+        GenerationParams { thinking: Thinking::from_budget(Some(budget)), ..Default::default() }
     }
 
     #[test]

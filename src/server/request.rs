@@ -1,12 +1,16 @@
-//! The request bodies of `/v1/chat/completions` and `/v1/completions`, read field by field
-//! from JSON so every wrong type or value is a 400 naming its field (as the OpenAI error body's
-//! `param`). Fields that change results and are not supported (`n` > 1, `tools`,
-//! `response_format`) are refused; unknown harmless fields are ignored, as the peers do.
+//! The request bodies of `/v1/chat/completions` and `/v1/completions`, deserialised with serde
+//! into the two bodies below (a wrong type is a 400 naming its field by its path, as the OpenAI
+//! error body's `param`), then turned into [`GenerationParams`] and judged by the one range
+//! table (`GenerationParams::check_within`). Fields that change results and are not supported
+//! (`n` > 1, `tools`, `response_format`) are refused; unknown harmless fields are ignored, as
+//! the peers do.
 
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::backend::{ChatMessage, ChatRequest, Prompt, Role};
-use crate::generation::{GenerationParams, QWEN_BUDGET_BRIDGE, SamplingParams, range};
+use crate::generation::{GenerationParams, QWEN_BUDGET_BRIDGE, SamplingParams, Thinking, range};
 
 use super::error::ApiError;
 
@@ -60,57 +64,172 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
-struct Fields<'a>(&'a Map<String, Value>);
-
-impl Fields<'_> {
-    fn get(&self, name: &str) -> Option<&Value> {
-        self.0.get(name).filter(|v| !v.is_null())
-    }
-
-    fn wrong(name: &str, v: &Value, expected: &str) -> ApiError {
-        ApiError::bad(Some(name), format!("{name} must be {expected}, not {}", kind(v)))
-    }
-
-    fn bool(&self, name: &str) -> Result<Option<bool>, ApiError> {
-        self.get(name).map(|v| v.as_bool().ok_or_else(|| Self::wrong(name, v, "a boolean"))).transpose()
-    }
-
-    /// A number (its range is judged by `GenerationParams::check`, with everything else).
-    fn f32(&self, name: &str) -> Result<Option<f32>, ApiError> {
-        let Some(v) = self.get(name) else { return Ok(None) };
-        let x = v.as_f64().ok_or_else(|| Self::wrong(name, v, "a number"))?;
-        Ok(Some(x as f32))
-    }
-
-    /// A whole number.
-    fn int(&self, name: &str) -> Result<Option<i64>, ApiError> {
-        let Some(v) = self.get(name) else { return Ok(None) };
-        v.as_i64().map(Some).ok_or_else(|| {
-            if v.is_number() {
-                ApiError::bad(Some(name), format!("{name} is {v}: must be a whole number"))
-            } else {
-                Self::wrong(name, v, "an integer")
-            }
-        })
-    }
-
-    /// A count (a whole number ≥ 0 by type); a negative one is refused with the words of the
-    /// field's row in the range table.
-    fn count(&self, name: &str, field: &str) -> Result<Option<usize>, ApiError> {
-        match self.int(name)? {
-            Some(x) if x < 0 => Err(out_of_range(name, &x.to_string(), field)),
-            x => Ok(x.map(|x| x as usize)),
-        }
-    }
-
-    fn string(&self, name: &str) -> Result<Option<&str>, ApiError> {
-        self.get(name).map(|v| v.as_str().ok_or_else(|| Self::wrong(name, v, "a string"))).transpose()
-    }
+/// The fields both endpoints share. `null` is the same as leaving a field out. Every
+/// spelling of max_tokens and of the thinking budget is a field of its own rather than a serde
+/// alias: clients send both `max_tokens` and `max_completion_tokens` (an alias would refuse
+/// that as a duplicate), and a 400 names the spelling the client used.
+#[derive(Debug, Deserialize)]
+struct Common {
+    model: Option<String>,
+    max_completion_tokens: Option<i64>,
+    max_tokens: Option<i64>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    min_p: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    repetition_penalty: Option<f32>,
+    /// -1 is vLLM's spelling of off.
+    top_k: Option<i64>,
+    seed: Option<i64>,
+    stop: Option<Stop>,
+    stop_token_ids: Option<Vec<u32>>,
+    ignore_eos: Option<bool>,
+    /// SGLang's and deltascope's name.
+    thinking_budget: Option<i64>,
+    /// vLLM's.
+    thinking_token_budget: Option<i64>,
+    /// llama.cpp's two.
+    reasoning_budget_tokens: Option<i64>,
+    thinking_budget_tokens: Option<i64>,
+    reasoning_budget_message: Option<String>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    // What deltascope does not do: refused unless at its harmless value.
+    n: Option<Value>,
+    best_of: Option<Value>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
+    response_format: Option<Value>,
+    suffix: Option<Value>,
 }
 
-fn out_of_range(name: &str, value: &str, field: &str) -> ApiError {
+#[derive(Debug, Deserialize)]
+#[serde(untagged, expecting = "a string or a list of strings")]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamOptions {
+    include_usage: Option<bool>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Deserialize)]
+struct ChatBody {
+    #[serde(flatten)]
+    common: Common,
+    messages: Option<Vec<Message>>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<i64>,
+    chat_template_kwargs: Option<TemplateKwargs>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Message {
+    role: MessageRole,
+    /// `reasoning_content` on an assistant turn is accepted and dropped, as the template does
+    /// with earlier turns' thinking.
+    content: Option<Content>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum MessageRole {
+    #[serde(alias = "developer")]
+    System,
+    User,
+    Assistant,
+}
+
+/// Message text: a string, or OpenAI's list of `{"type": "text", "text": …}` parts.
+#[derive(Debug, Deserialize)]
+#[serde(untagged, expecting = r#"a string or a list of text parts ({"type": "text", "text": …})"#)]
+enum Content {
+    Text(String),
+    Parts(Vec<TextPart>),
+}
+
+#[derive(Debug, Deserialize)]
+struct TextPart {
+    #[serde(rename = "type")]
+    _kind: TextKind,
+    text: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum TextKind {
+    Text,
+}
+
+#[derive(Debug, Deserialize)]
+struct TemplateKwargs {
+    enable_thinking: Option<bool>,
+}
+
+/// `POST /v1/completions`: a raw prompt, text or token ids (no template).
+#[derive(Debug, Deserialize)]
+struct CompletionBody {
+    #[serde(flatten)]
+    common: Common,
+    prompt: Option<RawPrompt>,
+    /// The legacy API's number of alternatives (`true` reads as 1).
+    logprobs: Option<LegacyLogprobs>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged, expecting = "a string or a list of token ids")]
+enum RawPrompt {
+    Text(String),
+    Ids(Vec<u32>),
+    Texts(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged, expecting = "a whole number of alternatives, or a boolean")]
+enum LegacyLogprobs {
+    Count(i64),
+    Flag(bool),
+}
+
+/// The body as `T`: a wrong type is a 400 naming the field by its path (`messages[0].role`).
+fn body<T: DeserializeOwned>(body: &Map<String, Value>) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(Value::Object(body.clone())).map_err(|e| {
+        let path = e.path().to_string();
+        let message = plain_types(&e.inner().to_string());
+        match path.as_str() {
+            "." => ApiError::bad(None, message),
+            p => ApiError::bad(Some(p), format!("{p}: {message}")),
+        }
+    })
+}
+
+/// serde's words for Rust types, in the words of a JSON API.
+fn plain_types(message: &str) -> String {
+    [
+        ("expected f32", "expected a number"),
+        ("expected i64", "expected a whole number"),
+        ("expected u32", "expected a token id (a whole number from 0 to 4294967295)"),
+        ("floating point", "the number"),
+    ]
+    .iter()
+    .fold(message.to_string(), |m, (serde_words, ours)| m.replace(serde_words, ours))
+}
+
+fn out_of_range(name: &str, value: i64, field: &str) -> ApiError {
     let expected = range(field).map_or("in range", |r| r.expected);
     ApiError::bad(Some(name), format!("{name} is {value}: must be {expected}"))
+}
+
+/// A count (whole and ≥ 0); a negative one is refused in the words of the range table.
+fn count(value: Option<i64>, name: &str, field: &str) -> Result<Option<usize>, ApiError> {
+    match value {
+        Some(x) if x < 0 => Err(out_of_range(name, x, field)),
+        x => Ok(x.map(|x| x as usize)),
+    }
 }
 
 /// The body's names for the fields `GenerationParams::check` may refuse (the spelling the
@@ -135,235 +254,197 @@ fn judge(p: &GenerationParams, context: usize, names: &Names) -> Result<(), ApiE
     })
 }
 
-/// The settings both endpoints share: sampling, max_tokens, stop, budgets.
-/// Sampling fields left out take `defaults` (the model's generation_config.json, as vLLM does).
-fn common(f: &Fields, defaults: &SamplingParams) -> Result<(GenerationParams, Names, bool, Option<String>), ApiError> {
-    for (name, ok) in [
-        ("n", f.get("n").is_none_or(|v| v.as_i64() == Some(1))),
-        ("tools", f.get("tools").is_none_or(|v| v.as_array().is_some_and(Vec::is_empty))),
-        ("tool_choice", f.get("tool_choice").is_none_or(|v| v.as_str() == Some("none"))),
-        (
-            "response_format",
-            f.get("response_format").is_none_or(|v| v.get("type").and_then(Value::as_str) == Some("text")),
-        ),
-        ("best_of", f.get("best_of").is_none_or(|v| v.as_i64() == Some(1))),
-        ("suffix", f.get("suffix").is_none()),
-    ] {
-        if !ok {
-            return Err(ApiError::bad(
-                Some(name),
-                format!("{name} is not supported by deltascope serve (one sequence per request, no tools or formats)"),
-            ));
-        }
-    }
-    let mut p = GenerationParams { sampling: defaults.clone(), ..Default::default() };
-    let mut names = Names { max_tokens: "max_tokens", budget: "thinking_budget", top_logprobs: "top_logprobs" };
-    let given = match (f.count("max_completion_tokens", "max_tokens")?, f.count("max_tokens", "max_tokens")?) {
-        (Some(n), _) => {
-            names.max_tokens = "max_completion_tokens";
-            p.max_tokens = n;
-            true
-        }
-        (None, Some(n)) => {
-            p.max_tokens = n;
-            true
-        }
-        (None, None) => false,
-    };
-    let s = &mut p.sampling;
-    for (name, slot) in [
-        ("temperature", &mut s.temperature),
-        ("top_p", &mut s.top_p),
-        ("min_p", &mut s.min_p),
-        ("presence_penalty", &mut s.presence_penalty),
-        ("frequency_penalty", &mut s.frequency_penalty),
-        ("repetition_penalty", &mut s.repetition_penalty),
-    ] {
-        if let Some(x) = f.f32(name)? {
-            *slot = x;
-        }
-    }
-    // top_k -1 is vLLM's spelling of off.
-    match f.int("top_k")? {
-        Some(-1) => s.top_k = 0,
-        Some(k) if k < 0 => return Err(out_of_range("top_k", &k.to_string(), "sampling.top_k")),
-        Some(k) => s.top_k = usize::try_from(k).unwrap_or(usize::MAX),
-        None => {}
-    }
-    if let Some(x) = f.int("seed")? {
-        s.seed = x as u64;
-    }
-    p.stop = match f.get("stop") {
-        None => vec![],
-        Some(Value::String(x)) => vec![x.clone()],
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|v| v.as_str().map(str::to_string).ok_or_else(|| Fields::wrong("stop", v, "a string (in the list)")))
-            .collect::<Result<_, _>>()?,
-        Some(v) => return Err(Fields::wrong("stop", v, "a string or a list of strings")),
-    };
-    // The names clients already send for a thinking budget: SGLang / deltascope, vLLM,
-    // llama.cpp (two spellings). -1 is unlimited.
-    for name in ["thinking_budget", "thinking_token_budget", "reasoning_budget_tokens", "thinking_budget_tokens"] {
-        match f.int(name)? {
-            Some(-1) => p.thinking_budget = None,
-            Some(b) if b < -1 => return Err(out_of_range(name, &b.to_string(), "thinking_budget")),
-            Some(b) => {
-                names.budget = name;
-                p.thinking_budget = Some(b as usize);
+/// What the shared fields ask for, before the endpoint's own.
+struct Settings {
+    params: GenerationParams,
+    names: Names,
+    max_tokens_given: bool,
+    stream: bool,
+    include_usage: bool,
+}
+
+impl Common {
+    fn refuse_unsupported(&self) -> Result<(), ApiError> {
+        let one = |v: &Option<Value>| v.as_ref().is_none_or(|v| v.is_null() || v.as_i64() == Some(1));
+        for (name, ok) in [
+            ("n", one(&self.n)),
+            ("best_of", one(&self.best_of)),
+            ("tools", self.tools.as_ref().is_none_or(|v| v.is_null() || v.as_array().is_some_and(Vec::is_empty))),
+            ("tool_choice", self.tool_choice.as_ref().is_none_or(|v| v.is_null() || v.as_str() == Some("none"))),
+            (
+                "response_format",
+                self.response_format
+                    .as_ref()
+                    .is_none_or(|v| v.is_null() || v.get("type").and_then(Value::as_str) == Some("text")),
+            ),
+            ("suffix", self.suffix.as_ref().is_none_or(Value::is_null)),
+        ] {
+            if !ok {
+                return Err(ApiError::bad(
+                    Some(name),
+                    format!(
+                        "{name} is not supported by deltascope serve (one sequence per request, no tools or formats)"
+                    ),
+                ));
             }
+        }
+        Ok(())
+    }
+
+    /// The generation settings (sampling fields left out take `defaults`: the model's
+    /// generation_config.json, as vLLM does). `thinking_on`: the template's switch.
+    fn settings(self, defaults: &SamplingParams, thinking_on: bool) -> Result<Settings, ApiError> {
+        self.refuse_unsupported()?;
+        let mut p = GenerationParams { sampling: defaults.clone(), ..Default::default() };
+        let mut names = Names { max_tokens: "max_tokens", budget: "thinking_budget", top_logprobs: "top_logprobs" };
+        let max_completion = count(self.max_completion_tokens, "max_completion_tokens", "max_tokens")?;
+        let max = count(self.max_tokens, "max_tokens", "max_tokens")?;
+        if max_completion.is_some() {
+            names.max_tokens = "max_completion_tokens";
+        }
+        let max_tokens_given = match max_completion.or(max) {
+            Some(n) => {
+                p.max_tokens = n;
+                true
+            }
+            None => false,
+        };
+        let s = &mut p.sampling;
+        for (value, slot) in [
+            (self.temperature, &mut s.temperature),
+            (self.top_p, &mut s.top_p),
+            (self.min_p, &mut s.min_p),
+            (self.presence_penalty, &mut s.presence_penalty),
+            (self.frequency_penalty, &mut s.frequency_penalty),
+            (self.repetition_penalty, &mut s.repetition_penalty),
+        ] {
+            if let Some(x) = value {
+                *slot = x;
+            }
+        }
+        match self.top_k {
+            Some(-1) => s.top_k = 0,
+            Some(k) if k < 0 => return Err(out_of_range("top_k", k, "sampling.top_k")),
+            Some(k) => s.top_k = usize::try_from(k).unwrap_or(usize::MAX),
             None => {}
         }
-    }
-    p.budget_bridge = f.string("reasoning_budget_message")?.unwrap_or(QWEN_BUDGET_BRIDGE).to_string();
-    p.stop_token_ids = match f.get("stop_token_ids") {
-        None => vec![],
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|v| {
-                v.as_u64()
-                    .filter(|&x| x <= u32::MAX as u64)
-                    .map(|x| x as u32)
-                    .ok_or_else(|| Fields::wrong("stop_token_ids", v, "a token id ≥ 0 (in the list)"))
-            })
-            .collect::<Result<_, _>>()?,
-        Some(v) => return Err(Fields::wrong("stop_token_ids", v, "a list of token ids")),
-    };
-    p.ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
-    let model = f.string("model")?.map(str::to_string);
-    Ok((p, names, given, model))
-}
-
-fn stream_options(f: &Fields) -> Result<(bool, bool), ApiError> {
-    let stream = f.bool("stream")?.unwrap_or(false);
-    let include_usage = match f.get("stream_options") {
-        None => false,
-        Some(Value::Object(o)) => {
-            Fields(o).bool("include_usage").map_err(|e| e.param("stream_options.include_usage"))?.unwrap_or(false)
+        if let Some(x) = self.seed {
+            s.seed = x as u64;
         }
-        Some(v) => return Err(Fields::wrong("stream_options", v, "an object")),
-    };
-    Ok((stream, include_usage))
-}
-
-/// Message text: a string, or OpenAI's list of `{"type": "text", "text": …}` parts.
-fn content(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
-    match v {
-        None | Some(Value::Null) => Ok(String::new()),
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(Value::Array(parts)) => {
-            let mut out = String::new();
-            for (i, p) in parts.iter().enumerate() {
-                match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
-                    (Some("text"), Some(t)) => out.push_str(t),
-                    _ => {
-                        return Err(ApiError::bad(
-                            Some(&format!("{at}.content[{i}]")),
-                            "only text parts ({\"type\": \"text\", \"text\": …}) are supported",
-                        ));
-                    }
-                }
+        p.stop = match self.stop {
+            None => vec![],
+            Some(Stop::One(x)) => vec![x],
+            Some(Stop::Many(xs)) => xs,
+        };
+        p.stop_token_ids = self.stop_token_ids.unwrap_or_default();
+        p.ignore_eos = self.ignore_eos.unwrap_or(false);
+        // The first spelling given counts; -1 is unlimited and 0 thinking off (as llama.cpp's
+        // reasoning budget 0 and the command line's --thinking-budget 0).
+        let budgets = [
+            ("thinking_budget", self.thinking_budget),
+            ("thinking_token_budget", self.thinking_token_budget),
+            ("reasoning_budget_tokens", self.reasoning_budget_tokens),
+            ("thinking_budget_tokens", self.thinking_budget_tokens),
+        ];
+        let budget = match budgets.into_iter().find_map(|(name, b)| b.map(|b| (name, b))) {
+            None | Some((_, -1)) => None,
+            Some((name, b)) if b < -1 => return Err(out_of_range(name, b, "thinking_budget")),
+            Some((name, b)) => {
+                names.budget = name;
+                Some(b as usize)
             }
-            Ok(out)
-        }
-        Some(v) => Err(Fields::wrong(&format!("{at}.content"), v, "a string or a list of text parts")),
+        };
+        p.thinking = if thinking_on { Thinking::from_budget(budget) } else { Thinking::Off };
+        p.budget_bridge = self.reasoning_budget_message.unwrap_or_else(|| QWEN_BUDGET_BRIDGE.to_string());
+        let (stream, include_usage) =
+            (self.stream.unwrap_or(false), self.stream_options.and_then(|o| o.include_usage).unwrap_or(false));
+        Ok(Settings { params: p, names, max_tokens_given, stream, include_usage })
     }
 }
 
 /// `POST /v1/chat/completions`.
-pub fn chat(body: &Map<String, Value>, context: usize, defaults: &SamplingParams) -> Result<Parsed, ApiError> {
-    let f = Fields(body);
-    let (mut params, names, max_tokens_given, model) = common(&f, defaults)?;
-    let (stream, include_usage) = stream_options(&f)?;
-    let list = match f.get("messages") {
-        Some(Value::Array(a)) if !a.is_empty() => a,
-        Some(Value::Array(_)) => return Err(ApiError::bad(Some("messages"), "messages is empty")),
-        Some(v) => return Err(Fields::wrong("messages", v, "a list of messages")),
+pub fn chat(body_fields: &Map<String, Value>, context: usize, defaults: &SamplingParams) -> Result<Parsed, ApiError> {
+    let b: ChatBody = body(body_fields)?;
+    let model = b.common.model.clone();
+    let thinking_on = b.chat_template_kwargs.and_then(|k| k.enable_thinking).unwrap_or(true);
+    let mut s = b.common.settings(defaults, thinking_on)?;
+    let messages = match b.messages {
+        Some(m) if !m.is_empty() => m,
+        Some(_) => return Err(ApiError::bad(Some("messages"), "messages is empty")),
         None => return Err(ApiError::bad(Some("messages"), "messages is required")),
     };
-    let mut messages = vec![];
-    for (i, m) in list.iter().enumerate() {
-        let at = format!("messages[{i}]");
-        let role = match m.get("role").and_then(Value::as_str) {
-            Some("system") | Some("developer") => Role::System,
-            Some("user") => Role::User,
-            Some("assistant") => Role::Assistant,
-            Some(r) => {
-                return Err(ApiError::bad(
-                    Some(&format!("{at}.role")),
-                    format!("role {r:?}: must be system, user or assistant"),
-                ));
-            }
-            None => return Err(ApiError::bad(Some(&format!("{at}.role")), "role is required")),
-        };
-        // reasoning_content on an assistant turn is accepted and dropped, as the template does
-        // with earlier turns' thinking.
-        messages.push(ChatMessage::new(role, content(m.get("content"), &at)?));
-    }
-    let enable_thinking = match f.get("chat_template_kwargs") {
-        None => true,
-        Some(Value::Object(o)) => Fields(o)
-            .bool("enable_thinking")
-            .map_err(|e| e.param("chat_template_kwargs.enable_thinking"))?
-            .unwrap_or(true),
-        Some(v) => return Err(Fields::wrong("chat_template_kwargs", v, "an object")),
-    };
-    let logprobs = f.bool("logprobs")?.unwrap_or(false);
-    let top = f.count("top_logprobs", "top_logprobs")?.unwrap_or(0);
+    let messages = messages
+        .into_iter()
+        .map(|m| {
+            let role = match m.role {
+                MessageRole::System => Role::System,
+                MessageRole::User => Role::User,
+                MessageRole::Assistant => Role::Assistant,
+            };
+            let content = match m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t,
+                Some(Content::Parts(parts)) => parts.into_iter().map(|p| p.text).collect(),
+            };
+            ChatMessage::new(role, content)
+        })
+        .collect();
+    let logprobs = b.logprobs.unwrap_or(false);
+    let top = count(b.top_logprobs, "top_logprobs", "top_logprobs")?.unwrap_or(0);
     if top > 0 && !logprobs {
         return Err(ApiError::bad(Some("top_logprobs"), "top_logprobs needs logprobs: true"));
     }
-    params.top_logprobs = top;
-    judge(&params, context, &names)?;
+    s.params.top_logprobs = top;
+    judge(&s.params, context, &s.names)?;
     Ok(Parsed {
-        req: ChatRequest { prompt: Prompt::Chat(messages), enable_thinking, params },
-        stream,
-        include_usage,
+        req: ChatRequest { prompt: Prompt::Chat(messages), params: s.params },
+        stream: s.stream,
+        include_usage: s.include_usage,
         logprobs,
-        max_tokens_given,
+        max_tokens_given: s.max_tokens_given,
         model,
     })
 }
 
 /// `POST /v1/completions`: a raw prompt, text or token ids (no template).
-pub fn completion(body: &Map<String, Value>, context: usize, defaults: &SamplingParams) -> Result<Parsed, ApiError> {
-    let f = Fields(body);
-    let (mut params, mut names, max_tokens_given, model) = common(&f, defaults)?;
-    let (stream, include_usage) = stream_options(&f)?;
-    let prompt = match f.get("prompt") {
-        Some(Value::String(s)) if !s.is_empty() => Prompt::Text(s.clone()),
-        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
-            Prompt::Text(a[0].as_str().unwrap_or_default().into())
-        }
-        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_number) => Prompt::Ids(
-            a.iter()
-                .map(|v| v.as_u64().filter(|&x| x <= u32::MAX as u64).map(|x| x as u32))
-                .collect::<Option<Vec<u32>>>()
-                .ok_or_else(|| ApiError::bad(Some("prompt"), "token ids must be whole numbers ≥ 0"))?,
-        ),
-        Some(Value::Array(a)) if a.len() > 1 => {
-            return Err(ApiError::bad(Some("prompt"), "one prompt per request (a list of prompts is a batch)"));
-        }
-        Some(v) if v.as_str().is_some_and(str::is_empty) => {
+pub fn completion(
+    body_fields: &Map<String, Value>,
+    context: usize,
+    defaults: &SamplingParams,
+) -> Result<Parsed, ApiError> {
+    let b: CompletionBody = body(body_fields)?;
+    let model = b.common.model.clone();
+    let mut s = b.common.settings(defaults, true)?;
+    let prompt = match b.prompt {
+        None => return Err(ApiError::bad(Some("prompt"), "prompt is required")),
+        Some(RawPrompt::Text(t)) if t.is_empty() => return Err(ApiError::bad(Some("prompt"), "prompt is empty")),
+        Some(RawPrompt::Text(t)) => Prompt::Text(t),
+        Some(RawPrompt::Ids(ids)) if ids.is_empty() => {
             return Err(ApiError::bad(Some("prompt"), "prompt is empty"));
         }
-        Some(v) => return Err(Fields::wrong("prompt", v, "a string or a list of token ids")),
-        None => return Err(ApiError::bad(Some("prompt"), "prompt is required")),
+        Some(RawPrompt::Ids(ids)) => Prompt::Ids(ids),
+        Some(RawPrompt::Texts(mut t)) => match t.len() {
+            1 if !t[0].is_empty() => Prompt::Text(t.remove(0)),
+            0 | 1 => return Err(ApiError::bad(Some("prompt"), "prompt is empty")),
+            _ => {
+                return Err(ApiError::bad(Some("prompt"), "one prompt per request (a list of prompts is a batch)"));
+            }
+        },
     };
-    // logprobs: N (the legacy API's number of alternatives).
-    let n = f.count("logprobs", "top_logprobs").or_else(|e| match f.bool("logprobs") {
-        Ok(Some(b)) => Ok(Some(usize::from(b))),
-        _ => Err(e),
-    })?;
-    params.top_logprobs = n.unwrap_or(0);
-    names.top_logprobs = "logprobs";
-    judge(&params, context, &names)?;
+    let n = match b.logprobs {
+        None => None,
+        Some(LegacyLogprobs::Flag(f)) => Some(usize::from(f)),
+        Some(LegacyLogprobs::Count(n)) => count(Some(n), "logprobs", "top_logprobs")?,
+    };
+    s.params.top_logprobs = n.unwrap_or(0);
+    s.names.top_logprobs = "logprobs";
+    judge(&s.params, context, &s.names)?;
     Ok(Parsed {
-        req: ChatRequest { prompt, enable_thinking: true, params },
-        stream,
-        include_usage,
+        req: ChatRequest { prompt, params: s.params },
+        stream: s.stream,
+        include_usage: s.include_usage,
         logprobs: n.is_some(),
-        max_tokens_given,
+        max_tokens_given: s.max_tokens_given,
         model,
     })
 }
@@ -391,13 +472,38 @@ mod tests {
         assert_eq!((g.max_tokens, g.sampling.top_k, g.sampling.seed, g.top_logprobs), (77, 20, 9, 5));
         assert_eq!((g.sampling.temperature, g.sampling.top_p, g.sampling.min_p), (0.6, 0.95, 0.05));
         assert_eq!(
-            (g.thinking_budget, g.budget_bridge.as_str(), g.stop.clone()),
-            (Some(128), "ok.", vec!["END".to_string()])
+            (g.thinking, g.budget_bridge.as_str(), g.stop.clone()),
+            (Thinking::Off, "ok.", vec!["END".to_string()])
         );
-        assert!(p.stream && p.include_usage && p.logprobs && p.max_tokens_given && !p.req.enable_thinking);
+        assert!(p.stream && p.include_usage && p.logprobs && p.max_tokens_given);
         let Prompt::Chat(m) = &p.req.prompt else { panic!("a chat prompt") };
         assert_eq!(m.len(), 4);
         assert_eq!((m[1].content.as_str(), m[2].reasoning.clone()), ("hi", None));
+    }
+
+    #[test]
+    fn budget_spellings_and_thinking() {
+        let with = |extra: &str| {
+            parse(&format!(r#"{{"messages": [{{"role": "user", "content": "x"}}]{extra}}}"#)).map(|p| p.req.params)
+        };
+        assert_eq!(with("").unwrap().thinking, Thinking::Unlimited);
+        for name in ["thinking_budget", "thinking_token_budget", "reasoning_budget_tokens", "thinking_budget_tokens"] {
+            assert_eq!(with(&format!(r#", "{name}": 16"#)).unwrap().thinking.budget(), Some(16), "{name}");
+            assert_eq!(with(&format!(r#", "{name}": -1"#)).unwrap().thinking, Thinking::Unlimited, "{name}");
+            // 0 is thinking off, as on the command line and in llama.cpp.
+            assert_eq!(with(&format!(r#", "{name}": 0"#)).unwrap().thinking, Thinking::Off, "{name}");
+            let e = with(&format!(r#", "{name}": -2"#)).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(name), "{}", e.message);
+            let e = with(&format!(r#", "{name}": 99999"#)).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(name), "{}", e.message);
+        }
+        // Both spellings of max_tokens may come together; max_completion_tokens counts.
+        let p = with(r#", "max_tokens": 5, "max_completion_tokens": 7"#).unwrap();
+        assert_eq!(p.max_tokens, 7);
+        let e = with(r#", "max_tokens": 5, "max_completion_tokens": 99999"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_completion_tokens"), "{}", e.message);
+        let e = with(r#", "temperature": "hot""#).unwrap_err();
+        assert!(e.message.contains("expected a number"), "{}", e.message);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use self::listing::{SessionInfo, list_sessions};
-pub use self::turn::{Timed, Turn, TurnStats, budget_label, mtp_label};
+pub use self::turn::{Timed, Turn, TurnStats, mtp_label};
 use crate::backend::{ChatMessage, Role};
 #[cfg(doc)]
 use crate::generation::EngineEvent;
@@ -221,6 +221,7 @@ impl Session {
         }
         for t in s.turns.iter_mut().chain(s.branches.iter_mut().flat_map(|b| b.turns.iter_mut())) {
             t.clear_repeated_histories();
+            t.reconcile_thinking();
         }
         if s.version <= 3 {
             for t in s.turns.iter_mut().chain(s.branches.iter_mut().flat_map(|b| b.turns.iter_mut())) {

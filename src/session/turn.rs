@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::generation::{
     CountSource, Diagnostic, DiagnosticKind, DoneEvent, EngineEvent, ErrorEvent, FinishReason, Fix, GenerationParams,
-    Memory, MtpMode, MtpStats, Phase, ServerLabel, ServerMemory, StartEvent, StateEvent, StatsEvent, Timing,
+    Memory, MtpMode, MtpStats, Phase, ServerLabel, ServerMemory, StartEvent, StateEvent, StatsEvent, Thinking, Timing,
     TokenEvent, Usage, advice,
 };
 
@@ -61,8 +61,10 @@ pub struct TurnStats {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Turn {
     pub user: String,
-    /// Whether the template rendered thinking on.
-    pub enable_thinking: bool,
+    /// The file's record of the template switch (`params.thinking` is what counts): files
+    /// written before thinking was one setting say "off" here with any budget in `params`,
+    /// which [`Turn::reconcile_thinking`] folds into `params.thinking` when a session loads.
+    enable_thinking: bool,
     pub params: GenerationParams,
     /// From `start` (local engine) or the final usage (remote server).
     #[serde(default)]
@@ -138,10 +140,10 @@ impl Turn {
         Some((idx, &self.states[idx].ev))
     }
 
-    pub fn new(user: impl Into<String>, enable_thinking: bool, params: GenerationParams) -> Self {
+    pub fn new(user: impl Into<String>, params: GenerationParams) -> Self {
         Turn {
             user: user.into(),
-            enable_thinking,
+            enable_thinking: params.thinking.is_on(),
             params,
             prompt_tokens: 0,
             server: None,
@@ -313,7 +315,7 @@ impl Turn {
         let s = &p.sampling;
         vec![
             ("max_tokens", p.max_tokens.to_string()),
-            ("thinking budget", budget_label(self.enable_thinking, p.thinking_budget)),
+            ("thinking budget", p.thinking.to_string()),
             ("temperature", format!("{:.2}", s.temperature)),
             ("top-p", format!("{:.2}", s.top_p)),
             ("top-k", s.top_k.to_string()),
@@ -324,6 +326,15 @@ impl Turn {
             ("MTP depth", mtp_label(&p.mtp)),
             ("seed", s.seed.to_string()),
         ]
+    }
+
+    /// Folds an older file's `enable_thinking: false` into `params.thinking` (off, whatever
+    /// budget it stored), so the record and the setting say the same.
+    pub fn reconcile_thinking(&mut self) {
+        if !self.enable_thinking {
+            self.params.thinking = Thinking::Off;
+        }
+        self.enable_thinking = self.params.thinking.is_on();
     }
 
     pub fn is_finished(&self) -> bool {
@@ -359,7 +370,7 @@ impl Turn {
                 (Some(f), _) => Some(f),
                 (None, DiagnosticKind::ThinkingExhaustedMaxTokens) => {
                     let forced = (advice::estimate_forced(&p.budget_bridge), false);
-                    Some(advice::starved(p.max_tokens, self.thinking_tokens(), p.thinking_budget, forced, cap).0)
+                    Some(advice::starved(p.max_tokens, self.thinking_tokens(), p.thinking.budget(), forced, cap).0)
                 }
                 (None, DiagnosticKind::AnswerTruncated) => {
                     let by_budget = p.answer_budget.is_some_and(|b| self.answer_tokens() >= b);
@@ -502,15 +513,6 @@ fn clear_repeated_history(pair: &mut [Timed<StatsEvent>]) {
         && n.history.starts_with(&p.history)
     {
         p.history = Vec::new();
-    }
-}
-
-/// The thinking budget as shown: off (thinking disabled), unlimited, or a token count.
-pub fn budget_label(enable_thinking: bool, budget: Option<usize>) -> String {
-    match (enable_thinking, budget) {
-        (false, _) => "off".into(),
-        (true, None) => "unlimited".into(),
-        (true, Some(b)) => b.to_string(),
     }
 }
 

@@ -38,6 +38,7 @@ use self::theme::Theme;
 use crate::backend::{self, BackendSpec, OpenProgress, ParamOverrides, Support};
 use crate::error::panic_message;
 use crate::generation::GenerationParams;
+use crate::generation::Thinking;
 use crate::session::{Session, default_sessions_dir};
 
 /// Everything `deltascope chat` (or plain `deltascope`) was asked for.
@@ -137,7 +138,7 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
     let session = resumed.clone().unwrap_or_else(|| Session::new(String::new(), opts.system.clone()));
     let settings = Settings {
         params: GenerationParams::default(),
-        enable_thinking: opts.generation.thinking_enabled(opts.no_think),
+        resume_thinking: Thinking::Unlimited,
         preset: opts.generation.preset,
         mtp: Support::Yes,
         context: None,

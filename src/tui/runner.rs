@@ -30,10 +30,7 @@ impl Runner {
 
     pub(crate) fn opened(&mut self, app: &mut App, b: Box<dyn Backend>, opts: &TuiOptions, resumed: Option<&Session>) {
         match starting_settings(b.info(), opts, resumed) {
-            Ok((params, thinking)) => {
-                app.settings.params = params;
-                app.settings.enable_thinking = thinking;
-            }
+            Ok(params) => app.settings.params = params,
             Err(e) => app.fatal = Some(crate::error::error_text(&e)),
         }
         app.set_model(b.info().clone());
@@ -53,9 +50,9 @@ impl Runner {
     pub(crate) fn run_effects(&mut self, app: &mut App) {
         for effect in app.take_effects() {
             match effect {
-                Effect::Generate { prompt, enable_thinking, params } => {
+                Effect::Generate { prompt, params } => {
                     let Some(b) = &self.backend else { continue };
-                    let request = ChatRequest { prompt, enable_thinking, params: *params };
+                    let request = ChatRequest { prompt, params: *params };
                     // Step mode switched on before sending holds the new generation too.
                     let control = Arc::new(StepControl::default());
                     control.set_paused(app.view.step_mode);
@@ -64,9 +61,9 @@ impl Runner {
                         Err(err) => app.on_engine(EngineEvent::error(err.kind, err.message)),
                     }
                 }
-                Effect::DryRun { prompt, enable_thinking, params } => {
+                Effect::DryRun { prompt, params } => {
                     let Some(b) = &self.backend else { continue };
-                    let request = ChatRequest { prompt, enable_thinking, params: *params };
+                    let request = ChatRequest { prompt, params: *params };
                     app.show_dry_run(b.dry_run(&request).map_err(|e| e.message));
                 }
                 Effect::Cancel => self.live.iter().for_each(Generation::cancel),
@@ -146,12 +143,11 @@ fn starting_settings(
     info: &BackendInfo,
     opts: &TuiOptions,
     resumed: Option<&Session>,
-) -> anyhow::Result<(GenerationParams, bool)> {
+) -> anyhow::Result<GenerationParams> {
     if let Some(t) = resumed.and_then(|s| s.turns.iter().rev().find(|t| t.compare_of.is_none())) {
-        return Ok((t.params.clone(), t.enable_thinking));
+        return Ok(t.params.clone());
     }
-    let params = opts.generation.resolve(info)?;
-    Ok((params, opts.generation.thinking_enabled(opts.no_think)))
+    Ok(opts.generation.clone().without_thinking_if(opts.no_think).resolve(info)?)
 }
 
 /// Does one disk effect and returns the app's answer to it; any other effect comes back

@@ -4,8 +4,8 @@
 use deltascope::backend::{BackendInfo, BackendKind, Support};
 use deltascope::generation::{
     Alternative, CountSource, Diagnostic, DiagnosticKind, DoneEvent, DraftKind, EngineEvent, FinishReason,
-    GenerationParams, Memory, MtpMode, MtpStats, Phase, SamplingParams, StartEvent, StatsEvent, Timing, TokenEvent,
-    Usage,
+    GenerationParams, Memory, MtpMode, MtpStats, Phase, SamplingParams, StartEvent, StatsEvent, Thinking, Timing,
+    TokenEvent, Usage,
 };
 use deltascope::session::Session;
 use deltascope::tui::app::{App, AppConfig, Effect, SessionsDir};
@@ -36,7 +36,12 @@ pub fn model() -> BackendInfo {
 }
 
 pub fn params(max_tokens: usize, budget: Option<usize>) -> GenerationParams {
-    GenerationParams { max_tokens, thinking_budget: budget, mtp: MtpMode::fixed(2), ..Default::default() }
+    GenerationParams {
+        max_tokens,
+        thinking: Thinking::from_budget(budget),
+        mtp: MtpMode::fixed(2),
+        ..Default::default()
+    }
 }
 
 pub fn diag(kind: DiagnosticKind, at_token: usize, message: &str, loop_at: Option<(usize, usize)>) -> EngineEvent {
@@ -62,7 +67,7 @@ pub fn app() -> App {
         keymap: Keymap::default(),
         settings: Settings {
             params: params(256, None),
-            enable_thinking: true,
+            resume_thinking: Thinking::Unlimited,
             preset: None,
             mtp: Support::Yes,
             context: None,

@@ -117,8 +117,8 @@ pub struct FrameMapper {
 }
 
 impl FrameMapper {
-    pub fn new(params: &GenerationParams, split: Split, forcing: Forcing, thinking: bool, started: Instant) -> Self {
-        let phase = if thinking { Phase::Thinking } else { Phase::Answer };
+    pub fn new(params: &GenerationParams, split: Split, forcing: Forcing, started: Instant) -> Self {
+        let phase = if params.thinking.is_on() { Phase::Thinking } else { Phase::Answer };
         FrameMapper {
             tally: Tally::new(params, phase, CountSource::Frames, started),
             split,

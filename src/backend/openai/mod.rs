@@ -73,9 +73,7 @@ impl RemoteBackend {
     }
 
     fn client_budget(&self, req: &ChatRequest) -> BackendResult<Option<ClientBudget>> {
-        let (BudgetMode::Client, Some(_), true) =
-            (self.spec.budget_mode, req.params.thinking_budget, req.enable_thinking)
-        else {
+        let (BudgetMode::Client, Some(_)) = (self.spec.budget_mode, req.params.thinking.budget()) else {
             return Ok(None);
         };
         let template = self.template.as_ref().ok_or_else(|| {
@@ -155,17 +153,17 @@ impl Backend for RemoteBackend {
             (_, ServerKind::LlamaCpp, _) | (_, _, Some(true)) => Split::Server,
             _ => Split::Auto,
         };
-        let forcing = match (req.params.thinking_budget, req.enable_thinking, self.spec.budget_mode, self.facts.kind) {
-            (None, _, _, _) | (_, false, _, _) => Forcing::None,
-            (_, _, BudgetMode::Client, _) => Forcing::Client,
-            (_, _, _, ServerKind::LlamaCpp) => Forcing::Streamed("llama.cpp"),
-            (_, _, _, ServerKind::Deltascope) => Forcing::Streamed("deltascope serve"),
-            (_, _, _, ServerKind::Vllm) => Forcing::Unmarked("vLLM"),
-            (_, _, _, ServerKind::Sglang) => Forcing::Unmarked("SGLang"),
-            (_, _, _, ServerKind::Generic) => Forcing::Unmarked("the server"),
+        let forcing = match (req.params.thinking.budget(), self.spec.budget_mode, self.facts.kind) {
+            (None, _, _) => Forcing::None,
+            (_, BudgetMode::Client, _) => Forcing::Client,
+            (_, _, ServerKind::LlamaCpp) => Forcing::Streamed("llama.cpp"),
+            (_, _, ServerKind::Deltascope) => Forcing::Streamed("deltascope serve"),
+            (_, _, ServerKind::Vllm) => Forcing::Unmarked("vLLM"),
+            (_, _, ServerKind::Sglang) => Forcing::Unmarked("SGLang"),
+            (_, _, ServerKind::Generic) => Forcing::Unmarked("the server"),
         };
         let started = Instant::now();
-        let mapper = FrameMapper::new(&req.params, split, forcing, req.enable_thinking, started);
+        let mapper = FrameMapper::new(&req.params, split, forcing, started);
         let (tx, rx) = std::sync::mpsc::channel();
         let _ = tx.send(EngineEvent::Start(StartEvent {
             model: self.facts.model.clone(),

@@ -35,14 +35,14 @@ pub fn chat_body(
         "stream": true,
         "stream_options": {"include_usage": true},
         "max_tokens": p.max_tokens,
-        "chat_template_kwargs": {"enable_thinking": req.enable_thinking},
+        "chat_template_kwargs": {"enable_thinking": p.thinking.is_on()},
     });
     let o = body.as_object_mut().ok_or_else(|| BackendError::invalid("request body"))?;
     add_sampling(o, facts, req);
     // A client-side budget continues from the thinking's token ids, which servers send only
     // with logprob entries (llama.cpp: with at least one alternative; the frame mapper drops
     // alternatives nobody asked for).
-    let client_budget = budget_mode == BudgetMode::Client && p.thinking_budget.is_some() && req.enable_thinking;
+    let client_budget = budget_mode == BudgetMode::Client && p.thinking.budget().is_some();
     if p.top_logprobs > 0 || client_budget {
         o.insert("logprobs".into(), json!(true));
         o.insert("top_logprobs".into(), json!(p.top_logprobs.max(usize::from(client_budget))));
@@ -84,7 +84,7 @@ pub fn chat_body(
         // vLLM, SGLang, llama.cpp and deltascope all read this name.
         o.insert("ignore_eos".into(), json!(true));
     }
-    if let (Some(budget), true, BudgetMode::Server) = (p.thinking_budget, req.enable_thinking, budget_mode) {
+    if let (Some(budget), BudgetMode::Server) = (p.thinking.budget(), budget_mode) {
         match facts.kind {
             ServerKind::LlamaCpp => {
                 // llama.cpp counts the newline after the prompt's `<think>` toward the budget

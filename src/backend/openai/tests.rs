@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::frames::{End, Flow, Forcing, FrameMapper, MetricsDelta, Split};
 use crate::generation::{
-    CountSource, DiagnosticKind, DoneEvent, EngineEvent, FinishReason, GenerationParams, Phase, TokenEvent,
+    CountSource, DiagnosticKind, DoneEvent, EngineEvent, FinishReason, GenerationParams, Phase, Thinking, TokenEvent,
 };
 
 const THINKING: &str = "Check divisors up to the square root of 91.\n";
@@ -21,14 +21,17 @@ fn wire(name: &str) -> String {
 /// Feeds every `data:` frame of an SSE body (skipping `[DONE]`), then finishes.
 fn replay(
     sse: &str,
-    params: GenerationParams,
+    mut params: GenerationParams,
     split: Split,
     thinking: bool,
     metrics: Option<MetricsDelta>,
 ) -> Vec<EngineEvent> {
     // The recorded budgets are llama.cpp's.
-    let forcing = if params.thinking_budget.is_some() { Forcing::Streamed("llama.cpp") } else { Forcing::None };
-    let mut m = FrameMapper::new(&params, split, forcing, thinking, Instant::now());
+    if !thinking {
+        params.thinking = Thinking::Off;
+    }
+    let forcing = if params.thinking.budget().is_some() { Forcing::Streamed("llama.cpp") } else { Forcing::None };
+    let mut m = FrameMapper::new(&params, split, forcing, Instant::now());
     let mut out = vec![];
     let mut emit = |e: EngineEvent| out.push(e);
     for line in sse.lines() {
@@ -118,7 +121,7 @@ fn llama_cpp_budget_is_recognised_as_forced() {
     let mut p = params();
     // Recorded with `reasoning_budget_tokens: 8`, which llama.cpp counts from the prompt's
     // newline: the budget deltascope now sends as 8 for a budget of 7.
-    p.thinking_budget = Some(7);
+    p.thinking = Thinking::from_budget(Some(7));
     for f in ["llamacpp/llamacpp-b10434-chat-stream-budget8.sse", "llamacpp/llamacpp-b11549-chat-stream-budget8.sse"] {
         let ev = replay(&wire(f), p.clone(), Split::Server, true, None);
         assert!(
@@ -221,7 +224,7 @@ fn vllm_and_sglang_length_cuts() {
 
 #[test]
 fn loops_are_caught_on_token_text_without_ids() {
-    let mut m = FrameMapper::new(&params(), Split::Server, Forcing::None, true, Instant::now());
+    let mut m = FrameMapper::new(&params(), Split::Server, Forcing::None, Instant::now());
     let mut out = vec![];
     let mut emit = |e: EngineEvent| out.push(e);
     let pattern = ["2", " +", " 2", " =", " 2", "."];
@@ -239,7 +242,7 @@ fn cut_stream_is_an_error_that_keeps_the_tokens() {
     let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wire/faults/cut-mid-token.sse");
     // Cut inside a UTF-8 character: the last frame is not even text.
     let sse = String::from_utf8_lossy(&std::fs::read(p).unwrap()).to_string();
-    let mut m = FrameMapper::new(&params(), Split::Server, Forcing::None, true, Instant::now());
+    let mut m = FrameMapper::new(&params(), Split::Server, Forcing::None, Instant::now());
     let mut out = vec![];
     let mut emit = |e: EngineEvent| out.push(e);
     for line in sse.lines() {
@@ -282,8 +285,8 @@ fn dns_failure_is_one_line_naming_the_host() {
 
 #[test]
 fn tokens_a_server_forces_after_the_budget_are_counted_as_forced() {
-    let p = GenerationParams { thinking_budget: Some(2), ..params() };
-    let mut m = FrameMapper::new(&p, Split::Server, Forcing::Streamed("llama.cpp"), true, Instant::now());
+    let p = GenerationParams { thinking: Thinking::from_budget(Some(2)), ..params() };
+    let mut m = FrameMapper::new(&p, Split::Server, Forcing::Streamed("llama.cpp"), Instant::now());
     let mut out = vec![];
     let mut emit = |e: EngineEvent| out.push(e);
     for (field, text) in

@@ -7,7 +7,7 @@ use super::Level;
 use super::overlay::{Overlay, line_input};
 use super::view_state::ColourMode;
 use super::{App, EditTarget, Effect, Focus};
-use crate::generation::Phase;
+use crate::generation::{Phase, Thinking};
 use crate::tui::keymap::Action;
 use crate::tui::sliders::Slider;
 
@@ -37,8 +37,8 @@ impl App {
             Action::StepMode | Action::Step => self.step_action(a),
             Action::RaiseMaxTokens | Action::SetThinkingBudget => self.fix_action(a),
             Action::ToggleThinking => {
-                self.settings.enable_thinking = !self.settings.enable_thinking;
-                let on = if self.settings.enable_thinking { "on" } else { "off" };
+                self.settings.toggle_thinking();
+                let on = if self.settings.params.thinking.is_on() { "on" } else { "off" };
                 self.say(Level::Info, format!("thinking {on} for the next generation"));
             }
             Action::Picker | Action::Export | Action::Replay | Action::Messages | Action::Help => self.file_action(a),
@@ -155,7 +155,7 @@ impl App {
             self.say(Level::Info, format!("{key} re-runs the last turn: show it to fix it"));
             return;
         }
-        let (max_tokens, budget) = (t.params.max_tokens, t.params.thinking_budget);
+        let (max_tokens, budget) = (t.params.max_tokens, t.params.thinking.budget());
         let p = &mut self.settings.params;
         let msg = if a == Action::RaiseMaxTokens {
             match fix.max_tokens.map(|m| m.min(cap)).filter(|&m| m > max_tokens) {
@@ -176,9 +176,8 @@ impl App {
                 .filter(|b| b.max_tokens <= cap && budget.is_none_or(|c| b.thinking_budget < c) && b.answer_room > 0);
             match fits {
                 Some(b) => {
-                    p.thinking_budget = Some(b.thinking_budget);
+                    p.thinking = Thinking::from_budget(Some(b.thinking_budget));
                     p.max_tokens = b.max_tokens;
-                    self.settings.enable_thinking = true;
                     let approx = if b.forced_exact { "" } else { "≈" };
                     format!(
                         "thinking budget = {}, max_tokens = {} ({approx}{} forced to end thinking, {approx}{} left for the answer)",

@@ -7,6 +7,7 @@ use super::replay::Replay;
 use super::saving::SaveState;
 use super::{App, Effect};
 use crate::backend::Prompt;
+use crate::generation::Thinking;
 use crate::session::{Session, Turn};
 
 /// The turn receiving engine events, and the app time its events count from.
@@ -117,8 +118,7 @@ impl App {
         let mut params = self.settings.params.clone();
         // The inspector shows the top alternatives of every token.
         params.top_logprobs = params.top_logprobs.max(5);
-        let enable_thinking = self.settings.enable_thinking;
-        let mut turn = Turn::new(user, enable_thinking, params.clone());
+        let mut turn = Turn::new(user, params.clone());
         turn.compare_of = compare_of;
         self.convo.session.turns.push(turn);
         self.convo.live = Some(Live { turn: self.convo.session.turns.len() - 1, sent_ms: self.now_ms });
@@ -126,11 +126,7 @@ impl App {
         self.view.reset_panes();
         self.view.show_compare = compare_of.is_some();
         self.sync_markdown();
-        self.effects.push(Effect::Generate {
-            prompt: Prompt::Chat(messages),
-            enable_thinking,
-            params: Box::new(params),
-        });
+        self.effects.push(Effect::Generate { prompt: Prompt::Chat(messages), params: Box::new(params) });
     }
 
     pub fn regenerate(&mut self) {
@@ -245,11 +241,15 @@ impl App {
         let upto = t.compare_of.unwrap_or(i);
         let messages = self.convo.session.messages(upto, &t.user);
         let generated = t.generated_text();
-        let enable_thinking = t.enable_thinking;
         let mut params = self.settings.params.clone();
         params.top_logprobs = params.top_logprobs.max(5);
-        // A thinking budget counts what was already thought.
-        params.thinking_budget = params.thinking_budget.map(|b| b.saturating_sub(t.thinking_tokens()).max(1));
+        // The template renders as the turn did (the text continues it); a thinking budget
+        // counts what was already thought.
+        params.thinking = match (t.params.thinking.is_on(), params.thinking.budget()) {
+            (false, _) => Thinking::Off,
+            (true, None) => Thinking::Unlimited,
+            (true, Some(b)) => Thinking::from_budget(Some(b.saturating_sub(t.thinking_tokens()).max(1))),
+        };
         let since = t.last_event_ms();
         let t = &mut self.convo.session.turns[i];
         t.begin_continuation(params.max_tokens);
@@ -257,11 +257,8 @@ impl App {
         self.view.reset_panes();
         let n = params.max_tokens;
         self.say(Level::Info, format!("continuing turn {} (up to {n} more tokens)", i + 1));
-        self.effects.push(Effect::Generate {
-            prompt: Prompt::Continue { messages, generated },
-            enable_thinking,
-            params: Box::new(params),
-        });
+        self.effects
+            .push(Effect::Generate { prompt: Prompt::Continue { messages, generated }, params: Box::new(params) });
     }
 
     /// A fresh conversation with the same settings; the current one stays saved.
@@ -304,11 +301,8 @@ impl App {
             _ => self.convo.session.turns.len(),
         };
         let messages = self.convo.session.messages(upto, &user);
-        self.effects.push(Effect::DryRun {
-            prompt: Prompt::Chat(messages),
-            enable_thinking: self.settings.enable_thinking,
-            params: Box::new(self.settings.params.clone()),
-        });
+        self.effects
+            .push(Effect::DryRun { prompt: Prompt::Chat(messages), params: Box::new(self.settings.params.clone()) });
     }
 
     /// Marks the conversation changed and asks the runner to save it.
@@ -338,7 +332,6 @@ impl App {
                 let s = *s;
                 if let Some(t) = s.turns.iter().rev().find(|t| t.compare_of.is_none()) {
                     self.settings.params = t.params.clone();
-                    self.settings.enable_thinking = t.enable_thinking;
                 }
                 self.convo.save.path = Some(path.to_path_buf());
                 self.convo.save.last_good = Some(path.to_path_buf());

@@ -45,13 +45,11 @@ pub use crate::tui::panels::transcript::PaneScroll;
 pub enum Effect {
     Generate {
         prompt: Prompt,
-        enable_thinking: bool,
         params: Box<GenerationParams>,
     },
     /// Render this prompt without generating (the runner answers with [`App::show_dry_run`]).
     DryRun {
         prompt: Prompt,
-        enable_thinking: bool,
         params: Box<GenerationParams>,
     },
     Cancel,

@@ -28,7 +28,7 @@ impl Replay {
         let mut queue = VecDeque::new();
         let mut offset = 0.0;
         for t in &s.turns {
-            let mut skeleton = Turn::new(t.user.clone(), t.enable_thinking, t.params.clone());
+            let mut skeleton = Turn::new(t.user.clone(), t.params.clone());
             skeleton.compare_of = t.compare_of;
             queue.push_back((offset, ReplayItem::Begin(Box::new(skeleton))));
             let events = t.replay_events();

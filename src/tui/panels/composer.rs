@@ -157,7 +157,7 @@ pub fn draw(app: &App, f: &mut Frame, area: Rect) {
         k(Action::Regenerate),
         k(Action::Compare),
         k(Action::ToggleThinking),
-        if app.settings.enable_thinking { "on" } else { "off" }
+        if app.settings.params.thinking.is_on() { "on" } else { "off" }
     );
     let block = Block::bordered()
         .title(Line::from(title))

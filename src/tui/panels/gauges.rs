@@ -40,7 +40,7 @@ impl BudgetBar {
             forced: t.forced_tokens(),
             answer: t.answer_tokens(),
             max_tokens: t.params.max_tokens,
-            budget: if t.enable_thinking { t.params.thinking_budget } else { None },
+            budget: t.params.thinking.budget(),
             colors: [th.prompt, th.thinking, th.forced, th.answer, th.headroom],
             marker: th.budget_marker,
         }
@@ -137,7 +137,7 @@ fn budget_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
         h,
     );
     f.render_widget(BudgetBar::new(t, th), b);
-    let budget = crate::session::budget_label(t.enable_thinking, t.params.thinking_budget);
+    let budget = t.params.thinking.to_string();
     // "≈": a server that reports no reasoning count, counted one per streamed frame.
     let approx = if t.counted().is_estimate() { "≈" } else { "" };
     let legend_line = vec![
@@ -406,7 +406,7 @@ mod tests {
 
     #[test]
     fn streaming_ttft_is_measured_from_the_start_and_never_absurd() {
-        let mut t = Turn::new("q", true, GenerationParams::default());
+        let mut t = Turn::new("q", GenerationParams::default());
         assert_eq!(ttft(&t), None, "no token yet");
         t.apply(&start(), 1000.0);
         t.apply(&token(), 1500.0);
@@ -414,7 +414,7 @@ mod tests {
         assert_eq!(ms, 500.0, "TTFT counts from the start, not from when the app started");
         assert_eq!(rate, Some(4000.0));
         // A token stamped before the start (another generation's clock): nothing, not 10⁶ tok/s.
-        let mut t = Turn::new("q", true, GenerationParams::default());
+        let mut t = Turn::new("q", GenerationParams::default());
         t.apply(&start(), 1000.0);
         t.apply(&token(), 1000.0);
         assert_eq!(ttft(&t), None);

@@ -13,7 +13,6 @@ use ratatui::widgets::{Block, Paragraph};
 
 use crate::backend::Support;
 use crate::generation::{GenerationParams, MAX_DEPTH, MtpMode, Preset, Thinking, range};
-use crate::session::budget_label;
 use crate::tui::app::{App, Focus, Level};
 use crate::tui::keymap::Action;
 
@@ -21,8 +20,9 @@ use crate::tui::keymap::Action;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
     pub params: GenerationParams,
-    /// Whether the template renders thinking on (the thinking-budget slider's "off").
-    pub enable_thinking: bool,
+    /// What Ctrl+T turns thinking back on to: the setting it had when it was turned off
+    /// (`params.thinking` is what the next generation uses).
+    pub resume_thinking: Thinking,
     /// The preset last applied (cleared when a sampling slider moves).
     pub preset: Option<Preset>,
     /// Whether the MTP depth can be set here (no MTP head, or a server that decides itself:
@@ -33,6 +33,17 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// Ctrl+T: thinking off, or back to the budget it had.
+    pub fn toggle_thinking(&mut self) {
+        let t = &mut self.params.thinking;
+        if t.is_on() {
+            self.resume_thinking = *t;
+            *t = Thinking::Off;
+        } else {
+            *t = if self.resume_thinking.is_on() { self.resume_thinking } else { Thinking::Unlimited };
+        }
+    }
+
     /// The largest `max_tokens` that fits the context after a prompt of `prompt` tokens.
     pub fn max_tokens_cap(&self, prompt: usize) -> usize {
         match self.context {
@@ -101,7 +112,7 @@ impl Slider {
         let q = &p.sampling;
         match self {
             Slider::MaxTokens => p.max_tokens.to_string(),
-            Slider::ThinkingBudget => budget_label(s.enable_thinking, p.thinking_budget),
+            Slider::ThinkingBudget => p.thinking.to_string(),
             Slider::Temperature if q.temperature == 0.0 => "0 (greedy)".into(),
             Slider::Temperature => format!("{:.2}", q.temperature),
             Slider::TopP if q.top_p >= 1.0 => "1.00 (off)".into(),
@@ -131,10 +142,10 @@ impl Slider {
             |l: &[usize], v: usize| l.iter().position(|x| *x >= v).unwrap_or(l.len() - 1) as f64 / (l.len() - 1) as f64;
         let v = match self {
             Slider::MaxTokens => ladder(&MAX_TOKENS, p.max_tokens),
-            Slider::ThinkingBudget => match (s.enable_thinking, p.thinking_budget) {
-                (false, _) => 0.0,
-                (true, None) => 1.0,
-                (true, Some(b)) => (ladder(&BUDGETS, b) * 0.9 + 0.05).min(0.95),
+            Slider::ThinkingBudget => match p.thinking {
+                Thinking::Off => 0.0,
+                Thinking::Unlimited => 1.0,
+                Thinking::Tokens(b) => (ladder(&BUDGETS, b.get()) * 0.9 + 0.05).min(0.95),
             },
             Slider::Temperature => (q.temperature / 2.0) as f64,
             Slider::TopP => q.top_p as f64,
@@ -161,7 +172,7 @@ impl Slider {
         let q = &p.sampling;
         match self {
             Slider::MaxTokens => p.max_tokens.to_string(),
-            Slider::ThinkingBudget => budget_label(s.enable_thinking, p.thinking_budget),
+            Slider::ThinkingBudget => p.thinking.to_string(),
             Slider::Temperature => q.temperature.to_string(),
             Slider::TopP => q.top_p.to_string(),
             Slider::TopK => q.top_k.to_string(),
@@ -193,9 +204,7 @@ impl Slider {
             Slider::MaxTokens => p.max_tokens = count("a whole number of tokens")?,
             Slider::ThinkingBudget => {
                 // The front ends' one spelling (off, unlimited, -1, 0, a count).
-                let t: Thinking = text.parse().map_err(|e| format!("{label}: {e}"))?;
-                next.enable_thinking = t.is_on();
-                p.thinking_budget = t.budget();
+                p.thinking = text.parse().map_err(|e| format!("{label}: {e}"))?;
             }
             Slider::Temperature => q.temperature = float()?,
             Slider::TopP => q.top_p = float()?,
@@ -271,30 +280,16 @@ impl Slider {
             Slider::MaxTokens => p.max_tokens = ladder_step(&MAX_TOKENS, p.max_tokens, up, big),
             Slider::ThinkingBudget => {
                 // off < 8 < … < 16384 < unlimited
-                match (s.enable_thinking, p.thinking_budget, up) {
-                    (false, _, true) => {
-                        s.enable_thinking = true;
-                        p.thinking_budget = Some(BUDGETS[0]);
-                    }
-                    (false, _, false) => {}
-                    (true, None, true) => {}
-                    (true, None, false) => p.thinking_budget = Some(BUDGETS[BUDGETS.len() - 1]),
-                    (true, Some(b), true) => {
-                        p.thinking_budget = if b >= BUDGETS[BUDGETS.len() - 1] {
-                            None
-                        } else {
-                            Some(ladder_step(&BUDGETS, b, true, big))
-                        }
-                    }
-                    (true, Some(b), false) => {
-                        if b <= BUDGETS[0] {
-                            s.enable_thinking = false;
-                            p.thinking_budget = None;
-                        } else {
-                            p.thinking_budget = Some(ladder_step(&BUDGETS, b, false, big));
-                        }
-                    }
-                }
+                let (first, last) = (BUDGETS[0], BUDGETS[BUDGETS.len() - 1]);
+                let tokens = |b: usize| Thinking::from_budget(Some(b));
+                p.thinking = match (p.thinking, up) {
+                    (Thinking::Off, true) => tokens(first),
+                    (Thinking::Unlimited, false) => tokens(last),
+                    (t @ (Thinking::Off | Thinking::Unlimited), _) => t,
+                    (Thinking::Tokens(b), true) if b.get() >= last => Thinking::Unlimited,
+                    (Thinking::Tokens(b), false) if b.get() <= first => Thinking::Off,
+                    (Thinking::Tokens(b), up) => tokens(ladder_step(&BUDGETS, b.get(), up, big)),
+                };
             }
             Slider::Temperature => q.temperature = step_f(q.temperature, 0.05, "sampling.temperature"),
             Slider::TopP => q.top_p = step_f(q.top_p, 0.05, "sampling.top_p"),
@@ -442,7 +437,7 @@ mod tests {
     fn settings() -> Settings {
         Settings {
             params: GenerationParams::default(),
-            enable_thinking: true,
+            resume_thinking: Thinking::Unlimited,
             preset: None,
             mtp: Support::Yes,
             context: Some(4096),
@@ -459,10 +454,24 @@ mod tests {
             Slider::ThinkingBudget.adjust(&mut s, -1, false);
         }
         assert_eq!(Slider::ThinkingBudget.value(&s), "off");
-        assert!(!s.enable_thinking);
+        assert_eq!(s.params.thinking, Thinking::Off);
         Slider::ThinkingBudget.adjust(&mut s, 1, false);
         assert_eq!(Slider::ThinkingBudget.value(&s), "8");
-        assert!(s.enable_thinking);
+        assert!(s.params.thinking.is_on());
+    }
+
+    #[test]
+    fn ctrl_t_turns_thinking_off_and_back_to_its_budget() {
+        let mut s = settings();
+        Slider::ThinkingBudget.set(&mut s, "300").unwrap();
+        s.toggle_thinking();
+        assert_eq!(s.params.thinking, Thinking::Off);
+        s.toggle_thinking();
+        assert_eq!(s.params.thinking.budget(), Some(300));
+        // Off on the slider, then Ctrl+T: the budget it had before the toggle.
+        Slider::ThinkingBudget.set(&mut s, "off").unwrap();
+        s.toggle_thinking();
+        assert_eq!(s.params.thinking.budget(), Some(300));
     }
 
     #[test]
@@ -498,11 +507,11 @@ mod tests {
         // The field report's numbers: max_tokens 4000, thinking budget 3000.
         Slider::MaxTokens.set(&mut s, "4000").unwrap();
         Slider::ThinkingBudget.set(&mut s, "3000").unwrap();
-        assert_eq!((s.params.max_tokens, s.params.thinking_budget), (4000, Some(3000)));
+        assert_eq!((s.params.max_tokens, s.params.thinking.budget()), (4000, Some(3000)));
         Slider::Temperature.set(&mut s, "0.6").unwrap();
         assert_eq!(s.params.sampling.temperature, 0.6);
         Slider::ThinkingBudget.set(&mut s, "off").unwrap();
-        assert!(!s.enable_thinking);
+        assert_eq!(s.params.thinking, Thinking::Off);
         Slider::MtpDepth.set(&mut s, "auto").unwrap();
         assert!(s.params.mtp.is_auto());
         Slider::Preset.set(&mut s, "thinking-general").unwrap();

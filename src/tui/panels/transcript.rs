@@ -160,7 +160,7 @@ fn thinking_title(app: &App, turn: Option<&Turn>) -> Line<'static> {
             spans.push(Span::styled(format!(" + {n} forced"), th.fg(th.forced)));
         }
         spans.push(Span::styled(format!("{dur}{} ", if live { " …" } else { "" }), th.fg(th.thinking)));
-        if !t.enable_thinking {
+        if !t.params.thinking.is_on() {
             spans.push(Span::styled("(off) ", th.fg(th.dim)));
         }
     }

@@ -278,8 +278,7 @@ fn banner_lines(app: &App) -> Vec<Line<'static>> {
                 Span::styled(
                     format!(
                         " the thinking budget ({}) ran out at token {}; the engine closed thinking.",
-                        t.params.thinking_budget.map(|b| b.to_string()).unwrap_or_else(|| "?".into()),
-                        d.at_token
+                        t.params.thinking, d.at_token
                     ),
                     th.fg(th.text),
                 ),
@@ -375,7 +374,10 @@ fn status(app: &App, f: &mut Frame, area: Rect) {
     }
     let mut settings = vec![
         sep.clone(),
-        Span::styled(format!("thinking {}", if app.settings.enable_thinking { "on" } else { "off" }), th.fg(th.text)),
+        Span::styled(
+            format!("thinking {}", if app.settings.params.thinking.is_on() { "on" } else { "off" }),
+            th.fg(th.text),
+        ),
         sep.clone(),
         Span::styled(format!("colour: {}", app.view.colour_mode.name()), th.fg(th.text)),
     ];
