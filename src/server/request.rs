@@ -116,11 +116,10 @@ struct StreamOptions {
     include_usage: Option<bool>,
 }
 
-/// `POST /v1/chat/completions`.
+/// `POST /v1/chat/completions`'s own fields. (Read from the body apart from [`Common`] rather
+/// than through `#[serde(flatten)]`, which would lose the path of a wrong field.)
 #[derive(Debug, Deserialize)]
 struct ChatBody {
-    #[serde(flatten)]
-    common: Common,
     messages: Option<Vec<Message>>,
     logprobs: Option<bool>,
     top_logprobs: Option<i64>,
@@ -170,11 +169,9 @@ struct TemplateKwargs {
     enable_thinking: Option<bool>,
 }
 
-/// `POST /v1/completions`: a raw prompt, text or token ids (no template).
+/// `POST /v1/completions`' own fields: a raw prompt, text or token ids (no template).
 #[derive(Debug, Deserialize)]
 struct CompletionBody {
-    #[serde(flatten)]
-    common: Common,
     prompt: Option<RawPrompt>,
     /// The legacy API's number of alternatives (`true` reads as 1).
     logprobs: Option<LegacyLogprobs>,
@@ -364,10 +361,11 @@ impl Common {
 
 /// `POST /v1/chat/completions`.
 pub fn chat(body_fields: &Map<String, Value>, context: usize, defaults: &SamplingParams) -> Result<Parsed, ApiError> {
+    let common: Common = body(body_fields)?;
     let b: ChatBody = body(body_fields)?;
-    let model = b.common.model.clone();
+    let model = common.model.clone();
     let thinking_on = b.chat_template_kwargs.and_then(|k| k.enable_thinking).unwrap_or(true);
-    let mut s = b.common.settings(defaults, thinking_on)?;
+    let mut s = common.settings(defaults, thinking_on)?;
     let messages = match b.messages {
         Some(m) if !m.is_empty() => m,
         Some(_) => return Err(ApiError::bad(Some("messages"), "messages is empty")),
@@ -412,9 +410,10 @@ pub fn completion(
     context: usize,
     defaults: &SamplingParams,
 ) -> Result<Parsed, ApiError> {
+    let common: Common = body(body_fields)?;
     let b: CompletionBody = body(body_fields)?;
-    let model = b.common.model.clone();
-    let mut s = b.common.settings(defaults, true)?;
+    let model = common.model.clone();
+    let mut s = common.settings(defaults, true)?;
     let prompt = match b.prompt {
         None => return Err(ApiError::bad(Some("prompt"), "prompt is required")),
         Some(RawPrompt::Text(t)) if t.is_empty() => return Err(ApiError::bad(Some("prompt"), "prompt is empty")),
