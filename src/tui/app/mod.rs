@@ -35,6 +35,7 @@ use super::theme::Theme;
 use crate::backend::{BackendInfo, DryRun, Prompt, Support};
 use crate::generation::{EngineEvent, GenerationParams, Phase};
 use crate::session::{Session, Turn};
+use crate::tui::panels::DrawCtx;
 pub use crate::tui::panels::composer::{Composer, EditTarget, MAX_ROWS as COMPOSER_MAX_ROWS};
 pub use crate::tui::panels::messages::{Level, Message, MessageLog};
 pub use crate::tui::panels::state_scope::StateScope;
@@ -155,6 +156,11 @@ impl App {
         }
         app.sync_markdown();
         app
+    }
+
+    /// What the panels read while they draw.
+    pub(crate) fn draw_ctx(&self) -> DrawCtx<'_> {
+        DrawCtx { theme: &self.theme, keymap: &self.keymap, popup_scroll: self.view.popup_scroll }
     }
 
     /// App time in ms, as the last update set it.

@@ -3,7 +3,8 @@
 //! stacked on narrow ones; a message instead of a broken layout on tiny ones.
 
 pub(crate) mod popups;
-use crate::tui::panels::{compare, gauges, help, inspector, messages, picker, sliders};
+use crate::tui::panels::help::Help;
+use crate::tui::panels::{compare, gauges, inspector, sliders};
 pub mod wrap;
 
 use crate::tui::panels::transcript::{self, MarkdownWrap, PaneCache};
@@ -153,7 +154,7 @@ fn draw(app: &App, f: &mut Frame, v: &mut View) {
     } else if app.view.show_compare
         && let Some((a, b)) = app.compare_pair()
     {
-        compare::draw(app, f, center, a, b);
+        compare::draw(f, center, &app.draw_ctx(), &app.convo.session.turns, a, b);
     } else {
         transcript::conversation(app, f, center, v);
     }
@@ -176,10 +177,13 @@ fn draw(app: &App, f: &mut Frame, v: &mut View) {
     }
     match &app.overlay {
         Overlay::None => {}
-        Overlay::Help => help::draw(app, f, area, &mut v.layout),
-        Overlay::Picker { items, selected } => picker::draw(app, f, area, items, *selected),
-        Overlay::Messages => messages::draw(app, f, area, &mut v.layout),
-        Overlay::Prompt(result) => popups::prompt(app, f, area, result, v),
+        Overlay::Help => v.layout.popup_scroll_max = Some(Help.draw(f, area, &app.draw_ctx())),
+        Overlay::Picker(picker) => picker.draw(f, area, &app.draw_ctx()),
+        Overlay::Messages => {
+            let max = app.messages.draw(f, area, &app.draw_ctx(), app.convo.save.error.as_deref());
+            v.layout.popup_scroll_max = Some(max);
+        }
+        Overlay::Prompt(result) => v.layout.popup_scroll_max = Some(popups::prompt(f, area, &app.draw_ctx(), result)),
         Overlay::ConfirmQuit => popups::confirm_quit(app, f, area),
         Overlay::SaveAs { input, error } => popups::save_as(app, f, area, input, error.as_deref()),
         Overlay::SliderValue { slider, input, error } => {
