@@ -9,6 +9,7 @@ use super::view_state::ColourMode;
 use super::{App, EditTarget, Effect, Focus};
 use crate::generation::Phase;
 use crate::tui::keymap::Action;
+use crate::tui::panels::{Ctx, Handled, inspector, sliders};
 use crate::tui::sliders::Slider;
 
 impl App {
@@ -56,12 +57,25 @@ impl App {
         if self.view.focus == Focus::State {
             return self.state_key(k);
         }
-        if self.inspector_key(k) {
+        let tokens = self.shown().map_or(0, |t| t.tokens.len());
+        if let Some(cursor) = self.view.inspector.as_mut()
+            && inspector::key(cursor, tokens, k) == Handled::Consumed
+        {
             return;
         }
         match self.view.focus {
             Focus::Input => self.composer.key(k),
-            Focus::Sliders => self.slider_key(k),
+            Focus::Sliders => {
+                let cap = self.settings.max_tokens_cap(self.next_prompt_estimate());
+                let mut ctx = Ctx {
+                    theme: &self.theme,
+                    keymap: &self.keymap,
+                    now_ms: self.now_ms,
+                    effects: &mut self.effects,
+                    log: &mut self.messages,
+                };
+                sliders::key(&mut self.view.slider, &mut self.settings, cap, k, &mut ctx);
+            }
             Focus::State => {}
             Focus::Thinking | Focus::Answer => self.pane_key(k),
         }

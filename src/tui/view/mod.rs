@@ -161,19 +161,22 @@ fn draw(app: &App, f: &mut Frame, v: &mut View) {
     if !banners.is_empty() {
         f.render_widget(Paragraph::new(banners).style(Style::new().bg(app.theme.banner_bg)), banner_area);
     }
-    crate::tui::panels::composer::draw(app, f, input_area);
+    let focused = app.view.focus == app::Focus::Input;
+    app.composer.draw(f, input_area, &app.draw_ctx(), focused, app.settings.enable_thinking);
     status(app, f, status_area);
 
     if side.is_none() && app.view.focus == super::app::Focus::Sliders {
         let r = centered(area, SIDE_WIDTH, (sliders::HEIGHT + 2).min(area.height));
         f.render_widget(Clear, r);
-        sliders::draw(app, f, r);
+        sliders::draw(f, r, &app.draw_ctx(), &app.settings, Some(app.view.slider));
     }
     // In the State view the cursor's token is its header; the popup would hide the map.
     if let Some(cur) = app.view.inspector
         && !app.view.state.shown
+        && let Some(t) = app.shown()
     {
-        inspector::draw(app, f, center, cur);
+        let speculating = app.model.as_ref().is_some_and(|m| m.has_mtp);
+        inspector::draw(f, center, &app.draw_ctx(), t, cur, speculating);
     }
     match &app.overlay {
         Overlay::None => {}
@@ -224,7 +227,8 @@ fn side_panel(app: &App, f: &mut Frame, area: Rect) {
     let [g, s] =
         Layout::vertical([Constraint::Min(gauges::MIN_HEIGHT), Constraint::Length(sliders::HEIGHT + 2)]).areas(area);
     gauges::panel(app, f, g);
-    sliders::draw(app, f, s);
+    let selected = (app.view.focus == app::Focus::Sliders).then_some(app.view.slider);
+    sliders::draw(f, s, &app.draw_ctx(), &app.settings, selected);
 }
 
 /// A fix's key and what it sets, or nothing when there is no such fix.
