@@ -100,7 +100,7 @@ fn f3_and_f4_before_any_turn_change_nothing() {
         key(&mut app, KeyCode::F(k), KeyModifiers::NONE, 1.0);
         assert!(generate_request(app.take_effects()).is_none(), "F{k} started a generation");
         assert_eq!(app.settings, settings, "F{k} changed the settings");
-        assert!(app.messages.items.last().unwrap().text.contains("nothing to fix"));
+        assert!(app.messages().items.last().unwrap().text.contains("nothing to fix"));
     }
     // A turn with nothing to fix: nothing either.
     healthy_turn(&mut app, true);

@@ -7,6 +7,7 @@ use common::*;
 use deltascope::generation::{DiagnosticKind, DraftKind, EngineEvent, FinishReason, Phase};
 use deltascope::session::Session;
 use deltascope::tui::app::{EditTarget, Effect, Focus, Overlay};
+use deltascope::tui::event::Inbound;
 use ratatui::crossterm::event::{KeyCode, KeyModifiers};
 
 const W: u16 = 160;
@@ -34,9 +35,9 @@ fn welcome() {
 
 #[test]
 fn loading_progress() {
-    let mut app = app();
-    app.model = None;
-    app.loading = Some((9_500_000, 25_000_000, "weights of demo: 9.06 MiB of 23.84 MiB".into()));
+    let mut app = unopened_app();
+    let what = "weights of demo: 9.06 MiB of 23.84 MiB".to_string();
+    app.update(Inbound::LoadProgress { done: 9_500_000, total: 25_000_000, what }, 0.0);
     snap("loading", render(&mut app, 100, 24));
 }
 
@@ -298,9 +299,9 @@ fn cancel_keeps_output_and_step_mode_sends_steps() {
     // Ctrl+C when idle quits; this app has no sessions directory, so it asks first.
     key(&mut app, KeyCode::Char('c'), KeyModifiers::CONTROL, 103.0);
     settle(&mut app);
-    assert_eq!(app.overlay.name(), "confirm-quit");
+    assert_eq!(app.overlay().name(), "confirm-quit");
     key(&mut app, KeyCode::Char('q'), KeyModifiers::NONE, 103.0);
-    assert!(app.quit);
+    assert!(app.quitting());
 }
 
 #[test]
@@ -308,18 +309,18 @@ fn edit_last_prompt_and_history_recall() {
     let mut app = app();
     healthy_turn(&mut app, true);
     key(&mut app, KeyCode::Char('e'), KeyModifiers::CONTROL, 200.0);
-    assert_eq!(app.composer.target, EditTarget::Turn(0));
-    assert_eq!(app.composer.input.lines(), ["Is 91 prime?"]);
+    assert_eq!(app.composer().target, EditTarget::Turn(0));
+    assert_eq!(app.composer().input.lines(), ["Is 91 prime?"]);
     key(&mut app, KeyCode::Backspace, KeyModifiers::NONE, 200.0);
     type_text(&mut app, " at all?", 200.0);
     key(&mut app, KeyCode::Enter, KeyModifiers::ALT, 200.0);
-    assert_eq!(app.composer.input.lines().len(), 2, "Alt+Enter adds a line");
+    assert_eq!(app.composer().input.lines().len(), 2, "Alt+Enter adds a line");
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 200.0);
     assert_eq!(app.convo.session.turns.len(), 1, "the edited prompt replaced the last turn");
     assert_eq!(app.convo.session.turns[0].user, "Is 91 prime at all?\n");
     engine(&mut app, done(FinishReason::Stop, 16, 0, 0, "", ""), 201.0);
     key(&mut app, KeyCode::Up, KeyModifiers::NONE, 202.0);
-    assert_eq!(app.composer.input.lines(), ["Is 91 prime at all?", ""]);
+    assert_eq!(app.composer().input.lines(), ["Is 91 prime at all?", ""]);
 }
 
 #[test]
@@ -337,7 +338,7 @@ fn collapse_and_hide_thinking() {
 fn help_lists_every_key() {
     let mut app = app();
     key(&mut app, KeyCode::F(1), KeyModifiers::NONE, 0.0);
-    assert_eq!(app.overlay.name(), Overlay::Help.name());
+    assert_eq!(app.overlay().name(), Overlay::Help.name());
     let screen = render(&mut app, W, H);
     for a in deltascope::tui::keymap::Action::ALL {
         assert!(screen.contains(&a.name()), "{} missing from help", a.name());
@@ -352,23 +353,23 @@ fn help_lists_every_key() {
     for _ in 0..60 {
         key(&mut app, KeyCode::Down, KeyModifiers::NONE, 0.0);
     }
-    assert_eq!(app.overlay.name(), Overlay::Help.name());
+    assert_eq!(app.overlay().name(), Overlay::Help.name());
     let bottom = render(&mut app, 100, 24);
     assert!(bottom.contains("closes this help") && bottom.contains("quit"), "{bottom}");
     // Scrolling past the end stops there: one ↑ moves up at once.
     key(&mut app, KeyCode::Up, KeyModifiers::NONE, 0.0);
     assert!(!render(&mut app, 100, 24).contains("closes this help"));
     key(&mut app, KeyCode::Char('x'), KeyModifiers::NONE, 0.0);
-    assert_eq!(app.overlay.name(), Overlay::None.name());
+    assert_eq!(app.overlay().name(), Overlay::None.name());
 
     // `?` opens it from an empty prompt, and is a character while a prompt is typed.
     let mut empty = common::app();
     key(&mut empty, KeyCode::Char('?'), KeyModifiers::SHIFT, 0.0);
-    assert_eq!(empty.overlay.name(), Overlay::Help.name());
+    assert_eq!(empty.overlay().name(), Overlay::Help.name());
     let mut typing = app_with_text("Why");
     key(&mut typing, KeyCode::Char('?'), KeyModifiers::SHIFT, 0.0);
-    assert_eq!(typing.overlay.name(), Overlay::None.name());
-    assert_eq!(typing.composer.input.lines(), ["Why?"]);
+    assert_eq!(typing.overlay().name(), Overlay::None.name());
+    assert_eq!(typing.composer().input.lines(), ["Why?"]);
 }
 
 fn app_with_text(s: &str) -> deltascope::tui::app::App {
@@ -381,7 +382,7 @@ fn app_with_text(s: &str) -> deltascope::tui::app::App {
 fn session_picker_lists_saved_sessions() {
     let dir = tempfile::tempdir().unwrap();
     let mut app = app();
-    app.convo.save.dir.path = Some(dir.path().to_path_buf());
+    app.set_sessions_dir(dir.path().to_path_buf());
     healthy_turn(&mut app, true);
     settle(&mut app);
     // The finished turn was autosaved atomically: one JSON file, no temporary left over.
@@ -409,7 +410,7 @@ fn session_picker_lists_saved_sessions() {
 
     // A file the picker cannot open is listed with the reason, not hidden.
     std::fs::write(dir.path().join("broken.json"), "{").unwrap();
-    app.overlay = Overlay::None;
+    app.close_overlay();
     key(&mut app, KeyCode::Char('p'), KeyModifiers::CONTROL, 300.0);
     settle(&mut app);
     let screen = render(&mut app, W, H);

@@ -98,21 +98,21 @@ pub struct App {
     pub(crate) keymap: Keymap,
     pub settings: Settings,
     /// What the backend said about itself, once it is open.
-    pub model: Option<BackendInfo>,
+    pub(crate) model: Option<BackendInfo>,
     /// Loading progress: (done, total, what).
-    pub loading: Option<(u64, u64, String)>,
+    pub(crate) loading: Option<(u64, u64, String)>,
     pub(crate) fatal: Option<String>,
-    pub composer: Composer,
+    pub(crate) composer: Composer,
     pub convo: Conversation,
     pub view: ViewState,
-    pub overlay: Overlay,
-    pub messages: MessageLog,
+    pub(crate) overlay: Overlay,
+    pub(crate) messages: MessageLog,
     /// Rendered answer of the shown turn (for turn index `md_turn`).
     pub(crate) md: Markdown,
     md_turn: Option<usize>,
     /// App time in ms (set by each update).
     pub(crate) now_ms: f64,
-    pub quit: bool,
+    pub(crate) quit: bool,
     /// Quit once the save asked for has worked (a path typed after a failed save).
     quit_after_save: bool,
     pub(crate) dirty: bool,
@@ -161,6 +161,42 @@ impl App {
     /// What the panels read while they draw.
     pub(crate) fn draw_ctx(&self) -> DrawCtx<'_> {
         DrawCtx { theme: &self.theme, keymap: &self.keymap, popup_scroll: self.view.popup_scroll }
+    }
+
+    /// What the backend said about itself, once it is open.
+    pub fn model(&self) -> Option<&BackendInfo> {
+        self.model.as_ref()
+    }
+
+    /// The open popup ([`Overlay::None`]: none).
+    pub fn overlay(&self) -> &Overlay {
+        &self.overlay
+    }
+
+    /// Closes the open popup without acting on it.
+    pub fn close_overlay(&mut self) {
+        self.overlay = Overlay::None;
+        self.dirty = true;
+    }
+
+    /// The prompt box.
+    pub fn composer(&self) -> &Composer {
+        &self.composer
+    }
+
+    /// Saves go to `dir` from now on (e.g. a test's temporary directory).
+    pub fn set_sessions_dir(&mut self, dir: impl Into<PathBuf>) {
+        self.convo.save.dir = SessionsDir::fixed(Some(dir.into()));
+    }
+
+    /// Every message so far.
+    pub fn messages(&self) -> &MessageLog {
+        &self.messages
+    }
+
+    /// Whether the app is done (the runner saves what is left and ends).
+    pub fn quitting(&self) -> bool {
+        self.quit
     }
 
     /// App time in ms, as the last update set it.
