@@ -1,7 +1,7 @@
 //! Probe: GEMV throughput of the decode kernels on bf16 matrices of one shape, cycling through
 //! enough copies that every call reads from memory (not the cache).
+use deltascope::model::cpu::tensor::{Linear, Mat, Precision};
 use deltascope::model::storage::Weights;
-use deltascope::model::tensor::{Linear, Mat, Precision};
 use std::time::Instant;
 
 fn main() {

@@ -18,7 +18,7 @@
 #   gpu-info       deltascope gpu info --json (driver, NVRTC, cuBLAS(Lt), GPUs) → gpu-info.json
 #   kernels        deltascope gpu kernels for the GPU's architecture with its NVRTC → kernels.json
 #   kernel-parity  deltascope gpu check --json: every kernel on random inputs at the real shapes
-#                  against its CPU twin (src/model/cuda/twins.rs)         → kernel-parity.json
+#                  against its CPU twin (src/verify/twins.rs)         → kernel-parity.json
 #   model-parity-* deltascope gpu parity --json on the demo model and the four fixtures: the
 #                  CUDA model against the CPU engine at --dtype bf16 (prefill logits within 3 %
 #                  of the row's largest logit; 64 greedy steps fed the CPU's tokens, the device's

@@ -10,6 +10,7 @@ pub mod backend;
 pub mod chat;
 pub mod checkpoint;
 pub mod cli;
+pub mod devices;
 pub mod engine;
 pub mod error;
 pub mod generation;
@@ -18,5 +19,6 @@ pub mod server;
 pub mod session;
 pub mod tui;
 pub mod units;
+pub mod verify;
 
 pub use error::{Error, Result};

@@ -215,7 +215,7 @@ fn generation_flags_out_of_range_name_the_flag() {
         (vec!["--loop-min-repeats", "0"], "--loop-min-repeats 0: must be at least 2"),
         (vec!["--loop-min-span", "0"], "--loop-min-span 0: must be at least 1"),
         (vec!["--answer-budget", "0"], "--answer-budget 0: must be at least 1"),
-        (vec!["--temperature", "-1"], "--temperature -1: must be ≥ 0"),
+        (vec!["--temperature", "-1"], "--temperature -1: must be in [0, 100]"),
         (vec!["--top-p", "-0.5"], "--top-p -0.5: must be in (0, 1]"),
     ] {
         let args: Vec<&str> = base.iter().copied().chain(extra.iter().copied()).collect();
@@ -239,8 +239,8 @@ fn generation_flags_out_of_range_name_the_flag() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("1e39 is beyond the range of a 32-bit float"), "{err}");
     for (flag, value, want) in [
-        ("--presence-penalty", "NaN", "--presence-penalty NaN: must be a finite number"),
-        ("--temperature", "inf", "--temperature inf: must be ≥ 0"),
+        ("--presence-penalty", "NaN", "--presence-penalty NaN: must be in [-2, 2]"),
+        ("--temperature", "inf", "--temperature inf: must be in [0, 100]"),
     ] {
         let err = fails(&["run", "--prompt", "Hi", flag, value]);
         assert!(err.contains(want), "{flag} {value}: {err}");

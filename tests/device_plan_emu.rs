@@ -1,4 +1,4 @@
-//! The memory plan (`src/model/device_plan.rs`) against what the CUDA model really allocates,
+//! The memory plan (`src/model/placement/plan.rs`) against what the CUDA model really allocates,
 //! measured on the emulated device (`--device emu`, which counts its bytes in use and their
 //! peak): the verify slots it reserves are exactly the ones a verify pass allocates, and the
 //! workspace it reserves bounds the activations of one prefill pass of `PREFILL_CHUNK` tokens
@@ -11,7 +11,7 @@ use std::time::Instant;
 use deltascope::model::cuda::device::Device;
 use deltascope::model::cuda::model::PREFILL_CHUNK;
 use deltascope::model::cuda::{CudaModel, DeviceKind, Gpu, kernels};
-use deltascope::model::device_plan::{CONTEXT_RESERVE, DeviceBudget, DevicePlan, PlanInputs, plan_devices};
+use deltascope::model::placement::plan::{CONTEXT_RESERVE, DeviceBudget, DevicePlan, PlanInputs, plan_devices};
 use deltascope::model::{
     DraftCache, Forward, ForwardOptions, LoadOptions, LogitsRows, Model, ModelSource, Precision, SequenceCache,
     demo_source,

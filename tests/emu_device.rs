@@ -259,7 +259,7 @@ fn the_emulated_device_refuses_clearly() {
 fn the_cuda_models_logits_are_bf16_values() {
     use deltascope::checkpoint::demo_source;
     use deltascope::model::cuda::{CudaModel, DeviceKind, Gpu, kernels};
-    use deltascope::model::device_plan::{DeviceBudget, PlanInputs, plan_devices};
+    use deltascope::model::placement::plan::{DeviceBudget, PlanInputs, plan_devices};
     use deltascope::model::{Forward, ForwardOptions, LoadOptions, LogitsRows, Model, Precision};
     let cpu = Model::load(&demo_source(), &LoadOptions { precision: Precision::Bf16, ..Default::default() }).unwrap();
     let gpu = Gpu::open(DeviceKind::Emu, 0, kernels::FILES).unwrap();
@@ -283,8 +283,8 @@ fn the_cuda_models_logits_are_bf16_values() {
 #[test]
 fn rope_rotates_by_the_hosts_table() {
     use deltascope::model::cuda::ops::{self, RopeParams};
-    use deltascope::model::cuda::twins;
     use deltascope::model::cuda::{DeviceKind, Gpu, kernels};
+    use deltascope::verify::twins;
     let gpu = Gpu::open(DeviceKind::Emu, 0, kernels::FILES).unwrap();
     let (heads, hd, rotary) = (2usize, 64usize, 32usize);
     let table: Vec<f32> = (0..rotary / 2).map(|i| 1.01 / 1e7f32.powf((2 * i) as f32 / rotary as f32)).collect();

@@ -1,5 +1,5 @@
 //! Fixes that fix: the advice for an answer starved by max_tokens accounts for the tokens a
-//! thinking budget forces (bridge text, `</think>`, blank line: 53 on the demo tokenizer), the
+//! thinking budget forces (bridge text and `</think>`: 52 on the demo tokenizer), the
 //! TUI's F3 / F4 apply exactly that advice (and nothing before there is a turn to fix), and the
 //! forced tokens are counted apart from thinking and answer. On the demo model.
 
@@ -65,10 +65,10 @@ fn f4_on_the_shipped_starved_session_produces_an_answer() {
     app.take_effects();
     key(&mut app, KeyCode::F(4), KeyModifiers::NONE, 1.0);
     let req = generate_request(app.take_effects()).expect("F4 re-runs the turn");
-    // The forced end of thinking alone (53 tokens) does not fit in max_tokens 24: F4 raises it.
+    // The forced end of thinking alone (52 tokens) does not fit in max_tokens 24: F4 raises it.
     let budget = req.params.thinking_budget.expect("F4 sets a thinking budget");
     assert!(budget < 24, "budget {budget}");
-    assert!(req.params.max_tokens >= budget + 53 + 32, "max_tokens {} for budget {budget}", req.params.max_tokens);
+    assert!(req.params.max_tokens >= budget + 52 + 32, "max_tokens {} for budget {budget}", req.params.max_tokens);
     // The old, starved turn stays in the session file.
     assert_eq!(app.convo.session.branches.len(), 1);
     assert_eq!(app.convo.session.branches[0].turns[0], before);
@@ -127,14 +127,14 @@ fn f4_never_offers_the_current_budget_again() {
         session.turns.push(turn);
         session
     };
-    // A budget of 40 in max_tokens 80: the 53 forced tokens cannot fit, the answer is empty.
+    // A budget of 40 in max_tokens 80: the 52 forced tokens cannot fit, the answer is empty.
     let session = ask(80, Some(40));
     let t = &session.turns[0];
     assert!(t.answer.is_empty(), "{:?}", t.answer);
     let d = t.diagnostics.iter().find(|d| d.kind == DiagnosticKind::ThinkingExhaustedMaxTokens).unwrap();
     let fix = d.fix.unwrap().thinking_budget.unwrap();
     assert!(fix.thinking_budget < 40, "{fix:?}");
-    assert!(fix.max_tokens > fix.thinking_budget + 53, "{fix:?}");
+    assert!(fix.max_tokens > fix.thinking_budget + 52, "{fix:?}");
     let mut app = app_on(session, &backend);
     key(&mut app, KeyCode::F(4), KeyModifiers::NONE, 1.0);
     let req = generate_request(app.take_effects()).unwrap();

@@ -199,15 +199,12 @@ fn thinking_budget_forces_the_exact_close_sequence() {
     let d = diagnostics(&events);
     assert_eq!((d[0].0, d[0].1), (DiagnosticKind::ThinkingBudgetForced, 5));
 
-    // An empty bridge forces just `</think>` and the blank line.
+    // An empty bridge forces just `</think>`.
     let params = GenerationParams { thinking_budget: Some(2), budget_bridge: String::new(), ..Default::default() };
     let (out, _) = run(&tok, thinking_prompt(&tok), params, &no_cancel(), move |g| {
         onehot(if g.contains(&think_end) { im_end } else { 70 })
     });
-    let mut want = vec![70, 70, think_end];
-    want.extend(tok.encode("\n\n").unwrap());
-    want.push(im_end);
-    assert_eq!(out.tokens, want);
+    assert_eq!(out.tokens, [70, 70, think_end, im_end]);
 }
 
 #[test]

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use deltascope::engine::sampler::Rng;
-use deltascope::model::gdn::{chunked_head, recurrent_head};
+use deltascope::model::gdn::{HeadInputs, chunked_head, recurrent_head};
 use deltascope::model::{ForwardOptions, LoadOptions, LogitsRows, Model, ModelSource, Precision, SequenceState};
 
 fn randn(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
@@ -46,8 +46,9 @@ fn chunked_rule_equals_recurrent_rule() {
         let beta: Vec<f32> = (0..t).map(|_| rng.uniform() as f32).collect();
         let s0 = randn(&mut rng, dk * dv, 0.5);
         let (mut s_rec, mut s_chunk) = (s0.clone(), s0.clone());
-        let o_rec = recurrent_head(&q, &k, &v, &g, &beta, &mut s_rec, dk, dv, None);
-        let o_chunk = chunked_head(&q, &k, &v, &g, &beta, &mut s_chunk, dk, dv);
+        let inputs = HeadInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta, dk, dv };
+        let o_rec = recurrent_head(&inputs, &mut s_rec, None);
+        let o_chunk = chunked_head(&inputs, &mut s_chunk);
         let (eo, es) = (rel_rms(&o_chunk, &o_rec), rel_rms(&s_chunk, &s_rec));
         eprintln!("T={t} dk={dk} dv={dv}: output rel RMS {eo:.2e}, state rel RMS {es:.2e}");
         assert!(eo <= 1e-5, "outputs differ: rel RMS {eo}");

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use deltascope::chat::{ChatTemplate, RenderOptions, TextTokenizer};
 use deltascope::engine::{GenerateRequest, Generator, ModelSequence, Outcome};
 use deltascope::generation::{
-    DraftKind, EngineEvent, FinishReason, GenerationParams, MtpParams, SamplingParams, StatsEvent, TokenEvent,
+    DraftKind, EngineEvent, FinishReason, GenerationParams, MtpMode, SamplingParams, StatsEvent, TokenEvent,
 };
 use deltascope::model::{ForwardOptions, LoadOptions, Model, ModelSource, demo_source};
 use serde_json::json;
@@ -38,11 +38,8 @@ impl Setup {
 
     fn run(&self, prompt: &[u32], params: GenerationParams) -> (Outcome, Vec<EngineEvent>) {
         let g = Generator { tokenizer: &self.tok, model_name: "t".into() };
-        let mut session = if params.mtp.depth > 0 || params.mtp.auto {
-            ModelSequence::with_mtp(&self.model)
-        } else {
-            ModelSequence::new(&self.model)
-        };
+        let mut session =
+            if params.mtp.is_on() { ModelSequence::with_mtp(&self.model) } else { ModelSequence::new(&self.model) };
         let mut ev = vec![];
         let out = g
             .generate(
@@ -57,7 +54,7 @@ impl Setup {
 }
 
 fn with_mtp(p: &GenerationParams, depth: usize) -> GenerationParams {
-    GenerationParams { mtp: MtpParams { depth, auto: false }, ..p.clone() }
+    GenerationParams { mtp: MtpMode::fixed(depth), ..p.clone() }
 }
 
 /// Greedy output with every depth equals plain greedy output; returns the tokens compared.
@@ -142,12 +139,7 @@ fn greedy_speculation_with_forcing_stops_and_odd_max_tokens() {
     // No budget is overshot under speculation.
     let (out, _) = s.run(
         &p,
-        GenerationParams {
-            thinking_budget: Some(11),
-            max_tokens: 300,
-            mtp: MtpParams { depth: 4, auto: false },
-            ..Default::default()
-        },
+        GenerationParams { thinking_budget: Some(11), max_tokens: 300, mtp: MtpMode::fixed(4), ..Default::default() },
     );
     let before_forced = out.forced.iter().position(|&f| f).unwrap();
     assert_eq!(before_forced, 11);
@@ -170,7 +162,7 @@ fn auto_depth_runs_and_matches_greedy() {
     let p = s.prompt("How many r are in strawberry?");
     let base = GenerationParams { max_tokens: 300, ..Default::default() };
     let (plain, _) = s.run(&p, base.clone());
-    let (auto, _) = s.run(&p, GenerationParams { mtp: MtpParams { depth: 2, auto: true }, ..base });
+    let (auto, _) = s.run(&p, GenerationParams { mtp: MtpMode::Auto, ..base });
     assert_eq!(auto.tokens, plain.tokens);
     let st = auto.mtp.unwrap();
     // It drafted (16 passes are measured before any cost decision) and ended at a depth of
@@ -206,12 +198,8 @@ fn speculative_sampling_preserves_the_distribution() {
     let mut counts = std::collections::HashMap::new();
     let mut spec_tokens = 0;
     for seed in 0..n {
-        let params = GenerationParams {
-            max_tokens: 3,
-            sampling: sampling(seed),
-            mtp: MtpParams { depth: 2, auto: false },
-            ..Default::default()
-        };
+        let params =
+            GenerationParams { max_tokens: 3, sampling: sampling(seed), mtp: MtpMode::fixed(2), ..Default::default() };
         let (out, ev) = s.run(&prompt, params);
         assert!(
             ev.iter().any(|e| matches!(
@@ -242,8 +230,7 @@ fn speculative_sampling_preserves_the_distribution() {
 fn mtp_stats_are_reported_in_events() {
     let s = load(demo_source());
     let p = s.prompt("Sort 93, 17, 56, 41, 8, 72.");
-    let (out, ev) =
-        s.run(&p, GenerationParams { max_tokens: 300, mtp: MtpParams { depth: 3, auto: false }, ..Default::default() });
+    let (out, ev) = s.run(&p, GenerationParams { max_tokens: 300, mtp: MtpMode::fixed(3), ..Default::default() });
     let st = out.mtp.unwrap();
     assert!(st.steps > 0 && st.drafted >= st.accepted && st.acceptance_rate > 0.5, "{st:?}");
     assert_eq!(st.per_position.len(), 3);

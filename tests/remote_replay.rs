@@ -1174,3 +1174,21 @@ fn dry_run_prints_the_request_body_and_sends_nothing() {
     assert_eq!(body["custom_params"]["thinking_budget"], 8, "{ctx}");
     no_chat_request(&server);
 }
+
+/// The decode speed is measured from the arrivals: 40 frames 10 ms apart cannot be decoded
+/// faster than 39 tokens in 390 ms, whatever the usage or the request's timing say.
+#[test]
+fn the_decode_speed_is_what_the_arrivals_allow() {
+    let mut payloads = vec![ROLE_FRAME.to_string()];
+    payloads.extend((0..40).map(|i| content_frame(&format!("w{i} "))));
+    payloads.push(STOP_FRAME.to_string());
+    let server = generic(Reply::sse_bytes(&sse(&payloads, "\n\n")).paced(Duration::from_millis(10)));
+    let out = client(&server.url(), &[]);
+    let ctx = out.context();
+    let done = out.done();
+    let rate = done["timing"]["decode_tok_s"].as_f64().unwrap_or(f64::NAN);
+    // 39 gaps of at least 10 ms between the first token's frame and the last.
+    assert!(rate > 0.0 && rate <= 39.0 / 0.390 + 1e-9, "decode {rate} tok/s: {ctx}");
+    let total = done["timing"]["total_ms"].as_f64().unwrap_or(0.0);
+    assert!(total >= 390.0, "{total} ms: {ctx}");
+}

@@ -434,7 +434,7 @@ fn bad_settings_in_a_session_name_the_file_and_field() {
         (
             "temperature",
             serde_json::json!(-5.0),
-            "turns[0].params.sampling.temperature = -5: must be ≥ 0 (0 is greedy)",
+            "turns[0].params.sampling.temperature = -5: must be in [0, 100] (0 is greedy)",
         ),
         ("top_p", serde_json::json!(7.0), "turns[0].params.sampling.top_p = 7: must be in (0, 1]"),
         ("max_tokens", serde_json::json!(0), "turns[0].params.max_tokens = 0: must be at least 1"),

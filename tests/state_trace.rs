@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicBool;
 
 use deltascope::chat::TextTokenizer;
 use deltascope::engine::{GenerateRequest, Generator, ModelSequence};
-use deltascope::generation::{EngineEvent, GenerationParams, MtpParams};
+use deltascope::generation::{EngineEvent, GenerationParams, MtpMode};
 use deltascope::model::{
     ForwardOptions, GdnPassTrace, LayerKind, LayerTrace, LoadOptions, Model, ModelSource, StateTrace, read_config,
 };
@@ -187,12 +187,7 @@ fn the_engine_emits_a_state_event_after_the_prompt_and_every_token_read() {
     let tok = TextTokenizer::load(&source, Some(config.vocab_size), &config.eos_token_ids).unwrap();
     let prompt = tok.encode("<|im_start|>user\nIs 91 prime?<|im_end|>\n<|im_start|>assistant\n<think>\n").unwrap();
     // Drafting asked for: tracing turns it off (the trace is per token).
-    let params = GenerationParams {
-        max_tokens: 24,
-        trace_state: true,
-        mtp: MtpParams { depth: 2, auto: false },
-        ..Default::default()
-    };
+    let params = GenerationParams { max_tokens: 24, trace_state: true, mtp: MtpMode::fixed(2), ..Default::default() };
     let g = Generator { tokenizer: &tok, model_name: "demo".into() };
     let mut session = ModelSequence::with_mtp(&model);
     let mut events = vec![];

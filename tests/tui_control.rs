@@ -253,7 +253,7 @@ fn sliders_take_typed_values_and_stop_at_the_context() {
     type_text(&mut app, "9000", 0.0);
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 0.0);
     let screen = render(&mut app, 80, 30);
-    assert!(screen.contains("max_tokens 9000 is more than the model's context"), "{screen}");
+    assert!(screen.contains("max_tokens 9000: must be at most the model's context"), "{screen}");
     for _ in 0..4 {
         key(&mut app, KeyCode::Backspace, KeyModifiers::NONE, 0.0);
     }

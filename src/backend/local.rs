@@ -13,9 +13,8 @@ use crate::chat::{ChatTemplate, RenderOptions, TextTokenizer};
 use crate::checkpoint::{ModelSource, demo_source};
 use crate::engine::{Compute, EngineHandle, GenerateRequest};
 use crate::generation::{Generation, SamplingParams, StepControl};
-use crate::model::cuda::DeviceKind;
-use crate::model::device_plan::{DeviceBudget, PlanInputs, plan_devices, plan_fewest};
-use crate::model::{DeviceSpec, LayerKind, LoadOptions, LoadProgress, Model, Precision, cuda};
+use crate::model::placement::{Placement, place, upload};
+use crate::model::{DeviceSpec, LayerKind, LoadOptions, LoadProgress, Model, Precision};
 use crate::units::human_bytes;
 
 /// Which checkpoint, at which precision.
@@ -105,7 +104,7 @@ impl Loaded {
             model.clone()
         } else {
             step("weights to the GPUs");
-            let gpu = upload(&model, spec, &placement)?;
+            let gpu = upload(&model, &spec.device, spec.kernels.as_deref(), &placement)?;
             placement.devices = gpu.device_weights.iter().map(|(d, _)| d.clone()).collect();
             Arc::new(gpu)
         };
@@ -162,125 +161,6 @@ pub fn render_chat(template: &ChatTemplate, messages: &[ChatMessage], enable_thi
         RenderOptions { add_generation_prompt: true, enable_thinking: Some(enable_thinking), ..Default::default() };
     let value = serde_json::to_value(messages).map_err(|e| BackendError::invalid(format!("messages: {e}")))?;
     Ok(template.render(&value, &opts)?)
-}
-
-/// Where a model runs.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Placement {
-    /// "cpu", or the GPUs ("cuda:0").
-    pub devices: Vec<String>,
-    /// One line on why it is not on a GPU under `--device auto` ("no GPU: libcuda not
-    /// found; the CPU runs"); `None` when the user chose the device.
-    pub note: Option<String>,
-    /// The GPUs to plan on, with their free memory (empty: the CPU runs).
-    pub gpus: Vec<(usize, DeviceBudget)>,
-    /// `--device cuda` without ordinals: the fewest of `gpus` that hold the model.
-    pub fewest: bool,
-    /// GPUs or emulated devices (meaningful when `gpus` is not empty).
-    pub kind: DeviceKind,
-}
-
-impl Placement {
-    /// Whether the model runs on the emulated device.
-    pub fn emulated(&self) -> bool {
-        !self.gpus.is_empty() && self.kind == DeviceKind::Emu
-    }
-}
-
-/// Resolves `--device` before any weight is read: a GPU the user asked for that cannot run is
-/// an error naming why (no driver, no device, a missing ordinal); `auto` runs the CPU, with a
-/// one-line note when a GPU is present (the CUDA engine is chosen explicitly until
-/// `scripts/gpu-check.sh` has passed on a GPU) or why there is none.
-pub fn place(spec: &DeviceSpec) -> crate::Result<Placement> {
-    let cpu = |note: Option<String>| Placement {
-        devices: vec!["cpu".into()],
-        note,
-        gpus: vec![],
-        fewest: false,
-        kind: DeviceKind::Cuda,
-    };
-    let fail = |message: String| crate::Error::Device { spec: spec.to_string(), message };
-    match spec {
-        DeviceSpec::Cpu => Ok(cpu(None)),
-        DeviceSpec::Auto => match cuda::probe() {
-            Err(no) => Ok(cpu(Some(format!("{no}; the CPU runs")))),
-            Ok(report) => Ok(cpu(Some(format!(
-                "{} found; the CPU runs (the CUDA engine is new: choose it with --device cuda)",
-                gpu_list(&report.gpus)
-            )))),
-        },
-        DeviceSpec::Cuda(wanted) => {
-            let report = cuda::probe().map_err(|no| fail(no.to_string()))?;
-            let gpus =
-                report.budgets(wanted.as_deref()).map_err(|e| fail(format!("{e} ({})", gpu_list(&report.gpus))))?;
-            let devices = gpus.iter().map(|(o, _)| format!("cuda:{o}")).collect();
-            Ok(Placement { devices, note: None, gpus, fewest: wanted.is_none(), kind: DeviceKind::Cuda })
-        }
-        DeviceSpec::Emu(ordinals) => {
-            cuda::emu::probe().map_err(|e| fail(e.to_string()))?;
-            let mut gpus = vec![];
-            for &o in ordinals {
-                if o >= 8 {
-                    return Err(fail(cuda::emu::EmuError::NoSuchDevice { ordinal: o }.to_string()));
-                }
-                let free_bytes = cuda::emu::capacity().map_err(|e| fail(e.to_string()))?;
-                gpus.push((o, DeviceBudget { label: format!("emu:{o} (emulated)"), free_bytes }));
-            }
-            let devices: Vec<String> = ordinals.iter().map(|o| format!("emu:{o}")).collect();
-            let note = format!(
-                "{}: the emulated CUDA device (the CUDA engine with its kernels compiled for this CPU; slow, for checking the GPU path)",
-                devices.join(",")
-            );
-            Ok(Placement { devices, note: Some(note), gpus, fewest: false, kind: DeviceKind::Emu })
-        }
-    }
-}
-
-/// Plans the layers over the placement's GPUs by free memory and uploads the weights; a model
-/// that does not fit is an error with the plan's numbers.
-fn upload(model: &Model, local: &LocalSpec, placement: &Placement) -> crate::Result<cuda::CudaModel> {
-    let spec = &local.device;
-    let budgets: Vec<DeviceBudget> = placement.gpus.iter().map(|(_, b)| b.clone()).collect();
-    let inputs = PlanInputs::for_model(&model.config);
-    let plan = if placement.fewest {
-        plan_fewest(&model.config, &budgets, inputs)
-    } else {
-        plan_devices(&model.config, &budgets, inputs)
-    };
-    if !plan.fits {
-        let short: Vec<String> = plan
-            .devices
-            .iter()
-            .map(|d| format!("{} needs {} of {} free", d.label, human_bytes(d.total_bytes), human_bytes(d.free_bytes)))
-            .collect();
-        return Err(crate::Error::Device {
-            spec: spec.to_string(),
-            message: format!(
-                "the model does not fit at its full context ({} tokens): {} (see deltascope inspect --device {spec})",
-                inputs.context_tokens,
-                short.join("; ")
-            ),
-        });
-    }
-    let kernels =
-        cuda::kernels::load(local.kernels.as_deref()).map_err(|e| crate::Error::InvalidArgument(e.to_string()))?;
-    let mut gpus = vec![];
-    for (o, _) in placement.gpus.iter().take(plan.devices.len()) {
-        gpus.push(
-            cuda::Gpu::open(placement.kind, *o, kernels)
-                .map_err(|e| crate::Error::Device { spec: spec.to_string(), message: e.to_string() })?,
-        );
-    }
-    cuda::CudaModel::upload(model, gpus, &plan)
-}
-
-/// "1 GPU (0: NVIDIA H200, sm_90, 139.8 GiB)".
-fn gpu_list(gpus: &[cuda::GpuInfo]) -> String {
-    let each: Vec<String> = gpus
-        .iter()
-        .map(|g| format!("{}: {}, {}, {}", g.ordinal, g.name, g.arch(), human_bytes(g.total_bytes)))
-        .collect();
-    format!("{} GPU{} ({})", gpus.len(), if gpus.len() == 1 { "" } else { "s" }, each.join("; "))
 }
 
 pub struct LocalBackend {

@@ -20,8 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::generation::{ErrorKind, Generation, GenerationParams, SamplingParams, ServerLabel, StepControl};
 
 pub use crate::checkpoint::ModelSource;
-pub use crate::model::DeviceSpec;
-pub use params::{MtpChoice, ParamOverrides};
+pub use params::{ParamOverrides, flag};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -3,39 +3,14 @@
 //! the preset, then the backend's defaults (generation_config.json, or the server's own).
 
 use super::{BackendError, BackendInfo, BackendResult};
-use crate::generation::MAX_DEPTH;
-use crate::generation::{GenerationParams, LoopParams, MtpParams, Preset, QWEN_BUDGET_BRIDGE};
-
-/// MTP speculative decoding as asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MtpChoice {
-    /// A fixed number of draft steps (0 = off).
-    Depth(usize),
-    /// Adapt the depth to the acceptance.
-    Auto,
-}
-
-impl std::str::FromStr for MtpChoice {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        if s == "auto" {
-            return Ok(MtpChoice::Auto);
-        }
-        let depth: usize = s.parse().map_err(|_| format!("expected 0–{MAX_DEPTH} or auto, found \"{s}\""))?;
-        if depth > MAX_DEPTH {
-            return Err(format!("at most {MAX_DEPTH} draft steps, found {depth}"));
-        }
-        Ok(MtpChoice::Depth(depth))
-    }
-}
+use crate::generation::{GenerationParams, LoopParams, MtpMode, Preset, QWEN_BUDGET_BRIDGE, Thinking};
 
 /// The generation settings a user asked for; `None` means "the backend's default".
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParamOverrides {
     pub max_tokens: usize,
-    /// -1 unlimited, 0 thinking off (through the template), N tokens.
-    pub thinking_budget: Option<i64>,
+    /// Off (through the template), unlimited, or N tokens; `None` = unlimited.
+    pub thinking_budget: Option<Thinking>,
     pub budget_bridge: Option<String>,
     pub answer_budget: Option<usize>,
     pub preset: Option<Preset>,
@@ -55,7 +30,7 @@ pub struct ParamOverrides {
     pub loop_min_repeats: usize,
     pub loop_min_span: usize,
     pub top_logprobs: usize,
-    pub mtp: Option<MtpChoice>,
+    pub mtp: Option<MtpMode>,
 }
 
 impl Default for ParamOverrides {
@@ -90,7 +65,7 @@ impl Default for ParamOverrides {
 impl ParamOverrides {
     /// Whether the template should render thinking on (budget 0 turns it off).
     pub fn thinking_enabled(&self, no_think: bool) -> bool {
-        !no_think && self.thinking_budget != Some(0)
+        !no_think && self.thinking_budget != Some(Thinking::Off)
     }
 
     pub fn resolve(&self, info: &BackendInfo) -> BackendResult<GenerationParams> {
@@ -107,27 +82,18 @@ impl ParamOverrides {
         s.frequency_penalty = self.frequency_penalty.unwrap_or(s.frequency_penalty);
         s.repetition_penalty = self.repetition_penalty.unwrap_or(s.repetition_penalty);
         s.seed = self.seed;
-        // A value out of range is blamed on whoever gave it: the flag when one was passed,
-        // else the backend's defaults (presets are in range by construction).
-        if let Err(p) = sampling.check() {
-            let message = if self.gives(&p.field) {
-                format!("--{} {}: must be {}", p.field.replace('_', "-"), p.value, p.expected)
-            } else {
-                format!("the sampling defaults of {}: {p}", info.name)
-            };
-            return Err(BackendError::invalid(message));
+        // A value out of the defaults' range is blamed on the backend (presets are in range by
+        // construction); one the flags set is named by its flag below.
+        if let Err(p) = sampling.check()
+            && !self.gives(&p.field)
+        {
+            return Err(BackendError::invalid(format!("the sampling defaults of {}: {p}", info.name)));
         }
-        let check = |ok: bool, message: &str| if ok { Ok(()) } else { Err(BackendError::invalid(message)) };
-        check(self.top_logprobs <= 20, "--top-logprobs is at most 20")?;
-        check(self.max_tokens >= 1, "--max-tokens must be at least 1")?;
-        let thinking_budget = match self.thinking_budget {
-            None | Some(-1) => None,
-            Some(n) if n >= 0 => Some(n as usize),
-            Some(n) => {
-                return Err(BackendError::invalid(format!(
-                    "--thinking-budget {n}: use -1 for unlimited, 0 for thinking off, or a token count"
-                )));
-            }
+        // Off travels as the template's enable_thinking=false (`thinking_enabled`) and budget 0.
+        let thinking_budget = match self.thinking_budget.unwrap_or_default() {
+            Thinking::Unlimited => None,
+            Thinking::Off => Some(0),
+            Thinking::Tokens(n) => Some(n.get()),
         };
         let params = GenerationParams {
             max_tokens: self.max_tokens,
@@ -148,16 +114,10 @@ impl ParamOverrides {
             top_logprobs: self.top_logprobs,
             mtp: self.mtp_params(info)?,
         };
-        // The rest of the ranges are the ones a session's values are checked with; every field
-        // they cover here came from a flag.
-        params.check().map_err(|p| {
-            let flag = match p.field.as_str() {
-                "loop_detection.min_repeats" => "loop-min-repeats".to_string(),
-                "loop_detection.min_span" => "loop-min-span".to_string(),
-                f => f.replace('_', "-"),
-            };
-            BackendError::invalid(format!("--{flag} {}: must be {}", p.value, p.expected))
-        })?;
+        // The one range table (`GenerationParams::check`) judges; the error names the flag.
+        params
+            .check()
+            .map_err(|p| BackendError::invalid(format!("--{} {}: must be {}", flag(&p.field), p.value, p.expected)))?;
         Ok(params)
     }
 
@@ -174,24 +134,33 @@ impl ParamOverrides {
         }
     }
 
-    fn mtp_params(&self, info: &BackendInfo) -> BackendResult<MtpParams> {
+    fn mtp_params(&self, info: &BackendInfo) -> BackendResult<MtpMode> {
         if self.mtp.is_some() && !info.mtp_control.is_yes() {
             return Err(BackendError::invalid(
                 "--mtp: a server decides speculative decoding itself (set it where the server is started)",
             ));
         }
         let p = match self.mtp {
-            None if info.mtp_control.is_yes() && info.has_mtp => MtpParams { depth: 2, auto: false },
-            None => MtpParams { depth: 0, auto: false },
-            Some(MtpChoice::Auto) => MtpParams { depth: 2, auto: true },
-            Some(MtpChoice::Depth(depth)) => MtpParams { depth, auto: false },
+            None if info.mtp_control.is_yes() && info.has_mtp => MtpMode::fixed(2),
+            None => MtpMode::Off,
+            Some(m) => m,
         };
-        if (p.depth > 0 || p.auto) && !info.has_mtp {
+        if p.is_on() && !info.has_mtp {
             return Err(BackendError::invalid(format!(
                 "--mtp: {} has no MTP head (no mtp.* tensors); use --mtp 0",
                 info.name
             )));
         }
         Ok(p)
+    }
+}
+
+/// The flag that sets a field of [`GenerationParams`] (`sampling.top_p` → `top-p`).
+pub fn flag(field: &str) -> String {
+    match field {
+        "loop_detection.min_repeats" => "loop-min-repeats".into(),
+        "loop_detection.min_span" => "loop-min-span".into(),
+        "mtp.depth" => "mtp".into(),
+        f => f.trim_start_matches("sampling.").replace('_', "-"),
     }
 }

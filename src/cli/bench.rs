@@ -15,8 +15,7 @@ use super::interrupt::Interrupt;
 use crate::backend::local::Loaded;
 use crate::backend::{ChatMessage, ChatRequest, Prompt, Role};
 use crate::engine::{GenerateRequest, Generator};
-use crate::generation::MAX_DEPTH;
-use crate::generation::{GenerationParams, Memory, MtpParams, MtpStats, SamplingParams};
+use crate::generation::{GenerationParams, Memory, MtpMode, MtpStats, SamplingParams};
 use crate::model::gdn::replay_head;
 
 #[derive(Args, Debug)]
@@ -120,14 +119,11 @@ const TRACED: &str = "0+trace";
 const DEFAULT_DEPTHS: [usize; 4] = [0, 1, 2, 3];
 
 /// One `--mtp` entry, checked before anything runs.
-fn mtp_setting(s: &str) -> anyhow::Result<MtpParams> {
-    if s == "auto" {
-        return Ok(MtpParams { depth: 2, auto: true });
-    }
-    match s.parse::<usize>() {
-        Ok(depth) if depth <= MAX_DEPTH => Ok(MtpParams { depth, auto: false }),
-        _ => anyhow::bail!("--mtp {s}: a draft depth is 0 (plain decoding) to {MAX_DEPTH}, or auto"),
-    }
+fn mtp_setting(s: &str) -> anyhow::Result<MtpMode> {
+    let mode: MtpMode = s.parse().map_err(|e| anyhow::anyhow!("--mtp {s}: {e}"))?;
+    let p = GenerationParams { mtp: mode, ..Default::default() };
+    p.check().map_err(|e| anyhow::anyhow!("--mtp {s}: must be {}, or auto", e.expected))?;
+    Ok(mode)
 }
 
 /// What one setting measured over its passes.
@@ -167,7 +163,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.repeat >= 1, "--repeat must be at least 1");
     anyhow::ensure!(a.max_tokens >= 1, "--max-tokens must be at least 1");
     // Checked before anything runs; the default list waits for the model (has it a head?).
-    let mut settings: Vec<MtpParams> = a.mtp.iter().map(|s| mtp_setting(s)).collect::<anyhow::Result<_>>()?;
+    let mut settings: Vec<MtpMode> = a.mtp.iter().map(|s| mtp_setting(s)).collect::<anyhow::Result<_>>()?;
     let prompts = prompts(&a)?;
     if a.model.server.server.is_some() {
         anyhow::ensure!(
@@ -197,15 +193,15 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         if !names.iter().any(|n| n == "0") {
             names.push("0".into());
-            settings.push(MtpParams::default());
+            settings.push(MtpMode::Off);
             traced.push(false);
         }
         names.push(TRACED.into());
-        settings.push(MtpParams::default());
+        settings.push(MtpMode::Off);
         traced.push(true);
     }
-    if let Some(m) = settings.iter().find(|m| (m.depth > 0 || m.auto) && loaded.model.mtp.is_none()) {
-        let which = if m.auto { "auto".to_string() } else { m.depth.to_string() };
+    if let Some(m) = settings.iter().find(|m| m.is_on() && loaded.model.mtp.is_none()) {
+        let which = m.to_string();
         anyhow::bail!("--mtp {which}: {} has no MTP head, so only --mtp 0 can be measured", loaded.name);
     }
     let context = loaded.model.config.max_position_embeddings;
@@ -323,15 +319,15 @@ fn one_pass(
     generator: &Generator,
     loaded: &Loaded,
     prompt_ids: &[Vec<u32>],
-    mtp: MtpParams,
+    mtp: MtpMode,
     trace_state: bool,
     max_tokens: usize,
     interrupt: &Interrupt,
 ) -> anyhow::Result<Option<Pass>> {
-    let drafting = mtp.depth > 0 || mtp.auto;
+    let drafting = mtp.is_on();
     let (mut toks, mut secs, mut pre_toks, mut pre_secs, mut first) = (0usize, 0f64, 0usize, 0f64, vec![]);
     let mut generated = 0;
-    let mut stats = MtpStats::new(mtp.depth);
+    let mut stats = MtpStats::new(mtp.depth());
     let mut memory = Memory::default();
     for ids in prompt_ids {
         let params = GenerationParams {

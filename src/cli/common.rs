@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::backend::DeviceSpec;
+use crate::devices::DeviceSpec;
 
 use crate::backend::{
-    self, Backend, BackendSpec, BudgetMode, ChatMessage, KeySource, MtpChoice, OpenProgress, ParamOverrides, Prompt,
+    self, Backend, BackendSpec, BudgetMode, ChatMessage, KeySource, OpenProgress, ParamOverrides, Prompt,
     ReasoningSplit, RemoteSpec, Role,
     local::{Loaded, LocalSpec},
 };
-use crate::generation::Preset;
+use crate::generation::{MtpMode, Preset, Thinking};
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
@@ -183,10 +183,10 @@ pub struct GenArgs {
     /// Generated tokens, thinking + answer (forced tokens included).
     #[arg(long, default_value_t = 1024, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
     pub max_tokens: usize,
-    /// Thinking tokens before the end of thinking is forced: -1 unlimited, 0 thinking off
-    /// (through the template).
+    /// Thinking tokens before the end of thinking is forced: -1 (or `unlimited`) unlimited,
+    /// 0 (or `off`) thinking off (through the template).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub thinking_budget: Option<i64>,
+    pub thinking_budget: Option<Thinking>,
     /// Text forced before `</think>` when the thinking budget runs out (default: Qwen's
     /// "Considering the limited time…" sentence; may be empty).
     #[arg(long, value_name = "TEXT")]
@@ -244,7 +244,7 @@ pub struct GenArgs {
     /// depth to the acceptance. Default: 2 when the checkpoint has an MTP head. (A server
     /// decides this itself.)
     #[arg(long, value_name = "K|auto")]
-    pub mtp: Option<MtpChoice>,
+    pub mtp: Option<MtpMode>,
 }
 
 /// The model-card presets, as flag values.

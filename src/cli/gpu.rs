@@ -8,12 +8,12 @@ use clap::{Args, Subcommand};
 
 use std::sync::Arc;
 
-use crate::model::DeviceSpec;
+use crate::devices::DeviceSpec;
 use crate::model::cuda::device::Device;
 use crate::model::cuda::emu::{EmuDevice, Schedule};
-use crate::model::cuda::parity::Parity;
 use crate::model::cuda::{self, DeviceKind, Gpu, kernels, nvrtc};
 use crate::units::human_bytes;
+use crate::verify::parity::{self, Parity};
 
 #[derive(Args, Debug)]
 pub struct GpuArgs {
@@ -170,8 +170,8 @@ fn check(
     let (gpu, results) = match kind {
         DeviceKind::Cuda => {
             let gpu = Gpu::open(kind, ordinal, kernels)?;
-            let mut results = cuda::parity::run_all(&gpu)?;
-            results.extend(cuda::parity::long_grids(&gpu)?);
+            let mut results = parity::run_all(&gpu)?;
+            results.extend(parity::long_grids(&gpu)?);
             (gpu, results)
         }
         DeviceKind::Emu => emu_check(ordinal, kernels, schedules)?,
@@ -225,13 +225,13 @@ fn emu_check(
     for &schedule in schedules {
         let dev: Arc<dyn Device> = Arc::new(EmuDevice::open_with(ordinal, kernels, schedule)?);
         let gpu = Gpu { info: dev.info().clone(), dev };
-        runs.push((schedule.to_string(), cuda::parity::run_all(&gpu)?));
+        runs.push((schedule.to_string(), parity::run_all(&gpu)?));
         first.get_or_insert(gpu);
     }
     let gpu = first.ok_or_else(|| anyhow::anyhow!("no schedule ran"))?;
     let mut results = runs[0].1.clone();
-    results.extend(cuda::parity::schedule_mismatches(&runs));
-    results.extend(cuda::parity::long_grids(&gpu)?);
+    results.extend(parity::schedule_mismatches(&runs));
+    results.extend(parity::long_grids(&gpu)?);
     Ok((gpu, results))
 }
 

@@ -15,9 +15,9 @@ use serde_json::json;
 use crate::chat::{ChatTemplate, RenderOptions, TextTokenizer};
 use crate::checkpoint::{ModelSource, demo_source};
 use crate::engine::{GenerateRequest, Generator, ModelSequence};
-use crate::generation::{GenerationParams, MtpParams};
+use crate::generation::{GenerationParams, MtpMode};
 use crate::model::cuda::{self, CudaModel, DeviceKind, Gpu};
-use crate::model::device_plan::{DeviceBudget, DevicePlan, PlanInputs, plan_devices};
+use crate::model::placement::plan::{DeviceBudget, DevicePlan, PlanInputs, plan_devices};
 use crate::model::{Forward, ForwardOptions, LoadOptions, LogitsRows, Mat, Model, Precision};
 
 /// Logits agree when the largest difference is within this share of the largest |logit| of
@@ -156,7 +156,7 @@ fn greedy<M: Forward>(
     max_tokens: usize,
     depth: usize,
 ) -> anyhow::Result<Vec<u32>> {
-    let params = GenerationParams { max_tokens, mtp: MtpParams { depth, auto: false }, ..Default::default() };
+    let params = GenerationParams { max_tokens, mtp: MtpMode::fixed(depth), ..Default::default() };
     let mut s = if depth > 0 { ModelSequence::try_with_mtp(m)? } else { ModelSequence::try_new(m)? };
     let req = GenerateRequest { prompt_ids: prompt.to_vec(), params };
     Ok(g.generate(&mut s, &req, &AtomicBool::new(false), &mut |_| {})?.tokens)

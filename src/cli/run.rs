@@ -146,7 +146,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
                     }
                     writeln!(out)?;
                     out.flush()?;
-                    // Forced by the thinking budget (bridge, `</think>`, blank line): neither
+                    // Forced by the thinking budget (bridge, `</think>`): neither
                     // thinking nor answer.
                     let forced = if usage.forced_tokens > 0 {
                         format!(" · forced {}", usage.forced_tokens)

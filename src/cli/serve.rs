@@ -7,8 +7,9 @@ use std::sync::Arc;
 use clap::Args;
 
 use super::common::{device_spec, whole_number};
-use crate::backend::{self, BackendSpec, DeviceSpec, MtpChoice, OpenProgress, local::LocalSpec};
-use crate::generation::MtpParams;
+use crate::backend::{self, BackendSpec, OpenProgress, local::LocalSpec};
+use crate::devices::DeviceSpec;
+use crate::generation::{GenerationParams, MtpMode};
 use crate::server::{ServeConfig, serve};
 
 #[derive(Args, Debug)]
@@ -46,10 +47,14 @@ pub struct ServeArgs {
     pub timeout: u64,
     /// MTP speculative decoding for every request: draft steps (0 = off) or `auto`.
     #[arg(long, default_value = "0", value_name = "N|auto")]
-    pub mtp: MtpChoice,
+    pub mtp: MtpMode,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    // The depth's range is the one table's, as for `run --mtp` and the slider.
+    GenerationParams { mtp: a.mtp, ..Default::default() }
+        .check()
+        .map_err(|e| anyhow::anyhow!("--mtp {}: must be {}, or auto", a.mtp, e.expected))?;
     let mut spec = LocalSpec::new(a.model.as_deref(), &a.dtype)?;
     spec.threads = a.threads;
     spec.device = a.device.clone();
@@ -66,11 +71,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     cfg.body_limit = a.body_limit;
     cfg.header_timeout = std::time::Duration::from_secs(a.timeout);
     cfg.body_timeout = cfg.header_timeout;
-    cfg.mtp = match a.mtp {
-        MtpChoice::Auto => MtpParams { depth: 2, auto: true },
-        MtpChoice::Depth(depth) => MtpParams { depth, auto: false },
-    };
-    if cfg.mtp.depth > 0 && !opened_has_mtp {
+    cfg.mtp = a.mtp;
+    if cfg.mtp.is_on() && !opened_has_mtp {
         anyhow::bail!("--mtp: {name} has no MTP head (no mtp.* tensors), so it cannot draft");
     }
     if !a.host.is_loopback() && cfg.api_key.is_none() {

@@ -56,9 +56,12 @@ pub struct SweepRun {
     pub seed: u64,
     /// Generated thinking tokens (the forced ones are counted apart).
     pub thinking_tokens: usize,
-    /// Tokens the budget forced: bridge text, `</think>`, blank line (0 from a server that
-    /// forces the end of thinking without saying how many).
+    /// Tokens the budget forced: bridge text and `</think>` (counted by the same tally on every
+    /// backend; an estimate where the server does not say, see `forced_estimate`).
     pub forced_tokens: usize,
+    /// Why `forced_tokens` is an estimate (a server that does not mark what its budget forced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forced_estimate: Option<String>,
     pub answer_tokens: usize,
     pub finish_reason: FinishReason,
     /// Whether the budget ended thinking.
@@ -171,7 +174,8 @@ fn collect_runs(
                 return Ok(runs);
             }
             let mut g = a.generation.overrides();
-            g.thinking_budget = Some(budget);
+            g.thinking_budget =
+                Some(budget.to_string().parse().map_err(|e| anyhow::anyhow!("--thinking-budgets: {e}"))?);
             g.seed = a.generation.seed + r;
             let request = ChatRequest {
                 prompt: prompt.clone(),
@@ -194,9 +198,9 @@ fn collect_runs(
                     seed: g.seed,
                     thinking_tokens: d.usage.thinking_tokens,
                     forced_tokens: d.usage.forced_tokens,
+                    forced_estimate: d.usage.estimate.clone(),
                     answer_tokens: d.usage.answer_tokens,
                     finish_reason: d.finish_reason,
-                    // A server forces the end of thinking without saying which tokens it forced.
                     forced: d.usage.forced_tokens > 0 || budget_forced,
                     correct: check.map(|re| re.is_match(&d.answer)),
                     decode_tok_s: d.timing.decode_tok_s,
@@ -297,13 +301,13 @@ fn print_table(
     Ok(())
 }
 
-/// The forced tokens of a run: how many, "yes" when a server forced the end of thinking
-/// without saying how many, "-" when thinking ended by itself.
+/// The forced tokens of a run: how many ("≈" where the server does not say which tokens its
+/// budget forced), "-" when thinking ended by itself.
 fn forced_cell(r: &SweepRun) -> String {
-    match (r.forced_tokens, r.forced) {
-        (0, true) => "yes".into(),
-        (0, false) => "-".into(),
-        (n, _) => n.to_string(),
+    match (r.forced_tokens, r.forced, &r.forced_estimate) {
+        (0, false, _) => "-".into(),
+        (n, _, Some(_)) => format!("≈{n}"),
+        (n, _, None) => n.to_string(),
     }
 }
 

@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 
-use crate::generation::{MAX_DEPTH, MtpParams};
+use crate::generation::{MAX_DEPTH, MtpMode};
 
 /// Picks the depth for the next step. Fixed unless `auto`, which adapts twice over:
 ///
@@ -64,11 +64,10 @@ const RETRY_FIRST: usize = 256;
 const RETRY_MAX: usize = 4096;
 
 impl DepthControl {
-    pub fn new(p: MtpParams) -> Self {
-        let depth = if p.auto && p.depth == 0 { 2 } else { p.depth.min(MAX_DEPTH) };
+    pub fn new(p: MtpMode) -> Self {
         DepthControl {
-            depth,
-            auto: p.auto,
+            depth: p.depth().min(MAX_DEPTH),
+            auto: p.is_auto(),
             recent: VecDeque::new(),
             since_change: 0,
             cost: CostProbe { backoff: RETRY_FIRST, ..Default::default() },
@@ -203,7 +202,7 @@ mod tests {
 
     #[test]
     fn auto_depth_follows_acceptance() {
-        let mut c = DepthControl::new(MtpParams { depth: 2, auto: true });
+        let mut c = DepthControl::new(MtpMode::Auto);
         // No timings (as if every pass followed a plain step): only acceptance steers.
         for _ in 0..16 {
             c.observe(2, 2, 3, None);
@@ -213,7 +212,7 @@ mod tests {
             c.observe(3, 0, 1, None);
         }
         assert_eq!(c.depth, 2);
-        let mut fixed = DepthControl::new(MtpParams { depth: 3, auto: false });
+        let mut fixed = DepthControl::new(MtpMode::fixed(3));
         for _ in 0..40 {
             fixed.observe(3, 0, 1, Some(1.0));
             fixed.observe_plain(Some(0.1));
@@ -225,7 +224,7 @@ mod tests {
     /// step `plain` ms, every draft accepted; returns the depth after `tokens` tokens and the
     /// wall time spent.
     fn simulate(pass: impl Fn(usize) -> f64, plain: f64, tokens: usize) -> (usize, f64, bool) {
-        let mut c = DepthControl::new(MtpParams { depth: 0, auto: true });
+        let mut c = DepthControl::new(MtpMode::Auto);
         let (mut made, mut ms, mut last_plain) = (0, 0.0, false);
         while made < tokens {
             if c.depth == 0 {
@@ -259,7 +258,7 @@ mod tests {
 
     #[test]
     fn auto_tries_drafting_again_after_backing_off() {
-        let mut c = DepthControl::new(MtpParams { depth: 0, auto: true });
+        let mut c = DepthControl::new(MtpMode::Auto);
         for _ in 0..COST_PASSES {
             c.observe(2, 2, 3, Some(30.0));
         }

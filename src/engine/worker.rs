@@ -37,7 +37,7 @@ impl EngineHandle {
                 let mut emit = |e: EngineEvent| {
                     let _ = events.send(e);
                 };
-                let drafting = req.params.mtp.depth > 0 || req.params.mtp.auto;
+                let drafting = req.params.mtp.is_on();
                 // A panic inside one generation (a bug, or a shape a checkpoint gets wrong)
                 // ends that generation with an error event; the engine stays up for the next.
                 let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -1,7 +1,7 @@
 //! The fixes a diagnostic offers (the TUI's F3 / F4, the headless suggestion, `--json`'s `fix`),
 //! computed in one place so that every front end offers the same numbers, and numbers that
 //! work: a thinking budget is useless unless max_tokens also holds the tokens forced to end
-//! thinking (bridge text, `</think>`, blank line: 50-odd on the demo tokenizer, 20-odd on
+//! thinking (bridge text and `</think>`: 50-odd on the demo tokenizer, 20-odd on
 //! Qwen's) and room for an answer after them.
 
 use serde::{Deserialize, Serialize};
@@ -31,7 +31,7 @@ pub struct BudgetFix {
     pub thinking_budget: usize,
     /// Unchanged when the budget fits in the current max_tokens, else raised.
     pub max_tokens: usize,
-    /// Tokens forced to end thinking (bridge, `</think>`, blank line).
+    /// Tokens forced to end thinking (bridge, `</think>`).
     pub forced_tokens: usize,
     /// Whether `forced_tokens` was counted with the tokenizer (else estimated from the text).
     pub forced_exact: bool,
@@ -41,9 +41,9 @@ pub struct BudgetFix {
 
 /// The forced end of thinking estimated from the bridge text, when no tokenizer is at hand
 /// (a server): two bytes a token (English BPE averages four; the demo's tokenizer about two),
-/// plus `</think>` and the blank line.
+/// plus `</think>`.
 pub fn estimate_forced(bridge: &str) -> usize {
-    bridge.len().div_ceil(2) + 2
+    bridge.len().div_ceil(2) + 1
 }
 
 /// A larger max_tokens (double, and at least 512 more), at most `cap`; `None` when the cap
@@ -112,7 +112,7 @@ pub fn starved(
             String::new()
         };
         format!(
-            "set a thinking budget of {}{with}: {} thinking + {approx}{} forced to end it (bridge text, </think>, blank line) + {approx}{} for the answer",
+            "set a thinking budget of {}{with}: {} thinking + {approx}{} forced to end it (bridge text, </think>) + {approx}{} for the answer",
             b.thinking_budget, b.thinking_budget, b.forced_tokens, b.answer_room
         )
     });

@@ -24,7 +24,10 @@ pub use events::{
     TokenEvent, Usage,
 };
 pub use handle::{Generation, error_kind};
-pub use params::{GenerationParams, MAX_DEPTH, MtpParams, ParamProblem, Preset, QWEN_BUDGET_BRIDGE, SamplingParams};
+pub use params::{
+    GenerationParams, MAX_DEPTH, MtpMode, ParamProblem, Preset, QWEN_BUDGET_BRIDGE, RANGES, Range, SamplingParams,
+    Thinking, range,
+};
 pub use phases::PhaseTracker;
 pub use state::{AttentionLayerState, GdnLayerState, StateEvent, StateMetric};
 pub use tally::{FinishContext, Finished, Marker, Reported, STATS_EVERY, Tally, TokenPiece, Verdict};

@@ -1,5 +1,7 @@
 //! What a generation request asks for. Shared by every front end (`run`, `sweep`, the TUI).
 
+use std::num::NonZeroUsize;
+
 use serde::{Deserialize, Serialize};
 
 use super::watchdog::LoopParams;
@@ -38,7 +40,7 @@ pub struct GenerationParams {
     /// Alternatives reported with every token (0–20).
     pub top_logprobs: usize,
     /// MTP speculative decoding (needs a checkpoint with an MTP head).
-    pub mtp: MtpParams,
+    pub mtp: MtpMode,
 }
 
 impl Default for GenerationParams {
@@ -55,24 +57,23 @@ impl Default for GenerationParams {
             trace_state: false,
             loop_detection: LoopParams::default(),
             top_logprobs: 0,
-            mtp: MtpParams::default(),
+            mtp: MtpMode::Off,
         }
     }
 }
 
 impl GenerationParams {
-    /// The first setting out of its range, if any (sampling fields as `sampling.temperature`).
+    /// The first setting out of its range, if any, as [`RANGES`] states them (fields named by
+    /// their JSON path: `max_tokens`, `sampling.temperature`, `loop_detection.min_span`). This is
+    /// the only range check: every front end (flags, the server's bodies, the sliders, session
+    /// files) builds the params and asks this; none keeps a range of its own.
     pub fn check(&self) -> Result<(), ParamProblem> {
-        self.sampling.check().map_err(|p| ParamProblem { field: format!("sampling.{}", p.field), ..p })?;
-        if self.max_tokens == 0 {
-            return Err(ParamProblem { field: "max_tokens".into(), value: "0".into(), expected: "at least 1" });
-        }
-        if self.answer_budget == Some(0) {
-            return Err(ParamProblem {
-                field: "answer_budget".into(),
-                value: "0".into(),
-                expected: "at least 1 (or no answer budget)",
-            });
+        for r in &RANGES {
+            if let Some(v) = (r.get)(self)
+                && !r.admits(v)
+            {
+                return Err(ParamProblem { field: r.field.into(), value: show(v), expected: r.expected });
+            }
         }
         if self.stop.iter().any(String::is_empty) {
             return Err(ParamProblem {
@@ -81,30 +82,221 @@ impl GenerationParams {
                 expected: "non-empty (an empty stop string would match anywhere)",
             });
         }
-        if self.loop_detection.min_repeats < 2 {
-            return Err(ParamProblem {
-                field: "loop_detection.min_repeats".into(),
-                value: self.loop_detection.min_repeats.to_string(),
-                expected: "at least 2 (a loop is a pattern seen more than once)",
-            });
-        }
-        if self.loop_detection.min_span == 0 {
-            return Err(ParamProblem {
-                field: "loop_detection.min_span".into(),
-                value: "0".into(),
-                expected: "at least 1",
-            });
-        }
-        if self.top_logprobs > 20 {
-            return Err(ParamProblem {
-                field: "top_logprobs".into(),
-                value: self.top_logprobs.to_string(),
-                expected: "at most 20",
-            });
-        }
         Ok(())
     }
+
+    /// [`check`](Self::check), then the bounds that need the model's context: max_tokens and
+    /// the thinking budget fit in it.
+    pub fn check_within(&self, context: usize) -> Result<(), ParamProblem> {
+        self.check()?;
+        let over = |field: &str, v: usize| ParamProblem {
+            field: field.into(),
+            value: v.to_string(),
+            expected: "at most the model's context length",
+        };
+        if self.max_tokens > context {
+            return Err(over("max_tokens", self.max_tokens));
+        }
+        match self.thinking_budget {
+            Some(b) if b > context => Err(over("thinking_budget", b)),
+            _ => Ok(()),
+        }
+    }
 }
+
+/// A value as a person typed it: whole numbers without a fraction.
+fn show(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 { format!("{}", v as i64) } else { format!("{}", v as f32) }
+}
+
+/// One row of the range table: a setting (by its JSON path in [`GenerationParams`]) and the
+/// interval it must lie in. `hi` is `f64::INFINITY` where there is no upper bound; values
+/// must be finite (NaN and ±inf are refused everywhere).
+#[derive(Debug, Clone, Copy)]
+pub struct Range {
+    pub field: &'static str,
+    pub lo: f64,
+    /// Whether `lo` itself is excluded (`top_p` in (0, 1]).
+    pub lo_open: bool,
+    pub hi: f64,
+    /// What the value must be, as error messages say it.
+    pub expected: &'static str,
+    get: fn(&GenerationParams) -> Option<f64>,
+}
+
+impl Range {
+    /// Whether `v` is in the range.
+    pub fn admits(&self, v: f64) -> bool {
+        v.is_finite() && (if self.lo_open { v > self.lo } else { v >= self.lo }) && v <= self.hi
+    }
+
+    /// `v` moved into the range (`step` above an open lower bound); NaN becomes the lower end.
+    pub fn clamp(&self, v: f64, step: f64) -> f64 {
+        let lo = if self.lo_open { self.lo + step } else { self.lo };
+        if v.is_nan() { lo } else { v.clamp(lo, self.hi) }
+    }
+
+    /// The field's name without its group (`temperature` for `sampling.temperature`).
+    pub fn name(&self) -> &'static str {
+        self.field.rsplit('.').next().unwrap_or(self.field)
+    }
+}
+
+/// The row of [`RANGES`] for a field (`"sampling.top_p"`, or the bare `"top_p"`).
+pub fn range(field: &str) -> Option<&'static Range> {
+    RANGES.iter().find(|r| r.field == field).or_else(|| RANGES.iter().find(|r| r.name() == field))
+}
+
+const NO_MAX: f64 = f64::INFINITY;
+
+/// THE range table: every numeric generation setting and its allowed interval, used by
+/// [`GenerationParams::check`] and by every front end that shows or clamps a value.
+pub const RANGES: [Range; 18] = [
+    Range {
+        field: "max_tokens",
+        lo: 1.0,
+        lo_open: false,
+        hi: NO_MAX,
+        expected: "at least 1",
+        get: |p| Some(p.max_tokens as f64),
+    },
+    Range {
+        field: "thinking_budget",
+        lo: 0.0,
+        lo_open: false,
+        hi: NO_MAX,
+        expected: "0 (thinking off) or more, or unlimited",
+        get: |p| p.thinking_budget.map(|b| b as f64),
+    },
+    Range {
+        field: "answer_budget",
+        lo: 1.0,
+        lo_open: false,
+        hi: NO_MAX,
+        expected: "at least 1 (or no answer budget)",
+        get: |p| p.answer_budget.map(|b| b as f64),
+    },
+    Range {
+        field: "sampling.temperature",
+        lo: 0.0,
+        lo_open: false,
+        hi: 100.0,
+        expected: "in [0, 100] (0 is greedy)",
+        get: |p| Some(p.sampling.temperature as f64),
+    },
+    Range {
+        field: "sampling.top_k",
+        lo: 0.0,
+        lo_open: false,
+        hi: 1_048_576.0,
+        expected: "in [0, 1048576] (0 is off)",
+        get: |p| Some(p.sampling.top_k as f64),
+    },
+    Range {
+        field: "sampling.top_p",
+        lo: 0.0,
+        lo_open: true,
+        hi: 1.0,
+        expected: "in (0, 1]",
+        get: |p| Some(p.sampling.top_p as f64),
+    },
+    Range {
+        field: "sampling.min_p",
+        lo: 0.0,
+        lo_open: false,
+        hi: 1.0,
+        expected: "in [0, 1]",
+        get: |p| Some(p.sampling.min_p as f64),
+    },
+    Range {
+        field: "sampling.presence_penalty",
+        lo: -2.0,
+        lo_open: false,
+        hi: 2.0,
+        expected: "in [-2, 2]",
+        get: |p| Some(p.sampling.presence_penalty as f64),
+    },
+    Range {
+        field: "sampling.frequency_penalty",
+        lo: -2.0,
+        lo_open: false,
+        hi: 2.0,
+        expected: "in [-2, 2]",
+        get: |p| Some(p.sampling.frequency_penalty as f64),
+    },
+    Range {
+        field: "sampling.repetition_penalty",
+        lo: 0.0,
+        lo_open: true,
+        hi: 100.0,
+        expected: "in (0, 100] (1 is off)",
+        get: |p| Some(p.sampling.repetition_penalty as f64),
+    },
+    Range {
+        field: "top_logprobs",
+        lo: 0.0,
+        lo_open: false,
+        hi: 20.0,
+        expected: "at most 20",
+        get: |p| Some(p.top_logprobs as f64),
+    },
+    Range {
+        field: "stop",
+        lo: 0.0,
+        lo_open: false,
+        hi: 16.0,
+        expected: "at most 16 strings",
+        get: |p| Some(p.stop.len() as f64),
+    },
+    Range {
+        field: "loop_detection.min_repeats",
+        lo: 2.0,
+        lo_open: false,
+        hi: NO_MAX,
+        expected: "at least 2 (a loop is a pattern seen more than once)",
+        get: |p| Some(p.loop_detection.min_repeats as f64),
+    },
+    Range {
+        field: "loop_detection.min_span",
+        lo: 1.0,
+        lo_open: false,
+        hi: NO_MAX,
+        expected: "at least 1",
+        get: |p| Some(p.loop_detection.min_span as f64),
+    },
+    Range {
+        field: "loop_detection.ngram",
+        lo: 1.0,
+        lo_open: false,
+        hi: NO_MAX,
+        expected: "at least 1",
+        get: |p| Some(p.loop_detection.ngram as f64),
+    },
+    Range {
+        field: "loop_detection.window",
+        lo: 0.0,
+        lo_open: false,
+        hi: NO_MAX,
+        expected: "0 (off) or more",
+        get: |p| Some(p.loop_detection.window as f64),
+    },
+    Range {
+        field: "loop_detection.ngram_ratio",
+        lo: 0.0,
+        lo_open: true,
+        hi: 1.0,
+        expected: "in (0, 1]",
+        get: |p| Some(p.loop_detection.ngram_ratio as f64),
+    },
+    Range {
+        field: "mtp.depth",
+        lo: 0.0,
+        lo_open: false,
+        hi: MAX_DEPTH as f64,
+        expected: "0 (off) to 4 draft steps",
+        get: |p| Some(p.mtp.depth() as f64),
+    },
+];
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SamplingParams {
@@ -153,29 +345,16 @@ impl std::fmt::Display for ParamProblem {
     }
 }
 
-type Range = (&'static str, fn(&SamplingParams) -> f32, fn(f32) -> bool, &'static str);
-
-/// The one list of allowed ranges, checked for every source of sampling values (flags,
-/// generation_config.json, sessions, a server's defaults).
-const RANGES: [Range; 6] = [
-    ("temperature", |p| p.temperature, |v| v >= 0.0 && v.is_finite(), "≥ 0 (0 is greedy)"),
-    ("top_p", |p| p.top_p, |v| v > 0.0 && v <= 1.0, "in (0, 1]"),
-    ("min_p", |p| p.min_p, |v| (0.0..=1.0).contains(&v), "in [0, 1]"),
-    ("presence_penalty", |p| p.presence_penalty, f32::is_finite, "a finite number"),
-    ("frequency_penalty", |p| p.frequency_penalty, f32::is_finite, "a finite number"),
-    ("repetition_penalty", |p| p.repetition_penalty, |v| v > 0.0 && v.is_finite(), "> 0 (1 is off)"),
-];
-
 impl SamplingParams {
-    /// The first value out of its range, if any.
+    /// The first value out of its range in [`RANGES`], if any (named without `sampling.`).
     pub fn check(&self) -> Result<(), ParamProblem> {
-        for (field, get, ok, expected) in RANGES {
-            let v = get(self);
-            if !ok(v) {
-                return Err(ParamProblem { field: field.into(), value: v.to_string(), expected });
+        let p = GenerationParams { sampling: self.clone(), ..Default::default() };
+        match p.check() {
+            Err(e) if e.field.starts_with("sampling.") => {
+                Err(ParamProblem { field: e.field["sampling.".len()..].to_string(), ..e })
             }
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// The sampling defaults a checkpoint ships in generation_config.json (`do_sample: false`
@@ -262,20 +441,153 @@ impl Preset {
     }
 }
 
-/// MTP speculative decoding settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub struct MtpParams {
-    /// Draft steps per verify pass (0 = off).
-    pub depth: usize,
-    /// Adapt the depth to the measured acceptance (between 1 and 4).
-    pub auto: bool,
+/// Thinking as asked for: off (the template renders `enable_thinking=false`), unlimited, or a
+/// budget of tokens after which the engine forces the end of thinking. The front ends' one
+/// spelling: `off` (also `0`, `no`, `false`), `unlimited` (also `-1`, `none`, `inf`), or a count.
+/// On the wire it is still the pair `enable_thinking` + `thinking_budget` (`null` unlimited).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Thinking {
+    Off,
+    #[default]
+    Unlimited,
+    Tokens(NonZeroUsize),
+}
+
+impl Thinking {
+    /// From the stored pair: the template switch and the budget (0 is off too).
+    pub fn from_parts(enable_thinking: bool, budget: Option<usize>) -> Self {
+        match budget {
+            _ if !enable_thinking => Thinking::Off,
+            None => Thinking::Unlimited,
+            Some(b) => NonZeroUsize::new(b).map_or(Thinking::Off, Thinking::Tokens),
+        }
+    }
+
+    /// Whether the template renders thinking on.
+    pub fn is_on(self) -> bool {
+        self != Thinking::Off
+    }
+
+    /// The budget to enforce: `None` when unlimited or off (off is the template's business).
+    pub fn budget(self) -> Option<usize> {
+        match self {
+            Thinking::Tokens(n) => Some(n.get()),
+            _ => None,
+        }
+    }
+}
+
+impl std::str::FromStr for Thinking {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" | "no" | "false" | "0" => Ok(Thinking::Off),
+            "unlimited" | "none" | "inf" | "-1" => Ok(Thinking::Unlimited),
+            t => t.parse::<NonZeroUsize>().map(Thinking::Tokens).map_err(|_| {
+                format!("{s:?}: use -1 (or unlimited) for unlimited, 0 (or off) for thinking off, or a token count")
+            }),
+        }
+    }
+}
+
+/// `off`, `unlimited` or the budget: what [`FromStr`](std::str::FromStr) reads back.
+impl std::fmt::Display for Thinking {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Thinking::Off => f.write_str("off"),
+            Thinking::Unlimited => f.write_str("unlimited"),
+            Thinking::Tokens(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// MTP speculative decoding: off, a fixed number of draft steps per verify pass, or `Auto`
+/// (the engine adapts the depth to the measured acceptance and cost, starting at
+/// [`MtpMode::AUTO_START`]). Stored as `{"depth": N, "auto": bool}`, as sessions and events have
+/// always written it (`Auto` as `{"depth": 2, "auto": true}`; any depth with `auto: true` reads
+/// as `Auto`, depth 0 as `Off`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(from = "MtpWire", into = "MtpWire")]
+pub enum MtpMode {
+    #[default]
+    Off,
+    Fixed(NonZeroUsize),
+    Auto,
+}
+
+#[derive(Serialize, Deserialize)]
+struct MtpWire {
+    depth: usize,
+    #[serde(default)]
+    auto: bool,
+}
+
+impl From<MtpWire> for MtpMode {
+    fn from(w: MtpWire) -> Self {
+        if w.auto { MtpMode::Auto } else { MtpMode::fixed(w.depth) }
+    }
+}
+
+impl From<MtpMode> for MtpWire {
+    fn from(m: MtpMode) -> Self {
+        MtpWire { depth: m.depth(), auto: m.is_auto() }
+    }
+}
+
+impl MtpMode {
+    /// The depth `Auto` starts at.
+    pub const AUTO_START: usize = 2;
+
+    /// `depth` draft steps (0 = off).
+    pub fn fixed(depth: usize) -> Self {
+        NonZeroUsize::new(depth).map_or(MtpMode::Off, MtpMode::Fixed)
+    }
+
+    /// Whether drafting is asked for.
+    pub fn is_on(self) -> bool {
+        self != MtpMode::Off
+    }
+
+    pub fn is_auto(self) -> bool {
+        self == MtpMode::Auto
+    }
+
+    /// The draft steps per verify pass: the fixed depth, `Auto`'s starting depth, 0 when off.
+    pub fn depth(self) -> usize {
+        match self {
+            MtpMode::Off => 0,
+            MtpMode::Fixed(d) => d.get(),
+            MtpMode::Auto => Self::AUTO_START,
+        }
+    }
+}
+
+/// `auto`, `off`, or a number of draft steps (0 = off). Only the spelling is read here; the
+/// depth's range is the table's (`mtp.depth`, see [`RANGES`]).
+impl std::str::FromStr for MtpMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(MtpMode::Auto),
+            "off" => Ok(MtpMode::Off),
+            t => t
+                .parse()
+                .map(MtpMode::fixed)
+                .map_err(|_| format!("expected a number of draft steps or auto, found \"{s}\"")),
+        }
+    }
+}
+
+/// `auto`, or the depth (0 = off): what [`FromStr`](std::str::FromStr) reads back.
+impl std::fmt::Display for MtpMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MtpMode::Auto => f.write_str("auto"),
+            m => write!(f, "{}", m.depth()),
+        }
+    }
 }
 
 pub const MAX_DEPTH: usize = 4;
-
-impl MtpParams {
-    /// Whether drafting is asked for.
-    pub fn is_on(&self) -> bool {
-        self.depth > 0 || self.auto
-    }
-}

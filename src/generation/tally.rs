@@ -507,3 +507,110 @@ pub struct Finished {
     pub done: DoneEvent,
     pub diagnostics: Vec<(DiagnosticKind, usize)>,
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn piece(text: &str, phase: Phase) -> TokenPiece {
+        TokenPiece { text: text.into(), phase, ..Default::default() }
+    }
+
+    fn budgeted(budget: usize) -> GenerationParams {
+        GenerationParams { thinking_budget: Some(budget), ..Default::default() }
+    }
+
+    #[test]
+    fn forced_tokens_are_counted_apart_and_the_sum_holds() {
+        let mut out = vec![];
+        let mut emit = |e: EngineEvent| out.push(e);
+        let mut t = Tally::new(&budgeted(2), Phase::Thinking, CountSource::Engine, Instant::now());
+        t.push(piece("a", Phase::Thinking), &mut emit);
+        assert!(!t.budget_spent());
+        t.push(piece("b", Phase::Thinking), &mut emit);
+        assert!(t.budget_spent(), "two thinking tokens spend a budget of 2");
+        t.budget_forced("the engine", Some(2), &mut emit);
+        t.push(TokenPiece { forced: true, ..piece(" bridge", Phase::Thinking) }, &mut emit);
+        t.push(
+            TokenPiece { forced: true, marker: Some(Marker::Close), ..piece("</think>", Phase::Thinking) },
+            &mut emit,
+        );
+        assert_eq!(t.phase(), Phase::Answer);
+        assert!(!t.budget_spent());
+        t.push(piece("42", Phase::Answer), &mut emit);
+        assert_eq!(
+            t.push(TokenPiece { stop: true, ..piece("", Phase::Answer) }, &mut emit),
+            Verdict::Finish(FinishReason::Stop)
+        );
+        let f = t.finish(FinishReason::Stop, FinishContext::default(), &mut emit);
+        let u = &f.done.usage;
+        assert_eq!((u.thinking_tokens, u.forced_tokens, u.answer_tokens, u.completion_tokens), (2, 2, 2, 6));
+        assert_eq!(f.done.thinking, "ab bridge");
+        assert_eq!(f.done.answer, "42");
+        assert_eq!(f.diagnostics, [(DiagnosticKind::ThinkingBudgetForced, 2)]);
+        let d = out.iter().find_map(|e| if let EngineEvent::Diagnostic(d) = e { Some(d) } else { None }).unwrap();
+        assert!(d.message.contains("after 2 thinking tokens"), "{}", d.message);
+    }
+
+    #[test]
+    fn a_hidden_close_after_the_budget_is_forced_and_the_server_usage_fills_the_rest() {
+        let mut emit = |_: EngineEvent| {};
+        let mut t = Tally::new(&budgeted(1), Phase::Thinking, CountSource::Logprobs, Instant::now());
+        t.push(piece("a", Phase::Thinking), &mut emit);
+        t.budget_forced("llama.cpp", None, &mut emit);
+        t.push(TokenPiece { forced: true, ..piece(" bridge", Phase::Thinking) }, &mut emit);
+        // The server's parser took `</think>` out of the stream; the answer follows.
+        t.push(piece("x", Phase::Answer), &mut emit);
+        let reported = Reported { prompt_tokens: Some(9), completion_tokens: Some(6), ..Default::default() };
+        let f = t.finish(FinishReason::Stop, FinishContext { reported, ..Default::default() }, &mut emit);
+        let u = &f.done.usage;
+        // 1 thinking, 2 forced (the bridge token and the hidden `</think>`), 3 answer (the one
+        // streamed, and two the server generated without streaming: blank line, end token).
+        assert_eq!((u.thinking_tokens, u.forced_tokens, u.answer_tokens, u.completion_tokens), (1, 2, 3, 6));
+        assert_eq!(u.prompt_tokens, 9);
+    }
+
+    #[test]
+    fn the_decode_rate_never_exceeds_what_the_arrivals_allow() {
+        let mut emit = |_: EngineEvent| {};
+        let started = Instant::now();
+        let mut t = Tally::new(&GenerationParams::default(), Phase::Answer, CountSource::Frames, started);
+        // A slow first token, then a burst: the rate is over the arrivals, not the request.
+        std::thread::sleep(Duration::from_millis(30));
+        t.push(piece("x", Phase::Answer), &mut emit);
+        let after_first = Instant::now();
+        for _ in 0..4 {
+            std::thread::sleep(Duration::from_millis(4));
+            t.push(piece("x", Phase::Answer), &mut emit);
+        }
+        // The last push came after this: the arrivals span at least 16 ms.
+        let span = after_first.elapsed().as_secs_f64();
+        let f = t.finish(FinishReason::Stop, FinishContext::default(), &mut emit);
+        let rate = f.done.timing.decode_tok_s;
+        assert!(span >= 0.016 && rate > 0.0 && rate <= 4.0 / 0.016 + 1e-6, "{rate} tok/s over {span} s");
+        assert!(f.done.timing.ttft_ms >= 30.0, "{:?}", f.done.timing);
+        // One arrival is no rate at all.
+        let mut one = Tally::new(&GenerationParams::default(), Phase::Answer, CountSource::Frames, Instant::now());
+        one.push(piece("x", Phase::Answer), &mut emit);
+        assert_eq!(one.finish(FinishReason::Stop, FinishContext::default(), &mut emit).done.timing.decode_tok_s, 0.0);
+    }
+
+    #[test]
+    fn stop_strings_cut_and_max_tokens_end() {
+        let mut emit = |_: EngineEvent| {};
+        let p = GenerationParams { stop: vec!["END".into()], max_tokens: 10, ..Default::default() };
+        let mut t = Tally::new(&p, Phase::Answer, CountSource::Engine, Instant::now());
+        assert_eq!(t.push(piece("ok E", Phase::Answer), &mut emit), Verdict::Continue);
+        assert_eq!(t.push(piece("ND more", Phase::Answer), &mut emit), Verdict::Finish(FinishReason::StopString));
+        assert_eq!(t.finish(FinishReason::StopString, FinishContext::default(), &mut emit).done.answer, "ok ");
+        let p = GenerationParams { max_tokens: 2, ..Default::default() };
+        let mut t = Tally::new(&p, Phase::Thinking, CountSource::Engine, Instant::now());
+        t.push(piece("a", Phase::Thinking), &mut emit);
+        assert_eq!(t.push(piece("b", Phase::Thinking), &mut emit), Verdict::Finish(FinishReason::Length));
+        let f =
+            t.finish(FinishReason::Length, FinishContext { forced_close: (52, true), ..Default::default() }, &mut emit);
+        assert_eq!(f.diagnostics[0].0, DiagnosticKind::ThinkingExhaustedMaxTokens);
+    }
+}

@@ -4,12 +4,13 @@
 
 use rayon::prelude::*;
 
-use super::gemv::MAX_ROWS as GEMV_MAX_ROWS;
+use super::config::ModelConfig;
+use super::cpu::gemv::MAX_ROWS as GEMV_MAX_ROWS;
+use super::cpu::tensor::{Linear, Mat, Precision, dot, sigmoid, small_gemm};
 use super::load::Loader;
 use super::norm::RmsNorm;
 use super::rope::Rope;
 use super::state::KvCache;
-use super::tensor::{Linear, Mat, Precision, dot, sigmoid, small_gemm};
 use crate::error::Result;
 
 pub struct AttnLayer {
@@ -24,21 +25,16 @@ pub struct AttnLayer {
 }
 
 impl AttnLayer {
-    pub fn load(
-        ld: &Loader,
-        p: &str,
-        hidden: usize,
-        heads: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        eps: f64,
-    ) -> Result<Self> {
+    /// The layer's weights under `ld` (a layer's `self_attn.`).
+    pub fn load(cfg: &ModelConfig, ld: &Loader) -> Result<Self> {
+        let (hidden, heads, kv_heads) = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads);
+        let (head_dim, eps) = (cfg.head_dim, cfg.rms_norm_eps);
         let (qw, kw) = (heads * head_dim, kv_heads * head_dim);
         let qkv = Linear::fused(
             vec![
-                (ld.weights(&format!("{p}q_proj.weight"), &[2 * qw, hidden])?, 2 * qw),
-                (ld.weights(&format!("{p}k_proj.weight"), &[kw, hidden])?, kw),
-                (ld.weights(&format!("{p}v_proj.weight"), &[kw, hidden])?, kw),
+                (ld.weights("q_proj.weight", &[2 * qw, hidden])?, 2 * qw),
+                (ld.weights("k_proj.weight", &[kw, hidden])?, kw),
+                (ld.weights("v_proj.weight", &[kw, hidden])?, kw),
             ],
             hidden,
         )?;
@@ -47,9 +43,9 @@ impl AttnLayer {
             kv_heads,
             head_dim,
             qkv,
-            q_norm: RmsNorm::zero_centred(&ld.get(&format!("{p}q_norm.weight"), &[head_dim])?, eps),
-            k_norm: RmsNorm::zero_centred(&ld.get(&format!("{p}k_norm.weight"), &[head_dim])?, eps),
-            o_proj: ld.linear(&format!("{p}o_proj.weight"), hidden, qw)?,
+            q_norm: RmsNorm::zero_centred(&ld.get("q_norm.weight", &[head_dim])?, eps),
+            k_norm: RmsNorm::zero_centred(&ld.get("k_norm.weight", &[head_dim])?, eps),
+            o_proj: ld.linear("o_proj.weight", hidden, qw)?,
         })
     }
 

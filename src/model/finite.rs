@@ -7,7 +7,7 @@
 //! layer when decoding, against the millions of multiply-adds of the layer itself) and stops at
 //! the first one, naming it.
 
-use super::tensor::Mat;
+use super::cpu::tensor::Mat;
 use crate::error::{Error, Result};
 pub use crate::error::{NonFinite, Sublayer};
 

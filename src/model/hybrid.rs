@@ -6,14 +6,14 @@ use std::time::Instant;
 
 use super::attention::AttnLayer;
 use super::config::{Family, LayerKind, MlpKind, ModelConfig};
+use super::cpu::tensor::{F32_BYTES, Linear, Mat, Precision};
 use super::finite::{self, Sublayer};
 use super::gdn::GdnLayer;
-use super::load::{LoadProgress, Loader};
+use super::load::{LoadCounts, LoadProgress, Loader};
 use super::mlp::{DenseMlp, Mlp, MoeBlock};
 use super::norm::RmsNorm;
 use super::rope::Rope;
 use super::state::{LayerState, SequenceState};
-use super::tensor::{F32_BYTES, Linear, Mat, Precision};
 use super::trace::{LayerTrace, StateTrace};
 use super::weights::WeightStore;
 use crate::checkpoint::ModelSource;
@@ -212,47 +212,29 @@ pub struct Model {
     pub load_seconds: f64,
 }
 
-fn load_layer(ld: &Loader, cfg: &ModelConfig, p: &str, kind: LayerKind, mlp: MlpKind) -> Result<DecoderLayer> {
+/// One decoder layer's weights under `ld` (`….layers.{i}.` or `mtp.layers.{i}.`).
+fn load_layer(ld: &Loader, cfg: &ModelConfig, kind: LayerKind, mlp: MlpKind) -> Result<DecoderLayer> {
     let h = cfg.hidden_size;
     let eps = cfg.rms_norm_eps;
     let mixer = match kind {
-        LayerKind::LinearAttention => {
-            Mixer::Linear(GdnLayer::load(ld, &format!("{p}linear_attn."), &cfg.linear, h, eps, cfg.family)?)
-        }
-        LayerKind::FullAttention => Mixer::Attention(AttnLayer::load(
-            ld,
-            &format!("{p}self_attn."),
-            h,
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-            eps,
-        )?),
+        LayerKind::LinearAttention => Mixer::Linear(GdnLayer::load(cfg, &ld.pp("linear_attn"))?),
+        LayerKind::FullAttention => Mixer::Attention(AttnLayer::load(cfg, &ld.pp("self_attn"))?),
     };
     let mlp = match mlp {
         MlpKind::Dense => {
             let inter =
                 cfg.intermediate_size.ok_or_else(|| Error::Compute("dense MLP without intermediate_size".into()))?;
-            Mlp::Dense(DenseMlp::load(ld, &format!("{p}mlp."), h, inter)?)
+            Mlp::Dense(DenseMlp::load(&ld.pp("mlp"), h, inter)?)
         }
         MlpKind::Moe => {
             let m = cfg.moe.as_ref().ok_or_else(|| Error::Compute("MoE layer without MoE config".into()))?;
-            Mlp::Moe(MoeBlock::load(
-                ld,
-                &format!("{p}mlp."),
-                h,
-                m.num_experts,
-                m.num_experts_per_tok,
-                m.moe_intermediate_size,
-                m.shared_expert_intermediate_size,
-                m.norm_topk_prob,
-            )?)
+            Mlp::Moe(MoeBlock::load(m, h, &ld.pp("mlp"))?)
         }
     };
     Ok(DecoderLayer {
-        input_norm: RmsNorm::zero_centred(&ld.get(&format!("{p}input_layernorm.weight"), &[h])?, eps),
+        input_norm: RmsNorm::zero_centred(&ld.get("input_layernorm.weight", &[h])?, eps),
         mixer,
-        post_norm: RmsNorm::zero_centred(&ld.get(&format!("{p}post_attention_layernorm.weight"), &[h])?, eps),
+        post_norm: RmsNorm::zero_centred(&ld.get("post_attention_layernorm.weight", &[h])?, eps),
         mlp,
     })
 }
@@ -291,7 +273,7 @@ pub fn missing_mtp_tensors(store: &WeightStore, config: &ModelConfig) -> Vec<Str
 impl Model {
     pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<Self> {
         let started = Instant::now();
-        let config = super::read_config(source)?;
+        let config = super::config::read_config(source)?;
         let store = WeightStore::open(source)?;
         store.prefetch();
         let (v, h) = (config.vocab_size, config.hidden_size);
@@ -310,15 +292,10 @@ impl Model {
         let total = store.bytes_where(|n| {
             n.starts_with(p.as_str()) || n == "lm_head.weight" || (!opts.skip_mtp && n.starts_with("mtp."))
         }) as u64;
-        let ld = Loader {
-            store: &store,
-            precision: opts.precision,
-            progress: opts.progress.as_ref(),
-            read: Default::default(),
-            mapped: Default::default(),
-            total,
-        };
-        let embed = ld.linear(&format!("{p}embed_tokens.weight"), v, h)?;
+        let counts = LoadCounts { total, ..Default::default() };
+        let ld = Loader::new(&store, opts.precision, opts.progress.as_ref(), &counts);
+        let lm = ld.pp(p.trim_end_matches('.'));
+        let embed = lm.linear("embed_tokens.weight", v, h)?;
         let lm_head = if store.contains("lm_head.weight") {
             Some(ld.linear("lm_head.weight", v, h)?)
         } else if config.tie_word_embeddings {
@@ -333,9 +310,11 @@ impl Model {
             });
         };
         let layers = (0..config.num_hidden_layers)
-            .map(|i| load_layer(&ld, &config, &format!("{p}layers.{i}."), config.layer_types[i], config.mlp_kinds[i]))
+            .map(|i| {
+                load_layer(&lm.pp(format_args!("layers.{i}")), &config, config.layer_types[i], config.mlp_kinds[i])
+            })
             .collect::<Result<Vec<_>>>()?;
-        let norm = RmsNorm::zero_centred(&ld.get(&format!("{p}norm.weight"), &[h])?, config.rms_norm_eps);
+        let norm = RmsNorm::zero_centred(&lm.get("norm.weight", &[h])?, config.rms_norm_eps);
 
         // Any mtp.* tensor means the checkpoint meant to carry the head: an incomplete set is an
         // error naming what is missing, not a head silently absent.
@@ -344,20 +323,18 @@ impl Model {
             let n = config.mtp_num_hidden_layers.max(1);
             let eps = config.rms_norm_eps;
             let mlp_kind = if config.family == Family::Qwen35 { MlpKind::Dense } else { MlpKind::Moe };
+            let ld = ld.pp("mtp");
             let module = || -> Result<MtpModule> {
                 Ok(MtpModule {
-                    fc: ld.linear("mtp.fc.weight", h, 2 * h)?,
-                    pre_fc_norm_embedding: RmsNorm::zero_centred(
-                        &ld.get("mtp.pre_fc_norm_embedding.weight", &[h])?,
-                        eps,
-                    ),
-                    pre_fc_norm_hidden: RmsNorm::zero_centred(&ld.get("mtp.pre_fc_norm_hidden.weight", &[h])?, eps),
+                    fc: ld.linear("fc.weight", h, 2 * h)?,
+                    pre_fc_norm_embedding: RmsNorm::zero_centred(&ld.get("pre_fc_norm_embedding.weight", &[h])?, eps),
+                    pre_fc_norm_hidden: RmsNorm::zero_centred(&ld.get("pre_fc_norm_hidden.weight", &[h])?, eps),
                     layers: (0..n)
                         .map(|i| {
-                            load_layer(&ld, &config, &format!("mtp.layers.{i}."), LayerKind::FullAttention, mlp_kind)
+                            load_layer(&ld.pp(format_args!("layers.{i}")), &config, LayerKind::FullAttention, mlp_kind)
                         })
                         .collect::<Result<Vec<_>>>()?,
-                    norm: RmsNorm::zero_centred(&ld.get("mtp.norm.weight", &[h])?, eps),
+                    norm: RmsNorm::zero_centred(&ld.get("norm.weight", &[h])?, eps),
                 })
             };
             Some(module().map_err(|e| match e {
@@ -396,7 +373,7 @@ impl Model {
             lm_prefix,
             stored_bytes: store.stored_bytes(),
             stored_dtypes: store.dtype_names(),
-            mapped_bytes: ld.mapped.get() as usize,
+            mapped_bytes: counts.mapped.get() as usize,
             load_seconds: started.elapsed().as_secs_f64(),
             config,
         })

@@ -6,8 +6,8 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
+use super::cpu::tensor::{Linear, Precision};
 use super::storage::Weights;
-use super::tensor::{Linear, Precision};
 use super::weights::WeightStore;
 use crate::error::Result;
 
@@ -22,19 +22,52 @@ impl std::fmt::Debug for LoadProgress {
     }
 }
 
+/// What a load has read so far, shared by a [`Loader`] and every loader [`Loader::pp`] makes
+/// from it.
+#[derive(Debug, Default)]
+pub struct LoadCounts {
+    /// Bytes read so far.
+    pub read: Cell<u64>,
+    /// Bytes of weight matrices kept as views into the mapped file.
+    pub mapped: Cell<u64>,
+    /// The bytes the model will read in all.
+    pub total: u64,
+}
+
+/// Reads the tensors under one name prefix (candle's `VarBuilder`): `ld.pp("self_attn")`
+/// reads `….self_attn.q_proj.weight` as `q_proj.weight`.
 pub struct Loader<'a> {
     pub store: &'a WeightStore,
     pub precision: Precision,
     pub progress: Option<&'a LoadProgress>,
-    /// Bytes read so far, and the bytes the model will read in all.
-    pub read: Cell<u64>,
-    /// Bytes of weight matrices kept as views into the mapped file.
-    pub mapped: Cell<u64>,
-    pub total: u64,
+    pub counts: &'a LoadCounts,
+    /// Prepended to every name: empty, or ending in `.`.
+    prefix: String,
 }
 
-impl Loader<'_> {
+impl<'a> Loader<'a> {
+    /// A loader at the root of the checkpoint's names.
+    pub fn new(
+        store: &'a WeightStore,
+        precision: Precision,
+        progress: Option<&'a LoadProgress>,
+        counts: &'a LoadCounts,
+    ) -> Self {
+        Loader { store, precision, progress, counts, prefix: String::new() }
+    }
+
+    /// The loader for the names under `name.` (candle's `vb.pp`).
+    pub fn pp(&self, name: impl std::fmt::Display) -> Loader<'a> {
+        Loader { prefix: format!("{}{name}.", self.prefix), ..*self }
+    }
+
+    /// The full name of `name` under this loader's prefix.
+    pub fn name(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let name = &self.name(name);
         let mut v = self.store.load_f32(name, shape)?;
         self.precision.round_all(&mut v);
         self.read_one(name);
@@ -43,6 +76,7 @@ impl Loader<'_> {
 
     /// A weight matrix in its stored dtype; with the bf16 reference's cast points, in bf16.
     pub fn weights(&self, name: &str, shape: &[usize]) -> Result<Weights> {
+        let name = &self.name(name);
         let w = self.store.load_weights(name, shape)?;
         let w = if self.precision == Precision::Bf16 && !matches!(w, Weights::Bf16(_)) {
             // Rounded into a new buffer: the file's pages are not needed again.
@@ -53,7 +87,7 @@ impl Loader<'_> {
             w
         };
         if w.is_mapped() {
-            self.mapped.set(self.mapped.get() + w.bytes() as u64);
+            self.counts.mapped.set(self.counts.mapped.get() + w.bytes() as u64);
         }
         self.read_one(name);
         Ok(w)
@@ -64,14 +98,16 @@ impl Loader<'_> {
         Linear::from_weights(self.weights(name, &[out, inp])?, out, inp)
     }
 
+    /// Counts `name` (a full name) as read and tells the progress callback.
     fn read_one(&self, name: &str) {
         if let Some(p) = self.progress {
-            self.read.set(self.read.get() + self.store.tensor_bytes(name) as u64);
-            (p.0)(self.read.get(), self.total);
+            let read = &self.counts.read;
+            read.set(read.get() + self.store.tensor_bytes(name) as u64);
+            (p.0)(read.get(), self.counts.total);
         }
     }
 
     pub fn has(&self, name: &str) -> bool {
-        self.store.contains(name)
+        self.store.contains(&self.name(name))
     }
 }

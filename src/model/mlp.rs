@@ -2,10 +2,11 @@
 //! optional renormalisation, experts accumulated in ascending id order, sigmoid-gated shared
 //! expert), model-spec §5.2–§5.3.
 
+use super::config::MoeConfig;
+use super::cpu::tensor::{Linear, Mat, Precision, sigmoid, silu};
 use super::finite::{self, Sublayer};
 use super::load::Loader;
 use super::storage::Weights;
-use super::tensor::{Linear, Mat, Precision, sigmoid, silu};
 use crate::error::{Error, Result};
 
 pub struct DenseMlp {
@@ -16,15 +17,16 @@ pub struct DenseMlp {
 }
 
 impl DenseMlp {
-    pub fn load(ld: &Loader, p: &str, hidden: usize, inter: usize) -> Result<Self> {
+    /// The block's weights under `ld` (a layer's `mlp.`, or one expert's).
+    pub fn load(ld: &Loader, hidden: usize, inter: usize) -> Result<Self> {
         let gate_up = Linear::fused(
             vec![
-                (ld.weights(&format!("{p}gate_proj.weight"), &[inter, hidden])?, inter),
-                (ld.weights(&format!("{p}up_proj.weight"), &[inter, hidden])?, inter),
+                (ld.weights("gate_proj.weight", &[inter, hidden])?, inter),
+                (ld.weights("up_proj.weight", &[inter, hidden])?, inter),
             ],
             hidden,
         )?;
-        let down = ld.linear(&format!("{p}down_proj.weight"), hidden, inter)?;
+        let down = ld.linear("down_proj.weight", hidden, inter)?;
         Ok(DenseMlp { inter, gate_up, down })
     }
 
@@ -65,35 +67,28 @@ pub struct MoeBlock {
 }
 
 impl MoeBlock {
-    #[allow(clippy::too_many_arguments)]
-    pub fn load(
-        ld: &Loader,
-        p: &str,
-        hidden: usize,
-        experts: usize,
-        top_k: usize,
-        inter: usize,
-        shared_inter: usize,
-        norm_topk_prob: bool,
-    ) -> Result<Self> {
-        let router = ld.linear(&format!("{p}gate.weight"), experts, hidden)?;
-        let fused = format!("{p}experts.gate_up_proj");
-        let list = if ld.has(&fused) {
+    /// The block's weights under `ld` (a layer's `mlp.`).
+    pub fn load(moe: &MoeConfig, hidden: usize, ld: &Loader) -> Result<Self> {
+        let (experts, top_k, inter) = (moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size);
+        let (shared_inter, norm_topk_prob) = (moe.shared_expert_intermediate_size, moe.norm_topk_prob);
+        let router = ld.linear("gate.weight", experts, hidden)?;
+        let fused = "experts.gate_up_proj";
+        let list = if ld.has(fused) {
             // Fused layout (Qwen3.5-MoE checkpoints): [E, 2I, H] (gate rows, then up) and [E, H, I].
-            let gu = ld.weights(&fused, &[experts, 2 * inter, hidden])?;
-            let dn = ld.weights(&format!("{p}experts.down_proj"), &[experts, hidden, inter])?;
+            let gu = ld.weights(fused, &[experts, 2 * inter, hidden])?;
+            let dn = ld.weights("experts.down_proj", &[experts, hidden, inter])?;
             let (gsz, dsz) = (2 * inter * hidden, hidden * inter);
             (0..experts)
                 .map(|e| DenseMlp::from_fused(gu.slice(e * gsz, gsz), dn.slice(e * dsz, dsz), hidden, inter))
                 .collect::<Result<Vec<_>>>()?
-        } else if ld.has(&format!("{p}experts.0.gate_proj.weight")) {
+        } else if ld.has("experts.0.gate_proj.weight") {
             // One tensor per expert (Qwen3-Next checkpoints).
             (0..experts)
-                .map(|e| DenseMlp::load(ld, &format!("{p}experts.{e}."), hidden, inter))
+                .map(|e| DenseMlp::load(&ld.pp(format_args!("experts.{e}")), hidden, inter))
                 .collect::<Result<Vec<_>>>()?
         } else {
             return Err(Error::MissingTensor {
-                name: format!("{fused} (or {p}experts.0.gate_proj.weight)"),
+                name: format!("{} (or {})", ld.name(fused), ld.name("experts.0.gate_proj.weight")),
                 searched: "the checkpoint's safetensors files".into(),
             });
         };
@@ -102,8 +97,8 @@ impl MoeBlock {
             norm_topk_prob,
             router,
             experts: list,
-            shared: DenseMlp::load(ld, &format!("{p}shared_expert."), hidden, shared_inter)?,
-            shared_gate: ld.linear(&format!("{p}shared_expert_gate.weight"), 1, hidden)?,
+            shared: DenseMlp::load(&ld.pp("shared_expert"), hidden, shared_inter)?,
+            shared_gate: ld.linear("shared_expert_gate.weight", 1, hidden)?,
         })
     }
 

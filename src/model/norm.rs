@@ -1,7 +1,7 @@
 //! Zero-centred RMSNorm (every norm of these models except the gated one inside GDN):
 //! `y = x · rsqrt(mean(x²) + eps) · (1 + w)`, computed in f32 and rounded once.
 
-use super::tensor::{Mat, Precision, dot};
+use super::cpu::tensor::{Mat, Precision, dot};
 
 pub struct RmsNorm {
     /// `1 + w` in f32 (transformers computes `1.0 + weight.float()`).

@@ -3,7 +3,7 @@
 //! (the three position ids are equal), so it reduces exactly to this 1-D form.
 
 use super::config::RopeConfig;
-use super::tensor::Precision;
+use super::cpu::tensor::Precision;
 
 pub struct Rope {
     inv_freq: Vec<f32>,

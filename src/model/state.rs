@@ -9,39 +9,9 @@
 use serde::Serialize;
 
 use super::config::{LayerKind, LinearAttnConfig, ModelConfig};
-use super::gdn::GdnTape;
-use super::tensor::F32_BYTES;
+use super::cpu::tensor::F32_BYTES;
+use super::gdn::{GdnState, GdnTape};
 use crate::error::{Error, Result};
-
-/// Conv window and SSM state of one GDN layer (f32).
-#[derive(Debug, Clone, PartialEq)]
-pub struct GdnState {
-    /// The last `K-1` pre-conv inputs, oldest first: `[K-1][conv_dim]`.
-    pub conv: Vec<f32>,
-    /// `[Hv][dk][dv]` (transformers' layout).
-    pub ssm: Vec<f32>,
-    /// Kept by the last verify pass, until [`SequenceState::accept`] settles it.
-    pub tape: Option<GdnTape>,
-    /// A settled tape's buffers, which the next verify pass reuses (counted with the tapes).
-    pub spare: Option<Box<GdnTape>>,
-}
-
-impl GdnState {
-    /// Conv window and SSM state (the tape is counted separately).
-    pub fn bytes(&self) -> usize {
-        (self.conv.len() + self.ssm.len()) * F32_BYTES
-    }
-
-    /// The first of `heads` value heads whose state holds NaN / ±Inf, and how many such
-    /// entries it holds.
-    pub fn first_nonfinite_head(&self, heads: usize) -> Option<(usize, usize)> {
-        self.ssm
-            .chunks((self.ssm.len() / heads.max(1)).max(1))
-            .map(|s| s.iter().filter(|v| !v.is_finite()).count())
-            .enumerate()
-            .find(|(_, n)| *n > 0)
-    }
-}
 
 /// Keys and values of one attention layer, `[position][kv_head][head_dim]`, f32.
 #[derive(Debug, Clone, PartialEq)]

@@ -31,7 +31,7 @@ use serde_json::json;
 use tokio::sync::{Mutex, OwnedMutexGuard, OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::backend::{Backend, BackendError, Prompt};
-use crate::generation::{EngineEvent, ErrorKind, MtpParams, StepControl};
+use crate::generation::{EngineEvent, ErrorKind, MtpMode, StepControl};
 use error::ApiError;
 use metrics::Metrics;
 use request::Parsed;
@@ -52,7 +52,7 @@ pub struct ServeConfig {
     /// idle client (kept alive between requests) cannot hold a connection forever.
     pub header_timeout: Duration,
     /// MTP speculative decoding for every request (`--mtp`; off by default).
-    pub mtp: MtpParams,
+    pub mtp: MtpMode,
 }
 
 impl ServeConfig {
@@ -64,7 +64,7 @@ impl ServeConfig {
             body_limit: 4 << 20,
             body_timeout: Duration::from_secs(30),
             header_timeout: Duration::from_secs(30),
-            mtp: MtpParams::default(),
+            mtp: MtpMode::Off,
         }
     }
 }
@@ -196,7 +196,7 @@ async fn models(State(s): State<Shared>) -> Response {
     let body = json!({"object": "list", "data": [{
         "id": s.model, "object": "model", "created": s.started, "owned_by": "deltascope", "max_model_len": s.context,
         "deltascope": {"version": env!("CARGO_PKG_VERSION"), "sampling_defaults": info.defaults,
-                       "mtp": s.cfg.mtp.depth > 0, "has_mtp_head": info.has_mtp},
+                       "mtp": s.cfg.mtp.is_on(), "has_mtp_head": info.has_mtp},
     }]});
     ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }

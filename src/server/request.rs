@@ -6,7 +6,7 @@
 use serde_json::{Map, Value};
 
 use crate::backend::{ChatMessage, ChatRequest, Prompt, Role};
-use crate::generation::{GenerationParams, QWEN_BUDGET_BRIDGE, SamplingParams};
+use crate::generation::{GenerationParams, QWEN_BUDGET_BRIDGE, SamplingParams, range};
 
 use super::error::ApiError;
 
@@ -75,28 +75,32 @@ impl Fields<'_> {
         self.get(name).map(|v| v.as_bool().ok_or_else(|| Self::wrong(name, v, "a boolean"))).transpose()
     }
 
-    fn f32_in(&self, name: &str, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
+    /// A number (its range is judged by `GenerationParams::check`, with everything else).
+    fn f32(&self, name: &str) -> Result<Option<f32>, ApiError> {
         let Some(v) = self.get(name) else { return Ok(None) };
         let x = v.as_f64().ok_or_else(|| Self::wrong(name, v, "a number"))?;
-        if !(lo..=hi).contains(&x) {
-            return Err(ApiError::bad(Some(name), format!("{name} is {x}: must be within {lo}..={hi}")));
-        }
         Ok(Some(x as f32))
     }
 
-    fn int_in(&self, name: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
+    /// A whole number.
+    fn int(&self, name: &str) -> Result<Option<i64>, ApiError> {
         let Some(v) = self.get(name) else { return Ok(None) };
-        let x = v.as_i64().ok_or_else(|| {
+        v.as_i64().map(Some).ok_or_else(|| {
             if v.is_number() {
-                ApiError::bad(Some(name), format!("{name} is {v}: must be a whole number within {lo}..={hi}"))
+                ApiError::bad(Some(name), format!("{name} is {v}: must be a whole number"))
             } else {
                 Self::wrong(name, v, "an integer")
             }
-        })?;
-        if !(lo..=hi).contains(&x) {
-            return Err(ApiError::bad(Some(name), format!("{name} is {x}: must be within {lo}..={hi}")));
+        })
+    }
+
+    /// A count (a whole number ≥ 0 by type); a negative one is refused with the words of the
+    /// field's row in the range table.
+    fn count(&self, name: &str, field: &str) -> Result<Option<usize>, ApiError> {
+        match self.int(name)? {
+            Some(x) if x < 0 => Err(out_of_range(name, &x.to_string(), field)),
+            x => Ok(x.map(|x| x as usize)),
         }
-        Ok(Some(x))
     }
 
     fn string(&self, name: &str) -> Result<Option<&str>, ApiError> {
@@ -104,13 +108,36 @@ impl Fields<'_> {
     }
 }
 
+fn out_of_range(name: &str, value: &str, field: &str) -> ApiError {
+    let expected = range(field).map_or("in range", |r| r.expected);
+    ApiError::bad(Some(name), format!("{name} is {value}: must be {expected}"))
+}
+
+/// The body's names for the fields `GenerationParams::check` may refuse (the spelling the
+/// client used for max_tokens and the budget), so the 400 names what the client sent.
+struct Names {
+    max_tokens: &'static str,
+    budget: &'static str,
+    top_logprobs: &'static str,
+}
+
+/// The one range check (`GenerationParams::check_within` the context), as a 400 naming the
+/// body's field.
+fn judge(p: &GenerationParams, context: usize, names: &Names) -> Result<(), ApiError> {
+    p.check_within(context).map_err(|e| {
+        let name = match e.field.as_str() {
+            "max_tokens" => names.max_tokens,
+            "thinking_budget" => names.budget,
+            "top_logprobs" => names.top_logprobs,
+            f => f.trim_start_matches("sampling."),
+        };
+        ApiError::bad(Some(name), format!("{name} is {}: must be {}", e.value, e.expected))
+    })
+}
+
 /// The settings both endpoints share: sampling, max_tokens, stop, budgets.
 /// Sampling fields left out take `defaults` (the model's generation_config.json, as vLLM does).
-fn common(
-    f: &Fields,
-    context: usize,
-    defaults: &SamplingParams,
-) -> Result<(GenerationParams, bool, Option<String>), ApiError> {
+fn common(f: &Fields, defaults: &SamplingParams) -> Result<(GenerationParams, Names, bool, Option<String>), ApiError> {
     for (name, ok) in [
         ("n", f.get("n").is_none_or(|v| v.as_i64() == Some(1))),
         ("tools", f.get("tools").is_none_or(|v| v.as_array().is_some_and(Vec::is_empty))),
@@ -130,40 +157,40 @@ fn common(
         }
     }
     let mut p = GenerationParams { sampling: defaults.clone(), ..Default::default() };
-    let given =
-        match (f.int_in("max_completion_tokens", 1, context as i64)?, f.int_in("max_tokens", 1, context as i64)?) {
-            (Some(n), _) | (None, Some(n)) => {
-                p.max_tokens = n as usize;
-                true
-            }
-            (None, None) => false,
-        };
-    let s = &mut p.sampling;
-    if let Some(t) = f.f32_in("temperature", 0.0, 100.0)? {
-        s.temperature = t;
-    }
-    if let Some(t) = f.f32_in("top_p", 0.0, 1.0)? {
-        if t == 0.0 {
-            return Err(ApiError::bad(Some("top_p"), "top_p is 0: must be within (0, 1]"));
+    let mut names = Names { max_tokens: "max_tokens", budget: "thinking_budget", top_logprobs: "top_logprobs" };
+    let given = match (f.count("max_completion_tokens", "max_tokens")?, f.count("max_tokens", "max_tokens")?) {
+        (Some(n), _) => {
+            names.max_tokens = "max_completion_tokens";
+            p.max_tokens = n;
+            true
         }
-        s.top_p = t;
+        (None, Some(n)) => {
+            p.max_tokens = n;
+            true
+        }
+        (None, None) => false,
+    };
+    let s = &mut p.sampling;
+    for (name, slot) in [
+        ("temperature", &mut s.temperature),
+        ("top_p", &mut s.top_p),
+        ("min_p", &mut s.min_p),
+        ("presence_penalty", &mut s.presence_penalty),
+        ("frequency_penalty", &mut s.frequency_penalty),
+        ("repetition_penalty", &mut s.repetition_penalty),
+    ] {
+        if let Some(x) = f.f32(name)? {
+            *slot = x;
+        }
     }
-    if let Some(k) = f.int_in("top_k", -1, 1 << 20)? {
-        s.top_k = k.max(0) as usize;
+    // top_k -1 is vLLM's spelling of off.
+    match f.int("top_k")? {
+        Some(-1) => s.top_k = 0,
+        Some(k) if k < 0 => return Err(out_of_range("top_k", &k.to_string(), "sampling.top_k")),
+        Some(k) => s.top_k = usize::try_from(k).unwrap_or(usize::MAX),
+        None => {}
     }
-    if let Some(m) = f.f32_in("min_p", 0.0, 1.0)? {
-        s.min_p = m;
-    }
-    if let Some(x) = f.f32_in("presence_penalty", -2.0, 2.0)? {
-        s.presence_penalty = x;
-    }
-    if let Some(x) = f.f32_in("frequency_penalty", -2.0, 2.0)? {
-        s.frequency_penalty = x;
-    }
-    if let Some(x) = f.f32_in("repetition_penalty", 0.01, 100.0)? {
-        s.repetition_penalty = x;
-    }
-    if let Some(x) = f.int_in("seed", i64::MIN, i64::MAX)? {
+    if let Some(x) = f.int("seed")? {
         s.seed = x as u64;
     }
     p.stop = match f.get("stop") {
@@ -175,17 +202,17 @@ fn common(
             .collect::<Result<_, _>>()?,
         Some(v) => return Err(Fields::wrong("stop", v, "a string or a list of strings")),
     };
-    if p.stop.len() > 16 {
-        return Err(ApiError::bad(Some("stop"), format!("stop has {} strings: at most 16", p.stop.len())));
-    }
-    if p.stop.iter().any(String::is_empty) {
-        return Err(ApiError::bad(Some("stop"), "stop strings must not be empty"));
-    }
     // The names clients already send for a thinking budget: SGLang / deltascope, vLLM,
     // llama.cpp (two spellings). -1 is unlimited.
     for name in ["thinking_budget", "thinking_token_budget", "reasoning_budget_tokens", "thinking_budget_tokens"] {
-        if let Some(b) = f.int_in(name, -1, context as i64)? {
-            p.thinking_budget = (b >= 0).then_some(b as usize);
+        match f.int(name)? {
+            Some(-1) => p.thinking_budget = None,
+            Some(b) if b < -1 => return Err(out_of_range(name, &b.to_string(), "thinking_budget")),
+            Some(b) => {
+                names.budget = name;
+                p.thinking_budget = Some(b as usize);
+            }
+            None => {}
         }
     }
     p.budget_bridge = f.string("reasoning_budget_message")?.unwrap_or(QWEN_BUDGET_BRIDGE).to_string();
@@ -204,7 +231,7 @@ fn common(
     };
     p.ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
     let model = f.string("model")?.map(str::to_string);
-    Ok((p, given, model))
+    Ok((p, names, given, model))
 }
 
 fn stream_options(f: &Fields) -> Result<(bool, bool), ApiError> {
@@ -246,7 +273,7 @@ fn content(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
 /// `POST /v1/chat/completions`.
 pub fn chat(body: &Map<String, Value>, context: usize, defaults: &SamplingParams) -> Result<Parsed, ApiError> {
     let f = Fields(body);
-    let (params, max_tokens_given, model) = common(&f, context, defaults)?;
+    let (mut params, names, max_tokens_given, model) = common(&f, defaults)?;
     let (stream, include_usage) = stream_options(&f)?;
     let list = match f.get("messages") {
         Some(Value::Array(a)) if !a.is_empty() => a,
@@ -282,12 +309,12 @@ pub fn chat(body: &Map<String, Value>, context: usize, defaults: &SamplingParams
         Some(v) => return Err(Fields::wrong("chat_template_kwargs", v, "an object")),
     };
     let logprobs = f.bool("logprobs")?.unwrap_or(false);
-    let top = f.int_in("top_logprobs", 0, 20)?.unwrap_or(0) as usize;
+    let top = f.count("top_logprobs", "top_logprobs")?.unwrap_or(0);
     if top > 0 && !logprobs {
         return Err(ApiError::bad(Some("top_logprobs"), "top_logprobs needs logprobs: true"));
     }
-    let mut params = params;
     params.top_logprobs = top;
+    judge(&params, context, &names)?;
     Ok(Parsed {
         req: ChatRequest { prompt: Prompt::Chat(messages), enable_thinking, params },
         stream,
@@ -301,7 +328,7 @@ pub fn chat(body: &Map<String, Value>, context: usize, defaults: &SamplingParams
 /// `POST /v1/completions`: a raw prompt, text or token ids (no template).
 pub fn completion(body: &Map<String, Value>, context: usize, defaults: &SamplingParams) -> Result<Parsed, ApiError> {
     let f = Fields(body);
-    let (mut params, max_tokens_given, model) = common(&f, context, defaults)?;
+    let (mut params, mut names, max_tokens_given, model) = common(&f, defaults)?;
     let (stream, include_usage) = stream_options(&f)?;
     let prompt = match f.get("prompt") {
         Some(Value::String(s)) if !s.is_empty() => Prompt::Text(s.clone()),
@@ -324,11 +351,13 @@ pub fn completion(body: &Map<String, Value>, context: usize, defaults: &Sampling
         None => return Err(ApiError::bad(Some("prompt"), "prompt is required")),
     };
     // logprobs: N (the legacy API's number of alternatives).
-    let n = f.int_in("logprobs", 0, 20).or_else(|e| match f.bool("logprobs") {
-        Ok(Some(b)) => Ok(Some(i64::from(b))),
+    let n = f.count("logprobs", "top_logprobs").or_else(|e| match f.bool("logprobs") {
+        Ok(Some(b)) => Ok(Some(usize::from(b))),
         _ => Err(e),
     })?;
-    params.top_logprobs = n.unwrap_or(0) as usize;
+    params.top_logprobs = n.unwrap_or(0);
+    names.top_logprobs = "logprobs";
+    judge(&params, context, &names)?;
     Ok(Parsed {
         req: ChatRequest { prompt, enable_thinking: true, params },
         stream,

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::generation::{
     CountSource, Diagnostic, DiagnosticKind, DoneEvent, EngineEvent, ErrorEvent, FinishReason, Fix, GenerationParams,
-    Memory, MtpParams, MtpStats, Phase, ServerLabel, ServerMemory, StartEvent, StateEvent, StatsEvent, Timing,
+    Memory, MtpMode, MtpStats, Phase, ServerLabel, ServerMemory, StartEvent, StateEvent, StatsEvent, Timing,
     TokenEvent, Usage, advice,
 };
 
@@ -370,7 +370,7 @@ impl Turn {
         })
     }
 
-    /// Tokens forced by a thinking budget: bridge text, `</think>`, blank line.
+    /// Tokens forced by a thinking budget: bridge text and `</think>`.
     pub fn forced_tokens(&self) -> usize {
         match &self.stats.usage {
             Some(u) => u.forced_tokens,
@@ -515,6 +515,6 @@ pub fn budget_label(enable_thinking: bool, budget: Option<usize>) -> String {
 }
 
 /// The MTP setting as shown: `auto`, or the draft depth (0 = off).
-pub fn mtp_label(m: &MtpParams) -> String {
-    if m.auto { "auto".into() } else { m.depth.to_string() }
+pub fn mtp_label(m: &MtpMode) -> String {
+    m.to_string()
 }

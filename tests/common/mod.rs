@@ -4,7 +4,7 @@
 use deltascope::backend::{BackendInfo, BackendKind, Support};
 use deltascope::generation::{
     Alternative, CountSource, Diagnostic, DiagnosticKind, DoneEvent, DraftKind, EngineEvent, FinishReason,
-    GenerationParams, Memory, MtpParams, MtpStats, Phase, SamplingParams, StartEvent, StatsEvent, Timing, TokenEvent,
+    GenerationParams, Memory, MtpMode, MtpStats, Phase, SamplingParams, StartEvent, StatsEvent, Timing, TokenEvent,
     Usage,
 };
 use deltascope::session::Session;
@@ -36,12 +36,7 @@ pub fn model() -> BackendInfo {
 }
 
 pub fn params(max_tokens: usize, budget: Option<usize>) -> GenerationParams {
-    GenerationParams {
-        max_tokens,
-        thinking_budget: budget,
-        mtp: MtpParams { depth: 2, auto: false },
-        ..Default::default()
-    }
+    GenerationParams { max_tokens, thinking_budget: budget, mtp: MtpMode::fixed(2), ..Default::default() }
 }
 
 pub fn diag(kind: DiagnosticKind, at_token: usize, message: &str, loop_at: Option<(usize, usize)>) -> EngineEvent {

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::http::{Http, check_status};
+use super::http::Http;
 use crate::backend::{BackendError, BackendResult};
 use crate::generation::{ErrorKind, SamplingParams};
 
@@ -165,20 +165,4 @@ fn llama_defaults(p: &Value) -> SamplingParams {
         repetition_penalty: f("repeat_penalty", 1.0),
         seed: 0,
     }
-}
-
-/// Reads a response that must be JSON, naming what came instead.
-pub async fn json_body(path: &str, resp: reqwest::Response, key_hint: &str) -> BackendResult<Value> {
-    let resp = check_status(path, resp, key_hint, &[]).await?;
-    let ctype =
-        resp.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-    let url = resp.url().to_string();
-    let bytes = resp.bytes().await.map_err(|e| BackendError::new(ErrorKind::Unavailable, format!("{url}: {e}")))?;
-    serde_json::from_slice(&bytes).map_err(|_| {
-        let first = String::from_utf8_lossy(&bytes[..bytes.len().min(80)]).replace(['\n', '\r'], " ");
-        BackendError::new(
-            ErrorKind::Unavailable,
-            format!("{url} answered {ctype} that is not JSON (\"{first}…\"): this URL does not look like an OpenAI-compatible API"),
-        )
-    })
 }

@@ -21,9 +21,13 @@ use std::time::Instant;
 
 use serde_json::Value;
 
+use super::logprobs::{Entry, assign_entries, logprob_entries};
+pub use super::spec_report::MetricsDelta;
+use super::spec_report::server_mtp;
+
 use crate::generation::{
-    Alternative, CountSource, DiagnosticKind, EngineEvent, ErrorKind, FinishContext, FinishReason, GenerationParams,
-    Marker, MtpStats, Phase, Reported, ServerMemory, Tally, TokenPiece, Verdict,
+    CountSource, DiagnosticKind, EngineEvent, ErrorKind, FinishContext, FinishReason, GenerationParams, Marker, Phase,
+    Reported, ServerMemory, Tally, TokenPiece, Verdict,
 };
 
 const THINK_START: &str = "<think>";
@@ -62,15 +66,6 @@ pub enum Flow {
     Stop(FinishReason),
 }
 
-/// One token's logprob entry as servers send it.
-#[derive(Debug, Clone, PartialEq)]
-struct Entry {
-    id: Option<u32>,
-    text: String,
-    logprob: Option<f32>,
-    top: Vec<Alternative>,
-}
-
 /// How a stream ended, as seen by the HTTP side.
 #[derive(Debug, Clone, PartialEq)]
 pub enum End {
@@ -82,15 +77,6 @@ pub enum End {
     Stopped(FinishReason),
     /// Something went wrong; what arrived is kept.
     Failed(ErrorKind, String),
-}
-
-/// Per-request speculative-decoding counters from `/metrics`, read before and after.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct MetricsDelta {
-    pub drafts: f64,
-    pub per_position: Vec<f64>,
-    /// "llama.cpp /metrics" or "vLLM /metrics".
-    pub source: String,
 }
 
 /// What the server said about the request as a whole.
@@ -182,8 +168,8 @@ impl FrameMapper {
             return Flow::Continue;
         }
         let mut entries = logprob_entries(choice);
-        if self.tally.params().top_logprobs == 0 {
-            // Asked for the ids only (a client-side budget).
+        if self.forcing == Forcing::Client && self.tally.params().top_logprobs == 0 {
+            // Asked for the ids only (a client-side budget continues from them).
             entries.iter_mut().for_each(|e| e.top.clear());
         }
         self.frames.0 += 1;
@@ -391,7 +377,9 @@ impl FrameMapper {
         };
         self.tally.set_counted(counted);
         let prefill = self.report.timings.as_ref().and_then(|t| t.get("prompt_per_second")).and_then(Value::as_f64);
-        let mtp = self.mtp(metrics, reported.completion_tokens.unwrap_or(self.tally.generated()));
+        let r = &self.report;
+        let completion = reported.completion_tokens.unwrap_or(self.tally.generated());
+        let mtp = server_mtp(r.vllm_metrics.as_ref(), r.sglext.as_ref(), r.timings.as_ref(), metrics, completion);
         let estimate = match self.forcing {
             Forcing::Unmarked(who) if self.budget_forced() => Some(format!(
                 "{who} does not say which tokens its thinking budget forced: counted as the `</think>` that ended thinking"
@@ -472,141 +460,6 @@ impl FrameMapper {
         }
         r
     }
-
-    /// Speculative decoding, from whatever the server reported for this request.
-    fn mtp(&self, metrics: Option<MetricsDelta>, completion: usize) -> Option<MtpStats> {
-        let per_position = |m: &Option<MetricsDelta>| -> Option<(usize, Vec<(usize, usize)>)> {
-            let m = m.as_ref().filter(|m| m.drafts > 0.0)?;
-            let steps = m.drafts.round() as usize;
-            Some((steps, m.per_position.iter().map(|a| (steps, a.round() as usize)).collect()))
-        };
-        // vLLM: `metrics.speculative_decoding` (needs --per-request-spec-decode-metrics).
-        if let Some(sd) =
-            self.report.vllm_metrics.as_ref().and_then(|m| m.get("speculative_decoding")).filter(|v| !v.is_null())
-        {
-            let n = |k: &str| sd.get(k).and_then(Value::as_u64).unwrap_or(0) as usize;
-            let depth = n("num_spec_tokens");
-            let steps = n("num_spec_steps");
-            let hist = histogram(sd.get("acceptance_histogram"));
-            let counts = counts_from_histogram(&hist, depth, steps);
-            let len = sd.get("mean_acceptance_length").and_then(Value::as_f64).unwrap_or(0.0);
-            let source = "vLLM metrics.speculative_decoding (per position from its acceptance histogram)".to_string();
-            return Some(MtpStats::from_server(
-                depth,
-                steps,
-                n("num_draft_tokens"),
-                n("num_accepted_draft_tokens"),
-                counts,
-                len,
-                source,
-            ));
-        }
-        // SGLang: `sglext.spec_tokens_details` (return_spec_tokens_details).
-        if let Some(sd) = self.report.sglext.as_ref() {
-            let n = |k: &str| sd.get(k).and_then(Value::as_u64).unwrap_or(0) as usize;
-            let steps = n("spec_verify_ct");
-            let drafted = n("spec_num_proposed_drafts");
-            let hist = histogram(sd.get("spec_correct_drafts_histogram"));
-            let depth = drafted.checked_div(steps).unwrap_or(hist.len().saturating_sub(1));
-            let counts = counts_from_histogram(&hist, depth, steps);
-            let len = sd.get("spec_accept_length").and_then(Value::as_f64).unwrap_or(0.0);
-            let source = "SGLang sglext.spec_tokens_details (per position from its histogram)".to_string();
-            return Some(MtpStats::from_server(
-                depth,
-                steps,
-                drafted,
-                n("spec_num_correct_drafts"),
-                counts,
-                len,
-                source,
-            ));
-        }
-        // llama.cpp: `timings.draft_n` / `draft_n_accepted`, positions from /metrics.
-        let t = self.report.timings.as_ref()?;
-        let drafted = t.get("draft_n").and_then(Value::as_u64)? as usize;
-        let accepted = t.get("draft_n_accepted").and_then(Value::as_u64).unwrap_or(0) as usize;
-        let (steps, counts, source) = match per_position(&metrics) {
-            Some((steps, counts)) => {
-                let from = metrics.map(|m| m.source).unwrap_or_default();
-                (steps, counts, format!("llama.cpp timings.draft_n; per position from {from}"))
-            }
-            None => (
-                0,
-                vec![],
-                "llama.cpp timings.draft_n (per position: /metrics was not readable; start the server with --metrics)"
-                    .to_string(),
-            ),
-        };
-        let depth = if steps > 0 { drafted.div_ceil(steps) } else { 0 };
-        let len = if steps > 0 { completion as f64 / steps as f64 } else { 0.0 };
-        Some(MtpStats::from_server(depth, steps, drafted, accepted, counts, len, source))
-    }
-}
-
-fn histogram(v: Option<&Value>) -> Vec<usize> {
-    v.and_then(Value::as_array)
-        .map(|a| a.iter().map(|x| x.as_u64().unwrap_or(0) as usize).collect())
-        .unwrap_or_default()
-}
-
-/// `[drafted, accepted]` per position from a histogram of drafts accepted per verify step
-/// (index j = steps that accepted exactly j drafts): position i is reached by every step and
-/// accepted by those that accepted more than i.
-fn counts_from_histogram(hist: &[usize], depth: usize, steps: usize) -> Vec<(usize, usize)> {
-    (0..depth).map(|i| (steps, hist.iter().skip(i + 1).sum())).collect()
-}
-
-/// The logprob entries of a choice (`logprobs.content`), each with its alternatives.
-fn logprob_entries(choice: &Value) -> Vec<Entry> {
-    let Some(list) = choice.pointer("/logprobs/content").and_then(Value::as_array) else { return vec![] };
-    // llama.cpp names the id `id`, deltascope `token_id`.
-    let id = |v: &Value| v.get("id").or_else(|| v.get("token_id")).and_then(Value::as_u64).map(|i| i as u32);
-    let text = |v: &Value| v.get("token").and_then(Value::as_str).unwrap_or("").to_string();
-    let lp = |v: &Value| v.get("logprob").and_then(Value::as_f64).map(|l| l as f32);
-    list.iter()
-        .map(|e| Entry {
-            id: id(e),
-            text: text(e),
-            logprob: lp(e),
-            top: e
-                .get("top_logprobs")
-                .and_then(Value::as_array)
-                .map(|alts| {
-                    alts.iter()
-                        .map(|a| Alternative { id: id(a), logprob: lp(a).unwrap_or(f32::NEG_INFINITY), text: text(a) })
-                        .collect()
-                })
-                .unwrap_or_default(),
-        })
-        .collect()
-}
-
-/// Splits a frame's entries between its reasoning and content texts (vLLM may put both in
-/// one frame). Entries that do not add up to the texts are dropped rather than misassigned.
-fn assign_entries(entries: Vec<Entry>, reasoning: &str, content: &str) -> (Vec<Entry>, Vec<Entry>) {
-    let joined: String = entries.iter().map(|e| e.text.as_str()).collect();
-    if entries.is_empty() {
-        return (vec![], vec![]);
-    }
-    if joined == format!("{reasoning}{content}") {
-        let mut used = 0;
-        let mut r = vec![];
-        let mut c = vec![];
-        for e in entries {
-            if used < reasoning.len() {
-                used += e.text.len();
-                r.push(e);
-            } else {
-                c.push(e);
-            }
-        }
-        return (r, c);
-    }
-    // A server that re-sends the prompt's `<think>\n` lists only the generated token.
-    if reasoning.is_empty() && content.ends_with(&joined) {
-        return (vec![], entries);
-    }
-    (vec![], vec![])
 }
 
 /// A server error object as one line: its message, type and code.

@@ -73,7 +73,7 @@ impl Http {
     /// GET a JSON endpoint that must work (errors are the user's).
     pub async fn get_json(&self, path: &str) -> BackendResult<Value> {
         let resp = self.get(path).send().await.map_err(|e| transport_error(&self.url(path), &e))?;
-        super::detect::json_body(path, resp, &self.key_hint()).await
+        json_body(path, resp, &self.key_hint()).await
     }
 
     /// GET a JSON endpoint a server may not have (`None` for any failure).
@@ -190,4 +190,20 @@ pub async fn check_status(
         _ => (ErrorKind::Unavailable, format!("{url}: HTTP {code}: {message}")),
     };
     Err(BackendError::new(kind, text))
+}
+
+/// Reads a response that must be JSON, naming what came instead.
+async fn json_body(path: &str, resp: reqwest::Response, key_hint: &str) -> BackendResult<Value> {
+    let resp = check_status(path, resp, key_hint, &[]).await?;
+    let ctype =
+        resp.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let url = resp.url().to_string();
+    let bytes = resp.bytes().await.map_err(|e| BackendError::new(ErrorKind::Unavailable, format!("{url}: {e}")))?;
+    serde_json::from_slice(&bytes).map_err(|_| {
+        let first = String::from_utf8_lossy(&bytes[..bytes.len().min(80)]).replace(['\n', '\r'], " ");
+        BackendError::new(
+            ErrorKind::Unavailable,
+            format!("{url} answered {ctype} that is not JSON (\"{first}…\"): this URL does not look like an OpenAI-compatible API"),
+        )
+    })
 }

@@ -8,8 +8,10 @@
 mod detect;
 mod frames;
 mod http;
+mod logprobs;
 mod metrics;
 mod request;
+mod spec_report;
 mod stream;
 
 use std::sync::Arc;

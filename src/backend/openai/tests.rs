@@ -279,3 +279,28 @@ fn dns_failure_is_one_line_naming_the_host() {
     );
     assert!(!err.message.contains('\n'));
 }
+
+#[test]
+fn tokens_a_server_forces_after_the_budget_are_counted_as_forced() {
+    let p = GenerationParams { thinking_budget: Some(2), ..params() };
+    let mut m = FrameMapper::new(&p, Split::Server, Forcing::Streamed("llama.cpp"), true, Instant::now());
+    let mut out = vec![];
+    let mut emit = |e: EngineEvent| out.push(e);
+    for (field, text) in
+        [("reasoning_content", "a"), ("reasoning_content", "b"), ("reasoning_content", "\n\nOK."), ("content", "42")]
+    {
+        let v = serde_json::json!({"choices":[{"index":0,"delta":{field: text}}]});
+        assert_eq!(m.frame(&v, &mut emit), Flow::Continue);
+    }
+    let end = serde_json::json!({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":6}});
+    m.frame(&end, &mut emit);
+    m.finish(End::Complete, None, &mut emit);
+    let forced: Vec<bool> = tokens(&out).iter().map(|t| t.forced).collect();
+    assert_eq!(forced, [false, false, true, false]);
+    let d = done(&out);
+    // 2 thinking, 2 forced (the bridge piece and the `</think>` the parser hid), the rest answer.
+    let u = &d.usage;
+    assert_eq!((u.thinking_tokens, u.forced_tokens, u.answer_tokens, u.completion_tokens), (2, 2, 2, 6));
+    let diag = out.iter().find_map(|e| if let EngineEvent::Diagnostic(x) = e { Some(x) } else { None }).unwrap();
+    assert_eq!((diag.kind, diag.at_token), (DiagnosticKind::ThinkingBudgetForced, 2));
+}

@@ -9,11 +9,9 @@ pub mod kernels;
 pub mod model;
 pub mod nvrtc;
 pub mod ops;
-pub mod parity;
 pub mod probe;
 pub mod resources;
 pub mod runtime;
-pub mod twins;
 
 pub use model::CudaModel;
 pub use probe::{GpuInfo, GpuReport, Libraries, NoGpu, probe};

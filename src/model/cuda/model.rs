@@ -22,7 +22,6 @@ use super::device::Buf;
 use super::ops::{self, Bf16Buf, DeviceMat, GdnShape, Out, RopeParams};
 use super::runtime::{Gpu, GpuError, GpuResult};
 use crate::error::{Error, Result};
-use crate::model::device_plan::DevicePlan;
 use crate::model::finite::{self, Sublayer};
 use crate::model::forward::{DraftCache, Forward, SequenceCache};
 use crate::model::hybrid::{
@@ -30,13 +29,14 @@ use crate::model::hybrid::{
 };
 use crate::model::mlp::{DenseMlp, Mlp};
 use crate::model::norm::RmsNorm;
+use crate::model::placement::plan::DevicePlan;
 use crate::model::rope::Rope;
 use crate::model::state::StateBytes;
 use crate::model::trace::{GdnPassTrace, LayerTrace, StateTrace};
 use crate::model::{Mat, ModelConfig, Precision};
 
 /// Tokens per prefill pass: the activations of one pass are sized by it, and the device plan
-/// reserves its workspace ([`crate::model::device_plan::PlanInputs::for_model`]).
+/// reserves its workspace ([`crate::model::placement::plan::PlanInputs::for_model`]).
 pub const PREFILL_CHUNK: usize = 512;
 
 impl From<GpuError> for Error {
@@ -53,11 +53,11 @@ fn norm_weight(gpu: &Gpu, n: &RmsNorm) -> GpuResult<Bf16Buf> {
     gpu.upload(&bits(n.weight()))
 }
 
-fn mat(gpu: &Gpu, l: &crate::model::tensor::Linear, o0: usize, n: usize) -> GpuResult<DeviceMat> {
+fn mat(gpu: &Gpu, l: &crate::model::cpu::tensor::Linear, o0: usize, n: usize) -> GpuResult<DeviceMat> {
     DeviceMat::upload(gpu, &l.bf16_rows(o0, n), n, l.in_features)
 }
 
-fn whole(gpu: &Gpu, l: &crate::model::tensor::Linear) -> GpuResult<DeviceMat> {
+fn whole(gpu: &Gpu, l: &crate::model::cpu::tensor::Linear) -> GpuResult<DeviceMat> {
     mat(gpu, l, 0, l.out_features)
 }
 

@@ -1,6 +1,6 @@
 //! Typed launches of the kernels in `kernels/*.cu`: one function per kernel, its grid and
 //! block as the kernel's comment states, the arguments in the kernel's order. The CUDA model
-//! (`model.rs`) composes them; `parity.rs` checks each kernel alone against its CPU twin.
+//! (`model.rs`) composes them; `verify/parity.rs` checks each kernel alone against its CPU twin.
 //!
 //! bf16 buffers are `Buf<u16>` (raw bits, as in the kernels). Every launch goes through the
 //! [`Device`](super::device::Device) seam in order, so each kernel sees the writes of the ones
@@ -519,6 +519,21 @@ pub fn concat_rows(
     let args = [a.arg(), b_in.arg(), out.arg(), Arg::I32(na as i32), Arg::I32(nb as i32), Arg::I64(n as i64)];
     // SAFETY: concat_rows(a, b, out, na, nb, n); ceil(n / 256) blocks of 256.
     unsafe { gpu.launch("concat_rows", (blocks(n, 256), 1, 1), 256, &args) }
+}
+
+/// f32 → bf16, element by element (`out` holds `n`).
+pub fn f32_to_bf16(gpu: &Gpu, x: &Buf<f32>, out: &mut Bf16Buf, n: usize) -> GpuResult<()> {
+    let args = [x.arg(), out.arg(), Arg::I64(n as i64)];
+    // SAFETY: f32_to_bf16(x, out, n); ceil(n / 256) blocks of 256 over buffers of n.
+    unsafe { gpu.launch("f32_to_bf16", (blocks(n, 256), 1, 1), 256, &args) }
+}
+
+/// Adds the count of NaN / ±Inf among `x`'s first `n` to `count` (one value).
+pub fn count_nonfinite_f32(gpu: &Gpu, x: &Buf<f32>, n: usize, count: &mut Buf<u32>) -> GpuResult<()> {
+    let args = [x.arg(), Arg::I64(n as i64), count.arg()];
+    // SAFETY: count_nonfinite_f32(x, n, count); ceil(n / 256) blocks of 256 over a buffer of n
+    // and one counter.
+    unsafe { gpu.launch("count_nonfinite_f32", (blocks(n, 256), 1, 1), 256, &args) }
 }
 
 #[cfg(test)]

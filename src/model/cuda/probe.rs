@@ -3,7 +3,7 @@
 //! that is absent, so each is checked for presence first, and a driver that loads but answers
 //! `cuInit` with an error (no device, no permission) is reported by that error's name.
 
-use crate::model::device_plan::DeviceBudget;
+use crate::model::placement::plan::DeviceBudget;
 use std::ffi::c_int;
 
 use cudarc::driver::{result as drv, sys as drv_sys};

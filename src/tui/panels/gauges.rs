@@ -21,7 +21,7 @@ pub const MIN_HEIGHT: u16 = 18;
 pub struct BudgetBar {
     pub prompt: usize,
     pub thinking: usize,
-    /// Forced by the thinking budget (bridge, `</think>`, blank line), between the two.
+    /// Forced by the thinking budget (bridge, `</think>`), between the two.
     pub forced: usize,
     pub answer: usize,
     pub max_tokens: usize,
@@ -232,7 +232,7 @@ fn mtp_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
             "not reported by the server".to_string()
         } else if !app.model.as_ref().is_some_and(|m| m.has_mtp) {
             "off (no MTP head)".to_string()
-        } else if t.params.mtp.depth == 0 && !t.params.mtp.auto {
+        } else if !t.params.mtp.is_on() {
             "off (depth 0)".to_string()
         } else if t.params.trace_state {
             // The state trace is per token: the engine does not draft while tracing.
@@ -249,14 +249,17 @@ fn mtp_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
     };
     let (acc, len) = (m.acceptance_rate * 100.0, m.mean_accepted_length);
     // Depth 0 under auto: it measured plain decoding faster and paused drafting.
-    let depth =
-        if m.depth == 0 && t.params.mtp.auto { "off (auto: plain is faster)".to_string() } else { m.depth.to_string() };
+    let depth = if m.depth == 0 && t.params.mtp.is_auto() {
+        "off (auto: plain is faster)".to_string()
+    } else {
+        m.depth.to_string()
+    };
     let full = format!("depth {depth} · acc {acc:.0}% ({}/{}) · len {len:.2}", m.accepted, m.drafted);
     // The counts go first when the column is narrow; the rates always fit.
     let text = if full.chars().count() + 4 <= area.width as usize {
         full
     } else {
-        let short = if m.depth == 0 && t.params.mtp.auto { "off".to_string() } else { m.depth.to_string() };
+        let short = if m.depth == 0 && t.params.mtp.is_auto() { "off".to_string() } else { m.depth.to_string() };
         format!("depth {short} · acc {acc:.0}% · len {len:.2}")
     };
     lines.push(Line::from(vec![

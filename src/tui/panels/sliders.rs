@@ -14,7 +14,7 @@ use ratatui::widgets::{Block, Paragraph};
 use super::messages::Level;
 use super::{Ctx, DrawCtx, Handled};
 use crate::backend::Support;
-use crate::generation::{GenerationParams, MAX_DEPTH, MtpParams, Preset};
+use crate::generation::{GenerationParams, MAX_DEPTH, MtpMode, Preset, Thinking, range};
 use crate::session::budget_label;
 use crate::tui::keymap::Action;
 
@@ -116,9 +116,9 @@ impl Slider {
             Slider::RepetitionPenalty if q.repetition_penalty == 1.0 => "1.00 (off)".into(),
             Slider::RepetitionPenalty => format!("{:.2}", q.repetition_penalty),
             Slider::MtpDepth if !s.mtp.is_yes() => format!("n/a ({})", s.mtp.reason().unwrap_or_default()),
-            Slider::MtpDepth if p.mtp.auto => "auto (adapts)".into(),
-            Slider::MtpDepth if p.mtp.depth == 0 => "0 (off)".into(),
-            Slider::MtpDepth => p.mtp.depth.to_string(),
+            Slider::MtpDepth if p.mtp.is_auto() => "auto (adapts)".into(),
+            Slider::MtpDepth if !p.mtp.is_on() => "0 (off)".into(),
+            Slider::MtpDepth => p.mtp.to_string(),
             Slider::Seed => q.seed.to_string(),
             Slider::Preset => s.preset.map(|p| p.name().to_string()).unwrap_or_else(|| "custom".into()),
         }
@@ -144,8 +144,8 @@ impl Slider {
             Slider::PresencePenalty => ((q.presence_penalty + 2.0) / 4.0) as f64,
             Slider::FrequencyPenalty => ((q.frequency_penalty + 2.0) / 4.0) as f64,
             Slider::RepetitionPenalty => ((q.repetition_penalty - 0.5) / 1.5) as f64,
-            Slider::MtpDepth if p.mtp.auto => 1.0,
-            Slider::MtpDepth => p.mtp.depth as f64 / 5.0,
+            Slider::MtpDepth if p.mtp.is_auto() => 1.0,
+            Slider::MtpDepth => p.mtp.depth() as f64 / 5.0,
             Slider::Seed => 0.0,
             Slider::Preset => s
                 .preset
@@ -170,75 +170,46 @@ impl Slider {
             Slider::PresencePenalty => q.presence_penalty.to_string(),
             Slider::FrequencyPenalty => q.frequency_penalty.to_string(),
             Slider::RepetitionPenalty => q.repetition_penalty.to_string(),
-            Slider::MtpDepth if p.mtp.auto => "auto".into(),
-            Slider::MtpDepth => p.mtp.depth.to_string(),
+            Slider::MtpDepth => p.mtp.to_string(),
             Slider::Seed => q.seed.to_string(),
             Slider::Preset => s.preset.map(|p| p.name().to_string()).unwrap_or_default(),
         }
     }
 
-    /// Sets a typed value (Enter on a slider, then a number), checked like the command-line
-    /// flag of the same setting; the error says what is accepted.
+    /// Sets a typed value (Enter on a slider, then a number). The text is read as the type
+    /// the setting has; its range is judged by the one table (`GenerationParams::check`, within
+    /// the context when known), as for the flags and the server; the error says what is accepted.
     pub fn set(self, s: &mut Settings, text: &str) -> Result<(), String> {
         let text = text.trim();
         let label = self.label();
-        let float = |lo: f32, hi: f32, lo_open: bool| -> Result<f32, String> {
-            let v: f32 = text.parse().map_err(|_| format!("{label}: {text:?} is not a number"))?;
-            let ok = v.is_finite() && (if lo_open { v > lo } else { v >= lo }) && v <= hi;
-            let range = if lo_open { format!("({lo}, {hi}]") } else { format!("[{lo}, {hi}]") };
-            if ok { Ok(v) } else { Err(format!("{label} must be in {range}; got {text}")) }
-        };
+        let float =
+            || -> Result<f32, String> { text.parse().map_err(|_| format!("{label}: {text:?} is not a number")) };
         let count = |what: &str| -> Result<usize, String> {
             text.parse::<usize>().map_err(|_| format!("{label}: {text:?} is not {what}"))
         };
-        let q = &mut s.params.sampling;
+        let mut next = s.clone();
+        let p = &mut next.params;
+        let q = &mut p.sampling;
         match self {
-            Slider::MaxTokens => {
-                let n = count("a whole number of tokens")?;
-                let cap = s.max_tokens_cap(0);
-                if n == 0 {
-                    return Err("max_tokens must be at least 1".into());
-                }
-                if n > cap {
-                    return Err(format!("max_tokens {n} is more than the model's context ({cap} tokens)"));
-                }
-                s.params.max_tokens = n;
+            Slider::MaxTokens => p.max_tokens = count("a whole number of tokens")?,
+            Slider::ThinkingBudget => {
+                // The front ends' one spelling (off, unlimited, -1, 0, a count).
+                let t: Thinking = text.parse().map_err(|e| format!("{label}: {e}"))?;
+                next.enable_thinking = t.is_on();
+                p.thinking_budget = t.budget();
             }
-            Slider::ThinkingBudget => match text.to_ascii_lowercase().as_str() {
-                "off" | "no" | "false" => {
-                    s.enable_thinking = false;
-                    s.params.thinking_budget = None;
-                }
-                "unlimited" | "none" | "-1" | "inf" => {
-                    s.enable_thinking = true;
-                    s.params.thinking_budget = None;
-                }
-                _ => {
-                    let n = count("a number of tokens, off or unlimited")?;
-                    s.enable_thinking = true;
-                    s.params.thinking_budget = Some(n);
-                }
-            },
-            Slider::Temperature => q.temperature = float(0.0, 2.0, false)?,
-            Slider::TopP => q.top_p = float(0.0, 1.0, true)?,
+            Slider::Temperature => q.temperature = float()?,
+            Slider::TopP => q.top_p = float()?,
             Slider::TopK => q.top_k = count("a whole number (0 = off)")?,
-            Slider::MinP => q.min_p = float(0.0, 1.0, false)?,
-            Slider::PresencePenalty => q.presence_penalty = float(-2.0, 2.0, false)?,
-            Slider::FrequencyPenalty => q.frequency_penalty = float(-2.0, 2.0, false)?,
-            Slider::RepetitionPenalty => q.repetition_penalty = float(0.0, 2.0, true)?,
+            Slider::MinP => q.min_p = float()?,
+            Slider::PresencePenalty => q.presence_penalty = float()?,
+            Slider::FrequencyPenalty => q.frequency_penalty = float()?,
+            Slider::RepetitionPenalty => q.repetition_penalty = float()?,
             Slider::MtpDepth => {
                 if let Some(why) = s.mtp.reason() {
                     return Err(format!("the MTP depth cannot be set here: {why}"));
                 }
-                s.params.mtp = if text.eq_ignore_ascii_case("auto") {
-                    MtpParams { depth: 0, auto: true }
-                } else {
-                    let d = count(&format!("0–{MAX_DEPTH} or auto"))?;
-                    if d > MAX_DEPTH {
-                        return Err(format!("MTP depth must be 0–{MAX_DEPTH} or auto; got {d}"));
-                    }
-                    MtpParams { depth: d, auto: false }
-                };
+                p.mtp = text.parse().map_err(|e| format!("{label}: {e}"))?;
             }
             Slider::Seed => q.seed = text.parse().map_err(|_| format!("seed: {text:?} is not a whole number"))?,
             Slider::Preset => {
@@ -248,13 +219,26 @@ impl Slider {
                         format!("preset must be one of {}; got {text:?}", names.join(", "))
                     })?;
                 preset.apply(q);
-                s.preset = Some(preset);
+                next.preset = Some(preset);
+                *s = next;
                 return Ok(());
             }
         }
-        if self.is_sampling() {
-            s.preset = None;
+        let checked = match next.context {
+            Some(c) => next.params.check_within(c),
+            None => next.params.check(),
+        };
+        if let Err(e) = checked {
+            let within = match next.context {
+                Some(c) if e.expected.contains("context") => format!(" ({c} tokens)"),
+                _ => String::new(),
+            };
+            return Err(format!("{label} {text}: must be {}{within}", e.expected));
         }
+        if self.is_sampling() {
+            next.preset = None;
+        }
+        *s = next;
         Ok(())
     }
 
@@ -276,11 +260,13 @@ impl Slider {
         let up = dir > 0;
         let p = &mut s.params;
         let q = &mut p.sampling;
-        let step_f = |v: f32, small: f32, lo: f32, hi: f32| -> f32 {
+        // Steps stay inside the field's row of the one range table.
+        let step_f = |v: f32, small: f32, field: &str| -> f32 {
             let d = if big { small * 5.0 } else { small };
             let n = if up { v + d } else { v - d };
             // Round to the step's precision so values do not drift (0.30000001).
-            ((n / small).round() * small).clamp(lo, hi)
+            let n = (n / small).round() * small;
+            range(field).map_or(n, |r| r.clamp(n as f64, small as f64) as f32)
         };
         match self {
             Slider::MaxTokens => p.max_tokens = ladder_step(&MAX_TOKENS, p.max_tokens, up, big),
@@ -311,24 +297,30 @@ impl Slider {
                     }
                 }
             }
-            Slider::Temperature => q.temperature = step_f(q.temperature, 0.05, 0.0, 2.0),
-            Slider::TopP => q.top_p = step_f(q.top_p, 0.05, 0.05, 1.0),
+            Slider::Temperature => q.temperature = step_f(q.temperature, 0.05, "sampling.temperature"),
+            Slider::TopP => q.top_p = step_f(q.top_p, 0.05, "sampling.top_p"),
             Slider::TopK => q.top_k = ladder_step(&TOP_K, q.top_k, up, big),
-            Slider::MinP => q.min_p = step_f(q.min_p, 0.01, 0.0, 1.0),
-            Slider::PresencePenalty => q.presence_penalty = step_f(q.presence_penalty, 0.1, -2.0, 2.0),
-            Slider::FrequencyPenalty => q.frequency_penalty = step_f(q.frequency_penalty, 0.1, -2.0, 2.0),
-            Slider::RepetitionPenalty => q.repetition_penalty = step_f(q.repetition_penalty, 0.05, 0.5, 2.0),
+            Slider::MinP => q.min_p = step_f(q.min_p, 0.01, "sampling.min_p"),
+            Slider::PresencePenalty => {
+                q.presence_penalty = step_f(q.presence_penalty, 0.1, "sampling.presence_penalty")
+            }
+            Slider::FrequencyPenalty => {
+                q.frequency_penalty = step_f(q.frequency_penalty, 0.1, "sampling.frequency_penalty")
+            }
+            Slider::RepetitionPenalty => {
+                q.repetition_penalty = step_f(q.repetition_penalty, 0.05, "sampling.repetition_penalty")
+            }
             Slider::MtpDepth => {
                 // 0 (off) < 1 < … < 4 < auto (the engine adapts the depth to acceptance).
                 if s.mtp.is_yes() {
                     let max = MAX_DEPTH;
-                    match (p.mtp.auto, up) {
-                        (true, true) => {}
-                        (true, false) => p.mtp = MtpParams { depth: max, auto: false },
-                        (false, true) if p.mtp.depth >= max => p.mtp = MtpParams { depth: 0, auto: true },
-                        (false, true) => p.mtp.depth += 1,
-                        (false, false) => p.mtp.depth = p.mtp.depth.saturating_sub(1),
-                    }
+                    p.mtp = match (p.mtp, up) {
+                        (MtpMode::Auto, true) => MtpMode::Auto,
+                        (MtpMode::Auto, false) => MtpMode::fixed(max),
+                        (m, true) if m.depth() >= max => MtpMode::Auto,
+                        (m, true) => MtpMode::fixed(m.depth() + 1),
+                        (m, false) => MtpMode::fixed(m.depth().saturating_sub(1)),
+                    };
                 }
             }
             Slider::Seed => {
@@ -477,20 +469,20 @@ mod tests {
     #[test]
     fn mtp_depth_runs_from_off_to_auto_and_frequency_penalty_steps() {
         let mut s = settings();
-        s.params.mtp = MtpParams { depth: 0, auto: false };
+        s.params.mtp = MtpMode::Off;
         assert_eq!(Slider::MtpDepth.value(&s), "0 (off)");
         for _ in 0..4 {
             Slider::MtpDepth.adjust(&mut s, 1, false);
         }
-        assert_eq!(s.params.mtp, MtpParams { depth: 4, auto: false });
+        assert_eq!(s.params.mtp, MtpMode::fixed(4));
         Slider::MtpDepth.adjust(&mut s, 1, false);
-        assert!(s.params.mtp.auto);
+        assert!(s.params.mtp.is_auto());
         assert_eq!(Slider::MtpDepth.value(&s), "auto (adapts)");
         assert_eq!(Slider::MtpDepth.position(&s), 1.0);
         Slider::MtpDepth.adjust(&mut s, 1, false);
-        assert!(s.params.mtp.auto, "auto is the top of the range");
+        assert!(s.params.mtp.is_auto(), "auto is the top of the range");
         Slider::MtpDepth.adjust(&mut s, -1, false);
-        assert_eq!(s.params.mtp, MtpParams { depth: 4, auto: false });
+        assert_eq!(s.params.mtp, MtpMode::fixed(4));
 
         for _ in 0..3 {
             Slider::FrequencyPenalty.adjust(&mut s, 1, false);
@@ -513,19 +505,22 @@ mod tests {
         Slider::ThinkingBudget.set(&mut s, "off").unwrap();
         assert!(!s.enable_thinking);
         Slider::MtpDepth.set(&mut s, "auto").unwrap();
-        assert!(s.params.mtp.auto);
+        assert!(s.params.mtp.is_auto());
         Slider::Preset.set(&mut s, "thinking-general").unwrap();
         assert_eq!(s.preset, Some(Preset::ALL[0]));
         // Checked like the flags, and the error says what is accepted.
         assert_eq!(
             Slider::MaxTokens.set(&mut s, "5000").unwrap_err(),
-            "max_tokens 5000 is more than the model's context (4096 tokens)"
+            "max_tokens 5000: must be at most the model's context length (4096 tokens)"
         );
-        assert_eq!(Slider::MaxTokens.set(&mut s, "0").unwrap_err(), "max_tokens must be at least 1");
-        assert_eq!(Slider::TopP.set(&mut s, "7").unwrap_err(), "top-p must be in (0, 1]; got 7");
-        assert_eq!(Slider::Temperature.set(&mut s, "-5").unwrap_err(), "temperature must be in [0, 2]; got -5");
+        assert_eq!(Slider::MaxTokens.set(&mut s, "0").unwrap_err(), "max_tokens 0: must be at least 1");
+        assert_eq!(Slider::TopP.set(&mut s, "7").unwrap_err(), "top-p 7: must be in (0, 1]");
+        assert_eq!(
+            Slider::Temperature.set(&mut s, "-5").unwrap_err(),
+            "temperature -5: must be in [0, 100] (0 is greedy)"
+        );
         assert!(Slider::TopK.set(&mut s, "many").unwrap_err().contains("is not a whole number"));
-        assert!(Slider::MtpDepth.set(&mut s, "9").unwrap_err().contains("0–"));
+        assert!(Slider::MtpDepth.set(&mut s, "9").unwrap_err().contains("0 (off) to 4"));
         assert_eq!(s.params.max_tokens, 4000, "a refused value changes nothing");
         for slider in Slider::ALL {
             let typed = slider.typed_value(&s);

@@ -106,7 +106,7 @@ impl App {
         let p = &mut self.settings.params;
         p.trace_state = !p.trace_state;
         let msg = if p.trace_state {
-            let drafting = if p.mtp.depth > 0 || p.mtp.auto { "; MTP drafting pauses while tracing" } else { "" };
+            let drafting = if p.mtp.is_on() { "; MTP drafting pauses while tracing" } else { "" };
             let redo = self.keymap.first(Action::Regenerate);
             format!("state trace on for the next generation ({redo} re-runs the last turn with it){drafting}")
         } else {

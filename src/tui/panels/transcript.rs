@@ -155,7 +155,7 @@ fn thinking_title(app: &App, turn: Option<&Turn>) -> Line<'static> {
         let dur = t.thinking_ms().filter(|_| n > 0).map(|ms| format!(" · {}", duration_ms(ms))).unwrap_or_default();
         let live = app.generating() && t.tokens.last().is_some_and(|x| x.phase == Phase::Thinking);
         spans.push(Span::styled(format!("· {n} tok"), th.fg(th.thinking)));
-        // What the thinking budget forced (bridge, `</think>`, blank line) is not thinking.
+        // What the thinking budget forced (bridge, `</think>`) is not thinking.
         if let n @ 1.. = t.forced_tokens() {
             spans.push(Span::styled(format!(" + {n} forced"), th.fg(th.forced)));
         }

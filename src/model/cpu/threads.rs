@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use super::gemv::PairKernel;
-use super::tensor::Simd;
+use super::simd::Simd;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct CpuInfo {

@@ -7,11 +7,10 @@
 
 use serde::Serialize;
 
-use super::device::Arg;
-use super::nvrtc::fnv1a;
-use super::ops::{self, DeviceMat, GdnShape, Out, RopeParams};
-use super::runtime::{Gpu, GpuResult};
 use super::twins::{self, randoms};
+use crate::model::cuda::nvrtc::fnv1a;
+use crate::model::cuda::ops::{self, DeviceMat, GdnShape, Out, RopeParams};
+use crate::model::cuda::runtime::{Gpu, GpuResult};
 use crate::model::trace::head_state_norms;
 
 #[derive(Debug, Clone, Serialize)]
@@ -350,9 +349,9 @@ fn gdn_traced(gpu: &Gpu, tokens: usize, (hk, hv, dk, dv): (usize, usize, usize, 
     let (mut twin_gates, mut twin_norms) = (vec![], vec![]);
     for t in 0..tokens {
         for h in 0..hv {
-            twin_gates.push(bf(crate::model::tensor::sigmoid(i.b[t * hv + h])));
+            twin_gates.push(bf(crate::model::cpu::tensor::sigmoid(i.b[t * hv + h])));
             let a_neg = -i.a_log[h].exp();
-            twin_gates.push(a_neg * crate::model::tensor::softplus(i.a[t * hv + h] + i.dt_bias[h]));
+            twin_gates.push(a_neg * crate::model::cpu::tensor::softplus(i.a[t * hv + h] + i.dt_bias[h]));
         }
     }
     // Decoded as the model decodes it (the per-warp sums added per head).
@@ -590,19 +589,10 @@ fn misc(gpu: &Gpu) -> GpuResult<Vec<Parity>> {
         x[i] = bad;
     }
     let dx = gpu.f32(&x)?;
-    let dbf = gpu.zeros_bf16(n)?;
-    let count = gpu.upload(&[0u32])?;
-    // SAFETY: f32_to_bf16(x, out, n) and count_nonfinite_f32(x, n, count); ceil(n / 256)
-    // blocks of 256 over buffers of n (count: one value).
-    unsafe {
-        gpu.launch("f32_to_bf16", (n.div_ceil(256) as u32, 1, 1), 256, &[dx.arg(), dbf.arg(), Arg::I64(n as i64)])?;
-        gpu.launch(
-            "count_nonfinite_f32",
-            (n.div_ceil(256) as u32, 1, 1),
-            256,
-            &[dx.arg(), Arg::I64(n as i64), count.arg()],
-        )?;
-    }
+    let mut dbf = gpu.zeros_bf16(n)?;
+    let mut count = gpu.upload(&[0u32])?;
+    ops::f32_to_bf16(gpu, &dx, &mut dbf, n)?;
+    ops::count_nonfinite_f32(gpu, &dx, n, &mut count)?;
     let got = gpu.read_bf16(&dbf)?;
     let finite_twin: Vec<f32> = x.iter().map(|&v| bf(v)).collect();
     let (g2, t2): (Vec<f32>, Vec<f32>) = got

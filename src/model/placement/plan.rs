@@ -5,9 +5,9 @@
 
 use serde::Serialize;
 
-use super::config::{LayerKind, MlpKind, ModelConfig};
-use super::cuda::model::PREFILL_CHUNK;
-use super::plan::param_counts;
+use crate::model::config::{LayerKind, MlpKind, ModelConfig};
+use crate::model::cuda::model::PREFILL_CHUNK;
+use crate::model::plan::param_counts;
 
 /// Bytes of one weight / KV / conv-state / activation element (bf16) and of one SSM-state
 /// element (f32, the checkpoints' `mamba_ssm_dtype`); f32 / i32 activations (router logits,
@@ -351,7 +351,7 @@ mod tests {
         let tied_copy = if c.tie_word_embeddings && plan.devices.len() > 1 { p.embed } else { 0 };
         let weights: u64 = plan.devices.iter().map(|d| d.weights_bytes).sum();
         assert_eq!(weights, (p.total + p.mtp + tied_copy) * WEIGHT_BYTES);
-        let plan_bf16 = super::super::plan::memory_plan(c, 2, 2, 4);
+        let plan_bf16 = crate::model::plan::memory_plan(c, 2, 2, 4);
         let kv: u64 = plan.devices.iter().map(|d| d.kv_bytes_per_token).sum();
         assert_eq!(kv, plan_bf16.kv_bytes_per_token + plan_bf16.mtp_kv_bytes_per_token);
         let rec: u64 = plan.devices.iter().map(|d| d.recurrent_bytes).sum();

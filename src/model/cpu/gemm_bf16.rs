@@ -137,7 +137,7 @@ fn pack_panel<'w>(row: &impl Fn(usize) -> &'w [u16], n0: usize, width: usize, k:
 /// The kernel's sum for one output: f32, pairs in order, odd product then even (see the module
 /// documentation). The specification the kernel is tested against.
 pub fn reference(w: &[u16], x: &[u16]) -> f32 {
-    let f = super::storage::bf16_to_f32;
+    let f = crate::model::storage::bf16_to_f32;
     let mut acc = 0f32;
     for (wp, xp) in w.chunks(2).zip(x.chunks(2)) {
         if wp.len() == 2 {
@@ -179,6 +179,11 @@ mod x86 {
         dispatch!(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
     }
 
+    /// `R` tokens against a packed panel.
+    ///
+    /// # Safety
+    ///
+    /// As [`tile`] with `n = R`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     unsafe fn kernel<const R: usize>(

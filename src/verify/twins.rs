@@ -4,7 +4,7 @@
 //! functions (`gdn::conv_stage`, `gdn::gates_stage`, `gdn::recurrent_head`,
 //! `gdn::gated_norm_stage`): twin == engine, so kernel == twin means kernel == engine.
 
-use crate::model::tensor::{sigmoid, silu, softplus};
+use crate::model::cpu::tensor::{sigmoid, silu, softplus};
 
 fn bf(x: f32) -> f32 {
     half::bf16::from_f32(x).to_f32()
@@ -192,7 +192,7 @@ pub fn attn_gqa(
     nkv: usize,
     hd: usize,
 ) -> Vec<f32> {
-    let scale = super::ops::attention_scale(hd);
+    let scale = crate::model::cuda::ops::attention_scale(hd);
     let mut out = vec![0f32; tokens * nh * hd];
     for t in 0..tokens {
         for h in 0..nh {
@@ -314,8 +314,8 @@ pub fn swiglu(gate_up: &[f32], inter: usize) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::gdn::{conv_stage, gated_norm_stage, gates_stage, recurrent_head};
-    use crate::model::tensor::{Mat, Precision};
+    use crate::model::cpu::tensor::{Mat, Precision};
+    use crate::model::gdn::{HeadInputs, conv_stage, gated_norm_stage, gates_stage, recurrent_head};
 
     fn close(a: &[f32], b: &[f32], rel: f32, what: &str) {
         assert_eq!(a.len(), b.len(), "{what}");
@@ -398,7 +398,7 @@ mod tests {
             let mut s: Vec<f32> = (0..dk * dv).map(|i| state0[h * dv * dk + (i % dv) * dk + i / dv]).collect();
             let gh: Vec<f32> = (0..tokens).map(|t| g[t * hv + h]).collect();
             let bh: Vec<f32> = (0..tokens).map(|t| beta[t * hv + h]).collect();
-            let o = recurrent_head(&q, &k, &v, &gh, &bh, &mut s, dk, dv, None);
+            let o = recurrent_head(&HeadInputs { q: &q, k: &k, v: &v, g: &gh, beta: &bh, dk, dv }, &mut s, None);
             for t in 0..tokens {
                 for j in 0..dv {
                     engine_out[(t * hv + h) * dv + j] = bf(o[t * dv + j]);
@@ -439,7 +439,7 @@ mod tests {
             .collect();
         let refs: Vec<&Vec<f32>> = heads.iter().collect();
         let engine =
-            gated_norm_stage(&refs, &Mat::from_vec(tokens, hv * dv, z.clone()), 0, hv, dv, &w, 1e-6, Precision::Bf16);
+            gated_norm_stage(&refs, &Mat::from_vec(tokens, hv * dv, z.clone()), 0, dv, &w, 1e-6, Precision::Bf16);
         let twin = rms_norm_gated(&x, &z, &w, dv, 1e-6);
         close(&twin, &engine.data, 1e-2, "gated norm");
     }

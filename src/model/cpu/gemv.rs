@@ -18,8 +18,8 @@
 
 use std::ops::Range;
 
-use super::storage::bf16_to_f32;
-use super::tensor::Simd;
+use super::simd::Simd;
+use crate::model::storage::bf16_to_f32;
 
 /// Activation rows one call handles (a decode step is 1, an MTP verify pass K + 1 ≤ 5; prefill
 /// above this goes to the GEMM).
@@ -198,6 +198,10 @@ mod x86 {
     }
 
     /// Eight weights at `p[i..i + 8]` as f32 (bf16 widened by a 16-bit shift, exact).
+    ///
+    /// # Safety
+    ///
+    /// AVX2; `p` points at a row of at least `i + 8` weights.
     #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn load8<const BF16: bool>(p: *const u8, i: usize) -> __m256 {
@@ -212,6 +216,11 @@ mod x86 {
         }
     }
 
+    /// Sixteen weights at `p[i..i + 16]` as f32.
+    ///
+    /// # Safety
+    ///
+    /// AVX-512F and AVX-512BW; `p` points at a row of at least `i + 16` weights.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn load16<const BF16: bool>(p: *const u8, i: usize) -> __m512 {
@@ -256,6 +265,10 @@ mod x86 {
     }
 
     /// AVX-512: one zmm accumulator per activation row.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX-512F and AVX-512BW.
     #[target_feature(enable = "avx512f,avx512bw")]
     pub unsafe fn rows_avx512(w: WeightRow<'_>, n: usize, k: usize, xs: &[&[f32]], out: &mut [f32]) {
         if parts(w).1 {
@@ -266,6 +279,10 @@ mod x86 {
     }
 
     /// AVX2: two ymm accumulators (lanes 0–7, 8–15) per activation row, 4 rows at most.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2.
     #[target_feature(enable = "avx2")]
     pub unsafe fn rows_avx2(w: WeightRow<'_>, n: usize, k: usize, xs: &[&[f32]], out: &mut [f32]) {
         if parts(w).1 {
@@ -275,6 +292,11 @@ mod x86 {
         }
     }
 
+    /// One weight row against `R` activation rows.
+    ///
+    /// # Safety
+    ///
+    /// AVX-512F and AVX-512BW; `w` and every `x[r]` point at rows of `n` values.
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn block512<const BF16: bool, const R: usize>(w: *const u8, x: [*const f32; R], n: usize, out: &mut [f32]) {
         let chunks = n / LANES;
@@ -296,6 +318,11 @@ mod x86 {
         }
     }
 
+    /// One weight row against `R` activation rows, on AVX2.
+    ///
+    /// # Safety
+    ///
+    /// AVX2; `w` and every `x[r]` point at rows of `n` values.
     #[target_feature(enable = "avx2")]
     unsafe fn block256<const BF16: bool, const R: usize>(w: *const u8, x: [*const f32; R], n: usize, out: &mut [f32]) {
         let chunks = n / LANES;
@@ -348,6 +375,10 @@ mod x86 {
     /// `vdpbf16ps`: one instruction per 32 weights per activation row. One weight row at a
     /// time: two at once (each activation load serving two instructions) measured 1.5-3x
     /// slower on 1024-wide rows here, as two weight streams do for the f32 kernels.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX-512F, AVX-512BW and AVX512_BF16.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     pub unsafe fn pairs_dpbf16(w: &[u16], k: usize, x: &PairRows, rows: Range<usize>, out: &mut [f32]) {
         pair_rows!(block_dpbf16, w, k, x, rows, out, false, [1, 2, 3, 4, 5, 6, 7, 8])
@@ -355,18 +386,30 @@ mod x86 {
 
     /// AVX-512F: the odd and even halves of each pair by a mask and a shift, two fused
     /// multiply-adds.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX-512F and AVX-512BW.
     #[target_feature(enable = "avx512f,avx512bw")]
     pub unsafe fn pairs_fma512(w: &[u16], k: usize, x: &PairRows, rows: Range<usize>, out: &mut [f32]) {
         pair_rows!(block_fma512, w, k, x, rows, out, true, [1, 2, 3, 4, 5, 6, 7, 8])
     }
 
     /// AVX2: as AVX-512F, lanes 0–7 and 8–15 in two registers.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn pairs_fma256(w: &[u16], k: usize, x: &PairRows, rows: Range<usize>, out: &mut [f32]) {
         pair_rows!(block_fma256, w, k, x, rows, out, true, [1, 2, 3, 4])
     }
 
     /// The folded blocks of one weight row against R activation rows (bf16, raw).
+    ///
+    /// # Safety
+    ///
+    /// AVX-512F, AVX-512BW and AVX512_BF16; `w` and every `x[r]` hold `n` bf16 values.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     unsafe fn block_dpbf16<const R: usize>(w: *const u16, x: [*const u8; R], n: usize) -> [f32; R] {
@@ -399,6 +442,10 @@ mod x86 {
     }
 
     /// The folded blocks of one weight row against R activation rows (split f32 halves).
+    ///
+    /// # Safety
+    ///
+    /// AVX-512F and AVX-512BW; `w` holds `n` bf16 values and every `x[r]` `n` f32 values.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn block_fma512<const R: usize>(w: *const u16, x: [*const u8; R], n: usize) -> [f32; R] {
@@ -423,6 +470,10 @@ mod x86 {
     }
 
     /// The folded blocks of one weight row against R activation rows, on AVX2.
+    ///
+    /// # Safety
+    ///
+    /// AVX2 and FMA; `w` holds `n` bf16 values and every `x[r]` `n` f32 values.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn block_fma256<const R: usize>(w: *const u16, x: [*const u8; R], n: usize) -> [f32; R] {
@@ -461,6 +512,10 @@ mod x86 {
     }
 
     /// The weight row and activation row back as slices, for the scalar tail.
+    ///
+    /// # Safety
+    ///
+    /// `w` and `x` point at rows of `n` values that live for `'a`.
     #[inline(always)]
     unsafe fn row_slices<'a, const BF16: bool>(w: *const u8, x: *const f32, n: usize) -> (WeightRow<'a>, &'a [f32]) {
         // SAFETY: the caller passes pointers to rows of n values that outlive the call.

@@ -15,8 +15,9 @@ use serde::Serialize;
 
 use super::gemm_bf16;
 use super::gemv::{self, PairKernel, PairRows, WeightRow};
-use super::storage::Weights;
+use super::simd::Simd;
 use crate::error::{Error, Result};
+use crate::model::storage::Weights;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -60,14 +61,6 @@ impl Precision {
                     *x = half::bf16::from_f32(*x).to_f32();
                 }
             });
-        }
-    }
-
-    /// Bytes per element of activations / KV entries in this precision's reference.
-    pub fn activation_bytes(self) -> usize {
-        match self {
-            Precision::F32 => 4,
-            Precision::Bf16 => 2,
         }
     }
 }
@@ -159,43 +152,6 @@ pub fn for_rows(data: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f32]) + S
 
 /// Values below which an elementwise pass runs on the calling thread.
 const PARALLEL_MIN_VALUES: usize = 1 << 14;
-
-/// The instruction sets the kernels were compiled for and this CPU has, best first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Simd {
-    Avx512,
-    Avx2,
-    Portable,
-}
-
-impl Simd {
-    /// The best kernels for this CPU, detected once (`dot` asks on every call).
-    pub fn detect() -> Simd {
-        static DETECTED: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
-        *DETECTED.get_or_init(Simd::probe)
-    }
-
-    fn probe() -> Simd {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw") {
-                return Simd::Avx512;
-            }
-            if std::is_x86_feature_detected!("avx2") {
-                return Simd::Avx2;
-            }
-        }
-        Simd::Portable
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Simd::Avx512 => "avx512",
-            Simd::Avx2 => "avx2",
-            Simd::Portable => "portable",
-        }
-    }
-}
 
 /// `a · b` over the shorter length, with the fixed summation order of [`gemv`]: the same bits
 /// on every instruction set, and the bits one row of a decode GEMV gets.

@@ -1,0 +1,397 @@
+//! The checks that turn a [`RawConfig`] into a [`ModelConfig`]: class defaults for absent
+//! fields, ranges, and the relations between fields. Every error names the file and the field's
+//! path (`text_config.linear_num_value_heads`), and what was expected against what was found.
+
+use super::raw::{Defaults, Field, Ids, RawConfig, RawTextConfig, family_of};
+use super::rope::rope_config;
+use super::{Family, LayerKind, LinearAttnConfig, MlpKind, ModelConfig, MoeConfig};
+use crate::error::{Error, Result};
+
+/// A field's name and its value: `at!(t.head_dim)` is `("head_dim", &t.head_dim)`.
+macro_rules! at {
+    ($raw:ident . $field:ident) => {
+        (stringify!($field), &$raw.$field)
+    };
+}
+pub(super) use at;
+
+/// The checks on the fields of one object of the file (the top level, `text_config`, a rope
+/// dict): `prefix` is the object's path (`text_config.`), `file` names the file.
+pub(super) struct Checker<'a> {
+    pub file: &'a str,
+    pub prefix: String,
+}
+
+impl Checker<'_> {
+    pub fn path(&self, key: &str) -> String {
+        format!("{}{}", self.prefix, key)
+    }
+
+    pub fn error(&self, key: &str, message: impl Into<String>) -> Error {
+        Error::field(self.file, &self.path(key), message)
+    }
+
+    pub fn usize_opt(&self, (key, f): (&str, &Field<usize>)) -> Result<Option<usize>> {
+        match f.present() {
+            None => Ok(None),
+            Some(Ok(n)) => Ok(Some(*n)),
+            Some(Err(v)) => Err(self.error(key, format!("expected a non-negative integer, found {v}"))),
+        }
+    }
+
+    pub fn usize_or(&self, field: (&str, &Field<usize>), default: usize) -> Result<usize> {
+        Ok(self.usize_opt(field)?.unwrap_or(default))
+    }
+
+    pub fn positive_or(&self, field: (&str, &Field<usize>), default: usize) -> Result<usize> {
+        let n = self.usize_or(field, default)?;
+        if n == 0 {
+            return Err(self.error(field.0, "must be greater than 0"));
+        }
+        Ok(n)
+    }
+
+    /// A size every checkpoint's config sets: absent, the class default would not match the
+    /// weights and loading would fail later on a shape, far from the cause.
+    pub fn positive_required(&self, field: (&str, &Field<usize>), class_default: usize) -> Result<usize> {
+        if self.usize_opt(field)?.is_none() {
+            return Err(self.error(
+                field.0,
+                format!(
+                    "missing (transformers would take its class default {class_default}, which the weights' shapes would then contradict)"
+                ),
+            ));
+        }
+        self.positive_or(field, class_default)
+    }
+
+    pub fn f64_opt(&self, (key, f): (&str, &Field<f64>)) -> Result<Option<f64>> {
+        match f.present() {
+            None => Ok(None),
+            Some(Ok(x)) => Ok(Some(*x)),
+            Some(Err(v)) => Err(self.error(key, format!("expected a number, found {v}"))),
+        }
+    }
+
+    /// A norm epsilon: finite and > 0 (≤ 0 makes `rsqrt(mean(x²) + eps)` NaN or ±Inf for small
+    /// activations, and the model emits garbage from the first layer on).
+    pub fn eps_or(&self, field: (&str, &Field<f64>), default: f64) -> Result<f64> {
+        let eps = self.f64_opt(field)?.unwrap_or(default);
+        if !(eps.is_finite() && eps > 0.0) {
+            return Err(self.error(field.0, format!("must be a small positive number (typically 1e-6), found {eps}")));
+        }
+        Ok(eps)
+    }
+
+    pub fn bool_opt(&self, (key, f): (&str, &Field<bool>)) -> Result<Option<bool>> {
+        match f.present() {
+            None => Ok(None),
+            Some(Ok(b)) => Ok(Some(*b)),
+            Some(Err(v)) => Err(self.error(key, format!("expected true or false, found {v}"))),
+        }
+    }
+
+    pub fn str_opt<'f>(&self, (key, f): (&str, &'f Field<String>)) -> Result<Option<&'f str>> {
+        match f.present() {
+            None => Ok(None),
+            Some(Ok(s)) => Ok(Some(s.as_str())),
+            Some(Err(v)) => Err(self.error(key, format!("expected a string, found {v}"))),
+        }
+    }
+
+    pub fn ids_opt(&self, (key, f): (&str, &Field<Ids>)) -> Result<Vec<u32>> {
+        match f.present() {
+            None => Ok(vec![]),
+            Some(Ok(Ids::Many(list))) => list
+                .iter()
+                .map(|id| {
+                    id.element()
+                        .map(|n| *n as u32)
+                        .map_err(|v| self.error(key, format!("expected token ids, found {v}")))
+                })
+                .collect(),
+            Some(Ok(Ids::One(n))) => Ok(vec![*n as u32]),
+            Some(Err(v)) => Err(self.error(key, format!("expected a token id or a list of ids, found {v}"))),
+        }
+    }
+}
+
+/// The file's values, checked, with the class defaults for what it leaves out.
+pub(super) fn check(raw: &RawConfig, file: &str) -> Result<ModelConfig> {
+    let top = Checker { file, prefix: String::new() };
+    let model_type = top
+        .str_opt(at!(raw.model_type))?
+        .ok_or_else(|| Error::field(file, "model_type", "missing (cannot tell which architecture this is)"))?
+        .to_string();
+    let (family, nested) = family_of(&model_type)
+        .ok_or_else(|| Error::UnknownModelType { file: file.to_string(), found: model_type.clone() })?;
+    let t = if nested { text_config(raw, file, &model_type)? } else { &raw.lm };
+    let f = Checker { file, prefix: if nested { "text_config." } else { "" }.to_string() };
+    let text_model_type = if nested { nested_model_type(t, file, &model_type, family)? } else { model_type.clone() };
+
+    let d = Defaults::of(family);
+    let hidden_size = f.positive_required(at!(t.hidden_size), d.hidden_size)?;
+    let num_hidden_layers = f.positive_or(at!(t.num_hidden_layers), d.num_hidden_layers)?;
+    let num_attention_heads = f.positive_or(at!(t.num_attention_heads), d.num_attention_heads)?;
+    let num_key_value_heads = f.positive_or(at!(t.num_key_value_heads), d.num_key_value_heads)?;
+    if !num_attention_heads.is_multiple_of(num_key_value_heads) {
+        return Err(f.error(
+            "num_key_value_heads",
+            format!("{num_key_value_heads} does not divide num_attention_heads {num_attention_heads}"),
+        ));
+    }
+    let head_dim = f.positive_or(at!(t.head_dim), 256)?;
+    let hidden_act = f.str_opt(at!(t.hidden_act))?.unwrap_or("silu").to_string();
+    if hidden_act != "silu" && hidden_act != "swish" {
+        return Err(
+            f.error("hidden_act", format!("\"{hidden_act}\" is not supported (Qwen3.5/Qwen3-Next use \"silu\")"))
+        );
+    }
+    let linear = linear_attn(&f, t)?;
+    let layer_types = layer_types(&f, t, num_hidden_layers)?;
+    let moe = moe(&f, t, family, &d)?;
+    let mlp_kinds = mlp_kinds(&f, t, family, num_hidden_layers, moe.as_ref())?;
+    let intermediate_size = intermediate_size(&f, t, &d, &mlp_kinds)?;
+    let rope = rope_config(&f, t, head_dim)?;
+
+    // Multimodal checkpoints tie through the top-level flag (what transformers reads for
+    // the ForConditionalGeneration model); text-only ones through their own.
+    let lm = &raw.lm;
+    let tie_word_embeddings = if nested {
+        top.bool_opt(at!(lm.tie_word_embeddings))?.unwrap_or(false)
+    } else {
+        f.bool_opt(at!(t.tie_word_embeddings))?.unwrap_or(false)
+    };
+    let mut eos_token_ids = f.ids_opt(at!(t.eos_token_id))?;
+    if nested {
+        for id in top.ids_opt(at!(lm.eos_token_id))? {
+            if !eos_token_ids.contains(&id) {
+                eos_token_ids.push(id);
+            }
+        }
+    }
+    let declared_dtype = f
+        .str_opt(at!(t.dtype))?
+        .or(f.str_opt(at!(t.torch_dtype))?)
+        .or(top.str_opt(at!(lm.dtype))?)
+        .or(top.str_opt(at!(lm.torch_dtype))?)
+        .map(str::to_string);
+    let architectures = match &raw.architectures {
+        Field::Given(list) => list.iter().filter_map(|a| a.element().ok().cloned()).collect(),
+        _ => vec![],
+    };
+
+    let cfg = ModelConfig {
+        model_type,
+        text_model_type,
+        family,
+        nested,
+        architectures,
+        vocab_size: f.positive_required(at!(t.vocab_size), d.vocab_size)?,
+        hidden_size,
+        num_hidden_layers,
+        num_attention_heads,
+        num_key_value_heads,
+        head_dim,
+        intermediate_size,
+        hidden_act,
+        max_position_embeddings: f.positive_or(at!(t.max_position_embeddings), 32768)?,
+        rms_norm_eps: f.eps_or(at!(t.rms_norm_eps), 1e-6)?,
+        tie_word_embeddings,
+        attention_bias: f.bool_opt(at!(t.attention_bias))?.unwrap_or(false),
+        attn_output_gate: f.bool_opt(at!(t.attn_output_gate))?.unwrap_or(true),
+        linear,
+        layer_types,
+        mlp_kinds,
+        rope,
+        moe,
+        mtp_num_hidden_layers: f.usize_or(at!(t.mtp_num_hidden_layers), 0)?,
+        declared_dtype,
+        mamba_ssm_dtype: f.str_opt(at!(t.mamba_ssm_dtype))?.map(str::to_string),
+        eos_token_ids,
+    };
+    supported(&cfg, &f)?;
+    Ok(cfg)
+}
+
+/// The `text_config` object a nested (multimodal) config must have.
+fn text_config<'r>(raw: &'r RawConfig, file: &str, model_type: &str) -> Result<&'r RawTextConfig> {
+    match &raw.text_config {
+        Field::Given(o) => Ok(&o.0),
+        Field::Other(v) => Err(Error::field(file, "text_config", format!("expected an object, found {v}"))),
+        Field::Absent => Err(Error::field(
+            file,
+            "text_config",
+            format!("missing: a `{model_type}` config keeps the language-model fields under text_config"),
+        )),
+    }
+}
+
+/// `text_config.model_type`, which must be the text model of the top-level `model_type`.
+fn nested_model_type(t: &RawTextConfig, file: &str, model_type: &str, family: Family) -> Result<String> {
+    let f = Checker { file, prefix: "text_config.".into() };
+    let expected = match family {
+        Family::Qwen35Moe => "qwen3_5_moe_text",
+        _ => "qwen3_5_text",
+    };
+    let found = f.str_opt(at!(t.model_type))?.unwrap_or(expected);
+    if found != expected {
+        return Err(Error::field(
+            file,
+            "text_config.model_type",
+            format!("expected \"{expected}\" under a `{model_type}` config, found \"{found}\""),
+        ));
+    }
+    Ok(found.to_string())
+}
+
+fn linear_attn(f: &Checker, t: &RawTextConfig) -> Result<LinearAttnConfig> {
+    let linear = LinearAttnConfig {
+        conv_kernel: f.positive_or(at!(t.linear_conv_kernel_dim), 4)?,
+        key_head_dim: f.positive_or(at!(t.linear_key_head_dim), 128)?,
+        value_head_dim: f.positive_or(at!(t.linear_value_head_dim), 128)?,
+        num_key_heads: f.positive_or(at!(t.linear_num_key_heads), 16)?,
+        num_value_heads: f.positive_or(at!(t.linear_num_value_heads), 32)?,
+    };
+    if !linear.num_value_heads.is_multiple_of(linear.num_key_heads) {
+        return Err(f.error(
+            "linear_num_value_heads",
+            format!("{} is not a multiple of linear_num_key_heads {}", linear.num_value_heads, linear.num_key_heads),
+        ));
+    }
+    Ok(linear)
+}
+
+/// `layer_types`, or every `full_attention_interval`-th layer full attention.
+fn layer_types(f: &Checker, t: &RawTextConfig, layers: usize) -> Result<Vec<LayerKind>> {
+    match t.layer_types.present() {
+        Some(Ok(list)) => {
+            if list.len() != layers {
+                return Err(f.error(
+                    "layer_types",
+                    format!("has {} entries, expected num_hidden_layers = {layers}", list.len()),
+                ));
+            }
+            list.iter()
+                .enumerate()
+                .map(|(i, kind)| match kind.element() {
+                    Ok(s) if s == "linear_attention" => Ok(LayerKind::LinearAttention),
+                    Ok(s) if s == "full_attention" => Ok(LayerKind::FullAttention),
+                    found => {
+                        let v = found.map_or_else(|v| v, |s| serde_json::Value::String(s.clone()));
+                        Err(f.error(
+                            &format!("layer_types[{i}]"),
+                            format!("expected \"linear_attention\" or \"full_attention\", found {v}"),
+                        ))
+                    }
+                })
+                .collect()
+        }
+        Some(Err(v)) => Err(f.error("layer_types", format!("expected a list, found {v}"))),
+        None => {
+            let interval = f.positive_or(at!(t.full_attention_interval), 4)?;
+            Ok((0..layers)
+                .map(|i| if (i + 1) % interval == 0 { LayerKind::FullAttention } else { LayerKind::LinearAttention })
+                .collect())
+        }
+    }
+}
+
+fn moe(f: &Checker, t: &RawTextConfig, family: Family, d: &Defaults) -> Result<Option<MoeConfig>> {
+    if family == Family::Qwen35 {
+        return Ok(None);
+    }
+    let num_experts = f.usize_or(at!(t.num_experts), d.num_experts)?;
+    let top_k = f.usize_or(at!(t.num_experts_per_tok), d.num_experts_per_tok)?;
+    if num_experts > 0 && (top_k == 0 || top_k > num_experts) {
+        return Err(f.error("num_experts_per_tok", format!("{top_k} is not in 1..={num_experts} (num_experts)")));
+    }
+    Ok(Some(MoeConfig {
+        num_experts,
+        num_experts_per_tok: top_k,
+        moe_intermediate_size: f.positive_or(at!(t.moe_intermediate_size), 512)?,
+        shared_expert_intermediate_size: f.positive_or(at!(t.shared_expert_intermediate_size), 512)?,
+        // The Qwen3.5-MoE router always renormalises; Qwen3-Next reads the flag.
+        norm_topk_prob: match family {
+            Family::Qwen3Next => f.bool_opt(at!(t.norm_topk_prob))?.unwrap_or(true),
+            _ => true,
+        },
+    }))
+}
+
+/// The feed-forward kind of each layer: Qwen3-Next's sparse step and dense-only layers.
+fn mlp_kinds(
+    f: &Checker,
+    t: &RawTextConfig,
+    family: Family,
+    layers: usize,
+    moe: Option<&MoeConfig>,
+) -> Result<Vec<MlpKind>> {
+    match family {
+        Family::Qwen35 => return Ok(vec![MlpKind::Dense; layers]),
+        Family::Qwen35Moe => return Ok(vec![MlpKind::Moe; layers]),
+        Family::Qwen3Next => {}
+    }
+    let step = f.positive_or(at!(t.decoder_sparse_step), 1)?;
+    let only: Vec<usize> = match t.mlp_only_layers.present() {
+        None => vec![],
+        Some(Ok(list)) => list
+            .iter()
+            .map(|i| {
+                i.element()
+                    .copied()
+                    .map_err(|v| f.error("mlp_only_layers", format!("expected layer indices, found {v}")))
+            })
+            .collect::<Result<_>>()?,
+        Some(Err(v)) => return Err(f.error("mlp_only_layers", format!("expected a list, found {v}"))),
+    };
+    let experts = moe.map(|m| m.num_experts).unwrap_or(0);
+    Ok((0..layers)
+        .map(|i| if !only.contains(&i) && experts > 0 && (i + 1) % step == 0 { MlpKind::Moe } else { MlpKind::Dense })
+        .collect())
+}
+
+/// The dense MLP width: required (and > 0) when some layer is dense.
+fn intermediate_size(f: &Checker, t: &RawTextConfig, d: &Defaults, kinds: &[MlpKind]) -> Result<Option<usize>> {
+    let needs_dense = kinds.contains(&MlpKind::Dense);
+    let size = match (f.usize_opt(at!(t.intermediate_size))?, d.intermediate_size) {
+        (Some(0), _) if needs_dense => return Err(f.error("intermediate_size", "must be greater than 0")),
+        (Some(n), _) => Some(n),
+        (None, dflt) => dflt,
+    };
+    if needs_dense && size.is_none() {
+        return Err(f.error("intermediate_size", "missing, and some layers use a dense MLP"));
+    }
+    Ok(size)
+}
+
+/// What the engine does not run: an EOS id it can never produce, attention biases, an
+/// ungated attention output.
+fn supported(cfg: &ModelConfig, f: &Checker) -> Result<()> {
+    // An EOS id past the vocabulary can never be produced: generation would never stop.
+    if let Some(id) = cfg.eos_token_ids.iter().find(|&&id| id as usize >= cfg.vocab_size) {
+        return Err(f.error(
+            "eos_token_id",
+            format!("{id} is out of the vocabulary (vocab_size {}: ids 0..{})", cfg.vocab_size, cfg.vocab_size - 1),
+        ));
+    }
+    if cfg.attention_bias {
+        return Err(Error::Unsupported {
+            file: f.file.to_string(),
+            message: format!(
+                "{}: attention_bias = true is not supported (no Qwen3.5/Qwen3-Next checkpoint uses it)",
+                f.path("attention_bias")
+            ),
+        });
+    }
+    if !cfg.attn_output_gate {
+        return Err(Error::Unsupported {
+            file: f.file.to_string(),
+            message: format!(
+                "{}: attn_output_gate = false is not supported (transformers always gates)",
+                f.path("attn_output_gate")
+            ),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,13 @@
+//! The CPU side of the model's compute: the instruction sets the kernels dispatch on
+//! (`simd.rs`), the f32 matrix, linear layers and precision policy (`tensor.rs`), the decode
+//! GEMV kernels (`gemv.rs`), the bf16 prefill GEMM (`gemm_bf16.rs`), and the CPU's cores and
+//! the thread pool the layers run on (`threads.rs`).
+
+pub mod gemm_bf16;
+pub mod gemv;
+pub mod simd;
+pub mod tensor;
+pub mod threads;
+
+pub use simd::Simd;
+pub use threads::{CpuInfo, set_threads};
