@@ -95,11 +95,11 @@ fn f4_on_the_shipped_starved_session_produces_an_answer() {
 fn f3_and_f4_before_any_turn_change_nothing() {
     let backend = demo();
     let mut app = app_on(Session::new("embedded:demo", None), &backend);
-    let settings = app.settings.clone();
+    let settings = app.settings().clone();
     for k in [3, 4] {
         key(&mut app, KeyCode::F(k), KeyModifiers::NONE, 1.0);
         assert!(generate_request(app.take_effects()).is_none(), "F{k} started a generation");
-        assert_eq!(app.settings, settings, "F{k} changed the settings");
+        assert_eq!(*app.settings(), settings, "F{k} changed the settings");
         assert!(app.messages().items.last().unwrap().text.contains("nothing to fix"));
     }
     // A turn with nothing to fix: nothing either.
@@ -107,7 +107,7 @@ fn f3_and_f4_before_any_turn_change_nothing() {
     app.take_effects();
     key(&mut app, KeyCode::F(4), KeyModifiers::NONE, 2.0);
     assert!(generate_request(app.take_effects()).is_none());
-    assert_eq!(app.settings, settings);
+    assert_eq!(*app.settings(), settings);
 }
 
 #[test]

@@ -161,7 +161,7 @@ fn an_answer_cut_by_max_tokens_is_continued_in_place() {
     assert_eq!(t.prompt_tokens, 10, "the turn's own prompt, not the continuation's");
     assert_eq!(t.continued, 1);
     // The turn's budget is what both generations together could use.
-    assert_eq!(t.params.max_tokens, budget_before + app.settings.params.max_tokens);
+    assert_eq!(t.params.max_tokens, budget_before + app.settings().params.max_tokens);
     // Times carry on from the first part.
     assert!(t.tokens[4].t_ms > t.tokens[3].t_ms, "{:?}", t.tokens.iter().map(|x| x.t_ms).collect::<Vec<_>>());
     // A finished answer has nothing to continue.
@@ -176,13 +176,13 @@ fn a_new_conversation_keeps_the_settings_and_the_old_file() {
     let dir = tempfile::tempdir().unwrap();
     let mut app = app();
     app.set_sessions_dir(dir.path().to_path_buf());
-    app.settings.params.max_tokens = 777;
+    app.change_settings(|s| s.params.max_tokens = 777);
     answer_turn(&mut app, "Is 91 prime?", "No.", 0.0);
     settle(&mut app);
     key(&mut app, KeyCode::Char('n'), KeyModifiers::ALT, 10.0);
     assert!(app.convo.session.turns.is_empty());
     assert_ne!(app.convo.session.id, "test-session");
-    assert_eq!(app.settings.params.max_tokens, 777);
+    assert_eq!(app.settings().params.max_tokens, 777);
     assert!(app.status().unwrap().contains("test-session.json"), "{:?}", app.status());
     ask(&mut app, "Sort 5, 2.", 20.0);
     let msgs = generated(&app.take_effects());
@@ -243,9 +243,9 @@ fn the_prompt_box_grows_with_wrapped_text_and_keeps_the_cursor_in_view() {
 #[test]
 fn sliders_take_typed_values_and_stop_at_the_context() {
     let mut app = app();
-    app.settings.context = Some(4096);
+    app.change_settings(|s| s.context = Some(4096));
     key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 0.0);
-    assert_eq!(app.view.focus, Focus::Sliders);
+    assert_eq!(app.view().focus, Focus::Sliders);
     // Enter on max_tokens, then the field report's 4000.
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 0.0);
     assert_eq!(app.overlay().name(), "slider-value");
@@ -260,19 +260,19 @@ fn sliders_take_typed_values_and_stop_at_the_context() {
     type_text(&mut app, "4000", 0.0);
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 0.0);
     assert_eq!(app.overlay().name(), "none");
-    assert_eq!(app.settings.params.max_tokens, 4000);
+    assert_eq!(app.settings().params.max_tokens, 4000);
     // The thinking budget: 3000.
     key(&mut app, KeyCode::Down, KeyModifiers::NONE, 0.0);
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 0.0);
     type_text(&mut app, "3000", 0.0);
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 0.0);
-    assert_eq!(app.settings.params.thinking_budget, Some(3000));
+    assert_eq!(app.settings().params.thinking_budget, Some(3000));
     // Steps stop at the context.
     key(&mut app, KeyCode::Up, KeyModifiers::NONE, 0.0);
     for _ in 0..5 {
         key(&mut app, KeyCode::Right, KeyModifiers::NONE, 0.0);
     }
-    assert_eq!(app.settings.params.max_tokens, 4096);
+    assert_eq!(app.settings().params.max_tokens, 4096);
 }
 
 #[test]
@@ -302,7 +302,7 @@ fn the_next_turns_prompt_is_shown_with_its_token_ids() {
 #[test]
 fn the_context_in_use_is_in_the_budget_gauge() {
     let mut app = app();
-    app.settings.context = Some(4096);
+    app.change_settings(|s| s.context = Some(4096));
     answer_turn(&mut app, "Is 91 prime?", "No.", 0.0);
     let screen = render(&mut app, W, H);
     // The last turn's prompt (10) and answer (1).
@@ -392,7 +392,7 @@ fn a_session_directory_that_cannot_be_used_falls_back_and_says_so() {
     let mut app = App::new(AppConfig {
         theme: Theme::default(),
         keymap: Keymap::default(),
-        settings: app().settings.clone(),
+        settings: app().settings().clone(),
         sessions_dir: chosen,
         session_path: None,
         session: Session::new("embedded:demo", None),

@@ -111,7 +111,7 @@ fn tiny_terminal_gets_a_message() {
 #[test]
 fn thinking_ate_max_tokens_banner_and_fixes() {
     let mut app = app();
-    app.settings.params.max_tokens = 16;
+    app.change_settings(|s| s.params.max_tokens = 16);
     let p = params(16, None);
     ask(&mut app, "Is 199 prime?", 0.0);
     engine(&mut app, start(16, &p), 1.0);
@@ -139,7 +139,7 @@ fn thinking_ate_max_tokens_banner_and_fixes() {
     snap("exhausted", screen);
     // F3 raises max_tokens and re-runs the prompt in place; the starved turn is kept aside.
     key(&mut app, KeyCode::F(3), KeyModifiers::NONE, 20.0);
-    assert_eq!(app.settings.params.max_tokens, 528);
+    assert_eq!(app.settings().params.max_tokens, 528);
     let effects = app.take_effects();
     assert!(matches!(effects.last(), Some(Effect::Generate { params, .. }) if params.max_tokens == 528), "{effects:?}");
     assert_eq!(app.convo.session.turns.len(), 1);
@@ -147,7 +147,7 @@ fn thinking_ate_max_tokens_banner_and_fixes() {
     engine(&mut app, done(FinishReason::Cancelled, 16, 0, 0, "", ""), 21.0);
     // The re-run (cancelled) has nothing to fix: F4 changes nothing.
     key(&mut app, KeyCode::F(4), KeyModifiers::NONE, 22.0);
-    assert_eq!(app.settings.params.thinking_budget, None);
+    assert_eq!(app.settings().params.thinking_budget, None);
     assert!(app.take_effects().iter().all(|e| !matches!(e, Effect::Generate { .. })));
 }
 
@@ -178,7 +178,7 @@ fn loop_banner_highlights_the_loop() {
 #[test]
 fn forced_end_of_thinking_banner() {
     let mut app = app();
-    app.settings.params.thinking_budget = Some(8);
+    app.change_settings(|s| s.params.thinking_budget = Some(8));
     let p = params(256, Some(8));
     ask(&mut app, "Is 97 prime?", 0.0);
     engine(&mut app, start(16, &p), 1.0);
@@ -210,7 +210,7 @@ fn token_inspector_and_colour_modes() {
     let mut app = app();
     healthy_turn(&mut app, true);
     key(&mut app, KeyCode::Char('g'), KeyModifiers::CONTROL, 200.0);
-    assert!(app.view.inspector.is_some());
+    assert!(app.view().inspector.is_some());
     for _ in 0..12 {
         key(&mut app, KeyCode::Left, KeyModifiers::NONE, 200.0);
     }
@@ -229,7 +229,7 @@ fn token_inspector_and_colour_modes() {
 fn sliders_change_the_next_generation() {
     let mut app = app();
     key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 0.0);
-    assert_eq!(app.view.focus, Focus::Sliders);
+    assert_eq!(app.view().focus, Focus::Sliders);
     key(&mut app, KeyCode::Right, KeyModifiers::NONE, 0.0); // max_tokens 256 → 384
     key(&mut app, KeyCode::Down, KeyModifiers::NONE, 0.0);
     key(&mut app, KeyCode::Left, KeyModifiers::NONE, 0.0); // budget unlimited → 16384
@@ -240,7 +240,7 @@ fn sliders_change_the_next_generation() {
     key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 0.0);
     key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 0.0);
     key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 0.0);
-    assert_eq!(app.view.focus, Focus::Input);
+    assert_eq!(app.view().focus, Focus::Input);
     ask(&mut app, "Is 7 prime?", 1.0);
     let effects = app.take_effects();
     let Some(Effect::Generate { params, enable_thinking, .. }) = effects.last() else { panic!("{effects:?}") };
@@ -256,12 +256,12 @@ fn compare_runs_side_by_side() {
     let mut app = app();
     healthy_turn(&mut app, true);
     app.take_effects();
-    app.settings.params.max_tokens = 64;
-    app.settings.params.sampling.temperature = 0.7;
+    app.change_settings(|s| s.params.max_tokens = 64);
+    app.change_settings(|s| s.params.sampling.temperature = 0.7);
     key(&mut app, KeyCode::Char('o'), KeyModifiers::CONTROL, 300.0);
     let effects = app.take_effects();
     assert!(matches!(effects.last(), Some(Effect::Generate { params, .. }) if params.max_tokens == 64));
-    assert!(app.view.show_compare);
+    assert!(app.view().show_compare);
     assert_eq!(app.compare_pair(), Some((0, 1)));
     let p = params(64, None);
     engine(&mut app, start(16, &p), 301.0);
@@ -273,10 +273,10 @@ fn compare_runs_side_by_side() {
     snap("compare", render(&mut app, W, H));
     // The State view and the comparison take the panes' place one at a time.
     key(&mut app, KeyCode::F(7), KeyModifiers::NONE, 307.0);
-    assert!(app.view.state.shown && !app.view.show_compare);
+    assert!(app.view().state.shown && !app.view().show_compare);
     key(&mut app, KeyCode::Char('c'), KeyModifiers::ALT, 308.0);
-    assert!(!app.view.state.shown && app.view.show_compare);
-    assert_eq!(app.view.focus, Focus::Input);
+    assert!(!app.view().state.shown && app.view().show_compare);
+    assert_eq!(app.view().focus, Focus::Input);
     assert!(render(&mut app, W, H).contains("B · turn 2 (re-run)"));
 }
 
@@ -579,8 +579,8 @@ fn state_app() -> deltascope::tui::app::App {
 #[test]
 fn state_view_fits_80x24() {
     let mut app = state_app();
-    assert!(app.view.state.shown);
-    assert_eq!(app.view.focus, Focus::State);
+    assert!(app.view().state.shown);
+    assert_eq!(app.view().focus, Focus::State);
     let screen = render(&mut app, 80, 24);
     // The metric, the token it is at, the map's rows, the selected head and its history.
     assert!(screen.contains("write strength β · after #"), "{screen}");
@@ -618,11 +618,11 @@ fn state_view_follows_the_token_cursor_both_ways() {
     // [ moves the cursor, which is the inspector's: to the last token (sampled, not read yet),
     // then to the one before it (the latest pass), then one more back.
     key(&mut app, KeyCode::Char('['), KeyModifiers::NONE, 501.0);
-    assert_eq!(app.view.inspector, Some(n - 1));
+    assert_eq!(app.view().inspector, Some(n - 1));
     assert!(render(&mut app, W, H).contains(&format!("#{} not read yet: after #{} ", n - 1, n - 2)));
     key(&mut app, KeyCode::Char('['), KeyModifiers::NONE, 501.0);
     key(&mut app, KeyCode::Char('['), KeyModifiers::NONE, 501.0);
-    assert_eq!(app.view.inspector, Some(n - 3));
+    assert_eq!(app.view().inspector, Some(n - 3));
     let screen = render(&mut app, W, H);
     assert!(
         screen.contains(&format!("after #{} ", n - 3)) && screen.contains(&format!("pass {} of {n}", n - 1)),
@@ -630,24 +630,24 @@ fn state_view_follows_the_token_cursor_both_ways() {
     );
     // The inspector's own keys move the view too (focus on the prompt, inspector open).
     key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 502.0);
-    assert_eq!(app.view.focus, Focus::Input);
+    assert_eq!(app.view().focus, Focus::Input);
     key(&mut app, KeyCode::Home, KeyModifiers::NONE, 502.0);
-    assert_eq!(app.view.inspector, Some(0));
+    assert_eq!(app.view().inspector, Some(0));
     assert!(render(&mut app, W, H).contains("after #0 "), "Home: the first token");
     // End follows the latest pass again; the last token is not read yet.
     key(&mut app, KeyCode::BackTab, KeyModifiers::NONE, 503.0);
-    assert_eq!(app.view.focus, Focus::State);
+    assert_eq!(app.view().focus, Focus::State);
     key(&mut app, KeyCode::End, KeyModifiers::NONE, 503.0);
-    assert_eq!(app.view.inspector, None);
+    assert_eq!(app.view().inspector, None);
     key(&mut app, KeyCode::Char(']'), KeyModifiers::NONE, 503.0);
-    assert_eq!(app.view.inspector, None, "] past the end keeps following");
+    assert_eq!(app.view().inspector, None, "] past the end keeps following");
     key(&mut app, KeyCode::Char('['), KeyModifiers::NONE, 503.0);
-    assert_eq!(app.view.inspector, Some(n - 1));
+    assert_eq!(app.view().inspector, Some(n - 1));
     assert!(render(&mut app, W, H).contains(&format!("#{} not read yet", n - 1)));
     // Esc closes the view and gives the prompt the focus.
     key(&mut app, KeyCode::Esc, KeyModifiers::NONE, 504.0);
-    assert!(!app.view.state.shown);
-    assert_eq!(app.view.focus, Focus::Input);
+    assert!(!app.view().state.shown);
+    assert_eq!(app.view().focus, Focus::Input);
 }
 
 #[test]
@@ -682,7 +682,7 @@ fn state_view_without_a_trace_says_what_to_press() {
     assert!(screen.contains("F8 (or t here) traces the next generation"), "{screen}");
     // t turns tracing on for the next generation, which then asks the engine for it.
     key(&mut app, KeyCode::Char('t'), KeyModifiers::NONE, 501.0);
-    assert!(app.settings.params.trace_state);
+    assert!(app.settings().params.trace_state);
     assert!(render(&mut app, 100, 30).contains("Tracing is on"));
     assert!(render(&mut app, 160, 30).contains("state trace on"), "the status line says so");
     key(&mut app, KeyCode::Esc, KeyModifiers::NONE, 502.0);
@@ -694,7 +694,7 @@ fn state_view_without_a_trace_says_what_to_press() {
     assert_eq!(sent, Some(true));
     // F8 turns it off again.
     key(&mut app, KeyCode::F(8), KeyModifiers::NONE, 504.0);
-    assert!(!app.settings.params.trace_state);
+    assert!(!app.settings().params.trace_state);
 }
 
 #[test]
@@ -711,7 +711,7 @@ fn a_server_backend_says_why_there_is_no_state_view() {
     info.state_trace = Support::No("llama.cpp does not expose a model's recurrent state".into());
     app.set_model(info);
     key(&mut app, KeyCode::F(8), KeyModifiers::NONE, 1.0);
-    assert!(!app.settings.params.trace_state);
+    assert!(!app.settings().params.trace_state);
     assert!(app.status().unwrap().contains("llama.cpp does not expose"), "{:?}", app.status());
     key(&mut app, KeyCode::F(7), KeyModifiers::NONE, 2.0);
     let screen = render(&mut app, 100, 30);
@@ -748,6 +748,6 @@ fn a_state_alarm_raises_a_banner_and_the_view_opens_on_that_head() {
     key(&mut app, KeyCode::F(7), KeyModifiers::NONE, 604.0);
     let screen = render(&mut app, W, H);
     // Layer 5 is the fourth GDN layer (0, 1, 2, 4, 5, …).
-    assert_eq!((app.view.state.layer, app.view.state.head), (4, 2));
+    assert_eq!((app.view().state.layer, app.view().state.head), (4, 2));
     assert!(screen.contains("L5 head 2 ·"), "{screen}");
 }

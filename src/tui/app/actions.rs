@@ -1,7 +1,7 @@
 //! What each bound action does. Actions are grouped by what they change: the generation in
 //! flight, the conversation, the view, the settings, and the files.
 
-use ratatui::crossterm::event::KeyEvent;
+use ratatui::crossterm::event::{KeyCode, KeyEvent};
 
 use super::Level;
 use super::overlay::{Overlay, line_input};
@@ -55,7 +55,20 @@ impl App {
     /// A key no action took: the focused pane's own keys.
     pub(super) fn focused_key(&mut self, k: KeyEvent) {
         if self.view.focus == Focus::State {
-            return self.state_key(k);
+            let dims = self
+                .shown()
+                .and_then(|t| {
+                    let (_, ev) = t.state_at(None)?;
+                    let heads = ev.gdn.iter().map(|l| l.beta.len()).max().unwrap_or(0);
+                    Some((ev.gdn.len(), heads, t.tokens.len()))
+                })
+                .unwrap_or((0, 0, 0));
+            if self.view.state.key(k, &mut self.view.inspector, dims) == Handled::NotConsumed
+                && k.code == KeyCode::Char('t')
+            {
+                self.toggle_trace();
+            }
+            return;
         }
         let tokens = self.shown().map_or(0, |t| t.tokens.len());
         if let Some(cursor) = self.view.inspector.as_mut()
@@ -77,7 +90,8 @@ impl App {
                 sliders::key(&mut self.view.slider, &mut self.settings, cap, k, &mut ctx);
             }
             Focus::State => {}
-            Focus::Thinking | Focus::Answer => self.pane_key(k),
+            Focus::Thinking => _ = self.view.thinking_scroll.key(k),
+            Focus::Answer => _ = self.view.answer_scroll.key(k),
         }
     }
 
@@ -275,7 +289,8 @@ impl App {
                 self.view.focus = self.view.focus.cycle(a == Action::FocusNext, self.view.state.shown)
             }
             Action::ScrollUp | Action::ScrollDown if self.view.focus == Focus::State => {
-                self.state_page(a == Action::ScrollDown)
+                let layers = self.shown().and_then(|t| t.state_at(None)).map_or(0, |(_, ev)| ev.gdn.len());
+                self.view.state.page(a == Action::ScrollDown, layers)
             }
             Action::ScrollUp | Action::ScrollDown => {
                 let d = if a == Action::ScrollUp { -1 } else { 1 };

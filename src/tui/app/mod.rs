@@ -96,7 +96,7 @@ pub struct AppConfig {
 pub struct App {
     pub(crate) theme: Theme,
     pub(crate) keymap: Keymap,
-    pub settings: Settings,
+    pub(crate) settings: Settings,
     /// What the backend said about itself, once it is open.
     pub(crate) model: Option<BackendInfo>,
     /// Loading progress: (done, total, what).
@@ -104,7 +104,7 @@ pub struct App {
     pub(crate) fatal: Option<String>,
     pub(crate) composer: Composer,
     pub convo: Conversation,
-    pub view: ViewState,
+    pub(crate) view: ViewState,
     pub(crate) overlay: Overlay,
     pub(crate) messages: MessageLog,
     /// Rendered answer of the shown turn (for turn index `md_turn`).
@@ -177,6 +177,22 @@ impl App {
     pub fn close_overlay(&mut self) {
         self.overlay = Overlay::None;
         self.dirty = true;
+    }
+
+    /// What the next generation will use.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Changes the settings for the next generation, as the sliders would.
+    pub fn change_settings(&mut self, change: impl FnOnce(&mut Settings)) {
+        change(&mut self.settings);
+        self.dirty = true;
+    }
+
+    /// What the screen shows: focus, the shown turn, scrolling, the inspector, the State view.
+    pub fn view(&self) -> &ViewState {
+        &self.view
     }
 
     /// The prompt box.

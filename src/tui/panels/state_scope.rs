@@ -28,6 +28,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph};
 use unicode_width::UnicodeWidthStr;
 
+use super::Handled;
 use crate::generation::state::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
 use crate::generation::{DiagnosticKind, GdnLayerState, Phase, StateEvent, StateMetric, TokenEvent};
 use crate::session::Turn;
@@ -114,49 +115,42 @@ impl App {
         };
         self.say(Level::Info, msg);
     }
+}
 
+impl StateScope {
     /// A key while the State view has the focus: ↑/↓ layer, ←/→ head, m / M metric, [ / ]
-    /// token, Home / End first token / latest, t tracing.
-    pub(crate) fn state_key(&mut self, k: KeyEvent) {
-        let (layers, heads, tokens) = self
-            .shown()
-            .and_then(|t| {
-                let (_, ev) = t.state_at(None)?;
-                let heads = ev.gdn.iter().map(|l| l.beta.len()).max().unwrap_or(0);
-                Some((ev.gdn.len(), heads, t.tokens.len()))
-            })
-            .unwrap_or((0, 0, 0));
+    /// token, Home / End first token / latest. `cursor`: the token shown (`None`: the latest);
+    /// `dims`: the shown turn's (layers, heads, tokens). `t` (tracing) is not the view's.
+    pub fn key(&mut self, k: KeyEvent, cursor: &mut Option<usize>, dims: (usize, usize, usize)) -> Handled {
+        let (layers, heads, tokens) = dims;
         let big = if k.modifiers.contains(KeyModifiers::SHIFT) { 8 } else { 1 };
-        let s = &mut self.view.state;
         let last = |n: usize| n.saturating_sub(1);
         match k.code {
-            KeyCode::Up => s.layer = s.layer.saturating_sub(big),
-            KeyCode::Down => s.layer = (s.layer + big).min(last(layers)),
-            KeyCode::Left => s.head = s.head.saturating_sub(big),
-            KeyCode::Right => s.head = (s.head + big).min(last(heads)),
-            KeyCode::Char('m') => s.metric = next_metric(s.metric, 1),
-            KeyCode::Char('M') => s.metric = next_metric(s.metric, StateMetric::ALL.len() - 1),
-            KeyCode::Char('t') => self.toggle_trace(),
+            KeyCode::Up => self.layer = self.layer.saturating_sub(big),
+            KeyCode::Down => self.layer = (self.layer + big).min(last(layers)),
+            KeyCode::Left => self.head = self.head.saturating_sub(big),
+            KeyCode::Right => self.head = (self.head + big).min(last(heads)),
+            KeyCode::Char('m') => self.metric = next_metric(self.metric, 1),
+            KeyCode::Char('M') => self.metric = next_metric(self.metric, StateMetric::ALL.len() - 1),
             KeyCode::Char('[') | KeyCode::Char(',') => {
-                let cur = self.view.inspector.unwrap_or(tokens);
-                self.view.inspector = (tokens > 0).then(|| cur.saturating_sub(1));
+                let cur = cursor.unwrap_or(tokens);
+                *cursor = (tokens > 0).then(|| cur.saturating_sub(1));
             }
             KeyCode::Char(']') | KeyCode::Char('.') => {
                 // Past the last token the view follows the latest pass again.
-                self.view.inspector = self.view.inspector.map(|c| c + 1).filter(|&c| c < tokens);
+                *cursor = cursor.map(|c| c + 1).filter(|&c| c < tokens);
             }
-            KeyCode::Home => self.view.inspector = (tokens > 0).then_some(0),
-            KeyCode::End => self.view.inspector = None,
-            _ => {}
+            KeyCode::Home => *cursor = (tokens > 0).then_some(0),
+            KeyCode::End => *cursor = None,
+            _ => return Handled::NotConsumed,
         }
+        Handled::Consumed
     }
 
-    /// PgUp / PgDn in the State view: a page of layers.
-    pub(crate) fn state_page(&mut self, down: bool) {
-        let layers = self.shown().and_then(|t| t.state_at(None)).map_or(0, |(_, ev)| ev.gdn.len());
-        let s = &mut self.view.state;
-        s.layer = if down { s.layer + 8 } else { s.layer.saturating_sub(8) };
-        s.layer = s.layer.min(layers.saturating_sub(1));
+    /// PgUp / PgDn: a page of the shown turn's `layers`.
+    pub fn page(&mut self, down: bool, layers: usize) {
+        self.layer = if down { self.layer + 8 } else { self.layer.saturating_sub(8) };
+        self.layer = self.layer.min(layers.saturating_sub(1));
     }
 }
 

@@ -10,6 +10,7 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Scrollbar, ScrollbarOrientation, ScrollbarState};
 
+use super::Handled;
 use crate::generation::{DiagnosticKind, DraftKind, Phase, TokenEvent};
 use crate::session::{Timed, Turn};
 use crate::tui::app::{App, ColourMode, Focus, PaneLayout, ThinkingView};
@@ -55,21 +56,17 @@ impl PaneScroll {
     }
 }
 
-impl App {
-    /// A key while the thinking or answer pane has the focus: ↑/↓ scroll, Home / End.
-    pub(crate) fn pane_key(&mut self, k: KeyEvent) {
-        let scroll = if self.view.focus == Focus::Thinking {
-            &mut self.view.thinking_scroll
-        } else {
-            &mut self.view.answer_scroll
-        };
+impl PaneScroll {
+    /// A key while this pane has the focus: ↑/↓ scroll, Home / End.
+    pub fn key(&mut self, k: KeyEvent) -> Handled {
         match k.code {
-            KeyCode::Up => scroll.scroll(-1),
-            KeyCode::Down => scroll.scroll(1),
-            KeyCode::Home => scroll.top = Some(0),
-            KeyCode::End => scroll.follow(),
-            _ => {}
+            KeyCode::Up => self.scroll(-1),
+            KeyCode::Down => self.scroll(1),
+            KeyCode::Home => self.top = Some(0),
+            KeyCode::End => self.follow(),
+            _ => return Handled::NotConsumed,
         }
+        Handled::Consumed
     }
 }
 
