@@ -130,10 +130,10 @@ fn thinking_ate_max_tokens_banner_and_fixes() {
     );
     engine(&mut app, done(FinishReason::Length, 16, 16, 0, "199 / 3 ", ""), 18.0);
     // A diagnostic without fixes (a file from an older build): worked out from the turn's
-    // settings, the forced end of thinking estimated from the bridge text (56 tokens).
+    // settings, the forced end of thinking estimated from the bridge text (55 tokens).
     let screen = render(&mut app, W, H);
     assert!(
-        screen.contains("max_tokens → 528") && screen.contains("budget → 8, max_tokens → 96 (≈56 forced, ≈32 answer)"),
+        screen.contains("max_tokens → 528") && screen.contains("budget → 8, max_tokens → 95 (≈55 forced, ≈32 answer)"),
         "{screen}"
     );
     snap("exhausted", screen);
