@@ -70,8 +70,8 @@ fn f4_on_the_shipped_starved_session_produces_an_answer() {
     assert!(budget < 24, "budget {budget}");
     assert!(req.params.max_tokens >= budget + 52 + 32, "max_tokens {} for budget {budget}", req.params.max_tokens);
     // The old, starved turn stays in the session file.
-    assert_eq!(app.convo.session.branches.len(), 1);
-    assert_eq!(app.convo.session.branches[0].turns[0], before);
+    assert_eq!(app.session().branches.len(), 1);
+    assert_eq!(app.session().branches[0].turns[0], before);
 
     let generation = backend.start(req).unwrap();
     let mut forced_diag = false;

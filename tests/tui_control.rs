@@ -81,7 +81,7 @@ fn an_earlier_prompt_is_edited_and_rerun_with_the_old_turns_kept() {
             (Role::User, "What is 482 + 740?".to_string())
         ]
     );
-    let s = &app.convo.session;
+    let s = app.session();
     assert_eq!(s.turns.len(), 2, "turn 2 re-runs in place; turn 3 goes with the old branch");
     assert_eq!(s.turns[1].user, "What is 482 + 740?");
     assert_eq!(s.branches.len(), 1);
@@ -103,8 +103,8 @@ fn a_deleted_turn_leaves_the_context_and_stays_in_the_file() {
     settle(&mut app);
     key(&mut app, KeyCode::Left, KeyModifiers::ALT, 20.0);
     key(&mut app, KeyCode::Char('x'), KeyModifiers::ALT, 20.0);
-    assert_eq!(app.convo.session.turns.len(), 1);
-    assert_eq!(app.convo.session.turns[0].user, "What is 482 + 739?");
+    assert_eq!(app.session().turns.len(), 1);
+    assert_eq!(app.session().turns[0].user, "What is 482 + 739?");
     settle(&mut app);
     let saved = Session::load(&dir.path().join("test-session.json")).unwrap();
     assert_eq!(saved.turns.len(), 1);
@@ -127,7 +127,7 @@ fn an_answer_cut_by_max_tokens_is_continued_in_place() {
     }
     engine(&mut app, done(FinishReason::Length, 10, 4, 0, "Check divisors\n91", ""), 6.0);
     app.take_effects();
-    let budget_before = app.convo.session.turns[0].params.max_tokens;
+    let budget_before = app.session().turns[0].params.max_tokens;
     key(&mut app, KeyCode::F(5), KeyModifiers::NONE, 10.0);
     let effects = app.take_effects();
     let Some(Effect::Generate { prompt: Prompt::Continue { messages, generated }, enable_thinking, .. }) =
@@ -147,7 +147,7 @@ fn an_answer_cut_by_max_tokens_is_continued_in_place() {
     // A diagnostic of the continuation points at the turn's token, not the continuation's.
     engine(&mut app, common::diag(DiagnosticKind::AnswerTruncated, 2, "cut", None), 14.5);
     engine(&mut app, done(FinishReason::Stop, 14, 2, 1, " ÷ 7", "No."), 15.0);
-    let s = &app.convo.session;
+    let s = app.session();
     assert_eq!(s.turns.len(), 1);
     let t = &s.turns[0];
     assert_eq!(t.finish_reason, Some(FinishReason::Stop));
@@ -180,8 +180,8 @@ fn a_new_conversation_keeps_the_settings_and_the_old_file() {
     answer_turn(&mut app, "Is 91 prime?", "No.", 0.0);
     settle(&mut app);
     key(&mut app, KeyCode::Char('n'), KeyModifiers::ALT, 10.0);
-    assert!(app.convo.session.turns.is_empty());
-    assert_ne!(app.convo.session.id, "test-session");
+    assert!(app.session().turns.is_empty());
+    assert_ne!(app.session().id, "test-session");
     assert_eq!(app.settings().params.max_tokens, 777);
     assert!(app.status().unwrap().contains("test-session.json"), "{:?}", app.status());
     ask(&mut app, "Sort 5, 2.", 20.0);
@@ -198,7 +198,7 @@ fn the_system_prompt_is_edited_in_the_tui() {
     assert_eq!(app.composer().target, EditTarget::System);
     type_text(&mut app, "Answer briefly.", 0.0);
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 0.0);
-    assert_eq!(app.convo.session.system.as_deref(), Some("Answer briefly."));
+    assert_eq!(app.session().system.as_deref(), Some("Answer briefly."));
     assert!(app.take_effects().iter().all(|e| !matches!(e, Effect::Generate { .. })), "setting it sends nothing");
     ask(&mut app, "Is 91 prime?", 1.0);
     let msgs = generated(&app.take_effects());
@@ -211,10 +211,10 @@ fn a_paste_keeps_its_lines_and_sends_nothing() {
     app.update(Inbound::Term(Event::Paste("first line\r\nsecond line\rthird".into())), 0.0);
     assert_eq!(app.composer().input.lines(), ["first line", "second line", "third"]);
     assert!(app.take_effects().is_empty());
-    assert!(app.convo.session.turns.is_empty());
+    assert!(app.session().turns.is_empty());
     // Enter sends the whole text as one prompt.
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 1.0);
-    assert_eq!(app.convo.session.turns[0].user, "first line\nsecond line\nthird");
+    assert_eq!(app.session().turns[0].user, "first line\nsecond line\nthird");
 }
 
 #[test]
@@ -296,7 +296,7 @@ fn the_next_turns_prompt_is_shown_with_its_token_ids() {
     assert!(screen.contains("1,2,3"), "{screen}");
     // Nothing was sent, and the prompt is still there.
     assert_eq!(app.composer().text(), "What is 2 + 2?");
-    assert_eq!(app.convo.session.turns.len(), 1);
+    assert_eq!(app.session().turns.len(), 1);
 }
 
 #[test]
@@ -324,7 +324,7 @@ fn a_failed_autosave_stays_visible_and_quitting_asks() {
     let (_dir, mut app) = unsavable();
     answer_turn(&mut app, "Is 91 prime?", "No.", 0.0);
     settle(&mut app);
-    let err = app.convo.save.error.clone().expect("the save failed");
+    let err = app.save_error().map(str::to_string).expect("the save failed");
     // Long after the status message expired, the status line still says it.
     app.update(Inbound::Tick, 60_000.0);
     let screen = render(&mut app, 80, 30);
@@ -411,13 +411,13 @@ fn opening_a_session_and_quitting_writes_nothing() {
     answer_turn(&mut app0, "Is 91 prime?", "No.", 0.0);
     // Hand-formatted: pretty-printed, as a person would keep it under version control.
     let path = dir.path().join("hand.json");
-    let pretty = serde_json::to_string_pretty(&app0.convo.session).unwrap();
+    let pretty = serde_json::to_string_pretty(app0.session()).unwrap();
     std::fs::write(&path, &pretty).unwrap();
     let mut app = app();
     app.set_sessions_dir(dir.path().to_path_buf());
     app.open_session(&path, false);
     settle(&mut app);
-    assert_eq!(app.convo.session.turns.len(), 1);
+    assert_eq!(app.session().turns.len(), 1);
     key(&mut app, KeyCode::Char('q'), KeyModifiers::CONTROL, 1.0);
     assert!(settle(&mut app).is_empty());
     assert!(app.quitting(), "nothing changed: quit at once");

@@ -142,8 +142,8 @@ fn thinking_ate_max_tokens_banner_and_fixes() {
     assert_eq!(app.settings().params.max_tokens, 528);
     let effects = app.take_effects();
     assert!(matches!(effects.last(), Some(Effect::Generate { params, .. }) if params.max_tokens == 528), "{effects:?}");
-    assert_eq!(app.convo.session.turns.len(), 1);
-    assert_eq!(app.convo.session.branches[0].reason, "regenerated");
+    assert_eq!(app.session().turns.len(), 1);
+    assert_eq!(app.session().branches[0].reason, "regenerated");
     engine(&mut app, done(FinishReason::Cancelled, 16, 0, 0, "", ""), 21.0);
     // The re-run (cancelled) has nothing to fix: F4 changes nothing.
     key(&mut app, KeyCode::F(4), KeyModifiers::NONE, 22.0);
@@ -316,8 +316,8 @@ fn edit_last_prompt_and_history_recall() {
     key(&mut app, KeyCode::Enter, KeyModifiers::ALT, 200.0);
     assert_eq!(app.composer().input.lines().len(), 2, "Alt+Enter adds a line");
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 200.0);
-    assert_eq!(app.convo.session.turns.len(), 1, "the edited prompt replaced the last turn");
-    assert_eq!(app.convo.session.turns[0].user, "Is 91 prime at all?\n");
+    assert_eq!(app.session().turns.len(), 1, "the edited prompt replaced the last turn");
+    assert_eq!(app.session().turns[0].user, "Is 91 prime at all?\n");
     engine(&mut app, done(FinishReason::Stop, 16, 0, 0, "", ""), 201.0);
     key(&mut app, KeyCode::Up, KeyModifiers::NONE, 202.0);
     assert_eq!(app.composer().input.lines(), ["Is 91 prime at all?", ""]);
@@ -400,7 +400,7 @@ fn session_picker_lists_saved_sessions() {
 
     // Opening a session recorded with another model says so.
     let mut foreign = Session::new("Qwen3.6-27B", None);
-    foreign.turns = app.convo.session.turns.clone();
+    foreign.turns = app.session().turns.clone();
     let path = dir.path().join("foreign.json");
     foreign.save_atomic(&path).unwrap();
     app.open_session(&path, false);

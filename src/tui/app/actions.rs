@@ -81,10 +81,10 @@ impl App {
             Focus::Sliders => {
                 let cap = self.settings.max_tokens_cap(self.next_prompt_estimate());
                 let mut ctx = Ctx {
-                    theme: &self.theme,
-                    keymap: &self.keymap,
+                    theme: &self.look.theme,
+                    keymap: &self.look.keymap,
                     now_ms: self.now_ms,
-                    effects: &mut self.effects,
+                    effects: &mut self.out.effects,
                     log: &mut self.messages,
                 };
                 sliders::key(&mut self.view.slider, &mut self.settings, cap, k, &mut ctx);
@@ -114,7 +114,7 @@ impl App {
 
     fn cancel(&mut self, or_quit: bool) {
         if self.generating() {
-            self.effects.push(Effect::Cancel);
+            self.out.effects.push(Effect::Cancel);
             self.say(Level::Info, "cancelling… (output kept)");
         } else if self.convo.replay.take().is_some() {
             self.say(Level::Info, "replay stopped");
@@ -140,20 +140,20 @@ impl App {
     fn step_action(&mut self, a: Action) {
         if a == Action::Step {
             if self.view.step_mode {
-                self.effects.push(Effect::Step);
+                self.out.effects.push(Effect::Step);
             } else {
-                let key = self.keymap.first(Action::StepMode);
+                let key = self.look.keymap.first(Action::StepMode);
                 self.say(Level::Info, format!("not in step mode ({key} turns it on)"));
             }
             return;
         }
-        if let Some(why) = self.model.as_ref().and_then(|m| m.step.reason()) {
+        if let Some(why) = self.backend.model.as_ref().and_then(|m| m.step.reason()) {
             self.say(Level::Info, format!("step mode is not available: {why}"));
             return;
         }
         self.view.step_mode = !self.view.step_mode;
-        self.effects.push(Effect::SetPaused(self.view.step_mode));
-        let step = self.keymap.first(Action::Step);
+        self.out.effects.push(Effect::SetPaused(self.view.step_mode));
+        let step = self.look.keymap.first(Action::Step);
         let msg =
             if self.view.step_mode { format!("step mode: {step} advances one token") } else { "step mode off".into() };
         self.say(Level::Info, msg);
@@ -164,7 +164,7 @@ impl App {
     /// answer), and the last turn is re-run with it. Nothing changes when there is nothing to
     /// fix, or when the fix would offer the current value again.
     fn fix_action(&mut self, a: Action) {
-        let key = self.keymap.first(a);
+        let key = self.look.keymap.first(a);
         let (Some(t), Some(shown)) = (self.shown(), self.shown_index()) else {
             self.say(Level::Info, format!("{key}: nothing to fix yet"));
             return;
@@ -235,7 +235,7 @@ impl App {
                 self.overlay = Overlay::Messages;
             }
             Action::Picker => match self.convo.save.dir.path.clone() {
-                Some(dir) => self.effects.push(Effect::ListSessions(dir)),
+                Some(dir) => self.out.effects.push(Effect::ListSessions(dir)),
                 None => self.show_sessions(vec![]),
             },
             Action::Export => self.export(),
@@ -257,12 +257,12 @@ impl App {
                         self.view.show_compare = !self.view.show_compare;
                     }
                 } else {
-                    let key = self.keymap.first(Action::Compare);
+                    let key = self.look.keymap.first(Action::Compare);
                     self.say(Level::Info, format!("no comparison yet ({key} re-runs the last prompt)"));
                 }
             }
             Action::ColourMode => {
-                let why = self.model.as_ref().and_then(|m| m.provenance.reason().map(str::to_string));
+                let why = self.backend.model.as_ref().and_then(|m| m.provenance.reason().map(str::to_string));
                 self.view.colour_mode = match (self.view.colour_mode, why) {
                     (ColourMode::Phase, _) => ColourMode::Logprob,
                     (ColourMode::Logprob, None) => ColourMode::Provenance,
@@ -343,7 +343,7 @@ impl App {
             return;
         }
         self.say(Level::Info, format!("copied the {what} ({} chars) to the clipboard", text.chars().count()));
-        self.effects.push(Effect::Copy(text));
+        self.out.effects.push(Effect::Copy(text));
     }
 
     fn export(&mut self) {
@@ -352,6 +352,6 @@ impl App {
             return;
         };
         let path = json.with_extension("md");
-        self.effects.push(Effect::Export { path, markdown: self.convo.session.to_markdown() });
+        self.out.effects.push(Effect::Export { path, markdown: self.convo.session.to_markdown() });
     }
 }

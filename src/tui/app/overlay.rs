@@ -109,7 +109,7 @@ impl App {
                     Overlay::SaveAs { input: line_input(&suggestion.display().to_string()), error: None }
                 }
                 KeyCode::Char('q') => {
-                    self.quit = true;
+                    self.out.quit = true;
                     Overlay::None
                 }
                 KeyCode::Esc | KeyCode::Char('c') => Overlay::None,
@@ -123,7 +123,7 @@ impl App {
                         Overlay::SaveAs { input, error: Some("type a file path".into()) }
                     } else {
                         self.convo.save.path = Some(path.into());
-                        self.quit_after_save = true;
+                        self.out.quit_after_save = true;
                         self.save_now();
                         // A failed save opened the quit question again.
                         return;

@@ -103,13 +103,13 @@ fn bar(ratio: f64, width: usize, color: Color, empty: Color) -> Vec<Span<'static
 }
 
 pub fn panel(app: &App, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
+    let th = app.theme();
     let block = Block::bordered().title(Line::styled(" Gauges ", th.title())).border_style(th.border(false));
     let inner = block.inner(area);
     f.render_widget(block, area);
     let Some(t) = app.shown() else {
         let mut lines = vec![Line::styled("no generation yet", th.fg(th.dim))];
-        if let Some(w) = app.model.as_ref().and_then(|m| m.weights_bytes) {
+        if let Some(w) = app.model().and_then(|m| m.weights_bytes) {
             lines.push(Line::styled(format!("weights {}", short_bytes(w as u64)), th.fg(th.text)));
         }
         f.render_widget(Paragraph::new(lines), inner);
@@ -125,7 +125,7 @@ pub fn panel(app: &App, f: &mut Frame, area: Rect) {
 }
 
 fn budget_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
+    let th = app.theme();
     let [h, b, legend] =
         Layout::vertical([Constraint::Length(1), Constraint::Length(1), Constraint::Min(1)]).areas(area);
     let used = t.completion_tokens();
@@ -166,7 +166,7 @@ fn budget_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
 /// answered turn's prompt and answer; the template drops earlier thinking).
 fn context_in_use(app: &App) -> String {
     let history = app.next_prompt_estimate();
-    match app.settings.context {
+    match app.settings().context {
         Some(c) => format!("history ≈{history} of {c} context tokens"),
         None => format!("history ≈{history} tokens before the next prompt"),
     }
@@ -193,7 +193,7 @@ fn ttft(t: &Turn) -> Option<(f64, Option<f64>)> {
 }
 
 fn speed_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
+    let th = app.theme();
     let [h, l, s] = Layout::vertical([Constraint::Length(1), Constraint::Length(1), Constraint::Min(1)]).areas(area);
     let tok_s = t
         .stats
@@ -222,15 +222,15 @@ fn speed_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
 }
 
 fn mtp_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
+    let th = app.theme();
     let mut lines = vec![];
     let Some(m) = t.mtp() else {
-        let remote = app.model.as_ref().is_some_and(|m| m.is_remote());
+        let remote = app.model().is_some_and(|m| m.is_remote());
         let why = if remote && !t.is_finished() {
             "waiting for the server's figures".to_string()
         } else if remote {
             "not reported by the server".to_string()
-        } else if !app.model.as_ref().is_some_and(|m| m.has_mtp) {
+        } else if !app.model().is_some_and(|m| m.has_mtp) {
             "off (no MTP head)".to_string()
         } else if !t.params.mtp.is_on() {
             "off (depth 0)".to_string()
@@ -290,7 +290,7 @@ fn mtp_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
 }
 
 fn memory_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
+    let th = app.theme();
     let title = Span::styled("Memory ", Style::new().fg(th.accent).add_modifier(Modifier::BOLD));
     let Some(mem) = t.memory().cloned() else {
         // A remote server: only what it exposes on /metrics.
@@ -311,9 +311,9 @@ fn memory_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
         f.render_widget(Paragraph::new(line), area);
         return;
     };
-    let weights = app.model.as_ref().and_then(|m| m.weights_bytes).unwrap_or(0);
+    let weights = app.model().and_then(|m| m.weights_bytes).unwrap_or(0);
     let weights = if mem.weights_bytes > 0 { mem.weights_bytes } else { weights };
-    let devices = match app.model.as_ref().map(|m| &m.kind) {
+    let devices = match app.model().map(|m| &m.kind) {
         Some(crate::backend::BackendKind::Local { devices, .. }) => devices.join(","),
         _ => "cpu".into(),
     };
@@ -342,7 +342,7 @@ fn memory_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
 
 /// The narrow layout's gauges: the budget bar and one line of numbers.
 pub fn strip(app: &App, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
+    let th = app.theme();
     let Some(t) = app.shown() else { return };
     let [title, b, nums] =
         Layout::vertical([Constraint::Length(1), Constraint::Length(1), Constraint::Length(1)]).areas(area);

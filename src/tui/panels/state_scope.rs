@@ -30,9 +30,9 @@ use unicode_width::UnicodeWidthStr;
 
 use super::Handled;
 use crate::generation::state::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
-use crate::generation::{DiagnosticKind, GdnLayerState, Phase, StateEvent, StateMetric, TokenEvent};
+use crate::generation::{GdnLayerState, Phase, StateEvent, StateMetric, TokenEvent};
 use crate::session::Turn;
-use crate::tui::app::{App, Focus, Layout, Level};
+use crate::tui::app::{App, Focus, Layout};
 use crate::tui::keymap::Action;
 use crate::tui::theme::Theme;
 use crate::units::{short_bytes, sig4 as sig};
@@ -61,59 +61,6 @@ impl StateScope {
             f = at + 1 - visible;
         }
         f
-    }
-}
-
-impl App {
-    /// Opens or closes the State view. Opening it on a turn with a state alarm selects the
-    /// layer and head the alarm names.
-    pub(crate) fn toggle_state_view(&mut self) {
-        let scope = &mut self.view.state;
-        scope.shown = !scope.shown;
-        if !scope.shown {
-            if self.view.focus == Focus::State {
-                self.view.focus = Focus::Input;
-            }
-            return;
-        }
-        self.view.show_compare = false;
-        self.view.focus = Focus::State;
-        let alarm = self.shown().and_then(|t| {
-            let d = t.diagnostics.iter().find(|d| {
-                matches!(d.kind, DiagnosticKind::StateAlarm | DiagnosticKind::Nonfinite) && d.head.is_some()
-            })?;
-            let first = t.states.first()?;
-            let layer = first.ev.gdn.iter().position(|l| Some(l.layer) == d.layer)?;
-            Some((layer, d.head?))
-        });
-        if let Some((layer, head)) = alarm {
-            self.view.state.layer = layer;
-            self.view.state.head = head;
-        }
-        if let Some(why) = self.model.as_ref().and_then(|m| m.state_trace.reason().map(str::to_string)) {
-            self.say(Level::Info, format!("the state scope is not available: {why}"));
-        } else if !self.settings.params.trace_state && self.shown().is_none_or(|t| t.states.is_empty()) {
-            let key = self.keymap.first(Action::TraceState);
-            self.say(Level::Info, format!("no state trace yet: {key} traces the next generation"));
-        }
-    }
-
-    /// State tracing on / off for the next generation (drafting is off while tracing).
-    pub(crate) fn toggle_trace(&mut self) {
-        if let Some(why) = self.model.as_ref().and_then(|m| m.state_trace.reason().map(str::to_string)) {
-            self.say(Level::Info, format!("no state trace here: {why}"));
-            return;
-        }
-        let p = &mut self.settings.params;
-        p.trace_state = !p.trace_state;
-        let msg = if p.trace_state {
-            let drafting = if p.mtp.is_on() { "; MTP drafting pauses while tracing" } else { "" };
-            let redo = self.keymap.first(Action::Regenerate);
-            format!("state trace on for the next generation ({redo} re-runs the last turn with it){drafting}")
-        } else {
-            "state trace off".to_string()
-        };
-        self.say(Level::Info, msg);
     }
 }
 
@@ -277,12 +224,12 @@ fn token_label(t: &TokenEvent) -> String {
 }
 
 pub fn draw(app: &App, f: &mut Frame, area: Rect, layout: &mut Layout) {
-    let th = &app.theme;
-    let focused = app.view.focus == Focus::State;
+    let th = app.theme();
+    let focused = app.view().focus == Focus::State;
     let title = if focused {
         " State · ↑↓ layer ←→ head m metric [ ] token End latest t trace Esc close ".to_string()
     } else {
-        format!(" State · {} closes · Tab to focus ", app.keymap.first(Action::StateView))
+        format!(" State · {} closes · Tab to focus ", app.keymap().first(Action::StateView))
     };
     let block = Block::bordered().title(Line::styled(title, th.title())).border_style(th.border(focused));
     let inner = block.inner(area);
@@ -297,17 +244,17 @@ pub fn draw(app: &App, f: &mut Frame, area: Rect, layout: &mut Layout) {
 
 /// Why there is nothing to show, and what to press.
 fn empty_lines(app: &App, shown: Option<&Turn>) -> Vec<Line<'static>> {
-    let th = &app.theme;
-    let key = |a| app.keymap.first(a);
+    let th = app.theme();
+    let key = |a| app.keymap().first(a);
     let mut out = vec![Line::raw("")];
     let say = |s: String| Line::styled(format!("  {s}"), th.fg(th.text));
-    if let Some(why) = app.model.as_ref().and_then(|m| m.state_trace.reason()) {
+    if let Some(why) = app.model().and_then(|m| m.state_trace.reason()) {
         out.push(say("The state scope needs the in-process engine:".into()));
         out.push(say(why.to_string()));
         return out;
     }
     out.push(say("No state trace for this turn.".into()));
-    if app.settings.params.trace_state {
+    if app.settings().params.trace_state {
         out.push(say(format!(
             "Tracing is on: the next generation is traced ({} re-runs the last turn).",
             key(Action::Regenerate)
@@ -366,9 +313,9 @@ impl Parts {
 }
 
 fn scope_lines(app: &App, t: &Turn, area: Rect, layout: &mut Layout) -> Vec<Line<'static>> {
-    let th = &app.theme;
-    let scope: &StateScope = &app.view.state;
-    let cursor = app.view.inspector;
+    let th = app.theme();
+    let scope: &StateScope = &app.view().state;
+    let cursor = app.view().inspector;
     let Some((pass_idx, pass)) = t.state_at(cursor) else { return vec![] };
     let width = area.width as usize;
     let layers = pass.gdn.len();
@@ -481,8 +428,8 @@ fn mean_x(scale: &Scale, metric: StateMetric, l: &GdnLayerState) -> Option<f32> 
 }
 
 fn header(app: &App, t: &Turn, pass: &StateEvent, pass_idx: usize, cursor: Option<usize>) -> Line<'static> {
-    let th = &app.theme;
-    let metric = app.view.state.metric;
+    let th = app.theme();
+    let metric = app.view().state.metric;
     let token = |i: usize| {
         t.tokens.get(i).map(|tok| {
             let phase = if tok.phase == Phase::Thinking { "thinking" } else { "answer" };
@@ -598,8 +545,8 @@ fn history(
     cursor: Option<usize>,
     width: usize,
 ) -> Vec<Line<'static>> {
-    let th = &app.theme;
-    let metric = app.view.state.metric;
+    let th = app.theme();
+    let metric = app.view().state.metric;
     const PREFIX: usize = 6;
     let room = width.saturating_sub(PREFIX);
     // The tokens read so far (the last one sampled is read by the next pass).

@@ -74,10 +74,10 @@ impl PaneScroll {
 const SIDE_BY_SIDE_FROM: u16 = 70;
 
 pub fn history(app: &App, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
+    let th = app.theme();
     let mut lines = vec![];
     let shown = app.shown_index();
-    for (i, t) in app.convo.session.turns.iter().enumerate() {
+    for (i, t) in app.session().turns.iter().enumerate() {
         let mark = if Some(i) == shown { "▶" } else { " " };
         let tag = match t.compare_of {
             Some(o) => format!("{}≈{}", i + 1, o + 1),
@@ -116,7 +116,7 @@ fn one_line(s: &str) -> String {
 
 /// Thinking and answer panes for the shown turn.
 pub fn conversation(app: &App, f: &mut Frame, area: Rect, v: &mut View) {
-    let thinking_w = match app.view.thinking_view {
+    let thinking_w = match app.view().thinking_view {
         ThinkingView::Shown => None,
         ThinkingView::Collapsed => Some(3),
         ThinkingView::Hidden => Some(0),
@@ -145,7 +145,7 @@ pub fn conversation(app: &App, f: &mut Frame, area: Rect, v: &mut View) {
 }
 
 fn thinking_title(app: &App, turn: Option<&Turn>) -> Line<'static> {
-    let th = &app.theme;
+    let th = app.theme();
     let mut spans = vec![Span::styled(" Thinking ", th.title())];
     if let Some(t) = turn {
         let n = t.thinking_tokens();
@@ -161,17 +161,17 @@ fn thinking_title(app: &App, turn: Option<&Turn>) -> Line<'static> {
             spans.push(Span::styled("(off) ", th.fg(th.dim)));
         }
     }
-    if app.view.thinking_view != ThinkingView::Shown {
-        spans.push(Span::styled(format!("[{}] ", app.keymap.first(Action::CollapseThinking)), th.fg(th.dim)));
+    if app.view().thinking_view != ThinkingView::Shown {
+        spans.push(Span::styled(format!("[{}] ", app.keymap().first(Action::CollapseThinking)), th.fg(th.dim)));
     }
     Line::from(spans)
 }
 
 fn thinking(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>, v: &mut View) {
-    let th = &app.theme;
+    let th = app.theme();
     let block =
-        Block::bordered().title(thinking_title(app, turn)).border_style(th.border(app.view.focus == Focus::Thinking));
-    if app.view.thinking_view == ThinkingView::Collapsed {
+        Block::bordered().title(thinking_title(app, turn)).border_style(th.border(app.view().focus == Focus::Thinking));
+    if app.view().thinking_view == ThinkingView::Collapsed {
         let inner = block.inner(area);
         f.render_widget(block, area);
         if let Some(t) = turn {
@@ -188,7 +188,7 @@ fn thinking(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>, v: &mut V
 }
 
 fn answer(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>, v: &mut View) {
-    let th = &app.theme;
+    let th = app.theme();
     let mut title = vec![Span::styled(" Answer ", th.title())];
     if let Some(t) = turn {
         title.push(Span::styled(format!("· {} tok ", t.answer_tokens()), th.fg(th.answer)));
@@ -197,13 +197,13 @@ fn answer(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>, v: &mut Vie
             title.push(Span::styled(format!("· {:.1} tok/s ", tm.decode_tok_s), th.fg(th.dim)));
         }
     }
-    let block = Block::bordered().title(Line::from(title)).border_style(th.border(app.view.focus == Focus::Answer));
+    let block = Block::bordered().title(Line::from(title)).border_style(th.border(app.view().focus == Focus::Answer));
     match turn {
         None => scrolled(app, f, area, block, welcome(app), Pane::Answer, v),
         // Markdown in the default view; raw tokens when colouring or inspecting tokens.
         Some(t)
-            if app.view.colour_mode == ColourMode::Phase
-                && app.view.inspector.is_none()
+            if app.view().colour_mode == ColourMode::Phase
+                && app.view().inspector.is_none()
                 && !has_loop_in(t, Phase::Answer) =>
         {
             markdown_pane(app, f, area, block, t, v)
@@ -213,11 +213,11 @@ fn answer(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>, v: &mut Vie
 }
 
 fn welcome(app: &App) -> Vec<Line<'static>> {
-    let th = &app.theme;
-    let k = |a| app.keymap.first(a);
+    let th = app.theme();
+    let k = |a| app.keymap().first(a);
     let mut lines = vec![];
     // A sessions directory that cannot be used is said on the first screen.
-    if let Some(why) = &app.convo.save.dir.fallback {
+    if let Some(why) = &app.conversation().save.dir.fallback {
         lines.push(Line::styled(format!("⚠ {why}"), th.fg(th.warn)));
         lines.push(Line::raw(""));
     }
@@ -281,14 +281,14 @@ fn markdown_pane(app: &App, f: &mut Frame, area: Rect, block: Block, t: &Turn, v
     }
     let width = inner.width.saturating_sub(1) as usize;
     let cache = &mut v.markdown;
-    let finished = app.md.finished();
-    if (cache.md_id, cache.width) != (Some(app.md.id), width) || cache.wrapped_from > finished.len() {
-        *cache = MarkdownWrap { md_id: Some(app.md.id), width, ..Default::default() };
+    let finished = app.markdown().finished();
+    if (cache.md_id, cache.width) != (Some(app.markdown().id), width) || cache.wrapped_from > finished.len() {
+        *cache = MarkdownWrap { md_id: Some(app.markdown().id), width, ..Default::default() };
     }
     let new = wrap(&finished[cache.wrapped_from..], width);
     cache.wrapped.extend(new);
     cache.wrapped_from = finished.len();
-    let open = wrap(&app.md.open_lines(t.answer.trim_start_matches('\n'), &app.theme), width);
+    let open = wrap(&app.markdown().open_lines(t.answer.trim_start_matches('\n'), app.theme()), width);
     let closed = &cache.wrapped;
     let total = closed.len() + open.len();
     let drawn = show(
@@ -297,7 +297,7 @@ fn markdown_pane(app: &App, f: &mut Frame, area: Rect, block: Block, t: &Turn, v
         inner,
         total,
         |r| r.map(|i| closed.get(i).unwrap_or_else(|| &open[i - closed.len()]).clone()).collect(),
-        &app.view.answer_scroll,
+        &app.view().answer_scroll,
     );
     v.record(Pane::Answer, drawn);
 }
@@ -330,7 +330,7 @@ fn show(
     if total > h {
         let mut state = ScrollbarState::new(total.saturating_sub(h)).position(first);
         f.render_stateful_widget(
-            Scrollbar::new(ScrollbarOrientation::VerticalRight).style(app.theme.fg(app.theme.dim)),
+            Scrollbar::new(ScrollbarOrientation::VerticalRight).style(app.theme().fg(app.theme().dim)),
             inner,
             &mut state,
         );
@@ -392,14 +392,14 @@ impl LineBuilder {
         if self.leading {
             // The blank line after </think> belongs to the answer phase; do not show it.
             text = text.trim_start_matches('\n');
-            if text.is_empty() && app.view.inspector != Some(i) {
+            if text.is_empty() && app.view().inspector != Some(i) {
                 return;
             }
             self.leading = false;
         }
         let in_loop = loops.iter().any(|(s, e)| (*s..=*e).contains(&i));
-        let style = token_style(&app.theme, app.view.colour_mode, tok, in_loop, app.view.inspector == Some(i));
-        if text.is_empty() && app.view.inspector == Some(i) {
+        let style = token_style(app.theme(), app.view().colour_mode, tok, in_loop, app.view().inspector == Some(i));
+        if text.is_empty() && app.view().inspector == Some(i) {
             // Make an empty token (a stop token) visible under the cursor.
             self.open.push(Span::styled("∅", style));
             return;
@@ -452,8 +452,8 @@ impl PaneCache {
         let key = CacheKey {
             phase,
             width,
-            colour_mode: app.view.colour_mode,
-            inspector: app.view.inspector,
+            colour_mode: app.view().colour_mode,
+            inspector: app.view().inspector,
             loops: t
                 .diagnostics
                 .iter()

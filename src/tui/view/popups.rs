@@ -40,16 +40,16 @@ pub fn prompt(f: &mut Frame, area: Rect, ctx: &DrawCtx, result: &Result<DryRun, 
 }
 
 pub fn confirm_quit(app: &App, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
-    let why = app.convo.save.error.clone().unwrap_or_else(|| "it has not been saved".into());
-    let last = match &app.convo.save.last_good {
+    let th = app.theme();
+    let why = app.conversation().save.error.clone().unwrap_or_else(|| "it has not been saved".into());
+    let last = match &app.conversation().save.last_good {
         Some(p) => format!("The last good copy is {}.", p.display()),
         None => "No copy of it was written.".into(),
     };
     let key = Style::new().fg(th.accent).add_modifier(Modifier::BOLD);
     let lines = vec![
         Line::styled(
-            format!("This conversation ({}) is not saved: {why}", turns_label(app.convo.session.turns.len())),
+            format!("This conversation ({}) is not saved: {why}", turns_label(app.session().turns.len())),
             th.fg(th.bad),
         ),
         Line::styled(last, th.fg(th.text)),
@@ -66,7 +66,7 @@ pub fn confirm_quit(app: &App, f: &mut Frame, area: Rect) {
 }
 
 fn field(app: &App, f: &mut Frame, area: Rect, title: &str, help: &str, input: &TextArea, error: Option<&str>) {
-    let th = &app.theme;
+    let th = app.theme();
     let mut lines = vec![Line::styled(help.to_string(), th.fg(th.dim))];
     if let Some(e) = error {
         lines.push(Line::styled(e.to_string(), th.fg(th.bad)));
@@ -99,6 +99,6 @@ pub fn slider_value(app: &App, f: &mut Frame, area: Rect, slider: Slider, input:
         Slider::Seed | Slider::TopK => "a whole number",
         _ => "a number",
     };
-    let help = format!("{accepts} · Enter sets · Esc cancels · {} help", app.keymap.first(Action::Help));
+    let help = format!("{accepts} · Enter sets · Esc cancels · {} help", app.keymap().first(Action::Help));
     field(app, f, area, &format!("{} (next run)", slider.label()), &help, input, error);
 }
