@@ -175,34 +175,67 @@ fn loop_banner_highlights_the_loop() {
     snap("loop", screen);
 }
 
-#[test]
-fn forced_end_of_thinking_banner() {
-    let mut app = app();
+/// A turn whose thinking budget (8) ran out: 8 thinking tokens, 2 forced (the bridge and
+/// `</think>`), a one-token answer, streamed but not done.
+fn stream_forced_turn(app: &mut deltascope::tui::app::App) {
     app.change_settings(|s| s.params.thinking_budget = Some(8));
     let p = params(256, Some(8));
-    ask(&mut app, "Is 97 prime?", 0.0);
-    engine(&mut app, start(16, &p), 1.0);
+    ask(app, "Is 97 prime?", 0.0);
+    engine(app, start(16, &p), 1.0);
     for i in 0..8 {
-        engine(&mut app, token(i, Phase::Thinking, "97 / 2 ", -0.1, DraftKind::None, false), 2.0 + i as f64);
+        engine(app, token(i, Phase::Thinking, "97 / 2 ", -0.1, DraftKind::None, false), 2.0 + i as f64);
     }
-    engine(&mut app, diag(DiagnosticKind::ThinkingBudgetForced, 8, "thinking budget of 8 tokens spent", None), 10.0);
-    engine(&mut app, token(8, Phase::Thinking, "Considering the limited time…", 0.0, DraftKind::None, true), 10.0);
-    engine(&mut app, token(9, Phase::Thinking, "</think>", 0.0, DraftKind::None, true), 10.0);
-    engine(&mut app, token(10, Phase::Answer, "97 is prime.", -0.2, DraftKind::None, false), 11.0);
-    // While streaming the forced tokens are counted apart from the thinking.
-    let screen = render(&mut app, W, H);
-    assert!(screen.contains("Thinking · 8 tok + 2 forced"), "{screen}");
+    engine(app, diag(DiagnosticKind::ThinkingBudgetForced, 8, "thinking budget of 8 tokens spent", None), 10.0);
+    engine(app, token(8, Phase::Thinking, "Considering the limited time…", 0.0, DraftKind::None, true), 10.0);
+    engine(app, token(9, Phase::Thinking, "</think>", 0.0, DraftKind::None, true), 10.0);
+    engine(app, token(10, Phase::Answer, "97 is prime.", -0.2, DraftKind::None, false), 11.0);
+}
+
+/// The end of [`stream_forced_turn`]: two forced tokens, counted exactly (`estimate: None`)
+/// or estimated for the reason given.
+fn forced_done(estimate: Option<&str>) -> EngineEvent {
     let mut end = done(FinishReason::Stop, 16, 8, 1, "", "97 is prime.");
     if let EngineEvent::Done(d) = &mut end {
         d.usage.forced_tokens = 2;
         d.usage.completion_tokens = 11;
+        d.usage.estimate = estimate.map(str::to_string);
     }
-    engine(&mut app, end, 12.0);
+    end
+}
+
+#[test]
+fn forced_end_of_thinking_banner() {
+    let mut app = app();
+    stream_forced_turn(&mut app);
+    // While streaming the forced tokens are counted apart from the thinking.
+    let screen = render(&mut app, W, H);
+    assert!(screen.contains("Thinking · 8 tok + 2 forced"), "{screen}");
+    engine(&mut app, forced_done(None), 12.0);
     let screen = render(&mut app, W, H);
     assert!(screen.contains("Thinking · 8 tok + 2 forced"), "{screen}");
     assert!(screen.contains("think 8 ") && screen.contains("forced 2") && screen.contains("answer 1 "), "{screen}");
     assert!(screen.contains("11/256 max_tokens"), "{screen}");
+    // Counted by the engine: exact, so no "≈" and no reason.
+    assert!(!screen.contains("forced ≈") && !screen.contains("≈forced"), "{screen}");
     snap("forced", screen);
+}
+
+/// A server that does not say which tokens its thinking budget forced: the gauge marks the
+/// forced count "≈" and says why under the legend (the narrow strip marks it too).
+#[test]
+fn an_estimated_forced_count_is_marked_and_explained() {
+    let why =
+        "llama.cpp does not say which tokens its thinking budget forced: counted as the `</think>` that ended thinking";
+    let mut app = app();
+    stream_forced_turn(&mut app);
+    engine(&mut app, forced_done(Some(why)), 12.0);
+    assert_eq!(app.shown().and_then(|t| t.forced_estimate()), Some(why));
+    let screen = render(&mut app, W, H);
+    assert!(screen.contains("▓forced ≈2"), "{screen}");
+    assert!(screen.contains("≈forced: llama.cpp does not say which"), "{screen}");
+    assert!(screen.contains("history ≈"), "the context line is still there: {screen}");
+    snap("forced_estimate", screen);
+    assert!(render(&mut app, 100, 30).contains("· forced ≈2 ·"), "the narrow strip");
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! Live gauges: the stacked token budget (prompt | thinking | answer | headroom of max_tokens,
-//! with the thinking-budget marker), speed (tok/s sparkline, TTFT, prefill tok/s), MTP
+//! with the thinking-budget marker; "≈" and the reason where a server only estimates the forced
+//! tokens), speed (tok/s sparkline, TTFT, prefill tok/s), MTP
 //! (acceptance, per-position bars, mean accepted length, accepted-per-step sparkline) and
 //! memory (weights, KV growing, recurrent constant, snapshots) per device.
 
@@ -13,7 +14,9 @@ use ratatui::widgets::{Block, Paragraph, Sparkline, Widget};
 use crate::session::Turn;
 use crate::tui::app::App;
 use crate::tui::theme::Theme;
+use crate::tui::view::wrap::wrap;
 use crate::units::{duration_ms, short_bytes};
+use unicode_width::UnicodeWidthStr;
 
 pub const MIN_HEIGHT: u16 = 18;
 
@@ -115,16 +118,48 @@ pub fn panel(app: &App, f: &mut Frame, area: Rect) {
         f.render_widget(Paragraph::new(lines), inner);
         return;
     };
-    let [budget, speed, mtp, memory] =
-        Layout::vertical([Constraint::Length(5), Constraint::Length(4), Constraint::Length(6), Constraint::Min(5)])
-            .areas(inner);
-    budget_section(app, t, f, budget);
+    // An estimated forced count takes the rows that say why (the other sections give way).
+    let why = estimate_rows(t, app.theme(), inner.width);
+    let budget_h = 5 + why.len() as u16;
+    let [budget, speed, mtp, memory] = Layout::vertical([
+        Constraint::Length(budget_h),
+        Constraint::Length(4),
+        Constraint::Length(6),
+        Constraint::Min(5),
+    ])
+    .areas(inner);
+    budget_section(app, t, f, budget, why);
     speed_section(app, t, f, speed);
     mtp_section(app, t, f, mtp);
     memory_section(app, t, f, memory);
 }
 
-fn budget_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
+/// The most rows the reason for an estimated forced count takes in the gauge column.
+const ESTIMATE_ROWS: usize = 3;
+
+/// Why the forced count is an estimate, wrapped to `width`: the budget section's extra rows
+/// (none when the count is exact). A reason longer than [`ESTIMATE_ROWS`] ends in "…".
+fn estimate_rows(t: &Turn, th: &Theme, width: u16) -> Vec<Line<'static>> {
+    let Some(why) = t.forced_estimate() else { return vec![] };
+    let line =
+        Line::from(vec![Span::styled("≈forced: ", th.fg(th.forced)), Span::styled(why.to_string(), th.fg(th.dim))]);
+    let mut rows = wrap(&[line], width as usize);
+    if rows.len() > ESTIMATE_ROWS {
+        rows.truncate(ESTIMATE_ROWS);
+        if let Some(last) = rows.last_mut() {
+            // Room for the ellipsis: the row's last characters give way when it is full.
+            let mut kept: String = last.spans.iter().map(|s| s.content.as_ref()).collect();
+            kept.truncate(kept.trim_end().len());
+            while !kept.is_empty() && kept.width() + 1 > width as usize {
+                kept.pop();
+            }
+            *last = Line::styled(format!("{kept}…"), th.fg(th.dim));
+        }
+    }
+    rows
+}
+
+fn budget_section(app: &App, t: &Turn, f: &mut Frame, area: Rect, why: Vec<Line<'static>>) {
     let th = app.theme();
     let [h, b, legend] =
         Layout::vertical([Constraint::Length(1), Constraint::Length(1), Constraint::Min(1)]).areas(area);
@@ -140,14 +175,16 @@ fn budget_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
     let budget = crate::session::budget_label(t.enable_thinking, t.params.thinking_budget);
     // "≈": a server that reports no reasoning count, counted one per streamed frame.
     let approx = if t.counted().is_estimate() { "≈" } else { "" };
-    let legend_line = vec![
+    // "≈" on the forced count: a server that does not say which tokens its budget forced.
+    let forced_approx = if t.forced_estimate().is_some() { "≈" } else { "" };
+    let mut legend_line = vec![
         Line::from(vec![
             Span::styled("▒", th.fg(th.prompt)),
             Span::styled(format!("prompt {} ", t.prompt_tokens), th.fg(th.text)),
             Span::styled("█", th.fg(th.thinking)),
             Span::styled(format!("think {approx}{} ", t.thinking_tokens()), th.fg(th.text)),
             Span::styled("▓", th.fg(th.forced)),
-            Span::styled(format!("forced {}", t.forced_tokens()), th.fg(th.text)),
+            Span::styled(format!("forced {forced_approx}{}", t.forced_tokens()), th.fg(th.text)),
         ]),
         Line::from(vec![
             Span::styled("█", th.fg(th.answer)),
@@ -157,8 +194,9 @@ fn budget_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
             Span::styled("┃", th.fg(th.budget_marker)),
             Span::styled(format!("budget {budget}"), th.fg(th.text)),
         ]),
-        Line::styled(context_in_use(app), th.fg(th.dim)),
     ];
+    legend_line.extend(why);
+    legend_line.push(Line::styled(context_in_use(app), th.fg(th.dim)));
     f.render_widget(Paragraph::new(legend_line), legend);
 }
 
@@ -347,9 +385,10 @@ pub fn strip(app: &App, f: &mut Frame, area: Rect) {
     let [title, b, nums] =
         Layout::vertical([Constraint::Length(1), Constraint::Length(1), Constraint::Length(1)]).areas(area);
     let used = t.completion_tokens();
-    let forced = match t.forced_tokens() {
-        0 => String::new(),
-        n => format!(" · forced {n}"),
+    let forced = match (t.forced_tokens(), t.forced_estimate()) {
+        (0, _) => String::new(),
+        (n, Some(_)) => format!(" · forced ≈{n}"),
+        (n, None) => format!(" · forced {n}"),
     };
     f.render_widget(
         Paragraph::new(Line::styled(
