@@ -1,8 +1,9 @@
 //! The State panel, in one file: its state (which metric it shows, which GDN layer and value
-//! head is selected, where its rows and columns start), its keys (tracing on / off for the next
-//! generation too) and its drawing: what every Gated-DeltaNet layer remembers and forgets, at
-//! the token under the inspector's cursor (the latest pass when it is closed), so moving either
-//! moves both.
+//! head is selected, where its rows and columns start), its keys (`t`, tracing for the next
+//! generation, is the app's: it changes the settings) and its drawing, from a [`DrawCtx`] and
+//! what the view gathers for it ([`Shown`]): what every Gated-DeltaNet layer remembers and
+//! forgets, at the token under the inspector's cursor (the latest pass when it is closed), so
+//! moving either moves both.
 //!
 //! ```text
 //! β write strength · after #37 " prime" (thinking) · pass 38 of 94
@@ -28,11 +29,12 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph};
 use unicode_width::UnicodeWidthStr;
 
+use super::DrawCtx;
 use super::Handled;
 use crate::generation::state::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
 use crate::generation::{GdnLayerState, Phase, StateEvent, StateMetric, TokenEvent};
 use crate::session::Turn;
-use crate::tui::app::{App, Focus, Layout};
+use crate::tui::app::Layout;
 use crate::tui::keymap::Action;
 use crate::tui::theme::Theme;
 use crate::units::{short_bytes, sig4 as sig};
@@ -223,38 +225,58 @@ fn token_label(t: &TokenEvent) -> String {
     s
 }
 
-pub fn draw(app: &App, f: &mut Frame, area: Rect, layout: &mut Layout) {
-    let th = app.theme();
-    let focused = app.view().focus == Focus::State;
-    let title = if focused {
-        " State · ↑↓ layer ←→ head m metric [ ] token End latest t trace Esc close ".to_string()
-    } else {
-        format!(" State · {} closes · Tab to focus ", app.keymap().first(Action::StateView))
-    };
-    let block = Block::bordered().title(Line::styled(title, th.title())).border_style(th.border(focused));
-    let inner = block.inner(area);
-    f.render_widget(Clear, area);
-    f.render_widget(block, area);
-    let lines = match app.shown() {
-        Some(t) if !t.states.is_empty() => scope_lines(app, t, inner, layout),
-        shown => empty_lines(app, shown),
-    };
-    f.render_widget(Paragraph::new(lines), inner);
+/// What the State view shows besides its own state, gathered by the view from the app.
+#[derive(Clone, Copy)]
+pub struct Shown<'a> {
+    /// The turn the panes show.
+    pub turn: Option<&'a Turn>,
+    /// The token under the inspector's cursor (`None`: the latest pass).
+    pub cursor: Option<usize>,
+    /// The view has the focus (its keys are in the title).
+    pub focused: bool,
+    /// A generation is running (with no cursor the view follows its latest pass).
+    pub generating: bool,
+    /// Why the backend has no state trace, where it has none.
+    pub unavailable: Option<&'a str>,
+    /// Tracing is on for the next generation.
+    pub tracing: bool,
+}
+
+impl StateScope {
+    /// Draws the view in `area`; where its rows and columns start goes into `layout`.
+    pub fn draw(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx, s: &Shown, layout: &mut Layout) {
+        let th = ctx.theme;
+        let focused = s.focused;
+        let title = if focused {
+            " State · ↑↓ layer ←→ head m metric [ ] token End latest t trace Esc close ".to_string()
+        } else {
+            format!(" State · {} closes · Tab to focus ", ctx.keymap.first(Action::StateView))
+        };
+        let block = Block::bordered().title(Line::styled(title, th.title())).border_style(th.border(focused));
+        let inner = block.inner(area);
+        f.render_widget(Clear, area);
+        f.render_widget(block, area);
+        let lines = match s.turn {
+            Some(t) if !t.states.is_empty() => scope_lines(self, ctx, s, t, inner, layout),
+            _ => empty_lines(ctx, s),
+        };
+        f.render_widget(Paragraph::new(lines), inner);
+    }
 }
 
 /// Why there is nothing to show, and what to press.
-fn empty_lines(app: &App, shown: Option<&Turn>) -> Vec<Line<'static>> {
-    let th = app.theme();
-    let key = |a| app.keymap().first(a);
+fn empty_lines(ctx: &DrawCtx, s: &Shown) -> Vec<Line<'static>> {
+    let th = ctx.theme;
+    let key = |a| ctx.keymap.first(a);
     let mut out = vec![Line::raw("")];
     let say = |s: String| Line::styled(format!("  {s}"), th.fg(th.text));
-    if let Some(why) = app.model().and_then(|m| m.state_trace.reason()) {
+    if let Some(why) = s.unavailable {
         out.push(say("The state scope needs the in-process engine:".into()));
         out.push(say(why.to_string()));
         return out;
     }
     out.push(say("No state trace for this turn.".into()));
-    if app.settings().params.trace_state {
+    if s.tracing {
         out.push(say(format!(
             "Tracing is on: the next generation is traced ({} re-runs the last turn).",
             key(Action::Regenerate)
@@ -266,7 +288,7 @@ fn empty_lines(app: &App, shown: Option<&Turn>) -> Vec<Line<'static>> {
             key(Action::Regenerate)
         )));
     }
-    if shown.is_some_and(|t| !t.is_finished()) && app.generating() {
+    if s.turn.is_some_and(|t| !t.is_finished()) && s.generating {
         out.push(say("This turn was started without the trace.".into()));
     }
     out.push(Line::raw(""));
@@ -312,10 +334,16 @@ impl Parts {
     }
 }
 
-fn scope_lines(app: &App, t: &Turn, area: Rect, layout: &mut Layout) -> Vec<Line<'static>> {
-    let th = app.theme();
-    let scope: &StateScope = &app.view().state;
-    let cursor = app.view().inspector;
+fn scope_lines(
+    scope: &StateScope,
+    ctx: &DrawCtx,
+    s: &Shown,
+    t: &Turn,
+    area: Rect,
+    layout: &mut Layout,
+) -> Vec<Line<'static>> {
+    let th = ctx.theme;
+    let cursor = s.cursor;
     let Some((pass_idx, pass)) = t.state_at(cursor) else { return vec![] };
     let width = area.width as usize;
     let layers = pass.gdn.len();
@@ -347,7 +375,7 @@ fn scope_lines(app: &App, t: &Turn, area: Rect, layout: &mut Layout) -> Vec<Line
         );
     let scale = Scale::new(metric, on_screen);
 
-    let mut out = vec![header(app, t, pass, pass_idx, cursor)];
+    let mut out = vec![header(th, metric, s.generating, t, pass, pass_idx, cursor)];
     if parts.legend {
         out.push(legend(th, &scale, cell == 1));
     }
@@ -415,7 +443,7 @@ fn scope_lines(app: &App, t: &Turn, area: Rect, layout: &mut Layout) -> Vec<Line
         let rows = (1 + spare).min(heads);
         let first = sel_head.saturating_sub(rows / 2).min(heads - rows);
         let shown: Vec<usize> = (first..first + rows).collect();
-        out.extend(history(app, t, &scale, sel_layer, &shown, sel_head, cursor, width));
+        out.extend(history(th, metric, t, &scale, sel_layer, &shown, sel_head, cursor, width));
     }
     out
 }
@@ -427,9 +455,17 @@ fn mean_x(scale: &Scale, metric: StateMetric, l: &GdnLayerState) -> Option<f32> 
     Some(xs.iter().sum::<f32>() / xs.len().max(1) as f32)
 }
 
-fn header(app: &App, t: &Turn, pass: &StateEvent, pass_idx: usize, cursor: Option<usize>) -> Line<'static> {
-    let th = app.theme();
-    let metric = app.view().state.metric;
+/// The metric, the token the view is at, and which pass of how many (` · live` while it
+/// follows a running generation).
+fn header(
+    th: &Theme,
+    metric: StateMetric,
+    generating: bool,
+    t: &Turn,
+    pass: &StateEvent,
+    pass_idx: usize,
+    cursor: Option<usize>,
+) -> Line<'static> {
     let token = |i: usize| {
         t.tokens.get(i).map(|tok| {
             let phase = if tok.phase == Phase::Thinking { "thinking" } else { "answer" };
@@ -445,7 +481,7 @@ fn header(app: &App, t: &Turn, pass: &StateEvent, pass_idx: usize, cursor: Optio
         (Some(a), _) if pass.tokens > 1 => format!("after #{a}…#{} (one pass)", a + pass.tokens - 1),
         (Some(a), _) => format!("after {}", token(a).unwrap_or_else(|| format!("#{a}"))),
     };
-    let follow = if cursor.is_none() && app.generating() { " · live" } else { "" };
+    let follow = if cursor.is_none() && generating { " · live" } else { "" };
     Line::from(vec![
         Span::styled(metric.label().to_string(), th.fg(th.accent).add_modifier(Modifier::BOLD)),
         Span::styled(format!(" · {at} · pass {} of {}{follow}", pass_idx + 1, t.states.len()), th.fg(th.text)),
@@ -536,7 +572,8 @@ fn head_lines(th: &Theme, l: &GdnLayerState, h: usize) -> [Line<'static>; 2] {
 /// row each, every bar as wide as the token under it.
 #[allow(clippy::too_many_arguments)]
 fn history(
-    app: &App,
+    th: &Theme,
+    metric: StateMetric,
     t: &Turn,
     scale: &Scale,
     layer: usize,
@@ -545,8 +582,6 @@ fn history(
     cursor: Option<usize>,
     width: usize,
 ) -> Vec<Line<'static>> {
-    let th = app.theme();
-    let metric = app.view().state.metric;
     const PREFIX: usize = 6;
     let room = width.saturating_sub(PREFIX);
     // The tokens read so far (the last one sampled is read by the next pass).

@@ -4,7 +4,7 @@
 
 pub(crate) mod popups;
 use crate::tui::panels::help::Help;
-use crate::tui::panels::{compare, gauges, inspector, sliders};
+use crate::tui::panels::{compare, gauges, inspector, sliders, state_scope};
 pub mod wrap;
 
 use crate::tui::panels::transcript::{self, MarkdownWrap, PaneCache};
@@ -150,7 +150,15 @@ fn draw(app: &App, f: &mut Frame, v: &mut View) {
         }
     };
     if app.view().state.shown {
-        crate::tui::panels::state_scope::draw(app, f, center, &mut v.layout);
+        let shown = state_scope::Shown {
+            turn: app.shown(),
+            cursor: app.view().inspector,
+            focused: app.view().focus == app::Focus::State,
+            generating: app.generating(),
+            unavailable: app.model().and_then(|m| m.state_trace.reason()),
+            tracing: app.settings().params.trace_state,
+        };
+        app.view().state.draw(f, center, &app.draw_ctx(), &shown, &mut v.layout);
     } else if app.view().show_compare
         && let Some((a, b)) = app.compare_pair()
     {
