@@ -145,7 +145,7 @@ fn draw(app: &App, f: &mut Frame, v: &mut View) {
         None => {
             // Narrow: a compact gauge strip under the panes; sliders when focused.
             let [c, strip] = Layout::vertical([Constraint::Min(4), Constraint::Length(3)]).areas(center);
-            gauges::strip(app, f, strip);
+            gauges::strip(f, strip, &app.draw_ctx(), &gauges_of(app));
             c
         }
     };
@@ -234,9 +234,19 @@ pub fn centered(area: Rect, w: u16, h: u16) -> Rect {
 fn side_panel(app: &App, f: &mut Frame, area: Rect) {
     let [g, s] =
         Layout::vertical([Constraint::Min(gauges::MIN_HEIGHT), Constraint::Length(sliders::HEIGHT + 2)]).areas(area);
-    gauges::panel(app, f, g);
+    gauges::panel(f, g, &app.draw_ctx(), &gauges_of(app));
     let selected = (app.view().focus == app::Focus::Sliders).then_some(app.view().slider);
     sliders::draw(f, s, &app.draw_ctx(), app.settings(), selected);
+}
+
+/// What the gauges read of the app.
+fn gauges_of(app: &App) -> gauges::Gauges<'_> {
+    gauges::Gauges {
+        turn: app.shown(),
+        model: app.model(),
+        context: app.settings().context,
+        history: app.next_prompt_estimate(),
+    }
 }
 
 /// A fix's key and what it sets, or nothing when there is no such fix.
