@@ -56,10 +56,10 @@ impl Pane {
         }
     }
 
-    pub(crate) fn scroll(self, app: &App) -> &PaneScroll {
+    pub(crate) fn scroll(self, view: &app::ViewState) -> &PaneScroll {
         match self {
-            Pane::Thinking => &app.view().thinking_scroll,
-            Pane::Answer => &app.view().answer_scroll,
+            Pane::Thinking => &view.thinking_scroll,
+            Pane::Answer => &view.answer_scroll,
         }
     }
 }
@@ -132,7 +132,7 @@ fn draw(app: &App, f: &mut Frame, v: &mut View) {
     };
     let center = if area.width >= HISTORY_FROM {
         let [h, c] = Layout::horizontal([Constraint::Length(HISTORY_WIDTH), Constraint::Min(40)]).areas(center);
-        transcript::history(app, f, h);
+        transcript::history(&transcript_of(app), f, h);
         c
     } else {
         center
@@ -164,7 +164,7 @@ fn draw(app: &App, f: &mut Frame, v: &mut View) {
     {
         compare::draw(f, center, &app.draw_ctx(), &app.session().turns, a, b);
     } else {
-        transcript::conversation(app, f, center, v);
+        transcript::conversation(&transcript_of(app), f, center, v);
     }
     if !banners.is_empty() {
         f.render_widget(Paragraph::new(banners).style(Style::new().bg(app.theme().banner_bg)), banner_area);
@@ -237,6 +237,19 @@ fn side_panel(app: &App, f: &mut Frame, area: Rect) {
     gauges::panel(f, g, &app.draw_ctx(), &gauges_of(app));
     let selected = (app.view().focus == app::Focus::Sliders).then_some(app.view().slider);
     sliders::draw(f, s, &app.draw_ctx(), app.settings(), selected);
+}
+
+/// What the transcript reads of the app.
+fn transcript_of(app: &App) -> transcript::Transcript<'_> {
+    transcript::Transcript {
+        ctx: app.draw_ctx(),
+        turns: &app.session().turns,
+        shown: app.shown_index(),
+        generating: app.generating(),
+        view: app.view(),
+        markdown: app.markdown(),
+        sessions_fallback: app.conversation().save.dir.fallback.as_deref(),
+    }
 }
 
 /// What the gauges read of the app.
