@@ -68,8 +68,8 @@ fn f4_on_the_shipped_starved_session_produces_an_answer() {
     assert!(budget < 24, "budget {budget}");
     assert!(req.params.max_tokens >= budget + 52 + 32, "max_tokens {} for budget {budget}", req.params.max_tokens);
     // The old, starved turn stays in the session file.
-    assert_eq!(app.convo.session.branches.len(), 1);
-    assert_eq!(app.convo.session.branches[0].turns[0], before);
+    assert_eq!(app.session().branches.len(), 1);
+    assert_eq!(app.session().branches[0].turns[0], before);
 
     let generation = backend.start(req).unwrap();
     let mut forced_diag = false;
@@ -93,19 +93,19 @@ fn f4_on_the_shipped_starved_session_produces_an_answer() {
 fn f3_and_f4_before_any_turn_change_nothing() {
     let backend = demo();
     let mut app = app_on(Session::new("embedded:demo", None), &backend);
-    let settings = app.settings.clone();
+    let settings = app.settings().clone();
     for k in [3, 4] {
         key(&mut app, KeyCode::F(k), KeyModifiers::NONE, 1.0);
         assert!(generate_request(app.take_effects()).is_none(), "F{k} started a generation");
-        assert_eq!(app.settings, settings, "F{k} changed the settings");
-        assert!(app.messages.items.last().unwrap().text.contains("nothing to fix"));
+        assert_eq!(*app.settings(), settings, "F{k} changed the settings");
+        assert!(app.messages().items.last().unwrap().text.contains("nothing to fix"));
     }
     // A turn with nothing to fix: nothing either.
     healthy_turn(&mut app, true);
     app.take_effects();
     key(&mut app, KeyCode::F(4), KeyModifiers::NONE, 2.0);
     assert!(generate_request(app.take_effects()).is_none());
-    assert_eq!(app.settings, settings);
+    assert_eq!(*app.settings(), settings);
 }
 
 #[test]

@@ -20,7 +20,7 @@ fn examples_dir() -> PathBuf {
 fn recorded_app_session() -> Session {
     let mut app = app();
     healthy_turn(&mut app, true);
-    app.convo.session.clone()
+    app.session().clone()
 }
 
 #[test]
@@ -128,15 +128,15 @@ fn replay_reproduces_the_turn_with_its_timing() {
     let mut app = app();
     app.start_replay(s.clone());
     app.update(Inbound::Tick, 0.0);
-    assert_eq!(app.convo.session.turns.len(), 1);
-    assert!(app.convo.session.turns[0].tokens.is_empty() || app.convo.session.turns[0].tokens[0].t_ms <= 0.0);
+    assert_eq!(app.session().turns.len(), 1);
+    assert!(app.session().turns[0].tokens.is_empty() || app.session().turns[0].tokens[0].t_ms <= 0.0);
     let half = orig.tokens[orig.tokens.len() / 2].t_ms;
     app.update(Inbound::Tick, half);
-    let n = app.convo.session.turns[0].tokens.len();
+    let n = app.session().turns[0].tokens.len();
     assert!(n > 0 && n < orig.tokens.len(), "{n} of {} tokens at the half-way time", orig.tokens.len());
     app.update(Inbound::Tick, 10_000.0);
-    assert!(app.convo.replay.is_none());
-    assert_eq!(app.convo.session.turns[0], *orig);
+    assert!(!app.replaying());
+    assert_eq!(app.session().turns[0], *orig);
 }
 
 fn example(name: &str) -> Session {

@@ -65,8 +65,8 @@ fn an_earlier_prompt_is_edited_and_rerun_with_the_old_turns_kept() {
     key(&mut app, KeyCode::Left, KeyModifiers::ALT, 30.0);
     assert_eq!(app.shown_index(), Some(1));
     key(&mut app, KeyCode::Char('e'), KeyModifiers::CONTROL, 30.0);
-    assert_eq!(app.composer.target, EditTarget::Turn(1));
-    assert_eq!(app.composer.text(), "What is 482 + 739?");
+    assert_eq!(app.composer().target, EditTarget::Turn(1));
+    assert_eq!(app.composer().text(), "What is 482 + 739?");
     for _ in 0..3 {
         key(&mut app, KeyCode::Backspace, KeyModifiers::NONE, 30.0);
     }
@@ -81,7 +81,7 @@ fn an_earlier_prompt_is_edited_and_rerun_with_the_old_turns_kept() {
             (Role::User, "What is 482 + 740?".to_string())
         ]
     );
-    let s = &app.convo.session;
+    let s = app.session();
     assert_eq!(s.turns.len(), 2, "turn 2 re-runs in place; turn 3 goes with the old branch");
     assert_eq!(s.turns[1].user, "What is 482 + 740?");
     assert_eq!(s.branches.len(), 1);
@@ -97,14 +97,14 @@ fn an_earlier_prompt_is_edited_and_rerun_with_the_old_turns_kept() {
 fn a_deleted_turn_leaves_the_context_and_stays_in_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let mut app = app();
-    app.convo.save.dir.path = Some(dir.path().to_path_buf());
+    app.set_sessions_dir(dir.path().to_path_buf());
     answer_turn(&mut app, "Is 91 prime?", "No.", 0.0);
     answer_turn(&mut app, "What is 482 + 739?", "1221.", 10.0);
     settle(&mut app);
     key(&mut app, KeyCode::Left, KeyModifiers::ALT, 20.0);
     key(&mut app, KeyCode::Char('x'), KeyModifiers::ALT, 20.0);
-    assert_eq!(app.convo.session.turns.len(), 1);
-    assert_eq!(app.convo.session.turns[0].user, "What is 482 + 739?");
+    assert_eq!(app.session().turns.len(), 1);
+    assert_eq!(app.session().turns[0].user, "What is 482 + 739?");
     settle(&mut app);
     let saved = Session::load(&dir.path().join("test-session.json")).unwrap();
     assert_eq!(saved.turns.len(), 1);
@@ -127,7 +127,7 @@ fn an_answer_cut_by_max_tokens_is_continued_in_place() {
     }
     engine(&mut app, done(FinishReason::Length, 10, 4, 0, "Check divisors\n91", ""), 6.0);
     app.take_effects();
-    let budget_before = app.convo.session.turns[0].params.max_tokens;
+    let budget_before = app.session().turns[0].params.max_tokens;
     key(&mut app, KeyCode::F(5), KeyModifiers::NONE, 10.0);
     let effects = app.take_effects();
     let Some(Effect::Generate { prompt: Prompt::Continue { messages, generated }, params }) = effects.last() else {
@@ -145,7 +145,7 @@ fn an_answer_cut_by_max_tokens_is_continued_in_place() {
     // A diagnostic of the continuation points at the turn's token, not the continuation's.
     engine(&mut app, common::diag(DiagnosticKind::AnswerTruncated, 2, "cut", None), 14.5);
     engine(&mut app, done(FinishReason::Stop, 14, 2, 1, " ÷ 7", "No."), 15.0);
-    let s = &app.convo.session;
+    let s = app.session();
     assert_eq!(s.turns.len(), 1);
     let t = &s.turns[0];
     assert_eq!(t.finish_reason, Some(FinishReason::Stop));
@@ -159,7 +159,7 @@ fn an_answer_cut_by_max_tokens_is_continued_in_place() {
     assert_eq!(t.prompt_tokens, 10, "the turn's own prompt, not the continuation's");
     assert_eq!(t.continued, 1);
     // The turn's budget is what both generations together could use.
-    assert_eq!(t.params.max_tokens, budget_before + app.settings.params.max_tokens);
+    assert_eq!(t.params.max_tokens, budget_before + app.settings().params.max_tokens);
     // Times carry on from the first part.
     assert!(t.tokens[4].t_ms > t.tokens[3].t_ms, "{:?}", t.tokens.iter().map(|x| x.t_ms).collect::<Vec<_>>());
     // A finished answer has nothing to continue.
@@ -173,14 +173,14 @@ fn an_answer_cut_by_max_tokens_is_continued_in_place() {
 fn a_new_conversation_keeps_the_settings_and_the_old_file() {
     let dir = tempfile::tempdir().unwrap();
     let mut app = app();
-    app.convo.save.dir.path = Some(dir.path().to_path_buf());
-    app.settings.params.max_tokens = 777;
+    app.set_sessions_dir(dir.path().to_path_buf());
+    app.change_settings(|s| s.params.max_tokens = 777);
     answer_turn(&mut app, "Is 91 prime?", "No.", 0.0);
     settle(&mut app);
     key(&mut app, KeyCode::Char('n'), KeyModifiers::ALT, 10.0);
-    assert!(app.convo.session.turns.is_empty());
-    assert_ne!(app.convo.session.id, "test-session");
-    assert_eq!(app.settings.params.max_tokens, 777);
+    assert!(app.session().turns.is_empty());
+    assert_ne!(app.session().id, "test-session");
+    assert_eq!(app.settings().params.max_tokens, 777);
     assert!(app.status().unwrap().contains("test-session.json"), "{:?}", app.status());
     ask(&mut app, "Sort 5, 2.", 20.0);
     let msgs = generated(&app.take_effects());
@@ -193,10 +193,10 @@ fn a_new_conversation_keeps_the_settings_and_the_old_file() {
 fn the_system_prompt_is_edited_in_the_tui() {
     let mut app = app();
     key(&mut app, KeyCode::Char('s'), KeyModifiers::ALT, 0.0);
-    assert_eq!(app.composer.target, EditTarget::System);
+    assert_eq!(app.composer().target, EditTarget::System);
     type_text(&mut app, "Answer briefly.", 0.0);
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 0.0);
-    assert_eq!(app.convo.session.system.as_deref(), Some("Answer briefly."));
+    assert_eq!(app.session().system.as_deref(), Some("Answer briefly."));
     assert!(app.take_effects().iter().all(|e| !matches!(e, Effect::Generate { .. })), "setting it sends nothing");
     ask(&mut app, "Is 91 prime?", 1.0);
     let msgs = generated(&app.take_effects());
@@ -207,12 +207,12 @@ fn the_system_prompt_is_edited_in_the_tui() {
 fn a_paste_keeps_its_lines_and_sends_nothing() {
     let mut app = app();
     app.update(Inbound::Term(Event::Paste("first line\r\nsecond line\rthird".into())), 0.0);
-    assert_eq!(app.composer.input.lines(), ["first line", "second line", "third"]);
+    assert_eq!(app.composer().input.lines(), ["first line", "second line", "third"]);
     assert!(app.take_effects().is_empty());
-    assert!(app.convo.session.turns.is_empty());
+    assert!(app.session().turns.is_empty());
     // Enter sends the whole text as one prompt.
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 1.0);
-    assert_eq!(app.convo.session.turns[0].user, "first line\nsecond line\nthird");
+    assert_eq!(app.session().turns[0].user, "first line\nsecond line\nthird");
 }
 
 #[test]
@@ -228,25 +228,25 @@ fn the_prompt_box_grows_with_wrapped_text_and_keeps_the_cursor_in_view() {
     // Home / End move within the long prompt.
     key(&mut app, KeyCode::Home, KeyModifiers::NONE, 0.0);
     type_text(&mut app, "START ", 0.0);
-    assert!(app.composer.text().starts_with("START word"), "{:?}", &app.composer.text()[..20]);
+    assert!(app.composer().text().starts_with("START word"), "{:?}", &app.composer().text()[..20]);
     key(&mut app, KeyCode::End, KeyModifiers::NONE, 0.0);
     type_text(&mut app, " tail", 0.0);
-    assert!(app.composer.text().ends_with("END tail"));
+    assert!(app.composer().text().ends_with("END tail"));
     // Ctrl+← moves back a word.
     key(&mut app, KeyCode::Left, KeyModifiers::CONTROL, 0.0);
     type_text(&mut app, "_", 0.0);
-    assert!(app.composer.text().ends_with("END _tail"), "{:?}", app.composer.text());
+    assert!(app.composer().text().ends_with("END _tail"), "{:?}", app.composer().text());
 }
 
 #[test]
 fn sliders_take_typed_values_and_stop_at_the_context() {
     let mut app = app();
-    app.settings.context = Some(4096);
+    app.change_settings(|s| s.context = Some(4096));
     key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 0.0);
-    assert_eq!(app.view.focus, Focus::Sliders);
+    assert_eq!(app.view().focus, Focus::Sliders);
     // Enter on max_tokens, then the field report's 4000.
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 0.0);
-    assert_eq!(app.overlay.name(), "slider-value");
+    assert_eq!(app.overlay().name(), "slider-value");
     // The current value is shown selected: typing replaces it.
     type_text(&mut app, "9000", 0.0);
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 0.0);
@@ -257,20 +257,20 @@ fn sliders_take_typed_values_and_stop_at_the_context() {
     }
     type_text(&mut app, "4000", 0.0);
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 0.0);
-    assert_eq!(app.overlay.name(), "none");
-    assert_eq!(app.settings.params.max_tokens, 4000);
+    assert_eq!(app.overlay().name(), "none");
+    assert_eq!(app.settings().params.max_tokens, 4000);
     // The thinking budget: 3000.
     key(&mut app, KeyCode::Down, KeyModifiers::NONE, 0.0);
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 0.0);
     type_text(&mut app, "3000", 0.0);
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 0.0);
-    assert_eq!(app.settings.params.thinking.budget(), Some(3000));
+    assert_eq!(app.settings().params.thinking.budget(), Some(3000));
     // Steps stop at the context.
     key(&mut app, KeyCode::Up, KeyModifiers::NONE, 0.0);
     for _ in 0..5 {
         key(&mut app, KeyCode::Right, KeyModifiers::NONE, 0.0);
     }
-    assert_eq!(app.settings.params.max_tokens, 4096);
+    assert_eq!(app.settings().params.max_tokens, 4096);
 }
 
 #[test]
@@ -293,14 +293,14 @@ fn the_next_turns_prompt_is_shown_with_its_token_ids() {
     assert!(screen.contains("Next turn's prompt") && screen.contains("--- 3 token ids ---"), "{screen}");
     assert!(screen.contains("1,2,3"), "{screen}");
     // Nothing was sent, and the prompt is still there.
-    assert_eq!(app.composer.text(), "What is 2 + 2?");
-    assert_eq!(app.convo.session.turns.len(), 1);
+    assert_eq!(app.composer().text(), "What is 2 + 2?");
+    assert_eq!(app.session().turns.len(), 1);
 }
 
 #[test]
 fn the_context_in_use_is_in_the_budget_gauge() {
     let mut app = app();
-    app.settings.context = Some(4096);
+    app.change_settings(|s| s.context = Some(4096));
     answer_turn(&mut app, "Is 91 prime?", "No.", 0.0);
     let screen = render(&mut app, W, H);
     // The last turn's prompt (10) and answer (1).
@@ -313,7 +313,7 @@ fn unsavable() -> (tempfile::TempDir, App) {
     let file = dir.path().join("not-a-dir");
     std::fs::write(&file, "x").unwrap();
     let mut app = app();
-    app.convo.save.dir = SessionsDir::fixed(Some(file));
+    app.set_sessions_dir(file);
     (dir, app)
 }
 
@@ -322,7 +322,7 @@ fn a_failed_autosave_stays_visible_and_quitting_asks() {
     let (_dir, mut app) = unsavable();
     answer_turn(&mut app, "Is 91 prime?", "No.", 0.0);
     settle(&mut app);
-    let err = app.convo.save.error.clone().expect("the save failed");
+    let err = app.save_error().map(str::to_string).expect("the save failed");
     // Long after the status message expired, the status line still says it.
     app.update(Inbound::Tick, 60_000.0);
     let screen = render(&mut app, 80, 30);
@@ -337,17 +337,17 @@ fn a_failed_autosave_stays_visible_and_quitting_asks() {
     // Quitting tries once more, then asks.
     key(&mut app, KeyCode::Char('q'), KeyModifiers::CONTROL, 61_000.0);
     settle(&mut app);
-    assert!(!app.quit);
-    assert_eq!(app.overlay.name(), "confirm-quit");
+    assert!(!app.quitting());
+    assert_eq!(app.overlay().name(), "confirm-quit");
     let screen = render(&mut app, 80, 30);
     assert!(screen.contains("save it to another path") && screen.contains("quit anyway"), "{screen}");
     // Esc cancels; q quits anyway, and what was lost is reported.
     key(&mut app, KeyCode::Esc, KeyModifiers::NONE, 61_000.0);
-    assert!(!app.quit);
+    assert!(!app.quitting());
     key(&mut app, KeyCode::Char('q'), KeyModifiers::CONTROL, 62_000.0);
     settle(&mut app);
     key(&mut app, KeyCode::Char('q'), KeyModifiers::NONE, 62_000.0);
-    assert!(app.quit);
+    assert!(app.quitting());
     let loss = app.loss_report().expect("a loss report");
     assert!(loss.contains("(1 turn)") && loss.contains("no copy was written"), "{loss}");
 }
@@ -360,7 +360,7 @@ fn saving_to_another_path_after_a_failure_keeps_the_work() {
     key(&mut app, KeyCode::Char('q'), KeyModifiers::CONTROL, 1.0);
     settle(&mut app);
     key(&mut app, KeyCode::Char('s'), KeyModifiers::NONE, 1.0);
-    assert_eq!(app.overlay.name(), "save-as");
+    assert_eq!(app.overlay().name(), "save-as");
     let target = dir.path().join("rescued.json");
     // Replace the suggested path with ours (a paste into the field).
     for _ in 0..300 {
@@ -369,7 +369,7 @@ fn saving_to_another_path_after_a_failure_keeps_the_work() {
     app.update(Inbound::Term(Event::Paste(target.display().to_string())), 1.0);
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 1.0);
     settle(&mut app);
-    assert!(app.quit, "saved, so it quits");
+    assert!(app.quitting(), "saved, so it quits");
     assert!(app.loss_report().is_none());
     assert_eq!(Session::load(&target).unwrap().turns.len(), 1);
 }
@@ -390,7 +390,7 @@ fn a_session_directory_that_cannot_be_used_falls_back_and_says_so() {
     let mut app = App::new(AppConfig {
         theme: Theme::default(),
         keymap: Keymap::default(),
-        settings: app().settings.clone(),
+        settings: app().settings().clone(),
         sessions_dir: chosen,
         session_path: None,
         session: Session::new("embedded:demo", None),
@@ -398,7 +398,7 @@ fn a_session_directory_that_cannot_be_used_falls_back_and_says_so() {
     app.set_model(model());
     let screen = render(&mut app, W, H);
     assert!(screen.contains("⚠ sessions cannot be saved in"), "{screen}");
-    assert!(app.messages.items.iter().any(|m| m.text == why), "the message log has it whole");
+    assert!(app.messages().items.iter().any(|m| m.text == why), "the message log has it whole");
     assert!(screen.contains("sessions →"), "{screen}");
 }
 
@@ -409,16 +409,16 @@ fn opening_a_session_and_quitting_writes_nothing() {
     answer_turn(&mut app0, "Is 91 prime?", "No.", 0.0);
     // Hand-formatted: pretty-printed, as a person would keep it under version control.
     let path = dir.path().join("hand.json");
-    let pretty = serde_json::to_string_pretty(&app0.convo.session).unwrap();
+    let pretty = serde_json::to_string_pretty(app0.session()).unwrap();
     std::fs::write(&path, &pretty).unwrap();
     let mut app = app();
-    app.convo.save.dir.path = Some(dir.path().to_path_buf());
+    app.set_sessions_dir(dir.path().to_path_buf());
     app.open_session(&path, false);
     settle(&mut app);
-    assert_eq!(app.convo.session.turns.len(), 1);
+    assert_eq!(app.session().turns.len(), 1);
     key(&mut app, KeyCode::Char('q'), KeyModifiers::CONTROL, 1.0);
     assert!(settle(&mut app).is_empty());
-    assert!(app.quit, "nothing changed: quit at once");
+    assert!(app.quitting(), "nothing changed: quit at once");
     assert_eq!(std::fs::read_to_string(&path).unwrap(), pretty, "the file is untouched");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "and nothing else was written");
 }

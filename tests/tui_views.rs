@@ -7,6 +7,7 @@ use common::*;
 use deltascope::generation::{DiagnosticKind, DraftKind, EngineEvent, FinishReason, Phase, Thinking};
 use deltascope::session::Session;
 use deltascope::tui::app::{EditTarget, Effect, Focus, Overlay};
+use deltascope::tui::event::Inbound;
 use ratatui::crossterm::event::{KeyCode, KeyModifiers};
 
 const W: u16 = 160;
@@ -34,9 +35,9 @@ fn welcome() {
 
 #[test]
 fn loading_progress() {
-    let mut app = app();
-    app.model = None;
-    app.loading = Some((9_500_000, 25_000_000, "weights of demo: 9.06 MiB of 23.84 MiB".into()));
+    let mut app = unopened_app();
+    let what = "weights of demo: 9.06 MiB of 23.84 MiB".to_string();
+    app.update(Inbound::LoadProgress { done: 9_500_000, total: 25_000_000, what }, 0.0);
     snap("loading", render(&mut app, 100, 24));
 }
 
@@ -110,7 +111,7 @@ fn tiny_terminal_gets_a_message() {
 #[test]
 fn thinking_ate_max_tokens_banner_and_fixes() {
     let mut app = app();
-    app.settings.params.max_tokens = 16;
+    app.change_settings(|s| s.params.max_tokens = 16);
     let p = params(16, None);
     ask(&mut app, "Is 199 prime?", 0.0);
     engine(&mut app, start(16, &p), 1.0);
@@ -129,24 +130,24 @@ fn thinking_ate_max_tokens_banner_and_fixes() {
     );
     engine(&mut app, done(FinishReason::Length, 16, 16, 0, "199 / 3 ", ""), 18.0);
     // A diagnostic without fixes (a file from an older build): worked out from the turn's
-    // settings, the forced end of thinking estimated from the bridge text (56 tokens).
+    // settings, the forced end of thinking estimated from the bridge text (55 tokens).
     let screen = render(&mut app, W, H);
     assert!(
-        screen.contains("max_tokens → 528") && screen.contains("budget → 8, max_tokens → 96 (≈56 forced, ≈32 answer)"),
+        screen.contains("max_tokens → 528") && screen.contains("budget → 8, max_tokens → 95 (≈55 forced, ≈32 answer)"),
         "{screen}"
     );
     snap("exhausted", screen);
     // F3 raises max_tokens and re-runs the prompt in place; the starved turn is kept aside.
     key(&mut app, KeyCode::F(3), KeyModifiers::NONE, 20.0);
-    assert_eq!(app.settings.params.max_tokens, 528);
+    assert_eq!(app.settings().params.max_tokens, 528);
     let effects = app.take_effects();
     assert!(matches!(effects.last(), Some(Effect::Generate { params, .. }) if params.max_tokens == 528), "{effects:?}");
-    assert_eq!(app.convo.session.turns.len(), 1);
-    assert_eq!(app.convo.session.branches[0].reason, "regenerated");
+    assert_eq!(app.session().turns.len(), 1);
+    assert_eq!(app.session().branches[0].reason, "regenerated");
     engine(&mut app, done(FinishReason::Cancelled, 16, 0, 0, "", ""), 21.0);
     // The re-run (cancelled) has nothing to fix: F4 changes nothing.
     key(&mut app, KeyCode::F(4), KeyModifiers::NONE, 22.0);
-    assert_eq!(app.settings.params.thinking, Thinking::Unlimited);
+    assert_eq!(app.settings().params.thinking, Thinking::Unlimited);
     assert!(app.take_effects().iter().all(|e| !matches!(e, Effect::Generate { .. })));
 }
 
@@ -174,34 +175,67 @@ fn loop_banner_highlights_the_loop() {
     snap("loop", screen);
 }
 
-#[test]
-fn forced_end_of_thinking_banner() {
-    let mut app = app();
-    app.settings.params.thinking = Thinking::from_budget(Some(8));
+/// A turn whose thinking budget (8) ran out: 8 thinking tokens, 2 forced (the bridge and
+/// `</think>`), a one-token answer, streamed but not done.
+fn stream_forced_turn(app: &mut deltascope::tui::app::App) {
+    app.change_settings(|s| s.params.thinking = Thinking::from_budget(Some(8)));
     let p = params(256, Some(8));
-    ask(&mut app, "Is 97 prime?", 0.0);
-    engine(&mut app, start(16, &p), 1.0);
+    ask(app, "Is 97 prime?", 0.0);
+    engine(app, start(16, &p), 1.0);
     for i in 0..8 {
-        engine(&mut app, token(i, Phase::Thinking, "97 / 2 ", -0.1, DraftKind::None, false), 2.0 + i as f64);
+        engine(app, token(i, Phase::Thinking, "97 / 2 ", -0.1, DraftKind::None, false), 2.0 + i as f64);
     }
-    engine(&mut app, diag(DiagnosticKind::ThinkingBudgetForced, 8, "thinking budget of 8 tokens spent", None), 10.0);
-    engine(&mut app, token(8, Phase::Thinking, "Considering the limited time…", 0.0, DraftKind::None, true), 10.0);
-    engine(&mut app, token(9, Phase::Thinking, "</think>", 0.0, DraftKind::None, true), 10.0);
-    engine(&mut app, token(10, Phase::Answer, "97 is prime.", -0.2, DraftKind::None, false), 11.0);
-    // While streaming the forced tokens are counted apart from the thinking.
-    let screen = render(&mut app, W, H);
-    assert!(screen.contains("Thinking · 8 tok + 2 forced"), "{screen}");
+    engine(app, diag(DiagnosticKind::ThinkingBudgetForced, 8, "thinking budget of 8 tokens spent", None), 10.0);
+    engine(app, token(8, Phase::Thinking, "Considering the limited time…", 0.0, DraftKind::None, true), 10.0);
+    engine(app, token(9, Phase::Thinking, "</think>", 0.0, DraftKind::None, true), 10.0);
+    engine(app, token(10, Phase::Answer, "97 is prime.", -0.2, DraftKind::None, false), 11.0);
+}
+
+/// The end of [`stream_forced_turn`]: two forced tokens, counted exactly (`estimate: None`)
+/// or estimated for the reason given.
+fn forced_done(estimate: Option<&str>) -> EngineEvent {
     let mut end = done(FinishReason::Stop, 16, 8, 1, "", "97 is prime.");
     if let EngineEvent::Done(d) = &mut end {
         d.usage.forced_tokens = 2;
         d.usage.completion_tokens = 11;
+        d.usage.estimate = estimate.map(str::to_string);
     }
-    engine(&mut app, end, 12.0);
+    end
+}
+
+#[test]
+fn forced_end_of_thinking_banner() {
+    let mut app = app();
+    stream_forced_turn(&mut app);
+    // While streaming the forced tokens are counted apart from the thinking.
+    let screen = render(&mut app, W, H);
+    assert!(screen.contains("Thinking · 8 tok + 2 forced"), "{screen}");
+    engine(&mut app, forced_done(None), 12.0);
     let screen = render(&mut app, W, H);
     assert!(screen.contains("Thinking · 8 tok + 2 forced"), "{screen}");
     assert!(screen.contains("think 8 ") && screen.contains("forced 2") && screen.contains("answer 1 "), "{screen}");
     assert!(screen.contains("11/256 max_tokens"), "{screen}");
+    // Counted by the engine: exact, so no "≈" and no reason.
+    assert!(!screen.contains("forced ≈") && !screen.contains("≈forced"), "{screen}");
     snap("forced", screen);
+}
+
+/// A server that does not say which tokens its thinking budget forced: the gauge marks the
+/// forced count "≈" and says why under the legend (the narrow strip marks it too).
+#[test]
+fn an_estimated_forced_count_is_marked_and_explained() {
+    let why =
+        "llama.cpp does not say which tokens its thinking budget forced: counted as the `</think>` that ended thinking";
+    let mut app = app();
+    stream_forced_turn(&mut app);
+    engine(&mut app, forced_done(Some(why)), 12.0);
+    assert_eq!(app.shown().and_then(|t| t.forced_estimate()), Some(why));
+    let screen = render(&mut app, W, H);
+    assert!(screen.contains("▓forced ≈2"), "{screen}");
+    assert!(screen.contains("≈forced: llama.cpp does not say which"), "{screen}");
+    assert!(screen.contains("history ≈"), "the context line is still there: {screen}");
+    snap("forced_estimate", screen);
+    assert!(render(&mut app, 100, 30).contains("· forced ≈2 ·"), "the narrow strip");
 }
 
 #[test]
@@ -209,7 +243,7 @@ fn token_inspector_and_colour_modes() {
     let mut app = app();
     healthy_turn(&mut app, true);
     key(&mut app, KeyCode::Char('g'), KeyModifiers::CONTROL, 200.0);
-    assert!(app.view.inspector.is_some());
+    assert!(app.view().inspector.is_some());
     for _ in 0..12 {
         key(&mut app, KeyCode::Left, KeyModifiers::NONE, 200.0);
     }
@@ -228,7 +262,7 @@ fn token_inspector_and_colour_modes() {
 fn sliders_change_the_next_generation() {
     let mut app = app();
     key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 0.0);
-    assert_eq!(app.view.focus, Focus::Sliders);
+    assert_eq!(app.view().focus, Focus::Sliders);
     key(&mut app, KeyCode::Right, KeyModifiers::NONE, 0.0); // max_tokens 256 → 384
     key(&mut app, KeyCode::Down, KeyModifiers::NONE, 0.0);
     key(&mut app, KeyCode::Left, KeyModifiers::NONE, 0.0); // budget unlimited → 16384
@@ -239,7 +273,7 @@ fn sliders_change_the_next_generation() {
     key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 0.0);
     key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 0.0);
     key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 0.0);
-    assert_eq!(app.view.focus, Focus::Input);
+    assert_eq!(app.view().focus, Focus::Input);
     ask(&mut app, "Is 7 prime?", 1.0);
     let effects = app.take_effects();
     let Some(Effect::Generate { params, .. }) = effects.last() else { panic!("{effects:?}") };
@@ -255,12 +289,12 @@ fn compare_runs_side_by_side() {
     let mut app = app();
     healthy_turn(&mut app, true);
     app.take_effects();
-    app.settings.params.max_tokens = 64;
-    app.settings.params.sampling.temperature = 0.7;
+    app.change_settings(|s| s.params.max_tokens = 64);
+    app.change_settings(|s| s.params.sampling.temperature = 0.7);
     key(&mut app, KeyCode::Char('o'), KeyModifiers::CONTROL, 300.0);
     let effects = app.take_effects();
     assert!(matches!(effects.last(), Some(Effect::Generate { params, .. }) if params.max_tokens == 64));
-    assert!(app.view.show_compare);
+    assert!(app.view().show_compare);
     assert_eq!(app.compare_pair(), Some((0, 1)));
     let p = params(64, None);
     engine(&mut app, start(16, &p), 301.0);
@@ -272,10 +306,10 @@ fn compare_runs_side_by_side() {
     snap("compare", render(&mut app, W, H));
     // The State view and the comparison take the panes' place one at a time.
     key(&mut app, KeyCode::F(7), KeyModifiers::NONE, 307.0);
-    assert!(app.view.state.shown && !app.view.show_compare);
+    assert!(app.view().state.shown && !app.view().show_compare);
     key(&mut app, KeyCode::Char('c'), KeyModifiers::ALT, 308.0);
-    assert!(!app.view.state.shown && app.view.show_compare);
-    assert_eq!(app.view.focus, Focus::Input);
+    assert!(!app.view().state.shown && app.view().show_compare);
+    assert_eq!(app.view().focus, Focus::Input);
     assert!(render(&mut app, W, H).contains("B · turn 2 (re-run)"));
 }
 
@@ -298,9 +332,9 @@ fn cancel_keeps_output_and_step_mode_sends_steps() {
     // Ctrl+C when idle quits; this app has no sessions directory, so it asks first.
     key(&mut app, KeyCode::Char('c'), KeyModifiers::CONTROL, 103.0);
     settle(&mut app);
-    assert_eq!(app.overlay.name(), "confirm-quit");
+    assert_eq!(app.overlay().name(), "confirm-quit");
     key(&mut app, KeyCode::Char('q'), KeyModifiers::NONE, 103.0);
-    assert!(app.quit);
+    assert!(app.quitting());
 }
 
 #[test]
@@ -308,18 +342,18 @@ fn edit_last_prompt_and_history_recall() {
     let mut app = app();
     healthy_turn(&mut app, true);
     key(&mut app, KeyCode::Char('e'), KeyModifiers::CONTROL, 200.0);
-    assert_eq!(app.composer.target, EditTarget::Turn(0));
-    assert_eq!(app.composer.input.lines(), ["Is 91 prime?"]);
+    assert_eq!(app.composer().target, EditTarget::Turn(0));
+    assert_eq!(app.composer().input.lines(), ["Is 91 prime?"]);
     key(&mut app, KeyCode::Backspace, KeyModifiers::NONE, 200.0);
     type_text(&mut app, " at all?", 200.0);
     key(&mut app, KeyCode::Enter, KeyModifiers::ALT, 200.0);
-    assert_eq!(app.composer.input.lines().len(), 2, "Alt+Enter adds a line");
+    assert_eq!(app.composer().input.lines().len(), 2, "Alt+Enter adds a line");
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 200.0);
-    assert_eq!(app.convo.session.turns.len(), 1, "the edited prompt replaced the last turn");
-    assert_eq!(app.convo.session.turns[0].user, "Is 91 prime at all?\n");
+    assert_eq!(app.session().turns.len(), 1, "the edited prompt replaced the last turn");
+    assert_eq!(app.session().turns[0].user, "Is 91 prime at all?\n");
     engine(&mut app, done(FinishReason::Stop, 16, 0, 0, "", ""), 201.0);
     key(&mut app, KeyCode::Up, KeyModifiers::NONE, 202.0);
-    assert_eq!(app.composer.input.lines(), ["Is 91 prime at all?", ""]);
+    assert_eq!(app.composer().input.lines(), ["Is 91 prime at all?", ""]);
 }
 
 #[test]
@@ -337,7 +371,7 @@ fn collapse_and_hide_thinking() {
 fn help_lists_every_key() {
     let mut app = app();
     key(&mut app, KeyCode::F(1), KeyModifiers::NONE, 0.0);
-    assert_eq!(app.overlay.name(), Overlay::Help.name());
+    assert_eq!(app.overlay().name(), Overlay::Help.name());
     let screen = render(&mut app, W, H);
     for a in deltascope::tui::keymap::Action::ALL {
         assert!(screen.contains(&a.name()), "{} missing from help", a.name());
@@ -352,23 +386,23 @@ fn help_lists_every_key() {
     for _ in 0..60 {
         key(&mut app, KeyCode::Down, KeyModifiers::NONE, 0.0);
     }
-    assert_eq!(app.overlay.name(), Overlay::Help.name());
+    assert_eq!(app.overlay().name(), Overlay::Help.name());
     let bottom = render(&mut app, 100, 24);
     assert!(bottom.contains("closes this help") && bottom.contains("quit"), "{bottom}");
     // Scrolling past the end stops there: one ↑ moves up at once.
     key(&mut app, KeyCode::Up, KeyModifiers::NONE, 0.0);
     assert!(!render(&mut app, 100, 24).contains("closes this help"));
     key(&mut app, KeyCode::Char('x'), KeyModifiers::NONE, 0.0);
-    assert_eq!(app.overlay.name(), Overlay::None.name());
+    assert_eq!(app.overlay().name(), Overlay::None.name());
 
     // `?` opens it from an empty prompt, and is a character while a prompt is typed.
     let mut empty = common::app();
     key(&mut empty, KeyCode::Char('?'), KeyModifiers::SHIFT, 0.0);
-    assert_eq!(empty.overlay.name(), Overlay::Help.name());
+    assert_eq!(empty.overlay().name(), Overlay::Help.name());
     let mut typing = app_with_text("Why");
     key(&mut typing, KeyCode::Char('?'), KeyModifiers::SHIFT, 0.0);
-    assert_eq!(typing.overlay.name(), Overlay::None.name());
-    assert_eq!(typing.composer.input.lines(), ["Why?"]);
+    assert_eq!(typing.overlay().name(), Overlay::None.name());
+    assert_eq!(typing.composer().input.lines(), ["Why?"]);
 }
 
 fn app_with_text(s: &str) -> deltascope::tui::app::App {
@@ -381,7 +415,7 @@ fn app_with_text(s: &str) -> deltascope::tui::app::App {
 fn session_picker_lists_saved_sessions() {
     let dir = tempfile::tempdir().unwrap();
     let mut app = app();
-    app.convo.save.dir.path = Some(dir.path().to_path_buf());
+    app.set_sessions_dir(dir.path().to_path_buf());
     healthy_turn(&mut app, true);
     settle(&mut app);
     // The finished turn was autosaved atomically: one JSON file, no temporary left over.
@@ -399,7 +433,7 @@ fn session_picker_lists_saved_sessions() {
 
     // Opening a session recorded with another model says so.
     let mut foreign = Session::new("Qwen3.6-27B", None);
-    foreign.turns = app.convo.session.turns.clone();
+    foreign.turns = app.session().turns.clone();
     let path = dir.path().join("foreign.json");
     foreign.save_atomic(&path).unwrap();
     app.open_session(&path, false);
@@ -409,7 +443,7 @@ fn session_picker_lists_saved_sessions() {
 
     // A file the picker cannot open is listed with the reason, not hidden.
     std::fs::write(dir.path().join("broken.json"), "{").unwrap();
-    app.overlay = Overlay::None;
+    app.close_overlay();
     key(&mut app, KeyCode::Char('p'), KeyModifiers::CONTROL, 300.0);
     settle(&mut app);
     let screen = render(&mut app, W, H);
@@ -578,8 +612,8 @@ fn state_app() -> deltascope::tui::app::App {
 #[test]
 fn state_view_fits_80x24() {
     let mut app = state_app();
-    assert!(app.view.state.shown);
-    assert_eq!(app.view.focus, Focus::State);
+    assert!(app.view().state.shown);
+    assert_eq!(app.view().focus, Focus::State);
     let screen = render(&mut app, 80, 24);
     // The metric, the token it is at, the map's rows, the selected head and its history.
     assert!(screen.contains("write strength β · after #"), "{screen}");
@@ -617,11 +651,11 @@ fn state_view_follows_the_token_cursor_both_ways() {
     // [ moves the cursor, which is the inspector's: to the last token (sampled, not read yet),
     // then to the one before it (the latest pass), then one more back.
     key(&mut app, KeyCode::Char('['), KeyModifiers::NONE, 501.0);
-    assert_eq!(app.view.inspector, Some(n - 1));
+    assert_eq!(app.view().inspector, Some(n - 1));
     assert!(render(&mut app, W, H).contains(&format!("#{} not read yet: after #{} ", n - 1, n - 2)));
     key(&mut app, KeyCode::Char('['), KeyModifiers::NONE, 501.0);
     key(&mut app, KeyCode::Char('['), KeyModifiers::NONE, 501.0);
-    assert_eq!(app.view.inspector, Some(n - 3));
+    assert_eq!(app.view().inspector, Some(n - 3));
     let screen = render(&mut app, W, H);
     assert!(
         screen.contains(&format!("after #{} ", n - 3)) && screen.contains(&format!("pass {} of {n}", n - 1)),
@@ -629,24 +663,24 @@ fn state_view_follows_the_token_cursor_both_ways() {
     );
     // The inspector's own keys move the view too (focus on the prompt, inspector open).
     key(&mut app, KeyCode::Tab, KeyModifiers::NONE, 502.0);
-    assert_eq!(app.view.focus, Focus::Input);
+    assert_eq!(app.view().focus, Focus::Input);
     key(&mut app, KeyCode::Home, KeyModifiers::NONE, 502.0);
-    assert_eq!(app.view.inspector, Some(0));
+    assert_eq!(app.view().inspector, Some(0));
     assert!(render(&mut app, W, H).contains("after #0 "), "Home: the first token");
     // End follows the latest pass again; the last token is not read yet.
     key(&mut app, KeyCode::BackTab, KeyModifiers::NONE, 503.0);
-    assert_eq!(app.view.focus, Focus::State);
+    assert_eq!(app.view().focus, Focus::State);
     key(&mut app, KeyCode::End, KeyModifiers::NONE, 503.0);
-    assert_eq!(app.view.inspector, None);
+    assert_eq!(app.view().inspector, None);
     key(&mut app, KeyCode::Char(']'), KeyModifiers::NONE, 503.0);
-    assert_eq!(app.view.inspector, None, "] past the end keeps following");
+    assert_eq!(app.view().inspector, None, "] past the end keeps following");
     key(&mut app, KeyCode::Char('['), KeyModifiers::NONE, 503.0);
-    assert_eq!(app.view.inspector, Some(n - 1));
+    assert_eq!(app.view().inspector, Some(n - 1));
     assert!(render(&mut app, W, H).contains(&format!("#{} not read yet", n - 1)));
     // Esc closes the view and gives the prompt the focus.
     key(&mut app, KeyCode::Esc, KeyModifiers::NONE, 504.0);
-    assert!(!app.view.state.shown);
-    assert_eq!(app.view.focus, Focus::Input);
+    assert!(!app.view().state.shown);
+    assert_eq!(app.view().focus, Focus::Input);
 }
 
 #[test]
@@ -681,7 +715,7 @@ fn state_view_without_a_trace_says_what_to_press() {
     assert!(screen.contains("F8 (or t here) traces the next generation"), "{screen}");
     // t turns tracing on for the next generation, which then asks the engine for it.
     key(&mut app, KeyCode::Char('t'), KeyModifiers::NONE, 501.0);
-    assert!(app.settings.params.trace_state);
+    assert!(app.settings().params.trace_state);
     assert!(render(&mut app, 100, 30).contains("Tracing is on"));
     assert!(render(&mut app, 160, 30).contains("state trace on"), "the status line says so");
     key(&mut app, KeyCode::Esc, KeyModifiers::NONE, 502.0);
@@ -693,7 +727,7 @@ fn state_view_without_a_trace_says_what_to_press() {
     assert_eq!(sent, Some(true));
     // F8 turns it off again.
     key(&mut app, KeyCode::F(8), KeyModifiers::NONE, 504.0);
-    assert!(!app.settings.params.trace_state);
+    assert!(!app.settings().params.trace_state);
 }
 
 #[test]
@@ -710,7 +744,7 @@ fn a_server_backend_says_why_there_is_no_state_view() {
     info.state_trace = Support::No("llama.cpp does not expose a model's recurrent state".into());
     app.set_model(info);
     key(&mut app, KeyCode::F(8), KeyModifiers::NONE, 1.0);
-    assert!(!app.settings.params.trace_state);
+    assert!(!app.settings().params.trace_state);
     assert!(app.status().unwrap().contains("llama.cpp does not expose"), "{:?}", app.status());
     key(&mut app, KeyCode::F(7), KeyModifiers::NONE, 2.0);
     let screen = render(&mut app, 100, 30);
@@ -747,6 +781,6 @@ fn a_state_alarm_raises_a_banner_and_the_view_opens_on_that_head() {
     key(&mut app, KeyCode::F(7), KeyModifiers::NONE, 604.0);
     let screen = render(&mut app, W, H);
     // Layer 5 is the fourth GDN layer (0, 1, 2, 4, 5, …).
-    assert_eq!((app.view.state.layer, app.view.state.head), (4, 2));
+    assert_eq!((app.view().state.layer, app.view().state.head), (4, 2));
     assert!(screen.contains("L5 head 2 ·"), "{screen}");
 }

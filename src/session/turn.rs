@@ -389,6 +389,12 @@ impl Turn {
         }
     }
 
+    /// Why [`forced_tokens`](Self::forced_tokens) is an estimate (a server that does not say
+    /// which tokens its thinking budget forced); `None` when it is exact or not reported yet.
+    pub fn forced_estimate(&self) -> Option<&str> {
+        self.stats.usage.as_ref().and_then(|u| u.estimate.as_deref())
+    }
+
     /// All generated tokens, forced ones included (what max_tokens counts).
     pub fn completion_tokens(&self) -> usize {
         self.thinking_tokens() + self.forced_tokens() + self.answer_tokens()

@@ -145,7 +145,7 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
     };
     let mut app =
         App::new(AppConfig { theme, keymap, settings, sessions_dir, session_path: opts.session.clone(), session });
-    app.loading = Some((0, 1, opening_message(&opts.backend)));
+    app.update(Inbound::LoadProgress { done: 0, total: 1, what: opening_message(&opts.backend) }, 0.0);
 
     let (tx, rx) = mpsc::channel::<Inbound>();
     spawn_opener(opts.backend.clone(), tx.clone())?;
@@ -193,10 +193,10 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
         }
         runner.pump(&mut app, now_ms());
         runner.run_effects(&mut app);
-        if app.quit {
+        if app.quitting() {
             break;
         }
-        if std::mem::take(&mut app.dirty) {
+        if app.take_redraw() {
             clock.dirty = true;
         }
         let now = Instant::now();
@@ -219,7 +219,7 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
     runner.shutdown(&mut app, now_ms);
     // What stopped the workbench from working (a model that failed to load) is said again
     // once the terminal is back, where it stays readable, and the exit status says so.
-    match (app.fatal.take(), app.loss_report()) {
+    match (app.take_fatal(), app.loss_report()) {
         (Some(fatal), Some(loss)) => anyhow::bail!("{fatal}\n{loss}"),
         (Some(fatal), None) => anyhow::bail!("{fatal}"),
         (None, Some(loss)) => anyhow::bail!("{loss}"),

@@ -30,8 +30,8 @@ impl Runner {
 
     pub(crate) fn opened(&mut self, app: &mut App, b: Box<dyn Backend>, opts: &TuiOptions, resumed: Option<&Session>) {
         match starting_settings(b.info(), opts, resumed) {
-            Ok(params) => app.settings.params = params,
-            Err(e) => app.fatal = Some(crate::error::error_text(&e)),
+            Ok(params) => app.change_settings(|s| s.params = params),
+            Err(e) => app.fail(crate::error::error_text(&e)),
         }
         app.set_model(b.info().clone());
         self.backend = Some(b);
@@ -55,7 +55,7 @@ impl Runner {
                     let request = ChatRequest { prompt, params: *params };
                     // Step mode switched on before sending holds the new generation too.
                     let control = Arc::new(StepControl::default());
-                    control.set_paused(app.view.step_mode);
+                    control.set_paused(app.view().step_mode);
                     match b.start_with(request, control) {
                         Ok(g) => self.live = Some(g),
                         Err(err) => app.on_engine(EngineEvent::error(err.kind, err.message)),
@@ -74,7 +74,7 @@ impl Runner {
                 | Effect::ListSessions(_)
                 | Effect::LoadSession { .. }) => {
                     if let Ok(answer) = disk_io(disk) {
-                        app.update(answer, app.now_ms);
+                        app.update(answer, app.now_ms());
                     }
                 }
                 Effect::Copy(text) => {

@@ -59,10 +59,17 @@ pub fn diag(kind: DiagnosticKind, at_token: usize, message: &str, loop_at: Optio
 
 /// An app with the demo model "loaded" (no engine: effects are just collected).
 pub fn app() -> App {
+    let mut app = unopened_app();
+    app.set_model(model());
+    app
+}
+
+/// The app before its backend is open.
+pub fn unopened_app() -> App {
     let mut session = Session::new("embedded:demo", None);
     session.id = "test-session".into();
     session.created = 1_764_500_000;
-    let mut app = App::new(AppConfig {
+    App::new(AppConfig {
         theme: Theme::default(),
         keymap: Keymap::default(),
         settings: Settings {
@@ -75,9 +82,7 @@ pub fn app() -> App {
         sessions_dir: SessionsDir::fixed(None),
         session_path: None,
         session,
-    });
-    app.set_model(model());
-    app
+    })
 }
 
 /// Runs the app's disk effects as the runner does (saves, exports, session listing and

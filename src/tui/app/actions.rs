@@ -1,7 +1,7 @@
 //! What each bound action does. Actions are grouped by what they change: the generation in
 //! flight, the conversation, the view, the settings, and the files.
 
-use ratatui::crossterm::event::KeyEvent;
+use ratatui::crossterm::event::{KeyCode, KeyEvent};
 
 use super::Level;
 use super::overlay::{Overlay, line_input};
@@ -9,6 +9,7 @@ use super::view_state::ColourMode;
 use super::{App, EditTarget, Effect, Focus};
 use crate::generation::{Phase, Thinking};
 use crate::tui::keymap::Action;
+use crate::tui::panels::{Ctx, Handled, inspector, sliders};
 use crate::tui::sliders::Slider;
 
 impl App {
@@ -54,16 +55,43 @@ impl App {
     /// A key no action took: the focused pane's own keys.
     pub(super) fn focused_key(&mut self, k: KeyEvent) {
         if self.view.focus == Focus::State {
-            return self.state_key(k);
+            let dims = self
+                .shown()
+                .and_then(|t| {
+                    let (_, ev) = t.state_at(None)?;
+                    let heads = ev.gdn.iter().map(|l| l.beta.len()).max().unwrap_or(0);
+                    Some((ev.gdn.len(), heads, t.tokens.len()))
+                })
+                .unwrap_or((0, 0, 0));
+            if self.view.state.key(k, &mut self.view.inspector, dims) == Handled::NotConsumed
+                && k.code == KeyCode::Char('t')
+            {
+                self.toggle_trace();
+            }
+            return;
         }
-        if self.inspector_key(k) {
+        let tokens = self.shown().map_or(0, |t| t.tokens.len());
+        if let Some(cursor) = self.view.inspector.as_mut()
+            && inspector::key(cursor, tokens, k) == Handled::Consumed
+        {
             return;
         }
         match self.view.focus {
             Focus::Input => self.composer.key(k),
-            Focus::Sliders => self.slider_key(k),
+            Focus::Sliders => {
+                let cap = self.settings.max_tokens_cap(self.next_prompt_estimate());
+                let mut ctx = Ctx {
+                    theme: &self.look.theme,
+                    keymap: &self.look.keymap,
+                    now_ms: self.now_ms,
+                    effects: &mut self.out.effects,
+                    log: &mut self.messages,
+                };
+                sliders::key(&mut self.view.slider, &mut self.settings, cap, k, &mut ctx);
+            }
             Focus::State => {}
-            Focus::Thinking | Focus::Answer => self.pane_key(k),
+            Focus::Thinking => _ = self.view.thinking_scroll.key(k),
+            Focus::Answer => _ = self.view.answer_scroll.key(k),
         }
     }
 
@@ -86,7 +114,7 @@ impl App {
 
     fn cancel(&mut self, or_quit: bool) {
         if self.generating() {
-            self.effects.push(Effect::Cancel);
+            self.out.effects.push(Effect::Cancel);
             self.say(Level::Info, "cancelling… (output kept)");
         } else if self.convo.replay.take().is_some() {
             self.say(Level::Info, "replay stopped");
@@ -112,20 +140,20 @@ impl App {
     fn step_action(&mut self, a: Action) {
         if a == Action::Step {
             if self.view.step_mode {
-                self.effects.push(Effect::Step);
+                self.out.effects.push(Effect::Step);
             } else {
-                let key = self.keymap.first(Action::StepMode);
+                let key = self.look.keymap.first(Action::StepMode);
                 self.say(Level::Info, format!("not in step mode ({key} turns it on)"));
             }
             return;
         }
-        if let Some(why) = self.model.as_ref().and_then(|m| m.step.reason()) {
+        if let Some(why) = self.backend.model.as_ref().and_then(|m| m.step.reason()) {
             self.say(Level::Info, format!("step mode is not available: {why}"));
             return;
         }
         self.view.step_mode = !self.view.step_mode;
-        self.effects.push(Effect::SetPaused(self.view.step_mode));
-        let step = self.keymap.first(Action::Step);
+        self.out.effects.push(Effect::SetPaused(self.view.step_mode));
+        let step = self.look.keymap.first(Action::Step);
         let msg =
             if self.view.step_mode { format!("step mode: {step} advances one token") } else { "step mode off".into() };
         self.say(Level::Info, msg);
@@ -136,7 +164,7 @@ impl App {
     /// answer), and the last turn is re-run with it. Nothing changes when there is nothing to
     /// fix, or when the fix would offer the current value again.
     fn fix_action(&mut self, a: Action) {
-        let key = self.keymap.first(a);
+        let key = self.look.keymap.first(a);
         let (Some(t), Some(shown)) = (self.shown(), self.shown_index()) else {
             self.say(Level::Info, format!("{key}: nothing to fix yet"));
             return;
@@ -206,7 +234,7 @@ impl App {
                 self.overlay = Overlay::Messages;
             }
             Action::Picker => match self.convo.save.dir.path.clone() {
-                Some(dir) => self.effects.push(Effect::ListSessions(dir)),
+                Some(dir) => self.out.effects.push(Effect::ListSessions(dir)),
                 None => self.show_sessions(vec![]),
             },
             Action::Export => self.export(),
@@ -228,12 +256,12 @@ impl App {
                         self.view.show_compare = !self.view.show_compare;
                     }
                 } else {
-                    let key = self.keymap.first(Action::Compare);
+                    let key = self.look.keymap.first(Action::Compare);
                     self.say(Level::Info, format!("no comparison yet ({key} re-runs the last prompt)"));
                 }
             }
             Action::ColourMode => {
-                let why = self.model.as_ref().and_then(|m| m.provenance.reason().map(str::to_string));
+                let why = self.backend.model.as_ref().and_then(|m| m.provenance.reason().map(str::to_string));
                 self.view.colour_mode = match (self.view.colour_mode, why) {
                     (ColourMode::Phase, _) => ColourMode::Logprob,
                     (ColourMode::Logprob, None) => ColourMode::Provenance,
@@ -260,7 +288,8 @@ impl App {
                 self.view.focus = self.view.focus.cycle(a == Action::FocusNext, self.view.state.shown)
             }
             Action::ScrollUp | Action::ScrollDown if self.view.focus == Focus::State => {
-                self.state_page(a == Action::ScrollDown)
+                let layers = self.shown().and_then(|t| t.state_at(None)).map_or(0, |(_, ev)| ev.gdn.len());
+                self.view.state.page(a == Action::ScrollDown, layers)
             }
             Action::ScrollUp | Action::ScrollDown => {
                 let d = if a == Action::ScrollUp { -1 } else { 1 };
@@ -313,7 +342,7 @@ impl App {
             return;
         }
         self.say(Level::Info, format!("copied the {what} ({} chars) to the clipboard", text.chars().count()));
-        self.effects.push(Effect::Copy(text));
+        self.out.effects.push(Effect::Copy(text));
     }
 
     fn export(&mut self) {
@@ -322,6 +351,6 @@ impl App {
             return;
         };
         let path = json.with_extension("md");
-        self.effects.push(Effect::Export { path, markdown: self.convo.session.to_markdown() });
+        self.out.effects.push(Effect::Export { path, markdown: self.convo.session.to_markdown() });
     }
 }

@@ -51,12 +51,12 @@ impl Conversation {
 
 impl App {
     pub(super) fn can_generate(&mut self) -> bool {
-        if self.model.is_none() {
+        if self.backend.model.is_none() {
             self.say(Level::Info, "the model is still loading");
             return false;
         }
         if self.generating() {
-            let cancel = self.keymap.first(crate::tui::keymap::Action::Cancel);
+            let cancel = self.look.keymap.first(crate::tui::keymap::Action::Cancel);
             self.say(Level::Info, format!("generating — {cancel} cancels"));
             return false;
         }
@@ -126,7 +126,7 @@ impl App {
         self.view.reset_panes();
         self.view.show_compare = compare_of.is_some();
         self.sync_markdown();
-        self.effects.push(Effect::Generate { prompt: Prompt::Chat(messages), params: Box::new(params) });
+        self.out.effects.push(Effect::Generate { prompt: Prompt::Chat(messages), params: Box::new(params) });
     }
 
     pub fn regenerate(&mut self) {
@@ -218,7 +218,7 @@ impl App {
 
     /// Generates more of the last turn when `max_tokens` (or a cancel) cut it short.
     pub(super) fn continue_turn(&mut self) {
-        if let Some(why) = self.model.as_ref().and_then(|m| m.continuation.reason()) {
+        if let Some(why) = self.backend.model.as_ref().and_then(|m| m.continuation.reason()) {
             self.say(Level::Info, format!("continuing is not available: {why}"));
             return;
         }
@@ -257,7 +257,8 @@ impl App {
         self.view.reset_panes();
         let n = params.max_tokens;
         self.say(Level::Info, format!("continuing turn {} (up to {n} more tokens)", i + 1));
-        self.effects
+        self.out
+            .effects
             .push(Effect::Generate { prompt: Prompt::Continue { messages, generated }, params: Box::new(params) });
     }
 
@@ -268,7 +269,7 @@ impl App {
         }
         let old = self.convo.save.file(&self.convo.session);
         let system = self.convo.session.system.clone();
-        let model = self.model.as_ref().map(|m| m.name.clone()).unwrap_or_default();
+        let model = self.backend.model.as_ref().map(|m| m.name.clone()).unwrap_or_default();
         let mut session = Session::new(model, system);
         // Two conversations started in the same second must not share a file.
         while Some(&session.id) == Some(&self.convo.session.id) {
@@ -290,7 +291,7 @@ impl App {
 
     /// The backend's view of the next turn's prompt (rendered text and token ids).
     pub(super) fn show_prompt(&mut self) {
-        if self.model.is_none() {
+        if self.backend.model.is_none() {
             self.say(Level::Info, "the model is still loading");
             return;
         }
@@ -301,7 +302,8 @@ impl App {
             _ => self.convo.session.turns.len(),
         };
         let messages = self.convo.session.messages(upto, &user);
-        self.effects
+        self.out
+            .effects
             .push(Effect::DryRun { prompt: Prompt::Chat(messages), params: Box::new(self.settings.params.clone()) });
     }
 
@@ -317,7 +319,7 @@ impl App {
         if !self.can_leave_conversation() {
             return;
         }
-        self.effects.push(Effect::LoadSession { path: path.to_path_buf(), replay });
+        self.out.effects.push(Effect::LoadSession { path: path.to_path_buf(), replay });
     }
 
     /// The session the runner read for [`App::open_session`].
@@ -392,7 +394,7 @@ impl App {
     /// A session recorded with another model continues on the loaded one: say so, since its
     /// old turns and the new ones are not comparable.
     pub(super) fn warn_other_model(&mut self) {
-        if let Some(m) = &self.model
+        if let Some(m) = &self.backend.model
             && !self.convo.session.turns.is_empty()
             && self.convo.session.model != m.name
         {

@@ -1,20 +1,27 @@
 //! The workbench's state and its one update function. Everything that changes the state goes
 //! through [`App::update`] (or [`App::dispatch`] for a bound action); drawing
-//! (`view::draw(&App, …)`) only reads it, so tests can build a state from scripted events and
-//! snapshot it. The app never talks to the backend or the disk itself: it queues [`Effect`]s,
-//! which the runner executes (and reports back through [`App::save_now`], [`App::show_dry_run`]
-//! and [`App::export_to`]).
+//! (`view::View::draw(&App, …)`) only reads it, through methods, so tests can build a state
+//! from scripted events and snapshot it. The app never talks to the backend or the disk
+//! itself: it queues [`Effect`]s, which the runner executes and answers with inbound events
+//! ([`Inbound::Saved`], [`Inbound::SessionLoaded`], …) or [`App::show_dry_run`].
 //!
-//! The state is split by what it is about: the prompt box ([`Composer`]), the conversation
-//! and its saving ([`Conversation`]), what the screen shows ([`ViewState`]), popups
-//! ([`Overlay`]) and the message log ([`MessageLog`]).
+//! `App` is a router: this file holds the state's parts and sends each event to the one it is
+//! about: the prompt box ([`Composer`]), the conversation and its saving ([`Conversation`]),
+//! what the screen shows ([`ViewState`]), popups ([`Overlay`]), the message log
+//! ([`MessageLog`]), the backend's status (`status.rs`), the look (`look.rs`) and what goes
+//! back to the runner (`outbox.rs`). What each action does is in `actions.rs`; what drawing
+//! and tests read is in `access.rs`.
 
+mod access;
 mod actions;
 mod conversation;
 mod layout;
+mod look;
+mod outbox;
 mod overlay;
 mod replay;
 mod saving;
+mod status;
 mod view_state;
 
 use std::path::PathBuf;
@@ -23,18 +30,20 @@ use ratatui::crossterm::event::{Event as TermEvent, KeyCode, KeyEvent, KeyEventK
 
 pub use self::conversation::{Conversation, Live};
 pub use self::layout::{Layout, PaneLayout};
+use self::look::Look;
+use self::outbox::Outbox;
 pub use self::overlay::Overlay;
 pub use self::replay::{Replay, ReplayItem};
 pub use self::saving::{SaveState, SessionsDir, check_writable, turns_label};
+use self::status::BackendStatus;
 pub use self::view_state::{ColourMode, Focus, ThinkingView, ViewState};
 use super::event::Inbound;
-use super::highlight::Markdown;
 use super::keymap::Keymap;
 use super::sliders::Settings;
 use super::theme::Theme;
-use crate::backend::{BackendInfo, DryRun, Prompt, Support};
-use crate::generation::{EngineEvent, GenerationParams, Phase};
-use crate::session::{Session, Turn};
+use crate::backend::Prompt;
+use crate::generation::{EngineEvent, GenerationParams};
+use crate::session::Session;
 pub use crate::tui::panels::composer::{Composer, EditTarget, MAX_ROWS as COMPOSER_MAX_ROWS};
 pub use crate::tui::panels::messages::{Level, Message, MessageLog};
 pub use crate::tui::panels::state_scope::StateScope;
@@ -90,30 +99,23 @@ pub struct AppConfig {
     pub session: Session,
 }
 
+/// The router: each event goes to the part of the state it is about. The fields are private
+/// (drawing and tests read through methods), grouped by what they are about.
 pub struct App {
-    pub(crate) theme: Theme,
-    pub(crate) keymap: Keymap,
-    pub settings: Settings,
-    /// What the backend said about itself, once it is open.
-    pub model: Option<BackendInfo>,
-    /// Loading progress: (done, total, what).
-    pub loading: Option<(u64, u64, String)>,
-    pub(crate) fatal: Option<String>,
-    pub composer: Composer,
-    pub convo: Conversation,
-    pub view: ViewState,
-    pub overlay: Overlay,
-    pub messages: MessageLog,
-    /// Rendered answer of the shown turn (for turn index `md_turn`).
-    pub(crate) md: Markdown,
-    md_turn: Option<usize>,
+    /// The theme, the keymap and the shown answer's rendered Markdown.
+    look: Look,
+    settings: Settings,
+    /// Loading, the open backend's description, or why it could not open.
+    backend: BackendStatus,
+    composer: Composer,
+    convo: Conversation,
+    view: ViewState,
+    overlay: Overlay,
+    messages: MessageLog,
     /// App time in ms (set by each update).
-    pub(crate) now_ms: f64,
-    pub quit: bool,
-    /// Quit once the save asked for has worked (a path typed after a failed save).
-    quit_after_save: bool,
-    pub(crate) dirty: bool,
-    effects: Vec<Effect>,
+    now_ms: f64,
+    /// Effects for the runner, a screen to redraw, quitting.
+    out: Outbox,
 }
 
 impl App {
@@ -124,12 +126,9 @@ impl App {
         );
         let last_good = cfg.session_path.clone().filter(|p| p.exists());
         let mut app = App {
-            theme: cfg.theme,
-            keymap: cfg.keymap,
+            look: Look::new(cfg.theme, cfg.keymap),
             settings: cfg.settings,
-            model: None,
-            loading: None,
-            fatal: None,
+            backend: BackendStatus::default(),
             composer,
             convo: Conversation {
                 session: cfg.session,
@@ -140,112 +139,14 @@ impl App {
             view: ViewState::default(),
             overlay: Overlay::None,
             messages: MessageLog::default(),
-            md: Markdown::default(),
-            md_turn: None,
             now_ms: 0.0,
-            quit: false,
-            quit_after_save: false,
-            dirty: true,
-            effects: vec![],
+            out: Outbox { dirty: true, ..Default::default() },
         };
         if let Some(why) = fallback {
             app.say(Level::Warning, why);
         }
         app.sync_markdown();
         app
-    }
-
-    /// App time in ms, as the last update set it.
-    pub fn now_ms(&self) -> f64 {
-        self.now_ms
-    }
-
-    pub fn take_effects(&mut self) -> Vec<Effect> {
-        std::mem::take(&mut self.effects)
-    }
-
-    /// Adds a message to the log (and the status line).
-    pub fn say(&mut self, level: Level, text: impl Into<String>) {
-        self.messages.push(level, text, self.now_ms);
-    }
-
-    /// The status line's message, while it is shown.
-    pub fn status(&self) -> Option<&str> {
-        self.messages.current().map(|m| m.text.as_str())
-    }
-
-    pub fn session(&self) -> &Session {
-        &self.convo.session
-    }
-
-    pub fn generating(&self) -> bool {
-        self.convo.live.is_some()
-    }
-
-    pub fn busy(&self) -> bool {
-        self.convo.live.is_some() || self.convo.replay.is_some() || self.loading.is_some()
-    }
-
-    /// The turn the panes show: the selected one, else the latest.
-    pub fn shown_index(&self) -> Option<usize> {
-        let n = self.convo.session.turns.len();
-        match self.view.selected_turn {
-            Some(i) if i < n => Some(i),
-            _ => n.checked_sub(1),
-        }
-    }
-
-    pub fn shown(&self) -> Option<&Turn> {
-        self.shown_index().and_then(|i| self.convo.session.turns.get(i))
-    }
-
-    /// The latest comparison: (original, re-run).
-    pub fn compare_pair(&self) -> Option<(usize, usize)> {
-        self.convo.session.turns.iter().enumerate().rev().find_map(|(i, t)| t.compare_of.map(|o| (o, i)))
-    }
-
-    /// idle / loading / prefill / thinking / answering / paused / done.
-    pub fn state_label(&self) -> &'static str {
-        if self.loading.is_some() {
-            return "loading";
-        }
-        if self.convo.replay.is_some() {
-            return "replay";
-        }
-        match (self.convo.live, self.shown()) {
-            (Some(_), Some(t)) => {
-                if self.view.step_mode {
-                    return "paused (step)";
-                }
-                match t.tokens.last() {
-                    None => "prefill",
-                    Some(tok) if tok.phase == Phase::Thinking => "thinking",
-                    Some(_) => "answering",
-                }
-            }
-            (None, Some(t)) if t.is_finished() => "done",
-            _ => "idle",
-        }
-    }
-
-    /// The backend is ready (a model loaded, or a server answered).
-    pub fn set_model(&mut self, info: BackendInfo) {
-        self.settings.mtp = match (&info.mtp_control, info.has_mtp) {
-            (Support::No(why), _) => Support::No(why.clone()),
-            (Support::Yes, false) => Support::No("no head".into()),
-            (Support::Yes, true) => Support::Yes,
-        };
-        self.settings.context = info.context.filter(|c| *c > 0);
-        if self.convo.session.model.is_empty() {
-            self.convo.session.model = info.name.clone();
-        }
-        if let Some(note) = &info.device_note {
-            self.say(Level::Info, note.clone());
-        }
-        self.model = Some(info);
-        self.warn_other_model();
-        self.loading = None;
-        self.dirty = true;
     }
 
     /// One inbound event at app time `now_ms`.
@@ -267,11 +168,8 @@ impl App {
             Inbound::Term(_) => {}
             Inbound::Tick => quiet = !self.on_tick(),
             Inbound::Engine(e) => self.on_engine(e),
-            Inbound::LoadProgress { done, total, what } => self.loading = Some((done, total, what)),
-            Inbound::Ready(Err(e)) => {
-                self.loading = None;
-                self.fatal = Some(e);
-            }
+            Inbound::LoadProgress { done, total, what } => self.backend.loading = Some((done, total, what)),
+            Inbound::Ready(Err(e)) => self.fail(e),
             // The runner takes `Ready(Ok)` (it owns the backend) and calls `set_model`.
             Inbound::Ready(Ok(_)) => {}
             Inbound::Terminate => self.force_quit(),
@@ -287,7 +185,7 @@ impl App {
             Inbound::SessionLoaded { path, replay, result } => self.session_loaded(&path, replay, result),
         }
         if !quiet {
-            self.dirty = true;
+            self.out.dirty = true;
         }
     }
 
@@ -325,23 +223,11 @@ impl App {
         }
     }
 
-    /// Brings the answer's rendered markdown up to date (only new finished lines render).
-    pub(crate) fn sync_markdown(&mut self) {
-        let idx = self.shown_index();
-        if idx != self.md_turn {
-            self.md = Markdown::default();
-            self.md_turn = idx;
-        }
-        if let Some(t) = idx.and_then(|i| self.convo.session.turns.get(i)) {
-            self.md.sync(t.answer.trim_start_matches('\n'), &self.theme);
-        }
-    }
-
     fn on_key(&mut self, k: KeyEvent) {
         if self.overlay.is_open() {
             return self.overlay_key(k);
         }
-        if let Some(a) = self.keymap.action(&k)
+        if let Some(a) = self.look.keymap.action(&k)
             && self.dispatch(a)
         {
             return;
@@ -353,76 +239,5 @@ impl App {
             return;
         }
         self.focused_key(k);
-    }
-
-    /// Quit (Ctrl+Q): the conversation is saved first; when that fails, ask.
-    fn request_quit(&mut self) {
-        if self.generating() {
-            // The runner waits for the cancelled generation's end, then saves.
-            self.effects.push(Effect::Cancel);
-            self.quit = true;
-            return;
-        }
-        if !self.convo.save.unsaved {
-            self.quit = true;
-            return;
-        }
-        self.quit_after_save = true;
-        self.save_now();
-    }
-
-    /// A signal or a lost terminal: save what can be saved and go, without asking.
-    fn force_quit(&mut self) {
-        if self.generating() {
-            self.effects.push(Effect::Cancel);
-        }
-        self.quit = true;
-    }
-
-    /// Asks the runner to write the conversation if it changed ([`Effect::Save`], answered
-    /// with [`Inbound::Saved`]). Also the runner's last act before the program ends.
-    pub fn save_now(&mut self) {
-        if self.convo.replay.is_some() {
-            return;
-        }
-        if self.convo.save.due(&self.convo.session) {
-            let path = self.convo.save.file(&self.convo.session);
-            self.effects.push(Effect::Save { path, session: Box::new(self.convo.session.clone()) });
-        } else {
-            self.after_save(Ok(()));
-        }
-    }
-
-    /// A save worked or failed: quit if that was waiting for it, or ask.
-    fn after_save(&mut self, result: Result<(), String>) {
-        let quit_after = std::mem::take(&mut self.quit_after_save);
-        match result {
-            Ok(()) if quit_after => self.quit = true,
-            Ok(()) => {}
-            Err(e) => {
-                self.say(Level::Error, format!("autosave failed: {e}"));
-                if quit_after && !self.quit {
-                    self.overlay = Overlay::ConfirmQuit;
-                }
-            }
-        }
-        self.dirty = true;
-    }
-
-    /// What the last frame laid out (the runner hands back what drawing returned).
-    pub fn laid_out(&mut self, layout: Layout) {
-        self.view.laid_out(layout);
-    }
-
-    /// What the backend rendered for [`Effect::DryRun`].
-    pub fn show_dry_run(&mut self, result: Result<DryRun, String>) {
-        self.view.popup_scroll = 0;
-        self.overlay = Overlay::Prompt(result);
-        self.dirty = true;
-    }
-
-    /// What was lost if the program ends now (printed after the terminal is restored).
-    pub fn loss_report(&self) -> Option<String> {
-        self.convo.save.loss_report(&self.convo.session)
     }
 }

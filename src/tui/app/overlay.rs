@@ -9,15 +9,13 @@ use super::App;
 use super::Level;
 use crate::backend::DryRun;
 use crate::session::SessionInfo;
+use crate::tui::panels::picker::{Picker, PickerKey};
 use crate::tui::sliders::Slider;
 
 pub enum Overlay {
     None,
     Help,
-    Picker {
-        items: Vec<SessionInfo>,
-        selected: usize,
-    },
+    Picker(Picker),
     /// Every message so far, wrapped.
     Messages,
     /// The next turn's prompt as the backend renders it (the `--dry-run` view), or why not.
@@ -47,7 +45,7 @@ impl Overlay {
         match self {
             Overlay::None => "none",
             Overlay::Help => "help",
-            Overlay::Picker { .. } => "sessions",
+            Overlay::Picker(_) => "sessions",
             Overlay::Messages => "messages",
             Overlay::Prompt(_) => "prompt",
             Overlay::ConfirmQuit => "confirm-quit",
@@ -69,6 +67,14 @@ fn first_line(t: &TextArea) -> String {
 }
 
 impl App {
+    /// The picker over the saved sessions the runner listed.
+    pub(crate) fn show_sessions(&mut self, items: Vec<SessionInfo>) {
+        if items.is_empty() {
+            self.say(Level::Info, "no saved sessions");
+        }
+        self.overlay = Overlay::Picker(Picker::new(items, self.convo.save.dir.path.clone()));
+    }
+
     /// A key while a popup is open (it takes every key).
     pub(super) fn overlay_key(&mut self, k: KeyEvent) {
         let overlay = std::mem::replace(&mut self.overlay, Overlay::None);
@@ -88,14 +94,22 @@ impl App {
                 }
                 overlay
             }
-            Overlay::Picker { items, selected } => self.picker_key(items, selected, k),
+            Overlay::Picker(mut picker) => match picker.key(k) {
+                PickerKey::Stay => Overlay::Picker(picker),
+                PickerKey::Close => Overlay::None,
+                PickerKey::Open { path, replay } => {
+                    self.open_session(&path, replay);
+                    // Opening may have opened another popup (nothing): keep what it set.
+                    std::mem::replace(&mut self.overlay, Overlay::None)
+                }
+            },
             Overlay::ConfirmQuit => match k.code {
                 KeyCode::Char('s') => {
                     let suggestion = std::env::temp_dir().join(self.convo.session.file_name());
                     Overlay::SaveAs { input: line_input(&suggestion.display().to_string()), error: None }
                 }
                 KeyCode::Char('q') => {
-                    self.quit = true;
+                    self.out.quit = true;
                     Overlay::None
                 }
                 KeyCode::Esc | KeyCode::Char('c') => Overlay::None,
@@ -109,7 +123,7 @@ impl App {
                         Overlay::SaveAs { input, error: Some("type a file path".into()) }
                     } else {
                         self.convo.save.path = Some(path.into());
-                        self.quit_after_save = true;
+                        self.out.quit_after_save = true;
                         self.save_now();
                         // A failed save opened the quit question again.
                         return;

@@ -1,8 +1,9 @@
 //! What the screen shows, apart from the conversation itself: focus, the shown turn, pane
 //! scrolling, the token inspector and the display toggles.
 
-use super::PaneScroll;
-use super::StateScope;
+use super::{App, Level, PaneScroll, StateScope};
+use crate::generation::DiagnosticKind;
+use crate::tui::keymap::Action;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Focus {
@@ -142,5 +143,58 @@ impl ViewState {
     pub fn scroll_popup(&mut self, delta: i32) {
         let max = self.popup_scroll_max as i32;
         self.popup_scroll = (self.popup_scroll as i32 + delta).clamp(0, max) as u16;
+    }
+}
+
+impl App {
+    /// Opens or closes the State view. Opening it on a turn with a state alarm selects the
+    /// layer and head the alarm names.
+    pub(crate) fn toggle_state_view(&mut self) {
+        let scope = &mut self.view.state;
+        scope.shown = !scope.shown;
+        if !scope.shown {
+            if self.view.focus == Focus::State {
+                self.view.focus = Focus::Input;
+            }
+            return;
+        }
+        self.view.show_compare = false;
+        self.view.focus = Focus::State;
+        let alarm = self.shown().and_then(|t| {
+            let d = t.diagnostics.iter().find(|d| {
+                matches!(d.kind, DiagnosticKind::StateAlarm | DiagnosticKind::Nonfinite) && d.head.is_some()
+            })?;
+            let first = t.states.first()?;
+            let layer = first.ev.gdn.iter().position(|l| Some(l.layer) == d.layer)?;
+            Some((layer, d.head?))
+        });
+        if let Some((layer, head)) = alarm {
+            self.view.state.layer = layer;
+            self.view.state.head = head;
+        }
+        if let Some(why) = self.backend.model.as_ref().and_then(|m| m.state_trace.reason().map(str::to_string)) {
+            self.say(Level::Info, format!("the state scope is not available: {why}"));
+        } else if !self.settings.params.trace_state && self.shown().is_none_or(|t| t.states.is_empty()) {
+            let key = self.look.keymap.first(Action::TraceState);
+            self.say(Level::Info, format!("no state trace yet: {key} traces the next generation"));
+        }
+    }
+
+    /// State tracing on / off for the next generation (drafting is off while tracing).
+    pub(crate) fn toggle_trace(&mut self) {
+        if let Some(why) = self.backend.model.as_ref().and_then(|m| m.state_trace.reason().map(str::to_string)) {
+            self.say(Level::Info, format!("no state trace here: {why}"));
+            return;
+        }
+        let p = &mut self.settings.params;
+        p.trace_state = !p.trace_state;
+        let msg = if p.trace_state {
+            let drafting = if p.mtp.is_on() { "; MTP drafting pauses while tracing" } else { "" };
+            let redo = self.look.keymap.first(Action::Regenerate);
+            format!("state trace on for the next generation ({redo} re-runs the last turn with it){drafting}")
+        } else {
+            "state trace off".to_string()
+        };
+        self.say(Level::Info, msg);
     }
 }

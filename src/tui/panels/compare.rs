@@ -7,24 +7,25 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph};
 
+use super::DrawCtx;
 use super::gauges::BudgetBar;
 use crate::session::Turn;
-use crate::tui::app::App;
 use crate::tui::highlight::block_line;
 use crate::tui::view::wrap::wrap;
 use crate::units::duration_ms;
 
-pub fn draw(app: &App, f: &mut Frame, area: Rect, a: usize, b: usize) {
-    let (Some(ta), Some(tb)) = (app.convo.session.turns.get(a), app.convo.session.turns.get(b)) else { return };
+/// Turns `a` (the original) and `b` (its re-run) of `turns`, side by side.
+pub fn draw(f: &mut Frame, area: Rect, ctx: &DrawCtx, turns: &[Turn], a: usize, b: usize) {
+    let (Some(ta), Some(tb)) = (turns.get(a), turns.get(b)) else { return };
     let [left, right] = Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(area);
     let sa = ta.settings();
     let sb = tb.settings();
-    column(app, f, left, &format!(" A · turn {} ", a + 1), ta, &sa, &sb);
-    column(app, f, right, &format!(" B · turn {} (re-run) ", b + 1), tb, &sb, &sa);
+    column(ctx, f, left, &format!(" A · turn {} ", a + 1), ta, &sa, &sb);
+    column(ctx, f, right, &format!(" B · turn {} (re-run) ", b + 1), tb, &sb, &sa);
 }
 
 fn column(
-    app: &App,
+    ctx: &DrawCtx,
     f: &mut Frame,
     area: Rect,
     title: &str,
@@ -32,7 +33,7 @@ fn column(
     mine: &[(&str, String)],
     other: &[(&str, String)],
 ) {
-    let th = &app.theme;
+    let th = ctx.theme;
     let block = Block::bordered().title(Line::styled(title.to_string(), th.title())).border_style(th.border(false));
     let inner = block.inner(area);
     f.render_widget(block, area);

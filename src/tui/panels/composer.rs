@@ -9,7 +9,7 @@ use ratatui::widgets::Block;
 use ratatui_textarea::{CursorMove, TextArea, WrapMode};
 use unicode_width::UnicodeWidthStr;
 
-use crate::tui::app::{App, Focus};
+use super::DrawCtx;
 use crate::tui::keymap::Action;
 
 const PLACEHOLDER: &str = "Ask something — e.g. Is 91 prime?";
@@ -137,12 +137,19 @@ fn fresh(text: &str) -> TextArea<'static> {
 
 // Drawing.
 
-/// The prompt box: what is being edited, the keys that send it, and the text.
-pub fn draw(app: &App, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
-    let k = |a| app.keymap.first(a);
+impl Composer {
+    /// The prompt box: what is being edited, the keys that send it, and the text;
+    /// `thinking`: whether the next turn thinks.
+    pub fn draw(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx, focused: bool, thinking: bool) {
+        draw(self, f, area, ctx, focused, thinking)
+    }
+}
+
+fn draw(composer: &Composer, f: &mut Frame, area: Rect, ctx: &DrawCtx, focused: bool, thinking: bool) {
+    let th = ctx.theme;
+    let k = |a| ctx.keymap.first(a);
     let mut title = vec![Span::styled(" Prompt ", th.title())];
-    match app.composer.target {
+    match composer.target {
         EditTarget::NewTurn => {}
         EditTarget::Turn(i) => {
             title.push(Span::styled(format!("(editing turn {}: Enter re-runs from it) ", i + 1), th.fg(th.warn)))
@@ -157,13 +164,13 @@ pub fn draw(app: &App, f: &mut Frame, area: Rect) {
         k(Action::Regenerate),
         k(Action::Compare),
         k(Action::ToggleThinking),
-        if app.settings.params.thinking.is_on() { "on" } else { "off" }
+        if thinking { "on" } else { "off" }
     );
     let block = Block::bordered()
         .title(Line::from(title))
         .title_bottom(Line::styled(hint, th.fg(th.dim)))
-        .border_style(th.border(app.view.focus == Focus::Input));
+        .border_style(th.border(focused));
     let inner = block.inner(area);
     f.render_widget(block, area);
-    f.render_widget(&app.composer.input, inner);
+    f.render_widget(&composer.input, inner);
 }

@@ -1,5 +1,6 @@
 //! Live gauges: the stacked token budget (prompt | thinking | answer | headroom of max_tokens,
-//! with the thinking-budget marker), speed (tok/s sparkline, TTFT, prefill tok/s), MTP
+//! with the thinking-budget marker; "≈" and the reason where a server only estimates the forced
+//! tokens), speed (tok/s sparkline, TTFT, prefill tok/s), MTP
 //! (acceptance, per-position bars, mean accepted length, accepted-per-step sparkline) and
 //! memory (weights, KV growing, recurrent constant, snapshots) per device.
 
@@ -10,12 +11,28 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Sparkline, Widget};
 
+use super::DrawCtx;
+use crate::backend::BackendInfo;
 use crate::session::Turn;
-use crate::tui::app::App;
 use crate::tui::theme::Theme;
+use crate::tui::view::wrap::wrap;
 use crate::units::{duration_ms, short_bytes};
+use unicode_width::UnicodeWidthStr;
 
 pub const MIN_HEIGHT: u16 = 18;
+
+/// What the gauges show, gathered by the view from the app.
+#[derive(Clone, Copy)]
+pub struct Gauges<'a> {
+    /// The turn the panes show.
+    pub turn: Option<&'a Turn>,
+    /// The open backend (weights, devices, whether it drafts, whether it is a server).
+    pub model: Option<&'a BackendInfo>,
+    /// The model's context, when known.
+    pub context: Option<usize>,
+    /// Tokens the conversation takes before the next prompt (≈).
+    pub history: usize,
+}
 
 /// One stacked bar: segments of (cells, style), plus an optional marker column.
 pub struct BudgetBar {
@@ -102,30 +119,62 @@ fn bar(ratio: f64, width: usize, color: Color, empty: Color) -> Vec<Span<'static
     ]
 }
 
-pub fn panel(app: &App, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
+pub fn panel(f: &mut Frame, area: Rect, ctx: &DrawCtx, g: &Gauges) {
+    let th = ctx.theme;
     let block = Block::bordered().title(Line::styled(" Gauges ", th.title())).border_style(th.border(false));
     let inner = block.inner(area);
     f.render_widget(block, area);
-    let Some(t) = app.shown() else {
+    let Some(t) = g.turn else {
         let mut lines = vec![Line::styled("no generation yet", th.fg(th.dim))];
-        if let Some(w) = app.model.as_ref().and_then(|m| m.weights_bytes) {
+        if let Some(w) = g.model.and_then(|m| m.weights_bytes) {
             lines.push(Line::styled(format!("weights {}", short_bytes(w as u64)), th.fg(th.text)));
         }
         f.render_widget(Paragraph::new(lines), inner);
         return;
     };
-    let [budget, speed, mtp, memory] =
-        Layout::vertical([Constraint::Length(5), Constraint::Length(4), Constraint::Length(6), Constraint::Min(5)])
-            .areas(inner);
-    budget_section(app, t, f, budget);
-    speed_section(app, t, f, speed);
-    mtp_section(app, t, f, mtp);
-    memory_section(app, t, f, memory);
+    // An estimated forced count takes the rows that say why (the other sections give way).
+    let why = estimate_rows(t, ctx.theme, inner.width);
+    let budget_h = 5 + why.len() as u16;
+    let [budget, speed, mtp, memory] = Layout::vertical([
+        Constraint::Length(budget_h),
+        Constraint::Length(4),
+        Constraint::Length(6),
+        Constraint::Min(5),
+    ])
+    .areas(inner);
+    budget_section(g, ctx, t, f, budget, why);
+    speed_section(ctx, t, f, speed);
+    mtp_section(g, ctx, t, f, mtp);
+    memory_section(g, ctx, t, f, memory);
 }
 
-fn budget_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
+/// The most rows the reason for an estimated forced count takes in the gauge column.
+const ESTIMATE_ROWS: usize = 3;
+
+/// Why the forced count is an estimate, wrapped to `width`: the budget section's extra rows
+/// (none when the count is exact). A reason longer than [`ESTIMATE_ROWS`] ends in "…".
+fn estimate_rows(t: &Turn, th: &Theme, width: u16) -> Vec<Line<'static>> {
+    let Some(why) = t.forced_estimate() else { return vec![] };
+    let line =
+        Line::from(vec![Span::styled("≈forced: ", th.fg(th.forced)), Span::styled(why.to_string(), th.fg(th.dim))]);
+    let mut rows = wrap(&[line], width as usize);
+    if rows.len() > ESTIMATE_ROWS {
+        rows.truncate(ESTIMATE_ROWS);
+        if let Some(last) = rows.last_mut() {
+            // Room for the ellipsis: the row's last characters give way when it is full.
+            let mut kept: String = last.spans.iter().map(|s| s.content.as_ref()).collect();
+            kept.truncate(kept.trim_end().len());
+            while !kept.is_empty() && kept.width() + 1 > width as usize {
+                kept.pop();
+            }
+            *last = Line::styled(format!("{kept}…"), th.fg(th.dim));
+        }
+    }
+    rows
+}
+
+fn budget_section(g: &Gauges, ctx: &DrawCtx, t: &Turn, f: &mut Frame, area: Rect, why: Vec<Line<'static>>) {
+    let th = ctx.theme;
     let [h, b, legend] =
         Layout::vertical([Constraint::Length(1), Constraint::Length(1), Constraint::Min(1)]).areas(area);
     let used = t.completion_tokens();
@@ -140,14 +189,16 @@ fn budget_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
     let budget = t.params.thinking.to_string();
     // "≈": a server that reports no reasoning count, counted one per streamed frame.
     let approx = if t.counted().is_estimate() { "≈" } else { "" };
-    let legend_line = vec![
+    // "≈" on the forced count: a server that does not say which tokens its budget forced.
+    let forced_approx = if t.forced_estimate().is_some() { "≈" } else { "" };
+    let mut legend_line = vec![
         Line::from(vec![
             Span::styled("▒", th.fg(th.prompt)),
             Span::styled(format!("prompt {} ", t.prompt_tokens), th.fg(th.text)),
             Span::styled("█", th.fg(th.thinking)),
             Span::styled(format!("think {approx}{} ", t.thinking_tokens()), th.fg(th.text)),
             Span::styled("▓", th.fg(th.forced)),
-            Span::styled(format!("forced {}", t.forced_tokens()), th.fg(th.text)),
+            Span::styled(format!("forced {forced_approx}{}", t.forced_tokens()), th.fg(th.text)),
         ]),
         Line::from(vec![
             Span::styled("█", th.fg(th.answer)),
@@ -157,16 +208,17 @@ fn budget_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
             Span::styled("┃", th.fg(th.budget_marker)),
             Span::styled(format!("budget {budget}"), th.fg(th.text)),
         ]),
-        Line::styled(context_in_use(app), th.fg(th.dim)),
     ];
+    legend_line.extend(why);
+    legend_line.push(Line::styled(context_in_use(g), th.fg(th.dim)));
     f.render_widget(Paragraph::new(legend_line), legend);
 }
 
 /// How much of the context the conversation takes before the next prompt (≈: the last
 /// answered turn's prompt and answer; the template drops earlier thinking).
-fn context_in_use(app: &App) -> String {
-    let history = app.next_prompt_estimate();
-    match app.settings.context {
+fn context_in_use(g: &Gauges) -> String {
+    let history = g.history;
+    match g.context {
         Some(c) => format!("history ≈{history} of {c} context tokens"),
         None => format!("history ≈{history} tokens before the next prompt"),
     }
@@ -192,8 +244,8 @@ fn ttft(t: &Turn) -> Option<(f64, Option<f64>)> {
     Some((ms, Some(t.prompt_tokens as f64 / (ms / 1000.0))))
 }
 
-fn speed_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
+fn speed_section(ctx: &DrawCtx, t: &Turn, f: &mut Frame, area: Rect) {
+    let th = ctx.theme;
     let [h, l, s] = Layout::vertical([Constraint::Length(1), Constraint::Length(1), Constraint::Min(1)]).areas(area);
     let tok_s = t
         .stats
@@ -221,16 +273,16 @@ fn speed_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
     f.render_widget(Sparkline::default().data(&data[start..]).style(th.fg(th.good)), s);
 }
 
-fn mtp_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
+fn mtp_section(g: &Gauges, ctx: &DrawCtx, t: &Turn, f: &mut Frame, area: Rect) {
+    let th = ctx.theme;
     let mut lines = vec![];
     let Some(m) = t.mtp() else {
-        let remote = app.model.as_ref().is_some_and(|m| m.is_remote());
+        let remote = g.model.is_some_and(|m| m.is_remote());
         let why = if remote && !t.is_finished() {
             "waiting for the server's figures".to_string()
         } else if remote {
             "not reported by the server".to_string()
-        } else if !app.model.as_ref().is_some_and(|m| m.has_mtp) {
+        } else if !g.model.is_some_and(|m| m.has_mtp) {
             "off (no MTP head)".to_string()
         } else if !t.params.mtp.is_on() {
             "off (depth 0)".to_string()
@@ -289,8 +341,8 @@ fn mtp_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
     }
 }
 
-fn memory_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
+fn memory_section(g: &Gauges, ctx: &DrawCtx, t: &Turn, f: &mut Frame, area: Rect) {
+    let th = ctx.theme;
     let title = Span::styled("Memory ", Style::new().fg(th.accent).add_modifier(Modifier::BOLD));
     let Some(mem) = t.memory().cloned() else {
         // A remote server: only what it exposes on /metrics.
@@ -311,9 +363,9 @@ fn memory_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
         f.render_widget(Paragraph::new(line), area);
         return;
     };
-    let weights = app.model.as_ref().and_then(|m| m.weights_bytes).unwrap_or(0);
+    let weights = g.model.and_then(|m| m.weights_bytes).unwrap_or(0);
     let weights = if mem.weights_bytes > 0 { mem.weights_bytes } else { weights };
-    let devices = match app.model.as_ref().map(|m| &m.kind) {
+    let devices = match g.model.map(|m| &m.kind) {
         Some(crate::backend::BackendKind::Local { devices, .. }) => devices.join(","),
         _ => "cpu".into(),
     };
@@ -341,15 +393,16 @@ fn memory_section(app: &App, t: &Turn, f: &mut Frame, area: Rect) {
 }
 
 /// The narrow layout's gauges: the budget bar and one line of numbers.
-pub fn strip(app: &App, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
-    let Some(t) = app.shown() else { return };
+pub fn strip(f: &mut Frame, area: Rect, ctx: &DrawCtx, g: &Gauges) {
+    let th = ctx.theme;
+    let Some(t) = g.turn else { return };
     let [title, b, nums] =
         Layout::vertical([Constraint::Length(1), Constraint::Length(1), Constraint::Length(1)]).areas(area);
     let used = t.completion_tokens();
-    let forced = match t.forced_tokens() {
-        0 => String::new(),
-        n => format!(" · forced {n}"),
+    let forced = match (t.forced_tokens(), t.forced_estimate()) {
+        (0, _) => String::new(),
+        (n, Some(_)) => format!(" · forced ≈{n}"),
+        (n, None) => format!(" · forced {n}"),
     };
     f.render_widget(
         Paragraph::new(Line::styled(
@@ -358,7 +411,7 @@ pub fn strip(app: &App, f: &mut Frame, area: Rect) {
                 t.params.max_tokens,
                 t.thinking_tokens(),
                 t.answer_tokens(),
-                context_in_use(app)
+                context_in_use(g)
             ),
             th.fg(th.text),
         )),

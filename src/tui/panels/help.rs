@@ -7,7 +7,7 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph};
 
-use crate::tui::app::{App, Layout};
+use super::DrawCtx;
 use crate::tui::keymap::Action;
 use crate::tui::view::centered;
 use crate::tui::view::wrap::wrap;
@@ -32,12 +32,23 @@ const CONTEXT_KEYS: [(&str, &str); 12] = [
 const KEY_COLS: usize = 24;
 const NAME_COLS: usize = 20;
 
-pub fn draw(app: &App, f: &mut Frame, area: Rect, layout: &mut Layout) {
-    let th = &app.theme;
+/// The help popup (its scroll is the popup's, in [`DrawCtx::popup_scroll`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Help;
+
+impl Help {
+    /// Draws the popup over `area`; returns the largest useful first line.
+    pub fn draw(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx) -> u16 {
+        draw(f, area, ctx)
+    }
+}
+
+fn draw(f: &mut Frame, area: Rect, ctx: &DrawCtx) -> u16 {
+    let th = ctx.theme;
     let key_style = Style::new().fg(th.accent).add_modifier(Modifier::BOLD);
     // (key, action name, description) rows; the name is empty for the context keys.
     let mut entries: Vec<(String, String, &str)> =
-        Action::ALL.iter().map(|a| (app.keymap.label(*a), a.name(), a.describe())).collect();
+        Action::ALL.iter().map(|a| (ctx.keymap.label(*a), a.name(), a.describe())).collect();
     let first_context = entries.len();
     entries.extend(CONTEXT_KEYS.iter().map(|(k, d)| (k.to_string(), String::new(), *d)));
     let indent = |i: usize| if i < first_context { KEY_COLS + NAME_COLS } else { KEY_COLS };
@@ -79,8 +90,7 @@ pub fn draw(app: &App, f: &mut Frame, area: Rect, layout: &mut Layout) {
     }
     let visible = r.height.saturating_sub(2) as usize;
     let max = rows.len().saturating_sub(visible);
-    layout.popup_scroll_max = Some(max as u16);
-    let first = (app.view.popup_scroll as usize).min(max);
+    let first = (ctx.popup_scroll as usize).min(max);
     let title = if rows.len() > visible {
         format!(" Help · ↑↓ scroll ({}–{} of {}) ", first + 1, (first + visible).min(rows.len()), rows.len())
     } else {
@@ -88,4 +98,5 @@ pub fn draw(app: &App, f: &mut Frame, area: Rect, layout: &mut Layout) {
     };
     let block = Block::bordered().title(Line::styled(title, th.title())).border_style(th.border(true));
     f.render_widget(Paragraph::new(rows[first..].to_vec()).block(block), r);
+    max as u16
 }

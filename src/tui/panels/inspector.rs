@@ -9,34 +9,32 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph};
 
+use super::{DrawCtx, Handled};
 use crate::generation::{DraftKind, Phase};
-use crate::tui::app::App;
+use crate::session::Turn;
 
-impl App {
-    /// A key while the inspector is open: ←/→ one token, ↑/↓ ten, Home / End. `false`: not
-    /// the inspector's (the focused pane gets it).
-    pub(crate) fn inspector_key(&mut self, k: KeyEvent) -> bool {
-        let Some(cur) = self.view.inspector else { return false };
-        let n = self.shown().map(|t| t.tokens.len()).unwrap_or(0);
-        let moved = match k.code {
-            KeyCode::Left => Some(cur.saturating_sub(1)),
-            KeyCode::Right => Some((cur + 1).min(n.saturating_sub(1))),
-            KeyCode::Up => Some(cur.saturating_sub(10)),
-            KeyCode::Down => Some((cur + 10).min(n.saturating_sub(1))),
-            KeyCode::Home => Some(0),
-            KeyCode::End => Some(n.saturating_sub(1)),
-            _ => None,
-        };
-        if let Some(m) = moved {
-            self.view.inspector = Some(m);
-        }
-        moved.is_some()
-    }
+/// A key while the inspector is open on `cursor` (one of `tokens`): ←/→ one token, ↑/↓ ten,
+/// Home / End. A key it does not take goes to the focused pane.
+pub fn key(cursor: &mut usize, tokens: usize, k: KeyEvent) -> Handled {
+    let cur = *cursor;
+    let last = tokens.saturating_sub(1);
+    let moved = match k.code {
+        KeyCode::Left => cur.saturating_sub(1),
+        KeyCode::Right => (cur + 1).min(last),
+        KeyCode::Up => cur.saturating_sub(10),
+        KeyCode::Down => (cur + 10).min(last),
+        KeyCode::Home => 0,
+        KeyCode::End => last,
+        _ => return Handled::NotConsumed,
+    };
+    *cursor = moved;
+    Handled::Consumed
 }
 
-pub fn draw(app: &App, f: &mut Frame, area: Rect, cursor: usize) {
-    let th = &app.theme;
-    let Some(t) = app.shown() else { return };
+/// The inspector over the bottom right of `area`, on token `cursor` of `t`; `speculating`:
+/// the backend drafts with MTP (then a missing logprob is an accepted draft's).
+pub fn draw(f: &mut Frame, area: Rect, ctx: &DrawCtx, t: &Turn, cursor: usize, speculating: bool) {
+    let th = ctx.theme;
     let Some(tok) = t.tokens.get(cursor) else { return };
     let h = (11 + tok.top_logprobs.len() as u16).min(area.height);
     let w = area.width.min(56);
@@ -49,7 +47,6 @@ pub fn draw(app: &App, f: &mut Frame, area: Rect, cursor: usize) {
         (false, Some(DraftKind::None)) => "sampled",
         (false, None) => "not reported by the server",
     };
-    let speculating = app.model.as_ref().is_some_and(|m| m.has_mtp);
     let logprob = match tok.logprob {
         Some(lp) => format!("{}  (p = {})", fmt_logprob(lp), fmt_p(lp)),
         // llama.cpp streams no logprob for tokens that came from accepted MTP drafts.

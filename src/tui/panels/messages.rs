@@ -8,8 +8,7 @@ use ratatui::layout::Rect;
 use ratatui::style::Modifier;
 use ratatui::text::{Line, Span};
 
-use crate::tui::app::{App, Layout};
-use crate::tui::view::popups::scrolled_popup;
+use super::{DrawCtx, scrolled_popup};
 
 /// How long an informational message stays in the status line.
 const SHOWN_MS: f64 = 6000.0;
@@ -63,15 +62,22 @@ impl MessageLog {
 
 // Drawing.
 
-/// The message log popup: every message so far, newest first, wrapped.
-pub fn draw(app: &App, f: &mut Frame, area: Rect, layout: &mut Layout) {
-    let th = &app.theme;
+impl MessageLog {
+    /// The message log popup: every message so far, newest first, wrapped, under why the
+    /// conversation is not saved (`not_saved`); returns the largest useful first line.
+    pub fn draw(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx, not_saved: Option<&str>) -> u16 {
+        draw(self, f, area, ctx, not_saved)
+    }
+}
+
+fn draw(log: &MessageLog, f: &mut Frame, area: Rect, ctx: &DrawCtx, not_saved: Option<&str>) -> u16 {
+    let th = ctx.theme;
     let mut lines = vec![];
-    if let Some(err) = &app.convo.save.error {
+    if let Some(err) = not_saved {
         lines.push(Line::styled(format!("NOT SAVED: {err}"), th.fg(th.bad).add_modifier(Modifier::BOLD)));
         lines.push(Line::raw(""));
     }
-    for m in app.messages.items.iter().rev() {
+    for m in log.items.iter().rev() {
         let (tag, style) = match m.level {
             Level::Info => ("  ", th.fg(th.text)),
             Level::Warning => ("⚠ ", th.fg(th.warn)),
@@ -85,5 +91,5 @@ pub fn draw(app: &App, f: &mut Frame, area: Rect, layout: &mut Layout) {
     if lines.is_empty() {
         lines.push(Line::styled("no messages yet", th.fg(th.dim)));
     }
-    scrolled_popup(app, f, area, "Messages (newest first)", lines, layout);
+    scrolled_popup(f, area, ctx, "Messages (newest first)", lines)
 }

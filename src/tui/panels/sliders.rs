@@ -11,9 +11,10 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph};
 
+use super::messages::Level;
+use super::{Ctx, DrawCtx, Handled};
 use crate::backend::Support;
 use crate::generation::{GenerationParams, MAX_DEPTH, MtpMode, Preset, Thinking, range};
-use crate::tui::app::{App, Focus, Level};
 use crate::tui::keymap::Action;
 
 /// What the next generation will use.
@@ -357,31 +358,30 @@ fn ladder_step(ladder: &[usize], v: usize, up: bool, big: bool) -> usize {
     cur
 }
 
-impl App {
-    /// A key while the sliders have the focus.
-    pub(crate) fn slider_key(&mut self, k: KeyEvent) {
-        let n = Slider::ALL.len();
-        let big = k.modifiers.contains(KeyModifiers::SHIFT);
-        let cap = self.settings.max_tokens_cap(self.next_prompt_estimate());
-        let slider = Slider::ALL[self.view.slider];
-        match k.code {
-            KeyCode::Up => self.view.slider = (self.view.slider + n - 1) % n,
-            KeyCode::Down => self.view.slider = (self.view.slider + 1) % n,
-            KeyCode::Left | KeyCode::Char('h') | KeyCode::Char('-') => slider.adjust(&mut self.settings, -1, big),
-            KeyCode::Right | KeyCode::Char('l') | KeyCode::Char('+') | KeyCode::Char('=') => {
-                slider.adjust(&mut self.settings, 1, big)
-            }
-            KeyCode::Char('[') => slider.adjust(&mut self.settings, -1, true),
-            KeyCode::Char(']') => slider.adjust(&mut self.settings, 1, true),
-            KeyCode::Char('p') => Slider::Preset.adjust(&mut self.settings, 1, false),
-            _ => {}
+/// A key while the sliders have the focus: `selected` is the selected slider, `cap` the
+/// largest max_tokens the context leaves room for.
+pub fn key(selected: &mut usize, settings: &mut Settings, cap: usize, k: KeyEvent, ctx: &mut Ctx) -> Handled {
+    let n = Slider::ALL.len();
+    let big = k.modifiers.contains(KeyModifiers::SHIFT);
+    let slider = Slider::ALL[*selected];
+    match k.code {
+        KeyCode::Up => *selected = (*selected + n - 1) % n,
+        KeyCode::Down => *selected = (*selected + 1) % n,
+        KeyCode::Left | KeyCode::Char('h') | KeyCode::Char('-') => slider.adjust(settings, -1, big),
+        KeyCode::Right | KeyCode::Char('l') | KeyCode::Char('+') | KeyCode::Char('=') => {
+            slider.adjust(settings, 1, big)
         }
-        // Steps stop at the model's context.
-        if self.settings.params.max_tokens > cap {
-            self.settings.params.max_tokens = cap;
-            self.say(Level::Info, format!("max_tokens stops at {cap}: the model's context less the conversation"));
-        }
+        KeyCode::Char('[') => slider.adjust(settings, -1, true),
+        KeyCode::Char(']') => slider.adjust(settings, 1, true),
+        KeyCode::Char('p') => Slider::Preset.adjust(settings, 1, false),
+        _ => {}
     }
+    // Steps stop at the model's context.
+    if settings.params.max_tokens > cap {
+        settings.params.max_tokens = cap;
+        ctx.say(Level::Info, format!("max_tokens stops at {cap}: the model's context less the conversation"));
+    }
+    Handled::Consumed
 }
 
 // Drawing.
@@ -389,15 +389,16 @@ impl App {
 /// Rows inside the border: one per slider plus the footer.
 pub const HEIGHT: u16 = Slider::ALL.len() as u16 + 1;
 
-pub fn draw(app: &App, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
-    let focused = app.view.focus == Focus::Sliders;
+/// The sliders over `settings`; `selected`: the selected slider, while they have the focus.
+pub fn draw(f: &mut Frame, area: Rect, ctx: &DrawCtx, settings: &Settings, selected: Option<usize>) {
+    let th = ctx.theme;
+    let focused = selected.is_some();
     let title = if focused {
         Line::styled(" Settings (next run) ↑↓ ←→ ", th.title())
     } else {
         Line::from(vec![
             Span::styled(" Settings (next run) ", th.title()),
-            Span::styled(format!("{} ", app.keymap.first(Action::FocusNext)), th.fg(th.dim)),
+            Span::styled(format!("{} ", ctx.keymap.first(Action::FocusNext)), th.fg(th.dim)),
         ])
     };
     let block = Block::bordered().title(title).border_style(th.border(focused));
@@ -407,8 +408,8 @@ pub fn draw(app: &App, f: &mut Frame, area: Rect) {
     let label_w = 16usize;
     let mut lines = vec![];
     for (i, s) in Slider::ALL.iter().enumerate() {
-        let selected = focused && i == app.view.slider;
-        let pos = s.position(&app.settings);
+        let selected = selected == Some(i);
+        let pos = s.position(settings);
         let knob = ((pos * (bar_w - 1) as f64).round() as usize).min(bar_w - 1);
         let track: String = (0..bar_w).map(|x| if x == knob { '●' } else { '─' }).collect();
         let label_style =
@@ -422,7 +423,7 @@ pub fn draw(app: &App, f: &mut Frame, area: Rect) {
         } else {
             spans.push(Span::styled(track, th.fg(if selected { th.accent } else { th.dim })));
         }
-        spans.push(Span::styled(format!(" {}", s.value(&app.settings)), label_style));
+        spans.push(Span::styled(format!(" {}", s.value(settings)), label_style));
         let line = Line::from(spans);
         lines.push(if selected { line.style(Style::new().bg(th.selection_bg)) } else { line });
     }

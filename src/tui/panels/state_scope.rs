@@ -1,8 +1,9 @@
 //! The State panel, in one file: its state (which metric it shows, which GDN layer and value
-//! head is selected, where its rows and columns start), its keys (tracing on / off for the next
-//! generation too) and its drawing: what every Gated-DeltaNet layer remembers and forgets, at
-//! the token under the inspector's cursor (the latest pass when it is closed), so moving either
-//! moves both.
+//! head is selected, where its rows and columns start), its keys (`t`, tracing for the next
+//! generation, is the app's: it changes the settings) and its drawing, from a [`DrawCtx`] and
+//! what the view gathers for it ([`Shown`]): what every Gated-DeltaNet layer remembers and
+//! forgets, at the token under the inspector's cursor (the latest pass when it is closed), so
+//! moving either moves both.
 //!
 //! ```text
 //! β write strength · after #37 " prime" (thinking) · pass 38 of 94
@@ -28,10 +29,12 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph};
 use unicode_width::UnicodeWidthStr;
 
+use super::DrawCtx;
+use super::Handled;
 use crate::generation::state::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
-use crate::generation::{DiagnosticKind, GdnLayerState, Phase, StateEvent, StateMetric, TokenEvent};
+use crate::generation::{GdnLayerState, Phase, StateEvent, StateMetric, TokenEvent};
 use crate::session::Turn;
-use crate::tui::app::{App, Focus, Layout, Level};
+use crate::tui::app::Layout;
 use crate::tui::keymap::Action;
 use crate::tui::theme::Theme;
 use crate::units::{short_bytes, sig4 as sig};
@@ -63,100 +66,40 @@ impl StateScope {
     }
 }
 
-impl App {
-    /// Opens or closes the State view. Opening it on a turn with a state alarm selects the
-    /// layer and head the alarm names.
-    pub(crate) fn toggle_state_view(&mut self) {
-        let scope = &mut self.view.state;
-        scope.shown = !scope.shown;
-        if !scope.shown {
-            if self.view.focus == Focus::State {
-                self.view.focus = Focus::Input;
-            }
-            return;
-        }
-        self.view.show_compare = false;
-        self.view.focus = Focus::State;
-        let alarm = self.shown().and_then(|t| {
-            let d = t.diagnostics.iter().find(|d| {
-                matches!(d.kind, DiagnosticKind::StateAlarm | DiagnosticKind::Nonfinite) && d.head.is_some()
-            })?;
-            let first = t.states.first()?;
-            let layer = first.ev.gdn.iter().position(|l| Some(l.layer) == d.layer)?;
-            Some((layer, d.head?))
-        });
-        if let Some((layer, head)) = alarm {
-            self.view.state.layer = layer;
-            self.view.state.head = head;
-        }
-        if let Some(why) = self.model.as_ref().and_then(|m| m.state_trace.reason().map(str::to_string)) {
-            self.say(Level::Info, format!("the state scope is not available: {why}"));
-        } else if !self.settings.params.trace_state && self.shown().is_none_or(|t| t.states.is_empty()) {
-            let key = self.keymap.first(Action::TraceState);
-            self.say(Level::Info, format!("no state trace yet: {key} traces the next generation"));
-        }
-    }
-
-    /// State tracing on / off for the next generation (drafting is off while tracing).
-    pub(crate) fn toggle_trace(&mut self) {
-        if let Some(why) = self.model.as_ref().and_then(|m| m.state_trace.reason().map(str::to_string)) {
-            self.say(Level::Info, format!("no state trace here: {why}"));
-            return;
-        }
-        let p = &mut self.settings.params;
-        p.trace_state = !p.trace_state;
-        let msg = if p.trace_state {
-            let drafting = if p.mtp.is_on() { "; MTP drafting pauses while tracing" } else { "" };
-            let redo = self.keymap.first(Action::Regenerate);
-            format!("state trace on for the next generation ({redo} re-runs the last turn with it){drafting}")
-        } else {
-            "state trace off".to_string()
-        };
-        self.say(Level::Info, msg);
-    }
-
+impl StateScope {
     /// A key while the State view has the focus: ↑/↓ layer, ←/→ head, m / M metric, [ / ]
-    /// token, Home / End first token / latest, t tracing.
-    pub(crate) fn state_key(&mut self, k: KeyEvent) {
-        let (layers, heads, tokens) = self
-            .shown()
-            .and_then(|t| {
-                let (_, ev) = t.state_at(None)?;
-                let heads = ev.gdn.iter().map(|l| l.beta.len()).max().unwrap_or(0);
-                Some((ev.gdn.len(), heads, t.tokens.len()))
-            })
-            .unwrap_or((0, 0, 0));
+    /// token, Home / End first token / latest. `cursor`: the token shown (`None`: the latest);
+    /// `dims`: the shown turn's (layers, heads, tokens). `t` (tracing) is not the view's.
+    pub fn key(&mut self, k: KeyEvent, cursor: &mut Option<usize>, dims: (usize, usize, usize)) -> Handled {
+        let (layers, heads, tokens) = dims;
         let big = if k.modifiers.contains(KeyModifiers::SHIFT) { 8 } else { 1 };
-        let s = &mut self.view.state;
         let last = |n: usize| n.saturating_sub(1);
         match k.code {
-            KeyCode::Up => s.layer = s.layer.saturating_sub(big),
-            KeyCode::Down => s.layer = (s.layer + big).min(last(layers)),
-            KeyCode::Left => s.head = s.head.saturating_sub(big),
-            KeyCode::Right => s.head = (s.head + big).min(last(heads)),
-            KeyCode::Char('m') => s.metric = next_metric(s.metric, 1),
-            KeyCode::Char('M') => s.metric = next_metric(s.metric, StateMetric::ALL.len() - 1),
-            KeyCode::Char('t') => self.toggle_trace(),
+            KeyCode::Up => self.layer = self.layer.saturating_sub(big),
+            KeyCode::Down => self.layer = (self.layer + big).min(last(layers)),
+            KeyCode::Left => self.head = self.head.saturating_sub(big),
+            KeyCode::Right => self.head = (self.head + big).min(last(heads)),
+            KeyCode::Char('m') => self.metric = next_metric(self.metric, 1),
+            KeyCode::Char('M') => self.metric = next_metric(self.metric, StateMetric::ALL.len() - 1),
             KeyCode::Char('[') | KeyCode::Char(',') => {
-                let cur = self.view.inspector.unwrap_or(tokens);
-                self.view.inspector = (tokens > 0).then(|| cur.saturating_sub(1));
+                let cur = cursor.unwrap_or(tokens);
+                *cursor = (tokens > 0).then(|| cur.saturating_sub(1));
             }
             KeyCode::Char(']') | KeyCode::Char('.') => {
                 // Past the last token the view follows the latest pass again.
-                self.view.inspector = self.view.inspector.map(|c| c + 1).filter(|&c| c < tokens);
+                *cursor = cursor.map(|c| c + 1).filter(|&c| c < tokens);
             }
-            KeyCode::Home => self.view.inspector = (tokens > 0).then_some(0),
-            KeyCode::End => self.view.inspector = None,
-            _ => {}
+            KeyCode::Home => *cursor = (tokens > 0).then_some(0),
+            KeyCode::End => *cursor = None,
+            _ => return Handled::NotConsumed,
         }
+        Handled::Consumed
     }
 
-    /// PgUp / PgDn in the State view: a page of layers.
-    pub(crate) fn state_page(&mut self, down: bool) {
-        let layers = self.shown().and_then(|t| t.state_at(None)).map_or(0, |(_, ev)| ev.gdn.len());
-        let s = &mut self.view.state;
-        s.layer = if down { s.layer + 8 } else { s.layer.saturating_sub(8) };
-        s.layer = s.layer.min(layers.saturating_sub(1));
+    /// PgUp / PgDn: a page of the shown turn's `layers`.
+    pub fn page(&mut self, down: bool, layers: usize) {
+        self.layer = if down { self.layer + 8 } else { self.layer.saturating_sub(8) };
+        self.layer = self.layer.min(layers.saturating_sub(1));
     }
 }
 
@@ -282,38 +225,58 @@ fn token_label(t: &TokenEvent) -> String {
     s
 }
 
-pub fn draw(app: &App, f: &mut Frame, area: Rect, layout: &mut Layout) {
-    let th = &app.theme;
-    let focused = app.view.focus == Focus::State;
-    let title = if focused {
-        " State · ↑↓ layer ←→ head m metric [ ] token End latest t trace Esc close ".to_string()
-    } else {
-        format!(" State · {} closes · Tab to focus ", app.keymap.first(Action::StateView))
-    };
-    let block = Block::bordered().title(Line::styled(title, th.title())).border_style(th.border(focused));
-    let inner = block.inner(area);
-    f.render_widget(Clear, area);
-    f.render_widget(block, area);
-    let lines = match app.shown() {
-        Some(t) if !t.states.is_empty() => scope_lines(app, t, inner, layout),
-        shown => empty_lines(app, shown),
-    };
-    f.render_widget(Paragraph::new(lines), inner);
+/// What the State view shows besides its own state, gathered by the view from the app.
+#[derive(Clone, Copy)]
+pub struct Shown<'a> {
+    /// The turn the panes show.
+    pub turn: Option<&'a Turn>,
+    /// The token under the inspector's cursor (`None`: the latest pass).
+    pub cursor: Option<usize>,
+    /// The view has the focus (its keys are in the title).
+    pub focused: bool,
+    /// A generation is running (with no cursor the view follows its latest pass).
+    pub generating: bool,
+    /// Why the backend has no state trace, where it has none.
+    pub unavailable: Option<&'a str>,
+    /// Tracing is on for the next generation.
+    pub tracing: bool,
+}
+
+impl StateScope {
+    /// Draws the view in `area`; where its rows and columns start goes into `layout`.
+    pub fn draw(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx, s: &Shown, layout: &mut Layout) {
+        let th = ctx.theme;
+        let focused = s.focused;
+        let title = if focused {
+            " State · ↑↓ layer ←→ head m metric [ ] token End latest t trace Esc close ".to_string()
+        } else {
+            format!(" State · {} closes · Tab to focus ", ctx.keymap.first(Action::StateView))
+        };
+        let block = Block::bordered().title(Line::styled(title, th.title())).border_style(th.border(focused));
+        let inner = block.inner(area);
+        f.render_widget(Clear, area);
+        f.render_widget(block, area);
+        let lines = match s.turn {
+            Some(t) if !t.states.is_empty() => scope_lines(self, ctx, s, t, inner, layout),
+            _ => empty_lines(ctx, s),
+        };
+        f.render_widget(Paragraph::new(lines), inner);
+    }
 }
 
 /// Why there is nothing to show, and what to press.
-fn empty_lines(app: &App, shown: Option<&Turn>) -> Vec<Line<'static>> {
-    let th = &app.theme;
-    let key = |a| app.keymap.first(a);
+fn empty_lines(ctx: &DrawCtx, s: &Shown) -> Vec<Line<'static>> {
+    let th = ctx.theme;
+    let key = |a| ctx.keymap.first(a);
     let mut out = vec![Line::raw("")];
     let say = |s: String| Line::styled(format!("  {s}"), th.fg(th.text));
-    if let Some(why) = app.model.as_ref().and_then(|m| m.state_trace.reason()) {
+    if let Some(why) = s.unavailable {
         out.push(say("The state scope needs the in-process engine:".into()));
         out.push(say(why.to_string()));
         return out;
     }
     out.push(say("No state trace for this turn.".into()));
-    if app.settings.params.trace_state {
+    if s.tracing {
         out.push(say(format!(
             "Tracing is on: the next generation is traced ({} re-runs the last turn).",
             key(Action::Regenerate)
@@ -325,7 +288,7 @@ fn empty_lines(app: &App, shown: Option<&Turn>) -> Vec<Line<'static>> {
             key(Action::Regenerate)
         )));
     }
-    if shown.is_some_and(|t| !t.is_finished()) && app.generating() {
+    if s.turn.is_some_and(|t| !t.is_finished()) && s.generating {
         out.push(say("This turn was started without the trace.".into()));
     }
     out.push(Line::raw(""));
@@ -371,10 +334,16 @@ impl Parts {
     }
 }
 
-fn scope_lines(app: &App, t: &Turn, area: Rect, layout: &mut Layout) -> Vec<Line<'static>> {
-    let th = &app.theme;
-    let scope: &StateScope = &app.view.state;
-    let cursor = app.view.inspector;
+fn scope_lines(
+    scope: &StateScope,
+    ctx: &DrawCtx,
+    s: &Shown,
+    t: &Turn,
+    area: Rect,
+    layout: &mut Layout,
+) -> Vec<Line<'static>> {
+    let th = ctx.theme;
+    let cursor = s.cursor;
     let Some((pass_idx, pass)) = t.state_at(cursor) else { return vec![] };
     let width = area.width as usize;
     let layers = pass.gdn.len();
@@ -406,7 +375,7 @@ fn scope_lines(app: &App, t: &Turn, area: Rect, layout: &mut Layout) -> Vec<Line
         );
     let scale = Scale::new(metric, on_screen);
 
-    let mut out = vec![header(app, t, pass, pass_idx, cursor)];
+    let mut out = vec![header(th, metric, s.generating, t, pass, pass_idx, cursor)];
     if parts.legend {
         out.push(legend(th, &scale, cell == 1));
     }
@@ -474,7 +443,7 @@ fn scope_lines(app: &App, t: &Turn, area: Rect, layout: &mut Layout) -> Vec<Line
         let rows = (1 + spare).min(heads);
         let first = sel_head.saturating_sub(rows / 2).min(heads - rows);
         let shown: Vec<usize> = (first..first + rows).collect();
-        out.extend(history(app, t, &scale, sel_layer, &shown, sel_head, cursor, width));
+        out.extend(history(th, metric, t, &scale, sel_layer, &shown, sel_head, cursor, width));
     }
     out
 }
@@ -486,9 +455,17 @@ fn mean_x(scale: &Scale, metric: StateMetric, l: &GdnLayerState) -> Option<f32> 
     Some(xs.iter().sum::<f32>() / xs.len().max(1) as f32)
 }
 
-fn header(app: &App, t: &Turn, pass: &StateEvent, pass_idx: usize, cursor: Option<usize>) -> Line<'static> {
-    let th = &app.theme;
-    let metric = app.view.state.metric;
+/// The metric, the token the view is at, and which pass of how many (` · live` while it
+/// follows a running generation).
+fn header(
+    th: &Theme,
+    metric: StateMetric,
+    generating: bool,
+    t: &Turn,
+    pass: &StateEvent,
+    pass_idx: usize,
+    cursor: Option<usize>,
+) -> Line<'static> {
     let token = |i: usize| {
         t.tokens.get(i).map(|tok| {
             let phase = if tok.phase == Phase::Thinking { "thinking" } else { "answer" };
@@ -504,7 +481,7 @@ fn header(app: &App, t: &Turn, pass: &StateEvent, pass_idx: usize, cursor: Optio
         (Some(a), _) if pass.tokens > 1 => format!("after #{a}…#{} (one pass)", a + pass.tokens - 1),
         (Some(a), _) => format!("after {}", token(a).unwrap_or_else(|| format!("#{a}"))),
     };
-    let follow = if cursor.is_none() && app.generating() { " · live" } else { "" };
+    let follow = if cursor.is_none() && generating { " · live" } else { "" };
     Line::from(vec![
         Span::styled(metric.label().to_string(), th.fg(th.accent).add_modifier(Modifier::BOLD)),
         Span::styled(format!(" · {at} · pass {} of {}{follow}", pass_idx + 1, t.states.len()), th.fg(th.text)),
@@ -595,7 +572,8 @@ fn head_lines(th: &Theme, l: &GdnLayerState, h: usize) -> [Line<'static>; 2] {
 /// row each, every bar as wide as the token under it.
 #[allow(clippy::too_many_arguments)]
 fn history(
-    app: &App,
+    th: &Theme,
+    metric: StateMetric,
     t: &Turn,
     scale: &Scale,
     layer: usize,
@@ -604,8 +582,6 @@ fn history(
     cursor: Option<usize>,
     width: usize,
 ) -> Vec<Line<'static>> {
-    let th = &app.theme;
-    let metric = app.view.state.metric;
     const PREFIX: usize = 6;
     let room = width.saturating_sub(PREFIX);
     // The tokens read so far (the last one sampled is read by the next pass).

@@ -10,9 +10,12 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Scrollbar, ScrollbarOrientation, ScrollbarState};
 
+use super::DrawCtx;
+use super::Handled;
 use crate::generation::{DiagnosticKind, DraftKind, Phase, TokenEvent};
 use crate::session::{Timed, Turn};
-use crate::tui::app::{App, ColourMode, Focus, PaneLayout, ThinkingView};
+use crate::tui::app::{ColourMode, Focus, PaneLayout, ThinkingView, ViewState};
+use crate::tui::highlight::Markdown;
 use crate::tui::keymap::Action;
 use crate::tui::theme::Theme;
 use crate::tui::view::wrap::wrap;
@@ -55,32 +58,51 @@ impl PaneScroll {
     }
 }
 
-impl App {
-    /// A key while the thinking or answer pane has the focus: ↑/↓ scroll, Home / End.
-    pub(crate) fn pane_key(&mut self, k: KeyEvent) {
-        let scroll = if self.view.focus == Focus::Thinking {
-            &mut self.view.thinking_scroll
-        } else {
-            &mut self.view.answer_scroll
-        };
+/// What the transcript shows, gathered by the view from the app.
+#[derive(Clone, Copy)]
+pub struct Transcript<'a> {
+    pub ctx: DrawCtx<'a>,
+    pub turns: &'a [Turn],
+    /// The turn the panes show (index into `turns`).
+    pub shown: Option<usize>,
+    /// A generation is running (the thinking pane's title says "live").
+    pub generating: bool,
+    /// Focus, the thinking pane's mode, colours, the inspector's cursor, the panes' scrolling.
+    pub view: &'a ViewState,
+    /// The shown turn's answer, rendered up to its last finished line.
+    pub markdown: &'a Markdown,
+    /// Why sessions are saved elsewhere than asked (the welcome screen says so).
+    pub sessions_fallback: Option<&'a str>,
+}
+
+impl Transcript<'_> {
+    fn turn(&self) -> Option<&Turn> {
+        self.shown.and_then(|i| self.turns.get(i))
+    }
+}
+
+impl PaneScroll {
+    /// A key while this pane has the focus: ↑/↓ scroll, Home / End.
+    pub fn key(&mut self, k: KeyEvent) -> Handled {
         match k.code {
-            KeyCode::Up => scroll.scroll(-1),
-            KeyCode::Down => scroll.scroll(1),
-            KeyCode::Home => scroll.top = Some(0),
-            KeyCode::End => scroll.follow(),
-            _ => {}
+            KeyCode::Up => self.scroll(-1),
+            KeyCode::Down => self.scroll(1),
+            KeyCode::Home => self.top = Some(0),
+            KeyCode::End => self.follow(),
+            _ => return Handled::NotConsumed,
         }
+        Handled::Consumed
     }
 }
 
 /// Side by side from this width of the centre area.
 const SIDE_BY_SIDE_FROM: u16 = 70;
 
-pub fn history(app: &App, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
+pub fn history(tr: &Transcript, f: &mut Frame, area: Rect) {
+    let th = tr.ctx.theme;
     let mut lines = vec![];
-    let shown = app.shown_index();
-    for (i, t) in app.convo.session.turns.iter().enumerate() {
+    let shown = tr.shown;
+    for (i, t) in tr.turns.iter().enumerate() {
         let mark = if Some(i) == shown { "▶" } else { " " };
         let tag = match t.compare_of {
             Some(o) => format!("{}≈{}", i + 1, o + 1),
@@ -118,8 +140,8 @@ fn one_line(s: &str) -> String {
 }
 
 /// Thinking and answer panes for the shown turn.
-pub fn conversation(app: &App, f: &mut Frame, area: Rect, v: &mut View) {
-    let thinking_w = match app.view.thinking_view {
+pub fn conversation(tr: &Transcript, f: &mut Frame, area: Rect, v: &mut View) {
+    let thinking_w = match tr.view.thinking_view {
         ThinkingView::Shown => None,
         ThinkingView::Collapsed => Some(3),
         ThinkingView::Hidden => Some(0),
@@ -140,20 +162,20 @@ pub fn conversation(app: &App, f: &mut Frame, area: Rect, v: &mut View) {
             (Some(t), a)
         }
     };
-    let turn = app.shown();
+    let turn = tr.turn();
     if let Some(t_area) = t_area {
-        thinking(app, f, t_area, turn, v);
+        thinking(tr, f, t_area, turn, v);
     }
-    answer(app, f, a_area, turn, v);
+    answer(tr, f, a_area, turn, v);
 }
 
-fn thinking_title(app: &App, turn: Option<&Turn>) -> Line<'static> {
-    let th = &app.theme;
+fn thinking_title(tr: &Transcript, turn: Option<&Turn>) -> Line<'static> {
+    let th = tr.ctx.theme;
     let mut spans = vec![Span::styled(" Thinking ", th.title())];
     if let Some(t) = turn {
         let n = t.thinking_tokens();
         let dur = t.thinking_ms().filter(|_| n > 0).map(|ms| format!(" · {}", duration_ms(ms))).unwrap_or_default();
-        let live = app.generating() && t.tokens.last().is_some_and(|x| x.phase == Phase::Thinking);
+        let live = tr.generating && t.tokens.last().is_some_and(|x| x.phase == Phase::Thinking);
         spans.push(Span::styled(format!("· {n} tok"), th.fg(th.thinking)));
         // What the thinking budget forced (bridge, `</think>`) is not thinking.
         if let n @ 1.. = t.forced_tokens() {
@@ -164,17 +186,17 @@ fn thinking_title(app: &App, turn: Option<&Turn>) -> Line<'static> {
             spans.push(Span::styled("(off) ", th.fg(th.dim)));
         }
     }
-    if app.view.thinking_view != ThinkingView::Shown {
-        spans.push(Span::styled(format!("[{}] ", app.keymap.first(Action::CollapseThinking)), th.fg(th.dim)));
+    if tr.view.thinking_view != ThinkingView::Shown {
+        spans.push(Span::styled(format!("[{}] ", tr.ctx.keymap.first(Action::CollapseThinking)), th.fg(th.dim)));
     }
     Line::from(spans)
 }
 
-fn thinking(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>, v: &mut View) {
-    let th = &app.theme;
+fn thinking(tr: &Transcript, f: &mut Frame, area: Rect, turn: Option<&Turn>, v: &mut View) {
+    let th = tr.ctx.theme;
     let block =
-        Block::bordered().title(thinking_title(app, turn)).border_style(th.border(app.view.focus == Focus::Thinking));
-    if app.view.thinking_view == ThinkingView::Collapsed {
+        Block::bordered().title(thinking_title(tr, turn)).border_style(th.border(tr.view.focus == Focus::Thinking));
+    if tr.view.thinking_view == ThinkingView::Collapsed {
         let inner = block.inner(area);
         f.render_widget(block, area);
         if let Some(t) = turn {
@@ -185,13 +207,13 @@ fn thinking(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>, v: &mut V
         return;
     }
     match turn {
-        Some(t) => token_pane(app, f, area, block, t, Pane::Thinking, v),
-        None => scrolled(app, f, area, block, vec![], Pane::Thinking, v),
+        Some(t) => token_pane(tr, f, area, block, t, Pane::Thinking, v),
+        None => scrolled(tr, f, area, block, vec![], Pane::Thinking, v),
     }
 }
 
-fn answer(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>, v: &mut View) {
-    let th = &app.theme;
+fn answer(tr: &Transcript, f: &mut Frame, area: Rect, turn: Option<&Turn>, v: &mut View) {
+    let th = tr.ctx.theme;
     let mut title = vec![Span::styled(" Answer ", th.title())];
     if let Some(t) = turn {
         title.push(Span::styled(format!("· {} tok ", t.answer_tokens()), th.fg(th.answer)));
@@ -200,27 +222,27 @@ fn answer(app: &App, f: &mut Frame, area: Rect, turn: Option<&Turn>, v: &mut Vie
             title.push(Span::styled(format!("· {:.1} tok/s ", tm.decode_tok_s), th.fg(th.dim)));
         }
     }
-    let block = Block::bordered().title(Line::from(title)).border_style(th.border(app.view.focus == Focus::Answer));
+    let block = Block::bordered().title(Line::from(title)).border_style(th.border(tr.view.focus == Focus::Answer));
     match turn {
-        None => scrolled(app, f, area, block, welcome(app), Pane::Answer, v),
+        None => scrolled(tr, f, area, block, welcome(tr), Pane::Answer, v),
         // Markdown in the default view; raw tokens when colouring or inspecting tokens.
         Some(t)
-            if app.view.colour_mode == ColourMode::Phase
-                && app.view.inspector.is_none()
+            if tr.view.colour_mode == ColourMode::Phase
+                && tr.view.inspector.is_none()
                 && !has_loop_in(t, Phase::Answer) =>
         {
-            markdown_pane(app, f, area, block, t, v)
+            markdown_pane(tr, f, area, block, t, v)
         }
-        Some(t) => token_pane(app, f, area, block, t, Pane::Answer, v),
+        Some(t) => token_pane(tr, f, area, block, t, Pane::Answer, v),
     }
 }
 
-fn welcome(app: &App) -> Vec<Line<'static>> {
-    let th = &app.theme;
-    let k = |a| app.keymap.first(a);
+fn welcome(tr: &Transcript) -> Vec<Line<'static>> {
+    let th = tr.ctx.theme;
+    let k = |a| tr.ctx.keymap.first(a);
     let mut lines = vec![];
     // A sessions directory that cannot be used is said on the first screen.
-    if let Some(why) = &app.convo.save.dir.fallback {
+    if let Some(why) = tr.sessions_fallback {
         lines.push(Line::styled(format!("⚠ {why}"), th.fg(th.warn)));
         lines.push(Line::raw(""));
     }
@@ -240,43 +262,51 @@ fn welcome(app: &App) -> Vec<Line<'static>> {
 }
 
 /// Draws `lines` wrapped inside `block`, following the tail unless scrolled back.
-fn scrolled(app: &App, f: &mut Frame, area: Rect, block: Block, lines: Vec<Line<'static>>, pane: Pane, v: &mut View) {
+fn scrolled(
+    tr: &Transcript,
+    f: &mut Frame,
+    area: Rect,
+    block: Block,
+    lines: Vec<Line<'static>>,
+    pane: Pane,
+    v: &mut View,
+) {
     let inner = block.inner(area);
     f.render_widget(block, area);
     if inner.width < 2 || inner.height == 0 {
         return;
     }
     let wrapped = wrap(&lines, inner.width.saturating_sub(1) as usize);
-    let drawn = show(app, f, inner, wrapped.len(), |r| wrapped[r].to_vec(), pane.scroll(app));
+    let drawn = show(tr, f, inner, wrapped.len(), |r| wrapped[r].to_vec(), pane.scroll(tr.view));
     v.record(pane, drawn);
 }
 
 /// Draws one phase's tokens inside `block`, wrapped through the pane's [`PaneCache`] so a frame
 /// only wraps what arrived since the last one.
-fn token_pane(app: &App, f: &mut Frame, area: Rect, block: Block, t: &Turn, pane: Pane, v: &mut View) {
+fn token_pane(tr: &Transcript, f: &mut Frame, area: Rect, block: Block, t: &Turn, pane: Pane, v: &mut View) {
     let inner = block.inner(area);
     f.render_widget(block, area);
     if inner.width < 2 || inner.height == 0 {
         return;
     }
     let cache = v.lines(pane);
-    let tail = cache.update(app, t, pane.phase(), inner.width.saturating_sub(1) as usize);
+    let tail = cache.update(tr, t, pane.phase(), inner.width.saturating_sub(1) as usize);
     let closed = &cache.wrapped;
     let total = closed.len() + tail.len();
     let drawn = show(
-        app,
+        tr,
         f,
         inner,
         total,
         |r| r.map(|i| closed.get(i).unwrap_or_else(|| &tail[i - closed.len()]).clone()).collect(),
-        pane.scroll(app),
+        pane.scroll(tr.view),
     );
     v.record(pane, drawn);
 }
 
 /// Draws the answer as Markdown inside `block`: the finished lines wrapped once (kept in the
 /// pane's [`MarkdownWrap`]), the open ones each frame.
-fn markdown_pane(app: &App, f: &mut Frame, area: Rect, block: Block, t: &Turn, v: &mut View) {
+fn markdown_pane(tr: &Transcript, f: &mut Frame, area: Rect, block: Block, t: &Turn, v: &mut View) {
     let inner = block.inner(area);
     f.render_widget(block, area);
     if inner.width < 2 || inner.height == 0 {
@@ -284,23 +314,23 @@ fn markdown_pane(app: &App, f: &mut Frame, area: Rect, block: Block, t: &Turn, v
     }
     let width = inner.width.saturating_sub(1) as usize;
     let cache = &mut v.markdown;
-    let finished = app.md.finished();
-    if (cache.md_id, cache.width) != (Some(app.md.id), width) || cache.wrapped_from > finished.len() {
-        *cache = MarkdownWrap { md_id: Some(app.md.id), width, ..Default::default() };
+    let finished = tr.markdown.finished();
+    if (cache.md_id, cache.width) != (Some(tr.markdown.id), width) || cache.wrapped_from > finished.len() {
+        *cache = MarkdownWrap { md_id: Some(tr.markdown.id), width, ..Default::default() };
     }
     let new = wrap(&finished[cache.wrapped_from..], width);
     cache.wrapped.extend(new);
     cache.wrapped_from = finished.len();
-    let open = wrap(&app.md.open_lines(t.answer.trim_start_matches('\n'), &app.theme), width);
+    let open = wrap(&tr.markdown.open_lines(t.answer.trim_start_matches('\n'), tr.ctx.theme), width);
     let closed = &cache.wrapped;
     let total = closed.len() + open.len();
     let drawn = show(
-        app,
+        tr,
         f,
         inner,
         total,
         |r| r.map(|i| closed.get(i).unwrap_or_else(|| &open[i - closed.len()]).clone()).collect(),
-        &app.view.answer_scroll,
+        &tr.view.answer_scroll,
     );
     v.record(Pane::Answer, drawn);
 }
@@ -318,7 +348,7 @@ pub struct MarkdownWrap {
 /// Draws the visible rows of `total` wrapped lines (`rows` yields a range of them) and the
 /// scrollbar, following the tail unless scrolled back. Returns what it laid out.
 fn show(
-    app: &App,
+    tr: &Transcript,
     f: &mut Frame,
     inner: Rect,
     total: usize,
@@ -333,7 +363,7 @@ fn show(
     if total > h {
         let mut state = ScrollbarState::new(total.saturating_sub(h)).position(first);
         f.render_stateful_widget(
-            Scrollbar::new(ScrollbarOrientation::VerticalRight).style(app.theme.fg(app.theme.dim)),
+            Scrollbar::new(ScrollbarOrientation::VerticalRight).style(tr.ctx.theme.fg(tr.ctx.theme.dim)),
             inner,
             &mut state,
         );
@@ -390,19 +420,19 @@ impl LineBuilder {
     }
 
     /// Adds token `i` of the turn.
-    fn push(&mut self, app: &App, i: usize, tok: &TokenEvent, loops: &[(usize, usize)]) {
+    fn push(&mut self, tr: &Transcript, i: usize, tok: &TokenEvent, loops: &[(usize, usize)]) {
         let mut text = tok.text.as_str();
         if self.leading {
             // The blank line after </think> belongs to the answer phase; do not show it.
             text = text.trim_start_matches('\n');
-            if text.is_empty() && app.view.inspector != Some(i) {
+            if text.is_empty() && tr.view.inspector != Some(i) {
                 return;
             }
             self.leading = false;
         }
         let in_loop = loops.iter().any(|(s, e)| (*s..=*e).contains(&i));
-        let style = token_style(&app.theme, app.view.colour_mode, tok, in_loop, app.view.inspector == Some(i));
-        if text.is_empty() && app.view.inspector == Some(i) {
+        let style = token_style(tr.ctx.theme, tr.view.colour_mode, tok, in_loop, tr.view.inspector == Some(i));
+        if text.is_empty() && tr.view.inspector == Some(i) {
             // Make an empty token (a stop token) visible under the cursor.
             self.open.push(Span::styled("∅", style));
             return;
@@ -450,13 +480,13 @@ pub struct PaneCache {
 
 impl PaneCache {
     /// Brings the cache up to `t`'s tokens; returns the open line, wrapped.
-    fn update(&mut self, app: &App, t: &Turn, phase: Phase, width: usize) -> Vec<Line<'static>> {
+    fn update(&mut self, tr: &Transcript, t: &Turn, phase: Phase, width: usize) -> Vec<Line<'static>> {
         let stamp = |tok: &Timed<TokenEvent>| (tok.index, tok.t_ms);
         let key = CacheKey {
             phase,
             width,
-            colour_mode: app.view.colour_mode,
-            inspector: app.view.inspector,
+            colour_mode: tr.view.colour_mode,
+            inspector: tr.view.inspector,
             loops: t
                 .diagnostics
                 .iter()
@@ -476,7 +506,7 @@ impl PaneCache {
         let Some(b) = self.builder.as_mut() else { return vec![] };
         let loops = loop_ranges(t);
         for (i, tok) in t.tokens.iter().enumerate().skip(self.fed).filter(|(_, x)| x.phase == phase) {
-            b.push(app, i, tok, &loops);
+            b.push(tr, i, tok, &loops);
         }
         self.wrapped.extend(wrap(&std::mem::take(&mut b.closed), width));
         self.fed = t.tokens.len();

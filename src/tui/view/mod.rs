@@ -3,7 +3,8 @@
 //! stacked on narrow ones; a message instead of a broken layout on tiny ones.
 
 pub(crate) mod popups;
-use crate::tui::panels::{compare, gauges, help, inspector, messages, picker, sliders};
+use crate::tui::panels::help::Help;
+use crate::tui::panels::{compare, gauges, inspector, sliders, state_scope};
 pub mod wrap;
 
 use crate::tui::panels::transcript::{self, MarkdownWrap, PaneCache};
@@ -55,10 +56,10 @@ impl Pane {
         }
     }
 
-    pub(crate) fn scroll(self, app: &App) -> &PaneScroll {
+    pub(crate) fn scroll(self, view: &app::ViewState) -> &PaneScroll {
         match self {
-            Pane::Thinking => &app.view.thinking_scroll,
-            Pane::Answer => &app.view.answer_scroll,
+            Pane::Thinking => &view.thinking_scroll,
+            Pane::Answer => &view.answer_scroll,
         }
     }
 }
@@ -92,20 +93,20 @@ fn draw(app: &App, f: &mut Frame, v: &mut View) {
     if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
         return too_small(f, area);
     }
-    if let Some(err) = &app.fatal {
+    if let Some(err) = app.fatal() {
         let p = Paragraph::new(vec![
-            Line::styled("deltascope could not start", app.theme.fg(app.theme.bad).add_modifier(Modifier::BOLD)),
+            Line::styled("deltascope could not start", app.theme().fg(app.theme().bad).add_modifier(Modifier::BOLD)),
             Line::raw(""),
-            Line::raw(err.clone()),
+            Line::raw(err.to_string()),
             Line::raw(""),
-            Line::styled(format!("{} quits", app.keymap.first(Action::Quit)), app.theme.fg(app.theme.dim)),
+            Line::styled(format!("{} quits", app.keymap().first(Action::Quit)), app.theme().fg(app.theme().dim)),
         ])
         .wrap(Wrap { trim: false })
-        .block(Block::bordered().border_style(app.theme.fg(app.theme.bad)));
+        .block(Block::bordered().border_style(app.theme().fg(app.theme().bad)));
         f.render_widget(p, centered(area, 70, 10));
         return;
     }
-    if app.model.is_none() {
+    if app.model().is_none() {
         return loading(app, f, area);
     }
 
@@ -113,7 +114,7 @@ fn draw(app: &App, f: &mut Frame, v: &mut View) {
     let mut banners = wrap::wrap(&banner_lines(app), area.width as usize);
     banners.truncate(area.height.saturating_sub(MIN_HEIGHT) as usize + 2);
     // The prompt box grows with its wrapped text (then scrolls, keeping the cursor in view).
-    let input_h = app.composer.rows(area.width.saturating_sub(2)) + 2;
+    let input_h = app.composer().rows(area.width.saturating_sub(2)) + 2;
     let [banner_area, main, input_area, status_area] = Layout::vertical([
         Constraint::Length(banners.len() as u16),
         Constraint::Min(6),
@@ -131,7 +132,7 @@ fn draw(app: &App, f: &mut Frame, v: &mut View) {
     };
     let center = if area.width >= HISTORY_FROM {
         let [h, c] = Layout::horizontal([Constraint::Length(HISTORY_WIDTH), Constraint::Min(40)]).areas(center);
-        transcript::history(app, f, h);
+        transcript::history(&transcript_of(app), f, h);
         c
     } else {
         center
@@ -144,42 +145,56 @@ fn draw(app: &App, f: &mut Frame, v: &mut View) {
         None => {
             // Narrow: a compact gauge strip under the panes; sliders when focused.
             let [c, strip] = Layout::vertical([Constraint::Min(4), Constraint::Length(3)]).areas(center);
-            gauges::strip(app, f, strip);
+            gauges::strip(f, strip, &app.draw_ctx(), &gauges_of(app));
             c
         }
     };
-    if app.view.state.shown {
-        crate::tui::panels::state_scope::draw(app, f, center, &mut v.layout);
-    } else if app.view.show_compare
+    if app.view().state.shown {
+        let shown = state_scope::Shown {
+            turn: app.shown(),
+            cursor: app.view().inspector,
+            focused: app.view().focus == app::Focus::State,
+            generating: app.generating(),
+            unavailable: app.model().and_then(|m| m.state_trace.reason()),
+            tracing: app.settings().params.trace_state,
+        };
+        app.view().state.draw(f, center, &app.draw_ctx(), &shown, &mut v.layout);
+    } else if app.view().show_compare
         && let Some((a, b)) = app.compare_pair()
     {
-        compare::draw(app, f, center, a, b);
+        compare::draw(f, center, &app.draw_ctx(), &app.session().turns, a, b);
     } else {
-        transcript::conversation(app, f, center, v);
+        transcript::conversation(&transcript_of(app), f, center, v);
     }
     if !banners.is_empty() {
-        f.render_widget(Paragraph::new(banners).style(Style::new().bg(app.theme.banner_bg)), banner_area);
+        f.render_widget(Paragraph::new(banners).style(Style::new().bg(app.theme().banner_bg)), banner_area);
     }
-    crate::tui::panels::composer::draw(app, f, input_area);
+    let focused = app.view().focus == app::Focus::Input;
+    app.composer().draw(f, input_area, &app.draw_ctx(), focused, app.settings().params.thinking.is_on());
     status(app, f, status_area);
 
-    if side.is_none() && app.view.focus == super::app::Focus::Sliders {
+    if side.is_none() && app.view().focus == super::app::Focus::Sliders {
         let r = centered(area, SIDE_WIDTH, (sliders::HEIGHT + 2).min(area.height));
         f.render_widget(Clear, r);
-        sliders::draw(app, f, r);
+        sliders::draw(f, r, &app.draw_ctx(), app.settings(), Some(app.view().slider));
     }
     // In the State view the cursor's token is its header; the popup would hide the map.
-    if let Some(cur) = app.view.inspector
-        && !app.view.state.shown
+    if let Some(cur) = app.view().inspector
+        && !app.view().state.shown
+        && let Some(t) = app.shown()
     {
-        inspector::draw(app, f, center, cur);
+        let speculating = app.model().is_some_and(|m| m.has_mtp);
+        inspector::draw(f, center, &app.draw_ctx(), t, cur, speculating);
     }
-    match &app.overlay {
+    match app.overlay() {
         Overlay::None => {}
-        Overlay::Help => help::draw(app, f, area, &mut v.layout),
-        Overlay::Picker { items, selected } => picker::draw(app, f, area, items, *selected),
-        Overlay::Messages => messages::draw(app, f, area, &mut v.layout),
-        Overlay::Prompt(result) => popups::prompt(app, f, area, result, v),
+        Overlay::Help => v.layout.popup_scroll_max = Some(Help.draw(f, area, &app.draw_ctx())),
+        Overlay::Picker(picker) => picker.draw(f, area, &app.draw_ctx()),
+        Overlay::Messages => {
+            let max = app.messages().draw(f, area, &app.draw_ctx(), app.conversation().save.error.as_deref());
+            v.layout.popup_scroll_max = Some(max);
+        }
+        Overlay::Prompt(result) => v.layout.popup_scroll_max = Some(popups::prompt(f, area, &app.draw_ctx(), result)),
         Overlay::ConfirmQuit => popups::confirm_quit(app, f, area),
         Overlay::SaveAs { input, error } => popups::save_as(app, f, area, input, error.as_deref()),
         Overlay::SliderValue { slider, input, error } => {
@@ -197,12 +212,12 @@ fn too_small(f: &mut Frame, area: Rect) {
 }
 
 fn loading(app: &App, f: &mut Frame, area: Rect) {
-    let (done, total, what) = app.loading.clone().unwrap_or((0, 1, "starting".into()));
+    let (done, total, what) = app.loading().cloned().unwrap_or((0, 1, "starting".into()));
     let r = centered(area, 60, 5);
     let ratio = if total == 0 { 0.0 } else { done as f64 / total as f64 };
     let g = Gauge::default()
-        .block(Block::bordered().title(Line::styled(" Loading model ", app.theme.title())))
-        .gauge_style(Style::new().fg(app.theme.accent).bg(app.theme.headroom))
+        .block(Block::bordered().title(Line::styled(" Loading model ", app.theme().title())))
+        .gauge_style(Style::new().fg(app.theme().accent).bg(app.theme().headroom))
         .ratio(ratio.clamp(0.0, 1.0))
         .label(what)
         .use_unicode(true);
@@ -219,16 +234,40 @@ pub fn centered(area: Rect, w: u16, h: u16) -> Rect {
 fn side_panel(app: &App, f: &mut Frame, area: Rect) {
     let [g, s] =
         Layout::vertical([Constraint::Min(gauges::MIN_HEIGHT), Constraint::Length(sliders::HEIGHT + 2)]).areas(area);
-    gauges::panel(app, f, g);
-    sliders::draw(app, f, s);
+    gauges::panel(f, g, &app.draw_ctx(), &gauges_of(app));
+    let selected = (app.view().focus == app::Focus::Sliders).then_some(app.view().slider);
+    sliders::draw(f, s, &app.draw_ctx(), app.settings(), selected);
+}
+
+/// What the transcript reads of the app.
+fn transcript_of(app: &App) -> transcript::Transcript<'_> {
+    transcript::Transcript {
+        ctx: app.draw_ctx(),
+        turns: &app.session().turns,
+        shown: app.shown_index(),
+        generating: app.generating(),
+        view: app.view(),
+        markdown: app.markdown(),
+        sessions_fallback: app.conversation().save.dir.fallback.as_deref(),
+    }
+}
+
+/// What the gauges read of the app.
+fn gauges_of(app: &App) -> gauges::Gauges<'_> {
+    gauges::Gauges {
+        turn: app.shown(),
+        model: app.model(),
+        context: app.settings().context,
+        history: app.next_prompt_estimate(),
+    }
 }
 
 /// A fix's key and what it sets, or nothing when there is no such fix.
 fn fix_spans<T>(app: &App, value: Option<T>, action: Action, what: impl Fn(T) -> String) -> Vec<Span<'static>> {
-    let th = &app.theme;
+    let th = app.theme();
     match value {
         Some(v) => vec![
-            Span::styled(format!("[{}]", app.keymap.first(action)), th.fg(th.accent).add_modifier(Modifier::BOLD)),
+            Span::styled(format!("[{}]", app.keymap().first(action)), th.fg(th.accent).add_modifier(Modifier::BOLD)),
             Span::styled(what(v), th.fg(th.text)),
         ],
         None => vec![],
@@ -237,12 +276,12 @@ fn fix_spans<T>(app: &App, value: Option<T>, action: Action, what: impl Fn(T) ->
 
 /// One line per diagnostic of the shown turn, with its fixes.
 fn banner_lines(app: &App) -> Vec<Line<'static>> {
-    let th = &app.theme;
+    let th = app.theme();
     let Some(t) = app.shown() else { return vec![] };
     let mut out = vec![];
     let bold = Modifier::BOLD;
     // The same fixes F3 / F4 apply.
-    let fix = t.fix(app.settings.max_tokens_cap(t.prompt_tokens));
+    let fix = t.fix(app.settings().max_tokens_cap(t.prompt_tokens));
     for d in &t.diagnostics {
         let line = match d.kind.as_str() {
             "thinking_exhausted_max_tokens" => {
@@ -308,10 +347,10 @@ fn banner_lines(app: &App) -> Vec<Line<'static>> {
             }
             "state_alarm" => {
                 let what = d.message.split(". What to check").next().unwrap_or(&d.message);
-                let shown = if app.view.state.shown {
+                let shown = if app.view().state.shown {
                     String::new()
                 } else {
-                    format!("  [{}] shows it", app.keymap.first(Action::StateView))
+                    format!("  [{}] shows it", app.keymap().first(Action::StateView))
                 };
                 Line::from(vec![
                     Span::styled(" ⚠ STATE ALARM ", Style::new().fg(th.bad).add_modifier(bold | Modifier::REVERSED)),
@@ -340,8 +379,8 @@ fn phase_of(t: &Turn, token: usize) -> &'static str {
 }
 
 fn status(app: &App, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
-    let m = app.model.as_ref();
+    let th = app.theme();
+    let m = app.model();
     let state = app.state_label();
     let state_style = match state {
         "thinking" => th.fg(th.thinking),
@@ -375,30 +414,30 @@ fn status(app: &App, f: &mut Frame, area: Rect) {
     let mut settings = vec![
         sep.clone(),
         Span::styled(
-            format!("thinking {}", if app.settings.params.thinking.is_on() { "on" } else { "off" }),
+            format!("thinking {}", if app.settings().params.thinking.is_on() { "on" } else { "off" }),
             th.fg(th.text),
         ),
         sep.clone(),
-        Span::styled(format!("colour: {}", app.view.colour_mode.name()), th.fg(th.text)),
+        Span::styled(format!("colour: {}", app.view().colour_mode.name()), th.fg(th.text)),
     ];
-    if app.settings.params.trace_state {
+    if app.settings().params.trace_state {
         settings.extend([sep.clone(), Span::styled("state trace on", th.fg(th.accent))]);
     }
     // What is not saved stays on the status line until a save works.
-    if app.convo.save.error.is_some() {
+    if app.conversation().save.error.is_some() {
         spans.push(sep.clone());
         spans.push(Span::styled(
-            format!("⚠ NOT SAVED ({} shows why)", app.keymap.first(Action::Messages)),
+            format!("⚠ NOT SAVED ({} shows why)", app.keymap().first(Action::Messages)),
             Style::new().fg(th.bad).add_modifier(Modifier::BOLD | Modifier::REVERSED),
         ));
-    } else if app.convo.save.dir.fallback.is_some()
-        && let Some(dir) = &app.convo.save.dir.path
+    } else if app.conversation().save.dir.fallback.is_some()
+        && let Some(dir) = &app.conversation().save.dir.path
     {
         spans.push(sep.clone());
         spans.push(Span::styled(format!("sessions → {}", dir.display()), th.fg(th.warn)));
     }
     let width = |spans: &[Span]| spans.iter().map(Span::width).sum::<usize>();
-    if let Some(m) = app.messages.current() {
+    if let Some(m) = app.messages().current() {
         let style = match m.level {
             Level::Info => th.fg(th.accent),
             Level::Warning => th.fg(th.warn),
@@ -407,7 +446,7 @@ fn status(app: &App, f: &mut Frame, area: Rect) {
         let room = (area.width as usize).saturating_sub(width(&spans) + 3);
         // A message too long for the line is cut with a pointer to the log, where it is whole.
         let text = if unicode_width::UnicodeWidthStr::width(m.text.as_str()) > room {
-            let more = format!("… ({} all)", app.keymap.first(Action::Messages));
+            let more = format!("… ({} all)", app.keymap().first(Action::Messages));
             let keep = room.saturating_sub(unicode_width::UnicodeWidthStr::width(more.as_str()));
             let mut cut = String::new();
             for c in m.text.chars() {
@@ -433,7 +472,7 @@ fn status(app: &App, f: &mut Frame, area: Rect) {
         spans.extend(settings);
         spans.push(sep);
         spans.push(Span::styled(
-            format!("{} help · {} state", app.keymap.first(Action::Help), app.keymap.first(Action::StateView)),
+            format!("{} help · {} state", app.keymap().first(Action::Help), app.keymap().first(Action::StateView)),
             th.fg(th.dim),
         ));
     }

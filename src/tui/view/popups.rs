@@ -2,7 +2,6 @@
 //! rendered prompt, the quit question, save-as, and a typed slider value. Long text wraps and
 //! scrolls; nothing is cut.
 
-use super::View;
 use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::style::{Modifier, Style};
@@ -13,38 +12,14 @@ use ratatui_textarea::TextArea;
 use super::centered;
 use super::wrap::wrap;
 use crate::backend::DryRun;
-use crate::tui::app::{App, Layout, turns_label};
+use crate::tui::app::{App, turns_label};
 use crate::tui::keymap::Action;
+use crate::tui::panels::{DrawCtx, scrolled_popup};
 use crate::tui::sliders::Slider;
 
-/// A scrollable popup of `lines`, wrapped to the popup's width (↑/↓/PgUp/PgDn scroll).
-pub(crate) fn scrolled_popup(
-    app: &App,
-    f: &mut Frame,
-    area: Rect,
-    title: &str,
-    lines: Vec<Line<'static>>,
-    layout: &mut Layout,
-) {
-    let th = &app.theme;
-    let r = centered(area, area.width.saturating_sub(6).clamp(20, 110), area.height.saturating_sub(4));
-    f.render_widget(Clear, r);
-    let rows = wrap(&lines, r.width.saturating_sub(2) as usize);
-    let visible = r.height.saturating_sub(2) as usize;
-    let max = rows.len().saturating_sub(visible);
-    layout.popup_scroll_max = Some(max.min(u16::MAX as usize) as u16);
-    let first = (app.view.popup_scroll as usize).min(max);
-    let title = if rows.len() > visible {
-        format!(" {title} · ↑↓ scroll ({}–{} of {}) ", first + 1, (first + visible).min(rows.len()), rows.len())
-    } else {
-        format!(" {title} ")
-    };
-    let block = Block::bordered().title(Line::styled(title, th.title())).border_style(th.border(true));
-    f.render_widget(Paragraph::new(rows[first..].to_vec()).block(block), r);
-}
-
-pub fn prompt(app: &App, f: &mut Frame, area: Rect, result: &Result<DryRun, String>, v: &mut View) {
-    let th = &app.theme;
+/// The next turn's prompt; returns the largest useful first line.
+pub fn prompt(f: &mut Frame, area: Rect, ctx: &DrawCtx, result: &Result<DryRun, String>) -> u16 {
+    let th = ctx.theme;
     let mut lines = vec![];
     match result {
         Err(e) => lines.push(Line::styled(format!("cannot render the prompt: {e}"), th.fg(th.bad))),
@@ -61,20 +36,20 @@ pub fn prompt(app: &App, f: &mut Frame, area: Rect, result: &Result<DryRun, Stri
             }
         }
     }
-    scrolled_popup(app, f, area, "Next turn's prompt", lines, &mut v.layout);
+    scrolled_popup(f, area, ctx, "Next turn's prompt", lines)
 }
 
 pub fn confirm_quit(app: &App, f: &mut Frame, area: Rect) {
-    let th = &app.theme;
-    let why = app.convo.save.error.clone().unwrap_or_else(|| "it has not been saved".into());
-    let last = match &app.convo.save.last_good {
+    let th = app.theme();
+    let why = app.conversation().save.error.clone().unwrap_or_else(|| "it has not been saved".into());
+    let last = match &app.conversation().save.last_good {
         Some(p) => format!("The last good copy is {}.", p.display()),
         None => "No copy of it was written.".into(),
     };
     let key = Style::new().fg(th.accent).add_modifier(Modifier::BOLD);
     let lines = vec![
         Line::styled(
-            format!("This conversation ({}) is not saved: {why}", turns_label(app.convo.session.turns.len())),
+            format!("This conversation ({}) is not saved: {why}", turns_label(app.session().turns.len())),
             th.fg(th.bad),
         ),
         Line::styled(last, th.fg(th.text)),
@@ -91,7 +66,7 @@ pub fn confirm_quit(app: &App, f: &mut Frame, area: Rect) {
 }
 
 fn field(app: &App, f: &mut Frame, area: Rect, title: &str, help: &str, input: &TextArea, error: Option<&str>) {
-    let th = &app.theme;
+    let th = app.theme();
     let mut lines = vec![Line::styled(help.to_string(), th.fg(th.dim))];
     if let Some(e) = error {
         lines.push(Line::styled(e.to_string(), th.fg(th.bad)));
@@ -124,6 +99,6 @@ pub fn slider_value(app: &App, f: &mut Frame, area: Rect, slider: Slider, input:
         Slider::Seed | Slider::TopK => "a whole number",
         _ => "a number",
     };
-    let help = format!("{accepts} · Enter sets · Esc cancels · {} help", app.keymap.first(Action::Help));
+    let help = format!("{accepts} · Enter sets · Esc cancels · {} help", app.keymap().first(Action::Help));
     field(app, f, area, &format!("{} (next run)", slider.label()), &help, input, error);
 }
