@@ -335,8 +335,8 @@ impl Common {
         };
         p.stop_token_ids = self.stop_token_ids.unwrap_or_default();
         p.ignore_eos = self.ignore_eos.unwrap_or(false);
-        // The first spelling given counts; -1 is unlimited and 0 thinking off (as llama.cpp's
-        // reasoning budget 0 and the command line's --thinking-budget 0).
+        // The first spelling given counts; -1 is unlimited and 0 thinking off (as llama-server's
+        // --reasoning-budget 0 and the command line's --thinking-budget 0).
         let budgets = [
             ("thinking_budget", self.thinking_budget),
             ("thinking_token_budget", self.thinking_token_budget),
