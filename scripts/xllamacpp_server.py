@@ -36,6 +36,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--alias", default=None, help="model name reported by the API (default: the path)")
+    ap.add_argument("--chat-template", default=None, metavar="FILE",
+                    help="render chats with this Jinja template instead of the GGUF's (verify's tests: a wrong one)")
     args = ap.parse_args()
 
     if not os.path.isfile(args.model):
@@ -62,6 +64,9 @@ def main() -> int:
     p.cpuparams.n_threads = args.threads
     p.cpuparams_batch.n_threads = args.threads
     p.endpoint_metrics = args.metrics
+    if args.chat_template:
+        with open(args.chat_template, encoding="utf-8") as f:
+            p.chat_template = f.read()
     p.reasoning_format = {
         "deepseek": xlc.common_reasoning_format.COMMON_REASONING_FORMAT_DEEPSEEK,
         "none": xlc.common_reasoning_format.COMMON_REASONING_FORMAT_NONE,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::{
     Backend, BackendError, BackendInfo, BackendKind, BackendResult, ChatMessage, ChatRequest, DryRun, OpenProgress,
-    Prompt, Support,
+    Prompt, PromptTokens, Support,
 };
 use crate::chat::{ChatTemplate, RenderOptions, TextTokenizer};
 use crate::checkpoint::{ModelSource, demo_source};
@@ -244,5 +244,10 @@ impl Backend for LocalBackend {
             Prompt::Ids(_) => "ids".into(),
         };
         Ok(DryRun { rendered_by, text, ids: Some(ids) })
+    }
+
+    fn prompt_tokens(&self, req: &ChatRequest) -> BackendResult<Option<PromptTokens>> {
+        let (text, ids) = self.loaded.render(req)?;
+        Ok(Some(PromptTokens { text, ids }))
     }
 }

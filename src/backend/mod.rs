@@ -199,6 +199,17 @@ pub trait Backend: Send + Sync {
     fn start_with(&self, req: ChatRequest, control: Arc<StepControl>) -> BackendResult<Generation>;
     /// What `start` would send, without sending it.
     fn dry_run(&self, req: &ChatRequest) -> BackendResult<DryRun>;
+    /// The prompt as this backend renders and tokenises it, asked without generating (a chat
+    /// prompt, with the generation prompt); `None` when it has no way to say. `deltascope
+    /// verify` compares a server's with the reference's before any generation.
+    fn prompt_tokens(&self, req: &ChatRequest) -> BackendResult<Option<PromptTokens>>;
+}
+
+/// A rendered, tokenised prompt (the text when the backend shows it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptTokens {
+    pub text: Option<String>,
+    pub ids: Vec<u32>,
 }
 
 /// Progress while a backend opens (loading weights, asking a server what it is).

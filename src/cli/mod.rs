@@ -18,6 +18,7 @@ pub mod serve;
 pub mod sweep;
 pub mod synth;
 pub mod trace;
+pub mod verify;
 
 use std::path::PathBuf;
 
@@ -63,6 +64,9 @@ pub enum Command {
     /// The state scope, headless: trace what every Gated-DeltaNet layer writes and forgets per
     /// token (JSON Lines, a summary, an SVG), or compare two traces layer by layer.
     Trace(trace::TraceArgs),
+    /// Is it the server or the model? A server's greedy answers to a probe set, scored token by
+    /// token by the reference engine (exit 0 agrees, 3 drifts or diverges, 1 error).
+    Verify(verify::VerifyArgs),
 }
 
 impl Cli {
@@ -83,6 +87,7 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Gpu(a)) => gpu::run(a),
         Some(Command::Serve(a)) => serve::run(a),
         Some(Command::Trace(a)) => trace::run(a),
+        Some(Command::Verify(a)) => verify::run(a),
         Some(Command::Chat(a)) => chat::run(a),
         // No subcommand: the workbench on the demo model.
         None => chat::run(chat::ChatArgs::default()),

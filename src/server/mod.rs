@@ -385,6 +385,7 @@ async fn handle(s: Shared, _headers: HeaderMap, body: Body, endpoint: Endpoint) 
         endpoint,
         logprobs: parsed.logprobs,
         include_usage: parsed.include_usage,
+        separate_reasoning: parsed.separate_reasoning,
         metrics: s.metrics.clone(),
     };
     if parsed.stream {

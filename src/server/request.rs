@@ -25,6 +25,10 @@ pub struct Parsed {
     /// `max_tokens` was given (else the rest of the context, once the prompt is counted).
     pub max_tokens_given: bool,
     pub model: Option<String>,
+    /// Thinking in `reasoning_content` and the `<think>` tags taken out (the default, as
+    /// SGLang and vLLM with a reasoning parser); `separate_reasoning: false` (SGLang's field)
+    /// puts every token in `content`, tags included, each with its logprob entry.
+    pub separate_reasoning: bool,
 }
 
 /// Nesting deeper than this is refused before any field is read (serde_json's own limit is
@@ -124,6 +128,7 @@ struct ChatBody {
     logprobs: Option<bool>,
     top_logprobs: Option<i64>,
     chat_template_kwargs: Option<TemplateKwargs>,
+    separate_reasoning: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -401,6 +406,7 @@ pub fn chat(body_fields: &Map<String, Value>, context: usize, defaults: &Samplin
         logprobs,
         max_tokens_given: s.max_tokens_given,
         model,
+        separate_reasoning: b.separate_reasoning.unwrap_or(true),
     })
 }
 
@@ -445,6 +451,7 @@ pub fn completion(
         logprobs: n.is_some(),
         max_tokens_given: s.max_tokens_given,
         model,
+        separate_reasoning: false,
     })
 }
 

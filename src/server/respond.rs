@@ -24,6 +24,8 @@ pub(crate) struct Context {
     pub endpoint: Endpoint,
     pub logprobs: bool,
     pub include_usage: bool,
+    /// See [`super::request::Parsed::separate_reasoning`].
+    pub separate_reasoning: bool,
     pub metrics: Arc<Metrics>,
 }
 
@@ -159,10 +161,11 @@ impl Context {
         let lp = self.logprobs;
         match self.endpoint {
             Endpoint::Chat => {
-                if is_tag(t) {
+                if self.separate_reasoning && is_tag(t) {
                     return None;
                 }
-                let key = if t.phase == Phase::Thinking { "reasoning_content" } else { "content" };
+                let key =
+                    if self.separate_reasoning && t.phase == Phase::Thinking { "reasoning_content" } else { "content" };
                 let logprobs = if lp { json!({"content": [chat_logprob(t)]}) } else { Value::Null };
                 Some(
                     self.chunk(
@@ -291,16 +294,21 @@ pub(crate) async fn whole(ctx: Context, mut run: Running) -> Result<Response, Ap
     let reason = finish_reason(done.finish_reason);
     let object = match ctx.endpoint {
         Endpoint::Chat => {
+            let shown = |t: &&TokenEvent| !ctx.separate_reasoning || !is_tag(t);
             let logprobs = if ctx.logprobs {
-                let content: Vec<Value> = tokens.iter().filter(|t| !is_tag(t)).map(chat_logprob).collect();
+                let content: Vec<Value> = tokens.iter().filter(shown).map(chat_logprob).collect();
                 json!({"content": content})
             } else {
                 Value::Null
             };
-            let reasoning = (!done.thinking.is_empty()).then(|| done.thinking.clone());
+            let (content, reasoning) = if ctx.separate_reasoning {
+                (done.answer.clone(), (!done.thinking.is_empty()).then(|| done.thinking.clone()))
+            } else {
+                (tokens.iter().map(|t| t.text.as_str()).collect::<String>(), None)
+            };
             json!({
                 "id": ctx.id, "object": "chat.completion", "created": ctx.created, "model": ctx.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": done.answer, "reasoning_content": reasoning},
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": content, "reasoning_content": reasoning},
                              "logprobs": logprobs, "finish_reason": reason}],
                 "usage": usage(&done),
                 "deltascope": extension(&done, &seen.diagnostics, &run),

@@ -1,9 +1,13 @@
 //! Checks of one backend against a reference, kept out of the runtime: the CPU twins of the
 //! CUDA kernels (`twins.rs`) and kernel-by-kernel parity on a device (`parity.rs`), run by
-//! `deltascope gpu check`. Kernels are launched through `model::cuda::ops`' typed launches: no
+//! `deltascope gpu check`; and `deltascope verify`, a server's greedy tokens scored by the
+//! reference engine (`probes.rs`, `score.rs`, `server.rs`). Kernels are launched through `model::cuda::ops`' typed launches: no
 //! unsafe code here.
 
 #![forbid(unsafe_code)]
 
 pub mod parity;
+pub mod probes;
+pub mod score;
+pub mod server;
 pub mod twins;

@@ -100,8 +100,10 @@ pub struct FrameMapper {
     forcing: Forcing,
     /// A reasoning field was seen: the server splits.
     reasoning_seen: bool,
-    /// Content text held back because it may be the start of `</think>`.
+    /// Content text held back because it may be the start of `</think>`, and the logprob
+    /// entries of the tokens it is made of (held back whole, so every token keeps its id).
     pending: String,
+    pending_entries: Vec<Entry>,
     /// Output has begun (a leading `<think>` can only come first).
     began: bool,
     /// Frames with text, and of them those with logprob entries (how exact the counts are).
@@ -125,6 +127,7 @@ impl FrameMapper {
             forcing,
             reasoning_seen: false,
             pending: String::new(),
+            pending_entries: vec![],
             began: false,
             frames: (0, 0),
             report: Report::default(),
@@ -215,40 +218,51 @@ impl FrameMapper {
         }
         let mut buf = std::mem::take(&mut self.pending);
         buf.push_str(text);
+        let mut entries: Vec<Entry> = std::mem::take(&mut self.pending_entries).into_iter().chain(entries).collect();
         // Servers without a reasoning parser re-send the prompt's `<think>\n` first.
         if !self.began {
             if THINK_START.starts_with(buf.as_str()) {
                 self.pending = buf;
+                self.pending_entries = entries;
                 return Flow::Continue;
             }
             if let Some(rest) = buf.strip_prefix(THINK_START) {
-                buf = rest.strip_prefix('\n').unwrap_or(rest).to_string();
+                let rest = rest.strip_prefix('\n').unwrap_or(rest).to_string();
+                take_entries(&mut entries, &buf[..buf.len() - rest.len()]);
+                buf = rest;
             }
         }
-        let whole = |piece: &str, entries: &[Entry]| -> Vec<Entry> {
-            // A piece keeps its logprob entries only when it is exactly their text.
-            if entries.iter().map(|e| e.text.as_str()).collect::<String>() == piece { entries.to_vec() } else { vec![] }
-        };
         if let Some(at) = buf.find(THINK_END) {
             let (before, rest) = buf.split_at(at);
             let after = &rest[THINK_END.len()..];
             let mut flow = Flow::Continue;
             for (phase, piece) in [(Phase::Thinking, before), (Phase::Thinking, THINK_END), (Phase::Answer, after)] {
                 if flow == Flow::Continue && !piece.is_empty() {
-                    flow = self.pieces(phase, piece, whole(piece, &entries), emit);
+                    let e = take_entries(&mut entries, piece);
+                    flow = self.pieces(phase, piece, e, emit);
                 }
             }
             return flow;
         }
-        // Hold back a tail that may be the start of `</think>`.
+        // Hold back a tail that may be the start of `</think>`: whole tokens when the entries
+        // cover the text (the tokens the tail belongs to), else the tail's bytes.
         let keep = (1..THINK_END.len()).rev().find(|&n| buf.ends_with(&THINK_END[..n])).unwrap_or(0);
-        let emit_len = buf.len() - keep;
+        let mut emit_len = buf.len() - keep;
+        if keep > 0 && entries.iter().map(|e| e.text.len()).sum::<usize>() == buf.len() {
+            let mut held = 0;
+            while held < keep {
+                held += entries[entries.len() - 1 - self.pending_entries.len()].text.len();
+                self.pending_entries.insert(0, entries[entries.len() - 1 - self.pending_entries.len()].clone());
+            }
+            entries.truncate(entries.len() - self.pending_entries.len());
+            emit_len = buf.len() - held;
+        }
         self.pending = buf[emit_len..].to_string();
         let out = &buf[..emit_len];
         if out.is_empty() {
             return Flow::Continue;
         }
-        let e = whole(out, &entries);
+        let e = take_entries(&mut entries, out);
         self.pieces(Phase::Thinking, out, e, emit)
     }
 
@@ -347,9 +361,11 @@ impl FrameMapper {
     /// Flushes held-back text (a stream that ended on a partial marker).
     fn flush(&mut self, emit: &mut dyn FnMut(EngineEvent)) {
         let rest = std::mem::take(&mut self.pending);
+        let mut entries = std::mem::take(&mut self.pending_entries);
         if !rest.is_empty() && (self.began || !THINK_START.starts_with(rest.as_str())) {
             let phase = self.tally.phase();
-            self.pieces(phase, &rest, vec![], emit);
+            let e = take_entries(&mut entries, &rest);
+            self.pieces(phase, &rest, e, emit);
         }
     }
 
@@ -475,5 +491,25 @@ pub fn error_text(err: &Value) -> String {
             }
         }
         other => other.to_string(),
+    }
+}
+
+/// The entries at the front of `entries` that make up exactly `piece` (taken out), or none
+/// when their texts do not line up with it (then none of the rest can be trusted either: all
+/// are dropped, and the pieces go without ids rather than with wrong ones).
+fn take_entries(entries: &mut Vec<Entry>, piece: &str) -> Vec<Entry> {
+    let mut len = 0;
+    let mut n = 0;
+    while len < piece.len() && n < entries.len() {
+        len += entries[n].text.len();
+        n += 1;
+    }
+    if len == piece.len()
+        && piece.starts_with(entries[..n].iter().map(|e| e.text.as_str()).collect::<String>().as_str())
+    {
+        entries.drain(..n).collect()
+    } else {
+        entries.clear();
+        vec![]
     }
 }

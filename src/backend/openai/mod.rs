@@ -13,6 +13,7 @@ mod metrics;
 mod request;
 mod spec_report;
 mod stream;
+mod tokenize;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,7 +26,7 @@ use self::stream::{ClientBudget, StreamJob};
 use super::local::render_chat;
 use super::{
     Backend, BackendError, BackendInfo, BackendKind, BackendResult, BudgetMode, ChatRequest, DryRun, OpenProgress,
-    Prompt, ReasoningSplit, RemoteSpec, Support,
+    Prompt, PromptTokens, ReasoningSplit, RemoteSpec, Support,
 };
 use crate::chat::ChatTemplate;
 use crate::checkpoint::ModelSource;
@@ -191,6 +192,14 @@ impl Backend for RemoteBackend {
         let body = request::chat_body(&self.facts, req, self.spec.budget_mode, self.spec.reasoning_split)?;
         let text = serde_json::to_string_pretty(&body).map_err(|e| BackendError::invalid(e.to_string()))?;
         Ok(DryRun { rendered_by: format!("POST {}/v1/chat/completions", self.http.base), text: Some(text), ids: None })
+    }
+
+    fn prompt_tokens(&self, req: &ChatRequest) -> BackendResult<Option<PromptTokens>> {
+        let Prompt::Chat(messages) = &req.prompt else {
+            return Err(BackendError::invalid("a server renders chat prompts only"));
+        };
+        let thinking = req.params.thinking.is_on();
+        self.runtime.block_on(tokenize::chat_prompt(&self.http, &self.facts, messages, thinking))
     }
 }
 

@@ -62,6 +62,10 @@ pub fn chat_body(
                 o.insert("separate_reasoning".into(), json!(false));
             }
         }
+        // deltascope serve reads SGLang's field.
+        ServerKind::Deltascope if split == ReasoningSplit::Client => {
+            o.insert("separate_reasoning".into(), json!(false));
+        }
         _ => {}
     }
     if !p.stop_token_ids.is_empty() {

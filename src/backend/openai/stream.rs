@@ -15,6 +15,7 @@ use super::detect::{ServerFacts, ServerKind};
 use super::frames::{End, Flow, FrameMapper, MetricsDelta};
 use super::http::{Http, check_status, transport_error};
 use super::metrics;
+use super::tokenize::tokenize;
 use crate::generation::{EngineEvent, ErrorKind, FinishReason, StepControl};
 
 /// The largest SSE frame accepted (a runaway or hostile server cannot fill memory).
@@ -254,28 +255,6 @@ async fn continue_after_budget(job: &mut StreamJob, emit: &mut (dyn FnMut(Engine
 }
 
 const THINK_END: &str = "</think>";
-
-/// `text` in the server's own tokens, with each token's text (llama.cpp `/tokenize` with
-/// pieces; vLLM gives ids only, so the text goes with the first). `None` when it cannot say.
-async fn tokenize(http: &Http, facts: &ServerFacts, text: &str) -> Option<Vec<(u32, String)>> {
-    let body = match facts.kind {
-        ServerKind::LlamaCpp => serde_json::json!({"content": text, "with_pieces": true}),
-        ServerKind::Vllm => serde_json::json!({"model": facts.model, "prompt": text, "add_special_tokens": false}),
-        _ => return None,
-    };
-    let resp = http.post("/tokenize").json(&body).timeout(http.timeout).send().await.ok()?;
-    let v: Value = resp.error_for_status().ok()?.json().await.ok()?;
-    let tokens = v.get("tokens").and_then(Value::as_array)?;
-    let mut out = vec![];
-    for (i, t) in tokens.iter().enumerate() {
-        let (id, piece) = match t {
-            Value::Number(n) => (n.as_u64()?, if i == 0 { text.to_string() } else { String::new() }),
-            _ => (t.get("id")?.as_u64()?, t.get("piece").and_then(Value::as_str).unwrap_or("").to_string()),
-        };
-        out.push((u32::try_from(id).ok()?, piece));
-    }
-    Some(out)
-}
 
 /// Bytes of the SSE frame being received, across chunks: a blank line (after `\n`, `\r\n`
 /// or `\r` line ends, as the SSE spec allows) ends a frame.

@@ -1,0 +1,202 @@
+//! `deltascope verify --server URL [--model DIR]`: is it the server or the model? The server's
+//! greedy answers to a probe set, scored token by token by the reference engine (the
+//! checkpoint `--model` names, or the embedded demo). Exit 0 when every probe agrees, 3 when
+//! one drifts, diverges or renders its prompt differently, 1 on an error.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::common::ModelArgs;
+use crate::backend::local::Loaded;
+use crate::backend::{BackendSpec, OpenProgress, ReasoningSplit};
+use crate::verify::probes::{self, Probe};
+use crate::verify::score::{Thresholds, Verdict};
+use crate::verify::server::{self, ProbeReport, PromptCheck};
+
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    /// The server (`--server URL`), and the reference: `--model DIR` (a checkpoint of the same
+    /// model; default the embedded demo), `--dtype`, `--threads`.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Your own probes: JSON Lines, `{"prompt": "…"}` or `{"messages": […]}` a line, with
+    /// optional `name`, `thinking` (default true), `max_tokens` (default 160), `ignore_eos`.
+    #[arg(long, value_name = "FILE")]
+    pub prompts: Option<PathBuf>,
+    /// Only the short probes (no 1k / 4k / 16k-token prompts): seconds on the demo model.
+    #[arg(long)]
+    pub quick: bool,
+    /// One JSON object with every probe and every position.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What usually makes a server diverge from its model's reference.
+const CAUSES: &str = "what usually causes it: a broken Gated-DeltaNet or attention kernel (an early divergence, then \
+repetition); a wrong chat template (compare the prompt check above); a wrong RoPE or context setting (long prompts \
+diverge, short ones agree); a quantised model checked against a bf16 / f32 reference (drift everywhere, divergences \
+at near-ties)";
+
+pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        a.model.server.server.is_some(),
+        "verify checks a server: give --server URL (and --model DIR for the reference, default the demo model)"
+    );
+    let probes: Vec<Probe> = match &a.prompts {
+        Some(path) => probes::from_file(path).map_err(|e| anyhow::anyhow!("--prompts {e}"))?,
+        None => vec![],
+    };
+    let reference = Loaded::load(&a.model.local_spec()?, &|_: OpenProgress| {})?;
+    let probes = if probes.is_empty() {
+        probes::builtin(a.quick, &|text| reference.tokenizer.encode(text).map_or(0, |ids| ids.len()))
+    } else {
+        probes
+    };
+    // Every token with its logprob entry: the server is asked not to split thinking off where
+    // it can (llama.cpp, SGLang), so `</think>` comes as a token like any other.
+    let BackendSpec::Remote(mut spec) = a.model.spec()? else {
+        anyhow::bail!("verify checks a server: give --server URL");
+    };
+    spec.reasoning_split = ReasoningSplit::Client;
+    let subject = crate::backend::open(&BackendSpec::Remote(spec), &|_: OpenProgress| {})?;
+    let thresholds = Thresholds::default();
+    let mut err = std::io::stderr().lock();
+    writeln!(
+        err,
+        "verify: {} against the reference {} · {} probes",
+        subject.info().name,
+        reference.name,
+        probes.len()
+    )?;
+    let mut reports = vec![];
+    for probe in &probes {
+        let r = server::check(subject.as_ref(), &reference, probe, &thresholds)?;
+        if !a.json {
+            writeln!(err, "{}", line(&r))?;
+        }
+        reports.push(r);
+    }
+    let overall = overall(&reports);
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        let v = serde_json::json!({
+            "subject": subject.info().name, "reference": reference.name, "thresholds": thresholds,
+            "overall": overall, "probes": reports,
+        });
+        writeln!(out, "{v}")?;
+    } else {
+        for r in &reports {
+            explain(&mut out, r)?;
+        }
+        writeln!(out, "overall: {overall}")?;
+    }
+    match overall {
+        "agrees" => Ok(()),
+        "nothing run" => anyhow::bail!("no probe fits the context: nothing was checked"),
+        _ => std::process::exit(3),
+    }
+}
+
+fn overall(reports: &[ProbeReport]) -> &'static str {
+    let any = |f: &dyn Fn(&ProbeReport) -> bool| reports.iter().any(f);
+    if any(&|r| {
+        matches!(r.prompt, PromptCheck::Differs { .. })
+            || matches!(r.verdict, Some(Verdict::Diverges { .. }))
+            || r.failed.is_some()
+    }) {
+        "diverges"
+    } else if any(&|r| matches!(r.verdict, Some(Verdict::Drifts { .. })) || r.unmapped.is_some()) {
+        "drifts"
+    } else if reports.iter().all(|r| r.verdict.is_none()) {
+        "nothing run"
+    } else {
+        "agrees"
+    }
+}
+
+/// One line per probe, as it finishes.
+fn line(r: &ProbeReport) -> String {
+    let prompt = match &r.prompt {
+        PromptCheck::Same { tokens } => format!("prompt same ({tokens} tokens)"),
+        PromptCheck::Differs { at, .. } => format!("prompt DIFFERS at token {at}"),
+        PromptCheck::NotChecked { .. } if r.not_run.is_some() => String::new(),
+        PromptCheck::NotChecked { .. } => format!("prompt not checked ({} tokens)", r.prompt_tokens),
+    };
+    let scored: Vec<_> = r.positions.iter().filter(|p| !p.hidden).collect();
+    let max = |f: &dyn Fn(&&crate::verify::score::Position) -> Option<f32>| {
+        scored.iter().filter_map(f).fold(0.0f32, f32::max)
+    };
+    let min_overlap = scored.iter().filter_map(|p| p.overlap).fold(1.0f32, f32::min);
+    let verdict = match (&r.verdict, &r.not_run) {
+        (_, Some(why)) => format!("not run: {why}"),
+        (None, None) => String::new(),
+        (Some(v), None) => format!(
+            "{} tokens · {} (max |Δ| {:.3} · min top-k overlap {:.2} · max KL ≥ {:.4})",
+            r.positions.len(),
+            match v {
+                Verdict::Diverges { at } => format!("DIVERGES at position {at}"),
+                v => v.name().to_string(),
+            },
+            max(&|p| p.delta.map(f32::abs)),
+            min_overlap,
+            max(&|p| p.kl_lower_bound),
+        ),
+    };
+    format!("  {:<16} {prompt}{}{verdict}", r.name, if prompt.is_empty() { "" } else { " · " })
+}
+
+/// The details of a finding: the prompt's first difference, or the divergence with its
+/// context and both top-5 lists.
+fn explain(out: &mut dyn Write, r: &ProbeReport) -> std::io::Result<()> {
+    if let PromptCheck::Differs { at, reference, subject, text_at } = &r.prompt {
+        writeln!(
+            out,
+            "{}: the server's prompt differs from the reference's at token {at}: {subject} where the reference has {reference}",
+            r.name
+        )?;
+        if let Some((c, ours, theirs)) = text_at {
+            writeln!(out, "  rendered text, from character {c}: reference {ours:?}")?;
+            writeln!(out, "                                  server    {theirs:?}")?;
+        }
+        writeln!(
+            out,
+            "  a different chat template or tokenizer: the server is not given the prompt the model was trained on"
+        )?;
+    }
+    if let Some((at, message)) = &r.failed {
+        writeln!(out, "{}: the server failed at position {at}: {message}", r.name)?;
+    }
+    if let Some((i, text)) = &r.unmapped {
+        writeln!(
+            out,
+            "{}: the server's token {i} ({text:?}) has no id and is not one reference token: scoring stopped there",
+            r.name
+        )?;
+    }
+    if let Some(Verdict::Diverges { at }) = r.verdict {
+        let p = &r.positions[at];
+        let (before, token, after) = r.context(at);
+        writeln!(
+            out,
+            "{}: diverges at position {at}: the server chose {:?}, which the reference gives p = {:.2e} (its first choice had p = {:.2})",
+            r.name,
+            p.text,
+            p.reference_p(),
+            p.reference_top1_p()
+        )?;
+        writeln!(out, "  text: …{before}[{token}]{after}…")?;
+        let list = |alts: &[crate::verify::score::Alt]| {
+            alts.iter().map(|a| format!("{:?} {:.3}", a.text, a.logprob)).collect::<Vec<_>>().join(", ")
+        };
+        writeln!(out, "  reference top-5: {}", list(&p.reference_top))?;
+        writeln!(
+            out,
+            "  server top-5:    {}",
+            if p.subject_top.is_empty() { "(none sent)".into() } else { list(&p.subject_top) }
+        )?;
+        writeln!(out, "  {CAUSES}")?;
+    }
+    Ok(())
+}
