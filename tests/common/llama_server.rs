@@ -105,11 +105,13 @@ pub struct ServerConfig {
     pub mtp: Option<u32>,
     /// The model id the server reports (default: the GGUF's path).
     pub alias: Option<String>,
+    /// A Jinja chat template to render with instead of the GGUF's.
+    pub chat_template: Option<PathBuf>,
 }
 
 impl ServerConfig {
     pub fn new(build: Build) -> Self {
-        ServerConfig { build, mtp: None, alias: None }
+        ServerConfig { build, mtp: None, alias: None, chat_template: None }
     }
     pub fn mtp(mut self, n: u32) -> Self {
         self.mtp = Some(n);
@@ -117,6 +119,10 @@ impl ServerConfig {
     }
     pub fn alias(mut self, name: &str) -> Self {
         self.alias = Some(name.to_string());
+        self
+    }
+    pub fn chat_template(mut self, path: &Path) -> Self {
+        self.chat_template = Some(path.to_path_buf());
         self
     }
 }
@@ -171,6 +177,9 @@ impl LlamaServer {
             }
             if let Some(a) = &config.alias {
                 cmd.args(["--alias", a]);
+            }
+            if let Some(t) = &config.chat_template {
+                cmd.arg("--chat-template").arg(t);
             }
             cmd.current_dir(env!("CARGO_MANIFEST_DIR")).stdin(Stdio::null()).stdout(file).stderr(err);
             let child = cmd.spawn().unwrap_or_else(|e| panic!("starting {}: {e}", config.build.name()));
