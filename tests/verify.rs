@@ -3,7 +3,8 @@
 //! and diverges on copies broken by `scripts/break_checkpoint.py` (a GDN layer's output
 //! projection scaled, A_log shifted, an attention projection perturbed), naming the position;
 //! a llama.cpp server given another chat template is caught before any generation; a server
-//! that sends no logprobs (vLLM's recorded stream, replayed) cannot be verified (exit 1).
+//! that sends no logprobs (vLLM's recorded stream, replayed) cannot be verified (exit 1); the
+//! CUDA engine on the emulated device agrees with the CPU engine.
 
 #[path = "common/llama_server.rs"]
 mod llama_server;
@@ -193,4 +194,24 @@ fn a_server_that_sends_no_logprobs_cannot_be_verified() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("cannot verify: the server sends no logprobs"), "{stderr}");
+}
+
+/// The in-process CUDA engine on the emulated device (bf16) checked the same way against the
+/// CPU engine (f32): agreement at the level of bf16 rounding (|Δ| ≤ 0.07 measured).
+#[test]
+fn the_cuda_engine_on_the_emulated_device_agrees_with_the_cpu() {
+    let out =
+        Command::new(bin()).args(["verify", "--device", "emu", "--quick", "--json"]).output().expect("running verify");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_agrees("emu:0", out.status.code().unwrap_or(-1), &report, &stderr);
+    assert!(report["subject"].as_str().unwrap().contains("on emu:0"), "{report}");
+    // A subject is one or the other: a server, or a GPU engine.
+    let both =
+        Command::new(bin()).args(["verify", "--device", "emu", "--server", "http://127.0.0.1:9"]).output().unwrap();
+    assert_eq!(both.status.code(), Some(2), "the command line refuses both");
+    assert!(String::from_utf8_lossy(&both.stderr).contains("cannot be used with '--server"));
+    let neither = Command::new(bin()).args(["verify", "--device", "cpu"]).output().unwrap();
+    assert_eq!(neither.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&neither.stderr).contains("verify checks one subject"));
 }

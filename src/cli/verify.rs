@@ -1,7 +1,8 @@
 //! `deltascope verify --server URL [--model DIR]`: is it the server or the model? The server's
 //! greedy answers to a probe set, scored token by token by the reference engine (the
-//! checkpoint `--model` names, or the embedded demo). Exit 0 when every probe agrees, 3 when
-//! one drifts, diverges or renders its prompt differently, 1 on an error.
+//! checkpoint `--model` names, or the embedded demo). `--device cuda|emu` (no `--server`)
+//! checks the in-process GPU engine the same way against the CPU engine. Exit 0 when every
+//! probe agrees, 3 when one drifts, diverges or renders its prompt differently, 1 on an error.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -9,15 +10,17 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::common::ModelArgs;
-use crate::backend::local::Loaded;
-use crate::backend::{BackendSpec, OpenProgress, ReasoningSplit};
+use crate::backend::local::{Loaded, LocalSpec};
+use crate::backend::{BackendKind, BackendSpec, OpenProgress, ReasoningSplit};
+use crate::devices::DeviceSpec;
 use crate::verify::probes::{self, Probe};
 use crate::verify::score::{Thresholds, Verdict};
 use crate::verify::server::{self, ProbeReport, PromptCheck};
 
 #[derive(Args, Debug)]
 pub struct VerifyArgs {
-    /// The server (`--server URL`), and the reference: `--model DIR` (a checkpoint of the same
+    /// The subject: `--server URL`, or the in-process GPU engine (`--device cuda|emu`, no
+    /// `--server`); and the reference, on the CPU: `--model DIR` (a checkpoint of the same
     /// model; default the embedded demo), `--dtype`, `--threads`.
     #[command(flatten)]
     pub model: ModelArgs,
@@ -40,15 +43,18 @@ diverge, short ones agree); a quantised model checked against a bf16 / f32 refer
 at near-ties)";
 
 pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
+    let gpu_subject = matches!(a.model.device, DeviceSpec::Cuda(_) | DeviceSpec::Emu(_));
     anyhow::ensure!(
-        a.model.server.server.is_some(),
-        "verify checks a server: give --server URL (and --model DIR for the reference, default the demo model)"
+        a.model.server.server.is_some() != gpu_subject,
+        "verify checks one subject: a server (--server URL) or the in-process GPU engine (--device cuda|emu, no --server); --model DIR names the reference (default the demo model)"
     );
     let probes: Vec<Probe> = match &a.prompts {
         Some(path) => probes::from_file(path).map_err(|e| anyhow::anyhow!("--prompts {e}"))?,
         None => vec![],
     };
-    let reference = Loaded::load(&a.model.local_spec()?, &|_: OpenProgress| {})?;
+    // The reference runs on the CPU, whatever --device names (that is the subject's).
+    let reference_spec = LocalSpec { device: DeviceSpec::Cpu, ..a.model.local_spec()? };
+    let reference = Loaded::load(&reference_spec, &|_: OpenProgress| {})?;
     let probes = if probes.is_empty() {
         probes::builtin(a.quick, &|text| reference.tokenizer.encode(text).map_or(0, |ids| ids.len()))
     } else {
@@ -56,20 +62,26 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     };
     // Every token with its logprob entry: the server is asked not to split thinking off where
     // it can (llama.cpp, SGLang), so `</think>` comes as a token like any other.
-    let BackendSpec::Remote(mut spec) = a.model.spec()? else {
-        anyhow::bail!("verify checks a server: give --server URL");
+    let subject_spec = match a.model.spec()? {
+        BackendSpec::Remote(mut spec) => {
+            spec.reasoning_split = ReasoningSplit::Client;
+            BackendSpec::Remote(spec)
+        }
+        local => local,
     };
-    spec.reasoning_split = ReasoningSplit::Client;
-    let subject = crate::backend::open(&BackendSpec::Remote(spec), &|_: OpenProgress| {})?;
+    let subject = crate::backend::open(&subject_spec, &|_: OpenProgress| {})?;
+    if let Some(note) = &subject.info().device_note {
+        eprintln!("{note}");
+    }
     let thresholds = Thresholds::default();
     let mut err = std::io::stderr().lock();
-    writeln!(
-        err,
-        "verify: {} against the reference {} · {} probes",
-        subject.info().name,
-        reference.name,
-        probes.len()
-    )?;
+    let who = match &subject.info().kind {
+        BackendKind::Local { devices, dtype } => {
+            format!("{} on {} ({dtype})", subject.info().name, devices.join(" + "))
+        }
+        BackendKind::Remote(label) => format!("{} at {}", subject.info().name, label.url),
+    };
+    writeln!(err, "verify: {who} against the reference {} on the CPU · {} probes", reference.name, probes.len())?;
     let mut reports = vec![];
     for probe in &probes {
         let r = server::check(subject.as_ref(), &reference, probe, &thresholds)?;
@@ -82,7 +94,7 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     if a.json {
         let v = serde_json::json!({
-            "subject": subject.info().name, "reference": reference.name, "thresholds": thresholds,
+            "subject": who, "reference": reference.name, "thresholds": thresholds,
             "overall": overall, "probes": reports,
         });
         writeln!(out, "{v}")?;
