@@ -4,7 +4,8 @@
 //! projection scaled, A_log shifted, an attention projection perturbed), naming the position;
 //! a llama.cpp server given another chat template is caught before any generation; a server
 //! that sends no logprobs (vLLM's recorded stream, replayed) cannot be verified (exit 1); the
-//! CUDA engine on the emulated device agrees with the CPU engine.
+//! CUDA engine on the emulated device agrees with the CPU engine; `--against` two healthy servers
+//! agree, and a broken one diverges against a healthy one.
 
 #[path = "common/llama_server.rs"]
 mod llama_server;
@@ -214,4 +215,31 @@ fn the_cuda_engine_on_the_emulated_device_agrees_with_the_cpu() {
     let neither = Command::new(bin()).args(["verify", "--device", "cpu"]).output().unwrap();
     assert_eq!(neither.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&neither.stderr).contains("verify checks one subject"));
+}
+
+#[test]
+fn two_servers_compared_with_no_local_model() {
+    let (old, new) = (LlamaServer::start(Build::B10566), LlamaServer::start(Build::B11549));
+    let (code, report, stderr) = verify(&old.url, &["--against", &new.url, "--quick"]);
+    assert_agrees("b10566 against b11549", code, &report, &stderr);
+    assert!(report["reference"].as_str().unwrap().contains("neither server is known to be right"), "{report}");
+    for p in probes(&report) {
+        assert_eq!(p["prompt"]["prompt"], "same", "both llama.cpp builds tokenise the prompt: {}", p["name"]);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bad = Serve::start(Some(&broken(
+        dir.path(),
+        "gdn-out-proj",
+        "model.layers.1.linear_attn.out_proj.weight",
+        &["--scale", "3"],
+    )));
+    let (code, report, stderr) = verify(&bad.1, &["--against", &new.url, "--quick"]);
+    assert_eq!((code, report["overall"].as_str()), (3, Some("diverges")), "{stderr}\n{report}");
+    // A local model has no place next to two servers.
+    let out = Command::new(bin())
+        .args(["verify", "--server", &old.url, "--against", &new.url, "--model", "demo"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "the command line refuses it");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
 }

@@ -11,8 +11,9 @@ use clap::Args;
 
 use super::common::ModelArgs;
 use crate::backend::local::{Loaded, LocalSpec};
-use crate::backend::{BackendKind, BackendSpec, OpenProgress, ReasoningSplit};
+use crate::backend::{Backend, BackendKind, BackendSpec, OpenProgress, ReasoningSplit};
 use crate::devices::DeviceSpec;
+use crate::verify::against;
 use crate::verify::probes::{self, Probe};
 use crate::verify::score::{Thresholds, Verdict};
 use crate::verify::server::{self, ProbeReport, PromptCheck};
@@ -34,6 +35,10 @@ pub struct VerifyArgs {
     /// One JSON object with every probe and every position.
     #[arg(long)]
     pub json: bool,
+    /// Compare `--server` with this second server instead of a local model (no `--model`):
+    /// the same report, with this one as the yardstick — neither is known to be right.
+    #[arg(long, value_name = "URL2", requires = "server")]
+    pub against: Option<String>,
 }
 
 /// What usually makes a server diverge from its model's reference.
@@ -48,43 +53,61 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         a.model.server.server.is_some() != gpu_subject,
         "verify checks one subject: a server (--server URL) or the in-process GPU engine (--device cuda|emu, no --server); --model DIR names the reference (default the demo model)"
     );
-    let probes: Vec<Probe> = match &a.prompts {
+    let own: Vec<Probe> = match &a.prompts {
         Some(path) => probes::from_file(path).map_err(|e| anyhow::anyhow!("--prompts {e}"))?,
         None => vec![],
     };
-    // The reference runs on the CPU, whatever --device names (that is the subject's).
-    let reference_spec = LocalSpec { device: DeviceSpec::Cpu, ..a.model.local_spec()? };
-    let reference = Loaded::load(&reference_spec, &|_: OpenProgress| {})?;
-    let probes = if probes.is_empty() {
-        probes::builtin(a.quick, &|text| reference.tokenizer.encode(text).map_or(0, |ids| ids.len()))
-    } else {
-        probes
-    };
-    // Every token with its logprob entry: the server is asked not to split thinking off where
-    // it can (llama.cpp, SGLang), so `</think>` comes as a token like any other.
-    let subject_spec = match a.model.spec()? {
+    // Every token with its logprob entry: a server is asked not to split thinking off where it
+    // can (llama.cpp, SGLang, deltascope), so `</think>` comes as a token like any other.
+    let client_split = |spec: BackendSpec| match spec {
         BackendSpec::Remote(mut spec) => {
             spec.reasoning_split = ReasoningSplit::Client;
             BackendSpec::Remote(spec)
         }
         local => local,
     };
-    let subject = crate::backend::open(&subject_spec, &|_: OpenProgress| {})?;
+    let subject = crate::backend::open(&client_split(a.model.spec()?), &|_: OpenProgress| {})?;
     if let Some(note) = &subject.info().device_note {
         eprintln!("{note}");
     }
+    let yardstick = match &a.against {
+        Some(url) => {
+            let BackendSpec::Remote(mut spec) = a.model.spec()? else { anyhow::bail!("--against needs --server") };
+            spec.url = url.clone();
+            spec.model = None;
+            Yardstick::Server(crate::backend::open(&client_split(BackendSpec::Remote(spec)), &|_: OpenProgress| {})?)
+        }
+        // The reference runs on the CPU, whatever --device names (that is the subject's).
+        None => Yardstick::Engine(Box::new(Loaded::load(
+            &LocalSpec { device: DeviceSpec::Cpu, ..a.model.local_spec()? },
+            &|_: OpenProgress| {},
+        )?)),
+    };
+    let probes = if own.is_empty() {
+        match &yardstick {
+            Yardstick::Engine(r) => probes::builtin(a.quick, &|t| r.tokenizer.encode(t).map_or(0, |ids| ids.len())),
+            // No tokenizer here: about four characters a token.
+            Yardstick::Server(_) => probes::builtin(a.quick, &|t| t.len() / 4),
+        }
+    } else {
+        own
+    };
     let thresholds = Thresholds::default();
     let mut err = std::io::stderr().lock();
-    let who = match &subject.info().kind {
-        BackendKind::Local { devices, dtype } => {
-            format!("{} on {} ({dtype})", subject.info().name, devices.join(" + "))
+    let who = describe(subject.as_ref());
+    let reference_name = match &yardstick {
+        Yardstick::Engine(r) => format!("the reference {} on the CPU", r.name),
+        Yardstick::Server(b) => {
+            format!("{} as the yardstick (neither server is known to be right)", describe(b.as_ref()))
         }
-        BackendKind::Remote(label) => format!("{} at {}", subject.info().name, label.url),
     };
-    writeln!(err, "verify: {who} against the reference {} on the CPU · {} probes", reference.name, probes.len())?;
+    writeln!(err, "verify: {who} against {reference_name} · {} probes", probes.len())?;
     let mut reports = vec![];
     for probe in &probes {
-        let r = server::check(subject.as_ref(), &reference, probe, &thresholds)?;
+        let r = match &yardstick {
+            Yardstick::Engine(reference) => server::check(subject.as_ref(), reference, probe, &thresholds)?,
+            Yardstick::Server(other) => against::check_pair(subject.as_ref(), other.as_ref(), probe, &thresholds)?,
+        };
         if !a.json {
             writeln!(err, "{}", line(&r))?;
         }
@@ -94,7 +117,7 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     if a.json {
         let v = serde_json::json!({
-            "subject": who, "reference": reference.name, "thresholds": thresholds,
+            "subject": who, "reference": reference_name, "thresholds": thresholds,
             "overall": overall, "probes": reports,
         });
         writeln!(out, "{v}")?;
@@ -108,6 +131,22 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         "agrees" => Ok(()),
         "nothing run" => anyhow::bail!("no probe fits the context: nothing was checked"),
         _ => std::process::exit(3),
+    }
+}
+
+/// What the subject is measured against.
+enum Yardstick {
+    /// The reference engine on the CPU.
+    Engine(Box<Loaded>),
+    /// Another server (`--against`).
+    Server(Box<dyn Backend>),
+}
+
+/// "demo at http://…", "embedded:demo on emu:0 (bf16)".
+fn describe(b: &dyn Backend) -> String {
+    match &b.info().kind {
+        BackendKind::Local { devices, dtype } => format!("{} on {} ({dtype})", b.info().name, devices.join(" + ")),
+        BackendKind::Remote(label) => format!("{} at {}", b.info().name, label.url),
     }
 }
 
@@ -134,6 +173,7 @@ fn line(r: &ProbeReport) -> String {
         PromptCheck::Same { tokens } => format!("prompt same ({tokens} tokens)"),
         PromptCheck::Differs { at, .. } => format!("prompt DIFFERS at token {at}"),
         PromptCheck::NotChecked { .. } if r.not_run.is_some() => String::new(),
+        PromptCheck::NotChecked { .. } if r.prompt_tokens == 0 => "prompt not checked".into(),
         PromptCheck::NotChecked { .. } => format!("prompt not checked ({} tokens)", r.prompt_tokens),
     };
     let scored: Vec<_> = r.positions.iter().filter(|p| !p.hidden).collect();
@@ -156,7 +196,8 @@ fn line(r: &ProbeReport) -> String {
             max(&|p| p.kl_lower_bound),
         ),
     };
-    format!("  {:<16} {prompt}{}{verdict}", r.name, if prompt.is_empty() { "" } else { " · " })
+    let parted = r.parted_at.map_or(String::new(), |i| format!(" · the texts part at a near-tie at position {i}"));
+    format!("  {:<16} {prompt}{}{verdict}{parted}", r.name, if prompt.is_empty() { "" } else { " · " })
 }
 
 /// The details of a finding: the prompt's first difference, or the divergence with its

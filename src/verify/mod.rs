@@ -6,6 +6,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod against;
 pub mod parity;
 pub mod probes;
 pub mod score;

@@ -230,7 +230,7 @@ fn top_ids(logits: &[f32], k: usize) -> Vec<u32> {
 
 /// KL(P ‖ Q) over the given (ln p, ln q) pairs plus one bin for everything else: a lower
 /// bound on the divergence over the whole vocabulary (grouping outcomes never raises it).
-fn kl_bound(pairs: impl Iterator<Item = (f32, f32)>) -> f32 {
+pub(super) fn kl_bound(pairs: impl Iterator<Item = (f32, f32)>) -> f32 {
     let (mut kl, mut p_in, mut q_in) = (0.0f64, 0.0f64, 0.0f64);
     for (lp, lq) in pairs {
         let p = (lp as f64).exp();

@@ -58,6 +58,9 @@ pub struct ProbeReport {
     /// The subject's generation ended in an error after this many tokens (its message): the
     /// tokens before it are scored, and the failure is a finding of its own.
     pub failed: Option<(usize, String)>,
+    /// Two servers compared (`--against`): where their texts part at a near-tie, after which
+    /// nothing more is compared.
+    pub parted_at: Option<usize>,
     pub positions: Vec<Position>,
 }
 
@@ -96,6 +99,7 @@ pub fn check(
         not_run: None,
         unmapped: None,
         failed: None,
+        parted_at: None,
         positions: vec![],
     };
     let context = reference.model.config.max_position_embeddings;
@@ -114,7 +118,16 @@ pub fn check(
     if matches!(report.prompt, PromptCheck::Differs { .. }) {
         return Ok(report);
     }
-    let (events, failed) = generate(subject, req)?;
+    let (events, failed) = match generate(subject, req) {
+        Err(e) => match too_long(&e) {
+            Some(why) => {
+                report.not_run = Some(why);
+                return Ok(report);
+            }
+            None => return Err(e),
+        },
+        Ok(x) => x,
+    };
     report.failed = failed.map(|m| (events.len(), m));
     let (mut tokens, unmapped) = subject_tokens(&events, reference)?;
     report.unmapped = unmapped;
@@ -173,6 +186,17 @@ fn compare_prompts(subject: &dyn Backend, req: &ChatRequest, ids: &[u32], refere
         _ => None,
     };
     PromptCheck::Differs { at, reference: name(ids.get(at)), subject: name(theirs.ids.get(at)), text_at }
+}
+
+/// A server's refusal of a prompt too long for its context, as the probe's "not run" reason
+/// (a context it did not report before).
+pub fn too_long(e: &VerifyError) -> Option<String> {
+    match e {
+        VerifyError::Backend(b) if b.kind == crate::generation::ErrorKind::ContextOverflow => {
+            Some(format!("the server refused it: {}", b.message))
+        }
+        _ => None,
+    }
 }
 
 /// The subject's tokens of one greedy generation, and the error it ended in after some

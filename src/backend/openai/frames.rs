@@ -228,7 +228,12 @@ impl FrameMapper {
             }
             if let Some(rest) = buf.strip_prefix(THINK_START) {
                 let rest = rest.strip_prefix('\n').unwrap_or(rest).to_string();
-                take_entries(&mut entries, &buf[..buf.len() - rest.len()]);
+                // The re-sent prompt text comes without logprob entries (llama.cpp): they are
+                // the generated tokens'. Entries that cover the prefix too go with it.
+                let covered: usize = entries.iter().map(|e| e.text.len()).sum();
+                if covered > rest.len() {
+                    take_entries(&mut entries, &buf[..buf.len() - rest.len()]);
+                }
                 buf = rest;
             }
         }

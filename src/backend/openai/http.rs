@@ -182,8 +182,10 @@ pub async fn check_status(
         ),
         400..=499 => {
             let lower = message.to_lowercase();
-            let overflow = lower.contains("context")
-                && ["exceed", "too long", "maximum", "longer than"].iter().any(|w| lower.contains(w));
+            // OpenAI's error code (vLLM and deltascope serve send it), else the words.
+            let overflow = body.contains("\"context_length_exceeded\"")
+                || lower.contains("context")
+                    && ["exceed", "too long", "maximum", "longer than"].iter().any(|w| lower.contains(w));
             let kind = if overflow { ErrorKind::ContextOverflow } else { ErrorKind::InvalidRequest };
             (kind, format!("{url}: HTTP {code}: {message}"))
         }
