@@ -152,6 +152,9 @@ fn deltascope_serve_agrees_and_its_broken_copies_diverge() {
     let healthy = Serve::start(None);
     let (code, report, stderr) = verify(&healthy.1, &["--quick"]);
     assert_agrees("deltascope serve", code, &report, &stderr);
+    for p in probes(&report) {
+        assert_eq!(p["prompt"]["prompt"], "same", "serve's /apply-template + /tokenize: {}", p["name"]);
+    }
     let dir = tempfile::tempdir().unwrap();
     for (name, tensor, how) in [
         ("gdn-out-proj", "model.layers.1.linear_attn.out_proj.weight", ["--scale", "3"]),

@@ -30,8 +30,8 @@ use axum::routing::{get, post};
 use serde_json::json;
 use tokio::sync::{Mutex, OwnedMutexGuard, OwnedSemaphorePermit, Semaphore, mpsc};
 
-use crate::backend::{Backend, BackendError, Prompt};
-use crate::generation::{EngineEvent, ErrorKind, MtpMode, StepControl};
+use crate::backend::{Backend, BackendError, ChatRequest, Prompt};
+use crate::generation::{EngineEvent, ErrorKind, GenerationParams, MtpMode, StepControl, Thinking};
 use error::ApiError;
 use metrics::Metrics;
 use request::Parsed;
@@ -114,6 +114,8 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/tokenize", post(tokenize))
+        .route("/apply-template", post(apply_template))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
@@ -246,6 +248,31 @@ fn backend_error(e: BackendError) -> ApiError {
 pub enum Endpoint {
     Chat,
     Completion,
+}
+
+/// `POST /tokenize`, as llama-server answers it (`{"tokens": [ids]}`): the model's tokens of a
+/// text, special tokens parsed. `deltascope verify` checks a prompt with it and
+/// `/apply-template`; client-side budgets continue from such ids.
+async fn tokenize(State(s): State<Shared>, body: Body) -> Result<Response, ApiError> {
+    let text = request::tokenize(&request::object(&read_body(&s, body).await?)?)?;
+    let req = ChatRequest { prompt: Prompt::Text(text), params: Default::default() };
+    let ids = match s.backend.prompt_tokens(&req).map_err(backend_error)? {
+        Some(t) => t.ids,
+        None => vec![],
+    };
+    Ok(([(header::CONTENT_TYPE, "application/json")], json!({"tokens": ids}).to_string()).into_response())
+}
+
+/// `POST /apply-template`, as llama-server answers it (`{"prompt": text}`): the chat rendered
+/// by the model's template with the generation prompt.
+async fn apply_template(State(s): State<Shared>, body: Body) -> Result<Response, ApiError> {
+    let (messages, thinking) = request::template(&request::object(&read_body(&s, body).await?)?)?;
+    let params =
+        GenerationParams { thinking: if thinking { Thinking::Unlimited } else { Thinking::Off }, ..Default::default() };
+    let rendered =
+        s.backend.prompt_tokens(&ChatRequest { prompt: Prompt::Chat(messages), params }).map_err(backend_error)?;
+    let text = rendered.and_then(|t| t.text).unwrap_or_default();
+    Ok(([(header::CONTENT_TYPE, "application/json")], json!({"prompt": text}).to_string()).into_response())
 }
 
 async fn chat_completions(State(s): State<Shared>, headers: HeaderMap, body: Body) -> Response {

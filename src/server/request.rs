@@ -371,27 +371,7 @@ pub fn chat(body_fields: &Map<String, Value>, context: usize, defaults: &Samplin
     let model = common.model.clone();
     let thinking_on = b.chat_template_kwargs.and_then(|k| k.enable_thinking).unwrap_or(true);
     let mut s = common.settings(defaults, thinking_on)?;
-    let messages = match b.messages {
-        Some(m) if !m.is_empty() => m,
-        Some(_) => return Err(ApiError::bad(Some("messages"), "messages is empty")),
-        None => return Err(ApiError::bad(Some("messages"), "messages is required")),
-    };
-    let messages = messages
-        .into_iter()
-        .map(|m| {
-            let role = match m.role {
-                MessageRole::System => Role::System,
-                MessageRole::User => Role::User,
-                MessageRole::Assistant => Role::Assistant,
-            };
-            let content = match m.content {
-                None => String::new(),
-                Some(Content::Text(t)) => t,
-                Some(Content::Parts(parts)) => parts.into_iter().map(|p| p.text).collect(),
-            };
-            ChatMessage::new(role, content)
-        })
-        .collect();
+    let messages = chat_messages(b.messages)?;
     let logprobs = b.logprobs.unwrap_or(false);
     let top = count(b.top_logprobs, "top_logprobs", "top_logprobs")?.unwrap_or(0);
     if top > 0 && !logprobs {
@@ -408,6 +388,49 @@ pub fn chat(body_fields: &Map<String, Value>, context: usize, defaults: &Samplin
         model,
         separate_reasoning: b.separate_reasoning.unwrap_or(true),
     })
+}
+
+/// The messages of a body, as the template takes them.
+fn chat_messages(messages: Option<Vec<Message>>) -> Result<Vec<ChatMessage>, ApiError> {
+    let messages = match messages {
+        Some(m) if !m.is_empty() => m,
+        Some(_) => return Err(ApiError::bad(Some("messages"), "messages is empty")),
+        None => return Err(ApiError::bad(Some("messages"), "messages is required")),
+    };
+    Ok(messages
+        .into_iter()
+        .map(|m| {
+            let role = match m.role {
+                MessageRole::System => Role::System,
+                MessageRole::User => Role::User,
+                MessageRole::Assistant => Role::Assistant,
+            };
+            let content = match m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t,
+                Some(Content::Parts(parts)) => parts.into_iter().map(|p| p.text).collect(),
+            };
+            ChatMessage::new(role, content)
+        })
+        .collect())
+}
+
+/// `POST /apply-template` (llama-server's shape): the messages and the template's
+/// `enable_thinking` (default on).
+pub fn template(body_fields: &Map<String, Value>) -> Result<(Vec<ChatMessage>, bool), ApiError> {
+    let b: ChatBody = body(body_fields)?;
+    let thinking = b.chat_template_kwargs.and_then(|k| k.enable_thinking).unwrap_or(true);
+    Ok((chat_messages(b.messages)?, thinking))
+}
+
+#[derive(Debug, Deserialize)]
+struct TokenizeBody {
+    content: String,
+}
+
+/// `POST /tokenize` (llama-server's shape): the text to tokenise, special tokens parsed.
+pub fn tokenize(body_fields: &Map<String, Value>) -> Result<String, ApiError> {
+    Ok(body::<TokenizeBody>(body_fields)?.content)
 }
 
 /// `POST /v1/completions`: a raw prompt, text or token ids (no template).

@@ -14,6 +14,7 @@ use crate::backend::{BackendError, BackendResult, ChatMessage, PromptTokens};
 pub(super) async fn tokenize(http: &Http, facts: &ServerFacts, text: &str) -> Option<Vec<(u32, String)>> {
     let body = match facts.kind {
         ServerKind::LlamaCpp => serde_json::json!({"content": text, "with_pieces": true}),
+        ServerKind::Deltascope => serde_json::json!({"content": text}),
         ServerKind::Vllm => serde_json::json!({"model": facts.model, "prompt": text, "add_special_tokens": false}),
         _ => return None,
     };
@@ -42,7 +43,8 @@ pub(super) async fn chat_prompt(
     let messages = serde_json::to_value(messages).map_err(|e| BackendError::invalid(format!("messages: {e}")))?;
     let kwargs = json!({"enable_thinking": thinking});
     match facts.kind {
-        ServerKind::LlamaCpp => {
+        // deltascope serve answers both in llama-server's shape.
+        ServerKind::LlamaCpp | ServerKind::Deltascope => {
             let body = json!({"messages": messages, "chat_template_kwargs": kwargs});
             let rendered = post_json(http, "/apply-template", &body).await?;
             let text = rendered.get("prompt").and_then(Value::as_str).ok_or_else(|| {
