@@ -307,3 +307,40 @@ fn tokens_a_server_forces_after_the_budget_are_counted_as_forced() {
     let diag = out.iter().find_map(|e| if let EngineEvent::Diagnostic(x) = e { Some(x) } else { None }).unwrap();
     assert_eq!((diag.kind, diag.at_token), (DiagnosticKind::ThinkingBudgetForced, 2));
 }
+
+/// A stream split here (no reasoning parser): each token keeps its logprob entry, the one
+/// after the prompt's re-sent `<think>\n` (which comes without entries) and one that ends in
+/// "<" (held back whole as a possible start of `</think>`) included; `</think>` is its own.
+#[test]
+fn tokens_split_here_keep_their_ids() {
+    let mut m = FrameMapper::new(&params(), Split::Auto, Forcing::None, Instant::now());
+    let mut out = vec![];
+    let mut emit = |e: EngineEvent| out.push(e);
+    let entry = |id: u32, text: &str| serde_json::json!({"id": id, "token": text, "logprob": -0.5, "top_logprobs": [{"id": id, "token": text, "logprob": -0.5}]});
+    let frames = [
+        ("<think>\nAdd", vec![entry(413, "Add")]),
+        (" <", vec![entry(7, " <")]),
+        ("b", vec![entry(8, "b")]),
+        ("</think>", vec![entry(9, "</think>")]),
+        ("\n\n42", vec![entry(10, "\n\n"), entry(11, "42")]),
+        (" <", vec![entry(7, " <")]),
+    ];
+    for (text, entries) in frames {
+        let v = serde_json::json!({"choices":[{"index":0,"delta":{"content": text},"logprobs":{"content": entries}}]});
+        assert_eq!(m.frame(&v, &mut emit), Flow::Continue);
+    }
+    m.finish(End::Complete, None, &mut emit);
+    let got: Vec<(Option<u32>, String, Phase)> = tokens(&out).iter().map(|t| (t.id, t.text.clone(), t.phase)).collect();
+    let want = [
+        (Some(413), "Add", Phase::Thinking),
+        (Some(7), " <", Phase::Thinking),
+        (Some(8), "b", Phase::Thinking),
+        (Some(9), "</think>", Phase::Thinking),
+        (Some(10), "\n\n", Phase::Answer),
+        (Some(11), "42", Phase::Answer),
+        (Some(7), " <", Phase::Answer),
+    ];
+    let want: Vec<(Option<u32>, String, Phase)> = want.iter().map(|(i, t, p)| (*i, t.to_string(), *p)).collect();
+    assert_eq!(got, want);
+    assert!(tokens(&out).iter().all(|t| t.logprob == Some(-0.5)), "every token keeps its logprob");
+}
