@@ -246,3 +246,37 @@ fn two_servers_compared_with_no_local_model() {
     assert_eq!(out.status.code(), Some(2), "the command line refuses it");
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
 }
+
+/// A probe the server fails (HTTP 500) does not lose the others' findings: they are reported
+/// (and written with `--json`), then the run ends in an error naming the probe. The first
+/// probe is answered with deltascope serve's recorded stream for it
+/// (`tests/fixtures/wire/deltascope/`), the second with a 500.
+#[test]
+fn a_probe_that_fails_does_not_lose_the_others() {
+    let server = ReplayServer::start(vec![
+        Route::get("/v1/models", Reply::json_file(200, wire("deltascope/models.json"))),
+        Route::post(
+            "/v1/chat/completions",
+            Reply::Sequence(vec![
+                Reply::sse_file(wire("deltascope/verify-arithmetic-40.sse")),
+                Reply::json(500, r#"{"error": {"message": "the engine stopped", "type": "server_error"}}"#),
+            ]),
+        ),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = dir.path().join("probes.jsonl");
+    std::fs::write(
+        &prompts,
+        "{\"name\": \"first\", \"prompt\": \"What is 482 + 739?\", \"max_tokens\": 40}\n\
+         {\"name\": \"second\", \"prompt\": \"Is 91 prime?\", \"max_tokens\": 40}\n",
+    )
+    .unwrap();
+    let (code, report, stderr) = verify(&server.url(), &["--prompts", prompts.to_str().unwrap()]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("1 of 2 probes could not be run: second:"), "{stderr}");
+    let probes = probes(&report);
+    assert_eq!(probes.len(), 1, "{report}");
+    assert_eq!((probes[0]["name"].as_str(), probes[0]["verdict"]["verdict"].as_str()), (Some("first"), Some("agrees")));
+    assert_eq!(probes[0]["positions"].as_array().unwrap().len(), 40);
+    assert!(report["errors"][0].as_str().unwrap().contains("HTTP 500"), "{report}");
+}

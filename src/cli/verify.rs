@@ -16,7 +16,7 @@ use crate::devices::DeviceSpec;
 use crate::verify::against;
 use crate::verify::probes::{self, Probe};
 use crate::verify::score::{Thresholds, Verdict};
-use crate::verify::server::{self, ProbeReport, PromptCheck};
+use crate::verify::server::{self, ProbeReport, PromptCheck, VerifyError};
 
 #[derive(Args, Debug)]
 pub struct VerifyArgs {
@@ -102,11 +102,23 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         }
     };
     writeln!(err, "verify: {who} against {reference_name} · {} probes", probes.len())?;
-    let mut reports = vec![];
+    let (mut reports, mut errors) = (vec![], vec![]);
     for probe in &probes {
-        let r = match &yardstick {
-            Yardstick::Engine(reference) => server::check(subject.as_ref(), reference, probe, &thresholds)?,
-            Yardstick::Server(other) => against::check_pair(subject.as_ref(), other.as_ref(), probe, &thresholds)?,
+        let checked = match &yardstick {
+            Yardstick::Engine(reference) => server::check(subject.as_ref(), reference, probe, &thresholds),
+            Yardstick::Server(other) => against::check_pair(subject.as_ref(), other.as_ref(), probe, &thresholds),
+        };
+        // One probe's failure (a dropped connection, a refused request) does not lose the
+        // others' findings: they are reported, then the run ends in an error. A server that
+        // cannot be verified at all ends it at once.
+        let r = match checked {
+            Ok(r) => r,
+            Err(e @ VerifyError::Cannot(_)) => return Err(e.into()),
+            Err(e) => {
+                writeln!(err, "  {:<16} error: {e}", probe.name)?;
+                errors.push(format!("{}: {e}", probe.name));
+                continue;
+            }
         };
         if !a.json {
             writeln!(err, "{}", line(&r))?;
@@ -118,14 +130,21 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     if a.json {
         let v = serde_json::json!({
             "subject": who, "reference": reference_name, "thresholds": thresholds,
-            "overall": overall, "probes": reports,
+            "overall": overall, "probes": reports, "errors": errors,
         });
         writeln!(out, "{v}")?;
     } else {
         for r in &reports {
             explain(&mut out, r)?;
         }
-        writeln!(out, "overall: {overall}")?;
+        match errors.len() {
+            0 => writeln!(out, "overall: {overall}")?,
+            n => writeln!(out, "overall: incomplete ({n} probes could not be run); the others: {overall}")?,
+        }
+    }
+    out.flush()?;
+    if !errors.is_empty() {
+        anyhow::bail!("{} of {} probes could not be run: {}", errors.len(), probes.len(), errors.join("; "));
     }
     match overall {
         "agrees" => Ok(()),
