@@ -8,9 +8,9 @@
 
 use super::probes::Probe;
 use super::score::{Alt, Position, Thresholds};
-use super::server::{ProbeReport, PromptCheck, TOP_LOGPROBS, VerifyError};
-use crate::backend::{Backend, ChatRequest, Prompt};
-use crate::generation::{EngineEvent, GenerationParams, SamplingParams, Thinking, TokenEvent};
+use super::server::{ProbeReport, PromptCheck, VerifyError};
+use crate::backend::{Backend, BackendError, ChatRequest};
+use crate::generation::{ErrorKind, TokenEvent};
 
 /// Runs `probe` on `subject` and on `reference` and compares them.
 pub fn check_pair(
@@ -19,15 +19,7 @@ pub fn check_pair(
     probe: &Probe,
     thresholds: &Thresholds,
 ) -> Result<ProbeReport, VerifyError> {
-    let params = GenerationParams {
-        max_tokens: probe.max_tokens,
-        sampling: SamplingParams { temperature: 0.0, ..Default::default() },
-        thinking: if probe.thinking { Thinking::Unlimited } else { Thinking::Off },
-        top_logprobs: TOP_LOGPROBS,
-        ignore_eos: probe.ignore_eos,
-        ..Default::default()
-    };
-    let req = ChatRequest { prompt: Prompt::Chat(probe.messages.clone()), params };
+    let req = super::server::request(probe);
     let prompt = match (subject.prompt_tokens(&req), reference.prompt_tokens(&req)) {
         (Ok(Some(a)), Ok(Some(b))) => match (0..a.ids.len().max(b.ids.len())).find(|&i| a.ids.get(i) != b.ids.get(i)) {
             None => PromptCheck::Same { tokens: a.ids.len() },
@@ -86,23 +78,14 @@ pub fn check_pair(
 }
 
 fn tokens(backend: &dyn Backend, req: ChatRequest) -> Result<Vec<TokenEvent>, VerifyError> {
-    let mut out = vec![];
-    let end = backend.start(req)?.for_each(|e| {
-        if let EngineEvent::Token(t) = e {
-            out.push(t.clone());
-        }
-    });
-    if let EngineEvent::Error(e) = end {
-        return Err(VerifyError::Backend(crate::backend::BackendError::new(
-            e.kind,
-            format!("{}: {}", backend.info().name, e.message),
-        )));
+    let who = &backend.info().name;
+    let (out, failed) = super::server::generate(backend, req)?;
+    if let Some(message) = failed {
+        // Past the first token the two texts cannot be compared to the end: an error here.
+        return Err(VerifyError::Backend(BackendError::new(ErrorKind::Unavailable, format!("{who}: {message}"))));
     }
-    if !out.is_empty() && out.iter().all(|t| t.logprob.is_none() && t.top_logprobs.is_empty()) {
-        return Err(VerifyError::Cannot(format!(
-            "{} sends no logprobs (nothing to compare the other server with)",
-            backend.info().name
-        )));
+    if super::server::sends_no_logprobs(&out) {
+        return Err(VerifyError::Cannot(format!("{who} sends no logprobs (nothing to compare the other server with)")));
     }
     Ok(out)
 }

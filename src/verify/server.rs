@@ -74,13 +74,8 @@ impl ProbeReport {
     }
 }
 
-/// Runs one probe on `subject` and scores it against `reference`.
-pub fn check(
-    subject: &dyn Backend,
-    reference: &Loaded,
-    probe: &Probe,
-    thresholds: &Thresholds,
-) -> Result<ProbeReport, VerifyError> {
+/// The probe's greedy request, with the most top logprobs a server gives.
+pub(super) fn request(probe: &Probe) -> ChatRequest {
     let params = GenerationParams {
         max_tokens: probe.max_tokens,
         sampling: SamplingParams { temperature: 0.0, ..Default::default() },
@@ -89,7 +84,17 @@ pub fn check(
         ignore_eos: probe.ignore_eos,
         ..Default::default()
     };
-    let req = ChatRequest { prompt: Prompt::Chat(probe.messages.clone()), params };
+    ChatRequest { prompt: Prompt::Chat(probe.messages.clone()), params }
+}
+
+/// Runs one probe on `subject` and scores it against `reference`.
+pub fn check(
+    subject: &dyn Backend,
+    reference: &Loaded,
+    probe: &Probe,
+    thresholds: &Thresholds,
+) -> Result<ProbeReport, VerifyError> {
+    let req = request(probe);
     let (_, prompt_ids) = reference.render(&req)?;
     let mut report = ProbeReport {
         name: probe.name.clone(),
@@ -201,7 +206,10 @@ pub fn too_long(e: &VerifyError) -> Option<String> {
 
 /// The subject's tokens of one greedy generation, and the error it ended in after some
 /// tokens (one before any token is the request's failure: an error).
-fn generate(subject: &dyn Backend, req: ChatRequest) -> Result<(Vec<TokenEvent>, Option<String>), VerifyError> {
+pub(super) fn generate(
+    subject: &dyn Backend,
+    req: ChatRequest,
+) -> Result<(Vec<TokenEvent>, Option<String>), VerifyError> {
     let mut tokens = vec![];
     let end = subject.start(req)?.for_each(|e| {
         if let EngineEvent::Token(t) = e {
@@ -215,6 +223,11 @@ fn generate(subject: &dyn Backend, req: ChatRequest) -> Result<(Vec<TokenEvent>,
     }
 }
 
+/// A stream with tokens and not one logprob among them: nothing to compare.
+pub(super) fn sends_no_logprobs(events: &[TokenEvent]) -> bool {
+    !events.is_empty() && events.iter().all(|t| t.logprob.is_none() && t.top_logprobs.is_empty())
+}
+
 /// The subject's tokens as reference ids, and the first that could not be mapped (index, text).
 type Mapped = (Vec<SubjectToken>, Option<(usize, String)>);
 
@@ -222,7 +235,7 @@ type Mapped = (Vec<SubjectToken>, Option<(usize, String)>);
 /// tokenizer's single token for the text. Scoring stops at the first token that cannot be
 /// mapped.
 fn subject_tokens(events: &[TokenEvent], reference: &Loaded) -> Result<Mapped, VerifyError> {
-    if !events.is_empty() && events.iter().all(|t| t.logprob.is_none() && t.top_logprobs.is_empty()) {
+    if sends_no_logprobs(events) {
         return Err(VerifyError::Cannot("the server sends no logprobs (nothing to compare with the reference)".into()));
     }
     let tok = &reference.tokenizer;
