@@ -3,12 +3,16 @@
 in the state scope (README: "The state scope"). Standard library only.
 
 usage: break_checkpoint.py SRC_DIR DST_DIR TENSOR (--add X | --scale X | --nan INDEX)
-                           [--rows FROM:TO]
+                           [--rows FROM:TO] [--untie]
 
   --add X       add X to every value (e.g. dt_bias + 2: every head of the layer forgets faster)
   --scale X     multiply every value by X (e.g. the v rows of in_proj_qkv x 1e6: the state explodes)
   --nan INDEX   set one value to NaN (e.g. A_log[4]: value head 4's decay, and its state, go NaN)
   --rows A:B    only rows A..B of a 2-D tensor (with --add / --scale)
+  --untie       first give a checkpoint with tied embeddings its own LM head (a copy,
+                lm_head.weight; tie_word_embeddings false), so that breaking embed_tokens
+                breaks only the input side: e.g. --nan (ID * hidden) on embed_tokens makes the
+                model go NaN mid-sequence, at the first time token ID is fed back, and not before
 
 Works on one-file checkpoints (model.safetensors) stored in F32 or BF16.
 """
@@ -31,6 +35,7 @@ def main():
     what.add_argument("--scale", type=float)
     what.add_argument("--nan", type=int, metavar="INDEX")
     p.add_argument("--rows", metavar="FROM:TO")
+    p.add_argument("--untie", action="store_true")
     a = p.parse_args()
 
     if a.dst.exists():
@@ -41,6 +46,8 @@ def main():
     shutil.copytree(a.src, a.dst)
     path = a.dst / "model.safetensors"
     raw = bytearray(path.read_bytes())
+    if a.untie:
+        raw = untie(raw, a.dst / "config.json")
     n = struct.unpack("<Q", raw[:8])[0]
     header = json.loads(raw[8:8 + n])
     t = header.get(a.tensor)
@@ -84,6 +91,31 @@ def main():
             put(i, get(i) + a.add if a.add is not None else get(i) * a.scale)
     path.write_bytes(raw)
     print(f"wrote {a.dst}: {a.tensor} {dtype} {shape} changed")
+
+
+def untie(raw, config_path):
+    """The checkpoint with `lm_head.weight`, a copy of the input embeddings, appended, and
+    `tie_word_embeddings` false in its config (top level and text_config)."""
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    data = raw[8 + n:]
+    if "lm_head.weight" in header:
+        sys.exit("--untie: the checkpoint already has lm_head.weight")
+    embed = [k for k in header if k.endswith("embed_tokens.weight") and not k.startswith("mtp")]
+    if len(embed) != 1:
+        sys.exit(f"--untie: expected one embed_tokens.weight, found {embed}")
+    e = header[embed[0]]
+    lo, hi = e["data_offsets"]
+    end = len(data)
+    header["lm_head.weight"] = {"dtype": e["dtype"], "shape": e["shape"], "data_offsets": [end, end + hi - lo]}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    config = json.loads(config_path.read_text())
+    for c in (config, config.get("text_config")):
+        if isinstance(c, dict) and "tie_word_embeddings" in c:
+            c["tie_word_embeddings"] = False
+    config_path.write_text(json.dumps(config, indent=2))
+    return bytearray(struct.pack("<Q", len(text)) + text + data + data[lo:hi])
 
 
 if __name__ == "__main__":

@@ -11,14 +11,15 @@
 mod llama_server;
 #[path = "common/replay.rs"]
 mod replay;
+#[path = "common/serve.rs"]
+mod serve;
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use llama_server::{Build, LlamaServer, ServerConfig};
 use replay::{ReplayServer, Reply, Route, wire};
 use serde_json::Value;
+use serve::{Serve, broken};
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_deltascope")
@@ -101,50 +102,6 @@ fn a_server_with_another_chat_template_is_caught_before_generating() {
     }
     let first = &probes(&report)[0]["prompt"];
     assert!(first["text_at"].is_array(), "the rendered texts' first difference: {first}");
-}
-
-/// `deltascope serve` on a model directory, on a free port; killed when dropped.
-struct Serve(Child, String);
-
-impl Serve {
-    fn start(model: Option<&Path>) -> Serve {
-        let mut cmd = Command::new(bin());
-        cmd.args(["serve", "--port", "0", "--device", "cpu"]);
-        if let Some(m) = model {
-            cmd.arg("--model").arg(m);
-        }
-        let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("starting serve");
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let url = loop {
-            let line = lines.next().expect("serve exited before listening").unwrap();
-            if let Some(rest) = line.split(" on http://").nth(1) {
-                break format!("http://{}", rest.split_whitespace().next().unwrap());
-            }
-        };
-        std::thread::spawn(move || for _ in lines {});
-        Serve(child, url)
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn broken(dir: &Path, name: &str, tensor: &str, how: &[&str]) -> std::path::PathBuf {
-    let dst = dir.join(name);
-    let out = Command::new("python3")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/break_checkpoint.py"))
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/models/demo"))
-        .arg(&dst)
-        .arg(tensor)
-        .args(how)
-        .output()
-        .expect("python3 runs break_checkpoint.py");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    dst
 }
 
 #[test]
@@ -279,4 +236,88 @@ fn a_probe_that_fails_does_not_lose_the_others() {
     assert_eq!((probes[0]["name"].as_str(), probes[0]["verdict"]["verdict"].as_str()), (Some("first"), Some("agrees")));
     assert_eq!(probes[0]["positions"].as_array().unwrap().len(), 40);
     assert!(report["errors"][0].as_str().unwrap().contains("HTTP 500"), "{report}");
+}
+
+/// A NaN appearing mid-sequence: the demo with its LM head untied and one value of the input
+/// embedding of " carry" (id 397) set to NaN is the healthy model until " carry" is fed back,
+/// about 56 tokens into the arithmetic probe. serve stops there with its diagnostic; verify
+/// names that position (the tokens before it agree) and says why, with the server's message.
+#[test]
+fn a_nan_appearing_mid_sequence_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let carry = 397 * 192; // hidden_size 192
+    let server = Serve::start(Some(&broken(
+        dir.path(),
+        "nan-mid",
+        "model.embed_tokens.weight",
+        &["--nan", &carry.to_string(), "--untie"],
+    )));
+    let (code, report, stderr) = verify(&server.1, &["--quick"]);
+    assert_eq!((code, report["overall"].as_str()), (3, Some("diverges")), "{stderr}\n{report}");
+    let arithmetic = &probes(&report)[0];
+    let positions = arithmetic["positions"].as_array().unwrap();
+    let at = arithmetic["failed"][0].as_u64().expect("the probe failed mid-answer") as usize;
+    let first_carry = positions.iter().position(|p| p["id"] == 397).expect("\" carry\" was generated");
+    assert_eq!(at, first_carry + 1, "the first position after \" carry\" went in: {arithmetic}");
+    assert!(at > 20, "mid-sequence, not at the start: {at}");
+    assert_eq!(arithmetic["verdict"]["verdict"], "agrees", "every token before it is the healthy model's");
+    let why = arithmetic["failed"][1].as_str().unwrap();
+    assert!(why.contains("NaN first appeared") && why.contains("token id 397"), "serve's diagnostic: {why}");
+    let human = Command::new(bin()).args(["verify", "--server", &server.1, "--quick"]).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&human.stdout), String::from_utf8_lossy(&human.stderr));
+    assert_eq!(human.status.code(), Some(3));
+    assert!(stderr.contains(&format!("FAILED at position {at}, the tokens before it agree")), "{stderr}");
+    assert!(stdout.contains(&format!("arithmetic: the server failed at position {at}: ")), "{stdout}");
+}
+
+/// vLLM's and SGLang's logprob shapes, replayed (neither server runs here): deltascope serve's
+/// recorded answer to "What is 482 + 739?" reshaped by `tests/fixtures/wire/reshape_logprobs.py`
+/// into vLLM's `return_tokens_as_token_ids` entries (`token_id:N`) and SGLang's text-only ones,
+/// each with `</think>` taken out by the server's reasoning parser. Every token maps to the
+/// recorded id (vLLM by its placeholder, SGLang by the reference tokenizer over its text),
+/// `</think>` is put back, and the answer agrees; verify asks vLLM for ids and SGLang not.
+#[test]
+fn replayed_vllm_and_sglang_logprob_shapes_map_tokens() {
+    let recorded: Vec<u64> = std::fs::read_to_string(wire("deltascope/verify-arithmetic-200.sse"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: ").and_then(|d| serde_json::from_str::<Value>(d).ok()))
+        .flat_map(|f| {
+            f.pointer("/choices/0/logprobs/content")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|e| e["token_id"].as_u64().unwrap())
+        })
+        .filter(|&id| id != 482) // <|im_end|>: never streamed by vLLM or SGLang
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = dir.path().join("probe.jsonl");
+    std::fs::write(&prompts, "{\"name\": \"arithmetic\", \"prompt\": \"What is 482 + 739?\", \"max_tokens\": 200}\n")
+        .unwrap();
+    let vllm = ReplayServer::start(vec![
+        Route::get("/v1/models", Reply::json_file(200, wire("vllm/models.json"))),
+        Route::get("/version", Reply::json_file(200, wire("vllm/version.json"))),
+        Route::post("/v1/chat/completions", Reply::sse_file(wire("vllm/chat-stream-logprobs-token-ids.sse"))),
+    ]);
+    let sglang = ReplayServer::start(vec![
+        Route::get("/v1/models", Reply::json_file(200, wire("sglang/models.json"))),
+        Route::get("/server_info", Reply::json_file(200, wire("sglang/server_info.json"))),
+        Route::post("/v1/chat/completions", Reply::sse_file(wire("sglang/chat-stream-logprobs.sse"))),
+    ]);
+    for (name, server, asks_ids) in [("vLLM", &vllm, true), ("SGLang", &sglang, false)] {
+        let (code, report, stderr) = verify(&server.url(), &["--prompts", prompts.to_str().unwrap()]);
+        assert_agrees(name, code, &report, &stderr);
+        let p = &probes(&report)[0];
+        assert!(p["unmapped"].is_null(), "{name}: every token mapped: {p}");
+        let positions = p["positions"].as_array().unwrap();
+        let ids: Vec<u64> = positions.iter().map(|q| q["id"].as_u64().unwrap()).collect();
+        assert_eq!(ids, recorded, "{name}: the recorded ids, </think> put back");
+        let tag = positions.iter().find(|q| q["id"] == 505).unwrap();
+        assert_eq!(tag["hidden"], true, "{name}: </think> came back from the reference, not the server");
+        let body = &server.requests().into_iter().find(|r| r.path == "/v1/chat/completions").unwrap();
+        let body: Value = serde_json::from_str(&body.body_str()).unwrap();
+        assert_eq!(body["return_tokens_as_token_ids"].as_bool().unwrap_or(false), asks_ids, "{name}: {body}");
+    }
 }

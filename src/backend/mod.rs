@@ -282,6 +282,10 @@ pub struct RemoteSpec {
     pub idle_timeout: std::time::Duration,
     /// Connecting and the first response headers.
     pub connect_timeout: std::time::Duration,
+    /// Ask for every token's id where a server sends ids only on request (vLLM's
+    /// `return_tokens_as_token_ids`: the alternatives then come as `token_id:N`, so only
+    /// `deltascope verify`, which names them with the reference tokenizer, asks).
+    pub token_ids: bool,
 }
 
 impl RemoteSpec {
@@ -295,6 +299,7 @@ impl RemoteSpec {
             reasoning_split: ReasoningSplit::Server,
             idle_timeout: std::time::Duration::from_secs(60),
             connect_timeout: std::time::Duration::from_secs(10),
+            token_ids: false,
         }
     }
 }

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser};
 
 use super::common::{GenArgs, ModelArgs};
+use crate::backend::local::LocalSpec;
+use crate::devices::DeviceSpec;
 use crate::tui::{self, TuiOptions};
 
 #[derive(Args, Debug, Clone)]
@@ -33,6 +35,11 @@ pub struct ChatArgs {
     /// Key bindings file (default $XDG_CONFIG_HOME/deltascope/keymap.toml).
     #[arg(long, value_name = "FILE")]
     pub keymap: Option<PathBuf>,
+    /// A local reference engine for reference mode: a checkpoint of the same model as the
+    /// server (or `demo`), run on the CPU at f32. Alt+V re-scores the shown turn with it
+    /// (`deltascope verify`'s scoring), Alt+D jumps to the first divergence.
+    #[arg(long, value_name = "DIR|demo")]
+    pub reference: Option<PathBuf>,
 }
 
 /// The chat flags with their defaults, for `deltascope` without a subcommand.
@@ -51,7 +58,24 @@ impl Default for ChatArgs {
 }
 
 pub fn run(a: ChatArgs) -> anyhow::Result<()> {
+    let reference = match &a.reference {
+        Some(dir) => {
+            anyhow::ensure!(
+                dir.as_os_str() == "demo" || dir.join("config.json").is_file(),
+                "--reference {}: no config.json there (a checkpoint directory of the server's model, or `demo`)",
+                dir.display()
+            );
+            let spec = LocalSpec {
+                threads: a.model.threads,
+                device: DeviceSpec::Cpu,
+                ..LocalSpec::new(Some(dir), "f32").map_err(|e| anyhow::anyhow!("--reference: {}", e.message))?
+            };
+            Some((spec, dir.display().to_string()))
+        }
+        None => None,
+    };
     tui::run(TuiOptions {
+        reference,
         backend: a.model.spec()?,
         generation: a.generation.overrides(),
         system: a.system,

@@ -42,7 +42,7 @@ pub struct VerifyArgs {
 }
 
 /// What usually makes a server diverge from its model's reference.
-const CAUSES: &str = "what usually causes it: a broken Gated-DeltaNet or attention kernel (an early divergence, then \
+const CAUSES: &str = "what usually causes a divergence: a broken Gated-DeltaNet or attention kernel (an early divergence, then \
 repetition); a wrong chat template (compare the prompt check above); a wrong RoPE or context setting (long prompts \
 diverge, short ones agree); a quantised model checked against a bf16 / f32 reference (drift everywhere, divergences \
 at near-ties)";
@@ -58,10 +58,12 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         None => vec![],
     };
     // Every token with its logprob entry: a server is asked not to split thinking off where it
-    // can (llama.cpp, SGLang, deltascope), so `</think>` comes as a token like any other.
+    // can (llama.cpp, SGLang, deltascope), so `</think>` comes as a token like any other; and
+    // for ids where they come only on request (vLLM).
     let client_split = |spec: BackendSpec| match spec {
         BackendSpec::Remote(mut spec) => {
             spec.reasoning_split = ReasoningSplit::Client;
+            spec.token_ids = true;
             BackendSpec::Remote(spec)
         }
         local => local,
@@ -137,6 +139,9 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         for r in &reports {
             explain(&mut out, r)?;
         }
+        if reports.iter().any(|r| matches!(r.verdict, Some(Verdict::Diverges { .. }))) {
+            writeln!(out, "{CAUSES}")?;
+        }
         match errors.len() {
             0 => writeln!(out, "overall: {overall}")?,
             n => writeln!(out, "overall: incomplete ({n} probes could not be run); the others: {overall}")?,
@@ -206,9 +211,15 @@ fn line(r: &ProbeReport) -> String {
         (Some(v), None) => format!(
             "{} tokens · {} (max |Δ| {:.3} · min top-k overlap {:.2} · max KL ≥ {:.4})",
             r.positions.len(),
-            match v {
-                Verdict::Diverges { at } => format!("DIVERGES at position {at}"),
-                v => v.name().to_string(),
+            match (v, &r.failed) {
+                (Verdict::Diverges { at }, _) => format!("DIVERGES at position {at}"),
+                // The server could not go on (a NaN, a crash): the first position it did not
+                // produce is where it parts from the reference.
+                (v, Some((at, _))) => format!(
+                    "FAILED at position {at}, the tokens before it {}",
+                    if matches!(v, Verdict::Agrees) { "agree" } else { "drift" }
+                ),
+                (v, None) => v.name().to_string(),
             },
             max(&|p| p.delta.map(f32::abs)),
             min_overlap,
@@ -268,7 +279,6 @@ fn explain(out: &mut dyn Write, r: &ProbeReport) -> std::io::Result<()> {
             "  server top-5:    {}",
             if p.subject_top.is_empty() { "(none sent)".into() } else { list(&p.subject_top) }
         )?;
-        writeln!(out, "  {CAUSES}")?;
     }
     Ok(())
 }

@@ -12,8 +12,10 @@ use ratatui::crossterm::event::{self, Event as TermEvent};
 use std::path::PathBuf;
 
 use crate::backend::Backend;
+use crate::backend::local::Loaded;
 use crate::generation::EngineEvent;
 use crate::session::{Session, SessionInfo};
+use crate::verify::rescore::Rescore;
 
 // Events are moved once through a channel; boxing every token event would allocate per token.
 #[allow(clippy::large_enum_variant)]
@@ -32,6 +34,13 @@ pub enum Inbound {
     },
     /// The backend is open (a model loaded, or a server answered), or why not.
     Ready(Result<Box<dyn Backend>, String>),
+    /// The reference engine (`--reference`) is loaded, or why it could not be.
+    Reference(Result<std::sync::Arc<Loaded>, String>),
+    /// A turn re-scored by the reference ([`crate::tui::app::Effect::Rescore`]), or why not.
+    Rescored {
+        turn: usize,
+        result: Result<Box<Rescore>, String>,
+    },
     /// SIGINT, SIGTERM or SIGHUP from outside: save and quit, restoring the terminal. (Ctrl+C
     /// typed in the TUI is a key, since raw mode turns off the terminal's own signal keys.)
     Terminate,

@@ -35,6 +35,7 @@ use self::panels::sliders::Settings;
 use self::render::FrameClock;
 use self::runner::Runner;
 use self::theme::Theme;
+use crate::backend::local::{Loaded, LocalSpec};
 use crate::backend::{self, BackendSpec, OpenProgress, ParamOverrides, Support};
 use crate::error::panic_message;
 use crate::generation::GenerationParams;
@@ -53,6 +54,9 @@ pub struct TuiOptions {
     pub session: Option<PathBuf>,
     pub sessions_dir: Option<PathBuf>,
     pub keymap: Option<PathBuf>,
+    /// A local reference engine (`--reference`) that re-scores turns, and what to call it
+    /// while it loads.
+    pub reference: Option<(LocalSpec, String)>,
 }
 
 /// Installs a panic hook over the one `ratatui::try_init` set (which restores the terminal and
@@ -149,6 +153,10 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
 
     let (tx, rx) = mpsc::channel::<Inbound>();
     spawn_opener(opts.backend.clone(), tx.clone())?;
+    if let Some((spec, what)) = &opts.reference {
+        app.expect_reference(what.clone());
+        spawn_reference(spec.clone(), tx.clone())?;
+    }
 
     let mut terminal = ratatui::try_init().context("cannot switch the terminal to the TUI")?;
     let _guard = TerminalGuard;
@@ -165,12 +173,12 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
         tracing::warn!("cannot handle termination signals: {e}");
     }
     event::spawn_input(tx.clone()).context("cannot start the input thread")?;
-    spawn_ticker(tx);
+    spawn_ticker(tx.clone());
     let fault = Fault::from_env();
 
     let start = Instant::now();
     let now_ms = || start.elapsed().as_secs_f64() * 1000.0;
-    let mut runner = Runner::new();
+    let mut runner = Runner::new(tx.clone());
     let mut clock = FrameClock::default();
     let mut view = view::View::default();
     loop {
@@ -188,6 +196,7 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
         for ev in batch {
             match ev {
                 Inbound::Ready(Ok(b)) => runner.opened(&mut app, b, &opts, resumed.as_ref()),
+                Inbound::Reference(Ok(r)) => runner.reference_opened(&mut app, r),
                 other => app.update(other, now_ms()),
             }
         }
@@ -247,6 +256,18 @@ fn spawn_opener(spec: BackendSpec, tx: Sender<Inbound>) -> anyhow::Result<()> {
             Err(p) => Err(format!("loading failed: {}", panic_message(p.as_ref()))),
         };
         let _ = tx.send(Inbound::Ready(result));
+    })?;
+    Ok(())
+}
+
+/// Loads the reference engine (`--reference`, on the CPU) on its own thread.
+fn spawn_reference(spec: LocalSpec, tx: Sender<Inbound>) -> anyhow::Result<()> {
+    std::thread::Builder::new().name("deltascope-reference".into()).spawn(move || {
+        let result = match std::panic::catch_unwind(|| Loaded::load(&spec, &|_: OpenProgress| {})) {
+            Ok(r) => r.map(std::sync::Arc::new).map_err(|e| e.to_string()),
+            Err(p) => Err(format!("loading failed: {}", panic_message(p.as_ref()))),
+        };
+        let _ = tx.send(Inbound::Reference(result));
     })?;
     Ok(())
 }

@@ -5,27 +5,40 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::mpsc::TryRecvError;
+use std::sync::mpsc::{Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
 use super::TuiOptions;
 use super::app::{App, Effect};
 use super::event::Inbound;
+use crate::backend::local::Loaded;
 use crate::backend::{Backend, BackendInfo, ChatRequest};
 use crate::generation::{EngineEvent, ErrorKind, Generation, GenerationParams, StepControl};
 use crate::session::{Session, list_sessions};
+use crate::verify::rescore::rescore;
+use crate::verify::score::Thresholds;
 
-/// What the runner owns: the backend, the live generation and the terminal's output stream.
+/// What the runner owns: the backend, the live generation, the reference engine and the
+/// terminal's output stream.
 pub(crate) struct Runner {
     pub(crate) backend: Option<Box<dyn Backend>>,
     live: Option<Generation>,
+    /// The local reference (`--reference`) that re-scores turns.
+    reference: Option<Arc<Loaded>>,
+    /// Where work done on other threads (a rescore) answers.
+    tx: Sender<Inbound>,
     pub(crate) stdout: std::io::Stdout,
 }
 
 impl Runner {
-    /// The backend is open: the sliders start from the session or the flags.
-    pub(crate) fn new() -> Runner {
-        Runner { backend: None, live: None, stdout: std::io::stdout() }
+    pub(crate) fn new(tx: Sender<Inbound>) -> Runner {
+        Runner { backend: None, live: None, reference: None, tx, stdout: std::io::stdout() }
+    }
+
+    /// The reference engine is loaded.
+    pub(crate) fn reference_opened(&mut self, app: &mut App, r: Arc<Loaded>) {
+        app.reference_loaded(Ok(r.name.clone()));
+        self.reference = Some(r);
     }
 
     pub(crate) fn opened(&mut self, app: &mut App, b: Box<dyn Backend>, opts: &TuiOptions, resumed: Option<&Session>) {
@@ -65,6 +78,28 @@ impl Runner {
                     let Some(b) = &self.backend else { continue };
                     let request = ChatRequest { prompt, params: *params };
                     app.show_dry_run(b.dry_run(&request).map_err(|e| e.message));
+                }
+                Effect::Rescore { turn, prompt, params, tokens } => {
+                    let request = ChatRequest { prompt, params: *params };
+                    let (Some(reference), Some(b)) = (self.reference.clone(), &self.backend) else {
+                        let result = Err("the reference or the backend is not open".to_string());
+                        app.update(Inbound::Rescored { turn, result }, app.now_ms());
+                        continue;
+                    };
+                    // The subject's own rendering of the prompt (a quick request to a server)
+                    // here; the teacher-forced pass, seconds to minutes, on its own thread.
+                    let theirs = b.prompt_tokens(&request).map_err(|e| e.message);
+                    let name = b.info().name.clone();
+                    let tx = self.tx.clone();
+                    let spawned = std::thread::Builder::new().name("deltascope-rescore".into()).spawn(move || {
+                        let result = rescore(&reference, &name, theirs, &request, &tokens, &Thresholds::default())
+                            .map(Box::new)
+                            .map_err(|e| e.to_string());
+                        let _ = tx.send(Inbound::Rescored { turn, result });
+                    });
+                    if let Err(e) = spawned {
+                        app.update(Inbound::Rescored { turn, result: Err(e.to_string()) }, app.now_ms());
+                    }
                 }
                 Effect::Cancel => self.live.iter().for_each(Generation::cancel),
                 Effect::SetPaused(p) => self.live.iter().for_each(|g| g.set_paused(p)),

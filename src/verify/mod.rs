@@ -9,6 +9,7 @@
 pub mod against;
 pub mod parity;
 pub mod probes;
+pub mod rescore;
 pub mod score;
 pub mod server;
 pub mod twins;

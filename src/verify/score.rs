@@ -118,20 +118,47 @@ impl Verdict {
     }
 }
 
+/// One position's agreement with the reference (the workbench colours tokens by it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Agreement {
+    /// Forced through, not scored (a tag put back, a token the subject's engine forced).
+    NotScored,
+    Agrees,
+    Drifts,
+    Diverges,
+}
+
+/// How far a position is from agreeing: its |Δ|, its KL bound, and for a different choice how
+/// far below the reference's first choice it was.
+fn off(p: &Position) -> (f32, f32) {
+    let gap = p.reference_best_logprob - p.reference_logprob;
+    let delta = p.delta.map_or(0.0, f32::abs).max(if p.reference_rank > 0 { gap } else { 0.0 });
+    (delta, p.kl_lower_bound.unwrap_or(0.0))
+}
+
+fn diverges(p: &Position, t: &Thresholds) -> bool {
+    !p.hidden && p.reference_p() < t.diverge_below && p.reference_top1_p() > t.diverge_top1_above
+}
+
+/// The class of one position under `t`: the per-token form of [`verdict`].
+pub fn agreement(p: &Position, t: &Thresholds) -> Agreement {
+    if p.hidden {
+        return Agreement::NotScored;
+    }
+    if diverges(p, t) {
+        return Agreement::Diverges;
+    }
+    let (d, k) = off(p);
+    if d > t.agree_delta || k > t.agree_kl { Agreement::Drifts } else { Agreement::Agrees }
+}
+
 /// The verdict over scored positions.
 pub fn verdict(positions: &[Position], t: &Thresholds) -> Verdict {
     let scored = || positions.iter().filter(|p| !p.hidden);
-    if let Some(p) = scored().find(|p| p.reference_p() < t.diverge_below && p.reference_top1_p() > t.diverge_top1_above)
-    {
+    if let Some(p) = scored().find(|p| diverges(p, t)) {
         return Verdict::Diverges { at: p.index };
     }
-    // How far each position is from agreeing: its |Δ|, its KL bound, and for a different
-    // choice how far below the reference's first choice it was.
-    let off = |p: &Position| {
-        let gap = p.reference_best_logprob - p.reference_logprob;
-        let delta = p.delta.map_or(0.0, f32::abs).max(if p.reference_rank > 0 { gap } else { 0.0 });
-        (delta, p.kl_lower_bound.unwrap_or(0.0))
-    };
     let worst = scored().map(|p| (p.index, off(p))).max_by(|a, b| {
         let score = |(d, k): (f32, f32)| (d / t.agree_delta).max(k / t.agree_kl);
         score(a.1).total_cmp(&score(b.1))

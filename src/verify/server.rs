@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::probes::Probe;
 use super::score::{self, Position, SubjectToken, Thresholds, Verdict};
 use crate::backend::local::Loaded;
-use crate::backend::{Backend, BackendError, ChatRequest, Prompt};
+use crate::backend::{Backend, BackendError, ChatRequest, Prompt, PromptTokens};
 use crate::generation::{EngineEvent, GenerationParams, SamplingParams, Thinking, TokenEvent};
 
 /// Tags put back into one probe's tokens at most (a chat has one `<think>` … `</think>`; the
@@ -134,47 +134,88 @@ pub fn check(
         Ok(x) => x,
     };
     report.failed = failed.map(|m| (events.len(), m));
-    let (mut tokens, unmapped) = subject_tokens(&events, reference)?;
-    report.unmapped = unmapped;
+    let scored = score_generation(reference, &prompt_ids, &events, probe.ignore_eos, thresholds)?;
+    report.unmapped = scored.unmapped;
+    report.positions = scored.positions;
+    report.verdict = Some(scored.verdict);
+    Ok(report)
+}
+
+/// A generation's tokens scored by the reference.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scored {
+    pub positions: Vec<Position>,
+    pub verdict: Verdict,
+    /// The first token that could not be mapped to a reference id (scoring stops there).
+    pub unmapped: Option<(usize, String)>,
+    /// Positions that are tags the server's reasoning parser took out, put back (not the
+    /// subject's tokens).
+    pub inserted: Vec<usize>,
+}
+
+/// The subject's tokens after `prompt_ids` teacher-forced through the reference and scored:
+/// `deltascope verify`'s probes and the workbench's reference mode alike. Tokens the subject's
+/// engine forced (a thinking budget's end) are forced through, not scored.
+pub fn score_generation(
+    reference: &Loaded,
+    prompt_ids: &[u32],
+    events: &[TokenEvent],
+    ignore_eos: bool,
+    thresholds: &Thresholds,
+) -> Result<Scored, VerifyError> {
+    let (mut tokens, unmapped) = subject_tokens(events, reference)?;
     let text = |id: u32| reference.tokenizer.decode(&[id]);
-    let banned = if probe.ignore_eos { reference.tokenizer.specials.stop.clone() } else { vec![] };
-    report.positions = score::score(&reference.model, &prompt_ids, &tokens, &text, &banned)?;
+    let banned = if ignore_eos { reference.tokenizer.specials.stop.clone() } else { vec![] };
+    let mut positions = score::score(&reference.model, prompt_ids, &tokens, &text, &banned)?;
     // A server whose reasoning parser takes `<think>` / `</think>` out of the stream (vLLM,
     // SGLang, deltascope serve) never shows them: where the reference is sure of a tag the
     // subject never sent, the tag is put back (hidden: forced through, not scored) and the
-    // rest scored again. A server that streams its tags (llama.cpp, asked not to split) is
-    // taken at its word.
+    // rest scored again; so is the whitespace the parser ate right after a `</think>` put
+    // back. A server that streams its tags (llama.cpp, asked not to split) is taken at its word.
     let tags: Vec<u32> = [reference.tokenizer.specials.think_start, reference.tokenizer.specials.think_end]
         .into_iter()
         .flatten()
         .filter(|tag| !tokens.iter().any(|t| t.id == *tag))
         .collect();
+    let mut inserted: Vec<usize> = vec![];
     for _ in 0..MAX_HIDDEN_TAGS {
-        let missing = report.positions.iter().find_map(|p| {
+        let missing = positions.iter().find_map(|p| {
             let best = p.reference_top.first()?;
-            (!p.hidden && tags.contains(&best.id) && best.id != p.id && best.logprob.exp() > 0.5).then_some((
-                p.index,
-                best.id,
-                best.text.clone(),
-            ))
+            let after_tag = p.index > 0 && inserted.contains(&(p.index - 1)) && best.text.trim().is_empty();
+            (!p.hidden && (tags.contains(&best.id) || after_tag) && best.id != p.id && best.logprob.exp() > 0.5)
+                .then_some((p.index, best.id, best.text.clone()))
         });
         let Some((at, id, text_of)) = missing else { break };
         tokens.insert(at, SubjectToken { id, text: text_of, logprob: None, top: vec![], hidden: true });
-        report.positions = score::score(&reference.model, &prompt_ids, &tokens, &text, &banned)?;
+        inserted.push(at);
+        positions = score::score(&reference.model, prompt_ids, &tokens, &text, &banned)?;
     }
-    report.verdict = Some(score::verdict(&report.positions, thresholds));
-    Ok(report)
+    let verdict = score::verdict(&positions, thresholds);
+    Ok(Scored { positions, verdict, unmapped, inserted })
 }
 
 fn compare_prompts(subject: &dyn Backend, req: &ChatRequest, ids: &[u32], reference: &Loaded) -> PromptCheck {
-    let theirs = match subject.prompt_tokens(req) {
+    let theirs = subject.prompt_tokens(req).map_err(|e| e.message);
+    prompt_check(theirs, &subject.info().name, req, ids, reference)
+}
+
+/// The subject's prompt (as its backend answered, or why it could not) against the
+/// reference's `ids` for the same request.
+pub fn prompt_check(
+    theirs: Result<Option<PromptTokens>, String>,
+    subject_name: &str,
+    req: &ChatRequest,
+    ids: &[u32],
+    reference: &Loaded,
+) -> PromptCheck {
+    let theirs = match theirs {
         Ok(Some(t)) => t,
         Ok(None) => {
             return PromptCheck::NotChecked {
-                why: format!("{} has no endpoint that renders and tokenises a chat", subject.info().name),
+                why: format!("{subject_name} has no endpoint that renders and tokenises a chat"),
             };
         }
-        Err(e) => return PromptCheck::NotChecked { why: format!("asking the server failed: {}", e.message) },
+        Err(e) => return PromptCheck::NotChecked { why: format!("asking the server failed: {e}") },
     };
     let Some(at) = (0..ids.len().max(theirs.ids.len())).find(|&i| ids.get(i) != theirs.ids.get(i)) else {
         return PromptCheck::Same { tokens: ids.len() };
@@ -250,7 +291,9 @@ fn subject_tokens(events: &[TokenEvent], reference: &Loaded) -> Result<Mapped, V
         };
         let top =
             t.top_logprobs.iter().filter_map(|a| a.id.or_else(|| single(&a.text)).map(|id| (id, a.logprob))).collect();
-        out.push(SubjectToken { id, text: t.text.clone(), logprob: t.logprob, top, hidden: false });
+        // A token the server named by id alone, in a frame of several, has no text of its own.
+        let text = if t.text.is_empty() && t.id.is_some() { tok.decode(&[id]) } else { t.text.clone() };
+        out.push(SubjectToken { id, text, logprob: t.logprob, top, hidden: t.forced });
     }
     Ok((out, None))
 }

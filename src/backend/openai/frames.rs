@@ -278,7 +278,7 @@ impl FrameMapper {
             self.close_thinking(emit);
         }
         let tokens = if entries.is_empty() {
-            vec![Entry { id: None, text: text.to_string(), logprob: None, top: vec![] }]
+            vec![Entry { id: None, text: text.to_string(), logprob: None, top: vec![], placeholder: false }]
         } else {
             entries
         };
@@ -422,7 +422,13 @@ impl FrameMapper {
     }
 
     fn finish_reason(&self, end: &End) -> Result<FinishReason, (ErrorKind, String)> {
-        let error = self.report.error.clone();
+        // deltascope serve says why a generation failed in its extension's diagnostics (the
+        // first NaN: where and which token).
+        let diagnosed =
+            self.report.extension.as_ref().and_then(|x| x.get("diagnostics")).and_then(Value::as_array).map(|d| {
+                d.iter().filter_map(|d| d.get("message").and_then(Value::as_str)).collect::<Vec<_>>().join("; ")
+            });
+        let error = self.report.error.clone().or(diagnosed.filter(|d| !d.is_empty()));
         match (end, self.report.finish.as_deref()) {
             (End::Cancelled, _) => Ok(FinishReason::Cancelled),
             (End::Stopped(r), _) => Ok(*r),

@@ -146,7 +146,7 @@ impl Backend for RemoteBackend {
 
     /// A server does not pause; `control` carries the cancel.
     fn start_with(&self, req: ChatRequest, control: Arc<StepControl>) -> BackendResult<Generation> {
-        let body = request::chat_body(&self.facts, &req, self.spec.budget_mode, self.spec.reasoning_split)?;
+        let body = request::chat_body(&self.facts, &req, &self.spec)?;
         let client_budget = self.client_budget(&req)?;
         let split = match (self.spec.reasoning_split, self.facts.kind, self.facts.reasoning_parser) {
             (ReasoningSplit::Client, _, _) => Split::Auto,
@@ -189,7 +189,7 @@ impl Backend for RemoteBackend {
     }
 
     fn dry_run(&self, req: &ChatRequest) -> BackendResult<DryRun> {
-        let body = request::chat_body(&self.facts, req, self.spec.budget_mode, self.spec.reasoning_split)?;
+        let body = request::chat_body(&self.facts, req, &self.spec)?;
         let text = serde_json::to_string_pretty(&body).map_err(|e| BackendError::invalid(e.to_string()))?;
         Ok(DryRun { rendered_by: format!("POST {}/v1/chat/completions", self.http.base), text: Some(text), ids: None })
     }

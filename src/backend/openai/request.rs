@@ -5,14 +5,10 @@
 use serde_json::{Value, json};
 
 use super::detect::{ServerFacts, ServerKind};
-use crate::backend::{BackendError, BackendResult, BudgetMode, ChatRequest, Prompt, ReasoningSplit};
+use crate::backend::{BackendError, BackendResult, BudgetMode, ChatRequest, Prompt, ReasoningSplit, RemoteSpec};
 
-pub fn chat_body(
-    facts: &ServerFacts,
-    req: &ChatRequest,
-    budget_mode: BudgetMode,
-    split: ReasoningSplit,
-) -> BackendResult<Value> {
+pub fn chat_body(facts: &ServerFacts, req: &ChatRequest, spec: &RemoteSpec) -> BackendResult<Value> {
+    let (budget_mode, split) = (spec.budget_mode, spec.reasoning_split);
     let messages = match &req.prompt {
         Prompt::Chat(m) => serde_json::to_value(m).map_err(|e| BackendError::invalid(format!("messages: {e}")))?,
         Prompt::Text(_) => {
@@ -53,6 +49,9 @@ pub fn chat_body(
             // was started with.
             let format = if split == ReasoningSplit::Server { "deepseek" } else { "none" };
             o.insert("reasoning_format".into(), json!(format));
+        }
+        ServerKind::Vllm if spec.token_ids && p.top_logprobs > 0 => {
+            o.insert("return_tokens_as_token_ids".into(), json!(true));
         }
         ServerKind::Sglang => {
             if facts.speculative {

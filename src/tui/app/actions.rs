@@ -35,6 +35,8 @@ impl App {
             Action::NewConversation => self.new_conversation(),
             Action::ShowPrompt => self.show_prompt(),
             Action::Compare => self.compare(),
+            Action::ReferenceCheck => self.reference_check(),
+            Action::FirstDivergence => self.first_divergence(),
             Action::StepMode | Action::Step => self.step_action(a),
             Action::RaiseMaxTokens | Action::SetThinkingBudget => self.fix_action(a),
             Action::ToggleThinking => {
@@ -247,7 +249,7 @@ impl App {
         match a {
             Action::CollapseThinking => self.view.thinking_view = self.view.thinking_view.next(),
             Action::CompareView => {
-                if self.compare_pair().is_some() {
+                if self.compare_pair().is_some() || self.reference.shown.is_some() {
                     // The comparison and the State view take the panes' place: one at a time.
                     if self.view.state.shown {
                         self.toggle_state_view();

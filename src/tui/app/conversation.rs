@@ -125,6 +125,7 @@ impl App {
         self.view.selected_turn = None;
         self.view.reset_panes();
         self.view.show_compare = compare_of.is_some();
+        self.reference.shown = None;
         self.sync_markdown();
         self.out.effects.push(Effect::Generate { prompt: Prompt::Chat(messages), params: Box::new(params) });
     }
@@ -208,6 +209,7 @@ impl App {
             return;
         };
         self.convo.session.delete_turn(i);
+        self.forget_rescores();
         self.view.selected_turn = None;
         self.view.show_compare = false;
         self.view.reset_panes();
@@ -251,6 +253,7 @@ impl App {
             (true, Some(b)) => Thinking::from_budget(Some(b.saturating_sub(t.thinking_tokens()).max(1))),
         };
         let since = t.last_event_ms();
+        self.reference.scores.remove(&i);
         let t = &mut self.convo.session.turns[i];
         t.begin_continuation(params.max_tokens);
         self.convo.live = Some(Live { turn: i, sent_ms: self.now_ms - since });
@@ -276,6 +279,7 @@ impl App {
             session.id.push('b');
         }
         self.convo.session = session;
+        self.forget_rescores();
         // A `--session FILE` path belonged to the old conversation.
         self.convo.save.path = None;
         self.convo.save.last_good = None;
@@ -337,6 +341,7 @@ impl App {
                 }
                 self.convo.save.path = Some(path.to_path_buf());
                 self.convo.save.last_good = Some(path.to_path_buf());
+                self.forget_rescores();
                 if replay {
                     self.start_replay(s);
                 } else {
@@ -365,6 +370,7 @@ impl App {
             self.say(Level::Info, "nothing to replay");
             return;
         }
+        self.forget_rescores();
         self.convo.replay = Some(Replay::of(&s, self.now_ms));
         self.convo.session = Session { turns: vec![], ..s };
         self.view.selected_turn = None;

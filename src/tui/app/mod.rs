@@ -19,6 +19,7 @@ mod layout;
 mod look;
 mod outbox;
 mod overlay;
+mod reference;
 mod replay;
 mod saving;
 mod status;
@@ -33,6 +34,7 @@ pub use self::layout::{Layout, PaneLayout};
 use self::look::Look;
 use self::outbox::Outbox;
 pub use self::overlay::Overlay;
+pub use self::reference::ReferenceState;
 pub use self::replay::{Replay, ReplayItem};
 pub use self::saving::{SaveState, SessionsDir, check_writable, turns_label};
 use self::status::BackendStatus;
@@ -85,6 +87,14 @@ pub enum Effect {
         path: PathBuf,
         replay: bool,
     },
+    /// Re-score turn `turn` (its request and tokens) with the reference engine (answered with
+    /// [`Inbound::Rescored`]).
+    Rescore {
+        turn: usize,
+        prompt: Prompt,
+        params: Box<GenerationParams>,
+        tokens: Vec<crate::generation::TokenEvent>,
+    },
 }
 
 /// Startup configuration.
@@ -112,6 +122,8 @@ pub struct App {
     view: ViewState,
     overlay: Overlay,
     messages: MessageLog,
+    /// The reference engine (`--reference`) and the turns it re-scored.
+    reference: ReferenceState,
     /// App time in ms (set by each update).
     now_ms: f64,
     /// Effects for the runner, a screen to redraw, quitting.
@@ -139,6 +151,7 @@ impl App {
             view: ViewState::default(),
             overlay: Overlay::None,
             messages: MessageLog::default(),
+            reference: ReferenceState::default(),
             now_ms: 0.0,
             out: Outbox { dirty: true, ..Default::default() },
         };
@@ -183,6 +196,10 @@ impl App {
             },
             Inbound::SessionsListed(items) => self.show_sessions(items),
             Inbound::SessionLoaded { path, replay, result } => self.session_loaded(&path, replay, result),
+            // The runner takes `Reference(Ok)` (it owns the engine) and calls `reference_loaded`.
+            Inbound::Reference(Ok(_)) => {}
+            Inbound::Reference(Err(e)) => self.reference_loaded(Err(e)),
+            Inbound::Rescored { turn, result } => self.rescored(turn, result),
         }
         if !quiet {
             self.out.dirty = true;

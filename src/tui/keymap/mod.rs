@@ -48,6 +48,8 @@ pub enum Action {
     Step,
     Compare,
     CompareView,
+    ReferenceCheck,
+    FirstDivergence,
     ColourMode,
     Inspector,
     StateView,
@@ -72,7 +74,7 @@ pub enum Action {
 
 impl Action {
     /// Every action, in declaration order (the help screen lists them so).
-    pub const ALL: [Action; 40] = [
+    pub const ALL: [Action; 42] = [
         Action::Send,
         Action::Newline,
         Action::HistoryPrev,
@@ -94,6 +96,8 @@ impl Action {
         Action::Step,
         Action::Compare,
         Action::CompareView,
+        Action::ReferenceCheck,
+        Action::FirstDivergence,
         Action::ColourMode,
         Action::Inspector,
         Action::StateView,
@@ -153,6 +157,8 @@ impl Action {
             Action::Step => "step mode: advance one token (one MTP step)",
             Action::Compare => "compare: re-run the last prompt with the current settings",
             Action::CompareView => "show / hide the side-by-side comparison",
+            Action::ReferenceCheck => "re-score the shown turn token by token with the local --reference",
+            Action::FirstDivergence => "reference mode: the inspector to the first divergence (or worst token)",
             Action::ColourMode => "colour tokens by phase / logprob / MTP provenance",
             Action::Inspector => "token inspector (←/→ move, Home/End)",
             Action::FocusNext => "focus next pane (input, sliders, thinking, answer; the State view when shown)",
@@ -198,6 +204,8 @@ impl Action {
             Action::Step => &["ctrl-n"],
             Action::Compare => &["ctrl-o"],
             Action::CompareView => &["alt-c"],
+            Action::ReferenceCheck => &["alt-v"],
+            Action::FirstDivergence => &["alt-d"],
             Action::ColourMode => &["ctrl-l"],
             Action::Inspector => &["ctrl-g"],
             Action::FocusNext => &["tab"],
@@ -392,7 +400,7 @@ mod tests {
         // The names users' keymap.toml files use: they must keep parsing.
         let names = "send newline history_prev history_next cancel cancel_or_quit regenerate edit_prompt \
             edit_system delete_turn continue new_conversation show_prompt prev_turn next_turn toggle_thinking \
-            collapse_thinking step_mode step compare compare_view colour_mode inspector state_view trace_state \
+            collapse_thinking step_mode step compare compare_view reference_check first_divergence colour_mode inspector state_view trace_state \
             focus_next focus_prev scroll_up scroll_down follow_tail raise_max_tokens set_thinking_budget \
             copy_answer copy_thinking sessions export replay messages help quit";
         let names: Vec<&str> = names.split_whitespace().collect();

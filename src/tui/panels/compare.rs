@@ -1,5 +1,6 @@
 //! Compare: the original run and its re-run with other settings, side by side, each with its
-//! settings (differences highlighted), statistics, budget bar and answer.
+//! settings (differences highlighted), statistics, budget bar and answer; and reference mode,
+//! a turn re-scored by the local reference, each token coloured by its agreement.
 
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -9,10 +10,16 @@ use ratatui::widgets::{Block, Paragraph};
 
 use super::DrawCtx;
 use super::gauges::BudgetBar;
+use super::inspector::{fmt_logprob, fmt_p};
+use crate::generation::Phase;
 use crate::session::Turn;
 use crate::tui::highlight::block_line;
+use crate::tui::keymap::Action;
 use crate::tui::view::wrap::wrap;
 use crate::units::duration_ms;
+use crate::verify::rescore::Rescore;
+use crate::verify::score::{Agreement, Alt, Verdict};
+use crate::verify::server::PromptCheck;
 
 /// Turns `a` (the original) and `b` (its re-run) of `turns`, side by side.
 pub fn draw(f: &mut Frame, area: Rect, ctx: &DrawCtx, turns: &[Turn], a: usize, b: usize) {
@@ -96,4 +103,247 @@ fn column(
     // Follow the tail, like the answer pane.
     let skip = wrapped.len().saturating_sub(body.height as usize);
     f.render_widget(Paragraph::new(wrapped.into_iter().skip(skip).collect::<Vec<_>>()), body);
+}
+
+/// What reference mode shows: a turn re-scored by the local reference.
+pub struct ReferenceView<'a> {
+    pub turn: &'a Turn,
+    pub index: usize,
+    /// The subject's name (the server's model, or the local engine).
+    pub subject: &'a str,
+    /// The rescore once it is done.
+    pub score: Option<&'a Rescore>,
+    /// The inspector's token.
+    pub cursor: Option<usize>,
+}
+
+/// Reference mode: the turn's tokens coloured by agreement with the reference (left), the
+/// reference's findings and the cursor's token on both sides (right).
+pub fn draw_reference(f: &mut Frame, area: Rect, ctx: &DrawCtx, v: &ReferenceView) {
+    let th = ctx.theme;
+    let [left, right] = Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(area);
+    let block = Block::bordered()
+        .title(Line::styled(format!(" {} · turn {} ", v.subject, v.index + 1), th.title()))
+        .border_style(th.border(false));
+    let inner = block.inner(left);
+    f.render_widget(block, left);
+    let (lines, cursor_row) = coloured_tokens(ctx, v, inner.width as usize);
+    // The cursor's row in view (a third from the top), else the top.
+    let skip = cursor_row.map_or(0, |r| r.saturating_sub(inner.height as usize / 3));
+    f.render_widget(Paragraph::new(lines.into_iter().skip(skip).collect::<Vec<_>>()), inner);
+
+    let title = match v.score {
+        Some(r) => format!(" reference {} ", r.reference),
+        None => " reference ".to_string(),
+    };
+    let block = Block::bordered().title(Line::styled(title, th.title())).border_style(th.border(false));
+    let inner = block.inner(right);
+    f.render_widget(block, right);
+    let lines = match v.score {
+        None => vec![Line::styled("re-scoring with the reference…", th.fg(th.warn))],
+        Some(r) => findings(ctx, r, v.cursor, v.turn.params.sampling.temperature),
+    };
+    f.render_widget(Paragraph::new(wrap(&lines, inner.width as usize)), inner);
+}
+
+fn class_style(ctx: &DrawCtx, c: Agreement) -> Style {
+    let th = ctx.theme;
+    match c {
+        Agreement::Agrees => th.fg(th.good),
+        Agreement::Drifts => th.fg(th.warn).add_modifier(Modifier::BOLD),
+        Agreement::Diverges => th.fg(th.bad).add_modifier(Modifier::BOLD | Modifier::REVERSED),
+        Agreement::NotScored => th.fg(th.dim),
+    }
+}
+
+/// The turn's tokens wrapped to `width`, each styled by its class (thinking in italics, the
+/// cursor underlined), and the row the cursor is on.
+fn coloured_tokens(ctx: &DrawCtx, v: &ReferenceView, width: usize) -> (Vec<Line<'static>>, Option<usize>) {
+    let mut source: Vec<Line<'static>> = vec![Line::default()];
+    let mut cursor_at: Option<(usize, usize)> = None;
+    for (k, tok) in v.turn.tokens.iter().enumerate() {
+        let class = v.score.and_then(|r| r.classes.get(k).copied()).unwrap_or(Agreement::NotScored);
+        let mut st = class_style(ctx, class);
+        if tok.phase == Phase::Thinking {
+            st = st.add_modifier(Modifier::ITALIC);
+        }
+        if v.cursor == Some(k) {
+            st = st.add_modifier(Modifier::UNDERLINED | Modifier::BOLD);
+            let line = source.len() - 1;
+            let col = source[line].width();
+            cursor_at = Some((line, col));
+        }
+        // A token that is only a line break still shows where it is.
+        let mut parts = tok.text.split('\n').peekable();
+        while let Some(part) = parts.next() {
+            let shown = if part.is_empty() && parts.peek().is_some() && v.cursor == Some(k) { "⏎" } else { part };
+            if !shown.is_empty()
+                && let Some(last) = source.last_mut()
+            {
+                last.spans.push(Span::styled(shown.to_string(), st));
+            }
+            if parts.peek().is_some() {
+                source.push(Line::default());
+            }
+        }
+    }
+    let mut out = vec![];
+    let mut cursor_row = None;
+    for (i, line) in source.iter().enumerate() {
+        if let Some((l, col)) = cursor_at
+            && l == i
+        {
+            // The rows before the cursor's column on its line.
+            let before: String = line.spans.iter().map(|s| s.content.as_ref()).collect::<String>();
+            let prefix: String = before
+                .chars()
+                .scan(0usize, |w, c| {
+                    *w += unicode_width::UnicodeWidthChar::width(c).unwrap_or(0);
+                    (*w <= col).then_some(c)
+                })
+                .collect();
+            let rows = wrap(&[Line::raw(prefix)], width).len();
+            cursor_row = Some(out.len() + rows.saturating_sub(1));
+        }
+        out.extend(wrap(std::slice::from_ref(line), width));
+    }
+    (out, cursor_row)
+}
+
+/// The reference's findings on the turn, then the cursor's token from both sides.
+fn findings(ctx: &DrawCtx, r: &Rescore, cursor: Option<usize>, temperature: f32) -> Vec<Line<'static>> {
+    let th = ctx.theme;
+    let dim = |s: &str| Span::styled(s.to_string(), th.fg(th.dim));
+    let text = |s: String| Span::styled(s, th.fg(th.text));
+    let mut lines = vec![];
+    let (verdict, vstyle) = match &r.verdict {
+        Verdict::Agrees => ("agrees".to_string(), th.fg(th.good)),
+        Verdict::Drifts { worst_delta, at, .. } => {
+            let tok = r.by_token.iter().position(|p| *p == Some(*at)).map_or(String::new(), |k| format!(" at #{k}"));
+            (format!("drifts (worst |Δ| {worst_delta:.3}{tok})"), th.fg(th.warn))
+        }
+        Verdict::Diverges { at } => {
+            let tok = r.by_token.iter().position(|p| *p == Some(*at)).map_or(String::new(), |k| format!(" #{k}"));
+            (format!("DIVERGES at token{tok}"), th.fg(th.bad))
+        }
+    };
+    lines.push(Line::from(vec![dim("verdict  "), Span::styled(verdict, vstyle.add_modifier(Modifier::BOLD))]));
+    let prompt = match &r.prompt {
+        PromptCheck::Same { tokens } => format!("the server's is the same ({tokens} tokens)"),
+        PromptCheck::Differs { at, reference, subject, .. } => {
+            format!("DIFFERS at token {at}: {subject} where the reference has {reference}")
+        }
+        PromptCheck::NotChecked { why } => format!("not checked ({why})"),
+    };
+    lines.push(Line::from(vec![dim("prompt   "), text(prompt)]));
+    if let Some(why) = &r.not_same_model {
+        lines.push(Line::styled(format!("⚠ not the same model: {why}"), th.fg(th.warn).add_modifier(Modifier::BOLD)));
+    }
+    let [agree, drift, diverge, not_scored] = r.counts();
+    lines.push(Line::from(vec![
+        dim("tokens   "),
+        Span::styled(format!("{agree} agree"), class_style(ctx, Agreement::Agrees)),
+        dim(" · "),
+        Span::styled(format!("{drift} drift"), th.fg(th.warn)),
+        dim(" · "),
+        Span::styled(format!("{diverge} diverge"), th.fg(th.bad)),
+        dim(format!(" · {not_scored} not scored").as_str()),
+    ]));
+    let scored = || r.positions.iter().filter(|p| !p.hidden);
+    let max_delta = scored().filter_map(|p| p.delta.map(f32::abs)).fold(0f32, f32::max);
+    let min_overlap = scored().filter_map(|p| p.overlap).fold(1f32, f32::min);
+    let max_kl = scored().filter_map(|p| p.kl_lower_bound).fold(0f32, f32::max);
+    lines.push(Line::from(vec![
+        dim("worst    "),
+        text(format!("|Δ| {max_delta:.3} · top-k overlap {min_overlap:.2} · KL ≥ {max_kl:.4}")),
+    ]));
+    if let Some((i, t)) = &r.unmapped {
+        lines.push(Line::styled(
+            format!("token #{i} ({t:?}) has no reference id: not scored from there"),
+            th.fg(th.warn),
+        ));
+    }
+    lines.push(Line::from(vec![
+        dim("keys     "),
+        text(format!(
+            "{} token · {} first divergence · {} close",
+            ctx.keymap.first(Action::Inspector),
+            ctx.keymap.first(Action::FirstDivergence),
+            ctx.keymap.first(Action::CompareView)
+        )),
+    ]));
+    if temperature > 0.0 {
+        lines.push(Line::styled(
+            format!(
+                "sampled at temperature {temperature:.2}: a token drawn against the odds reads as a divergence; Δ and KL are what tell (greedy turns are the clean check)"
+            ),
+            th.fg(th.dim),
+        ));
+    }
+    let Some(c) = cursor else {
+        lines.push(Line::default());
+        lines.push(Line::styled("agrees: |Δ| and KL at the level of bf16 rounding; drifts: larger,", th.fg(th.dim)));
+        lines.push(Line::styled(
+            "no decision changed; diverges: a token the reference all but rules out",
+            th.fg(th.dim),
+        ));
+        return lines;
+    };
+    lines.push(Line::default());
+    let Some(p) = r.position_of(c) else {
+        lines.push(Line::styled(format!("token #{c}: not scored"), th.fg(th.dim)));
+        return lines;
+    };
+    let class = r.classes.get(c).copied().unwrap_or(Agreement::NotScored);
+    lines.push(Line::from(vec![
+        Span::styled(format!("token #{c} {:?} ", p.text), th.fg(th.accent).add_modifier(Modifier::BOLD)),
+        Span::styled(
+            match class {
+                Agreement::Agrees => "agrees",
+                Agreement::Drifts => "drifts",
+                Agreement::Diverges => "DIVERGES",
+                Agreement::NotScored => "not scored (forced through)",
+            },
+            class_style(ctx, class),
+        ),
+    ]));
+    let lp = |x: Option<f32>| x.map_or("-".to_string(), fmt_logprob);
+    let row = |label: &str, a: String, b: String| {
+        Line::from(vec![dim(&format!("{label:<8}")), text(format!("{a:>12} {b:>12}"))])
+    };
+    lines.push(Line::from(vec![dim(&format!("{:<8}{:>12} {:>12}", "", "server", "reference"))]));
+    lines.push(row("logprob", lp(p.subject_logprob), fmt_logprob(p.reference_logprob)));
+    lines.push(row("p", p.subject_logprob.map_or("-".to_string(), fmt_p), fmt_p(p.reference_logprob)));
+    let delta = p.delta.map_or("-".to_string(), |d| format!("{d:+.4}"));
+    lines.push(Line::from(vec![dim("Δ       "), text(format!("{delta} · reference rank {}", p.reference_rank))]));
+    if let (Some(o), Some(kl)) = (p.overlap, p.kl_lower_bound) {
+        lines.push(Line::from(vec![dim("top-k   "), text(format!("overlap {o:.2} · KL ≥ {kl:.4}"))]));
+    }
+    lines.push(Line::from(vec![dim(&format!("{:<8}{:<17}{}", "top-5", "server", "reference"))]));
+    let cell = |a: Option<&Alt>| {
+        a.map_or(String::new(), |a| format!("{:<8}{:>8}", trim(&format!("{:?}", a.text), 8), fmt_logprob(a.logprob)))
+    };
+    for k in 0..5 {
+        let (s, rf) = (p.subject_top.get(k), p.reference_top.get(k));
+        if s.is_none() && rf.is_none() {
+            break;
+        }
+        let st = |a: Option<&Alt>| {
+            if a.is_some_and(|a| a.id == p.id) { th.fg(th.good).add_modifier(Modifier::BOLD) } else { th.fg(th.text) }
+        };
+        lines.push(Line::from(vec![
+            dim("  "),
+            Span::styled(format!("{:<17}", cell(s)), st(s)),
+            Span::styled(cell(rf), st(rf)),
+        ]));
+    }
+    if p.subject_top.is_empty() {
+        lines.push(Line::styled("the server sent no alternatives for this token", th.fg(th.dim)));
+    }
+    lines
+}
+
+/// `s` cut to `n` characters (with … when cut).
+fn trim(s: &str, n: usize) -> String {
+    if s.chars().count() <= n { s.to_string() } else { s.chars().take(n - 1).collect::<String>() + "…" }
 }

@@ -12,6 +12,7 @@ use ratatui::widgets::{Block, Clear, Paragraph};
 use super::{DrawCtx, Handled};
 use crate::generation::{DraftKind, Phase};
 use crate::session::Turn;
+use crate::verify::score::{Agreement, Position};
 
 /// A key while the inspector is open on `cursor` (one of `tokens`): ←/→ one token, ↑/↓ ten,
 /// Home / End. A key it does not take goes to the focused pane.
@@ -32,11 +33,21 @@ pub fn key(cursor: &mut usize, tokens: usize, k: KeyEvent) -> Handled {
 }
 
 /// The inspector over the bottom right of `area`, on token `cursor` of `t`; `speculating`:
-/// the backend drafts with MTP (then a missing logprob is an accepted draft's).
-pub fn draw(f: &mut Frame, area: Rect, ctx: &DrawCtx, t: &Turn, cursor: usize, speculating: bool) {
+/// the backend drafts with MTP (then a missing logprob is an accepted draft's); `reference`:
+/// the token as the local reference scored it (reference mode), shown beside the subject's.
+pub fn draw(
+    f: &mut Frame,
+    area: Rect,
+    ctx: &DrawCtx,
+    t: &Turn,
+    cursor: usize,
+    speculating: bool,
+    reference: Option<(&Position, Agreement)>,
+) {
     let th = ctx.theme;
     let Some(tok) = t.tokens.get(cursor) else { return };
-    let h = (11 + tok.top_logprobs.len() as u16).min(area.height);
+    let extra = if reference.is_some() { 2 } else { 0 };
+    let h = (11 + extra + tok.top_logprobs.len() as u16).min(area.height);
     let w = area.width.min(56);
     let r = Rect { x: area.x + area.width - w, y: area.y + area.height - h, width: w, height: h };
     f.render_widget(Clear, r);
@@ -72,6 +83,27 @@ pub fn draw(f: &mut Frame, area: Rect, ctx: &DrawCtx, t: &Turn, cursor: usize, s
         Line::from(vec![label("phase"), Span::styled(phase, th.fg(th.text))]),
         Line::from(vec![label("origin"), Span::styled(origin, th.fg(th.text))]),
     ];
+    if let Some((p, class)) = reference {
+        let (verdict, st) = match class {
+            Agreement::Agrees => ("agrees", th.fg(th.good)),
+            Agreement::Drifts => ("drifts", th.fg(th.warn)),
+            Agreement::Diverges => ("DIVERGES", th.fg(th.bad).add_modifier(Modifier::BOLD)),
+            Agreement::NotScored => ("not scored", th.fg(th.dim)),
+        };
+        let server = p.subject_logprob.map_or("-".to_string(), fmt_logprob);
+        lines.push(Line::from(vec![
+            label("server"),
+            Span::styled(format!("{server:>9}  reference {:>9}", fmt_logprob(p.reference_logprob)), th.fg(th.text)),
+        ]));
+        lines.push(Line::from(vec![
+            label("reference"),
+            Span::styled(
+                format!("Δ {}  rank {}  ", p.delta.map_or("-".to_string(), |d| format!("{d:+.4}")), p.reference_rank),
+                th.fg(th.text),
+            ),
+            Span::styled(verdict, st),
+        ]));
+    }
     if tok.top_logprobs.is_empty() {
         lines.push(Line::styled("no alternatives recorded", th.fg(th.dim)));
     } else {

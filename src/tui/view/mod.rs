@@ -159,6 +159,12 @@ fn draw(app: &App, f: &mut Frame, v: &mut View) {
             tracing: app.settings().params.trace_state,
         };
         app.view().state.draw(f, center, &app.draw_ctx(), &shown, &mut v.layout);
+    } else if let Some((i, score)) = app.reference_shown()
+        && let Some(turn) = app.session().turns.get(i)
+    {
+        let subject = app.model().map(|m| short_model_name(&m.name)).unwrap_or_default();
+        let v = compare::ReferenceView { turn, index: i, subject: &subject, score, cursor: app.view().inspector };
+        compare::draw_reference(f, center, &app.draw_ctx(), &v);
     } else if app.view().show_compare
         && let Some((a, b)) = app.compare_pair()
     {
@@ -179,12 +185,18 @@ fn draw(app: &App, f: &mut Frame, v: &mut View) {
         sliders::draw(f, r, &app.draw_ctx(), app.settings(), Some(app.view().slider));
     }
     // In the State view the cursor's token is its header; the popup would hide the map.
+    // Reference mode's right column is its inspector, with both sides.
     if let Some(cur) = app.view().inspector
         && !app.view().state.shown
+        && app.reference_shown().is_none()
         && let Some(t) = app.shown()
     {
         let speculating = app.model().is_some_and(|m| m.has_mtp);
-        inspector::draw(f, center, &app.draw_ctx(), t, cur, speculating);
+        let reference = app
+            .shown_index()
+            .and_then(|i| app.reference().scores.get(&i))
+            .and_then(|r| r.position_of(cur).map(|p| (p, r.classes[cur])));
+        inspector::draw(f, center, &app.draw_ctx(), t, cur, speculating, reference);
     }
     match app.overlay() {
         Overlay::None => {}
@@ -422,6 +434,25 @@ fn status(app: &App, f: &mut Frame, area: Rect) {
     ];
     if app.settings().params.trace_state {
         settings.extend([sep.clone(), Span::styled("state trace on", th.fg(th.accent))]);
+    }
+    // Reference mode: which reference, and a warning that stays while it is not the model the
+    // subject runs.
+    let r = app.reference();
+    if let Some(asked) = &r.asked {
+        let (text, style) = match (&r.name, &r.error, r.not_same_model()) {
+            (_, Some(_), _) => ("reference failed to load".to_string(), th.fg(th.bad)),
+            (None, None, _) => (format!("reference {asked} loading…"), th.fg(th.warn)),
+            (Some(name), None, Some(_)) => (
+                format!("⚠ reference {name} is not the same model"),
+                Style::new().fg(th.warn).add_modifier(Modifier::BOLD),
+            ),
+            (Some(name), None, None) if r.pending.is_some() => {
+                (format!("reference {name}: re-scoring…"), th.fg(th.warn))
+            }
+            (Some(name), None, None) => (format!("reference {name}"), th.fg(th.accent)),
+        };
+        spans.push(sep.clone());
+        spans.push(Span::styled(text, style));
     }
     // What is not saved stays on the status line until a save works.
     if app.conversation().save.error.is_some() {
