@@ -21,9 +21,9 @@
 #                  against its CPU twin (src/verify/twins.rs)         → kernel-parity.json
 #   model-parity-* deltascope gpu parity --json on the demo model and the four fixtures: the
 #                  CUDA model against the CPU engine at --dtype bf16 (prefill logits within 3 %
-#                  of the row's largest logit; 64 greedy steps fed the CPU's tokens, the device's
-#                  argmax the CPU's token except at near-ties of the CPU's own logits, decode
-#                  logits within 3 % + twice the engine's bf16-vs-f32 difference; MTP greedy
+#                  of the row's largest logit; the device's greedy answers to two probes, 64
+#                  tokens, scored token by token by the CPU engine with deltascope verify's code
+#                  and agreeing; MTP greedy
 #                  at depth 1-3 identical to plain; a rejected draft restoring the GDN state
 #                  exactly; a two-device layer split (two streams on this GPU) bit-identical
 #                  to one device)                                          → model-parity-*.json

@@ -129,7 +129,6 @@ const TOOL_EXCEPTIONS: &[(&str, &str, &str)] = &[
     ("cli/gpu.rs", "Model", "gpu probes devices and compiles the model's kernels"),
     ("cli/gpu_parity.rs", "Model", "gpu parity runs the CUDA model against the CPU model"),
     ("cli/gpu_parity.rs", "Engine", "gpu parity compares greedy generations of both devices"),
-    ("cli/gpu_parity.rs", "Chat", "gpu parity renders its prompt with the chat template"),
 ];
 
 /// Re-exports the general rule refuses but the tree still makes, as (file, resolved path

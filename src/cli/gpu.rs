@@ -44,10 +44,10 @@ pub enum GpuCommand {
         #[arg(long)]
         json: bool,
     },
-    /// The CUDA model against the CPU engine at --dtype bf16: prefill and decode logits within
-    /// a stated tolerance, greedy output identical, MTP greedy identical to plain greedy, a
-    /// two-device layer split (two streams on one GPU, or emu:N and emu:N+1) equal to one device;
-    /// exit 2 on a miss.
+    /// The CUDA model against the CPU engine at --dtype bf16: prefill logits within a stated
+    /// tolerance, the device's greedy answers scored by `verify`'s code (they must agree), MTP
+    /// greedy identical to plain greedy, a two-device layer split (two streams on one GPU, or
+    /// emu:N and emu:N+1) equal to one device; exit 2 on a miss.
     Parity {
         /// A Hugging Face model directory (default: the embedded demo model).
         #[arg(long, value_name = "DIR")]

@@ -1,7 +1,9 @@
 //! `deltascope gpu parity`: the CUDA model against the CPU engine at `--dtype bf16` on one
-//! checkpoint (the demo model by default): logits of a prefill and of decode steps within a
-//! stated bf16 tolerance, greedy output identical, MTP greedy identical to plain greedy on the
-//! GPU, a two-device layer split (two streams on the one GPU; emu:N and emu:N+1 on the
+//! checkpoint (the demo model by default): the logits of a prefill within a stated bf16
+//! tolerance; the device's greedy answers to two probes scored token by token by the CPU engine
+//! with `deltascope verify`'s own code (`verify::server::check`: the same subject, scoring and
+//! verdict as `verify --device cuda|emu --dtype bf16`); MTP greedy identical to plain greedy on
+//! the GPU, a two-device layer split (two streams on the one GPU; emu:N and emu:N+1 on the
 //! emulated device) equal to one device, and a rejected draft restoring the GDN state exactly.
 //! A developer tool (architecture.json): it drives the model and the engine directly.
 
@@ -12,13 +14,18 @@ use std::sync::atomic::AtomicBool;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::chat::{ChatTemplate, RenderOptions, TextTokenizer};
+use crate::backend::local::{Loaded, LocalBackend, LocalSpec};
+use crate::backend::{ChatMessage, OpenProgress, Role};
 use crate::checkpoint::{ModelSource, demo_source};
+use crate::devices::DeviceSpec;
 use crate::engine::{GenerateRequest, Generator, ModelSequence};
 use crate::generation::{GenerationParams, MtpMode};
 use crate::model::cuda::{self, CudaModel, DeviceKind, Gpu};
 use crate::model::placement::plan::{DeviceBudget, DevicePlan, PlanInputs, plan_devices};
 use crate::model::{Forward, ForwardOptions, LoadOptions, LogitsRows, Mat, Model, Precision};
+use crate::verify::probes::Probe;
+use crate::verify::score::{Thresholds, Verdict};
+use crate::verify::server;
 
 /// Logits agree when the largest difference is within this share of the largest |logit| of
 /// the row: bf16 activations round at every sublayer (2⁻⁸ relative each), and the GPU's sums
@@ -58,6 +65,33 @@ fn argmax(x: &[f32]) -> u32 {
     x.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0 as u32
 }
 
+/// The greedy probes: a chat that ends by itself, and a prompt generated for the whole
+/// `--tokens` (`ignore_eos`) that the MTP and split checks compare in full.
+struct ParityProbe {
+    name: &'static str,
+    user: &'static str,
+    thinking: bool,
+    ignore_eos: bool,
+}
+
+const PROBES: [ParityProbe; 2] = [
+    ParityProbe { name: "chat", user: "Sort 93, 17, 56, 41, 8, 72.", thinking: true, ignore_eos: false },
+    ParityProbe { name: "long", user: "Sort", thinking: false, ignore_eos: true },
+];
+
+impl ParityProbe {
+    fn probe(&self, max_tokens: usize) -> Probe {
+        Probe {
+            name: self.name.into(),
+            messages: vec![ChatMessage::new(Role::User, self.user.to_string())],
+            thinking: self.thinking,
+            max_tokens,
+            ignore_eos: self.ignore_eos,
+            long: false,
+        }
+    }
+}
+
 /// A plan on `gpus[0]`'s memory: one device, or (`split`) two with the layers halved.
 fn plan(model: &Model, gpus: &[Gpu], split: bool) -> anyhow::Result<DevicePlan> {
     let g = gpus.first().ok_or_else(|| anyhow::anyhow!("no device"))?;
@@ -73,90 +107,16 @@ fn plan(model: &Model, gpus: &[Gpu], split: bool) -> anyhow::Result<DevicePlan> 
     Ok(p)
 }
 
-/// The device fed the CPU's greedy tokens: how its argmax and logits compare at each step.
-struct Forced {
-    /// Steps where the device's argmax differs at a near-tie: (step, CPU id, device id, gap).
-    flips: Vec<(usize, u32, u32, f32)>,
-    /// Steps where it differs beyond a near-tie.
-    hard: usize,
-    first_hard: Option<usize>,
-    /// Worst row max|Δ| / max|logit| against the CPU engine at bf16.
-    worst: f32,
-    /// Worst of that over the step's bar (≤ 1 passes), and the step.
-    worst_ratio: f32,
-    worst_step: usize,
-    /// The bar at that step.
-    worst_bar: f32,
-}
-
-/// One bf16 step at the magnitude of `x`.
-fn bf16_step(x: f32) -> f32 {
-    let b = half::bf16::from_f32(x.abs());
-    half::bf16::from_bits(b.to_bits() + 1).to_f32() - b.to_f32()
-}
-
-/// The device fed `tokens` after `prompt`, against the CPU engine at bf16 (`cpu`) and at f32
-/// (`exact`). A step's bar is [`LOGITS_TOL`] plus twice the CPU engine's own bf16-vs-f32
-/// difference there: the device may be as far from the bf16 engine as bf16 itself is from
-/// exact arithmetic (another summation order moves bf16 roundings as much), and no further.
-fn teacher_forced<M: Forward>(
-    cpu: &Model,
-    exact: &Model,
-    dev: &M,
-    prompt: &[u32],
-    tokens: &[u32],
-) -> anyhow::Result<Forced> {
-    let mut f = Forced {
-        flips: vec![],
-        hard: 0,
-        first_hard: None,
-        worst: 0.0,
-        worst_ratio: 0.0,
-        worst_step: 0,
-        worst_bar: 0.0,
-    };
-    let (mut cs, mut es, mut ds) = (cpu.new_state(), exact.new_state(), dev.new_cache()?);
-    let mut c = cpu.forward(prompt, &mut cs, ForwardOptions::default())?;
-    let mut e = exact.forward(prompt, &mut es, ForwardOptions::default())?;
-    let mut d = dev.forward_cached(prompt, &mut ds, ForwardOptions::default())?;
-    for (i, &want) in tokens.iter().enumerate() {
-        let diff = rel_diff(&d.logits, &c.logits);
-        let bar = LOGITS_TOL + 2.0 * rel_diff(&c.logits, &e.logits);
-        f.worst = f.worst.max(diff);
-        if diff / bar > f.worst_ratio {
-            (f.worst_ratio, f.worst_step, f.worst_bar) = (diff / bar, i, bar);
-        }
-        let row = c.logits.row(c.logits.rows - 1);
-        let got = argmax(d.logits.row(d.logits.rows - 1));
-        debug_assert_eq!(argmax(row), want);
-        if got != want {
-            let gap = row[want as usize] - row[got as usize];
-            let scale = row.iter().fold(0f32, |m, x| m.max(x.abs()));
-            // A near-tie: the two are closer than the step's bar (or one bf16 step) apart.
-            if gap <= bf16_step(row[want as usize]).max(bar * scale) {
-                f.flips.push((i, want, got, gap));
-            } else {
-                f.hard += 1;
-                f.first_hard.get_or_insert(i);
-            }
-        }
-        if i + 1 < tokens.len() {
-            c = cpu.forward(&[want], &mut cs, ForwardOptions::default())?;
-            e = exact.forward(&[want], &mut es, ForwardOptions::default())?;
-            d = dev.forward_cached(&[want], &mut ds, ForwardOptions::default())?;
-        }
-    }
-    Ok(f)
-}
-
+/// Greedy tokens of `m` after `prompt`, drafting `depth` tokens ahead with MTP (0: plain).
 fn greedy<M: Forward>(
     m: &M,
     g: &Generator,
     prompt: &[u32],
     max_tokens: usize,
+    ignore_eos: bool,
     depth: usize,
 ) -> anyhow::Result<Vec<u32>> {
-    let params = GenerationParams { max_tokens, mtp: MtpMode::fixed(depth), ..Default::default() };
+    let params = GenerationParams { max_tokens, ignore_eos, mtp: MtpMode::fixed(depth), ..Default::default() };
     let mut s = if depth > 0 { ModelSequence::try_with_mtp(m)? } else { ModelSequence::try_new(m)? };
     let req = GenerateRequest { prompt_ids: prompt.to_vec(), params };
     Ok(g.generate(&mut s, &req, &AtomicBool::new(false), &mut |_| {})?.tokens)
@@ -182,21 +142,25 @@ pub fn run(
     }
     let kernels = cuda::kernels::load(kernels_dir)?;
     let cpu = Model::load(&source, &LoadOptions { precision: Precision::Bf16, ..Default::default() })?;
-    // The same checkpoint at f32: how far bf16 itself is from exact arithmetic, step by step.
-    let exact = Model::load(&source, &LoadOptions { precision: Precision::F32, ..Default::default() })?;
-    let tok = TextTokenizer::load(&source, Some(cpu.config.vocab_size), &cpu.config.eos_token_ids)?;
-    let tpl = ChatTemplate::load(&source, tok.specials.think_start.is_some())?;
-    let opts = RenderOptions { add_generation_prompt: true, enable_thinking: Some(true), ..Default::default() };
-    let chat = tok.encode(&tpl.render(&json!([{"role": "user", "content": "Sort 93, 17, 56, 41, 8, 72."}]), &opts)?)?;
-    // A raw prompt babbles for the whole max_tokens: the greedy check compares all of them.
-    let raw = tok.encode("Sort")?;
-    let generator = Generator { tokenizer: &tok, model_name: "parity".into() };
+    // The reference: the CPU engine at bf16, the device's own precision, so that what differs
+    // is the kernels, not bf16 itself (`deltascope verify --device emu --dtype bf16` is this
+    // check; verify's default f32 reference also counts bf16's own rounding).
+    let spec = |device: DeviceSpec, dtype: &str| -> anyhow::Result<LocalSpec> {
+        let mut s = LocalSpec::new(model_dir, dtype)?;
+        s.device = device;
+        s.kernels = kernels_dir.map(Path::to_path_buf);
+        Ok(s)
+    };
+    let reference = Loaded::load(&spec(DeviceSpec::Cpu, "bf16")?, &|_: OpenProgress| {})?;
+    let tok = &reference.tokenizer;
+    let generator = Generator { tokenizer: tok, model_name: "parity".into() };
     let one = vec![Gpu::open(kind, ordinal, kernels)?];
     let one_plan = plan(&cpu, &one, false)?;
     let gpu = CudaModel::upload(&cpu, one, &one_plan)?;
     let mut out = vec![];
 
     // 1. Prefill logits of every prompt position.
+    let chat = reference.render(&server::request(&PROBES[0].probe(tokens)))?.1;
     let all = ForwardOptions { logits: LogitsRows::All, ..Default::default() };
     let mut cs = cpu.new_state();
     let c_pre = cpu.forward(&chat, &mut cs, all)?;
@@ -209,66 +173,49 @@ pub fn run(
         format!("{} positions, worst row max|Δ| / max|logit| = {d:.4} (tolerance {LOGITS_TOL})", chat.len()),
     ));
 
-    // 2. Greedy: the CPU engine's greedy tokens, then the device fed the same tokens step by
-    // step (its logits against the CPU's at every step, and its argmax against the CPU's
-    // token). Where every argmax agrees, the device's own greedy output is those tokens (each
-    // step sees the same prefix). A disagreement is allowed only at a near-tie of the CPU's
-    // own logits: its top two within one bf16 step, where the summation order of any other
-    // device decides (the GPU's order is not the CPU's); the comparison then goes on fed the
-    // CPU's tokens, and the device's free-running greedy output is generated for the MTP checks.
+    // 2. Greedy on the device, scored token by token by the CPU engine at bf16: the subject and
+    // the scoring of `deltascope verify --device` (one code path). The device's greedy tokens
+    // then feed the MTP and split checks.
+    let device = match kind {
+        DeviceKind::Cuda => DeviceSpec::Cuda(Some(vec![ordinal])),
+        DeviceKind::Emu => DeviceSpec::Emu(vec![ordinal]),
+    };
+    let subject = LocalBackend::open(&spec(device, "bf16")?, &|_: OpenProgress| {})?;
+    let thresholds = Thresholds::default();
     let mut gpu_plain = vec![];
-    for (label, p) in [("chat", &chat), ("raw", &raw)] {
-        let c = greedy(&cpu, &generator, p, tokens, 0)?;
-        let forced = teacher_forced(&cpu, &exact, &gpu, p, &c)?;
-        let ties: Vec<String> =
-            forced.flips.iter().map(|f| format!("step {} ({} vs {}, gap {})", f.0, f.1, f.2, f.3)).collect();
+    for probe in PROBES {
+        let p = probe.probe(tokens);
+        let r = server::check(&subject, &reference, &p, &thresholds)?;
+        let plain: Vec<u32> = r.positions.iter().filter(|q| !q.hidden).map(|q| q.id).collect();
+        let verdict = r.verdict.as_ref().map_or("not run", Verdict::name);
+        let scored = || r.positions.iter().filter(|q| !q.hidden);
+        let max_delta = scored().filter_map(|q| q.delta.map(f32::abs)).fold(0f32, f32::max);
+        let max_kl = scored().filter_map(|q| q.kl_lower_bound).fold(0f32, f32::max);
+        let full = !p.ignore_eos || plain.len() >= tokens;
         out.push(check(
-            &format!("greedy {label}"),
-            forced.hard == 0 && (label == "chat" || c.len() >= tokens),
+            &format!("greedy {}", probe.name),
+            verdict == "agrees" && r.failed.is_none() && r.unmapped.is_none() && full,
             format!(
-                "{} tokens; device argmax = CPU token at {}/{} steps{}{}",
-                c.len(),
-                c.len() - forced.flips.len() - forced.hard,
-                c.len(),
-                if ties.is_empty() {
-                    String::new()
-                } else {
-                    format!("; near-ties of the CPU's bf16 logits: {}", ties.join(", "))
-                },
-                if forced.hard > 0 {
-                    format!(
-                        "; {} steps differ beyond a near-tie (first at {})",
-                        forced.hard,
-                        forced.first_hard.unwrap_or(0)
-                    )
-                } else {
-                    String::new()
+                "{} tokens · {verdict}{} against the CPU engine at bf16 (max |Δ| {max_delta:.3} · max KL ≥ {max_kl:.4}; deltascope verify's scoring)",
+                plain.len(),
+                match (&r.verdict, &r.failed) {
+                    (Some(Verdict::Diverges { at }), _) => format!(" at position {at}"),
+                    (Some(Verdict::Drifts { at, .. }), _) => format!(" (worst at position {at})"),
+                    (_, Some((at, why))) => format!(", failed at position {at}: {why}"),
+                    _ => String::new(),
                 }
             ),
         ));
-        out.push(check(
-            &format!("decode logits {label}"),
-            forced.worst_ratio <= 1.0,
-            format!(
-                "{} steps, worst max|Δ| / max|logit| = {:.4}; worst against its step's bar: {:.4} at step {} (bar {:.4} = {LOGITS_TOL} + 2 × the engine's bf16-vs-f32 difference)",
-                c.len(),
-                forced.worst,
-                forced.worst_ratio * forced.worst_bar,
-                forced.worst_step,
-                forced.worst_bar
-            ),
-        ));
-        let plain =
-            if forced.flips.is_empty() && forced.hard == 0 { c } else { greedy(&gpu, &generator, p, tokens, 0)? };
-        gpu_plain.push((label, p.clone(), plain));
+        let ids = reference.render(&server::request(&p))?.1;
+        gpu_plain.push((probe.name, ids, p.ignore_eos, plain));
     }
 
     // 3. MTP greedy on the device equals plain greedy on the device (the raw prompt: it runs
     // the whole max_tokens).
     if cpu.mtp.is_some() {
-        for (label, p, plain) in gpu_plain.iter().filter(|g| g.0 == "raw") {
+        for (label, p, ignore_eos, plain) in gpu_plain.iter().filter(|g| g.0 == "long") {
             for depth in 1..=3 {
-                let spec = greedy(&gpu, &generator, p, tokens, depth)?;
+                let spec = greedy(&gpu, &generator, p, tokens, *ignore_eos, depth)?;
                 out.push(check(
                     &format!("mtp {depth} greedy {label}"),
                     &spec == plain,
@@ -329,8 +276,8 @@ pub fn run(
             if bit_equal { "bit-identical to one device" } else { "differ from one device" }
         ),
     ));
-    for (label, p, plain) in gpu_plain.iter().filter(|g| g.0 == "raw") {
-        let s = greedy(&split, &generator, p, tokens, 0)?;
+    for (label, p, ignore_eos, plain) in gpu_plain.iter().filter(|g| g.0 == "long") {
+        let s = greedy(&split, &generator, p, tokens, *ignore_eos, 0)?;
         out.push(check(
             &format!("split greedy {label}"),
             &s == plain,
@@ -348,7 +295,7 @@ pub fn run(
         writeln!(
             w,
             "{}",
-            json!({"model": source.label(), "device": gpu.gpu(0).map(Gpu::label), "tokens": tokens, "tolerance": LOGITS_TOL, "pass": pass, "checks": out})
+            json!({"model": source.label(), "device": gpu.gpu(0).map(Gpu::label), "tokens": tokens, "tolerance": LOGITS_TOL, "thresholds": thresholds, "pass": pass, "checks": out})
         )?;
     } else {
         for c in &out {

@@ -75,7 +75,7 @@ impl ProbeReport {
 }
 
 /// The probe's greedy request, with the most top logprobs a server gives.
-pub(super) fn request(probe: &Probe) -> ChatRequest {
+pub fn request(probe: &Probe) -> ChatRequest {
     let params = GenerationParams {
         max_tokens: probe.max_tokens,
         sampling: SamplingParams { temperature: 0.0, ..Default::default() },
