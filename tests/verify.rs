@@ -301,15 +301,25 @@ fn replayed_vllm_and_sglang_logprob_shapes_map_tokens() {
         Route::get("/version", Reply::json_file(200, wire("vllm/version.json"))),
         Route::post("/v1/chat/completions", Reply::sse_file(wire("vllm/chat-stream-logprobs-token-ids.sse"))),
     ]);
+    // SGLang renders no chat, but tokenises text (`/v1/tokenize`): answered here with the
+    // reference's own ids for the prompt, as the demo's tokenizer gives them.
+    let dry = Command::new(bin()).args(["run", "--prompt", "What is 482 + 739?", "--dry-run"]).output().unwrap();
+    let dry = String::from_utf8_lossy(&dry.stdout).to_string();
+    let ids = dry.lines().skip_while(|l| !l.contains("token ids ---")).nth(1).expect("the dry run's ids");
+    let tokenized = format!("{{\"tokens\": [{ids}], \"count\": 22, \"max_model_len\": 4096}}");
     let sglang = ReplayServer::start(vec![
         Route::get("/v1/models", Reply::json_file(200, wire("sglang/models.json"))),
         Route::get("/server_info", Reply::json_file(200, wire("sglang/server_info.json"))),
+        Route::post("/v1/tokenize", Reply::json(200, &tokenized)),
         Route::post("/v1/chat/completions", Reply::sse_file(wire("sglang/chat-stream-logprobs.sse"))),
     ]);
-    for (name, server, asks_ids) in [("vLLM", &vllm, true), ("SGLang", &sglang, false)] {
+    for (name, server, asks_ids, prompt) in
+        [("vLLM", &vllm, true, "not_checked"), ("SGLang", &sglang, false, "tokenizer_same")]
+    {
         let (code, report, stderr) = verify(&server.url(), &["--prompts", prompts.to_str().unwrap()]);
         assert_agrees(name, code, &report, &stderr);
         let p = &probes(&report)[0];
+        assert_eq!(p["prompt"]["prompt"], prompt, "{name}: {p}");
         assert!(p["unmapped"].is_null(), "{name}: every token mapped: {p}");
         let positions = p["positions"].as_array().unwrap();
         let ids: Vec<u64> = positions.iter().map(|q| q["id"].as_u64().unwrap()).collect();
@@ -320,4 +330,16 @@ fn replayed_vllm_and_sglang_logprob_shapes_map_tokens() {
         let body: Value = serde_json::from_str(&body.body_str()).unwrap();
         assert_eq!(body["return_tokens_as_token_ids"].as_bool().unwrap_or(false), asks_ids, "{name}: {body}");
     }
+    // An SGLang whose tokenizer is not the reference's: the finding, before any generation.
+    let other = ReplayServer::start(vec![
+        Route::get("/v1/models", Reply::json_file(200, wire("sglang/models.json"))),
+        Route::get("/server_info", Reply::json_file(200, wire("sglang/server_info.json"))),
+        Route::post("/v1/tokenize", Reply::json(200, &tokenized.replacen("481,282", "481,283", 1))),
+        Route::post("/v1/chat/completions", Reply::sse_file(wire("sglang/chat-stream-logprobs.sse"))),
+    ]);
+    let (code, report, stderr) = verify(&other.url(), &["--prompts", prompts.to_str().unwrap()]);
+    assert_eq!((code, report["overall"].as_str()), (3, Some("diverges")), "{stderr}\n{report}");
+    let p = &probes(&report)[0]["prompt"];
+    assert_eq!((p["prompt"].as_str(), p["at"].as_u64()), (Some("differs"), Some(1)), "{p}");
+    assert!(other.requests().iter().all(|r| r.path != "/v1/chat/completions"), "nothing generated");
 }

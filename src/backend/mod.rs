@@ -203,6 +203,14 @@ pub trait Backend: Send + Sync {
     /// prompt, with the generation prompt); `None` when it has no way to say. `deltascope
     /// verify` compares a server's with the reference's before any generation.
     fn prompt_tokens(&self, req: &ChatRequest) -> BackendResult<Option<PromptTokens>>;
+
+    /// `text` (a rendered prompt, special tokens written out) in this backend's tokens, for a
+    /// server that tokenises text but renders no chat (SGLang's `/v1/tokenize`): its tokenizer
+    /// checked on the reference's rendering. `None` when it has no way to say.
+    fn text_tokens(&self, text: &str) -> BackendResult<Option<Vec<u32>>> {
+        let _ = text;
+        Ok(None)
+    }
 }
 
 /// A rendered, tokenised prompt (the text when the backend shows it).

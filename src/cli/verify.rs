@@ -195,6 +195,7 @@ fn overall(reports: &[ProbeReport]) -> &'static str {
 fn line(r: &ProbeReport) -> String {
     let prompt = match &r.prompt {
         PromptCheck::Same { tokens } => format!("prompt same ({tokens} tokens)"),
+        PromptCheck::TokenizerSame { tokens } => format!("prompt tokens same ({tokens}; template not checked)"),
         PromptCheck::Differs { at, .. } => format!("prompt DIFFERS at token {at}"),
         PromptCheck::NotChecked { .. } if r.not_run.is_some() => String::new(),
         PromptCheck::NotChecked { .. } if r.prompt_tokens == 0 => "prompt not checked".into(),

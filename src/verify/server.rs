@@ -39,6 +39,9 @@ pub enum PromptCheck {
     /// The first differing token (index into the prompt), both sides', and where the rendered
     /// texts first differ when the server shows its text.
     Differs { at: usize, reference: String, subject: String, text_at: Option<(usize, String, String)> },
+    /// The server renders no chat, but tokenised the reference's rendering into the same ids
+    /// (SGLang): its tokenizer is checked, its chat template is not.
+    TokenizerSame { tokens: usize },
     /// The subject has no way to say (why).
     NotChecked { why: String },
 }
@@ -196,7 +199,22 @@ pub fn score_generation(
 
 fn compare_prompts(subject: &dyn Backend, req: &ChatRequest, ids: &[u32], reference: &Loaded) -> PromptCheck {
     let theirs = subject.prompt_tokens(req).map_err(|e| e.message);
-    prompt_check(theirs, &subject.info().name, req, ids, reference)
+    let check = prompt_check(theirs, &subject.info().name, req, ids, reference);
+    if !matches!(check, PromptCheck::NotChecked { .. }) {
+        return check;
+    }
+    // A server that tokenises text but renders no chat: its tokens for the reference's text.
+    let Ok((Some(text), _)) = reference.render(req) else { return check };
+    match subject.text_tokens(&text) {
+        Ok(Some(theirs)) => {
+            match prompt_check(Ok(Some(PromptTokens { text: None, ids: theirs })), "", req, ids, reference) {
+                PromptCheck::Same { tokens } => PromptCheck::TokenizerSame { tokens },
+                differs => differs,
+            }
+        }
+        Ok(None) => check,
+        Err(e) => PromptCheck::NotChecked { why: format!("asking the server to tokenise failed: {}", e.message) },
+    }
 }
 
 /// The subject's prompt (as its backend answered, or why it could not) against the

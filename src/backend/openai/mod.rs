@@ -201,6 +201,10 @@ impl Backend for RemoteBackend {
         let thinking = req.params.thinking.is_on();
         self.runtime.block_on(tokenize::chat_prompt(&self.http, &self.facts, messages, thinking))
     }
+
+    fn text_tokens(&self, text: &str) -> BackendResult<Option<Vec<u32>>> {
+        self.runtime.block_on(tokenize::text_ids(&self.http, &self.facts, text))
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! What a server says about tokens without generating: its tokens for a text (llama.cpp and
-//! vLLM `/tokenize`), and its rendering of a chat (llama.cpp `/apply-template`, vLLM
-//! `/tokenize` with messages). Client-side budgets continue from the first; `deltascope
+//! vLLM `/tokenize`, SGLang `/v1/tokenize`), and its rendering of a chat (llama.cpp
+//! `/apply-template`, vLLM `/tokenize` with messages). Client-side budgets continue from the first; `deltascope
 //! verify` compares the second with the reference's before any generation.
 
 use serde_json::{Value, json};
@@ -15,10 +15,13 @@ pub(super) async fn tokenize(http: &Http, facts: &ServerFacts, text: &str) -> Op
     let body = match facts.kind {
         ServerKind::LlamaCpp => serde_json::json!({"content": text, "with_pieces": true}),
         ServerKind::Deltascope => serde_json::json!({"content": text}),
-        ServerKind::Vllm => serde_json::json!({"model": facts.model, "prompt": text, "add_special_tokens": false}),
+        ServerKind::Vllm | ServerKind::Sglang => {
+            serde_json::json!({"model": facts.model, "prompt": text, "add_special_tokens": false})
+        }
         _ => return None,
     };
-    let resp = http.post("/tokenize").json(&body).timeout(http.timeout).send().await.ok()?;
+    let path = if facts.kind == ServerKind::Sglang { "/v1/tokenize" } else { "/tokenize" };
+    let resp = http.post(path).json(&body).timeout(http.timeout).send().await.ok()?;
     let v: Value = resp.error_for_status().ok()?.json().await.ok()?;
     let tokens = v.get("tokens").and_then(Value::as_array)?;
     let mut out = vec![];
@@ -64,6 +67,17 @@ pub(super) async fn chat_prompt(
         }
         _ => Ok(None),
     }
+}
+
+/// A rendered prompt's text in SGLang's tokens (`/v1/tokenize`, `{"tokens": [ids], "count",
+/// "max_model_len"}`); `None` for servers that render chats themselves (see [`chat_prompt`]).
+pub(super) async fn text_ids(http: &Http, facts: &ServerFacts, text: &str) -> BackendResult<Option<Vec<u32>>> {
+    if facts.kind != ServerKind::Sglang {
+        return Ok(None);
+    }
+    let body = json!({"model": facts.model, "prompt": text, "add_special_tokens": false});
+    let tokens = post_json(http, "/v1/tokenize", &body).await?;
+    Ok(Some(ids(http, &tokens)?))
 }
 
 async fn post_json(http: &Http, path: &str, body: &Value) -> BackendResult<Value> {

@@ -230,6 +230,9 @@ fn findings(ctx: &DrawCtx, r: &Rescore, cursor: Option<usize>, temperature: f32)
     lines.push(Line::from(vec![dim("verdict  "), Span::styled(verdict, vstyle.add_modifier(Modifier::BOLD))]));
     let prompt = match &r.prompt {
         PromptCheck::Same { tokens } => format!("the server's is the same ({tokens} tokens)"),
+        PromptCheck::TokenizerSame { tokens } => {
+            format!("the server tokenises the reference's the same ({tokens} tokens; it renders no chat)")
+        }
         PromptCheck::Differs { at, reference, subject, .. } => {
             format!("DIFFERS at token {at}: {subject} where the reference has {reference}")
         }
