@@ -58,7 +58,7 @@ fn parity(model: Option<&str>, mtp: bool) {
         );
     }
     assert!(find("greedy long")["detail"].as_str().unwrap().starts_with("64 tokens"), "{v:#}");
-    assert!((v["thresholds"]["agree_delta"].as_f64().unwrap() - 0.15).abs() < 1e-6, "verify's thresholds: {v:#}");
+    assert_eq!(v["thresholds"]["agree_delta"], 0.15, "verify's thresholds: {v:#}");
     assert!(find("rejected draft restore")["detail"].as_str().unwrap().contains("bit-identical to a plain step"));
     let split = find("split prefill logits");
     assert!(split["detail"].as_str().unwrap().contains("emu:0 + emu:1: bit-identical"), "{split}");

@@ -80,14 +80,23 @@ impl Position {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Thresholds {
     /// Diverges: the subject chose a token the reference gives less than this …
+    #[serde(serialize_with = "as_written")]
     pub diverge_below: f32,
     /// … while the reference's first choice had more than this.
+    #[serde(serialize_with = "as_written")]
     pub diverge_top1_above: f32,
     /// Agrees: no |Δ log-probability| above this (nats), and any different choice is a
     /// near-tie within it.
+    #[serde(serialize_with = "as_written")]
     pub agree_delta: f32,
     /// Agrees: no KL lower bound above this (nats).
+    #[serde(serialize_with = "as_written")]
     pub agree_kl: f32,
+}
+
+/// A threshold in the JSON report as it is written here (0.01, not f32's 0.009999999776…).
+fn as_written<S: serde::Serializer>(x: &f32, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_f64(x.to_string().parse().unwrap_or(f64::from(*x)))
 }
 
 impl Default for Thresholds {
