@@ -454,7 +454,7 @@ fn every_sglang_and_vllm_sse_fixture_parses() {
             seen += 1;
         }
     }
-    assert_eq!(seen, 7);
+    assert_eq!(seen, 9);
     assert_eq!(named_events, 1);
 }
 
