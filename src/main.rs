@@ -2,6 +2,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 use std::io::{ErrorKind, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -11,17 +12,37 @@ use deltascope::cli::{Cli, main_with};
 fn init_logging(cli: &Cli) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    // The TUI owns the terminal: its logs go to a file in the data dir unless --log-file says
-    // otherwise (and nowhere if that cannot be opened).
-    let log_file =
-        cli.log_file.clone().or_else(|| if cli.is_tui() { deltascope::tui::default_log_file() } else { None });
-    match &log_file {
-        Some(path) => {
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .map_err(|e| anyhow::anyhow!("cannot open log file {}: {e}", path.display()))?;
+    // The TUI owns the terminal: its logs go to a file (--log-file, else the data directory's).
+    // A file that cannot be opened is a warning and the next place is tried — the state
+    // directory, the temporary directory (the TUI), stderr (other commands) — never a reason
+    // not to start.
+    let mut wanted: Vec<PathBuf> = cli.log_file.iter().cloned().collect();
+    if cli.is_tui() {
+        wanted.extend(deltascope::tui::log_file_candidates());
+    }
+    let mut failed = vec![];
+    let opened = wanted.iter().find_map(|path| match open_log(path) {
+        Ok(file) => Some((path.clone(), file)),
+        Err(e) => {
+            failed.push(format!("{}: {e}", path.display()));
+            None
+        }
+    });
+    if !failed.is_empty() {
+        let fallback = match (&opened, cli.is_tui()) {
+            (Some((path, _)), _) => format!("logging to {}", path.display()),
+            (None, true) => "not logging".to_string(),
+            (None, false) => "logging to stderr".to_string(),
+        };
+        let note = format!("cannot open the log file ({}): {fallback}", failed.join("; "));
+        if cli.is_tui() {
+            deltascope::tui::note_at_start(note);
+        } else {
+            let _ = writeln!(std::io::stderr(), "warning: {note}");
+        }
+    }
+    match opened {
+        Some((_, file)) => {
             tracing_subscriber::fmt()
                 .with_env_filter(filter)
                 .with_ansi(false)
@@ -32,6 +53,14 @@ fn init_logging(cli: &Cli) -> anyhow::Result<()> {
         None => tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init(),
     }
     Ok(())
+}
+
+/// Opens (appending) a log file, creating its directory.
+fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::OpenOptions::new().create(true).append(true).open(path)
 }
 
 fn main() -> ExitCode {

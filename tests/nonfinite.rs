@@ -282,3 +282,43 @@ fn logits_layers_show_where_non_finite_values_start() {
     let marked = text.lines().find(|l| l.contains("first non-finite")).unwrap_or_else(|| panic!("{text}"));
     assert!(marked.trim_start().starts_with("1 "), "{marked}");
 }
+
+/// Issue 35, item 7: `trace` on the README's own NaN copy (layer 1's `A_log[2]` set to NaN)
+/// records the pass that went non-finite — the layers it ran, head 2 of layer 1 marked — prints
+/// the `nonfinite` diagnostic beside the summary, and exits 1: the generation was cut short.
+#[test]
+fn trace_records_the_pass_that_went_non_finite() {
+    let dir = tempfile::tempdir().unwrap();
+    let dst = dir.path().join("nan");
+    let made = Command::new("python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/break_checkpoint.py"))
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/models/demo"))
+        .arg(&dst)
+        .args(["model.layers.1.linear_attn.A_log", "--nan", "2"])
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let jsonl = dir.path().join("t.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))
+        .args(["trace", "--model", dst.to_str().unwrap(), "--prompt", "Is 91 prime?", "--out"])
+        .arg(&jsonl)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("no state events"), "{stderr}");
+    assert!(stdout.contains("ALARM at prompt: layer 1 head 2"), "{stdout}");
+    assert!(stdout.contains("nonfinite: NaN first appeared in layer 1's GDN output"), "{stdout}");
+    assert!(stderr.contains("the generation stopped after 0 tokens (nonfinite"), "{stderr}");
+    let states: Vec<Value> = std::fs::read_to_string(&jsonl)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["event"] == "state")
+        .collect();
+    assert_eq!(states.len(), 1, "the prompt's pass, which went non-finite");
+    let layers: Vec<u64> = states[0]["gdn"].as_array().unwrap().iter().map(|l| l["layer"].as_u64().unwrap()).collect();
+    assert_eq!(layers, [0, 1], "the layers the pass ran, up to the failing one");
+    let nonfinite = &states[0]["gdn"][1]["nonfinite"];
+    assert!(nonfinite[2].as_u64().unwrap() > 0 && nonfinite[0] == 0, "head 2 alone: {nonfinite}");
+}

@@ -507,6 +507,23 @@ fn sglang_length_stops_inside_thinking_with_a_diagnostic() {
     assert_eq!(body["max_tokens"], 12, "{body}");
 }
 
+/// Issue 35, item 8: a server that stops for `length` before `max_tokens` (its context ran
+/// out: the same 12 tokens, asked for 100) is said to have hit the context, not max_tokens,
+/// and no "raise max_tokens" fix is offered.
+#[test]
+fn a_server_that_stops_at_its_context_says_so() {
+    let server = sglang(Reply::sse_file(wire("sglang/chat-stream-length.sse")));
+    let out = client(&server.url(), &["--max-tokens", "100"]);
+    let ctx = out.context();
+    assert_eq!(out.done()["finish_reason"], "length", "{ctx}");
+    let diagnostics = out.of("diagnostic");
+    let d = diagnostics.iter().find(|d| d["kind"] == "thinking_exhausted_max_tokens").expect("a length diagnostic");
+    let message = d["message"].as_str().unwrap();
+    assert_contains(message, "the context was the limit, not max_tokens", &ctx);
+    assert_contains(message, "16 prompt + 12 generated tokens, 88 short of max_tokens (100)", &ctx);
+    assert!(d["fix"].is_null(), "raising max_tokens would not help: {ctx}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // B. vLLM 0.32.0
 
@@ -1064,6 +1081,28 @@ fn a_silent_server_hits_the_idle_timeout_and_keeps_the_tokens() {
     assert!(out.elapsed < Duration::from_secs(3), "{ctx}");
     // The client hung up on the silent stream.
     assert!(server.wait_client_closes(1, Duration::from_secs(1)), "{ctx}");
+}
+
+/// A server that accepts the request and never sends its headers (issue 35, item 5): cut after
+/// `--first-byte-timeout`, naming that timeout; and one that sends headers and then no frame
+/// at all: the same timeout, naming the first frame. `--idle-timeout` alone does not wait on it.
+#[test]
+fn a_server_that_never_answers_hits_the_first_byte_timeout() {
+    let server = generic(Reply::Silent);
+    let out = client(&server.url(), &["--idle-timeout", "5", "--first-byte-timeout", "1"]);
+    let ctx = out.context();
+    let message = out.stream_error("unavailable");
+    assert_contains(&message, "no response headers after 1 s (--first-byte-timeout", &ctx);
+    assert!(out.elapsed >= Duration::from_secs(1) && out.elapsed < Duration::from_secs(4), "{ctx}");
+    let headers_only =
+        generic(Reply::sse_file(wire("sglang/chat-stream-reasoning.sse")).truncated(0).then(After::Hang));
+    let out = client(&headers_only.url(), &["--idle-timeout", "30", "--first-byte-timeout", "1"]);
+    let ctx = out.context();
+    assert_contains(&out.stream_error("unavailable"), "no first stream frame after 1 s (--first-byte-timeout", &ctx);
+    assert!(out.elapsed < Duration::from_secs(4), "{ctx}");
+    // The flag is checked like --idle-timeout.
+    let bad = client(&server.url(), &["--first-byte-timeout", "0"]);
+    assert_eq!(bad.code, Some(1), "{}", bad.context());
 }
 
 #[test]

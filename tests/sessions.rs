@@ -341,6 +341,8 @@ fn a_failed_write_keeps_the_old_file_and_no_temporary_file() {
 #[ignore = "run by a_failed_write_keeps_the_old_file_and_no_temporary_file in a child process"]
 fn child_saves_under_a_size_limit() {
     let path = PathBuf::from(std::env::var_os("DELTASCOPE_TEST_SAVE_TO").expect("run by the parent test"));
+    // This process continues the session in the file (it read it), as a resumed window does.
+    Session::load(&path).unwrap();
     let mut s = Session::new("embedded:demo", None);
     s.turns.push(long_turn(200));
     let e = s.save_atomic(&path).unwrap_err().to_string();
@@ -378,10 +380,15 @@ fn a_kill_mid_save_leaves_a_whole_session() {
 #[ignore = "run by a_kill_mid_save_leaves_a_whole_session in a child process"]
 fn child_saves_in_a_loop() {
     let path = PathBuf::from(std::env::var_os("DELTASCOPE_TEST_SAVE_TO").expect("run by the parent test"));
+    // Each child continues the file the one before it left (it reads it first, as a resumed
+    // window does), so every save goes to `path` itself.
+    if path.exists() {
+        Session::load(&path).unwrap();
+    }
     let mut s = Session::new("embedded:demo", None);
     loop {
         s.turns.push(long_turn(400));
-        s.save_atomic(&path).unwrap();
+        assert_eq!(s.save_atomic(&path).unwrap(), deltascope::session::Saved::Written);
     }
 }
 

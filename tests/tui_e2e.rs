@@ -395,9 +395,15 @@ fn state_view_in_tmux_at_80x24() {
     t.keys(&["Enter"]);
     t.wait("the answer", 120, |s| s.contains("finish: stop"));
     t.keys(&["F7"]);
-    let s = t.wait("the State view", 10, |s| s.contains("write strength β · after #"));
-    // The demo model: GDN layers 0-2 and 4-6, attention at 3 and 7, four value heads.
-    for row in ["▸L0 ", " L2 ", " L4 ", " L6 "] {
+    // The demo model: GDN layers 0-2 and 4-6, attention at 3 and 7, four value heads. Waited
+    // for whole: tmux can capture a frame while the terminal is still drawing it.
+    let rows = ["▸L0 ", " L2 ", " L4 ", " L6 "];
+    let s = t.wait("the State view, drawn whole", 10, |s| {
+        s.contains("write strength β · after #")
+            && rows.iter().all(|r| s.contains(r))
+            && s.contains("attention L3 L7: KV")
+    });
+    for row in rows {
         assert!(s.contains(row), "{row}:\n{s}");
     }
     assert!(s.contains("attention L3 L7: KV"), "{s}");

@@ -784,3 +784,41 @@ fn a_state_alarm_raises_a_banner_and_the_view_opens_on_that_head() {
     assert_eq!((app.view().state.layer, app.view().state.head), (4, 2));
     assert!(screen.contains("L5 head 2 ·"), "{screen}");
 }
+
+/// Issue 35, item 7: a pass that goes non-finite sends the trace of the layers it ran (layer 1
+/// with head 2's ✖) before the `nonfinite` diagnostic; the State view shows that pass instead of
+/// "No state trace".
+#[test]
+fn the_state_view_shows_the_pass_that_went_non_finite() {
+    use deltascope::generation::Diagnostic;
+    let mut app = app();
+    let mut p = params(256, None);
+    p.trace_state = true;
+    ask(&mut app, "Is 91 prime?", 0.0);
+    engine(&mut app, start(16, &p), 2.0);
+    engine(&mut app, state_event(None, 6, 4), 3.0);
+    engine(&mut app, token(0, Phase::Thinking, "Check", -0.1, DraftKind::None, false), 4.0);
+    // The failing pass: layers 0 and 1 only, head 2 of layer 1 non-finite.
+    let EngineEvent::State(mut failed) = state_event(Some(0), 6, 4) else { unreachable!() };
+    failed.gdn.truncate(2);
+    failed.gdn[1].nonfinite[2] = 1024;
+    failed.gdn[1].state_norm[2] = f32::NAN;
+    engine(&mut app, EngineEvent::State(failed), 5.0);
+    let nan = Diagnostic {
+        kind: DiagnosticKind::Nonfinite,
+        at_token: 0,
+        message: "NaN first appeared in layer 1's GDN output at sequence position 16 (token id 1), generated token 1"
+            .into(),
+        period: None,
+        start: None,
+        fix: None,
+        layer: Some(1),
+        head: Some(2),
+    };
+    engine(&mut app, EngineEvent::Diagnostic(nan), 6.0);
+    engine(&mut app, done(FinishReason::Error, 16, 1, 0, "Check", ""), 7.0);
+    key(&mut app, KeyCode::F(7), KeyModifiers::NONE, 8.0);
+    let screen = render(&mut app, W, H);
+    assert!(!screen.contains("No state trace"), "{screen}");
+    assert!(screen.contains('✖'), "head 2 of layer 1 marked: {screen}");
+}

@@ -286,8 +286,11 @@ pub struct RemoteSpec {
     pub tokenizer: Option<PathBuf>,
     pub budget_mode: BudgetMode,
     pub reasoning_split: ReasoningSplit,
-    /// A stream that sends nothing for this long is cut (error `unavailable`).
+    /// A stream that sends nothing for this long between frames is cut (error `unavailable`).
     pub idle_timeout: std::time::Duration,
+    /// A request whose response headers and first frame take longer than this is cut (a long
+    /// prefill may take minutes; a server that accepts and never answers must not hang us).
+    pub first_byte_timeout: std::time::Duration,
     /// Connecting and the first response headers.
     pub connect_timeout: std::time::Duration,
     /// Ask for every token's id where a server sends ids only on request (vLLM's
@@ -306,6 +309,7 @@ impl RemoteSpec {
             budget_mode: BudgetMode::Server,
             reasoning_split: ReasoningSplit::Server,
             idle_timeout: std::time::Duration::from_secs(60),
+            first_byte_timeout: std::time::Duration::from_secs(300),
             connect_timeout: std::time::Duration::from_secs(10),
             token_ids: false,
         }

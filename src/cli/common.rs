@@ -72,9 +72,13 @@ pub struct ServerArgs {
     /// and SGLang are asked not to split).
     #[arg(long, value_enum, default_value = "server", value_name = "server|client")]
     pub reasoning_split: SplitArg,
-    /// Seconds a stream may stay silent before it is cut.
+    /// Seconds a stream may stay silent between frames before it is cut.
     #[arg(long, default_value_t = 60.0, value_name = "SECONDS", requires = "server")]
     pub idle_timeout: f64,
+    /// Seconds to wait for the server's first answer to a request — its response headers and
+    /// first stream frame, which a long prompt's prefill delays — before it is cut.
+    #[arg(long, default_value_t = 300.0, value_name = "SECONDS", requires = "server")]
+    pub first_byte_timeout: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -114,10 +118,9 @@ impl ModelArgs {
                 .into_iter()
                 .find_map(|name| std::env::var(name).ok().filter(|v| !v.is_empty()).map(|v| (v, KeySource::Env(name)))),
         };
-        anyhow::ensure!(
-            s.idle_timeout.is_finite() && s.idle_timeout > 0.0,
-            "--idle-timeout must be a positive number of seconds"
-        );
+        for (flag, v) in [("--idle-timeout", s.idle_timeout), ("--first-byte-timeout", s.first_byte_timeout)] {
+            anyhow::ensure!(v.is_finite() && v > 0.0, "{flag} {v}: must be a positive, finite number of seconds");
+        }
         let mut spec = RemoteSpec::new(url.clone());
         spec.api_key = api_key;
         spec.model = s.server_model.clone();
@@ -131,6 +134,7 @@ impl ModelArgs {
             SplitArg::Client => ReasoningSplit::Client,
         };
         spec.idle_timeout = Duration::from_secs_f64(s.idle_timeout);
+        spec.first_byte_timeout = Duration::from_secs_f64(s.first_byte_timeout);
         Ok(BackendSpec::Remote(spec))
     }
 }

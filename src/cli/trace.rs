@@ -13,7 +13,7 @@ use super::common::{self, GenArgs, ModelArgs, PromptArgs};
 use super::interrupt::Interrupt;
 use crate::backend::ChatRequest;
 use crate::generation::state::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
-use crate::generation::{EngineEvent, FinishReason, StateEvent, StateMetric, TokenEvent};
+use crate::generation::{DiagnosticKind, EngineEvent, FinishReason, StateEvent, StateMetric, TokenEvent};
 use crate::units::{short_bytes, sig4};
 
 #[derive(Args, Debug)]
@@ -46,9 +46,17 @@ pub struct TraceArgs {
     /// the first token where they differ by more than --tolerance. Exit 1 when they do.
     #[arg(long, num_args = 2, value_names = ["A.jsonl", "B.jsonl"], conflicts_with_all = ["prompt", "json", "out"])]
     pub compare: Option<Vec<PathBuf>>,
-    /// Relative difference that counts as diverged (β, g, ‖S‖ per head).
-    #[arg(long, default_value_t = 1e-3, value_name = "REL")]
+    /// Relative difference that counts as diverged (β, g, ‖S‖ per head): finite and > 0.
+    #[arg(long, default_value_t = 1e-3, value_name = "REL", allow_hyphen_values = true, value_parser = tolerance)]
     pub tolerance: f64,
+}
+
+fn tolerance(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(t) if t.is_finite() && t > 0.0 => Ok(t),
+        Ok(_) => Err(format!("{s}: must be a finite number > 0 (a relative difference, e.g. 1e-3)")),
+        Err(_) => Err(format!("{s:?} is not a number (a relative difference, e.g. 1e-3)")),
+    }
 }
 
 fn metric(s: &str) -> Result<StateMetric, String> {
@@ -130,6 +138,7 @@ pub fn run(a: TraceArgs) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     let mut trace = Trace::default();
     let mut finish = None;
+    let mut diagnostics = vec![];
     for ev in generation.events().iter() {
         let line = serde_json::to_string(&ev)?;
         if a.json {
@@ -145,6 +154,7 @@ pub fn run(a: TraceArgs) -> anyhow::Result<()> {
                 break;
             }
             EngineEvent::Error(e) => bail!("{}", e.message),
+            EngineEvent::Diagnostic(d) => diagnostics.push(d),
             // The prompt's pass names the GDN layers: a --layer that is not one fails now, not
             // after the whole generation.
             EngineEvent::State(s) if trace.states.len() == 1 => {
@@ -162,11 +172,19 @@ pub fn run(a: TraceArgs) -> anyhow::Result<()> {
     if let Some(mut f) = file {
         f.flush()?;
     }
+    // What went wrong (a pass that went non-finite, a state alarm) is said whatever else is.
+    let said: Vec<String> = diagnostics.iter().map(|d| format!("{}: {}", d.kind.as_str(), d.message)).collect();
     if trace.states.is_empty() {
-        bail!("the engine sent no state events");
+        match said.is_empty() {
+            true => bail!("the engine sent no state events"),
+            false => bail!("the engine sent no state events; {}", said.join("; ")),
+        }
     }
     if !a.json {
         write!(out, "{}", summary(&trace))?;
+        for line in &said {
+            writeln!(out, "{line}")?;
+        }
     }
     if let Some(p) = &a.plot {
         let layer = a.layer.unwrap_or(trace.states[0].gdn[0].layer);
@@ -177,13 +195,22 @@ pub fn run(a: TraceArgs) -> anyhow::Result<()> {
     if finish == Some(FinishReason::Cancelled) {
         return Err(interrupt.stopped().into());
     }
+    // Cut short by the model itself (a NaN): the trace is written, the exit says it stopped.
+    if finish == Some(FinishReason::Error) {
+        let why =
+            diagnostics.iter().find(|d| d.kind == DiagnosticKind::Nonfinite).map_or("an error", |d| d.kind.as_str());
+        bail!("the generation stopped after {} tokens ({why}; above)", trace.tokens.len());
+    }
     Ok(())
 }
 
 /// Per GDN layer, at the last token and over the whole trace; the alarms.
 pub fn summary(t: &Trace) -> String {
     let mut s = String::new();
-    let Some(last) = t.states.last() else { return s };
+    // The last complete pass (a pass that went non-finite stops at the failing layer: its
+    // ✖ heads are in the alarm below).
+    let layers = t.states.iter().map(|e| e.gdn.len()).max().unwrap_or(0);
+    let Some(last) = t.states.iter().rev().find(|e| e.gdn.len() == layers) else { return s };
     let _ = writeln!(
         s,
         "state trace: {} passes (the prompt, then {} tokens), position {}",
@@ -199,9 +226,15 @@ pub fn summary(t: &Trace) -> String {
         let heads = l.beta.len();
         let mut hl: Vec<f32> = (0..heads).map(|h| l.half_life(h)).collect();
         hl.sort_by(f32::total_cmp);
-        let norm_max = t.states.iter().flat_map(|e| e.gdn[li].state_norm.iter().copied()).fold(0f32, f32::max);
-        let tokens = &t.states[1.min(t.states.len() - 1)..];
-        let delta_mean = tokens.iter().flat_map(|e| e.gdn[li].delta_ratio.iter()).map(|&d| d as f64).sum::<f64>()
+        // Over every pass that ran this layer (a failed pass may have stopped before it).
+        let norm_max = t
+            .states
+            .iter()
+            .filter_map(|e| e.gdn.get(li))
+            .flat_map(|g| g.state_norm.iter().copied())
+            .fold(0f32, f32::max);
+        let tokens: Vec<_> = t.states[1.min(t.states.len() - 1)..].iter().filter_map(|e| e.gdn.get(li)).collect();
+        let delta_mean = tokens.iter().flat_map(|g| g.delta_ratio.iter()).map(|&d| d as f64).sum::<f64>()
             / (tokens.len() * heads).max(1) as f64;
         let forgets = hl.iter().filter(|&&h| memory_of(h) == HeadMemory::Forgets).count();
         let keeps = hl.iter().filter(|&&h| memory_of(h) == HeadMemory::Keeps).count();
@@ -276,11 +309,60 @@ pub fn compare(a: &Trace, b: &Trace, tol: f64) -> Comparison {
         comparable.len().saturating_sub(1),
         same_tokens
     );
-    let layers = a.states[0].gdn.len().min(b.states[0].gdn.len());
-    let mut first: Option<(usize, usize, String)> = None;
+    // What differs in shape is a divergence of its own, said first: a trace cut short, a layer
+    // or a head missing. Nothing is called agreeing that was not compared.
     let mut diverged = false;
+    let mut shape = vec![];
+    if same_tokens == a.tokens.len().min(b.tokens.len()) && a.tokens.len() != b.tokens.len() {
+        shape.push(format!(
+            "A has {} generated tokens and B {}: one trace is cut short (its tokens agree while both last)",
+            a.tokens.len(),
+            b.tokens.len()
+        ));
+    }
+    let passes = |t: &Trace| t.states.iter().filter(|s| s.at_token.is_none_or(|i| i < same_tokens)).count();
+    if passes(a) != passes(b) {
+        shape.push(format!(
+            "A has {} state passes and B {} over the tokens they share{}",
+            passes(a),
+            passes(b),
+            if passes(a).min(passes(b)) == 1 { " (one ends after its prompt pass)" } else { "" }
+        ));
+    }
+    let layer_ids = |t: &Trace| t.states.first().map(|e| e.gdn.iter().map(|l| l.layer).collect::<Vec<_>>());
+    let (la, lb) = (layer_ids(a).unwrap_or_default(), layer_ids(b).unwrap_or_default());
+    if la != lb {
+        let only =
+            |x: &[usize], y: &[usize]| x.iter().filter(|l| !y.contains(l)).map(usize::to_string).collect::<Vec<_>>();
+        shape.push(format!(
+            "the traces have {} and {} GDN layers (only in A: [{}]; only in B: [{}])",
+            la.len(),
+            lb.len(),
+            only(&la, &lb).join(", "),
+            only(&lb, &la).join(", ")
+        ));
+    }
+    for (x, y) in &comparable {
+        for (lx, ly) in x.gdn.iter().zip(&y.gdn).filter(|(lx, ly)| lx.layer == ly.layer) {
+            if lx.beta.len() != ly.beta.len() {
+                shape.push(format!("layer {}: A has {} heads and B {}", lx.layer, lx.beta.len(), ly.beta.len()));
+            }
+        }
+        if shape.iter().any(|l| l.contains(" heads and B ")) {
+            break;
+        }
+    }
+    for line in &shape {
+        diverged = true;
+        let _ = writeln!(s, "DIFFERS: {line}");
+    }
+    let layers = a.states.first().map_or(0, |e| e.gdn.len()).min(b.states.first().map_or(0, |e| e.gdn.len()));
+    let mut first: Option<(usize, usize, String)> = None;
     for li in 0..layers {
         let layer = a.states[0].gdn[li].layer;
+        if b.states[0].gdn[li].layer != layer || a.states[0].gdn[li].beta.len() != b.states[0].gdn[li].beta.len() {
+            continue;
+        }
         // Per pass, the metric and head that differ most (β, g, ‖S‖).
         let worst: Vec<(f64, String)> = comparable
             .iter()
@@ -324,13 +406,12 @@ pub fn compare(a: &Trace, b: &Trace, tol: f64) -> Comparison {
         Some((_, layer, at)) => {
             let _ = writeln!(s, "first divergence: layer {layer} at {at} (later layers inherit it)");
         }
+        None if diverged => {
+            let _ = writeln!(s, "the traces differ in shape (above): the layers compared agree, the rest could not be");
+        }
         None => {
             let _ = writeln!(s, "the traces agree");
         }
-    }
-    if a.states[0].gdn.len() != b.states[0].gdn.len() {
-        diverged = true;
-        let _ = writeln!(s, "the traces have {} and {} GDN layers", a.states[0].gdn.len(), b.states[0].gdn.len());
     }
     Comparison { text: s, diverged }
 }
@@ -596,6 +677,45 @@ mod tests {
         // A NaN against a number is a divergence however loose the tolerance.
         let n = trace(vec![event(None, 0.5, f32::NAN)]);
         assert!(compare(&trace(vec![event(None, 0.5, 1.0)]), &n, 10.0).diverged);
+    }
+
+    /// Issue 35, item 6: a trace cut after its prompt pass, one missing a head, one missing a
+    /// layer: each a divergence that says what differs, never "the traces agree".
+    #[test]
+    fn traces_of_other_shapes_are_divergences() {
+        let a = trace(vec![event(None, 0.5, 1.0), event(Some(0), 0.5, 1.0), event(Some(1), 0.5, 1.0)]);
+        let cut = Trace { states: vec![event(None, 0.5, 1.0)], tokens: vec![] };
+        let c = compare(&a, &cut, 1e-3);
+        assert!(c.diverged, "{}", c.text);
+        assert!(c.text.contains("DIFFERS: A has 2 generated tokens and B 0: one trace is cut short"), "{}", c.text);
+        assert!(!c.text.contains("the traces agree"), "{}", c.text);
+        let mut fewer = trace(a.states.clone());
+        for l in fewer.states.iter_mut().flat_map(|e| e.gdn.iter_mut()).filter(|l| l.layer == 1) {
+            for v in [&mut l.beta, &mut l.g, &mut l.retention, &mut l.state_norm, &mut l.delta_ratio] {
+                v.pop();
+            }
+            l.nonfinite.pop();
+        }
+        let c = compare(&a, &fewer, 1e-3);
+        assert!(c.diverged && c.text.contains("DIFFERS: layer 1: A has 2 heads and B 1"), "{}", c.text);
+        assert!(c.text.contains("layer   0: agrees") && !c.text.contains("layer   1: agrees"), "{}", c.text);
+        let mut missing = trace(a.states.clone());
+        for e in &mut missing.states {
+            e.gdn.pop();
+        }
+        let c = compare(&a, &missing, 1e-3);
+        assert!(c.diverged, "{}", c.text);
+        assert!(
+            c.text.contains("DIFFERS: the traces have 2 and 1 GDN layers (only in A: [1]; only in B: [])"),
+            "{}",
+            c.text
+        );
+        assert!(!c.text.contains("the traces agree"), "{}", c.text);
+        // The tolerance is a finite number > 0.
+        assert!(tolerance("1e-3").is_ok());
+        for bad in ["-1", "0", "NaN", "inf", "x"] {
+            assert!(tolerance(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -112,9 +112,16 @@ struct PromptSpan {
 /// A forward pass that went non-finite ends the generation with finish `error` and a
 /// `nonfinite` diagnostic naming where (everything generated before it is kept); any other error
 /// fails the generation.
-fn stop_on_nonfinite(run: &mut Run, e: Error, prompt: PromptSpan) -> Result<FinishReason> {
+fn stop_on_nonfinite(
+    run: &mut Run,
+    source: &mut dyn DecodeSequence,
+    e: Error,
+    prompt: PromptSpan,
+) -> Result<FinishReason> {
     let Error::NonFinite(nf) = e else { return Err(e) };
     let n = run.tokens.len();
+    // The failing pass's state trace (the layers it ran, the ✖ heads among them), when tracing.
+    emit_state(run, source, n.checked_sub(1));
     let token = if nf.position < prompt.at + prompt.len {
         format!("prompt token {} of {}", nf.position.saturating_sub(prompt.at) + 1, prompt.len)
     } else {
@@ -260,7 +267,7 @@ impl Generator<'_> {
                 emit_state(run, source, None);
                 Ok(Ok((l, secs)))
             }
-            Err(e) => Ok(Err(stop_on_nonfinite(run, e, prompt)?)),
+            Err(e) => Ok(Err(stop_on_nonfinite(run, source, e, prompt)?)),
         }
     }
 
@@ -292,7 +299,7 @@ impl Generator<'_> {
                     match close.force(self, run, source, &logits, req) {
                         Ok(Rounds::Fed(next)) => logits = next,
                         Ok(Rounds::Finished(f)) => return Ok(f),
-                        Err(e) => return stop_on_nonfinite(run, e, prompt),
+                        Err(e) => return stop_on_nonfinite(run, source, e, prompt),
                     }
                     continue;
                 }
@@ -312,7 +319,7 @@ impl Generator<'_> {
                     emit_state(run, source, Some(at));
                     logits = next;
                 }
-                Err(e) => return stop_on_nonfinite(run, e, prompt),
+                Err(e) => return stop_on_nonfinite(run, source, e, prompt),
             }
             emit_stats(run, source, spec.as_ref().map(|s| &s.stats));
         }

@@ -159,7 +159,14 @@ impl<'m, M: Forward> ModelSequence<'m, M> {
 impl<M: Forward> DecodeSequence for ModelSequence<'_, M> {
     fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
         let opts = ForwardOptions { trace_state: self.tracing, ..Default::default() };
-        let out = self.model.forward_cached(ids, &mut self.state, opts)?;
+        let out = match self.model.forward_cached(ids, &mut self.state, opts) {
+            Ok(out) => out,
+            Err(e) => {
+                // The pass that went non-finite: its trace up to the failure, for the state event.
+                self.trace = self.state.take_failed_trace();
+                return Err(e);
+            }
+        };
         self.remember(ids, &out.hidden);
         self.trace = out.state_trace;
         Ok(out.logits.data)

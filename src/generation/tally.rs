@@ -481,6 +481,27 @@ impl Tally {
         let last = self.generated.saturating_sub(1);
         // A server's context is not known here: the TUI caps the fix by it when applying it.
         let cap = ctx.cap.unwrap_or(usize::MAX / 4);
+        let by_budget = self.params.answer_budget.is_some_and(|b| usage.answer_tokens >= b);
+        // Stopped for length short of max_tokens: the context ran out (a server says only
+        // `length`); raising max_tokens would not help.
+        if !by_budget && usage.completion_tokens > 0 && usage.completion_tokens < max {
+            let kind = if self.phase == Phase::Thinking {
+                DiagnosticKind::ThinkingExhaustedMaxTokens
+            } else {
+                DiagnosticKind::AnswerTruncated
+            };
+            let prompt = match usage.prompt_tokens {
+                0 => String::new(),
+                p => format!("{p} prompt + "),
+            };
+            let message = format!(
+                "the context was the limit, not max_tokens: generation stopped at {prompt}{} generated tokens, {} short of max_tokens ({max}){}; a longer answer needs a shorter prompt or history, or a longer context",
+                usage.completion_tokens,
+                max - usage.completion_tokens,
+                if self.phase == Phase::Thinking { ", inside thinking: the answer is empty" } else { "" }
+            );
+            return Diagnostic::new(kind, last, message);
+        }
         if self.phase == Phase::Thinking && usage.answer_tokens > 0 {
             let message = format!(
                 "max_tokens cut the answer after {} answer tokens: the model re-opened <think> after answering and was still thinking",
@@ -492,7 +513,6 @@ impl Tally {
                 advice::starved(max, usage.thinking_tokens, self.params.thinking.budget(), ctx.forced_close, cap);
             Diagnostic::new(DiagnosticKind::ThinkingExhaustedMaxTokens, last, message).with_fix(fix)
         } else {
-            let by_budget = self.params.answer_budget.is_some_and(|b| usage.answer_tokens >= b);
             let by = if by_budget { "the answer budget" } else { "max_tokens" };
             let message = format!("{by} cut the answer after {} answer tokens", usage.answer_tokens);
             Diagnostic::new(DiagnosticKind::AnswerTruncated, last, message)

@@ -4,6 +4,7 @@
 
 use super::hybrid::{ForwardOptions, ForwardOutput, LogitsRows, Model, MtpOutput, MtpState};
 use super::state::{SequenceState, StateBytes};
+use super::trace::StateTrace;
 use super::{Mat, ModelConfig};
 use crate::error::Result;
 
@@ -19,6 +20,11 @@ pub trait SequenceCache: Send {
     /// The bytes per device, in the order of [`Forward::device_weights`] (empty: one device).
     fn device_bytes(&self) -> Vec<StateBytes> {
         vec![]
+    }
+    /// The state trace of the last pass when it went non-finite instead of returning (the
+    /// layers it ran); `None` when there is none or the device does not keep one.
+    fn take_failed_trace(&mut self) -> Option<StateTrace> {
+        None
     }
 }
 
@@ -81,6 +87,10 @@ impl SequenceCache for SequenceState {
 
     fn accept(&mut self, keep: usize) -> Result<()> {
         SequenceState::accept(self, keep)
+    }
+
+    fn take_failed_trace(&mut self) -> Option<StateTrace> {
+        SequenceState::take_failed_trace(self)
     }
 }
 

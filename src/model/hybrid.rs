@@ -468,9 +468,8 @@ impl Model {
         for (layer, ls) in mtp.layers.iter().zip(state.layers.iter_mut()) {
             // A MoE router inside the MTP layer reports its row: name the head instead.
             u = self
-                .run_layer(layer, u, ls, pos0, false, None, false)
-                .map_err(|e| finite::place(e, pos0, next_ids, |nf| nf.sublayer = Sublayer::MtpHead))?
-                .0;
+                .run_layer(layer, u, ls, pos0, false, None, &mut None)
+                .map_err(|e| finite::place(e, pos0, next_ids, |nf| nf.sublayer = Sublayer::MtpHead))?;
         }
         state.position += next_ids.len();
         let out = mtp.norm.forward(&u, prec);
@@ -508,9 +507,10 @@ impl Model {
         pos0: usize,
         verify: bool,
         check: Option<FiniteCheck>,
-        trace: bool,
-    ) -> Result<(Mat, Option<LayerTrace>)> {
+        traces: &mut Option<Vec<LayerTrace>>,
+    ) -> Result<Mat> {
         let prec = self.precision;
+        let trace = traces.is_some();
         let checked =
             |m: &Mat, sub: Sublayer| check.map_or(Ok(()), |c| finite::check(m, Some(c.layer), sub, pos0, c.ids));
         let n = layer.input_norm.forward(&x, prec);
@@ -527,6 +527,11 @@ impl Model {
             }
             _ => return Err(Error::State("the state does not match the model's layer plan".into())),
         };
+        // Kept before the checks: a pass that goes non-finite here still shows what this
+        // layer's heads did (the finite ones and the ✖ ones).
+        if let (Some(ts), Some(t)) = (traces.as_mut(), traced) {
+            ts.push(t);
+        }
         checked(&mixed, sub).map_err(|e| match (e, &layer.mixer, &*state) {
             // Name the value head whose recurrent state went first (a NaN there spreads to every
             // head through out_proj).
@@ -546,7 +551,7 @@ impl Model {
         })?;
         checked(&m, Sublayer::Mlp)?;
         h.for_rows(|t, row| row.iter_mut().zip(m.row(t)).for_each(|(a, b)| *a = prec.round(*a + b)));
-        Ok((h, traced))
+        Ok(h)
     }
 
     /// Logits of the given rows of post-norm hidden states.
@@ -576,12 +581,19 @@ impl Model {
         }
         let mut norms = opts.hidden_norms.then(Vec::new);
         let mut traces = opts.trace_state.then(Vec::new);
-        for (i, (layer, ls)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
+        // A pass that goes non-finite keeps the trace of the layers it ran in the state
+        // ([`SequenceState::take_failed_trace`]): where it went wrong stays visible.
+        let keep_failed = |e: Error, traces: &mut Option<Vec<LayerTrace>>, state: &mut SequenceState| {
+            if let (Error::NonFinite(_), Some(layers)) = (&e, traces.take().filter(|t| !t.is_empty())) {
+                state.failed_trace = Some(StateTrace { layers });
+            }
+            e
+        };
+        for i in 0..self.layers.len() {
             let c = check.then_some(FiniteCheck { layer: i, ids });
-            let (out, traced) = self.run_layer(layer, h, ls, pos0, opts.verify, c, opts.trace_state)?;
-            h = out;
-            if let (Some(ts), Some(t)) = (traces.as_mut(), traced) {
-                ts.push(t);
+            match self.run_layer(&self.layers[i], h, &mut state.layers[i], pos0, opts.verify, c, &mut traces) {
+                Ok(out) => h = out,
+                Err(e) => return Err(keep_failed(e, &mut traces, state)),
             }
             if let Some(n) = norms.as_mut() {
                 n.push(HiddenStats::of(&h));
@@ -589,7 +601,8 @@ impl Model {
         }
         let hidden = self.norm.forward(&h, self.precision);
         if check {
-            finite::check(&hidden, None, Sublayer::FinalNorm, pos0, ids)?;
+            finite::check(&hidden, None, Sublayer::FinalNorm, pos0, ids)
+                .map_err(|e| keep_failed(e, &mut traces, state))?;
         }
         if let Some(n) = norms.as_mut() {
             n.push(HiddenStats::of(&hidden));
@@ -600,7 +613,8 @@ impl Model {
             LogitsRows::Last => (self.logits_of(&hidden.gather_rows(&[hidden.rows - 1]))?, ids.len() - 1),
         };
         if check {
-            finite::check(&logits, None, Sublayer::LmHead, pos0 + first, &ids[first..])?;
+            finite::check(&logits, None, Sublayer::LmHead, pos0 + first, &ids[first..])
+                .map_err(|e| keep_failed(e, &mut traces, state))?;
         }
         Ok(ForwardOutput {
             logits,

@@ -74,6 +74,9 @@ pub struct SequenceState {
     truncations: Vec<(u64, usize)>,
     epoch: u64,
     linear: LinearAttnConfig,
+    /// The state trace of the last pass, when it went non-finite (the pass returned an error,
+    /// not its output): the layers it ran, the failing one included.
+    pub(crate) failed_trace: Option<super::trace::StateTrace>,
 }
 
 /// A point to roll a [`SequenceState`] back to.
@@ -95,6 +98,11 @@ impl StateSnapshot {
 }
 
 impl SequenceState {
+    /// The trace of a pass that went non-finite, once ([`super::forward::SequenceCache`]).
+    pub fn take_failed_trace(&mut self) -> Option<super::trace::StateTrace> {
+        self.failed_trace.take()
+    }
+
     pub fn new(cfg: &ModelConfig) -> Self {
         let lc = &cfg.linear;
         let layers = cfg
@@ -110,7 +118,14 @@ impl SequenceState {
                 LayerKind::FullAttention => LayerState::Attention(KvCache::new(cfg.num_key_value_heads * cfg.head_dim)),
             })
             .collect();
-        SequenceState { position: 0, layers, truncations: vec![], epoch: 0, linear: cfg.linear.clone() }
+        SequenceState {
+            position: 0,
+            layers,
+            truncations: vec![],
+            epoch: 0,
+            linear: cfg.linear.clone(),
+            failed_trace: None,
+        }
     }
 
     /// Bytes held for rolling back a verify pass: its tapes, or once settled, their buffers

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 mod compact;
+pub mod guard;
 mod listing;
 mod markdown;
 mod turn;
@@ -87,6 +88,17 @@ pub enum SessionError {
         "not overwriting {path}: it has fields this build does not know ({fields}), which a rewrite would drop; save to another file"
     )]
     WouldDrop { path: PathBuf, fields: String },
+}
+
+/// What a save did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Saved {
+    Written,
+    /// The file already held this session: left as it was.
+    Unchanged,
+    /// The file changed on disk since this process read or wrote it (another window): it was
+    /// left as it is, and the session written to this conflict file beside it.
+    Diverted(PathBuf),
 }
 
 impl Session {
@@ -184,33 +196,55 @@ impl Session {
     /// flushed to disk, then renamed over the target (atomic on POSIX file systems), so the
     /// file is always a whole session, old or new, even after a `kill -9` or a power cut.
     /// A failed write removes its temporary file.
-    pub fn save_atomic(&self, path: &Path) -> Result<(), SessionError> {
+    pub fn save_atomic(&self, path: &Path) -> Result<Saved, SessionError> {
         let err = |source| SessionError::Write { path: path.to_path_buf(), source };
         if !self.unknown_fields.is_empty() && path.exists() {
             return Err(SessionError::WouldDrop { path: path.to_path_buf(), fields: self.unknown_fields.join(", ") });
         }
+        // A session opened through a symlink (into a synced folder, say) is written where the
+        // link points: renaming over the link would leave the target without the new turns.
+        let target = resolve_links(path).map_err(err)?;
+        let path = target.as_path();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(err)?;
         }
         let json = serde_json::to_vec(self).map_err(|e| err(std::io::Error::other(e)))?;
         // Opening a session and quitting must not rewrite it (an example file, a file under
         // version control): an unchanged session leaves the file as it is.
-        if std::fs::read(path).is_ok_and(|old| old == json) {
-            return Ok(());
+        let current = std::fs::read(path).ok();
+        if current.as_deref() == Some(&json[..]) {
+            guard::saw(path, &json);
+            return Ok(Saved::Unchanged);
         }
-        let tmp = path.with_extension(format!("json.tmp{}", std::process::id()));
-        let written = write_synced(&tmp, &json).and_then(|()| std::fs::rename(&tmp, path));
+        // A file that changed since this process read or wrote it (another window saved its
+        // turns there) is not overwritten: this session goes to a conflict file beside it.
+        let dest = if guard::changed_since_seen(path, current.as_deref()) {
+            guard::copy_path(path, "conflict")
+        } else {
+            path.to_path_buf()
+        };
+        // The file keeps its mode (a `chmod 600` session stays private) and, where allowed,
+        // its owner; a new one is created readable by its owner only: prompts can be private.
+        let old = std::fs::metadata(path).ok();
+        let tmp = dest.with_extension(format!("json.tmp{}", std::process::id()));
+        let written = write_synced(&tmp, &json, old.as_ref()).and_then(|()| std::fs::rename(&tmp, &dest));
         written.map_err(|e| {
             // A full disk leaves a partial temporary file: it goes, the old session stays.
             let _ = std::fs::remove_file(&tmp);
-            err(e)
-        })
+            SessionError::Write { path: dest.clone(), source: e }
+        })?;
+        guard::saw(&dest, &json);
+        Ok(if dest == path { Saved::Written } else { Saved::Diverted(dest) })
     }
 
     /// Reads a session (any readable format version), checking its settings like the
     /// command-line flags: a bad value is an error naming the file and the field.
     pub fn load(path: &Path) -> Result<Session, SessionError> {
         let text = std::fs::read_to_string(path).map_err(|source| SessionError::Read { path: path.into(), source })?;
+        // What this process saw of the file: a later save checks that nobody else wrote it since.
+        if let Ok(real) = resolve_links(path) {
+            guard::saw(&real, text.as_bytes());
+        }
         let parse = |source| SessionError::Parse { path: path.into(), source };
         let mut s: Session = serde_json::from_str(&text).map_err(parse)?;
         if !(OLDEST_READABLE..=SESSION_VERSION).contains(&s.version) {
@@ -259,10 +293,47 @@ impl Session {
 }
 
 /// Writes `bytes` to a new file and flushes it to the disk.
-fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut f = std::fs::File::create(path)?;
+/// Writes `bytes` to a new file at `path` with `like`'s mode and owner (or mode 600), synced.
+fn write_synced(path: &Path, bytes: &[u8], like: Option<&std::fs::Metadata>) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        options.mode(like.map_or(0o600, |m| m.mode() & 0o7777));
+    }
+    let mut f = options.open(path)?;
+    #[cfg(unix)]
+    if let Some(m) = like {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        // The umask trimmed the mode `open` was given: set it exactly.
+        f.set_permissions(std::fs::Permissions::from_mode(m.mode() & 0o7777))?;
+        // Another user's file (root editing it, say) stays theirs where the system allows.
+        let _ = std::os::unix::fs::fchown(&f, Some(m.uid()), Some(m.gid()));
+    }
+    #[cfg(not(unix))]
+    let _ = like;
     std::io::Write::write_all(&mut f, bytes)?;
     f.sync_all()
+}
+
+/// `path` with every symbolic link along it followed (a link to a link, a relative link),
+/// including one whose target does not exist yet; `path` itself when it is no link.
+fn resolve_links(path: &Path) -> std::io::Result<PathBuf> {
+    let mut p = path.to_path_buf();
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let to = std::fs::read_link(&p)?;
+                p = match p.parent() {
+                    Some(dir) if to.is_relative() => dir.join(to),
+                    _ => to,
+                };
+            }
+            _ => return Ok(p),
+        }
+    }
+    Err(std::io::Error::other(format!("{}: too many levels of symbolic links", path.display())))
 }
 
 /// `$XDG_DATA_HOME/deltascope/sessions` (or the platform's data directory).

@@ -44,10 +44,12 @@ pub enum Inbound {
     /// SIGINT, SIGTERM or SIGHUP from outside: save and quit, restoring the terminal. (Ctrl+C
     /// typed in the TUI is a key, since raw mode turns off the terminal's own signal keys.)
     Terminate,
-    /// The runner wrote the session to `path` (for [`crate::tui::app::Effect::Save`]), or why not.
+    /// The runner wrote the session to `path` (for [`crate::tui::app::Effect::Save`]), or why
+    /// not; `Ok(Some(other))`: `path` had changed on disk since it was read, so it was left
+    /// alone and the session written to `other`.
     Saved {
         path: Option<PathBuf>,
-        result: Result<(), String>,
+        result: Result<Option<PathBuf>, String>,
     },
     /// The runner wrote the Markdown transcript ([`crate::tui::app::Effect::Export`]), or why not.
     Exported {
@@ -61,6 +63,8 @@ pub enum Inbound {
         path: PathBuf,
         replay: bool,
         result: Result<Box<Session>, String>,
+        /// Another window holds the file: who, and the copy this window saves to instead.
+        held: Option<(String, PathBuf)>,
     },
 }
 

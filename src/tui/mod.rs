@@ -140,6 +140,22 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
         _ => None,
     };
     let session = resumed.clone().unwrap_or_else(|| Session::new(String::new(), opts.system.clone()));
+    // Another window holding this session: this one saves to a copy, and both keep their turns.
+    let session_path = match &opts.session {
+        Some(p) => match crate::session::guard::claim(p) {
+            Ok(()) => Some(p.clone()),
+            Err(holder) => {
+                let copy = crate::session::guard::copy_path(p, "copy");
+                note_at_start(format!(
+                    "{} is open in another deltascope window ({holder}): this window saves to {} instead (neither overwrites the other)",
+                    p.display(),
+                    copy.display()
+                ));
+                Some(copy)
+            }
+        },
+        None => None,
+    };
     let settings = Settings {
         params: GenerationParams::default(),
         resume_thinking: Thinking::Unlimited,
@@ -147,9 +163,11 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
         mtp: Support::Yes,
         context: None,
     };
-    let mut app =
-        App::new(AppConfig { theme, keymap, settings, sessions_dir, session_path: opts.session.clone(), session });
+    let mut app = App::new(AppConfig { theme, keymap, settings, sessions_dir, session_path, session });
     app.update(Inbound::LoadProgress { done: 0, total: 1, what: opening_message(&opts.backend) }, 0.0);
+    for note in START_NOTES.lock().map(|mut n| std::mem::take(&mut *n)).unwrap_or_default() {
+        app.say(app::Level::Warning, note);
+    }
 
     let (tx, rx) = mpsc::channel::<Inbound>();
     spawn_opener(opts.backend.clone(), tx.clone())?;
@@ -282,9 +300,24 @@ fn spawn_ticker(tx: Sender<Inbound>) {
     });
 }
 
-/// The default log file of the TUI (it owns the terminal, so logs cannot go to stderr).
-pub fn default_log_file() -> Option<PathBuf> {
-    let dir = dirs::data_dir()?.join("deltascope");
-    std::fs::create_dir_all(&dir).ok()?;
-    Some(dir.join("deltascope.log"))
+/// Where the TUI logs (it owns the terminal, so logs cannot go to stderr), in order of
+/// preference: the data directory, the state directory, the temporary directory. The first
+/// that can be opened is used; a read-only or missing one is not a reason not to start.
+pub fn log_file_candidates() -> Vec<PathBuf> {
+    let under = |d: Option<PathBuf>| d.map(|d| d.join("deltascope").join("deltascope.log"));
+    [under(dirs::data_dir()), under(dirs::state_dir()), Some(std::env::temp_dir().join("deltascope.log"))]
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// Warnings from before the TUI started (a log file that could not be opened): the first
+/// screen shows them in the message log.
+static START_NOTES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Adds a warning for the TUI's first screen.
+pub fn note_at_start(text: impl Into<String>) {
+    if let Ok(mut notes) = START_NOTES.lock() {
+        notes.push(text.into());
+    }
 }

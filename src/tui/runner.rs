@@ -191,10 +191,16 @@ pub fn disk_io(effect: Effect) -> Result<Inbound, Effect> {
     Ok(match effect {
         Effect::Save { path, session } => {
             let result = match &path {
-                Some(path) => session.save_atomic(path).map_err(|e| {
-                    tracing::warn!("{e}");
-                    e.to_string()
-                }),
+                Some(path) => session
+                    .save_atomic(path)
+                    .map(|saved| match saved {
+                        crate::session::Saved::Diverted(to) => Some(to),
+                        _ => None,
+                    })
+                    .map_err(|e| {
+                        tracing::warn!("{e}");
+                        e.to_string()
+                    }),
                 None => Err("no sessions directory: this conversation is not saved".to_string()),
             };
             Inbound::Saved { path, result }
@@ -206,7 +212,14 @@ pub fn disk_io(effect: Effect) -> Result<Inbound, Effect> {
         Effect::ListSessions(dir) => Inbound::SessionsListed(list_sessions(&dir)),
         Effect::LoadSession { path, replay } => {
             let result = Session::load(&path).map(Box::new).map_err(|e| e.to_string());
-            Inbound::SessionLoaded { path, replay, result }
+            // A replay writes nothing; a session opened to continue is claimed.
+            let held = match (&result, replay) {
+                (Ok(_), false) => crate::session::guard::claim(&path)
+                    .err()
+                    .map(|holder| (holder, crate::session::guard::copy_path(&path, "copy"))),
+                _ => None,
+            };
+            Inbound::SessionLoaded { path, replay, result, held }
         }
         other => return Err(other),
     })

@@ -180,6 +180,7 @@ impl Backend for RemoteBackend {
             body,
             mapper,
             idle_timeout: self.spec.idle_timeout,
+            first_byte_timeout: self.spec.first_byte_timeout,
             control: control.clone(),
             events: tx,
             client_budget,

@@ -30,6 +30,8 @@ pub struct StreamJob {
     pub body: Value,
     pub mapper: FrameMapper,
     pub idle_timeout: Duration,
+    /// For the response headers and the first frame.
+    pub first_byte_timeout: Duration,
     pub control: Arc<StepControl>,
     pub events: Sender<EngineEvent>,
     /// Client-side thinking budget: stop the stream here and continue from the bridge.
@@ -110,6 +112,14 @@ async fn metrics_snapshot(http: &Http, facts: &ServerFacts) -> Option<Snapshot> 
     Some((spec, metrics::kv_usage(&samples)))
 }
 
+/// Which timeout fired while waiting for a request's first answer.
+fn first_byte_silence(url: &str, waited: Duration, what: &str) -> String {
+    format!(
+        "{url}: no {what} after {:.0} s (--first-byte-timeout; a long prompt's prefill may need more)",
+        waited.as_secs_f64()
+    )
+}
+
 async fn one_stream(
     job: &mut StreamJob,
     path: &str,
@@ -117,14 +127,20 @@ async fn one_stream(
     emit: &mut (dyn FnMut(EngineEvent) + Send),
 ) -> Outcome {
     let url = job.http.url(path);
-    let send = job.http.post(path).json(&body).send();
+    let send = tokio::time::timeout(job.first_byte_timeout, job.http.post(path).json(&body).send());
     let resp = tokio::select! {
         r = send => r,
         _ = cancelled(&job.control) => return Outcome::End(End::Cancelled),
     };
     let resp = match resp {
-        Ok(r) => r,
-        Err(e) => return fail(transport_error(&url, &e)),
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return fail(transport_error(&url, &e)),
+        Err(_) => {
+            return fail_with(
+                ErrorKind::Unavailable,
+                first_byte_silence(&url, job.first_byte_timeout, "response headers"),
+            );
+        }
     };
     let resp = match check_status(path, resp, &job.http.key_hint(), &job.facts.models).await {
         Ok(r) => r,
@@ -153,17 +169,23 @@ async fn one_stream(
     });
     let mut events = bytes.eventsource();
     let mut got_done = false;
+    let mut first = true;
     loop {
+        // The first frame may wait for a long prefill; after it, frames come at decode pace.
+        let wait = if first { job.first_byte_timeout } else { job.idle_timeout };
         let next = tokio::select! {
-            n = tokio::time::timeout(job.idle_timeout, events.next()) => n,
+            n = tokio::time::timeout(wait, events.next()) => n,
             _ = cancelled(&job.control) => return Outcome::End(End::Cancelled),
         };
         let ev = match next {
+            Err(_) if first => {
+                return fail_with(ErrorKind::Unavailable, first_byte_silence(&url, wait, "first stream frame"));
+            }
             Err(_) => {
                 return fail_with(
                     ErrorKind::Unavailable,
                     format!(
-                        "{url}: the server sent nothing for {:.0} s (--idle-timeout)",
+                        "{url}: the server sent nothing for {:.0} s in the middle of the stream (--idle-timeout)",
                         job.idle_timeout.as_secs_f64()
                     ),
                 );
@@ -180,6 +202,7 @@ async fn one_stream(
             }
             Ok(Some(Ok(ev))) => ev,
         };
+        first = false;
         let data = ev.data.trim();
         if data.is_empty() {
             continue;

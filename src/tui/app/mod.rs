@@ -188,14 +188,31 @@ impl App {
             Inbound::Terminate => self.force_quit(),
             Inbound::Saved { path, result } => {
                 let result = self.convo.save.written(path, result);
-                self.after_save(result);
+                if let Ok(Some(note)) = &result {
+                    self.say(Level::Warning, note.clone());
+                }
+                self.after_save(result.map(|_| ()));
             }
             Inbound::Exported { path, result } => match result {
                 Ok(()) => self.say(Level::Info, format!("exported to {}", path.display())),
                 Err(e) => self.say(Level::Error, format!("export failed: {}: {e}", path.display())),
             },
             Inbound::SessionsListed(items) => self.show_sessions(items),
-            Inbound::SessionLoaded { path, replay, result } => self.session_loaded(&path, replay, result),
+            Inbound::SessionLoaded { path, replay, result, held } => {
+                self.session_loaded(&path, replay, result);
+                if let Some((holder, copy)) = held {
+                    self.say(
+                        Level::Warning,
+                        format!(
+                            "{} is open in another deltascope window ({holder}): this window saves to {} instead",
+                            path.display(),
+                            copy.display()
+                        ),
+                    );
+                    self.convo.save.path = Some(copy);
+                    self.convo.save.last_good = None;
+                }
+            }
             // The runner takes `Reference(Ok)` (it owns the engine) and calls `reference_loaded`.
             Inbound::Reference(Ok(_)) => {}
             Inbound::Reference(Err(e)) => self.reference_loaded(Err(e)),

@@ -94,14 +94,31 @@ impl SaveState {
         self.unsaved && !(session.turns.is_empty() && session.branches.is_empty())
     }
 
-    /// What the runner's write came to (`path: None`: there was nowhere to write).
-    pub fn written(&mut self, path: Option<PathBuf>, result: Result<(), String>) -> Result<(), String> {
+    /// What the runner's write came to (`path: None`: there was nowhere to write). A save
+    /// diverted to a conflict file goes on there: `Ok(Some(why))` says so.
+    pub fn written(
+        &mut self,
+        path: Option<PathBuf>,
+        result: Result<Option<PathBuf>, String>,
+    ) -> Result<Option<String>, String> {
         match result {
-            Ok(()) => {
+            Ok(diverted) => {
                 self.unsaved = false;
                 self.error = None;
-                self.last_good = path;
-                Ok(())
+                let note = diverted.as_ref().map(|to| {
+                    format!(
+                        "{} changed on disk since this window read it (another window saved there?): left as it is; this conversation is saved to {} from now on",
+                        path.as_deref().map_or_else(String::new, |p| p.display().to_string()),
+                        to.display()
+                    )
+                });
+                if let Some(to) = diverted {
+                    self.path = Some(to.clone());
+                    self.last_good = Some(to);
+                } else {
+                    self.last_good = path;
+                }
+                Ok(note)
             }
             Err(msg) => {
                 self.error = Some(msg.clone());
