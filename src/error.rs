@@ -257,3 +257,30 @@ mod tests {
         assert_eq!(error_text(&e), "outer: inner");
     }
 }
+
+/// A command stopped by a signal after printing what it had finished: `main` exits with
+/// 128 + the signal's number, without printing an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("interrupted by {}", self.name())]
+pub struct Interrupted {
+    signal: i32,
+}
+
+impl Interrupted {
+    /// Stopped by signal number `signal` (SIGINT, SIGTERM, SIGHUP).
+    pub fn new(signal: i32) -> Self {
+        Interrupted { signal }
+    }
+
+    pub fn exit_code(self) -> u8 {
+        u8::try_from(128 + self.signal).unwrap_or(130)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self.signal {
+            signal_hook::consts::SIGTERM => "SIGTERM",
+            signal_hook::consts::SIGHUP => "SIGHUP",
+            _ => "SIGINT",
+        }
+    }
+}

@@ -238,9 +238,25 @@ fn generation_flags_out_of_range_name_the_flag() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("1e39 is beyond the range of a 32-bit float"), "{err}");
+    // Issue 35, item 18: a count too large says so and names the limit; an infinite
+    // temperature is refused for not being finite, not for its sign.
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))
+        .args(["run", "--prompt", "Hi", "--max-tokens", "1e23"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("1e23 is too large: a count here is at most 18446744073709551615"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))
+        .args(["run", "--prompt", "Hi", "--temperature", "inf"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("--temperature inf: must be a finite number (in [0, 100]"), "{err}");
     for (flag, value, want) in [
-        ("--presence-penalty", "NaN", "--presence-penalty NaN: must be in [-2, 2]"),
-        ("--temperature", "inf", "--temperature inf: must be in [0, 100]"),
+        ("--presence-penalty", "NaN", "--presence-penalty NaN: must be a finite number (in [-2, 2])"),
+        ("--temperature", "inf", "--temperature inf: must be a finite number (in [0, 100]"),
     ] {
         let err = fails(&["run", "--prompt", "Hi", flag, value]);
         assert!(err.contains(want), "{flag} {value}: {err}");

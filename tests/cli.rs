@@ -474,3 +474,25 @@ fn bench_without_an_mtp_head_measures_plain_decoding() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("--mtp 1:") && stderr.contains("no MTP head"), "{stderr}");
 }
+
+/// Issue 35, item 11: the workbench is the default command, so its flags work at the root
+/// (`deltascope --server URL`, `--model DIR`, `--theme …`, as the README writes them); they are
+/// refused next to another subcommand.
+#[test]
+fn the_chat_flags_work_without_chat() {
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))
+        .args(["--server", "http://127.0.0.1:9", "--theme", "no-such-theme"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("unexpected argument"), "{err}");
+    // The flags were taken: the theme is checked before the terminal switches to the TUI.
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no-such-theme"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))
+        .args(["--max-tokens", "5", "run", "--prompt", "Hi"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+}

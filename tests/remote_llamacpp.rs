@@ -461,6 +461,10 @@ fn bench_on_a_server() {
         xs.sort_by(f64::total_cmp);
         assert_eq!((lo, mid, hi), (xs[0], xs[1], xs[2]), "{k}");
     }
+    // Issue 35, item 15: `--mtp` is the server's to decide; refused, not silently ignored.
+    let refused = deltascope(&["bench", "--server", &server.url, "--prompt", PRIME, "--mtp", "0,2"]);
+    assert_eq!(refused.code(), Some(1), "{}", refused.stderr);
+    assert!(refused.stderr.contains("--mtp: a server decides speculative decoding itself"), "{}", refused.stderr);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -409,3 +409,40 @@ fn break_checkpoint_makes_the_broken_demo_copies_the_readme_shows() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("model.layers.1.linear_attn.Alog: no such tensor") && err.contains("A_log"), "{err}");
 }
+
+/// Issue 35, items 6 and 13: `trace`'s flags are checked before anything runs — a plot not
+/// named *.svg, a plot in a folder that does not exist, a tolerance that is not a finite
+/// number > 0 (`-1` included, which clap would otherwise take for a flag).
+#[test]
+fn trace_flags_are_checked_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("t.png");
+    let missing = dir.path().join("no/such/dir/t.svg");
+    for (plot, says) in [(png.as_path(), "name the file *.svg"), (missing.as_path(), "cannot write it")] {
+        let out = Command::new(bin())
+            .args(["trace", "--prompt", "Is 91 prime?", "--max-tokens", "400", "--plot"])
+            .arg(plot)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+        assert!(!plot.exists(), "nothing written");
+        assert!(out.stdout.is_empty(), "refused before generating: no summary");
+    }
+    let trace = dir.path().join("a.jsonl");
+    std::fs::write(&trace, "").unwrap();
+    for bad in ["-1", "NaN", "0", "inf"] {
+        let out = Command::new(bin())
+            .args(["trace", "--compare"])
+            .arg(&trace)
+            .arg(&trace)
+            .args(["--tolerance", bad])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
+        assert!(stderr.contains("must be a finite number > 0"), "{bad}: {stderr}");
+        assert!(!stderr.contains("unexpected argument"), "{bad}: {stderr}");
+    }
+}

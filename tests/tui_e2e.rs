@@ -282,7 +282,8 @@ fn terminal_restored_after_panic_error_and_signal() {
     assert_eq!(tui.len(), 1, "one process (the TUI) under the shell {shell_pid}: {tui:?}");
     let killed = Command::new("sh").args(["-c", &format!("kill -TERM {}", tui[0])]).status().unwrap();
     assert!(killed.success());
-    t.wait("the exit after SIGTERM", 30, exited("0"));
+    // The status names the signal (128 + 15), as `run`'s does.
+    t.wait("the exit after SIGTERM", 30, exited("143"));
     t.assert_restored("SIGTERM");
     let saved: Vec<_> = std::fs::read_dir(data.join("deltascope/sessions")).unwrap().flatten().collect();
     assert_eq!(saved.len(), 1, "the session was saved on SIGTERM");

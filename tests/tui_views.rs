@@ -822,3 +822,18 @@ fn the_state_view_shows_the_pass_that_went_non_finite() {
     assert!(!screen.contains("No state trace"), "{screen}");
     assert!(screen.contains('✖'), "head 2 of layer 1 marked: {screen}");
 }
+
+/// Issue 35, item 10: the History column keeps a prompt as typed ("37 * 6"), and an answer's
+/// Markdown marks (`**`) are left out there, not its products.
+#[test]
+fn the_history_keeps_the_prompts_stars() {
+    let mut app = app();
+    ask(&mut app, "What is 37 * 6?", 0.0);
+    let p = params(256, None);
+    engine(&mut app, start(16, &p), 1.0);
+    engine(&mut app, token(0, Phase::Answer, "**37 * 6 = 222**", -0.1, DraftKind::None, false), 2.0);
+    engine(&mut app, done(FinishReason::Stop, 16, 0, 1, "", "**37 * 6 = 222**"), 3.0);
+    let screen = render(&mut app, W, H);
+    assert!(screen.contains("What is 37 * 6?"), "{screen}");
+    assert!(screen.contains("   37 * 6 = 222"), "the answer line, without the bold marks: {screen}");
+}

@@ -116,8 +116,8 @@ impl Loaded {
         let generation_defaults = match source.read_json("generation_config.json")? {
             Some(g) => SamplingParams::from_generation_config(&g).map_err(|p| crate::Error::ConfigField {
                 file: source.file_label("generation_config.json"),
+                message: format!("{}: {}", p.value, p.must()),
                 field: p.field,
-                message: format!("{}: must be {}", p.value, p.expected),
             })?,
             None => SamplingParams::default(),
         };

@@ -112,9 +112,7 @@ impl ParamOverrides {
             mtp: self.mtp_params(info)?,
         };
         // The one range table (`GenerationParams::check`) judges; the error names the flag.
-        params
-            .check()
-            .map_err(|p| BackendError::invalid(format!("--{} {}: must be {}", flag(&p.field), p.value, p.expected)))?;
+        params.check().map_err(|p| BackendError::invalid(format!("--{} {}: {}", flag(&p.field), p.value, p.must())))?;
         Ok(params)
     }
 

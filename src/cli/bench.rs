@@ -167,6 +167,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             !a.trace_state,
             "--trace-state: the state trace needs the in-process engine; a server does not expose a model's recurrent state"
         );
+        // As `run --server --mtp` says: not silently ignored.
+        anyhow::ensure!(
+            a.mtp.is_empty(),
+            "--mtp: a server decides speculative decoding itself (set it where the server is started); bench measures what it does"
+        );
         // A server: only its per-request figures can be measured (see bench_remote).
         return super::bench_remote::run(&a, &prompts);
     }

@@ -376,9 +376,43 @@ pub fn float32(s: &str) -> Result<f32, String> {
 }
 
 pub fn whole_number(s: &str) -> Result<usize, String> {
-    s.trim().parse::<usize>().map_err(|_| format!("expected a whole number (0 or more), found {s}"))
+    let t = s.trim();
+    if let Ok(n) = t.parse::<usize>() {
+        return Ok(n);
+    }
+    // `1e3` is a whole number too; `1e23` is one past what a count can hold.
+    match t.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v < 9_007_199_254_740_992.0 => Ok(v as usize),
+        Ok(v) if v.is_finite() && v >= 0.0 && v.fract() == 0.0 => Err(format!(
+            "{s} is too large: a count here is at most {} (and max_tokens at most the model's context)",
+            usize::MAX
+        )),
+        _ => Err(format!("expected a whole number (0 or more), found {s}")),
+    }
 }
 
 pub fn device_spec(s: &str) -> Result<DeviceSpec, String> {
     DeviceSpec::parse(s).map_err(|e| e.to_string())
+}
+
+/// The plot is SVG: a path named otherwise is refused (a `.png` holding SVG opens nowhere), and
+/// so is one that cannot be created (missing directory, no permission, a directory).
+pub fn check_plot_path(path: &std::path::Path) -> anyhow::Result<()> {
+    let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    anyhow::ensure!(
+        ext.as_deref() == Some("svg"),
+        "--plot {}: the plot is an SVG drawing; name the file *.svg (convert it afterwards for another format)",
+        path.display()
+    );
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .map_err(|e| anyhow::anyhow!("--plot {}: cannot write it: {}", path.display(), e))?;
+    if !existed {
+        // Written for real once the runs are done.
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
 }

@@ -70,7 +70,7 @@ impl Interrupt {
 
     /// The error a command returns once it has printed what finished before the signal.
     pub fn stopped(&self) -> Interrupted {
-        Interrupted { signal: self.signal.load(Ordering::SeqCst) }
+        Interrupted::new(self.signal.load(Ordering::SeqCst))
     }
 
     /// The end of a command: `Ok` when no signal came; else says on stderr what was done
@@ -89,24 +89,4 @@ impl Interrupt {
     }
 }
 
-/// A command stopped by a signal after printing what it had finished: `main` exits with
-/// 128 + the signal's number, without printing an error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("interrupted by {}", self.name())]
-pub struct Interrupted {
-    signal: i32,
-}
-
-impl Interrupted {
-    pub fn exit_code(self) -> u8 {
-        u8::try_from(128 + self.signal).unwrap_or(130)
-    }
-
-    pub fn name(self) -> &'static str {
-        match self.signal {
-            SIGTERM => "SIGTERM",
-            SIGHUP => "SIGHUP",
-            _ => "SIGINT",
-        }
-    }
-}
+pub use crate::error::Interrupted;

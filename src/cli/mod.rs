@@ -28,12 +28,18 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "deltascope",
     version,
-    about = "A terminal workbench for Gated-DeltaNet hybrid reasoning models (Qwen3.5 / Qwen3.6, Qwen3-Next)"
+    about = "A terminal workbench for Gated-DeltaNet hybrid reasoning models (Qwen3.5 / Qwen3.6, Qwen3-Next)",
+    // The workbench is the default command: its flags work without `chat` (`deltascope
+    // --server URL`), and not next to another subcommand.
+    args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
     /// Write logs to this file (RUST_LOG sets the level; default warn).
     #[arg(long, global = true)]
     pub log_file: Option<PathBuf>,
+    /// `deltascope` alone is `deltascope chat`: the same flags.
+    #[command(flatten)]
+    pub chat: chat::ChatArgs,
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -89,7 +95,8 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Trace(a)) => trace::run(a),
         Some(Command::Verify(a)) => verify::run(a),
         Some(Command::Chat(a)) => chat::run(a),
-        // No subcommand: the workbench on the demo model.
-        None => chat::run(chat::ChatArgs::default()),
+        // No subcommand: the workbench, with the chat flags given at the root (the demo model
+        // when none names another).
+        None => chat::run(cli.chat),
     }
 }

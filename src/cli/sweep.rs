@@ -83,28 +83,6 @@ pub struct SweepSummary {
     pub accuracy: Option<f64>,
 }
 
-/// The plot is SVG: a path named otherwise is refused (a `.png` holding SVG opens nowhere), and
-/// so is one that cannot be created (missing directory, no permission, a directory).
-fn check_plot_path(path: &std::path::Path) -> anyhow::Result<()> {
-    let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
-    anyhow::ensure!(
-        ext.as_deref() == Some("svg"),
-        "--plot {}: the plot is an SVG drawing; name the file *.svg (convert it afterwards for another format)",
-        path.display()
-    );
-    let existed = path.exists();
-    std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(path)
-        .map_err(|e| anyhow::anyhow!("--plot {}: cannot write it: {}", path.display(), e))?;
-    if !existed {
-        // Written for real once the runs are done.
-        let _ = std::fs::remove_file(path);
-    }
-    Ok(())
-}
-
 fn budget_label(b: i64) -> String {
     if b < 0 { "∞".into() } else { b.to_string() }
 }
@@ -122,7 +100,7 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
     }
     // A plot that cannot be written fails now, not after the runs.
     if let Some(path) = &a.plot {
-        check_plot_path(path)?;
+        super::common::check_plot_path(path)?;
     }
     let text = common::prompt_text(a.prompt.as_deref(), a.prompt_file.as_deref())?
         .ok_or_else(|| anyhow::anyhow!("no prompt given (--prompt TEXT, --prompt - or --prompt-file FILE)"))?;

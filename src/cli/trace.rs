@@ -120,6 +120,10 @@ pub fn run(a: TraceArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let text = a.prompt.as_deref().context("--prompt is needed (or --compare A B)")?;
+    // A plot that cannot be written (or is not named *.svg) fails now, not after the generation.
+    if let Some(path) = &a.plot {
+        common::check_plot_path(path)?;
+    }
     let prompt = common::prompt(Some(text), None, &a.prompt_opts)?;
     let backend = common::open(&a.model)?;
     let mut overrides = a.generation.overrides().without_thinking_if(a.prompt_opts.no_think);

@@ -340,9 +340,21 @@ pub struct ParamProblem {
     pub expected: &'static str,
 }
 
+impl ParamProblem {
+    /// "must be in [0, 100] (0 is greedy)"; for inf and NaN, which every range refuses, "must be
+    /// a finite number (in [0, 100] …)": the sign is not what is wrong with `inf`.
+    pub fn must(&self) -> String {
+        if matches!(self.value.as_str(), "inf" | "-inf" | "NaN") {
+            format!("must be a finite number ({})", self.expected)
+        } else {
+            format!("must be {}", self.expected)
+        }
+    }
+}
+
 impl std::fmt::Display for ParamProblem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} = {}: must be {}", self.field, self.value, self.expected)
+        write!(f, "{} = {}: {}", self.field, self.value, self.must())
     }
 }
 

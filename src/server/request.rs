@@ -252,7 +252,7 @@ fn judge(p: &GenerationParams, context: usize, names: &Names) -> Result<(), ApiE
             "top_logprobs" => names.top_logprobs,
             f => f.trim_start_matches("sampling."),
         };
-        ApiError::bad(Some(name), format!("{name} is {}: must be {}", e.value, e.expected))
+        ApiError::bad(Some(name), format!("{name} is {}: {}", e.value, e.must()))
     })
 }
 

@@ -284,10 +284,7 @@ impl Session {
             br.turns.iter().enumerate().map(move |(i, t)| (format!("branches[{b}].turns[{i}]"), t))
         });
         turns.chain(branched).find_map(|(at, t)| {
-            t.params
-                .check()
-                .err()
-                .map(|p| (format!("{at}.params.{}", p.field), format!("{}: must be {}", p.value, p.expected)))
+            t.params.check().err().map(|p| (format!("{at}.params.{}", p.field), format!("{}: {}", p.value, p.must())))
         })
     }
 }

@@ -43,7 +43,7 @@ pub enum Inbound {
     },
     /// SIGINT, SIGTERM or SIGHUP from outside: save and quit, restoring the terminal. (Ctrl+C
     /// typed in the TUI is a key, since raw mode turns off the terminal's own signal keys.)
-    Terminate,
+    Terminate(i32),
     /// The runner wrote the session to `path` (for [`crate::tui::app::Effect::Save`]), or why
     /// not; `Ok(Some(other))`: `path` had changed on disk since it was read, so it was left
     /// alone and the session written to `other`.

@@ -183,13 +183,9 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
     if let Err(e) = ratatui::crossterm::execute!(std::io::stdout(), EnableBracketedPaste) {
         tracing::warn!("bracketed paste is not available: {e}");
     }
-    // SIGINT / SIGTERM / SIGHUP from outside save and quit, restoring the terminal.
-    let signals = tx.clone();
-    if let Err(e) = ctrlc::set_handler(move || {
-        let _ = signals.send(Inbound::Terminate);
-    }) {
-        tracing::warn!("cannot handle termination signals: {e}");
-    }
+    // SIGINT / SIGTERM / SIGHUP from outside save and quit, restoring the terminal; the exit
+    // status names the signal (130 / 143 / 129), as the headless commands' does.
+    spawn_signals(tx.clone());
     event::spawn_input(tx.clone()).context("cannot start the input thread")?;
     spawn_ticker(tx.clone());
     let fault = Fault::from_env();
@@ -244,6 +240,13 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
         }
     }
     runner.shutdown(&mut app, now_ms);
+    // Stopped by a signal: what was lost (if anything) is said, and the status names it.
+    if let Some(signal) = app.stopped_by() {
+        if let Some(loss) = app.loss_report() {
+            eprintln!("{loss}");
+        }
+        return Err(crate::error::Interrupted::new(signal).into());
+    }
     // What stopped the workbench from working (a model that failed to load) is said again
     // once the terminal is back, where it stays readable, and the exit status says so.
     match (app.take_fatal(), app.loss_report()) {
@@ -288,6 +291,23 @@ fn spawn_reference(spec: LocalSpec, tx: Sender<Inbound>) -> anyhow::Result<()> {
         let _ = tx.send(Inbound::Reference(result));
     })?;
     Ok(())
+}
+
+/// SIGINT / SIGTERM / SIGHUP as [`Inbound::Terminate`] with the signal's number.
+fn spawn_signals(tx: Sender<Inbound>) {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
+        Ok(mut signals) => {
+            let _ = std::thread::Builder::new().name("deltascope-signals".into()).spawn(move || {
+                for sig in signals.forever() {
+                    if tx.send(Inbound::Terminate(sig)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        Err(e) => tracing::warn!("cannot handle termination signals: {e}"),
+    }
 }
 
 /// Ticks for replay timing and the status line's expiry (25 Hz; the main loop also wakes for

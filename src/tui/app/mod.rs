@@ -185,7 +185,10 @@ impl App {
             Inbound::Ready(Err(e)) => self.fail(e),
             // The runner takes `Ready(Ok)` (it owns the backend) and calls `set_model`.
             Inbound::Ready(Ok(_)) => {}
-            Inbound::Terminate => self.force_quit(),
+            Inbound::Terminate(signal) => {
+                self.out.signal.get_or_insert(signal);
+                self.force_quit();
+            }
             Inbound::Saved { path, result } => {
                 let result = self.convo.save.written(path, result);
                 if let Ok(Some(note)) = &result {

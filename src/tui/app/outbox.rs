@@ -12,11 +12,18 @@ pub(super) struct Outbox {
     pub(super) quit_after_save: bool,
     /// Something on screen changed since the last frame.
     pub(super) dirty: bool,
+    /// The signal that ended the workbench (SIGINT / SIGTERM / SIGHUP from outside).
+    pub(super) signal: Option<i32>,
 }
 
 impl App {
     pub fn take_effects(&mut self) -> Vec<Effect> {
         std::mem::take(&mut self.out.effects)
+    }
+
+    /// The signal that ended the workbench, if one did (the exit status names it).
+    pub fn stopped_by(&self) -> Option<i32> {
+        self.out.signal
     }
 
     /// Whether the app is done (the runner saves what is left and ends).

@@ -118,7 +118,7 @@ pub fn history(tr: &Transcript, f: &mut Frame, area: Rect) {
             format!("   {} · {}+{} tok", finish, t.thinking_tokens(), t.answer_tokens()),
             th.fg(th.dim),
         ));
-        let answer = one_line(t.answer.trim());
+        let answer = one_line_answer(t.answer.trim());
         if !answer.is_empty() {
             lines.push(Line::styled(format!("   {answer}"), th.fg(th.answer)));
         }
@@ -135,8 +135,15 @@ pub fn history(tr: &Transcript, f: &mut Frame, area: Rect) {
 }
 
 /// One line of plain text (markdown emphasis and code marks dropped).
+/// `s` on one line, as typed ("What is 37 * 6?" keeps its `*`).
 fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ").replace(['*', '`'], "")
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// An answer on one line, its Markdown marks (`**bold**`, `` `code` ``) left out; a lone `*`
+/// (a product) stays.
+fn one_line_answer(s: &str) -> String {
+    one_line(s).replace("**", "").replace('`', "")
 }
 
 /// Thinking and answer panes for the shown turn.
