@@ -446,6 +446,10 @@ fn os_errors_are_printed_once() {
 fn sweep_flags_are_checked_before_any_run() {
     let err = fails(&["sweep", "--prompt", "x", "--thinking-budgets=-5"]);
     assert!(err.contains("--thinking-budgets: -5: use -1 for unlimited"), "{err}");
+    // Issue 35, item 12: a budget listed twice is refused before anything runs (it printed the
+    // ∞ row twice, and an interrupted sweep listed runs that never ran).
+    let err = fails(&["sweep", "--prompt", "x", "--thinking-budgets=0,-1,-1"]);
+    assert!(err.contains("--thinking-budgets: -1 (unlimited) is listed twice (entry 3)"), "{err}");
     let dir = tempfile::tempdir().unwrap();
     let png = dir.path().join("x.png");
     let err = fails(&["sweep", "--prompt", "x", "--plot", png.to_str().unwrap()]);

@@ -496,3 +496,16 @@ fn the_chat_flags_work_without_chat() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
 }
+
+/// Issue 35, item 17: `--answer-budget` counts from `</think>`, so the blank line after it is
+/// the first answer token and `--answer-budget 1` answers nothing but that line; the help says so.
+#[test]
+fn the_answer_budget_counts_the_blank_line_after_think_and_says_so() {
+    let ev = events(&["run", "--prompt", "Is 91 prime?", "--answer-budget", "1", "--temperature", "0", "--json"]);
+    let done = ev.iter().find(|e| e["event"] == "done").expect("a done event");
+    assert_eq!(done["usage"]["answer_tokens"], 1, "{done}");
+    assert!(done["answer"].as_str().unwrap().trim().is_empty(), "only the blank line: {done}");
+    // Wrapped as clap wraps it: compared word by word.
+    let help = ok(&["run", "--help"]).split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(help.contains("is the first: `1` answers nothing"), "{help}");
+}

@@ -180,6 +180,28 @@ fn thinking_off() {
     assert_eq!(usage(&evs, "prompt_tokens"), usage(&l, "prompt_tokens"));
 }
 
+/// Issue 35, item 9: a llama.cpp server samples by default (its /props: temperature 0.8,
+/// top-k 40) while the demo model is greedy locally: `run` says which sampling the server will
+/// use when no flag chose one, and says nothing when one did.
+#[test]
+fn the_start_line_says_a_server_samples_by_default() {
+    let server = LlamaServer::start(Build::B10566);
+    let ran = deltascope(&["run", "--server", &server.url, "--prompt", PRIME, "--max-tokens", "8"]);
+    assert!(ran.success(), "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("sampling: temperature 0.8 · top-k 40")
+            && ran.stderr.contains("the server's own defaults (llama.cpp /props); --temperature 0 for greedy"),
+        "{}",
+        ran.stderr
+    );
+    let greedy =
+        deltascope(&["run", "--server", &server.url, "--prompt", PRIME, "--max-tokens", "8", "--temperature", "0"]);
+    assert!(greedy.success() && !greedy.stderr.contains("sampling:"), "{}", greedy.stderr);
+    // The local demo model is greedy by default: nothing to say.
+    let local = deltascope(&["run", "--prompt", PRIME, "--max-tokens", "8"]);
+    assert!(local.success() && !local.stderr.contains("sampling:"), "{}", local.stderr);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3. Thinking budget, with the bridge sentence and without.
 

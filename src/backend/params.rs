@@ -117,6 +117,30 @@ impl ParamOverrides {
     }
 
     /// Whether this sampling field (`top_p`, …) was given explicitly.
+    /// What the start line says when the flags choose no sampling and the backend's own
+    /// defaults sample (a llama.cpp server's `/props`: temperature 0.8, top-k 40), so that a
+    /// run that is greedy on the demo model and sampled on a server is not a surprise.
+    pub fn sampling_note(&self, info: &BackendInfo) -> Option<String> {
+        let chosen = self.preset.is_some() || self.temperature.is_some();
+        let d = &info.defaults;
+        if chosen || d.temperature <= 0.0 {
+            return None;
+        }
+        let whose = match &info.kind {
+            super::BackendKind::Remote(l) if l.kind == "llama.cpp" => {
+                "the server's own defaults (llama.cpp /props)".to_string()
+            }
+            super::BackendKind::Remote(l) => {
+                format!("the model card's thinking preset ({} reports no defaults of its own)", l.kind)
+            }
+            super::BackendKind::Local { .. } => "the model's generation_config.json".to_string(),
+        };
+        Some(format!(
+            "sampling: temperature {} · top-k {} · top-p {} · min-p {} — {whose}; --temperature 0 for greedy",
+            d.temperature, d.top_k, d.top_p, d.min_p
+        ))
+    }
+
     fn gives(&self, field: &str) -> bool {
         match field {
             "temperature" => self.temperature.is_some(),

@@ -195,7 +195,8 @@ pub struct GenArgs {
     /// "Considering the limited time…" sentence; may be empty).
     #[arg(long, value_name = "TEXT")]
     pub budget_bridge: Option<String>,
-    /// Answer tokens after which generation stops.
+    /// Answer tokens after which generation stops. They are counted from `</think>`, so the
+    /// blank line the model writes after it (one token on Qwen) is the first: `1` answers nothing.
     #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
     pub answer_budget: Option<usize>,
     /// Model-card sampling preset.

@@ -57,6 +57,9 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
     let backend = common::open(&a.model)?;
     let overrides = a.generation.overrides().without_thinking_if(a.prompt_opts.no_think);
     let request = ChatRequest { prompt, params: overrides.resolve(backend.info())? };
+    if let Some(note) = overrides.sampling_note(backend.info()) {
+        eprintln!("{note}");
+    }
     if let Some(b) = request.params.thinking.budget().filter(|&b| b >= request.params.max_tokens) {
         eprintln!(
             "warning: --thinking-budget {b} is not below --max-tokens {}: max_tokens ends generation first, so the budget never forces the end of thinking",

@@ -98,6 +98,14 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
     if let Some(b) = a.thinking_budgets.iter().find(|&&b| b < -1) {
         anyhow::bail!("--thinking-budgets: {b}: use -1 for unlimited, 0 for thinking off, or a token count");
     }
+    // A budget listed twice would be one row run twice and counted as two (use --repeat).
+    if let Some((i, b)) = a.thinking_budgets.iter().enumerate().find(|(i, b)| a.thinking_budgets[..*i].contains(b)) {
+        let shown = if *b == -1 { "-1 (unlimited)".to_string() } else { b.to_string() };
+        anyhow::bail!(
+            "--thinking-budgets: {shown} is listed twice (entry {}): each budget once; --repeat N runs each N times",
+            i + 1
+        );
+    }
     // A plot that cannot be written fails now, not after the runs.
     if let Some(path) = &a.plot {
         super::common::check_plot_path(path)?;
