@@ -57,7 +57,9 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
     let backend = common::open(&a.model)?;
     let overrides = a.generation.overrides().without_thinking_if(a.prompt_opts.no_think);
     let request = ChatRequest { prompt, params: overrides.resolve(backend.info())? };
-    if let Some(note) = overrides.sampling_note(backend.info()) {
+    // Human output says which sampling runs when no flag chose it (the JSON start event
+    // carries the parameters themselves).
+    if let Some(note) = overrides.sampling_note(backend.info()).filter(|_| !a.json) {
         eprintln!("{note}");
     }
     if let Some(b) = request.params.thinking.budget().filter(|&b| b >= request.params.max_tokens) {
