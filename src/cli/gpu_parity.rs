@@ -188,22 +188,22 @@ pub fn run(
         let r = server::check(&subject, &reference, &p, &thresholds)?;
         let plain: Vec<u32> = r.positions.iter().filter(|q| !q.hidden).map(|q| q.id).collect();
         let verdict = r.verdict.as_ref().map_or("not run", Verdict::name);
-        let scored = || r.positions.iter().filter(|q| !q.hidden);
-        let max_delta = scored().filter_map(|q| q.delta.map(f32::abs)).fold(0f32, f32::max);
-        let max_kl = scored().filter_map(|q| q.kl_lower_bound).fold(0f32, f32::max);
+        let w = crate::verify::score::worst(&r.positions);
         let full = !p.ignore_eos || plain.len() >= tokens;
         out.push(check(
             &format!("greedy {}", probe.name),
             verdict == "agrees" && r.failed.is_none() && r.unmapped.is_none() && full,
             format!(
-                "{} tokens · {verdict}{} against the CPU engine at bf16 (max |Δ| {max_delta:.3} · max KL ≥ {max_kl:.4}; deltascope verify's scoring)",
+                "{} tokens · {verdict}{} against the CPU engine at bf16 (max |Δ| {:.3} · max KL ≥ {:.4}; deltascope verify's scoring)",
                 plain.len(),
                 match (&r.verdict, &r.failed) {
                     (Some(Verdict::Diverges { at }), _) => format!(" at position {at}"),
                     (Some(Verdict::Drifts { at, .. }), _) => format!(" (worst at position {at})"),
                     (_, Some((at, why))) => format!(", failed at position {at}: {why}"),
                     _ => String::new(),
-                }
+                },
+                w.delta,
+                w.kl
             ),
         ));
         let ids = reference.render(&server::request(&p))?.1;

@@ -201,11 +201,7 @@ fn line(r: &ProbeReport) -> String {
         PromptCheck::NotChecked { .. } if r.prompt_tokens == 0 => "prompt not checked".into(),
         PromptCheck::NotChecked { .. } => format!("prompt not checked ({} tokens)", r.prompt_tokens),
     };
-    let scored: Vec<_> = r.positions.iter().filter(|p| !p.hidden).collect();
-    let max = |f: &dyn Fn(&&crate::verify::score::Position) -> Option<f32>| {
-        scored.iter().filter_map(f).fold(0.0f32, f32::max)
-    };
-    let min_overlap = scored.iter().filter_map(|p| p.overlap).fold(1.0f32, f32::min);
+    let w = crate::verify::score::worst(&r.positions);
     let verdict = match (&r.verdict, &r.not_run) {
         (_, Some(why)) => format!("not run: {why}"),
         (None, None) => String::new(),
@@ -222,9 +218,9 @@ fn line(r: &ProbeReport) -> String {
                 ),
                 (v, None) => v.name().to_string(),
             },
-            max(&|p| p.delta.map(f32::abs)),
-            min_overlap,
-            max(&|p| p.kl_lower_bound),
+            w.delta,
+            w.overlap,
+            w.kl,
         ),
     };
     let parted = r.parted_at.map_or(String::new(), |i| format!(" · the texts part at a near-tie at position {i}"));

@@ -34,17 +34,7 @@ pub fn check_pair(
         PromptCheck::Same { tokens } => *tokens,
         _ => 0,
     };
-    let mut report = ProbeReport {
-        name: probe.name.clone(),
-        prompt_tokens,
-        prompt,
-        verdict: None,
-        not_run: None,
-        unmapped: None,
-        failed: None,
-        parted_at: None,
-        positions: vec![],
-    };
+    let mut report = ProbeReport::new(&probe.name, prompt_tokens, prompt);
     if matches!(report.prompt, PromptCheck::Differs { .. }) {
         return Ok(report);
     }

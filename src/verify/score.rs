@@ -127,6 +127,27 @@ impl Verdict {
     }
 }
 
+/// The worst figures over the scored positions (tags put back are left out), as every report
+/// prints them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Worst {
+    /// The largest |Δ log-probability|.
+    pub delta: f32,
+    /// The smallest top-k overlap (1 when none was measured).
+    pub overlap: f32,
+    /// The largest KL lower bound.
+    pub kl: f32,
+}
+
+pub fn worst(positions: &[Position]) -> Worst {
+    let scored = || positions.iter().filter(|p| !p.hidden);
+    Worst {
+        delta: scored().filter_map(|p| p.delta.map(f32::abs)).fold(0.0, f32::max),
+        overlap: scored().filter_map(|p| p.overlap).fold(1.0, f32::min),
+        kl: scored().filter_map(|p| p.kl_lower_bound).fold(0.0, f32::max),
+    }
+}
+
 /// One position's agreement with the reference (the workbench colours tokens by it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -68,6 +68,21 @@ pub struct ProbeReport {
 }
 
 impl ProbeReport {
+    /// A report on `name` with its prompt's findings and nothing generated yet.
+    pub fn new(name: &str, prompt_tokens: usize, prompt: PromptCheck) -> ProbeReport {
+        ProbeReport {
+            name: name.to_string(),
+            prompt_tokens,
+            prompt,
+            verdict: None,
+            not_run: None,
+            unmapped: None,
+            failed: None,
+            parted_at: None,
+            positions: vec![],
+        }
+    }
+
     /// The text generated around position `at` (a few tokens either side).
     pub fn context(&self, at: usize) -> (String, String, String) {
         let text = |r: std::ops::Range<usize>| self.positions[r].iter().map(|p| p.text.as_str()).collect::<String>();
@@ -99,17 +114,7 @@ pub fn check(
 ) -> Result<ProbeReport, VerifyError> {
     let req = request(probe);
     let (_, prompt_ids) = reference.render(&req)?;
-    let mut report = ProbeReport {
-        name: probe.name.clone(),
-        prompt_tokens: prompt_ids.len(),
-        prompt: PromptCheck::NotChecked { why: String::new() },
-        verdict: None,
-        not_run: None,
-        unmapped: None,
-        failed: None,
-        parted_at: None,
-        positions: vec![],
-    };
+    let mut report = ProbeReport::new(&probe.name, prompt_ids.len(), PromptCheck::NotChecked { why: String::new() });
     let context = reference.model.config.max_position_embeddings;
     let subject_context = subject.info().context;
     let fits = |c: usize| prompt_ids.len() + probe.max_tokens <= c;

@@ -252,13 +252,10 @@ fn findings(ctx: &DrawCtx, r: &Rescore, cursor: Option<usize>, temperature: f32)
         Span::styled(format!("{diverge} diverge"), th.fg(th.bad)),
         dim(format!(" · {not_scored} not scored").as_str()),
     ]));
-    let scored = || r.positions.iter().filter(|p| !p.hidden);
-    let max_delta = scored().filter_map(|p| p.delta.map(f32::abs)).fold(0f32, f32::max);
-    let min_overlap = scored().filter_map(|p| p.overlap).fold(1f32, f32::min);
-    let max_kl = scored().filter_map(|p| p.kl_lower_bound).fold(0f32, f32::max);
+    let w = crate::verify::score::worst(&r.positions);
     lines.push(Line::from(vec![
         dim("worst    "),
-        text(format!("|Δ| {max_delta:.3} · top-k overlap {min_overlap:.2} · KL ≥ {max_kl:.4}")),
+        text(format!("|Δ| {:.3} · top-k overlap {:.2} · KL ≥ {:.4}", w.delta, w.overlap, w.kl)),
     ]));
     if let Some((i, t)) = &r.unmapped {
         lines.push(Line::styled(
