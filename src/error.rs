@@ -16,36 +16,37 @@ pub enum Error {
         source: std::io::Error,
     },
 
-    #[error("{path}: {what}")]
+    #[error("{path}: {}", brief(what))]
     NotAFile { path: PathBuf, what: String },
 
-    #[error("{dir}: no {file} ({hint})")]
+    #[error("{dir}: no {} ({})", clip(file), brief(hint))]
     MissingFile { dir: PathBuf, file: String, hint: String },
 
-    #[error("{file}: invalid JSON: {message}")]
+    #[error("{file}: invalid JSON: {}", brief(message))]
     Json { file: String, message: String },
 
-    #[error("{file}: field `{field}`: {message}")]
+    #[error("{file}: field `{}`: {}", brief(field), brief(message))]
     ConfigField { file: String, field: String, message: String },
 
     #[error(
-        "{file}: unknown model_type \"{found}\" (deltascope supports qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text and qwen3_next)"
+        "{file}: unknown model_type \"{}\" (deltascope supports qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text and qwen3_next)",
+        brief(found)
     )]
     UnknownModelType { file: String, found: String },
 
-    #[error("{file}: {message}")]
+    #[error("{file}: {}", brief(message))]
     Unsupported { file: String, message: String },
 
-    #[error("tensor `{name}` not found (looked in {searched})")]
+    #[error("tensor `{}` not found (looked in {})", clip(name), brief(searched))]
     MissingTensor { name: String, searched: String },
 
-    #[error("{file}: tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    #[error("{file}: tensor `{}` has shape {found:?}, expected {expected:?}", brief(name))]
     TensorShape { file: String, name: String, expected: Vec<usize>, found: Vec<usize> },
 
-    #[error("{file}: tensor `{name}` has dtype {found}, expected one of BF16, F16, F32")]
+    #[error("{file}: tensor `{}` has dtype {found}, expected one of BF16, F16, F32", brief(name))]
     TensorDtype { file: String, name: String, found: String },
 
-    #[error("{file}: not a valid safetensors file: {message}")]
+    #[error("{file}: not a valid safetensors file: {}", brief(message))]
     Safetensors { file: String, message: String },
 
     #[error("{file}: {message}")]
@@ -55,7 +56,8 @@ pub enum Error {
     Template { source_name: String, message: String },
 
     #[error(
-        "token id {id} at position {position} is out of range: the model's vocabulary has {vocab_size} entries (ids 0..{vocab_size})"
+        "token id {id} at position {position} is out of range: the model's vocabulary has {vocab_size} entries (ids 0–{})",
+        vocab_size.saturating_sub(1)
     )]
     TokenOutOfRange { id: u32, position: usize, vocab_size: usize },
 
@@ -94,6 +96,59 @@ impl Error {
     pub(crate) fn field(file: &str, field: &str, message: impl Into<String>) -> Self {
         Error::ConfigField { file: file.to_string(), field: field.to_string(), message: message.into() }
     }
+}
+
+/// Text from a file or the network, quoted in an error message, kept to one readable line:
+/// control characters (line breaks included) become spaces, every quoted run (`"…"` or `` `…` ``)
+/// longer than 80 characters keeps its first 40 and says how long it was, and a message still
+/// over 400 characters keeps its start and its end (where "expected …" usually is).
+pub fn brief(text: &str) -> String {
+    const LONG: usize = 80;
+    const KEEP: usize = 40;
+    const MAX: usize = 400;
+    let flat: String = text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let mut out = String::with_capacity(flat.len().min(2 * MAX));
+    let mut rest = flat.as_str();
+    while let Some(open) = rest.find(['"', '`']) {
+        let quote = rest[open..].chars().next().unwrap_or('"');
+        out.push_str(&rest[..open + 1]);
+        let after = &rest[open + 1..];
+        let Some(close) = after.find(quote) else {
+            rest = after;
+            break;
+        };
+        let inner = &after[..close];
+        let n = inner.chars().count();
+        if n > LONG {
+            out.extend(inner.chars().take(KEEP));
+            out.push('…');
+            out.push(quote);
+            out.push_str(&format!(" ({n} characters)"));
+        } else {
+            out.push_str(inner);
+            out.push(quote);
+        }
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    let n = out.chars().count();
+    if n > MAX {
+        let head: String = out.chars().take(MAX / 2).collect();
+        let tail: String = out.chars().skip(n - MAX / 2 + 20).collect();
+        out = format!("{head} … {tail}");
+    }
+    out
+}
+
+/// A name from a file or the network (a tensor, a shard, a key) kept short: over 80
+/// characters, its first 40 and its length.
+pub fn clip(name: &str) -> String {
+    let n = name.chars().count();
+    if n <= 80 {
+        return brief(name);
+    }
+    let head: String = name.chars().take(40).map(|c| if c.is_control() { ' ' } else { c }).collect();
+    format!("{head}… ({n} characters)")
 }
 
 /// The text a panic was raised with (`panic!` payloads are `&str` or `String`).

@@ -212,6 +212,7 @@ fn generation_flags_out_of_range_name_the_flag() {
     for (extra, want) in [
         (vec!["--stop="], "--stop \"\": must be non-empty"),
         (vec!["--stop-token-id", "99999"], "stop token id 99999 (--stop-token-id) is out of the vocabulary"),
+        (vec!["--stop-token-id", "512"], "the model has 512 ids, 0–511"),
         (vec!["--loop-min-repeats", "0"], "--loop-min-repeats 0: must be at least 2"),
         (vec!["--loop-min-span", "0"], "--loop-min-span 0: must be at least 1"),
         (vec!["--answer-budget", "0"], "--answer-budget 0: must be at least 1"),
@@ -313,6 +314,8 @@ fn links_fifos_and_directories_are_named_as_such() {
     assert!(fails_run(&missing).contains("nowhere: no such directory"));
     let err = fails_run(&dir.path().join("config.json"));
     assert!(err.contains("config.json: a file, not a directory"), "{err}");
+    let err = fails_run(Path::new("/dev/null"));
+    assert!(err.contains("/dev/null: a character device, not a directory"), "{err}");
 
     std::fs::remove_file(weights(dir.path())).unwrap();
     symlink("/no/such/file.safetensors", weights(dir.path())).unwrap();
@@ -413,7 +416,7 @@ fn an_incomplete_mtp_head_names_the_missing_tensor() {
 #[test]
 fn inspect_warns_when_config_and_weights_disagree() {
     let dir = fixture_copy("qwen3_5_text");
-    edit_json(&dir.path().join("config.json"), |v| v["hidden_size"] = 1_000_000_000.into());
+    edit_json(&dir.path().join("config.json"), |v| v["hidden_size"] = 4_000_000.into());
     let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))
         .args(["inspect", "--model", dir.path().to_str().unwrap()])
         .output()
@@ -424,13 +427,13 @@ fn inspect_warns_when_config_and_weights_disagree() {
     assert!(
         warnings
             .iter()
-            .any(|w| w.contains("trillion parameters") && w.contains("the config does not belong to these weights")),
+            .any(|w| w.contains("billion parameters") && w.contains("the config does not belong to these weights")),
         "{text}"
     );
     assert!(warnings.iter().any(|w| w.contains("embed_tokens.weight is [512, 48]")), "{text}");
     // Counts are words, never a unit that reads as bytes.
     let params = text.lines().find(|l| l.starts_with("parameters")).unwrap();
-    assert!(params.contains("trillion (") && !params.contains(" B "), "{params}");
+    assert!(params.contains("billion (") && !params.contains(" B "), "{params}");
 }
 
 #[test]

@@ -35,13 +35,13 @@ impl Serve {
     fn start() -> Serve {
         let mut child = Command::new(env!("CARGO_BIN_EXE_deltascope"))
             .args(["serve", "--port", "0", "--device", "cpu"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
             .spawn()
             .expect("starting deltascope serve");
-        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
         let url = loop {
-            let line = lines.next().expect("serve exited before listening").expect("reading stderr");
+            let line = lines.next().expect("serve exited before listening").expect("reading stdout");
             if let Some(rest) = line.split(" on http://").nth(1) {
                 break format!("http://{}", rest.split_whitespace().next().expect("an address"));
             }

@@ -189,21 +189,20 @@ fn serve_answers_from_the_emulated_device() {
     let mut child = Command::new(bin())
         .args(["serve", "--port", "0", "--device", "emu"])
         .current_dir(root())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("starting deltascope serve");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let mut seen = vec![];
+    // The device note comes on stderr before the listening line comes on stdout.
+    let notes = BufReader::new(child.stderr.take().expect("stderr"));
+    let notes = std::thread::spawn(move || notes.lines().map_while(Result::ok).collect::<Vec<_>>());
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let addr = loop {
-        let line = lines.next().expect("serve exited before listening").expect("reading stderr");
-        seen.push(line.clone());
+        let line = lines.next().expect("serve exited before listening").expect("reading stdout");
         if let Some(rest) = line.split(" on http://").nth(1) {
             break rest.split_whitespace().next().expect("an address").to_string();
         }
     };
-    std::thread::spawn(move || for _ in lines {});
-    assert!(seen.iter().any(|l| l.contains("emulated CUDA device")), "{seen:?}");
     let body = r#"{"model":"embedded:demo","messages":[{"role":"user","content":"What is 2 + 3?"}],"max_tokens":8,"temperature":0}"#;
     let out = Command::new("curl")
         .args(["-s", "-H", "content-type: application/json", "-d", body])
@@ -212,6 +211,8 @@ fn serve_answers_from_the_emulated_device() {
         .expect("curl");
     let _ = child.kill();
     let _ = child.wait();
+    let seen = notes.join().expect("the stderr reader");
+    assert!(seen.iter().any(|l| l.contains("emulated CUDA device")), "{seen:?}");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)));
     assert_eq!(v["usage"]["completion_tokens"], 8, "{v:#}");
 }

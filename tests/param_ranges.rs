@@ -188,6 +188,7 @@ fn info() -> BackendInfo {
         kind: BackendKind::Local { devices: vec!["cpu".into()], dtype: "f32".into() },
         device_note: None,
         context: Some(CONTEXT),
+        vocab_size: None,
         has_mtp: true,
         layers: None,
         weights_bytes: None,

@@ -34,13 +34,14 @@ impl Server {
         let mut child = Command::new(bin())
             .args(["serve", "--port", "0", "--device", "cpu"])
             .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
             .spawn()
             .expect("starting deltascope serve");
-        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        // The listening line is on stdout (logs and notes on stderr).
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
         let addr = loop {
-            let line = lines.next().expect("serve exited before listening").expect("reading stderr");
+            let line = lines.next().expect("serve exited before listening").expect("reading stdout");
             if let Some(rest) = line.split(" on http://").nth(1) {
                 break rest.split_whitespace().next().expect("an address").to_string();
             }
@@ -164,6 +165,10 @@ fn errors_use_the_openai_body_and_the_right_status() {
     assert_eq!(curl(&["-H", auth, "-d", good, &chat]).0, 200);
     assert_eq!(curl(&[&format!("{url}/health")]), (200, "ok".into()));
     assert_eq!(curl(&[&format!("{url}/metrics")]).0, 401, "metrics need the key too");
+    // The scheme's name is case-insensitive (RFC 9110).
+    assert_eq!(curl(&["-H", "Authorization: bearer sekret", "-d", good, &chat]).0, 200);
+    assert_eq!(curl(&["-H", "authorization: BEARER  sekret", "-d", good, &chat]).0, 200);
+    assert_eq!(curl(&["-H", "Authorization: Basic sekret", "-d", good, &chat]).0, 401);
     // Unknown path and model: 404.
     let (code, body) = curl(&["-H", auth, &format!("{url}/v2/nothing")]);
     assert_eq!((code, error(&body)["code"].clone()), (404, "not_found".into()), "{body}");
@@ -175,6 +180,22 @@ fn errors_use_the_openai_body_and_the_right_status() {
     let (code, body) = curl(&["-H", auth, "-d", &big, &chat]);
     assert_eq!(code, 413, "{body}");
     assert!(error(&body)["message"].as_str().unwrap().contains("2000"), "{body}");
+    // A Content-Length over the limit is answered before the body comes: the client here sends
+    // a few bytes of its declared 50 MB and waits; were the server to wait for the rest, curl
+    // would give up after 10 s (code 0) or the server answer 408 after 30 s.
+    let (code, body) = curl(&["--max-time", "10", "-H", auth, "-H", "Content-Length: 50000000", "-d", good, &chat]);
+    assert_eq!(code, 413, "{body}");
+    assert!(error(&body)["message"].as_str().unwrap().contains("Content-Length says 50000000"), "{body}");
+    // Fields the parser cannot judge alone: a stop token past the vocabulary (the demo has 512).
+    let (code, body) = curl(&[
+        "-H",
+        auth,
+        "-d",
+        r#"{"messages": [{"role": "user", "content": "x"}], "stop_token_ids": [5, 512]}"#,
+        &chat,
+    ]);
+    assert_eq!((code, error(&body)["param"].clone()), (400, "stop_token_ids[1]".into()), "{body}");
+    assert!(error(&body)["message"].as_str().unwrap().contains("0–511"), "{body}");
     // Malformed JSON and a wrong type: 400 naming the field.
     let (code, body) = curl(&["-H", auth, "-d", "{\"messages\": [", &chat]);
     assert_eq!(code, 400, "{body}");
@@ -271,6 +292,27 @@ fn the_workbench_in_tmux_talks_to_serve() {
     t.keys(&["C-q"]);
     t.wait("the shell after quitting", 15, |x| x.lines().any(|l| l.trim() == "EXIT-CODE-0"));
     t.assert_restored("Ctrl+Q");
+}
+
+/// What `serve`'s command line gets wrong is said before the model loads or the port opens.
+#[test]
+fn the_command_line_is_checked_and_the_listening_line_is_on_stdout() {
+    let serve = |args: &[&str]| Command::new(bin()).args(["serve", "--device", "cpu"]).args(args).output().unwrap();
+    let out = serve(&["--api-key", "", "--port", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--api-key is empty"), "{err}");
+    let out = serve(&["--host", "no-such-host.invalid", "--port", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--host no-such-host.invalid"), "{err}");
+    // A name resolves (localhost: its IPv4 address first), and the line comes on stdout.
+    let s = Server::start(&["--host", "localhost"]);
+    assert_eq!(s.host, "127.0.0.1");
+    assert_eq!(curl(&[&format!("{}/health", s.url())]), (200, "ok".into()));
+    // The port it holds, asked for again: the error names the address.
+    let out = serve(&["--port", &s.port.to_string()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a second server on a taken port must fail");
+    assert!(err.contains(&format!("cannot listen on 127.0.0.1:{}", s.port)) && err.contains("--port 0"), "{err}");
 }
 
 #[test]

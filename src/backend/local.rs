@@ -200,6 +200,7 @@ fn describe(l: &Loaded) -> BackendInfo {
         kind: BackendKind::Local { devices: l.placement.devices.clone(), dtype: l.model.precision.name().into() },
         device_note: l.placement.note.clone(),
         context: Some(c.max_position_embeddings),
+        vocab_size: Some(c.vocab_size),
         has_mtp: l.model.mtp.is_some(),
         layers: Some(format!("{} layers: {gdn} GDN + {} attention", c.layer_types.len(), c.layer_types.len() - gdn)),
         weights_bytes: Some(l.model.weight_bytes()),
@@ -229,7 +230,7 @@ impl Backend for LocalBackend {
         let vocab = self.loaded.model.config.vocab_size;
         if let Some(id) = req.params.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
             return Err(BackendError::invalid(format!(
-                "stop token id {id} (--stop-token-id) is out of the vocabulary: the model has {vocab} ids, 0..{}",
+                "stop token id {id} (--stop-token-id) is out of the vocabulary: the model has {vocab} ids, 0–{}",
                 vocab - 1
             )));
         }

@@ -119,6 +119,8 @@ pub struct BackendInfo {
     pub device_note: Option<String>,
     /// Context length in tokens, when known.
     pub context: Option<usize>,
+    /// The vocabulary's size (token ids 0 to this − 1), when known.
+    pub vocab_size: Option<usize>,
     /// Whether MTP speculative decoding runs (local: the checkpoint has a head; remote: the
     /// server reports speculative decoding).
     pub has_mtp: bool,

@@ -207,7 +207,11 @@ pub enum PathKind {
     DanglingLink(PathBuf),
     LinkLoop,
     Fifo,
-    /// A socket, a device, …
+    Socket,
+    /// A character device (`/dev/null`, a terminal).
+    CharDevice,
+    BlockDevice,
+    /// Anything else the OS may have.
     Special,
 }
 
@@ -238,6 +242,15 @@ impl PathKind {
             use std::os::unix::fs::FileTypeExt;
             if t.is_fifo() {
                 return PathKind::Fifo;
+            }
+            if t.is_socket() {
+                return PathKind::Socket;
+            }
+            if t.is_char_device() {
+                return PathKind::CharDevice;
+            }
+            if t.is_block_device() {
+                return PathKind::BlockDevice;
             }
         }
         if t.is_file() {
@@ -272,7 +285,10 @@ impl PathKind {
             PathKind::DanglingLink(t) => Some(format!("a symbolic link to {}, which does not exist", t.display())),
             PathKind::LinkLoop => Some(format!("a symbolic link loop (following it never reaches a {wanted})")),
             PathKind::Fifo => Some(format!("a FIFO (named pipe), not a {wanted}")),
-            PathKind::Special => Some(format!("not a regular {wanted} (a socket or a device)")),
+            PathKind::Socket => Some(format!("a socket, not a {wanted}")),
+            PathKind::CharDevice => Some(format!("a character device, not a {wanted}")),
+            PathKind::BlockDevice => Some(format!("a block device (a disk), not a {wanted}")),
+            PathKind::Special => Some(format!("not a regular {wanted} (a special file)")),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! `deltascope serve`: the in-process engine behind an OpenAI-compatible API (`server/`).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -26,13 +26,14 @@ pub struct ServeArgs {
     /// Where the engine runs: auto, cpu, cuda, cuda:0, cuda:0,1.
     #[arg(long, default_value = "auto", value_parser = device_spec, value_name = "auto|cpu|cuda|cuda:N[,M]")]
     pub device: DeviceSpec,
-    /// Address to bind; anything but loopback without --api-key prints a warning.
-    #[arg(long, default_value = "127.0.0.1")]
-    pub host: IpAddr,
+    /// Address or host name to bind (`localhost`, `0.0.0.0`, `::1`); anything but loopback
+    /// without --api-key prints a warning.
+    #[arg(long, default_value = "127.0.0.1", value_name = "ADDRESS|NAME")]
+    pub host: String,
     /// Port (0: a free one, printed at start).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Every route but /health then needs `Authorization: Bearer KEY`.
+    /// Every route but /health then needs `Authorization: Bearer KEY` (not empty).
     #[arg(long, value_name = "KEY")]
     pub api_key: Option<String>,
     /// Requests that may wait for the engine besides the one generating (more: 503).
@@ -50,7 +51,30 @@ pub struct ServeArgs {
     pub mtp: MtpMode,
 }
 
+/// The address `--host` names: an IP address as written, or a name resolved here (`localhost`
+/// gives its IPv4 address first when it has one: what most clients try first too).
+fn listen_address(host: &str, port: u16) -> anyhow::Result<SocketAddr> {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    let found: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| anyhow::anyhow!("--host {host}: not an IP address, and the name does not resolve here ({e})"))?
+        .collect();
+    found
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(found.first())
+        .copied()
+        .ok_or_else(|| anyhow::anyhow!("--host {host}: the name resolves to no address"))
+}
+
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        anyhow::bail!("--api-key is empty: give a key, or leave the flag out to serve without one");
+    }
+    let addr = listen_address(&a.host, a.port)?;
     // The depth's range is the one table's, as for `run --mtp` and the slider.
     GenerationParams { mtp: a.mtp, ..Default::default() }
         .check()
@@ -65,8 +89,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let name = opened.info().name.clone();
     let opened_has_mtp = opened.info().has_mtp;
     let backend: Arc<dyn backend::Backend> = Arc::from(opened);
-    let mut cfg = ServeConfig::new(SocketAddr::new(a.host, a.port));
-    cfg.api_key = a.api_key.clone().filter(|k| !k.is_empty());
+    let mut cfg = ServeConfig::new(addr);
+    cfg.api_key = a.api_key.clone();
     cfg.max_queue = a.max_queue;
     cfg.body_limit = a.body_limit;
     cfg.header_timeout = std::time::Duration::from_secs(a.timeout);
@@ -75,15 +99,19 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     if cfg.mtp.is_on() && !opened_has_mtp {
         anyhow::bail!("--mtp: {name} has no MTP head (no mtp.* tensors), so it cannot draft");
     }
-    if !a.host.is_loopback() && cfg.api_key.is_none() {
+    if !addr.ip().is_loopback() && cfg.api_key.is_none() {
         eprintln!(
             "warning: serving on {} without --api-key: anyone who can reach this address can use the model",
-            a.host
+            addr.ip()
         );
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(serve(backend, cfg, |addr| {
-        eprintln!("deltascope serve: {name} on http://{addr} (OpenAI API under /v1; Ctrl+C stops)");
+        // On stdout (the one line a script waits for), flushed at once; logs go to stderr.
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "deltascope serve: {name} on http://{addr} (OpenAI API under /v1; Ctrl+C stops)");
+        let _ = out.flush();
     }))?;
     Ok(())
 }

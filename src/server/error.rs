@@ -17,7 +17,9 @@ pub struct ApiError {
 
 impl ApiError {
     fn new(status: u16, kind: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status, message: message.into(), kind, param: None, code: None, retry_after: None }
+        // Messages quote the client's values: a 10 000-character string is shown by its start.
+        let message = crate::error::brief(&message.into());
+        ApiError { status, message, kind, param: None, code: None, retry_after: None }
     }
 
     /// 400: a field's type or value.

@@ -22,6 +22,7 @@ pub struct Metrics {
     pub thinking_tokens: Counter,
     pub requests: Family<Labels, Counter>,
     pub rejected: Counter,
+    pub left_queue: Counter,
     pub ttft: Histogram,
     pub inter_token: Histogram,
     pub e2e: Histogram,
@@ -59,6 +60,11 @@ impl Metrics {
                 Family::<Labels, Counter>::default()
             ),
             rejected: reg!("requests_rejected", "Requests refused with 503 (queue full)", Counter::default()),
+            left_queue: reg!(
+                "requests_left_queue",
+                "Requests whose client went away while they waited for the engine (never run)",
+                Counter::default()
+            ),
             ttft: reg!("time_to_first_token_seconds", "Request start (after the queue) to the first token", secs()),
             inter_token: reg!("inter_token_latency_seconds", "Time between generated tokens", secs()),
             e2e: reg!("e2e_request_latency_seconds", "Request arrival to its end, queue included", secs()),

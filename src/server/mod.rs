@@ -119,6 +119,7 @@ pub fn router(state: Shared) -> Router {
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn_with_state(state.clone(), declared_length))
         .route("/health", get(|| async { "ok" }))
         .with_state(state)
 }
@@ -134,7 +135,17 @@ pub async fn serve(backend: Arc<dyn Backend>, cfg: ServeConfig, ready: impl FnOn
     use hyper_util::server::graceful::GracefulShutdown;
     use hyper_util::service::TowerToHyperService;
 
-    let listener = tokio::net::TcpListener::bind(cfg.addr).await?;
+    let listener = tokio::net::TcpListener::bind(cfg.addr).await.map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::AddrInUse => {
+                ": something else listens there (choose another --port, or --port 0 for a free one)"
+            }
+            std::io::ErrorKind::AddrNotAvailable => ": no network interface here has that address (--host)",
+            std::io::ErrorKind::PermissionDenied => ": ports below 1024 need privileges (choose --port 1024 or above)",
+            _ => "",
+        };
+        std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}{hint}", cfg.addr))
+    })?;
     let local = listener.local_addr()?;
     ready(local);
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -179,11 +190,41 @@ pub async fn serve(backend: Arc<dyn Backend>, cfg: ServeConfig, ready: impl FnOn
 /// How long a stopping server waits for the requests in flight.
 pub const DRAIN: Duration = Duration::from_secs(10);
 
+/// A body declared (`Content-Length`) over `--body-limit` is refused before a byte of it is
+/// read: the client learns at once, instead of after sending it all or waiting out the body
+/// timeout.
+async fn declared_length(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if let Some(n) = declared.filter(|&n| n > s.cfg.body_limit as u64) {
+        let mut e = ApiError::too_large(s.cfg.body_limit);
+        e.message = format!("{} (Content-Length says {n})", e.message);
+        return e.into_response();
+    }
+    next.run(req).await
+}
+
+/// The token of an `Authorization: Bearer …` header; the scheme's name is case-insensitive
+/// (RFC 9110 §11.1: `bearer`, `BEARER` are the same).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Compares in time independent of where the two differ, so response times do not reveal how
+/// much of a guessed key was right.
+fn same_key(given: &str, key: &str) -> bool {
+    given.len() == key.len() && given.bytes().zip(key.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+}
+
 async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
     if let Some(key) = &s.cfg.api_key {
         let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-        match given.and_then(|v| v.strip_prefix("Bearer ")) {
-            Some(k) if k.trim() == key => {}
+        match given.and_then(bearer) {
+            Some(k) if same_key(k, key) => {}
             Some(_) => return ApiError::unauthorized("the API key is not the server's (--api-key)").into_response(),
             None => {
                 return ApiError::unauthorized("this server needs an API key: send Authorization: Bearer KEY")
@@ -306,12 +347,19 @@ impl Drop for Running {
     }
 }
 
-/// Counts a request as waiting while it is (also when its client leaves the queue).
-struct Waiting(Arc<Metrics>);
+/// Counts a request as waiting while it is, and as left when its client goes away before
+/// the engine's turn comes (dropped without `admitted`).
+struct Waiting {
+    metrics: Arc<Metrics>,
+    admitted: bool,
+}
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        self.0.waiting.dec();
+        self.metrics.waiting.dec();
+        if !self.admitted {
+            self.metrics.left_queue.inc();
+        }
     }
 }
 
@@ -359,6 +407,16 @@ async fn handle(s: Shared, _headers: HeaderMap, body: Body, endpoint: Endpoint) 
         let field = p.field.trim_start_matches("sampling.").to_string();
         return Err(ApiError::bad(Some(&field), p.to_string()));
     }
+    if let Some(vocab) = s.backend.info().vocab_size
+        && let Some((i, id)) =
+            parsed.req.params.stop_token_ids.iter().enumerate().find(|(_, id)| **id as usize >= vocab)
+    {
+        let path = format!("stop_token_ids[{i}]");
+        return Err(ApiError::bad(
+            Some(&path),
+            format!("{path} is {id}: out of the vocabulary (the model has {vocab} ids, 0–{})", vocab - 1),
+        ));
+    }
     if let Prompt::Ids(ids) = &parsed.req.prompt
         && ids.is_empty()
     {
@@ -371,8 +429,9 @@ async fn handle(s: Shared, _headers: HeaderMap, body: Body, endpoint: Endpoint) 
         ApiError::busy(s.cfg.max_queue)
     })?;
     s.metrics.waiting.inc();
-    let waiting = Waiting(s.metrics.clone());
+    let mut waiting = Waiting { metrics: s.metrics.clone(), admitted: false };
     let turn = s.engine.clone().lock_owned().await;
+    waiting.admitted = true;
     drop(waiting);
     s.metrics.running.inc();
     let control = Arc::new(StepControl::default());

@@ -106,6 +106,8 @@ struct Common {
     tool_choice: Option<Value>,
     response_format: Option<Value>,
     suffix: Option<Value>,
+    /// The legacy API's prompt echo (no prompt logprobs here to go with it).
+    echo: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -280,12 +282,13 @@ impl Common {
                     .is_none_or(|v| v.is_null() || v.get("type").and_then(Value::as_str) == Some("text")),
             ),
             ("suffix", self.suffix.as_ref().is_none_or(Value::is_null)),
+            ("echo", self.echo.as_ref().is_none_or(|v| v.is_null() || v == &Value::Bool(false))),
         ] {
             if !ok {
                 return Err(ApiError::bad(
                     Some(name),
                     format!(
-                        "{name} is not supported by deltascope serve (one sequence per request, no tools or formats)"
+                        "{name} is not supported by deltascope serve (one sequence per request, no tools, formats or prompt echo)"
                     ),
                 ));
             }
@@ -340,15 +343,24 @@ impl Common {
         };
         p.stop_token_ids = self.stop_token_ids.unwrap_or_default();
         p.ignore_eos = self.ignore_eos.unwrap_or(false);
-        // The first spelling given counts; -1 is unlimited and 0 thinking off (as llama-server's
-        // --reasoning-budget 0 and the command line's --thinking-budget 0).
+        // Any spelling may come, several too (a client written for two servers), if they say the
+        // same; -1 is unlimited and 0 thinking off (as llama-server's --reasoning-budget 0 and
+        // the command line's --thinking-budget 0).
         let budgets = [
             ("thinking_budget", self.thinking_budget),
             ("thinking_token_budget", self.thinking_token_budget),
             ("reasoning_budget_tokens", self.reasoning_budget_tokens),
             ("thinking_budget_tokens", self.thinking_budget_tokens),
         ];
-        let budget = match budgets.into_iter().find_map(|(name, b)| b.map(|b| (name, b))) {
+        let given: Vec<(&str, i64)> = budgets.into_iter().filter_map(|(name, b)| b.map(|b| (name, b))).collect();
+        if let Some(&(second, b2)) = given.iter().find(|(_, b)| *b != given[0].1) {
+            let (first, b1) = given[0];
+            return Err(ApiError::bad(
+                Some(second),
+                format!("{first} is {b1} but {second} is {b2}: two thinking budgets that differ (send one)"),
+            ));
+        }
+        let budget = match given.first().copied() {
             None | Some((_, -1)) => None,
             Some((name, b)) if b < -1 => return Err(out_of_range(name, b, "thinking_budget")),
             Some((name, b)) => {
@@ -397,22 +409,30 @@ fn chat_messages(messages: Option<Vec<Message>>) -> Result<Vec<ChatMessage>, Api
         Some(_) => return Err(ApiError::bad(Some("messages"), "messages is empty")),
         None => return Err(ApiError::bad(Some("messages"), "messages is required")),
     };
-    Ok(messages
+    messages
         .into_iter()
-        .map(|m| {
+        .enumerate()
+        .map(|(i, m)| {
             let role = match m.role {
                 MessageRole::System => Role::System,
                 MessageRole::User => Role::User,
                 MessageRole::Assistant => Role::Assistant,
             };
             let content = match m.content {
-                None => String::new(),
+                // Without tools (refused) no message is without text; an empty turn is "".
+                None => {
+                    let path = format!("messages[{i}].content");
+                    return Err(ApiError::bad(
+                        Some(&path),
+                        format!("{path} is null or missing: every message needs its text (a string, \"\" for none)"),
+                    ));
+                }
                 Some(Content::Text(t)) => t,
                 Some(Content::Parts(parts)) => parts.into_iter().map(|p| p.text).collect(),
             };
-            ChatMessage::new(role, content)
+            Ok(ChatMessage::new(role, content))
         })
-        .collect())
+        .collect()
 }
 
 /// `POST /apply-template` (llama-server's shape): the messages and the template's
@@ -531,6 +551,14 @@ mod tests {
         assert_eq!(p.max_tokens, 7);
         let e = with(r#", "max_tokens": 5, "max_completion_tokens": 99999"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_completion_tokens"), "{}", e.message);
+        // Two spellings that agree are one budget; two that differ are refused, naming the second.
+        assert_eq!(
+            with(r#", "thinking_budget": 16, "thinking_token_budget": 16"#).unwrap().thinking.budget(),
+            Some(16)
+        );
+        let e = with(r#", "thinking_budget": 16, "reasoning_budget_tokens": 32"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("reasoning_budget_tokens"), "{}", e.message);
+        assert!(e.message.contains("thinking_budget is 16 but reasoning_budget_tokens is 32"), "{}", e.message);
         let e = with(r#", "temperature": "hot""#).unwrap_err();
         assert!(e.message.contains("expected a number"), "{}", e.message);
     }
@@ -556,6 +584,10 @@ mod tests {
                 "top_logprobs",
             ),
             (r#"{"messages": [{"role": "user", "content": "x"}], "stop": [1]}"#, "stop"),
+            (r#"{"messages": [{"role": "user", "content": null}]}"#, "messages[0].content"),
+            (r#"{"messages": [{"role": "user", "content": "x"}, {"role": "assistant"}]}"#, "messages[1].content"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "echo": true}"#, "echo"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "stop_token_ids": [-1]}"#, "stop_token_ids[0]"),
             (
                 r#"{"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": 1}}"#,
                 "stream_options.include_usage",

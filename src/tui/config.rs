@@ -15,7 +15,7 @@ pub struct Config {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("{file}: {message}")]
+#[error("{file}: {}", crate::error::brief(message))]
 pub struct ConfigError {
     file: String,
     message: String,
@@ -33,8 +33,33 @@ impl Config {
     }
 
     pub fn parse(src: &str, file: &str) -> Result<Config, ConfigError> {
-        // toml's message names the key and the line ("unknown field `them`, expected …").
-        toml::from_str(src).map_err(|e| ConfigError { file: file.into(), message: e.to_string().trim().into() })
+        // toml's message names the key ("unknown field `them`, expected …"); the line is ours.
+        toml::from_str(src).map_err(|e| ConfigError { file: file.into(), message: toml_error(&e, src) })
+    }
+}
+
+/// A TOML error in one line — `line 3, column 7: unknown field `them`, expected …` — where
+/// toml's own Display draws the source line and a caret under it over several lines.
+pub fn toml_error(e: &toml::de::Error, src: &str) -> String {
+    let message = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
+    match e.span() {
+        Some(span) => {
+            let mut at = span.start.min(src.len());
+            while !src.is_char_boundary(at) {
+                at -= 1;
+            }
+            let before = &src[..at];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            // The line itself names the key ("theme = 3"); toml's message often does not.
+            let text = src.lines().nth(line - 1).unwrap_or("").trim();
+            if text.is_empty() {
+                format!("line {line}, column {column}: {message}")
+            } else {
+                format!("line {line} `{}`, column {column}: {message}", crate::error::clip(text))
+            }
+        }
+        None => message,
     }
 }
 

@@ -59,23 +59,25 @@ pub struct Theme {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ThemeError {
-    #[error("{file}: not valid TOML: {message}")]
+    #[error("{file}: not valid TOML: {}", crate::error::brief(message))]
     Toml { file: String, message: String },
     #[error(
-        "{file}: [colors] {key} = \"{value}\": not a colour (use a name like light-blue, an index 0-255 or #rrggbb)"
+        "{file}: [colors] {} = \"{}\": not a colour (use a name like light-blue, an index 0-255 or #rrggbb)",
+        crate::error::brief(key),
+        crate::error::brief(value)
     )]
     BadColor { file: String, key: String, value: String },
-    #[error("{file}: unknown key `{key}` (known keys: {known})")]
+    #[error("{file}: unknown key `{}` (known keys: {known})", crate::error::brief(key))]
     UnknownKey { file: String, key: String, known: String },
-    #[error("{file}: `{key}` must be a string")]
+    #[error("{file}: `{}` must be a string", crate::error::brief(key))]
     NotAString { file: String, key: String },
-    #[error("unknown theme `{name}` (built in: dark, light, high-contrast; user themes: {dir})")]
+    #[error("unknown theme `{}` (built in: dark, light, high-contrast; user themes: {dir})", crate::error::brief(name))]
     Unknown { name: String, dir: String },
-    #[error("{file}: theme extends itself (`extends = \"{name}\"`)")]
+    #[error("{file}: theme extends itself (`extends = \"{}\"`)", crate::error::brief(name))]
     Cycle { file: String, name: String },
     #[error("cannot read theme {file}: {message}")]
     Read { file: String, message: String },
-    #[error("{file}: code_theme = \"{name}\": not a code theme (known: {known})")]
+    #[error("{file}: code_theme = \"{}\": not a code theme (known: {known})", crate::error::brief(name))]
     UnknownCodeTheme { file: String, name: String, known: String },
 }
 
@@ -207,8 +209,8 @@ impl Theme {
         file: &str,
         parent: &dyn Fn(&str) -> Option<Result<Theme, ThemeError>>,
     ) -> Result<Theme, ThemeError> {
-        let table: toml::Table =
-            toml::from_str(src).map_err(|e| ThemeError::Toml { file: file.into(), message: e.to_string() })?;
+        let table: toml::Table = toml::from_str(src)
+            .map_err(|e| ThemeError::Toml { file: file.into(), message: crate::tui::config::toml_error(&e, src) })?;
         let string = |key: &str| -> Result<Option<String>, ThemeError> {
             match table.get(key) {
                 None => Ok(None),

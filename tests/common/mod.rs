@@ -23,6 +23,7 @@ pub fn model() -> BackendInfo {
         kind: BackendKind::Local { devices: vec!["cpu".into()], dtype: "f32".into() },
         device_note: None,
         context: Some(4096),
+        vocab_size: Some(512),
         has_mtp: true,
         layers: Some("8 layers: 6 GDN + 2 attention".into()),
         weights_bytes: Some(16_142_336),

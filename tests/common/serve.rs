@@ -16,8 +16,9 @@ impl Serve {
         if let Some(m) = model {
             cmd.arg("--model").arg(m);
         }
-        let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("starting serve");
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        // The listening line is serve's stdout; its logs and notes go to stderr.
+        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("starting serve");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let url = loop {
             let line = lines.next().expect("serve exited before listening").unwrap();
             if let Some(rest) = line.split(" on http://").nth(1) {

@@ -108,5 +108,7 @@ assert m.get('deltascope_request_success_total{finished_reason="abort"}') == 1, 
 # A's tokens count although A was cut short (counted as made, as vLLM does).
 assert m.get("deltascope_generation_tokens_total", 0) > 16, m.get("deltascope_generation_tokens_total")
 assert m.get("deltascope_requests_rejected_total") == 1, m.get("deltascope_requests_rejected_total")
+# B is counted as a request whose client left the queue (and only B).
+assert m.get("deltascope_requests_left_queue_total") == 1, m.get("deltascope_requests_left_queue_total")
 print(json.dumps({"b_left_queue_s": round(left_after, 3), "finished": finished, "a_frames": a_frames[0],
                   "generated": m.get("deltascope_generation_tokens_total"), "c": done["choices"][0]["finish_reason"]}))

@@ -382,8 +382,13 @@ impl FrameMapper {
             Ok(f) => f,
             Err((kind, why)) => {
                 let n = self.tally.generated();
-                let message = if n == 0 { why } else { format!("{why}; kept the {n} tokens that arrived") };
-                emit(EngineEvent::error(kind, message));
+                let message = match n {
+                    0 => why,
+                    1 => format!("{why}; kept the 1 token that arrived"),
+                    n => format!("{why}; kept the {n} tokens that arrived"),
+                };
+                // The server's own words may be long or span lines: one line, long quotes cut.
+                emit(EngineEvent::error(kind, crate::error::brief(&message)));
                 return;
             }
         };

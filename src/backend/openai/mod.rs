@@ -126,6 +126,7 @@ fn describe(http: &Http, f: &ServerFacts) -> BackendInfo {
         }),
         device_note: None,
         context: f.context,
+        vocab_size: None,
         has_mtp: f.speculative,
         layers: None,
         weights_bytes: None,

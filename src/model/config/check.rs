@@ -15,6 +15,9 @@ macro_rules! at {
 }
 pub(super) use at;
 
+/// The largest size or count a config may give (2^24).
+pub const MAX_SIZE: usize = 1 << 24;
+
 /// The checks on the fields of one object of the file (the top level, `text_config`, a rope
 /// dict): `prefix` is the object's path (`text_config.`), `file` names the file.
 pub(super) struct Checker<'a> {
@@ -34,6 +37,13 @@ impl Checker<'_> {
     pub fn usize_opt(&self, (key, f): (&str, &Field<usize>)) -> Result<Option<usize>> {
         match f.present() {
             None => Ok(None),
+            // Every size and count in these configs is far below this (the largest, a 1M-token
+            // context, is 2^20): a larger one is a corrupt file, not a model, and sizing memory
+            // from it would abort the process instead of refusing it.
+            Some(Ok(n)) if *n > MAX_SIZE => {
+                Err(self
+                    .error(key, format!("{n} is larger than any model's (at most {MAX_SIZE}): is the file corrupt?")))
+            }
             Some(Ok(n)) => Ok(Some(*n)),
             Some(Err(v)) => Err(self.error(key, format!("expected a non-negative integer, found {v}"))),
         }
@@ -372,7 +382,7 @@ fn supported(cfg: &ModelConfig, f: &Checker) -> Result<()> {
     if let Some(id) = cfg.eos_token_ids.iter().find(|&&id| id as usize >= cfg.vocab_size) {
         return Err(f.error(
             "eos_token_id",
-            format!("{id} is out of the vocabulary (vocab_size {}: ids 0..{})", cfg.vocab_size, cfg.vocab_size - 1),
+            format!("{id} is out of the vocabulary (vocab_size {}: ids 0–{})", cfg.vocab_size, cfg.vocab_size - 1),
         ));
     }
     if cfg.attention_bias {

@@ -229,17 +229,18 @@ impl Action {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum KeymapError {
-    #[error("{file}: not valid TOML: {message}")]
+    #[error("{file}: not valid TOML: {}", crate::error::brief(message))]
     Toml { file: String, message: String },
-    #[error("{file}: unknown action `{key}` (actions: {known})")]
+    #[error("{file}: unknown action `{}` (actions: {known})", crate::error::brief(key))]
     UnknownAction { file: String, key: String, known: String },
     #[error(
-        "{file}: {action} = \"{spec}\": not a key (examples: \"ctrl-r\", \"alt-enter\", \"f5\", \"pageup\", \"?\")"
+        "{file}: {action} = \"{}\": not a key (examples: \"ctrl-r\", \"alt-enter\", \"f5\", \"pageup\", \"?\")",
+        crate::error::brief(spec)
     )]
     BadKey { file: String, action: String, spec: String },
-    #[error("{file}: `{key}` must be a string or a list of strings")]
+    #[error("{file}: `{}` must be a string or a list of strings", crate::error::brief(key))]
     BadValue { file: String, key: String },
-    #[error("{file}: unknown table `{key}` (expected [keys])")]
+    #[error("{file}: unknown table `{}` (expected [keys])", crate::error::brief(key))]
     UnknownTable { file: String, key: String },
     #[error("cannot read keymap {file}: {message}")]
     Read { file: String, message: String },
@@ -283,8 +284,8 @@ impl Keymap {
     }
 
     pub fn parse(src: &str, file: &str) -> Result<Keymap, KeymapError> {
-        let table: toml::Table =
-            toml::from_str(src).map_err(|e| KeymapError::Toml { file: file.into(), message: e.to_string() })?;
+        let table: toml::Table = toml::from_str(src)
+            .map_err(|e| KeymapError::Toml { file: file.into(), message: crate::tui::config::toml_error(&e, src) })?;
         let mut map = Keymap::default();
         let mut overridden = vec![];
         for (k, v) in &table {
