@@ -837,3 +837,37 @@ fn the_history_keeps_the_prompts_stars() {
     assert!(screen.contains("What is 37 * 6?"), "{screen}");
     assert!(screen.contains("   37 * 6 = 222"), "the answer line, without the bold marks: {screen}");
 }
+
+/// A sampled run says so on the status bar, with whose defaults it samples (issue 35: a
+/// llama.cpp server samples at T 0.8 where the demo is greedy locally); a greedy one says
+/// nothing.
+#[test]
+fn the_status_bar_says_when_a_run_samples_and_with_whose_defaults() {
+    use deltascope::backend::{BackendKind, ParamOverrides};
+    use deltascope::generation::{SamplingParams, ServerLabel};
+    let mut info = model();
+    info.kind = BackendKind::Remote(ServerLabel {
+        kind: "llama.cpp".into(),
+        version: Some("b11549".into()),
+        url: "http://127.0.0.1:8080".into(),
+    });
+    info.defaults = SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, ..Default::default() };
+    // The sliders start where `chat --server URL` starts them: no flag, the server's defaults.
+    let params = ParamOverrides::default().resolve(&info).expect("the defaults are in range");
+    let mut app = app_on(info.clone(), params.clone());
+    let screen = render(&mut app, W, H);
+    let status = screen.lines().last().unwrap_or_default();
+    assert!(status.contains("thinking on │ sampled T 0.8 · k 40 · p 0.95 (server defaults)"), "{status}");
+    // Chosen on the command line: the values, without "defaults".
+    let mut chosen = params.clone();
+    chosen.sampling.temperature = 0.6;
+    let mut app = app_on(info.clone(), chosen);
+    let status = render(&mut app, W, H).lines().last().unwrap_or_default().to_string();
+    assert!(status.contains("sampled T 0.6 · k 40") && !status.contains("defaults"), "{status}");
+    // Greedy: nothing to say.
+    let mut greedy = params;
+    greedy.sampling.temperature = 0.0;
+    let mut app = app_on(info, greedy);
+    let status = render(&mut app, W, H).lines().last().unwrap_or_default().to_string();
+    assert!(!status.contains("sampled"), "{status}");
+}

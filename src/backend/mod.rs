@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::generation::{ErrorKind, Generation, GenerationParams, SamplingParams, ServerLabel, StepControl};
 
 pub use crate::checkpoint::ModelSource;
-pub use params::{ParamOverrides, flag};
+pub use params::{ParamOverrides, defaults_source, flag};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -126,18 +126,13 @@ impl ParamOverrides {
         if chosen || d.temperature <= 0.0 {
             return None;
         }
-        let whose = match &info.kind {
-            super::BackendKind::Remote(l) if l.kind == "llama.cpp" => {
-                "the server's own defaults (llama.cpp /props)".to_string()
-            }
-            super::BackendKind::Remote(l) => {
-                format!("the model card's thinking preset ({} reports no defaults of its own)", l.kind)
-            }
-            super::BackendKind::Local { .. } => "the model's generation_config.json".to_string(),
-        };
         Some(format!(
-            "sampling: temperature {} · top-k {} · top-p {} · min-p {} — {whose}; --temperature 0 for greedy",
-            d.temperature, d.top_k, d.top_p, d.min_p
+            "sampling: temperature {} · top-k {} · top-p {} · min-p {} — {}; --temperature 0 for greedy",
+            d.temperature,
+            d.top_k,
+            d.top_p,
+            d.min_p,
+            defaults_source(info)
         ))
     }
 
@@ -181,5 +176,16 @@ pub fn flag(field: &str) -> String {
         "loop_detection.min_span" => "loop-min-span".into(),
         "mtp.depth" => "mtp".into(),
         f => f.trim_start_matches("sampling.").replace('_', "-"),
+    }
+}
+
+/// Where a backend's sampling defaults come from (what runs when no flag or slider chose).
+pub fn defaults_source(info: &BackendInfo) -> String {
+    match &info.kind {
+        super::BackendKind::Remote(l) if l.kind == "llama.cpp" => "the server's own defaults (llama.cpp /props)".into(),
+        super::BackendKind::Remote(l) => {
+            format!("the model card's thinking preset ({} reports no defaults of its own)", l.kind)
+        }
+        super::BackendKind::Local { .. } => "the model's generation_config.json".into(),
     }
 }

@@ -359,6 +359,28 @@ impl std::fmt::Display for ParamProblem {
 }
 
 impl SamplingParams {
+    /// In a few words: `greedy`, or `temperature 0.8 · top-k 40 · top-p 0.95 · min-p 0.05`
+    /// (the filters that are on).
+    pub fn summary(&self) -> String {
+        if self.temperature <= 0.0 {
+            return "greedy".into();
+        }
+        let mut parts = vec![format!("temperature {}", self.temperature)];
+        if self.top_k > 0 {
+            parts.push(format!("top-k {}", self.top_k));
+        }
+        if self.top_p < 1.0 {
+            parts.push(format!("top-p {}", self.top_p));
+        }
+        if self.min_p > 0.0 {
+            parts.push(format!("min-p {}", self.min_p));
+        }
+        if self.presence_penalty != 0.0 {
+            parts.push(format!("presence {}", self.presence_penalty));
+        }
+        parts.join(" · ")
+    }
+
     /// The first value out of its range in [`RANGES`], if any (named without `sampling.`).
     pub fn check(&self) -> Result<(), ParamProblem> {
         let p = GenerationParams { sampling: self.clone(), ..Default::default() };

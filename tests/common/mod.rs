@@ -65,6 +65,30 @@ pub fn app() -> App {
     app
 }
 
+/// An app on `info` whose sliders start at `params` (as the runner starts them from the flags
+/// resolved against the backend's defaults).
+pub fn app_on(info: BackendInfo, params: GenerationParams) -> App {
+    let mut session = Session::new(&info.name, None);
+    session.id = "test-session".into();
+    session.created = 1_764_500_000;
+    let mut app = App::new(AppConfig {
+        theme: Theme::default(),
+        keymap: Keymap::default(),
+        settings: Settings {
+            params,
+            resume_thinking: Thinking::Unlimited,
+            preset: None,
+            mtp: Support::Yes,
+            context: None,
+        },
+        sessions_dir: SessionsDir::fixed(None),
+        session_path: None,
+        session,
+    });
+    app.set_model(info);
+    app
+}
+
 /// The app before its backend is open.
 pub fn unopened_app() -> App {
     let mut session = Session::new("embedded:demo", None);

@@ -17,6 +17,7 @@ use ratatui::widgets::{Block, Clear, Gauge, Paragraph, Wrap};
 
 use super::app::{self, App, Level, Overlay, PaneLayout, PaneScroll};
 use super::keymap::Action;
+use crate::backend::BackendKind;
 use crate::generation::Phase;
 use crate::session::Turn;
 
@@ -432,6 +433,29 @@ fn status(app: &App, f: &mut Frame, area: Rect) {
         sep.clone(),
         Span::styled(format!("colour: {}", app.view().colour_mode.name()), th.fg(th.text)),
     ];
+    // After "thinking on": a sampled run says so, and whose defaults it samples with (a
+    // llama.cpp server's /props say T 0.8 while the demo is greedy locally).
+    let s = &app.settings().params.sampling;
+    if s.temperature > 0.0 {
+        let mut text = format!("sampled T {}", s.temperature);
+        if s.top_k > 0 {
+            text.push_str(&format!(" · k {}", s.top_k));
+        }
+        if s.top_p < 1.0 {
+            text.push_str(&format!(" · p {}", s.top_p));
+        }
+        if let Some(info) = m
+            && &info.defaults == s
+        {
+            text.push_str(match &info.kind {
+                BackendKind::Remote(l) if l.kind == "llama.cpp" => " (server defaults)",
+                BackendKind::Remote(_) => " (model card preset)",
+                BackendKind::Local { .. } => " (generation_config.json)",
+            });
+        }
+        settings.insert(2, Span::styled(text, th.fg(th.warn)));
+        settings.insert(2, sep.clone());
+    }
     if app.settings().params.trace_state {
         settings.extend([sep.clone(), Span::styled("state trace on", th.fg(th.accent))]);
     }
