@@ -121,6 +121,19 @@ fn an_interrupted_sweep_prints_every_finished_run() {
         }
         let svg = std::fs::read_to_string(&plot).unwrap();
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "SIG{sig}");
+        // One bar per budget that has a finished run, none for a budget that never ran.
+        let bars = svg.matches("<title>thinking ").count();
+        if json {
+            let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+            assert_eq!(bars, v["summary"].as_array().unwrap().len(), "SIG{sig}: {svg}");
+        } else {
+            // Stopped after 3 of budget 8's 100 runs: budget -1 never ran.
+            assert_eq!(bars, 1, "SIG{sig}: {svg}");
+            assert!(
+                !stdout.lines().any(|l| l.trim_start().starts_with("∞ ") || l.trim_start().starts_with("-1 ")),
+                "{stdout}"
+            );
+        }
         std::fs::remove_file(&plot).unwrap();
     }
 }
