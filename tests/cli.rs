@@ -228,6 +228,36 @@ fn run_defaults_to_the_embedded_demo_model() {
     assert!(ev.last().unwrap()["answer"].as_str().unwrap().contains("97 is prime"));
 }
 
+/// Without a prompt flag, piped standard input is the prompt; with none at all the error lists
+/// every way to give one. With the thinking elsewhere, stdout is the answer from its first line.
+#[test]
+fn run_takes_its_prompt_from_a_pipe_and_says_every_way_to_give_one() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let bin = env!("CARGO_BIN_EXE_deltascope");
+    let mut child = Command::new(bin)
+        .args(["run", "--thinking-to", "none", "--temperature", "0"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"Is 91 prime?\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.starts_with("No, 91 = 7 × 13"), "no blank lines before the answer: {stdout:?}");
+    let out = Command::new(bin).args(["run"]).stdin(Stdio::null()).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for way in ["--prompt TEXT", "--prompt-file FILE", "--prompt-ids", "pipe it in", "standard input was empty"] {
+        assert!(err.contains(way), "{way}: {err}");
+    }
+    let out = Command::new(bin).args(["sweep", "--thinking-budgets", "0"]).stdin(Stdio::null()).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--prompt-file FILE") && !err.contains("--prompt-ids"), "{err}");
+}
+
 #[test]
 fn run_thinking_budget_zero_turns_thinking_off() {
     let ev = events(&["run", "--prompt", "What is 12 + 30?", "--thinking-budget", "0", "--temperature", "0", "--json"]);

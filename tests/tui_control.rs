@@ -362,9 +362,11 @@ fn saving_to_another_path_after_a_failure_keeps_the_work() {
     key(&mut app, KeyCode::Char('s'), KeyModifiers::NONE, 1.0);
     assert_eq!(app.overlay().name(), "save-as");
     let target = dir.path().join("rescued.json");
-    // Replace the suggested path with ours (a paste into the field).
-    for _ in 0..300 {
-        key(&mut app, KeyCode::Backspace, KeyModifiers::NONE, 1.0);
+    // Replace the suggested path with ours: Ctrl+U clears the field (as in a shell), then a paste.
+    key(&mut app, KeyCode::Char('u'), KeyModifiers::CONTROL, 1.0);
+    match app.overlay() {
+        deltascope::tui::app::Overlay::SaveAs { input, .. } => assert_eq!(input.lines(), [""], "Ctrl+U cleared it"),
+        other => panic!("{}", other.name()),
     }
     app.update(Inbound::Term(Event::Paste(target.display().to_string())), 1.0);
     key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 1.0);

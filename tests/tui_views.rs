@@ -249,7 +249,7 @@ fn token_inspector_and_colour_modes() {
     }
     let screen = render(&mut app, W, H);
     // The scripted token: logprob -0.3 (entropy 0.65 nats), the runner-up 2.5 below it.
-    assert!(screen.contains("entropy   0.6500 nats (0.94 bits)"), "{screen}");
+    assert!(screen.contains("entropy   0.6500 nats (0.9378 bits)"), "{screen}");
     assert!(screen.contains("margin    top-1 − top-2 = 2.5000 (p 0.741 vs 0.061)"), "{screen}");
     snap("inspector", screen);
     key(&mut app, KeyCode::Char('g'), KeyModifiers::CONTROL, 200.0);
@@ -448,6 +448,86 @@ fn session_picker_lists_saved_sessions() {
     settle(&mut app);
     let screen = render(&mut app, W, H);
     assert!(screen.contains("✖") && screen.contains("broken.json is not a deltascope session"), "{screen}");
+}
+
+/// The picker lists a session by its chosen name, else its first prompt, and renames and
+/// deletes (asked twice); never the conversation open in this window, never over another file.
+#[test]
+fn session_picker_renames_and_deletes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = app();
+    app.set_sessions_dir(dir.path().to_path_buf());
+    healthy_turn(&mut app, true);
+    settle(&mut app);
+    let saved = |id: &str, created: u64, prompt: Option<&str>| {
+        let mut s = Session::new("embedded:demo", None);
+        s.id = id.into();
+        s.created = created;
+        if let Some(p) = prompt {
+            s.turns = app.session().turns.clone();
+            s.turns[0].user = p.into();
+        }
+        s.save_atomic(&dir.path().join(format!("{id}.json"))).unwrap();
+    };
+    saved("2026-12-01T10-00-00-1", 1_764_583_200, Some("What is 482 + 739?"));
+    saved("taken", 1_700_000_000, None);
+    let open_picker = |app: &mut deltascope::tui::app::App| {
+        app.close_overlay();
+        key(app, KeyCode::Char('p'), KeyModifiers::CONTROL, 300.0);
+        settle(app);
+        render(app, W, H)
+    };
+    let screen = open_picker(&mut app);
+    // Named by its first prompt (an autosave's file name is a time), "1 turn", a readable time.
+    let row = screen.lines().find(|l| l.contains("What is 482 + 739?")).unwrap_or_else(|| panic!("{screen}"));
+    assert!(row.contains(" 1 turn ") && row.contains("2025-12-01 10:00"), "{row}");
+    // Select it (the newest first: the open conversation, then it) and rename it.
+    let select = |app: &mut deltascope::tui::app::App, what: &str| {
+        for _ in 0..5 {
+            let screen = render(app, W, H);
+            if screen.lines().any(|l| l.contains('▸') && l.contains(what)) {
+                return;
+            }
+            key(app, KeyCode::Down, KeyModifiers::NONE, 300.0);
+        }
+        panic!("{what} is not in the picker:\n{}", render(app, W, H));
+    };
+    select(&mut app, "What is 482 + 739?");
+    key(&mut app, KeyCode::Char('n'), KeyModifiers::NONE, 300.0);
+    key(&mut app, KeyCode::Char('u'), KeyModifiers::CONTROL, 300.0);
+    type_text(&mut app, "taken", 300.0);
+    key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 300.0);
+    settle(&mut app);
+    assert!(app.status().unwrap().contains("a session named taken already exists"), "{:?}", app.status());
+    assert!(dir.path().join("2026-12-01T10-00-00-1.json").exists(), "a refused rename leaves the file");
+    key(&mut app, KeyCode::Char('n'), KeyModifiers::NONE, 300.0);
+    key(&mut app, KeyCode::Char('u'), KeyModifiers::CONTROL, 300.0);
+    type_text(&mut app, "addition", 300.0);
+    key(&mut app, KeyCode::Enter, KeyModifiers::NONE, 300.0);
+    settle(&mut app);
+    assert!(dir.path().join("addition.json").exists() && !dir.path().join("2026-12-01T10-00-00-1.json").exists());
+    let screen = render(&mut app, W, H);
+    assert!(
+        screen.lines().any(|l| l.contains('▸') && l.contains("addition")),
+        "the renamed one stays selected:\n{screen}"
+    );
+    // Delete: `d` asks, another key keeps it, `d` then `y` deletes.
+    key(&mut app, KeyCode::Char('d'), KeyModifiers::NONE, 300.0);
+    assert!(render(&mut app, W, H).contains("Delete \"addition\"? y deletes the file"));
+    key(&mut app, KeyCode::Char('x'), KeyModifiers::NONE, 300.0);
+    settle(&mut app);
+    assert!(dir.path().join("addition.json").exists(), "any other key keeps it");
+    key(&mut app, KeyCode::Char('d'), KeyModifiers::NONE, 300.0);
+    key(&mut app, KeyCode::Char('y'), KeyModifiers::NONE, 300.0);
+    settle(&mut app);
+    assert!(!dir.path().join("addition.json").exists());
+    // The conversation open here is neither renamed nor deleted.
+    select(&mut app, "Is 91 prime?");
+    key(&mut app, KeyCode::Char('d'), KeyModifiers::NONE, 300.0);
+    key(&mut app, KeyCode::Char('y'), KeyModifiers::NONE, 300.0);
+    settle(&mut app);
+    assert!(dir.path().join("test-session.json").exists());
+    assert!(app.status().unwrap().contains("is the conversation open here"), "{:?}", app.status());
 }
 
 /// The full cell grid (symbols and styles) of one frame.
@@ -870,4 +950,53 @@ fn the_status_bar_says_when_a_run_samples_and_with_whose_defaults() {
     let mut app = app_on(info, greedy);
     let status = render(&mut app, W, H).lines().last().unwrap_or_default().to_string();
     assert!(!status.contains("sampled"), "{status}");
+}
+
+/// Issue 35's newcomer list, in the views: Ctrl+X with no turns writes nothing; a cancel's
+/// status says it ended; at 80 × 24 the question is on screen and the inspector leaves the top
+/// of the panes and cuts no line; F1 at 60 × 20 keeps descriptions in their column.
+#[test]
+fn small_terminal_and_first_use_rough_edges() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = app();
+    app.set_sessions_dir(dir.path().to_path_buf());
+    key(&mut app, KeyCode::Char('x'), KeyModifiers::CONTROL, 0.0);
+    settle(&mut app);
+    assert_eq!(app.status(), Some("nothing to export yet: the conversation has no turns"));
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "no header-only file");
+
+    // A cancel: "cancelling…" is followed by what the cancel kept.
+    let p = params(256, None);
+    ask(&mut app, "Count to a thousand.", 0.0);
+    engine(&mut app, start(16, &p), 1.0);
+    engine(&mut app, token(0, Phase::Thinking, "One", -0.1, DraftKind::None, false), 2.0);
+    key(&mut app, KeyCode::Esc, KeyModifiers::NONE, 3.0);
+    assert_eq!(app.status(), Some("cancelling… (output kept)"));
+    engine(&mut app, done(FinishReason::Cancelled, 16, 1, 0, "", ""), 4.0);
+    assert_eq!(app.status(), Some("cancelled: the 1 token so far kept"));
+    let status_line = render(&mut app, 80, 24).lines().last().unwrap_or_default().to_string();
+    assert!(status_line.contains("● done"), "{status_line}");
+    assert!(!status_line.contains("cancelling"), "{status_line}");
+
+    let mut app = common::app();
+    healthy_turn(&mut app, true);
+    let screen = render(&mut app, 80, 24);
+    assert!(screen.lines().next().is_some_and(|l| l.starts_with("\"❯ Is 91 prime?")), "{screen}");
+    key(&mut app, KeyCode::Char('g'), KeyModifiers::CONTROL, 200.0);
+    for _ in 0..12 {
+        key(&mut app, KeyCode::Left, KeyModifiers::NONE, 200.0);
+    }
+    let screen = render(&mut app, 80, 24);
+    let top = screen.lines().position(|l| l.contains("Token inspector")).expect("the inspector");
+    assert!(top >= 7, "the popup leaves the panes' first rows in view (it starts at row {top}):\n{screen}");
+    assert!(screen.contains("(p 0.741 vs") && screen.contains("0.061)"), "the margin is wrapped, not cut:\n{screen}");
+
+    let mut app = common::app();
+    key(&mut app, KeyCode::F(1), KeyModifiers::NONE, 0.0);
+    let screen = render(&mut app, 60, 20);
+    let rows: Vec<&str> = screen.lines().filter_map(|l| l.strip_prefix("\"│")).collect();
+    assert!(rows.len() > 10 && screen.contains("Help"), "{screen}");
+    for row in rows.iter().skip(1).filter(|r| !r.trim().is_empty() && !r.starts_with("Keys")) {
+        assert_eq!(row.chars().nth(23), Some(' '), "a description wrapped under the key column:\n{screen}");
+    }
 }

@@ -349,6 +349,26 @@ pub fn prompt_text(text: Option<&str>, file: Option<&Path>) -> anyhow::Result<Op
     Ok(Some(t.to_string()))
 }
 
+/// The prompt a command cannot run without: the flags' (as [`prompt_text`]), else standard
+/// input when it is piped (`echo "Is 91 prime?" | deltascope run`), else an error listing every
+/// way to give one. `ids`: the command also takes `--prompt-ids`.
+pub fn required_prompt_text(text: Option<&str>, file: Option<&Path>, ids: bool) -> anyhow::Result<String> {
+    if let Some(t) = prompt_text(text, file)? {
+        return Ok(t);
+    }
+    let ways = format!(
+        "--prompt TEXT, --prompt-file FILE{}, or pipe it in (`echo … | deltascope …` or --prompt -)",
+        if ids { ", --prompt-ids 1,2,3" } else { "" }
+    );
+    if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        anyhow::bail!("no prompt: give one with {ways}");
+    }
+    match prompt_text(Some("-"), None) {
+        Ok(Some(t)) => Ok(t),
+        _ => anyhow::bail!("no prompt: standard input was empty; give one with {ways}"),
+    }
+}
+
 /// `1,2,3` → ids (`--prompt-ids`, `--ids`).
 pub fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
     s.split(',')

@@ -15,13 +15,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// The user message (rendered through the chat template unless --raw); `-` reads it from
-    /// standard input.
-    #[arg(
-        long,
-        value_name = "TEXT",
-        conflicts_with_all = ["prompt_ids", "prompt_file"],
-        required_unless_present_any = ["prompt_ids", "prompt_file"]
-    )]
+    /// standard input, as does leaving out every prompt flag when standard input is piped.
+    #[arg(long, value_name = "TEXT", conflicts_with_all = ["prompt_ids", "prompt_file"])]
     pub prompt: Option<String>,
     /// The user message from a file (for prompts longer than a command line can hold).
     #[arg(long, value_name = "FILE", conflicts_with = "prompt_ids")]
@@ -52,7 +47,10 @@ pub enum ThinkingTo {
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<()> {
-    let text = common::prompt_text(a.prompt.as_deref(), a.prompt_file.as_deref())?;
+    let text = match a.prompt_ids {
+        Some(_) => common::prompt_text(a.prompt.as_deref(), a.prompt_file.as_deref())?,
+        None => Some(common::required_prompt_text(a.prompt.as_deref(), a.prompt_file.as_deref(), true)?),
+    };
     let prompt = common::prompt(text.as_deref(), a.prompt_ids.as_deref(), &a.prompt_opts)?;
     let backend = common::open(&a.model)?;
     let overrides = a.generation.overrides().without_thinking_if(a.prompt_opts.no_think);
@@ -99,6 +97,9 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
     let err_tty = std::io::stderr().is_terminal();
     let mut err = std::io::stderr().lock();
     let mut in_thinking = false;
+    // With the thinking elsewhere (stderr, or not shown), stdout is the answer alone: the blank
+    // line the model writes after `</think>` would only push it down.
+    let mut answer_started = a.thinking_to == ThinkingTo::Stdout;
     for ev in generation.events().iter() {
         if a.json {
             writeln!(out, "{}", serde_json::to_string(&ev)?)?;
@@ -127,6 +128,8 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
                                 writeln!(out)?;
                             }
                         }
+                        let text = if answer_started { text.as_str() } else { text.trim_start() };
+                        answer_started |= !text.is_empty();
                         write!(out, "{text}")?;
                     }
                 }

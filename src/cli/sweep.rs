@@ -18,7 +18,8 @@ pub struct SweepArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// The user message; `-` reads it from standard input.
-    #[arg(long, value_name = "TEXT", required_unless_present = "prompt_file", conflicts_with = "prompt_file")]
+    /// Without --prompt or --prompt-file, piped standard input is the prompt.
+    #[arg(long, value_name = "TEXT", conflicts_with = "prompt_file")]
     pub prompt: Option<String>,
     /// The user message from a file (for prompts longer than a command line can hold).
     #[arg(long, value_name = "FILE")]
@@ -110,8 +111,7 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
     if let Some(path) = &a.plot {
         super::common::check_plot_path(path)?;
     }
-    let text = common::prompt_text(a.prompt.as_deref(), a.prompt_file.as_deref())?
-        .ok_or_else(|| anyhow::anyhow!("no prompt given (--prompt TEXT, --prompt - or --prompt-file FILE)"))?;
+    let text = common::required_prompt_text(a.prompt.as_deref(), a.prompt_file.as_deref(), false)?;
     let prompt = common::prompt(Some(&text), None, &a.prompt_opts)?;
     let backend = common::open(&a.model)?;
     let interrupt = Interrupt::install()?;

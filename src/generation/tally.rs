@@ -234,7 +234,7 @@ impl Tally {
             DiagnosticKind::ThinkingBudgetForced,
             self.generated,
             format!(
-                "thinking budget of {budget} tokens spent after {} thinking tokens: {who} forced the end of thinking ({how_many}bridge text, </think>)",
+                "thinking budget of {budget} tokens spent after {} thinking tokens: {who} forced the end of thinking ({how_many}bridge text, </think>); the answer follows unfinished thinking and may be wrong (a larger budget shows whether the cut changed it)",
                 self.budgeted
             ),
         );

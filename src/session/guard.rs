@@ -60,6 +60,22 @@ pub fn claim(session: &Path) -> Result<(), String> {
     }
 }
 
+/// Who holds `session`'s claim, when another open file — another window, or this process's
+/// own claim — holds it; `None` when it is free. Nothing is claimed by asking.
+pub fn holder(session: &Path) -> Option<String> {
+    let path = lock_path(&super::resolve_links(session).unwrap_or_else(|_| session.to_path_buf()));
+    let mut file = File::options().read(true).open(&path).ok()?;
+    match file.try_lock_shared() {
+        Ok(()) => None,
+        Err(TryLockError::WouldBlock) => {
+            let mut who = String::new();
+            let _ = file.read_to_string(&mut who);
+            Some(if who.trim().is_empty() { "another deltascope".to_string() } else { who.trim().to_string() })
+        }
+        Err(TryLockError::Error(_)) => None,
+    }
+}
+
 /// A copy's path beside `session` for a window that may not write it: `NAME.copy-TIME.json`.
 pub fn copy_path(session: &Path, what: &str) -> PathBuf {
     let stem = session.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "session".into());

@@ -92,3 +92,57 @@ pub fn list_sessions(dir: &Path) -> Vec<SessionInfo> {
     });
     out
 }
+
+/// The name a session is listed by: its file name when someone chose one (renamed from the
+/// picker or saved under a name), else its first prompt (an autosaved file is named by its
+/// creation time, which says little).
+impl SessionInfo {
+    pub fn title(&self) -> String {
+        let stem = self.path.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+        let prompt = self.first_prompt.split_whitespace().collect::<Vec<_>>().join(" ");
+        if stem != self.id || prompt.is_empty() { stem } else { prompt }
+    }
+}
+
+/// Renames the session file `path` to `NAME.json` in its directory. Refused: an empty name, one
+/// with a path separator or a leading dot, a name already taken (never overwritten), a session
+/// another window holds. Its claim file, if free, goes with it.
+pub fn rename_session(path: &Path, name: &str) -> Result<PathBuf, String> {
+    let name = name.trim();
+    let name = name.strip_suffix(".json").unwrap_or(name);
+    if name.is_empty() || name.contains(['/', '\\']) || name.starts_with('.') || name.chars().any(char::is_control) {
+        return Err(format!("\"{name}\" cannot be a file name (no slashes, no leading dot)"));
+    }
+    if let Some(who) = super::guard::holder(path) {
+        return Err(format!("{} is open in another window ({who})", path.display()));
+    }
+    let to = path.with_file_name(format!("{name}.json"));
+    if to == path {
+        return Ok(to);
+    }
+    // A hard link fails when the name is taken: no check-then-rename race, nothing overwritten.
+    match std::fs::hard_link(path, &to) {
+        Ok(()) => std::fs::remove_file(path).map_err(|e| format!("cannot remove {}: {e}", path.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(format!("a session named {name} already exists; choose another name"));
+        }
+        // A file system without hard links.
+        Err(_) if !to.exists() => {
+            std::fs::rename(path, &to).map_err(|e| format!("cannot rename {}: {e}", path.display()))?
+        }
+        Err(_) => return Err(format!("a session named {name} already exists; choose another name")),
+    }
+    let _ = std::fs::remove_file(super::guard::lock_path(path));
+    Ok(to)
+}
+
+/// Deletes the session file `path` (and its free claim file); refused while another window
+/// holds it.
+pub fn delete_session(path: &Path) -> Result<(), String> {
+    if let Some(who) = super::guard::holder(path) {
+        return Err(format!("{} is open in another window ({who})", path.display()));
+    }
+    std::fs::remove_file(path).map_err(|e| format!("cannot delete {}: {e}", path.display()))?;
+    let _ = std::fs::remove_file(super::guard::lock_path(path));
+    Ok(())
+}

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use self::listing::{SessionInfo, list_sessions};
+pub use self::listing::{SessionInfo, delete_session, list_sessions, rename_session};
 pub use self::turn::{Timed, Turn, TurnStats, mtp_label};
 use crate::backend::{ChatMessage, Role};
 #[cfg(doc)]

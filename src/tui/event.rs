@@ -66,6 +66,12 @@ pub enum Inbound {
         /// Another window holds the file: who, and the copy this window saves to instead.
         held: Option<(String, PathBuf)>,
     },
+    /// A session renamed or deleted from the picker ([`crate::tui::app::Effect::ManageSession`]):
+    /// what happened (the renamed file's new path) or why not, and the list again.
+    SessionManaged {
+        result: Result<(String, Option<PathBuf>), String>,
+        items: Vec<SessionInfo>,
+    },
 }
 
 /// Starts the input thread. It ends when the receiver is gone or the terminal errors.

@@ -107,6 +107,7 @@ impl Runner {
                 disk @ (Effect::Save { .. }
                 | Effect::Export { .. }
                 | Effect::ListSessions(_)
+                | Effect::ManageSession { .. }
                 | Effect::LoadSession { .. }) => {
                     if let Ok(answer) = disk_io(disk) {
                         app.update(answer, app.now_ms());
@@ -210,6 +211,15 @@ pub fn disk_io(effect: Effect) -> Result<Inbound, Effect> {
             Inbound::Exported { path, result }
         }
         Effect::ListSessions(dir) => Inbound::SessionsListed(list_sessions(&dir)),
+        Effect::ManageSession { path, to } => {
+            let result = match to {
+                Some(name) => crate::session::rename_session(&path, &name)
+                    .map(|new| (format!("renamed to {}", new.display()), Some(new))),
+                None => crate::session::delete_session(&path).map(|()| (format!("deleted {}", path.display()), None)),
+            };
+            let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+            Inbound::SessionManaged { result, items: list_sessions(&dir) }
+        }
         Effect::LoadSession { path, replay } => {
             let result = Session::load(&path).map(Box::new).map_err(|e| e.to_string());
             // A replay writes nothing; a session opened to continue is claimed.

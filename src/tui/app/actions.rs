@@ -348,6 +348,10 @@ impl App {
     }
 
     fn export(&mut self) {
+        if self.convo.session.turns.is_empty() {
+            self.say(Level::Info, "nothing to export yet: the conversation has no turns");
+            return;
+        }
         let Some(json) = self.convo.save.file(&self.convo.session) else {
             self.say(Level::Error, "no sessions directory to export to");
             return;

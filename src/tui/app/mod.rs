@@ -81,6 +81,12 @@ pub enum Effect {
     },
     /// List the saved sessions in this directory (answered with [`Inbound::SessionsListed`]).
     ListSessions(PathBuf),
+    /// Rename (`to: Some(name)`) or delete (`to: None`) the saved session at `path`, then list
+    /// its directory again (answered with [`Inbound::SessionManaged`]).
+    ManageSession {
+        path: PathBuf,
+        to: Option<String>,
+    },
     /// Read the session saved at `path`, to continue it or to `replay` it (answered with
     /// [`Inbound::SessionLoaded`]).
     LoadSession {
@@ -201,6 +207,7 @@ impl App {
                 Err(e) => self.say(Level::Error, format!("export failed: {}: {e}", path.display())),
             },
             Inbound::SessionsListed(items) => self.show_sessions(items),
+            Inbound::SessionManaged { result, items } => self.session_managed(result, items),
             Inbound::SessionLoaded { path, replay, result, held } => {
                 self.session_loaded(&path, replay, result);
                 if let Some((holder, copy)) = held {
@@ -255,6 +262,13 @@ impl App {
         }
         self.sync_markdown();
         if end {
+            // "cancelling…" is answered, so the status line does not keep it next to "● done".
+            if let Some(t) = self.convo.session.turns.get(live.turn)
+                && t.finish_reason == Some(crate::generation::FinishReason::Cancelled)
+            {
+                let n = t.tokens.len();
+                self.say(Level::Info, format!("cancelled: the {n} token{} so far kept", if n == 1 { "" } else { "s" }));
+            }
             self.convo.live = None;
             self.changed();
         }

@@ -2,11 +2,13 @@
 //! picker, the message log, the rendered prompt of the next turn, the quit question when the
 //! conversation is not saved, a path to save it to, and a typed slider value.
 
-use ratatui::crossterm::event::{KeyCode, KeyEvent};
+use std::path::PathBuf;
+
+use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use ratatui_textarea::TextArea;
 
-use super::App;
 use super::Level;
+use super::{App, Effect};
 use crate::backend::DryRun;
 use crate::session::SessionInfo;
 use crate::tui::panels::picker::{Picker, PickerKey};
@@ -62,11 +64,66 @@ pub fn line_input(text: &str) -> TextArea<'static> {
     t
 }
 
+/// A key in a one-line field, with the shell's line keys: Ctrl+U clears to the start (the
+/// text area's own Ctrl+U is undo, which left a suggested path in place), Ctrl+K to the end.
+fn line_key(input: &mut TextArea, k: KeyEvent) {
+    match (k.code, k.modifiers) {
+        (KeyCode::Char('u'), KeyModifiers::CONTROL) => {
+            input.delete_line_by_head();
+        }
+        (KeyCode::Char('k'), KeyModifiers::CONTROL) => {
+            input.delete_line_by_end();
+        }
+        _ => {
+            input.input(k);
+        }
+    }
+}
+
 fn first_line(t: &TextArea) -> String {
     t.lines().first().cloned().unwrap_or_default().trim().to_string()
 }
 
 impl App {
+    /// A rename or a delete asked for in the picker: not of the conversation open here (its
+    /// next autosave would write the file again), else done by the runner.
+    fn manage_session(&mut self, picker: Picker, path: PathBuf, to: Option<String>) -> Overlay {
+        if self.convo.save.file(&self.convo.session).is_some_and(|open| open == path) {
+            let what = if to.is_some() { "renamed" } else { "deleted" };
+            self.say(
+                Level::Error,
+                format!(
+                    "{} is the conversation open here: it cannot be {what} while this window saves to it",
+                    path.display()
+                ),
+            );
+        } else {
+            self.out.effects.push(Effect::ManageSession { path, to });
+        }
+        Overlay::Picker(picker)
+    }
+
+    /// The runner's answer to a rename or a delete: said, and the picker relisted.
+    pub(crate) fn session_managed(
+        &mut self,
+        result: Result<(String, Option<PathBuf>), String>,
+        items: Vec<SessionInfo>,
+    ) {
+        let keep = match result {
+            Ok((what, path)) => {
+                self.say(Level::Info, what);
+                path
+            }
+            Err(e) => {
+                self.say(Level::Error, e);
+                None
+            }
+        };
+        if let Overlay::Picker(p) = std::mem::replace(&mut self.overlay, Overlay::None) {
+            self.overlay = Overlay::Picker(p.relisted(items, keep.as_deref()));
+        }
+    }
+
     /// The picker over the saved sessions the runner listed.
     pub(crate) fn show_sessions(&mut self, items: Vec<SessionInfo>) {
         if items.is_empty() {
@@ -102,6 +159,8 @@ impl App {
                     // Opening may have opened another popup (nothing): keep what it set.
                     std::mem::replace(&mut self.overlay, Overlay::None)
                 }
+                PickerKey::Rename { path, name } => self.manage_session(picker, path, Some(name)),
+                PickerKey::Delete(path) => self.manage_session(picker, path, None),
             },
             Overlay::ConfirmQuit => match k.code {
                 KeyCode::Char('s') => {
@@ -130,7 +189,7 @@ impl App {
                     }
                 }
                 _ => {
-                    input.input(k);
+                    line_key(&mut input, k);
                     Overlay::SaveAs { input, error }
                 }
             },
@@ -146,7 +205,7 @@ impl App {
                     Err(e) => Overlay::SliderValue { slider, input, error: Some(e) },
                 },
                 _ => {
-                    input.input(k);
+                    line_key(&mut input, k);
                     Overlay::SliderValue { slider, input, error }
                 }
             },

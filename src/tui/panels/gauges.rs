@@ -270,7 +270,17 @@ fn speed_section(ctx: &DrawCtx, t: &Turn, f: &mut Frame, area: Rect) {
     f.render_widget(Paragraph::new(Line::styled(line, th.fg(th.text))), l);
     let data: Vec<u64> = t.stats.samples.iter().map(|s| s.tok_s.round().max(0.0) as u64).collect();
     let start = data.len().saturating_sub(s.width as usize);
-    f.render_widget(Sparkline::default().data(&data[start..]).style(th.fg(th.good)), s);
+    let shown = &data[start..];
+    // A sparkline says what it draws: its caption takes the first row when there are two.
+    let s = if s.height >= 2 && !shown.is_empty() {
+        let peak = shown.iter().max().copied().unwrap_or(0);
+        let caption = format!("tok/s over the run, peak {peak}");
+        f.render_widget(Paragraph::new(Line::styled(caption, th.fg(th.dim))), Rect { height: 1, ..s });
+        Rect { y: s.y + 1, height: s.height - 1, ..s }
+    } else {
+        s
+    };
+    f.render_widget(Sparkline::default().data(shown).style(th.fg(th.good)), s);
 }
 
 fn mtp_section(g: &Gauges, ctx: &DrawCtx, t: &Turn, f: &mut Frame, area: Rect) {
@@ -331,9 +341,14 @@ fn mtp_section(g: &Gauges, ctx: &DrawCtx, t: &Turn, f: &mut Frame, area: Rect) {
     let used = lines.len() as u16;
     f.render_widget(Paragraph::new(lines), area);
     if area.height > used {
-        let spark = Rect { y: area.y + used, height: area.height - used, ..area };
+        let mut spark = Rect { y: area.y + used, height: area.height - used, ..area };
         let data: Vec<u64> = m.history.iter().map(|x| *x as u64).collect();
         let start = data.len().saturating_sub(spark.width as usize);
+        if spark.height >= 2 && start < data.len() {
+            let caption = format!("tokens per step (0–{}), last {} steps", m.depth + 1, data.len() - start);
+            f.render_widget(Paragraph::new(Line::styled(caption, th.fg(th.dim))), Rect { height: 1, ..spark });
+            spark = Rect { y: spark.y + 1, height: spark.height - 1, ..spark };
+        }
         f.render_widget(
             Sparkline::default().data(&data[start..]).max((m.depth + 1) as u64).style(th.fg(th.bonus)),
             spark,

@@ -60,6 +60,10 @@ fn draw(f: &mut Frame, area: Rect, ctx: &DrawCtx) -> u16 {
     let r = centered(area, natural.max(heading.width()) as u16 + 2, height);
     f.render_widget(Clear, r);
     let inner = r.width.saturating_sub(2) as usize;
+    // The action names (keymap.toml's) give way first on a narrow terminal, so descriptions
+    // keep a column of their own rather than wrapping under the keys.
+    let names = inner >= KEY_COLS + NAME_COLS + 16;
+    let indent = |i: usize| if names { indent(i) } else { KEY_COLS };
     let mut rows = wrap(&[heading], inner);
     for (i, (k, name, d)) in entries.iter().enumerate() {
         if i == first_context {
@@ -72,9 +76,13 @@ fn draw(f: &mut Frame, area: Rect, ctx: &DrawCtx) -> u16 {
         }
         let desc = Line::styled(d.to_string(), th.fg(th.text));
         if inner < cols + 16 {
-            // Too narrow for columns: plain wrapping.
-            head.extend(desc.spans);
-            rows.extend(wrap(&[Line::from(head)], inner));
+            // Too narrow even for two columns: the key on its line, the description under it.
+            rows.push(Line::from(head));
+            for part in wrap(&[desc], inner.saturating_sub(2)) {
+                let mut spans = vec![Span::raw("  ")];
+                spans.extend(part.spans);
+                rows.push(Line::from(spans));
+            }
             continue;
         }
         for (j, mut part) in wrap(&[desc], inner - cols).into_iter().enumerate() {

@@ -12,6 +12,7 @@ use ratatui::widgets::{Block, Clear, Paragraph};
 use super::{DrawCtx, Handled};
 use crate::generation::{DraftKind, Phase};
 use crate::session::Turn;
+use crate::tui::view::wrap::wrap;
 use crate::verify::score::{Agreement, Position};
 
 /// A key while the inspector is open on `cursor` (one of `tokens`): ←/→ one token, ↑/↓ ten,
@@ -47,10 +48,11 @@ pub fn draw(
     let th = ctx.theme;
     let Some(tok) = t.tokens.get(cursor) else { return };
     let extra = if reference.is_some() { 2 } else { 0 };
-    let h = (11 + extra + tok.top_logprobs.len() as u16).min(area.height);
+    let full_height = 11 + extra + tok.top_logprobs.len() as u16;
+    // Where the full popup would leave fewer than 6 rows of the panes (80 × 24), a compact one:
+    // the facts three to a line, the alternatives without their heading.
+    let compact = full_height + 6 > area.height;
     let w = area.width.min(56);
-    let r = Rect { x: area.x + area.width - w, y: area.y + area.height - h, width: w, height: h };
-    f.render_widget(Clear, r);
     let origin = match (tok.forced, tok.draft) {
         (true, _) => "forced by the engine",
         (false, Some(DraftKind::Accepted)) => "accepted MTP draft",
@@ -70,19 +72,43 @@ pub fn draw(
         Phase::Answer => "answer",
     };
     let label = |s: &str| Span::styled(format!("{s:<10}"), th.fg(th.dim));
-    let mut lines = vec![
-        Line::from(vec![label("token"), Span::styled(format!("#{cursor} of {}", t.tokens.len()), th.fg(th.text))]),
-        Line::from(vec![label("id"), Span::styled(id, th.fg(th.text))]),
-        Line::from(vec![
-            label("text"),
-            Span::styled(format!("{:?}", tok.text), th.fg(th.accent).add_modifier(Modifier::BOLD)),
-        ]),
-        Line::from(vec![label("logprob"), Span::styled(logprob, th.fg(th.text))]),
-        Line::from(vec![label("entropy"), Span::styled(entropy_text(tok), th.fg(th.text))]),
-        Line::from(vec![label("margin"), Span::styled(margin_text(&tok.top_logprobs), th.fg(th.text))]),
-        Line::from(vec![label("phase"), Span::styled(phase, th.fg(th.text))]),
-        Line::from(vec![label("origin"), Span::styled(origin, th.fg(th.text))]),
-    ];
+    let mut lines = if compact {
+        let short = |s: &str| Span::styled(format!("{s} "), th.fg(th.dim));
+        vec![
+            Line::from(vec![Span::styled(
+                format!("#{cursor} of {} · id {id} · {phase} · {origin}", t.tokens.len()),
+                th.fg(th.text),
+            )]),
+            Line::from(vec![
+                short("text"),
+                Span::styled(format!("{:?}", tok.text), th.fg(th.accent).add_modifier(Modifier::BOLD)),
+                Span::raw("  "),
+                short("logprob"),
+                Span::styled(logprob, th.fg(th.text)),
+            ]),
+            Line::from(vec![
+                short("entropy"),
+                Span::styled(entropy_text(tok), th.fg(th.text)),
+                Span::raw("  "),
+                short("margin"),
+                Span::styled(margin_text(&tok.top_logprobs), th.fg(th.text)),
+            ]),
+        ]
+    } else {
+        vec![
+            Line::from(vec![label("token"), Span::styled(format!("#{cursor} of {}", t.tokens.len()), th.fg(th.text))]),
+            Line::from(vec![label("id"), Span::styled(id, th.fg(th.text))]),
+            Line::from(vec![
+                label("text"),
+                Span::styled(format!("{:?}", tok.text), th.fg(th.accent).add_modifier(Modifier::BOLD)),
+            ]),
+            Line::from(vec![label("logprob"), Span::styled(logprob, th.fg(th.text))]),
+            Line::from(vec![label("entropy"), Span::styled(entropy_text(tok), th.fg(th.text))]),
+            Line::from(vec![label("margin"), Span::styled(margin_text(&tok.top_logprobs), th.fg(th.text))]),
+            Line::from(vec![label("phase"), Span::styled(phase, th.fg(th.text))]),
+            Line::from(vec![label("origin"), Span::styled(origin, th.fg(th.text))]),
+        ]
+    };
     if let Some((p, class)) = reference {
         let (verdict, st) = match class {
             Agreement::Agrees => ("agrees", th.fg(th.good)),
@@ -106,7 +132,7 @@ pub fn draw(
     }
     if tok.top_logprobs.is_empty() {
         lines.push(Line::styled("no alternatives recorded", th.fg(th.dim)));
-    } else {
+    } else if !compact {
         lines.push(Line::styled("alternatives", th.fg(th.dim)));
     }
     for a in &tok.top_logprobs {
@@ -124,6 +150,11 @@ pub fn draw(
     let block = Block::bordered()
         .title(Line::styled(" Token inspector ←/→ Home/End ", th.title()))
         .border_style(th.border(true));
+    // Wrapped to the popup, so a long line (the margin at 56 columns) is never cut.
+    let lines = wrap(&lines, w.saturating_sub(2) as usize);
+    let h = (lines.len() as u16 + 2).min(area.height);
+    let r = Rect { x: area.x + area.width - w, y: area.y + area.height - h, width: w, height: h };
+    f.render_widget(Clear, r);
     f.render_widget(Paragraph::new(lines).block(block), r);
 }
 
@@ -154,13 +185,23 @@ fn entropy_text(tok: &crate::generation::TokenEvent) -> String {
         return "- (forced, not drawn)".into();
     }
     if let Some(h) = tok.entropy {
-        return format!("{h:.4} nats ({:.2} bits)", h / std::f32::consts::LN_2);
+        return format!("{} nats ({} bits)", fmt_amount(h as f64), fmt_amount(h as f64 / std::f64::consts::LN_2));
     }
     if tok.top_logprobs.is_empty() {
         return "not known (no alternatives)".into();
     }
     let partial: f64 = tok.top_logprobs.iter().map(|a| -(a.logprob as f64).exp() * a.logprob as f64).sum();
-    format!("≥ {partial:.4} nats (from the top {} only)", tok.top_logprobs.len())
+    format!("≥ {} nats (from the top {} only)", fmt_amount(partial), tok.top_logprobs.len())
+}
+
+/// A non-negative amount (an entropy) with the digits that matter, as [`fmt_logprob`] does:
+/// a near-certain token's 3e-7 nats is not "0.0000".
+fn fmt_amount(x: f64) -> String {
+    match x.abs() {
+        0.0 => "0".into(),
+        a if a < 1e-3 => format!("{x:.1e}"),
+        _ => format!("{x:.4}"),
+    }
 }
 
 /// How far the likeliest token is ahead of the second: a small margin is a coin toss that a
@@ -189,6 +230,9 @@ mod tests {
         assert_eq!(fmt_p(0.0), "1");
         assert_eq!(fmt_p(-0.5), "0.607");
         assert_eq!(fmt_p(-20.0), "2.1e-9");
+        assert_eq!(fmt_amount(3.2e-7), "3.2e-7");
+        assert_eq!(fmt_amount(0.0), "0");
+        assert_eq!(fmt_amount(0.25), "0.2500");
     }
 
     #[test]

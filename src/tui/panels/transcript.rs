@@ -181,7 +181,13 @@ fn thinking_title(tr: &Transcript, turn: Option<&Turn>) -> Line<'static> {
     let mut spans = vec![Span::styled(" Thinking ", th.title())];
     if let Some(t) = turn {
         let n = t.thinking_tokens();
-        let dur = t.thinking_ms().filter(|_| n > 0).map(|ms| format!(" · {}", duration_ms(ms))).unwrap_or_default();
+        // A time under a millisecond (a few tokens, or tokens that arrived together) would read
+        // "0 ms": no time is shown rather than a wrong one.
+        let dur = t
+            .thinking_ms()
+            .filter(|ms| n > 0 && *ms >= 1.0)
+            .map(|ms| format!(" · {}", duration_ms(ms)))
+            .unwrap_or_default();
         let live = tr.generating && t.tokens.last().is_some_and(|x| x.phase == Phase::Thinking);
         spans.push(Span::styled(format!("· {n} tok"), th.fg(th.thinking)));
         // What the thinking budget forced (bridge, `</think>`) is not thinking.
@@ -256,9 +262,11 @@ fn welcome(tr: &Transcript) -> Vec<Line<'static>> {
     lines.extend([
         Line::styled("Type a question and press Enter.", th.fg(th.text)),
         Line::raw(""),
-        Line::styled("The demo model knows: primality (Is 91 prime?), addition", th.fg(th.dim)),
-        Line::styled("(What is 482 + 739?), multiplication, counting letters,", th.fg(th.dim)),
-        Line::styled("sorting (Sort 5, 2, 9, 1.) and comparisons.", th.fg(th.dim)),
+        // One paragraph, wrapped to the pane (lines broken by hand came out ragged).
+        Line::styled(
+            "The demo model knows: primality (Is 91 prime?), addition (What is 482 + 739?), multiplication, counting letters, sorting (Sort 5, 2, 9, 1.) and comparisons.",
+            th.fg(th.dim),
+        ),
         Line::raw(""),
         Line::styled(
             format!("{} sliders · {} sessions · {} help", k(Action::FocusNext), k(Action::Picker), k(Action::Help)),
@@ -436,6 +444,11 @@ impl LineBuilder {
                 return;
             }
             self.leading = false;
+        }
+        // `</think>` closes the pane rather than being read in it (the title says thinking
+        // ended); under the inspector's cursor it shows, as the token it is.
+        if text == "</think>" && tr.view.inspector != Some(i) {
+            return;
         }
         let in_loop = loops.iter().any(|(s, e)| (*s..=*e).contains(&i));
         let style = token_style(tr.ctx.theme, tr.view.colour_mode, tok, in_loop, tr.view.inspector == Some(i));

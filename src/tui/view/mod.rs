@@ -171,7 +171,17 @@ fn draw(app: &App, f: &mut Frame, v: &mut View) {
     {
         compare::draw(f, center, &app.draw_ctx(), &app.session().turns, a, b);
     } else {
-        transcript::conversation(&transcript_of(app), f, center, v);
+        // Without the history column (narrow terminals) the question asked would be nowhere
+        // on screen: one line above the panes says it.
+        let panes = match app.shown_index().zip(app.shown()) {
+            Some((i, turn)) if area.width < HISTORY_FROM && center.height > 8 => {
+                let [q, c] = Layout::vertical([Constraint::Length(1), Constraint::Min(4)]).areas(center);
+                asked_line(app, f, q, i, turn);
+                c
+            }
+            _ => center,
+        };
+        transcript::conversation(&transcript_of(app), f, panes, v);
     }
     if !banners.is_empty() {
         f.render_widget(Paragraph::new(banners).style(Style::new().bg(app.theme().banner_bg)), banner_area);
@@ -532,6 +542,29 @@ fn status(app: &App, f: &mut Frame, area: Rect) {
         ));
     }
     f.render_widget(Paragraph::new(Line::from(spans)), area);
+}
+
+/// `❯ Is 91 prime?` (with `#2 of 3` when there are several turns), cut to one line.
+fn asked_line(app: &App, f: &mut Frame, area: Rect, index: usize, turn: &Turn) {
+    use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
+    let th = app.theme();
+    let n = app.session().turns.len();
+    let prefix = if n > 1 { format!("❯ #{} of {n} ", index + 1) } else { "❯ ".to_string() };
+    let question = turn.user.split_whitespace().collect::<Vec<_>>().join(" ");
+    let room = (area.width as usize).saturating_sub(prefix.width());
+    let mut shown = String::new();
+    for c in question.chars() {
+        if shown.width() + c.width().unwrap_or(0) >= room {
+            shown.push('…');
+            break;
+        }
+        shown.push(c);
+    }
+    let line = Line::from(vec![
+        Span::styled(prefix, th.fg(th.accent).add_modifier(Modifier::BOLD)),
+        Span::styled(shown, th.fg(th.text).add_modifier(Modifier::BOLD)),
+    ]);
+    f.render_widget(Paragraph::new(line), area);
 }
 
 /// A model shown by its file name when a server reports a path (llama.cpp's default id is

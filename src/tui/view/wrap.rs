@@ -56,7 +56,9 @@ fn wrap_one(line: &Line<'static>, width: usize, out: &mut Vec<Line<'static>>) {
             end = sp + 1;
         }
         out.push(to_line(&cells[start..end]));
-        start = end;
+        // A break that fell just before a space: the space goes with the break, not to the
+        // start of the next line.
+        start = if end < cells.len() && cells[end].0 == ' ' && end > start { end + 1 } else { end };
     }
 }
 
@@ -90,5 +92,8 @@ mod tests {
         let l = vec![Line::from("the quick brown fox"), Line::from(""), Line::from("abcdefghij")];
         assert_eq!(texts(&wrap(&l, 10)), ["the quick ", "brown fox", "", "abcdefghij"]);
         assert_eq!(texts(&wrap(&[Line::from("abcdefghijkl")], 5)), ["abcde", "fghij", "kl"]);
+        // No wrapped line starts with the space it was broken at.
+        assert_eq!(texts(&wrap(&[Line::from("abc def ghi")], 3)), ["abc", "def", "ghi"]);
+        assert_eq!(texts(&wrap(&[Line::from("multiplication, counting")], 15)), ["multiplication,", "counting"]);
     }
 }
