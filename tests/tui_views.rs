@@ -974,9 +974,24 @@ fn small_terminal_and_first_use_rough_edges() {
     assert_eq!(app.status(), Some("cancelling… (output kept)"));
     engine(&mut app, done(FinishReason::Cancelled, 16, 1, 0, "", ""), 4.0);
     assert_eq!(app.status(), Some("cancelled: the 1 token so far kept"));
-    let status_line = render(&mut app, 80, 24).lines().last().unwrap_or_default().to_string();
+    let screen = render(&mut app, 80, 24);
+    let status_line = screen.lines().last().unwrap_or_default().to_string();
     assert!(status_line.contains("● done"), "{status_line}");
     assert!(!status_line.contains("cancelling"), "{status_line}");
+    // Thinking tokens that arrived together (a burst of accepted drafts) took no measurable
+    // time: no duration, rather than "0 ms".
+    let mut app = common::app();
+    ask(&mut app, "Is 91 prime?", 0.0);
+    engine(&mut app, start(16, &p), 1.0);
+    for (i, (phase, text)) in
+        [(Phase::Thinking, "Check"), (Phase::Thinking, " 7."), (Phase::Answer, "No.")].into_iter().enumerate()
+    {
+        engine(&mut app, token(i, phase, text, -0.1, DraftKind::Accepted, false), 2.0);
+    }
+    engine(&mut app, done(FinishReason::Stop, 16, 2, 1, "", ""), 2.0);
+    let screen = render(&mut app, 80, 24);
+    let title = screen.lines().find(|l| l.contains("Thinking ·")).unwrap_or_else(|| panic!("{screen}"));
+    assert!(title.contains("Thinking · 2 tok ") && !title.contains(" ms"), "{title}");
 
     let mut app = common::app();
     healthy_turn(&mut app, true);
