@@ -441,8 +441,14 @@ fn bench_reports_median_min_max_and_whether_a_difference_is_noise() {
     // vdpbf16ps is named exactly when the CPU reports AVX512_BF16 (and AVX-512 is in use).
     let has_bf16 = cpu["features"].as_array().unwrap().iter().any(|f| f == "avx512_bf16");
     assert_eq!(bf16 == "avx512_bf16", has_bf16 && cpu["kernels"] == "avx512", "{cpu}");
+    // Why that many threads: the default's count, or the flag.
+    let why = cpu["threads_why"].as_str().unwrap();
+    assert!(why.contains("this process may use"), "{why}");
     let out = ok(&["bench", "--mtp", "0", "--repeat", "1", "--max-tokens", "4", "--threads", "1", "--json"]);
-    assert_eq!(serde_json::from_str::<Value>(out.trim()).unwrap()["cpu"]["threads"], 1);
+    let cpu = serde_json::from_str::<Value>(out.trim()).unwrap()["cpu"].clone();
+    assert_eq!((cpu["threads"].as_u64(), cpu["threads_why"].as_str()), (Some(1), Some("--threads 1")));
+    let out = ok(&["bench", "--mtp", "0", "--repeat", "1", "--max-tokens", "4", "--threads", "1"]);
+    assert!(out.lines().any(|l| l == "threads: 1 — --threads 1"), "{out}");
 
     // Long prompts: every prompt padded to at least --prompt-len tokens.
     let out = ok(&["bench", "--mtp", "0", "--repeat", "1", "--max-tokens", "8", "--prompt-len", "600", "--json"]);

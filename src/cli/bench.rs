@@ -288,6 +288,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         return interrupt.finish(measured(measured_passes, planned));
     }
     writeln!(out, "{}", cpu.summary())?;
+    writeln!(out, "threads: {} — {}", cpu.threads, cpu.threads_why)?;
     writeln!(out, "{} · runs on {}", loaded.model.storage_summary(), loaded.placement.devices.join(", "))?;
     print_table(&mut out, &loaded.name, &lens, &a, &rows)?;
     if let Some(rb) = rollback {
