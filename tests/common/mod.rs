@@ -68,37 +68,26 @@ pub fn app() -> App {
 /// An app on `info` whose sliders start at `params` (as the runner starts them from the flags
 /// resolved against the backend's defaults).
 pub fn app_on(info: BackendInfo, params: GenerationParams) -> App {
-    let mut session = Session::new(&info.name, None);
-    session.id = "test-session".into();
-    session.created = 1_764_500_000;
-    let mut app = App::new(AppConfig {
-        theme: Theme::default(),
-        keymap: Keymap::default(),
-        settings: Settings {
-            params,
-            resume_thinking: Thinking::Unlimited,
-            preset: None,
-            mtp: Support::Yes,
-            context: None,
-        },
-        sessions_dir: SessionsDir::fixed(None),
-        session_path: None,
-        session,
-    });
+    let mut app = unopened_app_with(&info.name, params);
     app.set_model(info);
     app
 }
 
 /// The app before its backend is open.
 pub fn unopened_app() -> App {
-    let mut session = Session::new("embedded:demo", None);
+    unopened_app_with("embedded:demo", params(256, None))
+}
+
+/// The app before its backend is open, for `model` with the sliders at `params`.
+fn unopened_app_with(model: &str, params: GenerationParams) -> App {
+    let mut session = Session::new(model, None);
     session.id = "test-session".into();
     session.created = 1_764_500_000;
     App::new(AppConfig {
         theme: Theme::default(),
         keymap: Keymap::default(),
         settings: Settings {
-            params: params(256, None),
+            params,
             resume_thinking: Thinking::Unlimited,
             preset: None,
             mtp: Support::Yes,
