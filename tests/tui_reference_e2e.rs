@@ -78,10 +78,14 @@ fn a_healthy_server_agrees_and_a_broken_one_diverges_in_the_workbench() {
         .unwrap();
     assert!(s.contains("⚠ reference embedded:demo is not the same model"), "the status bar:\n{s}");
     t.keys(&["M-d"]);
-    let s = t.wait("the inspector on the first divergence", 10, |s| s.contains(&format!("token #{at} ")));
-    let line = s.lines().find(|l| l.contains(&format!("token #{at} "))).unwrap();
+    // The verdict line already reads "token #N", so wait for the inspector's own rows: the
+    // top-5 table of both sides, on the token the inspector names.
+    let s = t.wait("the inspector on the first divergence", 10, |s| s.contains("top-5   server"));
+    let line = s
+        .lines()
+        .find(|l| l.contains(&format!("token #{at} ")) && !l.contains("verdict"))
+        .unwrap_or_else(|| panic!("the inspector names token #{at}:\n{s}"));
     assert!(line.contains("DIVERGES"), "{line}");
-    assert!(s.contains("top-5   server"), "both sides:\n{s}");
     t.keys(&["C-q"]);
     t.wait("the workbench quit", 10, |s| s.contains("EXIT-CODE-0"));
 }
