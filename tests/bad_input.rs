@@ -247,6 +247,9 @@ fn generation_flags_out_of_range_name_the_flag() {
         let err = fails(&["run", "--prompt", "Hi", flag, value]);
         assert!(err.contains(want), "{flag} {value}: {err}");
     }
+    // A dtype it has no path for, with the ones it has.
+    let err = fails(&["run", "--prompt", "Hi", "--dtype", "fp8"]);
+    assert!(err.contains("unknown dtype \"fp8\" (expected auto, f32 or bf16)"), "{err}");
 }
 
 #[test]

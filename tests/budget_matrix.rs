@@ -34,7 +34,7 @@ struct Serve {
 impl Serve {
     fn start() -> Serve {
         let mut child = Command::new(env!("CARGO_BIN_EXE_deltascope"))
-            .args(["serve", "--port", "0", "--device", "cpu"])
+            .args(["serve", "--port", "0", "--device", "cpu", "--dtype", "f32"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -162,7 +162,9 @@ fn every_backend_reports_the_same_numbers() {
     let servers =
         [(Build::B10566, LlamaServer::start(Build::B10566)), (Build::B11549, LlamaServer::start(Build::B11549))];
     for budget in BUDGETS {
-        let local = run("local engine", budget, &[]);
+        // f32 activations, as llama.cpp computes: the token-for-token comparisons below hold
+        // only between engines doing the same math (`--dtype auto` would run the bf16 demo in bf16).
+        let local = run("local engine", budget, &["--dtype", "f32"]);
         if budget > 0 {
             let forced = local.diagnostics();
             assert_eq!(forced, [("thinking_budget_forced".to_string(), budget as u64)], "{}", local.who);

@@ -137,7 +137,9 @@ fn logits_json_matches_the_reference() {
     let p = &g["prompts"][0]; // chat_think: "Hello, what is 2 + 2?" through the template
     let m = fixture("qwen3_5_moe");
     let v: Value = serde_json::from_str(
-        ok(&["logits", "--model", &m, "--text", "Hello, what is 2 + 2?", "--top", "20", "--json"]).trim(),
+        // The golden logits are transformers' f32: the exact mode, named (not left to `auto`).
+        ok(&["logits", "--model", &m, "--dtype", "f32", "--text", "Hello, what is 2 + 2?", "--top", "20", "--json"])
+            .trim(),
     )
     .unwrap();
     assert_eq!(v["ids"], p["ids"]);
@@ -153,9 +155,10 @@ fn logits_json_matches_the_reference() {
     assert!(top.windows(2).all(|w| w[0]["logit"].as_f64() >= w[1]["logit"].as_f64()));
     // The same through --ids and --raw.
     let ids: Vec<String> = p["ids"].as_array().unwrap().iter().map(|v| v.to_string()).collect();
-    let v2: Value =
-        serde_json::from_str(ok(&["logits", "--model", &m, "--ids", &ids.join(","), "--top", "3", "--json"]).trim())
-            .unwrap();
+    let v2: Value = serde_json::from_str(
+        ok(&["logits", "--model", &m, "--dtype", "f32", "--ids", &ids.join(","), "--top", "3", "--json"]).trim(),
+    )
+    .unwrap();
     assert_eq!(v2["top"][0], top[0]);
     let human = ok(&["logits", "--model", &m, "--text", "Hello", "--top", "3"]);
     assert!(human.contains("rank") && human.lines().count() == 5, "{human}");
@@ -444,11 +447,15 @@ fn bench_reports_median_min_max_and_whether_a_difference_is_noise() {
     // Why that many threads: the default's count, or the flag.
     let why = cpu["threads_why"].as_str().unwrap();
     assert!(why.contains("this process may use"), "{why}");
+    // `--dtype auto` (the default) follows the demo's config.json: bfloat16.
+    assert_eq!(v["dtype"], "bf16", "{v}");
+    assert!(v["dtype_why"].as_str().unwrap().starts_with("auto: config.json declares bfloat16"), "{v}");
     let out = ok(&["bench", "--mtp", "0", "--repeat", "1", "--max-tokens", "4", "--threads", "1", "--json"]);
     let cpu = serde_json::from_str::<Value>(out.trim()).unwrap()["cpu"].clone();
     assert_eq!((cpu["threads"].as_u64(), cpu["threads_why"].as_str()), (Some(1), Some("--threads 1")));
-    let out = ok(&["bench", "--mtp", "0", "--repeat", "1", "--max-tokens", "4", "--threads", "1"]);
+    let out = ok(&["bench", "--mtp", "0", "--repeat", "1", "--max-tokens", "4", "--threads", "1", "--dtype", "f32"]);
     assert!(out.lines().any(|l| l == "threads: 1 — --threads 1"), "{out}");
+    assert!(out.lines().any(|l| l == "dtype: f32 — --dtype f32"), "{out}");
 
     // Long prompts: every prompt padded to at least --prompt-len tokens.
     let out = ok(&["bench", "--mtp", "0", "--repeat", "1", "--max-tokens", "8", "--prompt-len", "600", "--json"]);

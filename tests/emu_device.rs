@@ -228,7 +228,7 @@ fn the_workbench_says_it_runs_on_the_emulated_device() {
         tmux::shell_quote(std::path::Path::new(bin()))
     ));
     t.keys(&["Enter"]);
-    t.wait("the status bar names the emulated device", 60, |s| s.contains("emu:0 (emulated GPU)"));
+    t.wait("the status bar names the emulated device", 60, |s| s.contains("emu:0 · bf16 (emulated GPU)"));
     t.text("What is 2 + 3?");
     t.keys(&["Enter"]);
     t.wait("a generation to finish", 120, |s| s.contains("finish: length"));

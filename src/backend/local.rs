@@ -14,14 +14,17 @@ use crate::checkpoint::{ModelSource, demo_source};
 use crate::engine::{Compute, EngineHandle, GenerateRequest};
 use crate::generation::{Generation, SamplingParams, StepControl};
 use crate::model::placement::{Placement, place, upload};
-use crate::model::{DeviceSpec, LayerKind, LoadOptions, LoadProgress, Model, Precision};
+use crate::model::{
+    DeviceSpec, DtypeChoice, LayerKind, LoadOptions, LoadProgress, Model, Precision, ResolvedDtype, read_config,
+};
 use crate::units::human_bytes;
 
 /// Which checkpoint, at which precision.
 #[derive(Debug, Clone)]
 pub struct LocalSpec {
     pub source: ModelSource,
-    pub precision: Precision,
+    /// `--dtype`: `auto` follows the checkpoint's config.json.
+    pub dtype: DtypeChoice,
     /// Threads the layers run on (`None`: the physical cores).
     pub threads: Option<usize>,
     /// `--device`: checked before any weight is read.
@@ -33,7 +36,7 @@ pub struct LocalSpec {
 
 impl LocalSpec {
     /// `model`: a Hugging Face directory, `None` or `demo` for the embedded demo model (write
-    /// `./demo` for a directory of that name); `dtype`: `f32` or `bf16`.
+    /// `./demo` for a directory of that name); `dtype`: `auto`, `f32` or `bf16`.
     pub fn new(model: Option<&Path>, dtype: &str) -> BackendResult<Self> {
         let source = match model {
             None => demo_source(),
@@ -42,11 +45,19 @@ impl LocalSpec {
         };
         Ok(LocalSpec {
             source,
-            precision: Precision::parse(dtype)?,
+            dtype: DtypeChoice::parse(dtype)?,
             threads: None,
             device: DeviceSpec::Auto,
             kernels: None,
         })
+    }
+
+    /// The spec for a reference engine: `--dtype auto` becomes exact f32 (a named dtype stays).
+    pub fn exact_unless_named(self) -> Self {
+        match self.dtype {
+            DtypeChoice::Auto => LocalSpec { dtype: DtypeChoice::Exact(Precision::F32), ..self },
+            DtypeChoice::Exact(_) => self,
+        }
     }
 }
 
@@ -63,6 +74,8 @@ pub struct Loaded {
     pub generation_defaults: SamplingParams,
     /// Where it runs, and why not on a GPU when `--device auto` found none.
     pub placement: Placement,
+    /// The activation precision, and why (`--dtype auto` follows the checkpoint).
+    pub dtype: ResolvedDtype,
 }
 
 impl Loaded {
@@ -81,9 +94,14 @@ impl Loaded {
                 let _ = tx.send((read, total));
             }
         }));
-        // The CUDA engine runs bf16 weights and activations whatever --dtype says.
-        let precision = if placement.gpus.is_empty() { spec.precision } else { Precision::Bf16 };
-        let opts = LoadOptions { precision, progress: Some(weights), ..Default::default() };
+        let dtype = if placement.gpus.is_empty() {
+            spec.dtype.resolve(read_config(source)?.declared_dtype.as_deref())
+        } else {
+            // The CUDA engine runs bf16 weights and activations whatever --dtype says.
+            ResolvedDtype { precision: Precision::Bf16, why: "the CUDA engine computes in bf16".into() }
+        };
+        tracing::info!(dtype = dtype.precision.name(), why = %dtype.why, "activation precision");
+        let opts = LoadOptions { precision: dtype.precision, progress: Some(weights), ..Default::default() };
         let loading = std::thread::scope(|scope| {
             // `opts` (holding the sender) moves into the reader, so the loop below ends when
             // loading does, however it ends.
@@ -129,6 +147,7 @@ impl Loaded {
             template,
             generation_defaults,
             placement,
+            dtype,
         })
     }
 

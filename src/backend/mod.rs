@@ -146,15 +146,17 @@ impl BackendInfo {
         matches!(self.kind, BackendKind::Remote(_))
     }
 
-    /// "local · cpu" or "llama.cpp b10434 · http://…": the status bar's backend label.
+    /// "cpu · bf16" or "llama.cpp b10434 · http://…": the status bar's backend label.
     pub fn label(&self) -> String {
         match &self.kind {
             // The emulated CUDA device says so: it runs the GPU path at a fraction of the CPU
             // engine's speed.
-            BackendKind::Local { devices, .. } if devices.iter().any(|d| d.starts_with("emu:")) => {
-                format!("local · {} (emulated GPU)", devices.join(","))
+            BackendKind::Local { devices, dtype } if devices.iter().any(|d| d.starts_with("emu:")) => {
+                format!("{} · {dtype} (emulated GPU)", devices.join(","))
             }
-            BackendKind::Local { devices, .. } => format!("local · {}", devices.join(",")),
+            // The activation precision is part of what runs (`--dtype auto` picks it); a device
+            // name says "in-process" on its own, where a server shows its URL.
+            BackendKind::Local { devices, dtype } => format!("{} · {dtype}", devices.join(",")),
             BackendKind::Remote(s) => match &s.version {
                 Some(v) => format!("{} {v} · {}", s.kind, s.url),
                 None => format!("{} · {}", s.kind, s.url),

@@ -280,6 +280,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             "load": {"seconds": loaded.model.load_seconds, "weights_bytes": loaded.model.weight_bytes(),
                      "mapped_bytes": loaded.model.mapped_bytes},
             "devices": loaded.placement.devices,
+            "dtype": loaded.dtype.precision.name(), "dtype_why": loaded.dtype.why,
         });
         if let Some(s) = stopped {
             v["interrupted"] = s;
@@ -289,6 +290,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     writeln!(out, "{}", cpu.summary())?;
     writeln!(out, "threads: {} — {}", cpu.threads, cpu.threads_why)?;
+    writeln!(out, "dtype: {} — {}", loaded.dtype.precision.name(), loaded.dtype.why)?;
     writeln!(out, "{} · runs on {}", loaded.model.storage_summary(), loaded.placement.devices.join(", "))?;
     print_table(&mut out, &loaded.name, &lens, &a, &rows)?;
     if let Some(rb) = rollback {

@@ -22,10 +22,12 @@ pub struct ModelArgs {
     /// for the embedded demo model (the default).
     #[arg(long, value_name = "DIR|demo", conflicts_with = "server")]
     pub model: Option<PathBuf>,
-    /// Activation precision: f32 (exact f32 math on the stored weights), or bf16 with the cast
-    /// points of the transformers reference. Weights stay in the checkpoint's dtype either way
-    /// (bf16 mode rounds f32 / f16 weights to bf16, as transformers does).
-    #[arg(long, default_value = "f32", value_name = "f32|bf16")]
+    /// Activation precision: `auto` (the checkpoint's own dtype from config.json, as
+    /// transformers loads it: bf16 for bf16 checkpoints, f32 otherwise), `f32` (exact f32 math
+    /// on the stored weights: the reference mode), or `bf16` with the cast points of the
+    /// transformers reference. Weights stay in the checkpoint's dtype either way (bf16 mode
+    /// rounds f32 / f16 weights to bf16, as transformers does).
+    #[arg(long, default_value = "auto", value_name = "auto|f32|bf16")]
     pub dtype: String,
     /// Threads for the in-process engine (default: the CPU's physical cores).
     #[arg(long, value_name = "N", value_parser = whole_number)]

@@ -17,8 +17,8 @@ pub struct ServeArgs {
     /// A Hugging Face model directory, or `demo` for the embedded demo model (the default).
     #[arg(long, value_name = "DIR|demo")]
     pub model: Option<PathBuf>,
-    /// Activation precision: f32 or bf16 (as for `run`).
-    #[arg(long, default_value = "f32", value_name = "f32|bf16")]
+    /// Activation precision: auto (the checkpoint's own dtype), f32 or bf16 (as for `run`).
+    #[arg(long, default_value = "auto", value_name = "auto|f32|bf16")]
     pub dtype: String,
     /// Threads for the engine (default: the physical cores).
     #[arg(long, value_name = "N", value_parser = whole_number)]

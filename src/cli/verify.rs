@@ -22,7 +22,8 @@ use crate::verify::server::{self, ProbeReport, PromptCheck, VerifyError};
 pub struct VerifyArgs {
     /// The subject: `--server URL`, or the in-process GPU engine (`--device cuda|emu`, no
     /// `--server`); and the reference, on the CPU: `--model DIR` (a checkpoint of the same
-    /// model; default the embedded demo), `--dtype`, `--threads`.
+    /// model; default the embedded demo), `--dtype` (the reference computes in f32 unless
+    /// this names bf16), `--threads`.
     #[command(flatten)]
     pub model: ModelArgs,
     /// Your own probes: JSON Lines, `{"prompt": "…"}` or `{"messages": […]}` a line, with
@@ -79,11 +80,13 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
             spec.model = None;
             Yardstick::Server(crate::backend::open(&client_split(BackendSpec::Remote(spec)), &|_: OpenProgress| {})?)
         }
-        // The reference runs on the CPU, whatever --device names (that is the subject's).
-        None => Yardstick::Engine(Box::new(Loaded::load(
-            &LocalSpec { device: DeviceSpec::Cpu, ..a.model.local_spec()? },
-            &|_: OpenProgress| {},
-        )?)),
+        // The reference runs on the CPU, whatever --device names (that is the subject's), and
+        // in exact f32 unless --dtype names a precision: `auto` would make a bf16 checkpoint's
+        // yardstick carry bf16 rounding of its own, doubling the noise an agreeing subject shows.
+        None => {
+            let spec = LocalSpec { device: DeviceSpec::Cpu, ..a.model.local_spec()? }.exact_unless_named();
+            Yardstick::Engine(Box::new(Loaded::load(&spec, &|_: OpenProgress| {})?))
+        }
     };
     let probes = if own.is_empty() {
         match &yardstick {

@@ -5,6 +5,7 @@ pub mod attention;
 pub mod config;
 pub mod cpu;
 pub mod cuda;
+pub mod dtype;
 pub mod finite;
 pub mod forward;
 pub mod gdn;
@@ -24,6 +25,7 @@ pub use crate::checkpoint::demo_source;
 pub use crate::checkpoint::{EmbeddedModel, ModelSource};
 pub use config::{Family, LayerKind, MlpKind, ModelConfig, read_config};
 pub use cpu::tensor::{Mat, Precision};
+pub use dtype::{DtypeChoice, ResolvedDtype};
 pub use forward::{DraftCache, Forward, SequenceCache};
 pub use hybrid::{
     ForwardOptions, ForwardOutput, HiddenStats, LoadOptions, LogitsRows, Model, MtpOutput, MtpState,

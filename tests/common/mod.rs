@@ -20,7 +20,7 @@ use ratatui::crossterm::event::{Event, KeyCode, KeyEvent, KeyModifiers};
 pub fn model() -> BackendInfo {
     BackendInfo {
         name: "embedded:demo".into(),
-        kind: BackendKind::Local { devices: vec!["cpu".into()], dtype: "f32".into() },
+        kind: BackendKind::Local { devices: vec!["cpu".into()], dtype: "bf16".into() },
         device_note: None,
         context: Some(4096),
         vocab_size: Some(512),
