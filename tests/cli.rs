@@ -440,10 +440,13 @@ fn bench_reports_median_min_max_and_whether_a_difference_is_noise() {
     assert!(cpu["physical_cores"].as_u64().unwrap() >= 1 && cpu["threads"].as_u64().unwrap() >= 1, "{cpu}");
     assert!(["avx512", "avx2", "portable"].contains(&cpu["kernels"].as_str().unwrap()), "{cpu}");
     let bf16 = cpu["bf16_kernels"].as_str().unwrap();
-    assert!(["avx512_bf16", "avx512", "avx2", "portable"].contains(&bf16), "{cpu}");
-    // vdpbf16ps is named exactly when the CPU reports AVX512_BF16 (and AVX-512 is in use).
-    let has_bf16 = cpu["features"].as_array().unwrap().iter().any(|f| f == "avx512_bf16");
-    assert_eq!(bf16 == "avx512_bf16", has_bf16 && cpu["kernels"] == "avx512", "{cpu}");
+    assert!(["amx_bf16", "avx512_bf16", "avx512", "avx2", "portable"].contains(&bf16), "{cpu}");
+    // vdpbf16ps or AMX tiles exactly when the CPU reports AVX512_BF16 (and AVX-512 is in use);
+    // the tiles exactly when it reports AMX-BF16 too (Linux grants them on request).
+    let has = |f: &str| cpu["features"].as_array().unwrap().iter().any(|x| x == f);
+    let avx512 = cpu["kernels"] == "avx512";
+    assert_eq!(["amx_bf16", "avx512_bf16"].contains(&bf16), has("avx512_bf16") && avx512, "{cpu}");
+    assert_eq!(bf16 == "amx_bf16", has("avx512_bf16") && has("amx_bf16") && avx512, "{cpu}");
     // Why that many threads: the default's count, or the flag.
     let why = cpu["threads_why"].as_str().unwrap();
     assert!(why.contains("this process may use"), "{why}");

@@ -548,6 +548,10 @@ mod x86 {
 /// subnormal (below 1.2e-38), which `vdpbf16ps` flushes to zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PairKernel {
+    /// AMX tiles (`tdpbf16ps`, [`super::amx`]): 16 weight rows × 32 inputs × every activation
+    /// row an instruction. Its own summation order (tested to f32 rounding, not bit for bit
+    /// against the others); an output's bits do not depend on how many rows ride along.
+    Amx,
     /// `vdpbf16ps`: 32 products per instruction.
     Dpbf16,
     /// AVX-512F fused multiply-adds on the two halves of each pair.
@@ -562,6 +566,8 @@ impl PairKernel {
     pub fn detect(simd: Simd) -> PairKernel {
         match simd {
             #[cfg(target_arch = "x86_64")]
+            Simd::Avx512 if std::is_x86_feature_detected!("avx512bf16") && super::amx::available() => PairKernel::Amx,
+            #[cfg(target_arch = "x86_64")]
             Simd::Avx512 if std::is_x86_feature_detected!("avx512bf16") => PairKernel::Dpbf16,
             Simd::Avx512 => PairKernel::Avx512,
             Simd::Avx2 => PairKernel::Avx2,
@@ -571,6 +577,7 @@ impl PairKernel {
 
     pub fn name(self) -> &'static str {
         match self {
+            PairKernel::Amx => "amx_bf16",
             PairKernel::Dpbf16 => "avx512_bf16",
             PairKernel::Avx512 => "avx512",
             PairKernel::Avx2 => "avx2",
@@ -581,7 +588,7 @@ impl PairKernel {
     /// Activation rows one pass over the weights handles.
     fn group(self) -> usize {
         match self {
-            PairKernel::Dpbf16 | PairKernel::Avx512 | PairKernel::Portable => MAX_ROWS,
+            PairKernel::Amx | PairKernel::Dpbf16 | PairKernel::Avx512 | PairKernel::Portable => MAX_ROWS,
             PairKernel::Avx2 => 4,
         }
     }
@@ -612,6 +619,8 @@ pub struct PairRows {
     /// Per row: `split_stride` lines of f32 (empty for `Dpbf16` / `Portable`).
     split: Vec<Line>,
     split_stride: usize,
+    /// The rows packed for the AMX B tile (`Amx` only).
+    amx: Option<super::amx::Packed>,
 }
 
 impl PairRows {
@@ -630,6 +639,7 @@ impl PairRows {
             bits_stride,
             split: vec![Line([0; 64]); rows * split_stride],
             split_stride,
+            amx: None,
         };
         for (r, x) in xs.iter().enumerate() {
             let bits = p.bits_row_mut(r);
@@ -646,6 +656,9 @@ impl PairRows {
                     }
                 }
             }
+        }
+        if kernel == PairKernel::Amx {
+            p.amx = Some(super::amx::Packed::new(rows, n, |r| p.bits_row(r)));
         }
         p
     }
@@ -699,6 +712,18 @@ pub fn pairs_rows(w: &[u16], x: &PairRows, out: &mut [f32]) {
 fn pairs_kernel(w: &[u16], k: usize, x: &PairRows, rows: Range<usize>, y: &mut [f32]) {
     let n = x.n;
     match x.kernel {
+        PairKernel::Amx => {
+            let Some(packed) = &x.amx else { unreachable!("PairRows packs for AMX when its kernel is Amx") };
+            super::amx::gemv(w, k, packed, rows.clone(), y);
+            let (g, from) = (rows.len(), (n / BLOCK) * BLOCK);
+            if from < n {
+                for o in 0..k {
+                    for (i, r) in rows.clone().enumerate() {
+                        y[o * g + i] += pairs_tail(&w[o * n..(o + 1) * n], x.bits_row(r), from);
+                    }
+                }
+            }
+        }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `PairKernel::detect` picks these only where the CPU has the features (the
         // tests pick them only after checking); `pairs_rows` asserted the lengths.
@@ -847,7 +872,8 @@ mod tests {
             if Simd::detect() == Simd::Avx512 {
                 k.push(PairKernel::Avx512);
             }
-            if PairKernel::detect(Simd::detect()) == PairKernel::Dpbf16 {
+            // `vdpbf16ps` is tested wherever the CPU has it, also where AMX is picked over it.
+            if matches!(PairKernel::detect(Simd::detect()), PairKernel::Dpbf16 | PairKernel::Amx) {
                 k.push(PairKernel::Dpbf16);
             }
         }
@@ -871,7 +897,7 @@ mod tests {
         {
             assert!(have.len() >= 2, "no AVX2 on this x86-64 CPU: only the portable kernel was tested");
             if std::is_x86_feature_detected!("avx512bf16") && std::is_x86_feature_detected!("avx512bw") {
-                assert!(have.contains(&PairKernel::Dpbf16), "the CPU has AVX512_BF16 but the kernel was not picked");
+                assert!(have.contains(&PairKernel::Dpbf16), "the CPU has AVX512_BF16 but the kernel was not tested");
             }
         }
         for n in [1, 31, 32, 33, 64, 96, 100, 1024, 3584 + 5] {
@@ -912,6 +938,61 @@ mod tests {
                     let want = portable_pairs(&w[o * n..(o + 1) * n], xr);
                     assert_eq!(out[o * xs.len() + r].to_bits(), want.to_bits(), "{kernel:?} o {o} r {r}");
                 }
+            }
+        }
+    }
+
+    /// AMX tiles, where the CPU has them (and picked over `vdpbf16ps` there): every output
+    /// within f32 rounding of the exact sum (their order is the hardware's own), and its bits
+    /// the same whatever activation rows ride along and wherever its weight row falls in a
+    /// tile — what makes a verify pass give each token a one-token step's bits.
+    #[test]
+    fn amx_tiles_are_a_dot_product_whose_bits_do_not_depend_on_their_neighbours() {
+        let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_has = flags.lines().any(|l| l.starts_with("flags") && l.split_whitespace().any(|f| f == "amx_bf16"));
+        let amx = super::super::amx::available();
+        assert_eq!(amx && Simd::detect() == Simd::Avx512, PairKernel::detect(Simd::detect()) == PairKernel::Amx);
+        if !amx {
+            // No tiles here (or a kernel too old to grant them): the other kernels are tested above.
+            // Linux 5.16+ grants the tiles to whoever asks; a CPU that lists them and is
+            // refused means the request is wrong.
+            assert!(!cpu_has, "/proc/cpuinfo lists amx_bf16 but the tiles were not granted");
+            return;
+        }
+        for (k, n) in [(37, 1003), (64, 1024), (16, 32), (5, 33), (3, 31), (40, 3584)] {
+            let w = bf16_values(k * n, 11, 0.4);
+            let rows: Vec<Vec<f32>> = (0..MAX_ROWS)
+                .map(|r| (0..n).map(|i| ((i * 7 + 13 * r) as f32 * 0.031).sin() * 1.7).collect())
+                .collect();
+            let xs: Vec<&[f32]> = rows.iter().map(|v| v.as_slice()).collect();
+            let x = PairRows::new(PairKernel::Amx, &xs, n);
+            let mut out = vec![0f32; k * MAX_ROWS];
+            pairs_rows(&w, &x, &mut out);
+            for (r, row) in rows.iter().enumerate() {
+                let xr: Vec<f64> = row.iter().map(|&v| half::bf16::from_f32(v).to_f32() as f64).collect();
+                // Alone: the same bits as among eight rows.
+                let single = PairRows::new(PairKernel::Amx, &xs[r..r + 1], n);
+                let mut alone = vec![0f32; k];
+                pairs_rows(&w, &single, &mut alone);
+                for o in 0..k {
+                    let wo = &w[o * n..(o + 1) * n];
+                    let exact: f64 = wo.iter().zip(&xr).map(|(&a, b)| bf16_to_f32(a) as f64 * b).sum();
+                    let mag: f64 = wo.iter().zip(&xr).map(|(&a, b)| (bf16_to_f32(a) as f64 * b).abs()).sum();
+                    let got = out[o * MAX_ROWS + r];
+                    assert!((got as f64 - exact).abs() <= 1e-5 * mag, "k {k} n {n} o {o} r {r}: {got} against {exact}");
+                    assert_eq!(alone[o].to_bits(), got.to_bits(), "k {k} n {n} o {o} r {r}: alone and among eight");
+                }
+            }
+            // The weight rows moved by three (another tile split, a padded last tile): the
+            // same bits for the same rows.
+            if k > 3 {
+                let mut moved = vec![0f32; (k - 3) * MAX_ROWS];
+                pairs_rows(&w[3 * n..], &x, &mut moved);
+                assert_eq!(
+                    moved.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    out[3 * MAX_ROWS..].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "k {k} n {n}: rows 3.. on their own"
+                );
             }
         }
     }

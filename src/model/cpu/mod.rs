@@ -3,6 +3,7 @@
 //! GEMV kernels (`gemv.rs`), the bf16 prefill GEMM (`gemm_bf16.rs`), and the CPU's cores and
 //! the thread pool the layers run on (`threads.rs`).
 
+pub mod amx;
 pub mod gemm_bf16;
 pub mod gemv;
 pub mod simd;

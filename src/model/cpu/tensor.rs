@@ -275,7 +275,10 @@ impl Linear {
         }
         let mut y = if x.rows <= GEMV_MAX_ROWS {
             self.gemv(x, prec)
-        } else if prec == Precision::Bf16 && self.pairs == PairKernel::Dpbf16 && self.all_bf16() {
+        } else if prec == Precision::Bf16
+            && matches!(self.pairs, PairKernel::Dpbf16 | PairKernel::Amx)
+            && self.all_bf16()
+        {
             self.gemm_bf16(x)?
         } else {
             self.gemm(x)?
@@ -551,7 +554,7 @@ mod tests {
         let xb: Vec<u16> = x.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
         let y = fused.forward(&Mat::from_vec(rows, inp, x.clone()), Precision::Bf16).unwrap();
         let dpbf16 = gemm_bf16::available();
-        assert_eq!(dpbf16, fused.pairs == PairKernel::Dpbf16);
+        assert_eq!(dpbf16, matches!(fused.pairs, PairKernel::Dpbf16 | PairKernel::Amx));
         for r in 0..rows {
             for o in 0..out {
                 let (w, xr) = (&bits[o * inp..(o + 1) * inp], &xb[r * inp..(r + 1) * inp]);

@@ -18,7 +18,8 @@ pub struct CpuInfo {
     pub features: Vec<String>,
     /// The kernels the GEMV dispatches to on this CPU.
     pub kernels: &'static str,
-    /// The kernels of the bf16 × bf16 GEMV (`--dtype bf16`): `avx512_bf16` is `vdpbf16ps`.
+    /// The kernels of the bf16 × bf16 GEMV (`--dtype bf16`): `amx_bf16` is AMX tiles,
+    /// `avx512_bf16` is `vdpbf16ps`.
     pub bf16_kernels: &'static str,
     /// Threads the layers run on.
     pub threads: usize,
@@ -27,7 +28,7 @@ pub struct CpuInfo {
     pub threads_why: String,
 }
 
-const FEATURES: [&str; 6] = ["avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile"];
+const FEATURES: [&str; 7] = ["avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16"];
 
 impl CpuInfo {
     pub fn detect() -> CpuInfo {
