@@ -12,7 +12,9 @@
 #      llama-bench only, -DGGML_NATIVE=ON (about 5 min on 2 cores);
 #   3. a venv with the pinned gguf + numpy for scripts/make_gguf.py (our converter, no torch);
 #   4. `deltascope synth` checkpoints in bf16 and f32 (seed 8), and each converted to a GGUF of
-#      its own dtype, so both engines read the same values;
+#      its own dtype, so both engines read the same values; and a MoE shape in bf16
+#      (scripts/bench/qwen3_5_moe_8l.json: Qwen3.5-35B-A3B's geometry cut to 8 layers and 32
+#      experts, 8 per token) for the expert path;
 #   5. the bandwidth probe (scripts/bench/stream_read.c);
 #   6. scripts/bench/bench_cpu.py: interleaved rounds, then one table with medians, ranges,
 #      ratios, peak RSS, the bandwidth limit; and `deltascope bench` on an MTP-headed copy for
@@ -21,6 +23,7 @@
 # Settings (environment):
 #   BENCH_DIR   where everything goes            (default: target/bench-cpu)
 #   LIKE        config or model folder to copy the shape of (default: tests/data/qwen3_5_0_8b)
+#   MOE_LIKE    the MoE shape (default: scripts/bench/qwen3_5_moe_8l.json); MOE=0 skips it
 #   ROUNDS      interleaved rounds               (default: 3)
 #   THREADS     threads for both engines         (default: the physical cores)
 #   PROMPT_LEN  prompt tokens (pp)               (default: 512)
@@ -30,6 +33,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BENCH_DIR=${BENCH_DIR:-$ROOT/target/bench-cpu}
 LIKE=${LIKE:-$ROOT/tests/data/qwen3_5_0_8b}
+MOE_LIKE=${MOE_LIKE:-$ROOT/scripts/bench/qwen3_5_moe_8l.json}
+MOE=${MOE:-1}
 ROUNDS=${ROUNDS:-3}
 PROMPT_LEN=${PROMPT_LEN:-512}
 GEN=${GEN:-128}
@@ -109,6 +114,22 @@ for dt in bf16 f32; do
       || fail "make_gguf.py $dt failed"
   fi
 done
+MOE_PAIR=()
+if [ "$MOE" != 0 ]; then
+  M=$BENCH_DIR/model-moe-bf16
+  if [ ! -f "$M/model.safetensors" ] || [ "$MOE_LIKE" -nt "$M/model.safetensors" ]; then
+    step "deltascope synth --like $MOE_LIKE --dtype bf16 (the MoE shape)"
+    rm -rf "$M"
+    "$DS" synth --like "$MOE_LIKE" --out "$M" --dtype bf16 --seed 8 >>"$LOG" 2>&1 || fail "synth of the MoE shape failed"
+  fi
+  G=$BENCH_DIR/model-moe-bf16.gguf
+  if [ ! -f "$G" ] || [ "$M/model.safetensors" -nt "$G" ]; then
+    step "converting model-moe-bf16 to GGUF (qwen35moe)"
+    "$VENV/bin/python" "$ROOT/scripts/make_gguf.py" "$M" "$G" --outtype bf16 -q >>"$LOG" 2>&1 \
+      || fail "make_gguf.py on the MoE shape failed"
+  fi
+  MOE_PAIR=(--pair "moe-bf16=$M,$G")
+fi
 MTP_MODEL=$BENCH_DIR/model-bf16-mtp
 if [ ! -f "$MTP_MODEL/model.safetensors" ]; then
   step "deltascope synth --mtp (for the verify cost)"
@@ -129,7 +150,7 @@ echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'),
 : >"$RUNS"
 "$PYTHON" "$ROOT/scripts/bench/bench_cpu.py" --deltascope "$DS" --llama-bench "$LLAMA_BENCH" --stream "$PROBE" \
   --pair "bf16=$BENCH_DIR/model-bf16,$BENCH_DIR/model-bf16.gguf" \
-  --pair "f32=$BENCH_DIR/model-f32,$BENCH_DIR/model-f32.gguf" \
+  --pair "f32=$BENCH_DIR/model-f32,$BENCH_DIR/model-f32.gguf" "${MOE_PAIR[@]}" \
   --rounds "$ROUNDS" --threads "$THREADS" --prompt-len "$PROMPT_LEN" --gen "$GEN" --out "$RUNS"
 echo
 step "MTP verify cost on the MTP-headed copy (random drafts are rejected; verify× is what counts)"

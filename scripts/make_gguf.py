@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Convert the demo Qwen3.5 text model (HF layout) to a GGUF for llama.cpp's `qwen35` arch.
+"""Convert the demo Qwen3.5 text model (HF layout) to a GGUF for llama.cpp's `qwen35` arch
+(or a Qwen3.5 MoE text model to `qwen35moe`).
 
     python scripts/make_gguf.py MODEL_DIR OUT.gguf [--outtype f16|bf16|f32] [-q]
 
@@ -10,8 +11,11 @@ to f32 by a 16-bit shift, which is exact).
 This reproduces what llama.cpp's own converter (convert_hf_to_gguf.py at b11434,
 classes Qwen3_5TextModel <- _LinearAttentionVReorderBase <- Qwen3NextModel <-
 _QwenMtpMixin, plus TextModel / SpecialVocab) writes for a dense Qwen3.5 text model
-with as many DeltaNet V heads as K heads, tied or untied embeddings and an optional MTP head. It is
-deliberately not a general converter: any config outside that family is rejected.
+with as many DeltaNet V heads as K heads, tied or untied embeddings and an optional MTP head; and,
+for Qwen3_5MoeForCausalLM, Qwen3_5MoeTextModel <- Qwen2MoeModel's expert handling (fused
+gate_up_proj split into ffn_gate_exps / ffn_up_exps, the router and the shared expert's gate
+kept in F32). It is deliberately not a general converter: any config outside that family is
+rejected.
 """
 
 from __future__ import annotations
@@ -32,10 +36,13 @@ except ImportError:  # pragma: no cover
     sys.exit("make_gguf.py: the `gguf` package is missing (run scripts/setup-servers.sh, or pip install gguf)")
 
 ARCH = "qwen35"
+ARCH_MOE = "qwen35moe"
+MOE_FIELDS = ["num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"]
 
-# Fields the conversion reads; a config without any of them is not this model family.
+# Fields the conversion reads; a config without any of them is not this model family (a dense
+# model also needs intermediate_size, a MoE model MOE_FIELDS).
 REQUIRED = [
-    "architectures", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "architectures", "hidden_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings", "vocab_size",
     "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
     "linear_num_key_heads", "linear_num_value_heads", "rope_parameters",
@@ -53,8 +60,14 @@ def check_config(cfg: dict) -> None:
     missing = [k for k in REQUIRED if k not in cfg]
     if missing:
         die(f"config.json lacks {', '.join(missing)}: not a Qwen3.5 (Gated DeltaNet hybrid) text config")
-    if "Qwen3_5ForCausalLM" not in cfg["architectures"]:
-        die(f"architectures is {cfg['architectures']}, expected Qwen3_5ForCausalLM")
+    if "Qwen3_5MoeForCausalLM" in cfg["architectures"]:
+        missing = [k for k in MOE_FIELDS if k not in cfg]
+        if missing:
+            die(f"config.json lacks {', '.join(missing)}: a Qwen3.5 MoE text config needs them")
+    elif "Qwen3_5ForCausalLM" not in cfg["architectures"]:
+        die(f"architectures is {cfg['architectures']}, expected Qwen3_5ForCausalLM or Qwen3_5MoeForCausalLM")
+    elif "intermediate_size" not in cfg:
+        die("config.json lacks intermediate_size")
     if "layer_types" not in cfg:
         # Qwen3_5TextConfig's default: every full_attention_interval-th layer is full attention
         k = cfg.get("full_attention_interval", 4)
@@ -142,6 +155,13 @@ LAYER_MAP = {
     "linear_attn.dt_bias": "ssm_dt.bias",  # the converter renames dt_bias -> dt_proj.bias -> ssm_dt.bias
     "linear_attn.norm.weight": "ssm_norm.weight",
     "linear_attn.out_proj.weight": "ssm_out.weight",
+    # MoE (qwen35moe); experts.gate_up_proj is split in convert_tensors()
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.experts.down_proj": "ffn_down_exps.weight",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
     # MTP (nextn) block extras; see mtp_rename()
     "eh_proj.weight": "nextn.eh_proj.weight",
     "enorm.weight": "nextn.enorm.weight",
@@ -184,10 +204,12 @@ def transform(hf_suffix: str, a: np.ndarray) -> np.ndarray:
 
 
 def out_dtype(gguf_name: str, a: np.ndarray, outtype: str) -> np.ndarray:
-    """Storage type, following ModelBase.prepare_tensors: 1-D tensors, *_norm weights, ssm_conv1d
-    and anything not ending in ".weight" (ssm_a, ssm_dt.bias) stay F32; the rest take --outtype."""
+    """Storage type, following ModelBase.prepare_tensors: 1-D tensors, *_norm weights, ssm_conv1d,
+    the MoE routers (ffn_gate_inp, ffn_gate_inp_shexp) and anything not ending in ".weight" (ssm_a,
+    ssm_dt.bias) stay F32; the rest take --outtype."""
     if (outtype == "f32" or a.ndim <= 1 or gguf_name.endswith("_norm.weight")
-            or ".ssm_conv1d." in gguf_name or not gguf_name.endswith(".weight")):
+            or ".ssm_conv1d." in gguf_name or not gguf_name.endswith(".weight")
+            or ".ffn_gate_inp." in gguf_name or ".ffn_gate_inp_shexp." in gguf_name):
         return a.astype(np.float32)
     if outtype == "bf16":
         return to_bf16_bits(a)
@@ -198,6 +220,10 @@ def to_bf16_bits(a: np.ndarray) -> np.ndarray:
     """f32 -> bf16 words, rounded to nearest even (exact for values that came from bf16)."""
     u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def is_moe(cfg: dict) -> bool:
+    return "Qwen3_5MoeForCausalLM" in cfg["architectures"]
 
 
 def convert_tensors(cfg: dict, st: dict[str, np.ndarray], outtype: str) -> list[tuple[str, np.ndarray]]:
@@ -217,6 +243,15 @@ def convert_tensors(cfg: dict, st: dict[str, np.ndarray], outtype: str) -> list[
             gname, a = "output_norm.weight", transform("norm.weight", a)
         elif name == "lm_head.weight":
             gname = "output.weight"  # only when embeddings are not tied
+        elif (m := re.fullmatch(r"layers\.(\d+)\.mlp\.experts\.gate_up_proj", hf)):
+            # [n_expert, 2 * n_ff, n_embd]: gate rows first, then up (Qwen2MoeModel.modify_tensors)
+            if a.ndim != 3 or a.shape[1] % 2:
+                die(f"{name}: expected [n_expert, 2 * n_ff, n_embd], found {list(a.shape)}")
+            ff = a.shape[1] // 2
+            for part, rows in (("ffn_gate_exps", a[:, :ff, :]), ("ffn_up_exps", a[:, ff:, :])):
+                gname = f"blk.{m.group(1)}.{part}.weight"
+                out.append((gname, out_dtype(gname, np.ascontiguousarray(rows), outtype)))
+            continue
         else:
             m = re.fullmatch(r"layers\.(\d+)\.(.+)", hf)
             if not m or m.group(2) not in LAYER_MAP:
@@ -227,9 +262,12 @@ def convert_tensors(cfg: dict, st: dict[str, np.ndarray], outtype: str) -> list[
         out.append((gname, out_dtype(gname, a, outtype)))
     if cfg.get("tie_word_embeddings", False) and any(n == "output.weight" for n, _ in out):
         die("tie_word_embeddings is true but the checkpoint has lm_head.weight")
-    # trunk: 2 globals + per linear layer 14 + per full layer 11; MTP: 11 per layer + 4 head tensors
+    # trunk: 2 globals + per linear layer 14 + per full layer 11; MTP: 11 per layer + 4 head tensors;
+    # a MoE layer has 8 MLP tensors where a dense one has 3
     n_lin = sum(t == "linear_attention" for t in cfg["layer_types"])
     expect = 2 + 14 * n_lin + 11 * (n_layer - n_lin) + (11 * n_mtp + 4 if n_mtp else 0)
+    if is_moe(cfg):
+        expect += 5 * (n_layer + n_mtp)
     expect += 0 if cfg.get("tie_word_embeddings", False) else 1
     if len(out) != expect:
         die(f"expected {expect} tensors for this config, the checkpoint gave {len(out)}")
@@ -352,7 +390,8 @@ def main() -> None:
     n_mtp = cfg.get("mtp_num_hidden_layers", 0)
     rp = cfg["rope_parameters"]
     tmp = args.out.with_name(args.out.name + f".tmp{os.getpid()}")
-    w = gguf.GGUFWriter(tmp, ARCH)
+    arch = ARCH_MOE if is_moe(cfg) else ARCH
+    w = gguf.GGUFWriter(tmp, arch)
     # general.*
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(args.model_dir.resolve().name)
@@ -363,7 +402,14 @@ def main() -> None:
     w.add_block_count(n_layer + n_mtp)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
+    if "intermediate_size" in cfg:
+        w.add_feed_forward_length(cfg["intermediate_size"])
+    if is_moe(cfg):
+        # Qwen2MoeModel.set_gguf_parameters
+        w.add_expert_count(cfg["num_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg["num_key_value_heads"])
     # interleaved M-RoPE sections, padded to 4 (a text-only model still uses the imrope kernel);
@@ -384,7 +430,7 @@ def main() -> None:
     w.add_ssm_inner_size(cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"])
     # which blocks are recurrent (DeltaNet); MTP blocks are full attention. gguf 0.19 has no helper.
     recurrent = [t == "linear_attention" for t in cfg["layer_types"]] + [False] * n_mtp
-    w.add_array(f"{ARCH}.attention.recurrent_layers", recurrent)
+    w.add_array(f"{arch}.attention.recurrent_layers", recurrent)
     w.add_full_attention_interval(cfg.get("full_attention_interval", 4))
     # only the first partial_rotary_factor of each head is rotated
     w.add_rope_dimension_count(int(cfg["head_dim"] * rp.get("partial_rotary_factor", 0.25)))

@@ -2,7 +2,7 @@
 """Interleaved CPU benchmark: deltascope against llama.cpp's llama-bench on the same weights.
 
     python3 scripts/bench/bench_cpu.py --deltascope BIN --llama-bench BIN --stream BIN \
-        --pair bf16=MODEL_DIR,FILE.gguf --pair f32=MODEL_DIR,FILE.gguf \
+        --pair bf16=MODEL_DIR,FILE.gguf --pair f32=MODEL_DIR,FILE.gguf [--pair moe-bf16=DIR,FILE.gguf] \
         [--rounds 3] [--threads 2] [--prompt-len 512] [--gen 128] [--out runs.jsonl]
     python3 scripts/bench/bench_cpu.py --summary runs.jsonl
 
@@ -99,7 +99,8 @@ def deltascope_job(a, dtype: str, model: str) -> dict:
     # least P tokens (the chat template adds a few: the real count is recorded). `--dtype` is the
     # weights' dtype: llama.cpp multiplies BF16 weights by BF16 activations, as deltascope does at
     # --dtype bf16 (its default, f32, keeps f32 activations on bf16 weights).
-    cmd = [a.deltascope, "bench", "--model", model, "--dtype", dtype, "--prompt", "Count.",
+    # A pair's label is its dtype, or SHAPE-DTYPE (moe-bf16: the MoE shape at bf16).
+    cmd = [a.deltascope, "bench", "--model", model, "--dtype", dtype.rsplit("-", 1)[-1], "--prompt", "Count.",
            "--prompt-len", str(a.prompt_len), "--max-tokens", str(a.gen), "--mtp", "0",
            "--warmup", "1", "--repeat", "1", "--threads", str(a.threads), "--json"]
     r = run_measured(cmd)
@@ -197,8 +198,10 @@ def summary(files: list[str]) -> None:
         wb = rs[0]["weight_file_bytes"] / 1e9
         gbs = wb * statistics.median(tg)
         med[k] = (statistics.median(pp), statistics.median(tg), statistics.median(rss), wb, pp, tg)
-        print(f"| {k[0]} | {k[1]} | {spread(pp)} | {spread(tg)} | {max(rss):.2f} | {wb:.2f} | {gbs:.1f} | "
-              f"{100 * gbs / med_bw:.0f} % |")
+        # A MoE token reads its experts only, not the whole file: no bandwidth share from it.
+        moe = k[1].startswith("moe")
+        bw_cols = "- | -" if moe else f"{gbs:.1f} | {100 * gbs / med_bw:.0f} %"
+        print(f"| {k[0]} | {k[1]} | {spread(pp)} | {spread(tg)} | {max(rss):.2f} | {wb:.2f} | {bw_cols} |")
     print()
     print("| dtype | pp ratio deltascope / llama.cpp | tg ratio | deltascope RSS / weights |")
     print("|---|---|---|---|")
