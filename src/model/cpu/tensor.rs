@@ -319,28 +319,46 @@ impl Linear {
         // bf16 activations against bf16 weights (`--dtype bf16`): the pair order, which
         // `vdpbf16ps` computes where the CPU has it (`gemv::PairKernel`).
         let pairs = (prec == Precision::Bf16 && self.all_bf16()).then(|| PairRows::new(self.pairs, &xs, inp));
-        // Output computed transposed ([out, rows]) so threads own contiguous blocks.
-        let mut yt = vec![0f32; out * rows];
+        // The kernels write a block of outputs transposed ([block, rows]); threads own blocks.
         let block_fn = |(bi, chunk): (usize, &mut [f32]), block: usize| match &pairs {
             Some(p) => self.pair_dots(bi * block, chunk.len() / rows, p, chunk),
             None => self.dots(bi * block, chunk.len() / rows, &xs, chunk),
         };
-        if out * inp < PARALLEL_MIN_WEIGHTS {
-            // Small layers (the demo model): a thread hand-off costs more than the work.
-            block_fn((0, &mut yt), out);
-        } else {
-            let block = 64.max(out / (rayon::current_num_threads() * 8).max(1));
-            yt.par_chunks_mut(block * rows).enumerate().for_each(|c| block_fn(c, block));
-        }
-        if rows == 1 {
-            // [out, 1] is [1, out]: a decode step's output (the LM head's 1 MB of logits) needs
-            // no second buffer.
-            return Mat::from_vec(1, out, yt);
-        }
-        // A verify pass's rows back to [rows, out] (the LM head's 4 × 248k logits: rows on
-        // all threads).
+        // Small layers (the demo model): one block, as a thread hand-off costs more than the work.
+        let small = out * inp < PARALLEL_MIN_WEIGHTS;
+        let block = if small { out } else { 64.max(out / (rayon::current_num_threads() * 8).max(1)) };
         let mut y = Mat::zeros(rows, out);
-        y.for_rows(|r, row| row.iter_mut().zip(yt[r..].iter().step_by(rows)).for_each(|(d, s)| *d = *s));
+        if rows == 1 {
+            // [block, 1] is [1, block]: a decode step's output goes straight into place.
+            if small {
+                block_fn((0, &mut y.data), out);
+            } else {
+                y.data.par_chunks_mut(block).enumerate().for_each(|c| block_fn(c, block));
+            }
+            return y;
+        }
+        // A verify pass: each block's [block, rows] is turned into its segments of the output
+        // rows by the thread that computed it, while it is in cache (a separate pass over the
+        // LM head's 4 × 248k logits cost several percent of the pass).
+        let mut segments: Vec<Vec<&mut [f32]>> = (0..out.div_ceil(block)).map(|_| Vec::with_capacity(rows)).collect();
+        for row in y.data.chunks_mut(out) {
+            for (b, seg) in row.chunks_mut(block).enumerate() {
+                segments[b].push(seg);
+            }
+        }
+        let work = |(bi, segs): (usize, Vec<&mut [f32]>)| {
+            let n = segs.first().map_or(0, |s| s.len());
+            let mut local = vec![0f32; n * rows];
+            block_fn((bi, &mut local), block);
+            for (r, seg) in segs.into_iter().enumerate() {
+                seg.iter_mut().zip(local[r..].iter().step_by(rows)).for_each(|(d, s)| *d = *s);
+            }
+        };
+        if small {
+            segments.into_iter().enumerate().for_each(work);
+        } else {
+            segments.into_par_iter().enumerate().for_each(work);
+        }
         y
     }
 
@@ -534,6 +552,33 @@ mod tests {
                 for o in 0..out {
                     let want: f32 = (0..inp).map(|i| w[o * inp + i] * x[r * inp + i]).sum();
                     assert!((y.row(r)[o] - want).abs() < 1e-4, "rows {rows} r {r} o {o}: {} vs {want}", y.row(r)[o]);
+                }
+            }
+        }
+    }
+
+    /// A layer big enough for the threaded GEMV (several blocks, the last one short): every row
+    /// of a multi-row call lands in its place with the bits that row gets alone, at f32 and at
+    /// bf16 (where AMX tiles or `vdpbf16ps` run), and near the plain sum.
+    #[test]
+    fn threaded_gemv_rows_land_in_place_with_their_own_bits() {
+        let (out, inp) = (1003, 96);
+        assert!(out * inp >= PARALLEL_MIN_WEIGHTS);
+        let bits: Vec<u16> =
+            (0..out * inp).map(|i| half::bf16::from_f32(((i * 7919) % 2003) as f32 / 1000.0 - 1.0).to_bits()).collect();
+        let lin = Linear::from_weights(Weights::bf16(bits.clone()), out, inp).unwrap();
+        for prec in [Precision::F32, Precision::Bf16] {
+            for rows in [2, 3, 5, 8] {
+                let x: Vec<f32> = (0..rows * inp).map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0).collect();
+                let y = lin.forward(&Mat::from_vec(rows, inp, x.clone()), prec).unwrap();
+                for r in 0..rows {
+                    let alone = lin.forward(&Mat::from_vec(1, inp, x[r * inp..(r + 1) * inp].to_vec()), prec).unwrap();
+                    let same = alone.row(0).iter().zip(y.row(r)).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{prec:?} rows {rows}: row {r} differs from the same row alone");
+                    for o in [0, 1, 500, out - 1] {
+                        let want: f32 = (0..inp).map(|i| bf16_to_f32(bits[o * inp + i]) * x[r * inp + i]).sum();
+                        assert!((y.row(r)[o] - want).abs() <= 0.02 * want.abs().max(1.0), "{prec:?} y[{r}][{o}]");
+                    }
                 }
             }
         }
