@@ -157,74 +157,58 @@ mod x86 {
         let (x_stride, y_stride) = (x.rows * 4, g * 4);
         // One block of B per 32 inputs: 16 pairs of x.rows u32, starting at column `first`.
         let b_at = |blk: usize| x.data[blk * (K_STEP / 2) * x.rows + first..].as_ptr();
-        // A part of a tile past `k` rows: the rows copied into a zeroed block of 16, so every
-        // output is computed by the same instructions on the same values wherever it falls.
-        let mut pad = Vec::new();
-        let mut pad_out = [0f32; M * 16];
-        // SAFETY: (every block below) loads read 16 rows of 64 bytes at the stride inside `w`,
-        // the packed activations or `pad`; stores write 16 rows of g f32 inside `y` or `pad_out`.
+        // Two tiles of 16 weight rows (from `a0`, `a1`, rows `n` apart) against the activations,
+        // stored as 16 × g outputs at `y0` and at `y1`.
+        //
+        // SAFETY: (for every call below) the A tiles read 16 rows of 64 bytes at the stride
+        // inside `w` or `pad`, the B tile 16 rows of g u32 inside the packed activations, and the
+        // stores write 16 × g f32 inside `y` or `pad_out`; the configuration is loaded first.
+        let pass = |a0: *const u16, a1: *const u16, y0: *mut f32, y1: *mut f32| unsafe {
+            asm!("tilezero tmm0", "tilezero tmm1", options(nostack, nomem));
+            for blk in 0..blocks {
+                asm!(
+                    "tileloadd tmm4, [{b} + {bs}*1]",
+                    "tileloadd tmm2, [{a0} + {ws}*1]",
+                    "tileloadd tmm3, [{a1} + {ws}*1]",
+                    "tdpbf16ps tmm0, tmm2, tmm4",
+                    "tdpbf16ps tmm1, tmm3, tmm4",
+                    b = in(reg) b_at(blk),
+                    bs = in(reg) x_stride,
+                    a0 = in(reg) a0.add(blk * K_STEP),
+                    a1 = in(reg) a1.add(blk * K_STEP),
+                    ws = in(reg) w_stride,
+                    options(nostack, readonly)
+                );
+            }
+            asm!(
+                "tilestored [{y0} + {ys}*1], tmm0",
+                "tilestored [{y1} + {ys}*1], tmm1",
+                y0 = in(reg) y0,
+                y1 = in(reg) y1,
+                ys = in(reg) y_stride,
+                options(nostack)
+            );
+        };
+        // SAFETY: loads the configuration `pass` runs under; the offsets stay inside `w` and `y`
+        // (o + 32 ≤ k), and `pad` / `pad_out` hold two tiles.
         unsafe {
             asm!("ldtilecfg [{0}]", in(reg) &cfg, options(nostack, readonly));
             let mut o = 0;
             while o + 2 * M <= k {
-                let (a0, a1) = (w.as_ptr().add(o * n), w.as_ptr().add((o + M) * n));
-                asm!("tilezero tmm0", "tilezero tmm1", options(nostack, nomem));
-                for blk in 0..blocks {
-                    asm!(
-                        "tileloadd tmm4, [{b} + {bs}*1]",
-                        "tileloadd tmm2, [{a0} + {ws}*1]",
-                        "tileloadd tmm3, [{a1} + {ws}*1]",
-                        "tdpbf16ps tmm0, tmm2, tmm4",
-                        "tdpbf16ps tmm1, tmm3, tmm4",
-                        b = in(reg) b_at(blk),
-                        bs = in(reg) x_stride,
-                        a0 = in(reg) a0.add(blk * K_STEP),
-                        a1 = in(reg) a1.add(blk * K_STEP),
-                        ws = in(reg) w_stride,
-                        options(nostack, readonly)
-                    );
-                }
-                asm!(
-                    "tilestored [{y0} + {ys}*1], tmm0",
-                    "tilestored [{y1} + {ys}*1], tmm1",
-                    y0 = in(reg) y.as_mut_ptr().add(o * g),
-                    y1 = in(reg) y.as_mut_ptr().add((o + M) * g),
-                    ys = in(reg) y_stride,
-                    options(nostack)
-                );
+                let (a, y) = (w.as_ptr().add(o * n), y.as_mut_ptr().add(o * g));
+                pass(a, a.add(M * n), y, y.add(M * g));
                 o += 2 * M;
             }
-            while o < k {
-                let take = M.min(k - o);
-                let (a, stride) = if take == M {
-                    (w.as_ptr().add(o * n), w_stride)
-                } else {
-                    pad.clear();
-                    pad.extend_from_slice(&w[o * n..(o + take) * n]);
-                    pad.resize(M * n, 0);
-                    (pad.as_ptr(), w_stride)
-                };
-                asm!("tilezero tmm0", options(nostack, nomem));
-                for blk in 0..blocks {
-                    asm!(
-                        "tileloadd tmm4, [{b} + {bs}*1]",
-                        "tileloadd tmm2, [{a} + {ws}*1]",
-                        "tdpbf16ps tmm0, tmm2, tmm4",
-                        b = in(reg) b_at(blk),
-                        bs = in(reg) x_stride,
-                        a = in(reg) a.add(blk * K_STEP),
-                        ws = in(reg) stride,
-                        options(nostack, readonly)
-                    );
-                }
-                asm!(
-                    "tilestored [{p} + {ys}*1], tmm0",
-                    p = in(reg) pad_out.as_mut_ptr(),
-                    ys = in(reg) y_stride,
-                    options(nostack)
-                );
-                y[o * g..(o + take) * g].copy_from_slice(&pad_out[..take * g]);
-                o += take;
+            if o < k {
+                // The last rows copied into two zeroed tiles: every output is computed by the
+                // same instructions on the same values wherever it falls.
+                let take = k - o;
+                let mut pad = vec![0u16; 2 * M * n];
+                pad[..take * n].copy_from_slice(&w[o * n..k * n]);
+                let mut pad_out = [0f32; 2 * M * 16];
+                let (a, p) = (pad.as_ptr(), pad_out.as_mut_ptr());
+                pass(a, a.add(M * n), p, p.add(M * g));
+                y[o * g..k * g].copy_from_slice(&pad_out[..take * g]);
             }
             asm!("tilerelease", options(nostack, nomem));
         }
