@@ -6,6 +6,8 @@ use rayon::prelude::*;
 
 use super::config::ModelConfig;
 use super::cpu::gemv::MAX_ROWS as GEMV_MAX_ROWS;
+use super::cpu::math;
+use super::cpu::subnormal::Flush;
 use super::cpu::tensor::{Linear, Mat, Precision, dot, sigmoid, small_gemm};
 use super::load::Loader;
 use super::norm::RmsNorm;
@@ -118,6 +120,8 @@ impl AttnLayer {
         let outputs: Vec<Vec<f32>> = (0..nh * blocks)
             .into_par_iter()
             .map(|task| {
+                // Softmax weights far below f32's normal range are flushed to zero (`subnormal`).
+                let _flush = Flush::new();
                 let (h, t0) = (task / blocks, (task % blocks) * BLOCK);
                 let (n, kvh) = (BLOCK.min(t_len - t0), h / groups);
                 let keys = pos0 + t0 + n; // the block's last query sees keys 0..keys
@@ -197,7 +201,7 @@ fn softmax_rounded(scores: &mut [f32], prec: Precision) {
     let max = scores.iter().fold(f32::NEG_INFINITY, |m, s| m.max(*s));
     let mut sum = 0f32;
     for s in scores.iter_mut() {
-        *s = (*s - max).exp();
+        *s = math::exp(*s - max);
         sum += *s;
     }
     for s in scores.iter_mut() {

@@ -3,7 +3,8 @@
 //! expert), model-spec §5.2–§5.3.
 
 use super::config::MoeConfig;
-use super::cpu::tensor::{Linear, Mat, Precision, sigmoid, silu};
+use super::cpu::math;
+use super::cpu::tensor::{Linear, Mat, Precision, sigmoid};
 use super::finite::{self, Sublayer};
 use super::load::Loader;
 use super::storage::Weights;
@@ -49,9 +50,7 @@ impl DenseMlp {
         let mut h = Mat::zeros(x.rows, i);
         h.for_rows(|t, out| {
             let (g, u) = gu.row(t).split_at(i);
-            for (o, (g, u)) in out.iter_mut().zip(g.iter().zip(u)) {
-                *o = prec.round(prec.round(silu(*g)) * u);
-            }
+            math::silu_times(out, g, u, prec);
         });
         self.down.forward(&h, prec)
     }
@@ -120,7 +119,7 @@ impl MoeBlock {
         for t in 0..t_len {
             let l = logits.row(t);
             let max = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-            let exps: Vec<f32> = l.iter().map(|v| (v - max).exp()).collect();
+            let exps: Vec<f32> = l.iter().map(|v| math::exp(v - max)).collect();
             let sum: f32 = exps.iter().sum();
             let probs: Vec<f32> = exps.iter().map(|e| e / sum).collect();
             let mut order: Vec<usize> = (0..probs.len()).collect();

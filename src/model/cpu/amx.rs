@@ -23,6 +23,8 @@
 
 use std::sync::OnceLock;
 
+use rayon::prelude::*;
+
 /// Activation rows one tile pass serves (a C tile row is 64 bytes: 16 f32).
 pub const MAX_ROWS: usize = 16;
 /// Inputs per tile step (a tile row of 64 bytes: 32 bf16).
@@ -85,6 +87,128 @@ pub fn gemv(w: &[u16], k: usize, x: &Packed, rows: std::ops::Range<usize>, y: &m
     // and `x86::gemv` reads only whole blocks inside them.
     unsafe {
         x86::gemv(w, k, n, x, rows.start, g, y)
+    }
+}
+
+/// Token rows per prefill tile pass (two A tiles of 16).
+const TOKENS: usize = 2 * M;
+/// Output features per prefill panel (two B tiles of 16).
+const PANEL: usize = 2 * M;
+
+/// A prefill's activations for [`gemm`]: each row rounded to bf16 and zero-padded to whole
+/// 32-input blocks (the A tile loads 16 rows × 32 values straight from here), the row count
+/// padded with zero rows to whole tile passes of [`TOKENS`].
+pub struct Tokens {
+    rows: usize,
+    n: usize,
+    stride: usize,
+    data: Vec<u16>,
+}
+
+impl Tokens {
+    /// `x` is `[rows, n]` row-major f32.
+    pub fn new(x: &[f32], rows: usize, n: usize) -> Tokens {
+        assert_eq!(x.len(), rows * n);
+        let stride = n.div_ceil(K_STEP).max(1) * K_STEP;
+        let mut data = vec![0u16; rows.div_ceil(TOKENS) * TOKENS * stride];
+        data.par_chunks_mut(stride).zip(x.par_chunks(n.max(1))).for_each(|(d, s)| {
+            d.iter_mut().zip(s).for_each(|(d, v)| *d = half::bf16::from_f32(*v).to_bits());
+        });
+        Tokens { rows, n, stride, data }
+    }
+
+    fn row(&self, r: usize) -> &[u16] {
+        &self.data[r * self.stride..r * self.stride + self.n]
+    }
+}
+
+/// The prefill GEMM: `y[t · out + o] = w[o] · x[t]` for every token row `t` and output feature
+/// `o < out`, where `row(o)` is weight row `o` (`n` bf16 values as stored). Each output has the
+/// bits [`gemv`] gives it (plus the same tail): a prompt's rows equal the decode step's, and no
+/// output depends on the tiling, the panel or the thread. Only where [`available`] holds.
+///
+/// Threads take panels of 32 output features; a panel's weights are packed into the B tile's
+/// pair-major layout (`[block][pair][32 features]`, 64 KiB for 1024 inputs: it stays in L2) and
+/// swept by passes of 32 tokens, each four C tiles written straight into `y`.
+pub fn gemm<'w, F>(x: &Tokens, out: usize, row: F, y: &mut [f32])
+where
+    F: Fn(usize) -> &'w [u16] + Sync,
+{
+    assert!(available(), "the AMX GEMM needs AMX-BF16");
+    let (n, rows) = (x.n, x.rows);
+    assert_eq!(y.len(), rows * out);
+    let blocks = n / K_STEP;
+    let from = blocks * K_STEP;
+    let y_ptr = OutPtr(y.as_mut_ptr());
+    (0..out.div_ceil(PANEL)).into_par_iter().for_each_init(
+        || (vec![0u32; blocks * (K_STEP / 2) * PANEL], vec![0f32; TOKENS * PANEL]),
+        |(packed, scratch), pi| {
+            let n0 = pi * PANEL;
+            let width = PANEL.min(out - n0);
+            let weights: Vec<&[u16]> = (n0..n0 + width).map(&row).collect();
+            pack_panel(&weights, n, packed);
+            for t0 in (0..rows).step_by(TOKENS) {
+                let take = TOKENS.min(rows - t0);
+                let direct = take == TOKENS && width == PANEL;
+                // SAFETY: `available` held; the A tiles read 32 rows of `x` from t0 (padded to
+                // whole passes) and whole blocks of each; the B tiles read `packed` (blocks ·
+                // 16 lines of 32 u32); the C tiles go to this panel's columns of rows
+                // t0..t0 + 32 of `y` (all in bounds when `direct`; no other task writes them)
+                // or to `scratch` (32 × 32).
+                #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+                unsafe {
+                    let a = x.data.as_ptr().add(t0 * x.stride);
+                    if direct {
+                        x86::gemm_pass(a, x.stride, packed, blocks, y_ptr.at(t0 * out + n0), out)
+                    } else {
+                        x86::gemm_pass(a, x.stride, packed, blocks, scratch.as_mut_ptr(), PANEL);
+                        for t in 0..take {
+                            let dst = std::slice::from_raw_parts_mut(y_ptr.at((t0 + t) * out + n0), width);
+                            dst.copy_from_slice(&scratch[t * PANEL..t * PANEL + width]);
+                        }
+                    }
+                }
+                if from < n {
+                    for t in t0..t0 + take {
+                        for (f, w) in weights.iter().enumerate() {
+                            // SAFETY: element (t, n0 + f) of `y`, this panel's own.
+                            unsafe { *y_ptr.at(t * out + n0 + f) += super::gemv::pairs_tail(w, x.row(t), from) };
+                        }
+                    }
+                }
+            }
+        },
+    );
+}
+
+/// The panel's whole blocks in the B tile's layout: `packed[(blk · 16 + j) · 32 + f]` is pair
+/// `j` of block `blk` of feature `f` (the even input in the low half), zero past the panel's
+/// last feature.
+fn pack_panel(weights: &[&[u16]], n: usize, packed: &mut [u32]) {
+    let pairs = n / K_STEP * (K_STEP / 2);
+    if weights.len() < PANEL {
+        packed.fill(0);
+    }
+    for (f, w) in weights.iter().enumerate() {
+        assert_eq!(w.len(), n, "weight row has {} values, expected {n}", w.len());
+        for (p, pair) in w.as_chunks::<2>().0[..pairs].iter().enumerate() {
+            packed[p * PANEL + f] = u32::from(pair[0]) | (u32::from(pair[1]) << 16);
+        }
+    }
+}
+
+/// `y`'s base pointer, shared by the panel tasks, which write disjoint columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: the tasks write disjoint elements through it (see `gemm`), and `y` outlives them.
+unsafe impl Send for OutPtr {}
+// SAFETY: as for Send: shared between the tasks, each writing only its own elements.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    fn at(self, offset: usize) -> *mut f32 {
+        // SAFETY: callers pass an offset inside `y`.
+        unsafe { self.0.add(offset) }
     }
 }
 
@@ -211,6 +335,77 @@ mod x86 {
                 y[o * g..k * g].copy_from_slice(&pad_out[..take * g]);
             }
             asm!("tilerelease", options(nostack, nomem));
+        }
+    }
+    /// One prefill pass: 32 token rows (two A tiles, from `a`, `a_stride` bf16 apart) against a
+    /// packed panel of 32 features (two B tiles) over `blocks` 32-input blocks, the four C
+    /// tiles stored at `y` (row stride `y_stride` f32): tokens 0–15 × features 0–15, 0–15 ×
+    /// 16–31, 16–31 × 0–15, 16–31 × 16–31.
+    ///
+    /// # Safety
+    ///
+    /// AMX-BF16 is present and permitted; `a` holds 32 rows of `blocks · 32` bf16 at the
+    /// stride, `packed` `blocks · 16 · 32` u32, and `y` 32 rows of 32 writable f32.
+    pub unsafe fn gemm_pass(
+        a: *const u16,
+        a_stride: usize,
+        packed: &[u32],
+        blocks: usize,
+        y: *mut f32,
+        y_stride: usize,
+    ) {
+        debug_assert!(packed.len() >= blocks * 16 * 32);
+        let mut cfg = TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
+        for t in 0..8 {
+            cfg.colsb[t] = 64;
+            cfg.rows[t] = 16;
+        }
+        let (a_bytes, y_bytes) = (a_stride * 2, y_stride * 4);
+        let b = packed.as_ptr();
+        // SAFETY: the caller's contract; every load and store stays inside the regions it names.
+        unsafe {
+            asm!(
+                "ldtilecfg [{cfg}]",
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                cfg = in(reg) &cfg,
+                options(nostack, readonly)
+            );
+            for blk in 0..blocks {
+                let (a0, b0) = (a.add(blk * K_STEP), b.add(blk * 16 * 32));
+                asm!(
+                    "tileloadd tmm4, [{a0} + {as}*1]",
+                    "tileloadd tmm6, [{b0} + {bs}*1]",
+                    "tileloadd tmm7, [{b1} + {bs}*1]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tileloadd tmm5, [{a1} + {as}*1]",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    a0 = in(reg) a0,
+                    a1 = in(reg) a0.add(M * a_stride),
+                    as = in(reg) a_bytes,
+                    b0 = in(reg) b0,
+                    b1 = in(reg) b0.add(M),
+                    bs = in(reg) 128usize,
+                    options(nostack, readonly)
+                );
+            }
+            asm!(
+                "tilestored [{y0} + {ys}*1], tmm0",
+                "tilestored [{y1} + {ys}*1], tmm1",
+                "tilestored [{y2} + {ys}*1], tmm2",
+                "tilestored [{y3} + {ys}*1], tmm3",
+                "tilerelease",
+                y0 = in(reg) y,
+                y1 = in(reg) y.add(M),
+                y2 = in(reg) y.add(M * y_stride),
+                y3 = in(reg) y.add(M * y_stride + M),
+                ys = in(reg) y_bytes,
+                options(nostack)
+            );
         }
     }
 }

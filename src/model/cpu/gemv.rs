@@ -774,7 +774,7 @@ pub fn portable_pairs(w: &[u16], x: &[u16]) -> f32 {
 
 /// The scalar tail past the last full block, in order.
 #[inline(always)]
-fn pairs_tail(w: &[u16], x: &[u16], from: usize) -> f32 {
+pub(super) fn pairs_tail(w: &[u16], x: &[u16], from: usize) -> f32 {
     let mut s = 0f32;
     for i in from..w.len().min(x.len()) {
         s += bf16_to_f32(w[i]) * bf16_to_f32(x[i]);
@@ -993,6 +993,41 @@ mod tests {
                     out[3 * MAX_ROWS..].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                     "k {k} n {n}: rows 3.. on their own"
                 );
+            }
+        }
+    }
+
+    /// The AMX prefill GEMM gives every output the bits the AMX GEMV gives it alone, whatever
+    /// the token count (partial passes of 32), the output count (partial panels), the width
+    /// (tails past the last whole 32 inputs) and the threads: a prompt's rows are the decode
+    /// step's bits.
+    #[test]
+    fn amx_gemm_rows_have_the_gemv_bits() {
+        use super::super::amx;
+        if !amx::available() {
+            // Covered by the test above: a CPU listing amx_bf16 must grant the tiles.
+            return;
+        }
+        for (rows, k, n) in [(33, 40, 64), (9, 17, 1003), (64, 96, 1024), (40, 33, 31), (100, 70, 3584)] {
+            let w = bf16_values(k * n, 5 + rows, 0.4);
+            let x: Vec<f32> = (0..rows * n).map(|i| ((i * 7 + 3) as f32 * 0.017).sin() * 1.3).collect();
+            let tokens = amx::Tokens::new(&x, rows, n);
+            let mut y = vec![f32::NAN; rows * k];
+            amx::gemm(&tokens, k, |o| &w[o * n..(o + 1) * n], &mut y);
+            for r in 0..rows {
+                let xs = [&x[r * n..(r + 1) * n]];
+                let single = PairRows::new(PairKernel::Amx, &xs, n);
+                let mut alone = vec![0f32; k];
+                pairs_rows(&w, &single, &mut alone);
+                for o in 0..k {
+                    assert_eq!(
+                        y[r * k + o].to_bits(),
+                        alone[o].to_bits(),
+                        "rows {rows} k {k} n {n}: token {r} feature {o}: {} against the GEMV's {}",
+                        y[r * k + o],
+                        alone[o]
+                    );
+                }
             }
         }
     }

@@ -13,9 +13,9 @@
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::gemm_bf16;
 use super::gemv::{self, PairKernel, PairRows, WeightRow};
 use super::simd::Simd;
+use super::{amx, gemm_bf16};
 use crate::error::{Error, Result};
 use crate::model::storage::Weights;
 
@@ -50,7 +50,7 @@ impl Precision {
     pub fn round(self, x: f32) -> f32 {
         match self {
             Precision::F32 => x,
-            Precision::Bf16 => half::bf16::from_f32(x).to_f32(),
+            Precision::Bf16 => super::math::round_bf16(x),
         }
     }
 
@@ -58,7 +58,7 @@ impl Precision {
         if self == Precision::Bf16 {
             for_rows(xs, 1024.min(xs.len()), |_, row| {
                 for x in row {
-                    *x = half::bf16::from_f32(*x).to_f32();
+                    *x = super::math::round_bf16(*x);
                 }
             });
         }
@@ -70,18 +70,18 @@ pub const F32_BYTES: usize = std::mem::size_of::<f32>();
 
 #[inline(always)]
 pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    super::math::sigmoid(x)
 }
 
 #[inline(always)]
 pub fn silu(x: f32) -> f32 {
-    x * sigmoid(x)
+    super::math::silu(x)
 }
 
 /// torch's softplus (beta 1, threshold 20).
 #[inline(always)]
 pub fn softplus(x: f32) -> f32 {
-    if x > 20.0 { x } else { x.exp().ln_1p() }
+    if x > 20.0 { x } else { super::math::exp(x).ln_1p() }
 }
 
 /// A row-major `rows × cols` f32 matrix (activations: one row per token).
@@ -275,10 +275,9 @@ impl Linear {
         }
         let mut y = if x.rows <= GEMV_MAX_ROWS {
             self.gemv(x, prec)
-        } else if prec == Precision::Bf16
-            && matches!(self.pairs, PairKernel::Dpbf16 | PairKernel::Amx)
-            && self.all_bf16()
-        {
+        } else if prec == Precision::Bf16 && self.pairs == PairKernel::Amx && self.all_bf16() {
+            self.gemm_amx(x)
+        } else if prec == Precision::Bf16 && self.pairs == PairKernel::Dpbf16 && self.all_bf16() {
             self.gemm_bf16(x)?
         } else {
             self.gemm(x)?
@@ -372,14 +371,27 @@ impl Linear {
         let (inp, out) = (self.in_features, self.out_features);
         let packed = gemm_bf16::PackedTokens::new(&x.data, x.rows, inp);
         let mut y = vec![0f32; x.rows * out];
-        let row = |o: usize| -> &[u16] {
-            match self.spans(o, 1).next() {
-                Some((Weights::Bf16(v), at, _)) => &v[at * inp..(at + 1) * inp],
-                _ => unreachable!("all parts are bf16 (checked by the caller)"),
-            }
-        };
-        gemm_bf16::gemm(&packed, inp, out, row, &mut y);
+        gemm_bf16::gemm(&packed, inp, out, |o| self.bf16_row(o), &mut y);
         Ok(Mat::from_vec(x.rows, out, y))
+    }
+
+    /// The prefill GEMM on AMX tiles ([`amx::gemm`]): each output has the bits the decode
+    /// GEMV gives it, the weights read as stored.
+    fn gemm_amx(&self, x: &Mat) -> Mat {
+        let (inp, out) = (self.in_features, self.out_features);
+        let tokens = amx::Tokens::new(&x.data, x.rows, inp);
+        let mut y = vec![0f32; x.rows * out];
+        amx::gemm(&tokens, out, |o| self.bf16_row(o), &mut y);
+        Mat::from_vec(x.rows, out, y)
+    }
+
+    /// Weight row `o` as stored (only for all-bf16 weights).
+    fn bf16_row(&self, o: usize) -> &[u16] {
+        let inp = self.in_features;
+        match self.spans(o, 1).next() {
+            Some((Weights::Bf16(v), at, _)) => &v[at * inp..(at + 1) * inp],
+            _ => unreachable!("all parts are bf16 (checked by the caller)"),
+        }
     }
 
     /// [`Linear::dots`] for bf16 weights against bf16 activations.

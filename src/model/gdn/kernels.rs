@@ -6,7 +6,9 @@
 //! (AVX-512, AVX2, else the baseline) by `simd_dispatch!`; a multiply and an add are never
 //! fused, so every instruction set gives the same bits.
 
-use super::super::cpu::Simd;
+use super::super::cpu::math::exp;
+use super::super::cpu::simd::simd_dispatch;
+use super::super::cpu::subnormal::Flush;
 use super::super::cpu::tensor::small_gemm;
 
 /// The prefill chunk of the chunked rule (model-spec §3.7).
@@ -23,48 +25,6 @@ pub struct HeadInputs<'a> {
     pub beta: &'a [f32],
     pub dk: usize,
     pub dv: usize,
-}
-
-/// Defines `fn $name` running `$body` compiled three times (for AVX-512, for AVX2 and for the
-/// baseline) and choosing by the instruction set detected at run time. `$body` must be
-/// `#[inline(always)]` so that each copy is compiled for its instruction set.
-macro_rules! simd_dispatch {
-    ($(#[$attr:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? => $body:ident) => {
-        $(#[$attr])*
-        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
-            #[cfg(target_arch = "x86_64")]
-            {
-                /// `$body` compiled for AVX-512.
-                ///
-                /// # Safety
-                ///
-                /// The CPU must have AVX-512F.
-                #[target_feature(enable = "avx512f")]
-                unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
-                    $body($($arg),*)
-                }
-
-                /// `$body` compiled for AVX2.
-                ///
-                /// # Safety
-                ///
-                /// The CPU must have AVX2.
-                #[target_feature(enable = "avx2")]
-                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
-                    $body($($arg),*)
-                }
-
-                match Simd::detect() {
-                    // SAFETY: the CPU has AVX-512F (detected at run time).
-                    Simd::Avx512 => return unsafe { avx512($($arg),*) },
-                    // SAFETY: the CPU has AVX2 (detected at run time).
-                    Simd::Avx2 => return unsafe { avx2($($arg),*) },
-                    Simd::Portable => {}
-                }
-            }
-            $body($($arg),*)
-        }
-    };
 }
 
 /// The recurrent rule over `T` tokens of one head (model-spec §3.6). `s` is `[dk][dv]`.
@@ -100,7 +60,7 @@ fn recurrent_body(
     let mut delta = vec![0f32; dv];
     for t in 0..t_len {
         let (qt, kt, vt) = (&q[t * dk..(t + 1) * dk], &k[t * dk..(t + 1) * dk], &v[t * dv..(t + 1) * dv]);
-        let decay = g[t].exp();
+        let decay = exp(g[t]);
         kv.fill(0.0);
         for a in 0..dk {
             let row = &mut s[a * dv..(a + 1) * dv];
@@ -140,7 +100,7 @@ simd_dispatch! {
 #[inline(always)]
 fn replay_body(s: &mut [f32], k: &[f32], delta: &[f32], g: &[f32], dk: usize, dv: usize) {
     for t in 0..g.len() {
-        let decay = g[t].exp();
+        let decay = exp(g[t]);
         for x in s.iter_mut() {
             *x *= decay;
         }
@@ -161,6 +121,9 @@ fn replay_body(s: &mut [f32], k: &[f32], delta: &[f32], g: &[f32], dk: usize, dv
 /// caller threads over heads); chunks are scanned in order. Mathematically identical to
 /// [`recurrent_head`]. Returns the outputs `[T][dv]`.
 pub fn chunked_head(inputs: &HeadInputs<'_>, s: &mut [f32]) -> Vec<f32> {
+    // Decays far below f32's normal range are flushed to zero (`subnormal`: each one costs a
+    // microcode assist on x86, which made this rule half of a prefill).
+    let _flush = Flush::new();
     let HeadInputs { q, k, v, g, beta, dk, dv } = *inputs;
     let t_len = g.len();
     let mut out = vec![0f32; t_len * dv];
@@ -188,10 +151,10 @@ pub fn chunked_head(inputs: &HeadInputs<'_>, s: &mut [f32]) -> Vec<f32> {
         for i in 0..n {
             let row = &mut decay[i * CHUNK..i * CHUNK + n];
             for (j, d) in row.iter_mut().enumerate() {
-                *d = if j <= i { (cum[i] - cum[j]).exp() } else { 0.0 };
+                *d = if j <= i { exp(cum[i] - cum[j]) } else { 0.0 };
             }
             let b = beta[c0 + i];
-            let eg = cum[i].exp();
+            let eg = exp(cum[i]);
             for a in 0..dk {
                 kb[i * dk + a] = kc[i * dk + a] * b;
                 qe[i * dk + a] = qc[i * dk + a] * eg;
@@ -223,7 +186,7 @@ pub fn chunked_head(inputs: &HeadInputs<'_>, s: &mut [f32]) -> Vec<f32> {
         }
         // U = T·vβ (into v_new) and W = T·(kβ·exp(G)).
         for i in 0..n {
-            let eg = cum[i].exp();
+            let eg = exp(cum[i]);
             for x in &mut kb[i * dk..(i + 1) * dk] {
                 *x *= eg;
             }
@@ -244,12 +207,12 @@ pub fn chunked_head(inputs: &HeadInputs<'_>, s: &mut [f32]) -> Vec<f32> {
         // S = S·exp(G_last) + Σ_i (k_i·exp(G_last − G_i)) ⊗ v_new_i = S·exp(G_last) + K'ᵀ·v_new.
         let last = cum[n - 1];
         for i in 0..n {
-            let e = (last - cum[i]).exp();
+            let e = exp(last - cum[i]);
             for (x, y) in w[i * dk..(i + 1) * dk].iter_mut().zip(&kc[i * dk..(i + 1) * dk]) {
                 *x = y * e;
             }
         }
-        small_gemm(dk, dv, n, s, dv, Some(last.exp()), (&w, 1, dk), (&vnew, dv, 1), 1.0);
+        small_gemm(dk, dv, n, s, dv, Some(exp(last)), (&w, 1, dk), (&vnew, dv, 1), 1.0);
     }
     out
 }

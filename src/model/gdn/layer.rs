@@ -80,7 +80,7 @@ impl GdnLayer {
             eps: eps as f32,
             in_proj,
             conv_taps,
-            a_neg: a_log.iter().map(|a| -a.exp()).collect(),
+            a_neg: a_log.iter().map(|a| -crate::model::cpu::math::exp(*a)).collect(),
             a_log,
             dt_bias: ld.get("dt_bias", &[hv])?,
             norm_w: ld.get("norm.weight", &[dv])?,

@@ -1,7 +1,8 @@
 //! The stages of a GDN layer around the delta rule, each the CPU twin of a kernel: the causal
 //! conv (stage 1), the gates (stage 2), the l2 norm of q and k, and the gated RMSNorm (stage 4).
 
-use super::super::cpu::tensor::{Mat, Precision, dot, sigmoid, silu, softplus};
+use super::super::cpu::math;
+use super::super::cpu::tensor::{Mat, Precision, dot, sigmoid, softplus};
 
 /// Stage 1 of a GDN layer: the causal depthwise conv and SiLU over `[window; inputs]` for the
 /// q/k/v columns of the input projection `proj` (`[T][conv_dim + …]`). `window` holds the last
@@ -36,10 +37,8 @@ pub fn conv_stage(
                 *o += w * x;
             }
         }
-        for o in out.iter_mut() {
-            // PyTorch's fallback rounds the conv output, then the SiLU output.
-            *o = prec.round(silu(prec.round(*o)));
-        }
+        // PyTorch's fallback rounds the conv output, then the SiLU output.
+        math::silu_rounded(out, prec);
     });
     let mut next = Vec::with_capacity((k - 1) * conv_dim);
     for tau in (t_len as isize - (k as isize - 1))..t_len as isize {
@@ -95,10 +94,7 @@ pub fn gated_norm_stage(
                 *x = prec.round(*y);
             }
             let inv = crate::model::norm::rsqrt_mean_square(o, eps);
-            for (i, x) in o.iter_mut().enumerate() {
-                let n = prec.round(norm_w[i] * prec.round(*x * inv));
-                *x = prec.round(n * silu(z[h * dv + i]));
-            }
+            math::gated_norm(o, &norm_w[..dv], inv, &z[h * dv..(h + 1) * dv], prec);
         }
     });
     normed
