@@ -27,7 +27,11 @@ pub fn exp(x: f32) -> f32 {
     const LN2_LO: f32 = -2.121_944_4e-4;
     // `clamp` keeps a NaN.
     let xc = x.clamp(EXP_MIN, EXP_MAX);
-    let n = (xc * std::f32::consts::LOG2_E).round_ties_even();
+    // n = round(x·log2 e), ties to even: adding 1.5·2²³ leaves the integer in the low mantissa
+    // bits (no rounding call: baseline x86-64 has no rounding instruction).
+    const SHIFT: f32 = 12_582_912.0;
+    let t = xc * std::f32::consts::LOG2_E + SHIFT;
+    let n = t - SHIFT;
     let r = xc - n * LN2_HI - n * LN2_LO;
     let p = (((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1)
         * r
@@ -35,8 +39,10 @@ pub fn exp(x: f32) -> f32 {
         * (r * r)
         + r
         + 1.0;
-    // n is in −126..=127 here (a NaN converts to 0 and stays NaN through p).
-    let y = p * f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // 2ⁿ: t + 127 holds n + 127 (1 to 254 here) in its low bits, and shifting those into the
+    // exponent field drops the rest (a float-to-int conversion does not vectorise). A NaN
+    // gives 0 and stays NaN through p.
+    let y = p * f32::from_bits((t + 127.0).to_bits() << 23);
     if x < EXP_MIN {
         0.0
     } else if x > EXP_OVERFLOW {
