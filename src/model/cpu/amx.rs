@@ -147,33 +147,34 @@ where
             let width = PANEL.min(out - n0);
             let weights: Vec<&[u16]> = (n0..n0 + width).map(&row).collect();
             pack_panel(&weights, n, packed);
-            for t0 in (0..rows).step_by(TOKENS) {
-                let take = TOKENS.min(rows - t0);
-                let direct = take == TOKENS && width == PANEL;
-                // SAFETY: `available` held; the A tiles read 32 rows of `x` from t0 (padded to
-                // whole passes) and whole blocks of each; the B tiles read `packed` (blocks ·
-                // 16 lines of 32 u32); the C tiles go to this panel's columns of rows
-                // t0..t0 + 32 of `y` (all in bounds when `direct`; no other task writes them)
-                // or to `scratch` (32 × 32).
-                #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-                unsafe {
+            // Whole passes of a whole panel go straight into `y` under one tile configuration;
+            // the rest (the last tokens, a panel past the last feature) through `scratch`.
+            let direct = if width == PANEL { rows / TOKENS } else { 0 };
+            // SAFETY: `available` held; the A tiles read 32 rows of `x` per pass (padded to
+            // whole passes) and whole blocks of each; the B tiles read `packed` (blocks · 16
+            // lines of 32 u32); the C tiles go to this panel's columns of the pass's rows of
+            // `y` (whole passes of a whole panel: in bounds, and no other task writes them) or
+            // to `scratch` (32 × 32).
+            #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+            unsafe {
+                if direct > 0 {
+                    x86::gemm_passes(x.data.as_ptr(), x.stride, direct, packed, blocks, y_ptr.at(n0), out);
+                }
+                for t0 in (direct * TOKENS..rows).step_by(TOKENS) {
+                    let take = TOKENS.min(rows - t0);
                     let a = x.data.as_ptr().add(t0 * x.stride);
-                    if direct {
-                        x86::gemm_pass(a, x.stride, packed, blocks, y_ptr.at(t0 * out + n0), out)
-                    } else {
-                        x86::gemm_pass(a, x.stride, packed, blocks, scratch.as_mut_ptr(), PANEL);
-                        for t in 0..take {
-                            let dst = std::slice::from_raw_parts_mut(y_ptr.at((t0 + t) * out + n0), width);
-                            dst.copy_from_slice(&scratch[t * PANEL..t * PANEL + width]);
-                        }
+                    x86::gemm_passes(a, x.stride, 1, packed, blocks, scratch.as_mut_ptr(), PANEL);
+                    for t in 0..take {
+                        let dst = std::slice::from_raw_parts_mut(y_ptr.at((t0 + t) * out + n0), width);
+                        dst.copy_from_slice(&scratch[t * PANEL..t * PANEL + width]);
                     }
                 }
-                if from < n {
-                    for t in t0..t0 + take {
-                        for (f, w) in weights.iter().enumerate() {
-                            // SAFETY: element (t, n0 + f) of `y`, this panel's own.
-                            unsafe { *y_ptr.at(t * out + n0 + f) += super::gemv::pairs_tail(w, x.row(t), from) };
-                        }
+            }
+            if from < n {
+                for t in 0..rows {
+                    for (f, w) in weights.iter().enumerate() {
+                        // SAFETY: element (t, n0 + f) of `y`, this panel's own.
+                        unsafe { *y_ptr.at(t * out + n0 + f) += super::gemv::pairs_tail(w, x.row(t), from) };
                     }
                 }
             }
@@ -183,14 +184,28 @@ where
 
 /// The panel's whole blocks in the B tile's layout: `packed[(blk · 16 + j) · 32 + f]` is pair
 /// `j` of block `blk` of feature `f` (the even input in the low half), zero past the panel's
-/// last feature.
+/// last feature. A transpose of the panel's rows read as u32 pairs, done 16 × 16 at a time in
+/// AVX-512 registers (as scalar moves it was a third of the GEMM's time).
 fn pack_panel(weights: &[&[u16]], n: usize, packed: &mut [u32]) {
-    let pairs = n / K_STEP * (K_STEP / 2);
-    if weights.len() < PANEL {
-        packed.fill(0);
-    }
-    for (f, w) in weights.iter().enumerate() {
+    let blocks = n / K_STEP;
+    assert!(weights.len() <= PANEL && packed.len() >= blocks * (K_STEP / 2) * PANEL);
+    for w in weights {
         assert_eq!(w.len(), n, "weight row has {} values, expected {n}", w.len());
+    }
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    // SAFETY: AMX CPUs have AVX-512F (and `gemm`, the only caller, runs only where `available`
+    // holds); the rows hold `n` ≥ blocks · 32 values each and `packed` the lines (asserted).
+    unsafe {
+        x86::pack_panel(weights, blocks, packed)
+    };
+}
+
+/// [`pack_panel`] in plain moves: what the transpose is tested against.
+#[cfg(test)]
+fn pack_panel_scalar(weights: &[&[u16]], n: usize, packed: &mut [u32]) {
+    let pairs = n / K_STEP * (K_STEP / 2);
+    packed.fill(0);
+    for (f, w) in weights.iter().enumerate() {
         for (p, pair) in w.as_chunks::<2>().0[..pairs].iter().enumerate() {
             packed[p * PANEL + f] = u32::from(pair[0]) | (u32::from(pair[1]) << 16);
         }
@@ -337,18 +352,21 @@ mod x86 {
             asm!("tilerelease", options(nostack, nomem));
         }
     }
-    /// One prefill pass: 32 token rows (two A tiles, from `a`, `a_stride` bf16 apart) against a
-    /// packed panel of 32 features (two B tiles) over `blocks` 32-input blocks, the four C
-    /// tiles stored at `y` (row stride `y_stride` f32): tokens 0–15 × features 0–15, 0–15 ×
-    /// 16–31, 16–31 × 0–15, 16–31 × 16–31.
+    /// `passes` prefill passes, each 32 token rows (two A tiles, from `a`, `a_stride` bf16
+    /// apart, the next pass 32 rows on) against a packed panel of 32 features (two B tiles)
+    /// over `blocks` 32-input blocks, its four C tiles stored at `y` (row stride `y_stride`
+    /// f32; the next pass 32 rows on): tokens 0–15 × features 0–15, 0–15 × 16–31, 16–31 ×
+    /// 0–15, 16–31 × 16–31.
     ///
     /// # Safety
     ///
-    /// AMX-BF16 is present and permitted; `a` holds 32 rows of `blocks · 32` bf16 at the
-    /// stride, `packed` `blocks · 16 · 32` u32, and `y` 32 rows of 32 writable f32.
-    pub unsafe fn gemm_pass(
+    /// AMX-BF16 is present and permitted; `a` holds 32 · `passes` rows of `blocks · 32` bf16 at
+    /// the stride, `packed` `blocks · 16 · 32` u32, and `y` 32 · `passes` rows of 32 writable
+    /// f32 at its stride.
+    pub unsafe fn gemm_passes(
         a: *const u16,
         a_stride: usize,
+        passes: usize,
         packed: &[u32],
         blocks: usize,
         y: *mut f32,
@@ -364,48 +382,134 @@ mod x86 {
         let b = packed.as_ptr();
         // SAFETY: the caller's contract; every load and store stays inside the regions it names.
         unsafe {
-            asm!(
-                "ldtilecfg [{cfg}]",
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tilezero tmm2",
-                "tilezero tmm3",
-                cfg = in(reg) &cfg,
-                options(nostack, readonly)
-            );
-            for blk in 0..blocks {
-                let (a0, b0) = (a.add(blk * K_STEP), b.add(blk * 16 * 32));
+            asm!("ldtilecfg [{cfg}]", cfg = in(reg) &cfg, options(nostack, readonly));
+            for pass in 0..passes {
+                let (a, y) = (a.add(pass * 2 * M * a_stride), y.add(pass * 2 * M * y_stride));
+                asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
+                for blk in 0..blocks {
+                    let (a0, b0) = (a.add(blk * K_STEP), b.add(blk * 16 * 32));
+                    asm!(
+                        "tileloadd tmm4, [{a0} + {as}*1]",
+                        "tileloadd tmm6, [{b0} + {bs}*1]",
+                        "tileloadd tmm7, [{b1} + {bs}*1]",
+                        "tdpbf16ps tmm0, tmm4, tmm6",
+                        "tdpbf16ps tmm1, tmm4, tmm7",
+                        "tileloadd tmm5, [{a1} + {as}*1]",
+                        "tdpbf16ps tmm2, tmm5, tmm6",
+                        "tdpbf16ps tmm3, tmm5, tmm7",
+                        a0 = in(reg) a0,
+                        a1 = in(reg) a0.add(M * a_stride),
+                        as = in(reg) a_bytes,
+                        b0 = in(reg) b0,
+                        b1 = in(reg) b0.add(M),
+                        bs = in(reg) 128usize,
+                        options(nostack, readonly)
+                    );
+                }
                 asm!(
-                    "tileloadd tmm4, [{a0} + {as}*1]",
-                    "tileloadd tmm6, [{b0} + {bs}*1]",
-                    "tileloadd tmm7, [{b1} + {bs}*1]",
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
-                    "tileloadd tmm5, [{a1} + {as}*1]",
-                    "tdpbf16ps tmm2, tmm5, tmm6",
-                    "tdpbf16ps tmm3, tmm5, tmm7",
-                    a0 = in(reg) a0,
-                    a1 = in(reg) a0.add(M * a_stride),
-                    as = in(reg) a_bytes,
-                    b0 = in(reg) b0,
-                    b1 = in(reg) b0.add(M),
-                    bs = in(reg) 128usize,
-                    options(nostack, readonly)
+                    "tilestored [{y0} + {ys}*1], tmm0",
+                    "tilestored [{y1} + {ys}*1], tmm1",
+                    "tilestored [{y2} + {ys}*1], tmm2",
+                    "tilestored [{y3} + {ys}*1], tmm3",
+                    y0 = in(reg) y,
+                    y1 = in(reg) y.add(M),
+                    y2 = in(reg) y.add(M * y_stride),
+                    y3 = in(reg) y.add(M * y_stride + M),
+                    ys = in(reg) y_bytes,
+                    options(nostack)
                 );
             }
-            asm!(
-                "tilestored [{y0} + {ys}*1], tmm0",
-                "tilestored [{y1} + {ys}*1], tmm1",
-                "tilestored [{y2} + {ys}*1], tmm2",
-                "tilestored [{y3} + {ys}*1], tmm3",
-                "tilerelease",
-                y0 = in(reg) y,
-                y1 = in(reg) y.add(M),
-                y2 = in(reg) y.add(M * y_stride),
-                y3 = in(reg) y.add(M * y_stride + M),
-                ys = in(reg) y_bytes,
-                options(nostack)
-            );
+            asm!("tilerelease", options(nostack, nomem));
+        }
+    }
+
+    /// [`super::pack_panel`]: per block of 32 inputs, the panel's rows (16 u32 pairs each) are
+    /// transposed 16 rows at a time into the block's 16 lines of 32 features.
+    ///
+    /// # Safety
+    ///
+    /// AVX-512F; every row holds at least `blocks · 32` values, at most 32 rows, and `packed`
+    /// holds `blocks · 16 · 32` values.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn pack_panel(weights: &[&[u16]], blocks: usize, packed: &mut [u32]) {
+        use std::arch::x86_64::*;
+        let zero = _mm512_setzero_si512();
+        let out = packed.as_mut_ptr();
+        for blk in 0..blocks {
+            for half in 0..2 {
+                let mut r = [zero; 16];
+                for (i, v) in r.iter_mut().enumerate() {
+                    if let Some(w) = weights.get(half * 16 + i) {
+                        // SAFETY: 32 values (64 bytes) of block `blk`, inside the row.
+                        *v = unsafe { _mm512_loadu_si512(w.as_ptr().add(blk * K_STEP).cast()) };
+                    }
+                }
+                // Within each 128-bit lane L: u[4g + c] holds column 4L + c of rows 4g..4g + 3.
+                let mut u = [zero; 16];
+                for g in 0..4 {
+                    let (r0, r1, r2, r3) = (r[4 * g], r[4 * g + 1], r[4 * g + 2], r[4 * g + 3]);
+                    let (t0, t1) = (_mm512_unpacklo_epi32(r0, r1), _mm512_unpackhi_epi32(r0, r1));
+                    let (t2, t3) = (_mm512_unpacklo_epi32(r2, r3), _mm512_unpackhi_epi32(r2, r3));
+                    u[4 * g] = _mm512_unpacklo_epi64(t0, t2);
+                    u[4 * g + 1] = _mm512_unpackhi_epi64(t0, t2);
+                    u[4 * g + 2] = _mm512_unpacklo_epi64(t1, t3);
+                    u[4 * g + 3] = _mm512_unpackhi_epi64(t1, t3);
+                }
+                // Column 4L + c is lane L of u[c], u[4 + c], u[8 + c], u[12 + c].
+                for c in 0..4 {
+                    let v_lo = _mm512_shuffle_i32x4::<0x44>(u[c], u[4 + c]);
+                    let v_hi = _mm512_shuffle_i32x4::<0xEE>(u[c], u[4 + c]);
+                    let w_lo = _mm512_shuffle_i32x4::<0x44>(u[8 + c], u[12 + c]);
+                    let w_hi = _mm512_shuffle_i32x4::<0xEE>(u[8 + c], u[12 + c]);
+                    let cols = [
+                        (c, _mm512_shuffle_i32x4::<0x88>(v_lo, w_lo)),
+                        (4 + c, _mm512_shuffle_i32x4::<0xDD>(v_lo, w_lo)),
+                        (8 + c, _mm512_shuffle_i32x4::<0x88>(v_hi, w_hi)),
+                        (12 + c, _mm512_shuffle_i32x4::<0xDD>(v_hi, w_hi)),
+                    ];
+                    for (j, col) in cols {
+                        // SAFETY: line blk · 16 + j of 32 u32, its half `half`: inside `packed`.
+                        unsafe { _mm512_storeu_si512(out.add((blk * 16 + j) * 32 + half * 16).cast(), col) };
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The AVX-512 transpose packs what the plain moves pack: whole panels, short panels (zero
+    /// features past the last), widths with a tail past the last whole block.
+    #[test]
+    fn the_panel_transpose_packs_the_plain_layout() {
+        if !available() {
+            // No AMX here: the packing is only used by the AMX GEMM (`gemv::tests` checks a CPU
+            // listing amx_bf16 is granted the tiles).
+            return;
+        }
+        let mut s = 0x2545_F491u32;
+        for (width, n) in [(32usize, 64usize), (17, 1024), (1, 70), (32, 3584), (31, 33)] {
+            let rows: Vec<Vec<u16>> = (0..width)
+                .map(|_| {
+                    (0..n)
+                        .map(|_| {
+                            s ^= s << 13;
+                            s ^= s >> 17;
+                            s ^= s << 5;
+                            s as u16
+                        })
+                        .collect()
+                })
+                .collect();
+            let weights: Vec<&[u16]> = rows.iter().map(|r| r.as_slice()).collect();
+            let len = n / K_STEP * (K_STEP / 2) * PANEL;
+            let (mut fast, mut plain) = (vec![0xDEAD_BEEFu32; len], vec![0u32; len]);
+            pack_panel(&weights, n, &mut fast);
+            pack_panel_scalar(&weights, n, &mut plain);
+            assert_eq!(fast, plain, "width {width} n {n}");
         }
     }
 }

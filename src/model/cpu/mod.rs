@@ -1,12 +1,14 @@
 //! The CPU side of the model's compute: the instruction sets the kernels dispatch on
-//! (`simd.rs`), the elementwise functions (`math.rs`), the f32 matrix, linear layers and precision policy (`tensor.rs`), the decode
-//! GEMV kernels (`gemv.rs`), the bf16 prefill GEMMs (`gemm_bf16.rs`, AMX tiles in `amx.rs`), the flush of subnormals
-//! around the prefill's small products (`subnormal.rs`), and the CPU's cores and
-//! the thread pool the layers run on (`threads.rs`).
+//! (`simd.rs`), the elementwise functions (`math.rs`), the f32 matrix, linear layers and
+//! precision policy (`tensor.rs`), the decode GEMV kernels (`gemv.rs`), the bf16 prefill GEMMs
+//! (`gemm_bf16.rs`; AMX tiles in `amx.rs`), the flush of subnormals around the prefill's small
+//! products (`subnormal.rs`), the CPU's cores and the thread pool the layers run on
+//! (`threads.rs`), and the allocator settings the engine runs under (`heap.rs`).
 
 pub mod amx;
 pub mod gemm_bf16;
 pub mod gemv;
+pub mod heap;
 pub mod math;
 pub mod simd;
 pub mod subnormal;

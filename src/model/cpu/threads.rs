@@ -216,6 +216,10 @@ pub fn set_threads(threads: Option<usize>) -> Result<usize, String> {
     };
     match rayon::ThreadPoolBuilder::new().num_threads(choice.threads).build_global() {
         Ok(()) => {
+            // The engine starts here: its allocations get the heap settings it is fast under.
+            if !super::heap::keep_freed_memory() {
+                tracing::warn!("glibc refused the allocator thresholds; prefill runs slower");
+            }
             let _ = CHOSEN.set(choice.why);
             Ok(choice.threads)
         }
