@@ -151,7 +151,7 @@ impl SequenceState {
         for l in &mut self.layers {
             match l {
                 LayerState::Linear(g) => {
-                    let tape = g.tape.take().ok_or_else(|| Error::State("a GDN layer has no tape".into()))?;
+                    let mut tape = g.tape.take().ok_or_else(|| Error::State("a GDN layer has no tape".into()))?;
                     if keep < tokens {
                         tape.rebuild(keep, &self.linear, &mut g.conv, &mut g.ssm);
                     }

@@ -1,6 +1,8 @@
 //! The state of one GDN layer (its conv window and SSM state) and the tape a verify pass keeps
 //! to roll it back to any prefix of its tokens.
 
+use rayon::prelude::*;
+
 use super::kernels::replay_head;
 use crate::model::config::LinearAttnConfig;
 use crate::model::cpu::tensor::{F32_BYTES, Mat};
@@ -100,8 +102,12 @@ impl GdnTape {
         self.tokens = tokens;
     }
 
-    /// Sets `conv` and `ssm` to the state after the first `keep` tokens of the pass.
-    pub fn rebuild(&self, keep: usize, cfg: &LinearAttnConfig, conv: &mut Vec<f32>, ssm: &mut Vec<f32>) {
+    /// Sets `conv` and `ssm` to the state after the first `keep` tokens of the pass. The state
+    /// before the pass moves back out of the tape (the pass's own result goes into the tape's
+    /// buffer, to be reused by the next pass) and the kept tokens are replayed on it in place,
+    /// the heads on all threads: no copy of the state (18.9 MB on the 0.8B shape, a few
+    /// percent of a verify pass when it was copied and replayed on one thread).
+    pub fn rebuild(&mut self, keep: usize, cfg: &LinearAttnConfig, conv: &mut Vec<f32>, ssm: &mut Vec<f32>) {
         let (hv, dk, dv, conv_dim, kw) =
             (cfg.num_value_heads, cfg.key_head_dim, cfg.value_head_dim, cfg.conv_dim(), cfg.conv_kernel - 1);
         // Conv window: the last K-1 rows of [base window; inputs of the kept tokens].
@@ -111,15 +117,14 @@ impl GdnTape {
         for r in &rows[rows.len() - kw..] {
             conv.extend_from_slice(r);
         }
-        ssm.clear();
-        ssm.extend_from_slice(&self.base_ssm);
-        for (h, s) in ssm.chunks_mut(dk * dv).enumerate() {
+        std::mem::swap(ssm, &mut self.base_ssm);
+        ssm.par_chunks_mut(dk * dv).enumerate().for_each(|(h, s)| {
             let k: Vec<f32> =
                 (0..keep).flat_map(|t| self.k[(t * hv + h) * dk..(t * hv + h + 1) * dk].iter().copied()).collect();
             let d: Vec<f32> =
                 (0..keep).flat_map(|t| self.delta[(t * hv + h) * dv..(t * hv + h + 1) * dv].iter().copied()).collect();
             let g: Vec<f32> = (0..keep).map(|t| self.g[t * hv + h]).collect();
             replay_head(s, &k, &d, &g, dk, dv);
-        }
+        });
     }
 }
