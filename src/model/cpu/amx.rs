@@ -25,6 +25,8 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
+use super::gemm_bf16::OutPtr;
+
 /// Activation rows one tile pass serves (a C tile row is 64 bytes: 16 f32).
 pub const MAX_ROWS: usize = 16;
 /// Inputs per tile step (a tile row of 64 bytes: 32 bf16).
@@ -209,21 +211,6 @@ fn pack_panel_scalar(weights: &[&[u16]], n: usize, packed: &mut [u32]) {
         for (p, pair) in w.as_chunks::<2>().0[..pairs].iter().enumerate() {
             packed[p * PANEL + f] = u32::from(pair[0]) | (u32::from(pair[1]) << 16);
         }
-    }
-}
-
-/// `y`'s base pointer, shared by the panel tasks, which write disjoint columns.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: the tasks write disjoint elements through it (see `gemm`), and `y` outlives them.
-unsafe impl Send for OutPtr {}
-// SAFETY: as for Send: shared between the tasks, each writing only its own elements.
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    fn at(self, offset: usize) -> *mut f32 {
-        // SAFETY: callers pass an offset inside `y`.
-        unsafe { self.0.add(offset) }
     }
 }
 

@@ -92,25 +92,27 @@ where
                 // writes, all inside `y` (rows · out values).
                 #[cfg(target_arch = "x86_64")]
                 unsafe {
-                    x86::tile(n, packed, tile, x.pairs, y_ptr.at((t0 * out + n0) as isize), out, width)
+                    x86::tile(n, packed, tile, x.pairs, y_ptr.at(t0 * out + n0), out, width)
                 };
             }
         },
     );
 }
 
-/// `y`'s base pointer, shared by the panel tasks, which write disjoint columns.
+/// An output matrix's base pointer, shared by the tasks of a threaded GEMM (here and the AMX
+/// one), which write disjoint elements.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: the tasks write disjoint elements through it (see `gemm`), and `y` outlives them.
+pub(super) struct OutPtr(pub(super) *mut f32);
+// SAFETY: the tasks write disjoint elements through it (see the GEMMs), and the output outlives
+// them.
 unsafe impl Send for OutPtr {}
 // SAFETY: as for Send: shared between the tasks, each writing only its own elements.
 unsafe impl Sync for OutPtr {}
 
 impl OutPtr {
-    fn at(self, offset: isize) -> *mut f32 {
-        // SAFETY: callers pass an offset inside `y`.
-        unsafe { self.0.offset(offset) }
+    pub(super) fn at(self, offset: usize) -> *mut f32 {
+        // SAFETY: callers pass an offset inside the output.
+        unsafe { self.0.add(offset) }
     }
 }
 
