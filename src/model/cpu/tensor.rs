@@ -68,15 +68,7 @@ impl Precision {
 /// Bytes of an f32 (norm weights, state, KV entries).
 pub const F32_BYTES: usize = std::mem::size_of::<f32>();
 
-#[inline(always)]
-pub fn sigmoid(x: f32) -> f32 {
-    super::math::sigmoid(x)
-}
-
-#[inline(always)]
-pub fn silu(x: f32) -> f32 {
-    super::math::silu(x)
-}
+pub use super::math::{sigmoid, silu};
 
 /// torch's softplus (beta 1, threshold 20).
 #[inline(always)]
