@@ -1,5 +1,5 @@
-//! Probe: GEMV throughput of the decode kernels on bf16 matrices of one shape, cycling through
-//! enough copies that every call reads from memory (not the cache).
+//! Probe: GEMV throughput of the decode kernels on bf16 matrices (f32 with `F32_WEIGHTS=1`) of
+//! one shape, cycling through enough copies that every call reads from memory (not the cache).
 use deltascope::model::cpu::tensor::{Linear, Mat, Precision};
 use deltascope::model::storage::Weights;
 use std::time::Instant;
@@ -7,21 +7,29 @@ use std::time::Instant;
 fn main() {
     let a: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let (out, inp) = (a.first().copied().unwrap_or(248320), a.get(1).copied().unwrap_or(1024));
-    let copies = (1usize << 30).div_ceil(out * inp * 2).max(1);
+    let f32_weights = std::env::var("F32_WEIGHTS").is_ok_and(|v| v == "1");
+    let size = if f32_weights { 4 } else { 2 };
+    let copies = (1usize << 30).div_ceil(out * inp * size).max(1);
     let lins: Vec<Linear> = (0..copies)
         .map(|c| {
-            let bits = (0..out * inp)
-                .map(|i| half::bf16::from_f32(((i * 7919 + c) % 2003) as f32 / 997.0 - 1.0).to_bits())
-                .collect();
-            Linear::from_weights(Weights::bf16(bits), out, inp).unwrap()
+            let value = |i: usize| half::bf16::from_f32(((i * 7919 + c) % 2003) as f32 / 997.0 - 1.0);
+            let weights = if f32_weights {
+                Weights::f32((0..out * inp).map(|i| value(i).to_f32()).collect())
+            } else {
+                Weights::bf16((0..out * inp).map(|i| value(i).to_bits()).collect())
+            };
+            Linear::from_weights(weights, out, inp).unwrap()
         })
         .collect();
     let reps = copies.max(8);
-    let bytes = (out * inp * 2 * reps) as f64;
-    println!("[{out}, {inp}] bf16, {copies} copies, {reps} calls per timing");
+    let bytes = (out * inp * size * reps) as f64;
+    let stored = if f32_weights { "f32" } else { "bf16" };
+    println!("[{out}, {inp}] {stored}, {copies} copies, {reps} calls per timing");
     for threads in [1usize, 2] {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-        for prec in [Precision::F32, Precision::Bf16] {
+        // bf16 activations need bf16 weights (f32 weights run the f32 kernels at either dtype).
+        let precs: &[Precision] = if f32_weights { &[Precision::F32] } else { &[Precision::F32, Precision::Bf16] };
+        for &prec in precs {
             let mut line = format!("{:>4} threads {threads}:", prec.name());
             let mut base = 0.0;
             for rows in [1usize, 2, 3, 4, 5] {
