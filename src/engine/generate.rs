@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::budget::ForcedClose;
 use super::request::GenerateRequest;
-use super::sampler::{Sampler, entropy, logprob, top_logprobs};
+use super::sampler::{LogitSummary, Sampler, top_logprobs_of};
 use super::sequence::DecodeSequence;
 use super::speculate::{Rounds, Spec};
 use super::state_trace::state_event;
@@ -348,11 +348,12 @@ impl Generator<'_> {
         let (logprob, top, entropy) = if forced {
             (0.0, vec![], None)
         } else {
-            let top = top_logprobs(logits, p.top_logprobs)
+            let summary = LogitSummary::of(logits);
+            let top = top_logprobs_of(logits, &summary, p.top_logprobs)
                 .into_iter()
                 .map(|a| Alternative { id: Some(a.id), logprob: a.logprob, text: self.tokenizer.decode(&[a.id]) })
                 .collect();
-            (logprob(logits, id), top, Some(entropy(logits)))
+            (summary.logprob(logits, id), top, Some(summary.entropy))
         };
         run.tokens.push(id);
         run.forced.push(forced);
