@@ -3,9 +3,11 @@
 //! precision policy (`tensor.rs`), the decode GEMV kernels (`gemv.rs`), the bf16 prefill GEMMs
 //! (`gemm_bf16.rs`; AMX tiles in `amx.rs`), the flush of subnormals around the prefill's small
 //! products (`subnormal.rs`), the CPU's cores and the thread pool the layers run on
-//! (`threads.rs`), and the allocator settings the engine runs under (`heap.rs`).
+//! (`threads.rs`), a forward pass with the pool's threads kept awake (`awake.rs`), and the
+//! allocator settings the engine runs under (`heap.rs`).
 
 pub mod amx;
+pub mod awake;
 pub mod gemm_bf16;
 pub mod gemv;
 pub mod heap;
