@@ -566,11 +566,27 @@ mod tests {
     /// bf16 (where AMX tiles or `vdpbf16ps` run), and near the plain sum.
     #[test]
     fn threaded_gemv_rows_land_in_place_with_their_own_bits() {
-        let (out, inp) = (1003, 96);
+        // Whole 32-input blocks; a tail past the last block; a fused layer whose part boundary
+        // falls inside a thread's block (the AMX verify path writes rows part by part).
+        for (out, inp, fused) in [(1003, 96, false), (1003, 100, false), (1003, 96, true)] {
+            threaded_gemv_rows_case(out, inp, fused);
+        }
+    }
+
+    fn threaded_gemv_rows_case(out: usize, inp: usize, fused: bool) {
         assert!(out * inp >= PARALLEL_MIN_WEIGHTS);
         let bits: Vec<u16> =
             (0..out * inp).map(|i| half::bf16::from_f32(((i * 7919) % 2003) as f32 / 1000.0 - 1.0).to_bits()).collect();
-        let lin = Linear::from_weights(Weights::bf16(bits.clone()), out, inp).unwrap();
+        let lin = if fused {
+            let first = 517;
+            let parts = vec![
+                (Weights::bf16(bits[..first * inp].to_vec()), first),
+                (Weights::bf16(bits[first * inp..].to_vec()), out - first),
+            ];
+            Linear::fused(parts, inp).unwrap()
+        } else {
+            Linear::from_weights(Weights::bf16(bits.clone()), out, inp).unwrap()
+        };
         for prec in [Precision::F32, Precision::Bf16] {
             for rows in [2, 3, 5, 8] {
                 let x: Vec<f32> = (0..rows * inp).map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0).collect();
@@ -578,7 +594,10 @@ mod tests {
                 for r in 0..rows {
                     let alone = lin.forward(&Mat::from_vec(1, inp, x[r * inp..(r + 1) * inp].to_vec()), prec).unwrap();
                     let same = alone.row(0).iter().zip(y.row(r)).all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{prec:?} rows {rows}: row {r} differs from the same row alone");
+                    assert!(
+                        same,
+                        "{prec:?} [{out}, {inp}] fused {fused} rows {rows}: row {r} differs from the same row alone"
+                    );
                     for o in [0, 1, 500, out - 1] {
                         let want: f32 = (0..inp).map(|i| bf16_to_f32(bits[o * inp + i]) * x[r * inp + i]).sum();
                         assert!((y.row(r)[o] - want).abs() <= 0.02 * want.abs().max(1.0), "{prec:?} y[{r}][{o}]");
