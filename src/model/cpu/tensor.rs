@@ -567,7 +567,7 @@ mod tests {
     #[test]
     fn threaded_gemv_rows_land_in_place_with_their_own_bits() {
         // Whole 32-input blocks; a tail past the last block; a fused layer whose part boundary
-        // falls inside a thread's block (the AMX verify path writes rows part by part).
+        // falls inside a thread's block (a block's outputs are computed part by part).
         for (out, inp, fused) in [(1003, 96, false), (1003, 100, false), (1003, 96, true)] {
             threaded_gemv_rows_case(out, inp, fused);
         }
