@@ -39,6 +39,22 @@ impl Simd {
     }
 }
 
+/// Whether the CPU is AMD's (or Hygon's, built on the same cores): some tuning differs by
+/// vendor, measured (the GEMV's prefetch distance).
+pub fn amd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // CPUID leaf 0: the vendor string in EBX, EDX, ECX.
+        let id = std::arch::x86_64::__cpuid(0);
+        let vendor: Vec<u8> = [id.ebx, id.edx, id.ecx].iter().flat_map(|r| r.to_le_bytes()).collect();
+        matches!(&vendor[..], b"AuthenticAMD" | b"HygonGenuine")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Defines `fn $name` running `$body` compiled three times (for AVX-512, for AVX2 and for the
 /// baseline) and choosing by the instruction set detected at run time. `$body` must be
 /// `#[inline(always)]` so that each copy is compiled for its instruction set.
@@ -82,3 +98,20 @@ macro_rules! simd_dispatch {
 }
 
 pub(crate) use simd_dispatch;
+
+#[cfg(test)]
+mod tests {
+    /// The vendor read from CPUID is the one the kernel reports.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    #[test]
+    fn the_vendor_is_the_one_the_kernel_reports() {
+        let info = std::fs::read_to_string("/proc/cpuinfo").expect("/proc/cpuinfo");
+        let vendor = info
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("vendor_id").map(|v| v.trim_start_matches([' ', '\t', ':']).trim().to_string())
+            })
+            .expect("a vendor_id line");
+        assert_eq!(super::amd(), vendor == "AuthenticAMD" || vendor == "HygonGenuine", "vendor_id {vendor}");
+    }
+}
