@@ -43,8 +43,15 @@ pub enum Error {
     #[error("{file}: tensor `{}` has shape {found:?}, expected {expected:?}", brief(name))]
     TensorShape { file: String, name: String, expected: Vec<usize>, found: Vec<usize> },
 
-    #[error("{file}: tensor `{}` has dtype {found}, expected one of BF16, F16, F32", brief(name))]
+    #[error(
+        "{file}: tensor `{}` has dtype {found}, expected one of BF16, F16, F32 (or F8_E4M3 with its weight_scale_inv in an FP8 checkpoint)",
+        brief(name)
+    )]
     TensorDtype { file: String, name: String, found: String },
+
+    /// An FP8 weight that cannot be read as published (its scales, its codes, the config).
+    #[error("{file}: FP8 tensor `{}`: {}", brief(name), brief(message))]
+    Fp8Tensor { file: String, name: String, message: String },
 
     #[error("{file}: not a valid safetensors file: {}", brief(message))]
     Safetensors { file: String, message: String },

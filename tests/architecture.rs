@@ -123,6 +123,9 @@ const TOOL_EXCEPTIONS: &[(&str, &str, &str)] = &[
     // `synth` writes a checkpoint of a given shape: it reads the model's configuration types to
     // know which tensors that shape holds.
     ("cli/synth.rs", "Model", "synth sizes tensors from model::config"),
+    // `quantize` rewrites a checkpoint's tensors (model::weights, model::fp8) and compares the
+    // two models' logits over a probe set.
+    ("cli/quantize.rs", "Model", "quantize reads tensors and runs both models"),
     // `gpu` and `gpu parity` check the CUDA side of the model itself (kernels, devices, the CPU
     // model as reference). The twins and the kernel parity live in src/verify/ (allowed for
     // Cli); what they still take from model/ stays listed here.

@@ -282,7 +282,9 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
     let cpu = memory_plan(&cfg, 4, 4, 4);
     let weights = match &source {
         Some(s) if s.present("model.safetensors") || s.present("model.safetensors.index.json") => {
-            Some(WeightStore::open(s)?)
+            let mut store = WeightStore::open(s)?;
+            store.expect_fp8(cfg.quantization.clone());
+            Some(store)
         }
         _ => None,
     };
@@ -413,6 +415,13 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
     )?;
     if let Some(ws) = &weights {
         writeln!(w, "checkpoint   {} stored ({})", gb(ws.stored_bytes() as u64), ws.dtype_names().join(", "))?;
+    }
+    if let Some(q) = &cfg.quantization {
+        writeln!(
+            w,
+            "quantised    FP8 e4m3 with a scale per 128 × 128 block (quantization_config): those matrices stay 1 byte a weight in memory, dequantised in the kernels; {} modules listed as unconverted",
+            q.modules_to_not_convert.len()
+        )?;
     }
     let kv = plan.kv_bytes_per_token;
     let at = |n: u64| human_bytes(kv * n);

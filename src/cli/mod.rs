@@ -13,6 +13,7 @@ pub mod gpu_parity;
 pub mod inspect;
 pub mod interrupt;
 pub mod logits;
+pub mod quantize;
 pub mod run;
 pub mod serve;
 pub mod sweep;
@@ -61,6 +62,9 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// A random-weight checkpoint of any real shape (benchmarks, GPU checks, sizing a machine).
     Synth(synth::SynthArgs),
+    /// Convert a checkpoint to FP8 as Qwen publishes it (`quantize --fp8 SRC DST`), and show
+    /// the logit change it causes on a probe set.
+    Quantize(quantize::QuantizeArgs),
     /// CUDA on this machine: `gpu info` (libraries, GPUs), `gpu kernels` (compile kernels/ with
     /// NVRTC), `gpu check` (each kernel on the GPU against its CPU twin).
     Gpu(gpu::GpuArgs),
@@ -90,6 +94,7 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Sweep(a)) => sweep::run(a),
         Some(Command::Bench(a)) => bench::run(a),
         Some(Command::Synth(a)) => synth::run(a),
+        Some(Command::Quantize(a)) => quantize::run(a),
         Some(Command::Gpu(a)) => gpu::run(a),
         Some(Command::Serve(a)) => serve::run(a),
         Some(Command::Trace(a)) => trace::run(a),

@@ -15,6 +15,7 @@ use clap::Args;
 // A developer tool (architecture.json): it reads the model's configuration to know its tensors.
 use crate::checkpoint::{ModelSource, demo_source};
 use crate::model::config::{Family, LayerKind, MlpKind, ModelConfig};
+use crate::model::fp8;
 use crate::units::human_bytes;
 
 #[derive(Args, Debug)]
@@ -26,8 +27,9 @@ pub struct SynthArgs {
     /// or missing).
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
-    /// Storage dtype of the weights.
-    #[arg(long, default_value = "bf16", value_parser = ["bf16", "f32", "f16"])]
+    /// Storage dtype of the weights. `fp8`: Qwen's published FP8 format (the projections as
+    /// e4m3 with a bf16 scale per 128 × 128 block, everything else bf16).
+    #[arg(long, default_value = "bf16", value_parser = ["bf16", "f32", "f16", "fp8"])]
     pub dtype: String,
     /// Add an MTP head (one layer unless the config says how many).
     #[arg(long)]
@@ -204,19 +206,39 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
 
     let mtp_layers = if a.mtp { cfg.mtp_num_hidden_layers.max(1) } else { 0 };
     let specs = tensors(&cfg, mtp_layers);
-    let elem = if a.dtype == "f32" { 4 } else { 2 };
-    let dtype_tag = a.dtype.to_uppercase();
-    // The header: every tensor's place in the data, computed before any value is generated.
+    let fp8 = a.dtype == "fp8";
+    if fp8 && cfg.family == Family::Qwen35Moe {
+        anyhow::bail!(
+            "--dtype fp8 for a {} shape: not supported yet (Qwen's FP8 MoE releases store each expert separately, which the loader does not read yet); nothing was written",
+            cfg.model_type
+        );
+    }
+    // Everything that is not an FP8 projection is bf16 in an FP8 checkpoint.
+    let plain = if fp8 { "bf16" } else { a.dtype.as_str() };
+    let elem = if plain == "f32" { 4 } else { 2 };
+    let quantised = |s: &Spec| fp8 && fp8::quantised_in_fp8(&s.name, &s.shape);
+    // The header: every tensor's place in the data, computed before any value is generated
+    // (an FP8 weight's scales follow it).
     let mut header = serde_json::Map::new();
     header.insert("__metadata__".into(), serde_json::json!({"format": "pt", "written_by": "deltascope synth"}));
     let mut at = 0usize;
-    for s in &specs {
-        let bytes = s.shape.iter().product::<usize>() * elem;
-        header.insert(
-            s.name.clone(),
-            serde_json::json!({"dtype": dtype_tag, "shape": s.shape, "data_offsets": [at, at + bytes]}),
-        );
+    let mut place = |name: String, dtype: &str, shape: Vec<usize>, bytes: usize| {
+        header.insert(name, serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [at, at + bytes]}));
         at += bytes;
+    };
+    let mut stored = 0usize;
+    for s in &specs {
+        let values = s.shape.iter().product::<usize>();
+        if quantised(s) {
+            let grid = vec![s.shape[0].div_ceil(fp8::BLOCK), s.shape[1].div_ceil(fp8::BLOCK)];
+            let scale_bytes = grid[0] * grid[1] * 2;
+            place(s.name.clone(), "F8_E4M3", s.shape.clone(), values);
+            place(format!("{}_scale_inv", s.name), "BF16", grid, scale_bytes);
+            stored += values + scale_bytes;
+        } else {
+            place(s.name.clone(), &plain.to_uppercase(), s.shape.clone(), values * elem);
+            stored += values * elem;
+        }
     }
     let mut head = serde_json::to_vec(&serde_json::Value::Object(header))?;
     head.resize(head.len().div_ceil(8) * 8, b' ');
@@ -234,16 +256,37 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
     for (ti, s) in specs.iter().enumerate() {
         let total: usize = s.shape.iter().product();
         let chunks = total.div_ceil(CHUNK);
+        let generate = |c: usize, out: &mut Vec<f32>| {
+            let mut rng = Rng(a.seed ^ 0x5eed_5eed_5eed_5eed ^ ((ti as u64) << 32) ^ c as u64);
+            rng.next_u64();
+            out.extend((0..CHUNK.min(total - c * CHUNK)).map(|_| value(s.fill, &mut rng)));
+        };
+        if quantised(s) {
+            // The same values as the other dtypes, quantised a band of 128 rows at a time (a
+            // whole projection in memory: at most a few hundred MB on a 27B shape).
+            let values: Vec<f32> = (0..chunks)
+                .into_par_iter()
+                .map(|c| {
+                    let mut v = Vec::with_capacity(CHUNK);
+                    generate(c, &mut v);
+                    v
+                })
+                .flatten()
+                .collect();
+            let (q, scales) = fp8::quantize_par(&values, s.shape[0], s.shape[1]);
+            w.write_all(&q)?;
+            w.write_all(&scales.iter().flat_map(|b| b.to_le_bytes()).collect::<Vec<u8>>())?;
+            continue;
+        }
         for first in (0..chunks).step_by(BATCH) {
             let bufs: Vec<Vec<u8>> = (first..(first + BATCH).min(chunks))
                 .into_par_iter()
                 .map(|c| {
-                    let mut rng = Rng(a.seed ^ 0x5eed_5eed_5eed_5eed ^ ((ti as u64) << 32) ^ c as u64);
-                    rng.next_u64();
-                    let n = CHUNK.min(total - c * CHUNK);
-                    let mut buf = Vec::with_capacity(n * elem);
-                    for _ in 0..n {
-                        encode(value(s.fill, &mut rng), &a.dtype, &mut buf);
+                    let mut v = Vec::with_capacity(CHUNK);
+                    generate(c, &mut v);
+                    let mut buf = Vec::with_capacity(v.len() * elem);
+                    for x in v {
+                        encode(x, plain, &mut buf);
                     }
                     buf
                 })
@@ -260,12 +303,24 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
     if a.mtp {
         target["mtp_num_hidden_layers"] = mtp_layers.into();
     }
-    target["dtype"] = match a.dtype.as_str() {
+    target["dtype"] = match plain {
         "f32" => "float32",
         "f16" => "float16",
         _ => "bfloat16",
     }
     .into();
+    if fp8 {
+        // As Qwen's releases write it: at the top level, listing the modules left unquantised.
+        let mut unconverted: Vec<String> = specs
+            .iter()
+            .filter(|s| !quantised(s))
+            .filter_map(|s| s.name.strip_suffix(".weight").map(str::to_string))
+            .collect();
+        if cfg.tie_word_embeddings {
+            unconverted.push("lm_head".into());
+        }
+        config["quantization_config"] = fp8::quantization_config(&unconverted);
+    }
     std::fs::write(a.out.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
     let copied = copy_tokenizer(&a.like, &a.out)?;
     let params: usize = specs.iter().map(|s| s.shape.iter().product::<usize>()).sum();
@@ -273,7 +328,7 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
         "wrote {}: {} tensors, {params} parameters, {} in {} ({}); tokenizer from {copied}",
         a.out.display(),
         specs.len(),
-        human_bytes((params * elem) as u64),
+        human_bytes(stored as u64),
         a.dtype,
         if a.mtp { format!("with a {mtp_layers}-layer MTP head") } else { "no MTP head".into() }
     );

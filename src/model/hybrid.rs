@@ -275,7 +275,8 @@ impl Model {
     pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<Self> {
         let started = Instant::now();
         let config = super::config::read_config(source)?;
-        let store = WeightStore::open(source)?;
+        let mut store = WeightStore::open(source)?;
+        store.expect_fp8(config.quantization.clone());
         store.prefetch();
         let (v, h) = (config.vocab_size, config.hidden_size);
 

@@ -74,11 +74,13 @@ impl<'a> Loader<'a> {
         Ok(v)
     }
 
-    /// A weight matrix in its stored dtype; with the bf16 reference's cast points, in bf16.
+    /// A weight matrix in its stored dtype; with the bf16 reference's cast points, in bf16
+    /// (FP8 excepted: kept as its codes and scales).
     pub fn weights(&self, name: &str, shape: &[usize]) -> Result<Weights> {
         let name = &self.name(name);
         let w = self.store.load_weights(name, shape)?;
-        let w = if self.precision == Precision::Bf16 && !matches!(w, Weights::Bf16(_)) {
+        // FP8 stays FP8 at either precision: its kernels dequantise in registers.
+        let w = if self.precision == Precision::Bf16 && !matches!(w, Weights::Bf16(_) | Weights::Fp8(_)) {
             // Rounded into a new buffer: the file's pages are not needed again.
             let rounded = w.into_bf16();
             self.store.release(name);

@@ -8,6 +8,7 @@ pub mod cuda;
 pub mod dtype;
 pub mod finite;
 pub mod forward;
+pub mod fp8;
 pub mod gdn;
 pub mod hybrid;
 pub mod load;

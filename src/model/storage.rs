@@ -1,5 +1,5 @@
-//! Weight matrices kept as the checkpoint stores them (f32, bf16 or f16), widened to f32 only
-//! inside the kernels: a bf16 checkpoint costs 2 bytes a weight in memory and in every token's
+//! Weight matrices kept as the checkpoint stores them (f32, bf16, f16, or FP8 codes with block
+//! scales), widened to f32 only inside the kernels: a bf16 checkpoint costs 2 bytes a weight in memory and in every token's
 //! pass over the weights, not 4. Where the file's layout allows (little-endian values at an
 //! aligned offset, which safetensors writers produce), a matrix is a view into the
 //! memory-mapped checkpoint: loading copies nothing, and the resident set is the file's pages.
@@ -10,16 +10,19 @@ use std::sync::Arc;
 use half::{bf16, f16};
 
 use crate::checkpoint::FileBytes;
+pub use crate::model::fp8::Fp8Weights;
 
 /// The plain value types a mapped view may hold: every bit pattern is a valid value, and the
 /// file stores them little-endian.
 pub trait Plain: Copy + Send + Sync + 'static + private::Sealed {}
 impl Plain for f32 {}
 impl Plain for u16 {}
+impl Plain for u8 {}
 mod private {
     pub trait Sealed {}
     impl Sealed for f32 {}
     impl Sealed for u16 {}
+    impl Sealed for u8 {}
 }
 
 /// A run of values: owned, or `len` values at byte `offset` of a mapped (or embedded) file.
@@ -70,7 +73,7 @@ impl<T: Plain> Deref for Values<T> {
             Values::Mapped { file, offset, len } => {
                 let bytes = &file[*offset..*offset + *len * std::mem::size_of::<T>()];
                 // SAFETY: `view` checked that these bytes are inside the file, aligned for
-                // `T`, and little-endian like this CPU; `T` is f32 or u16, for which every bit
+                // `T`, and little-endian like this CPU; `T` is f32, u16 or u8, for which every bit
                 // pattern is a value. The mapping is read-only and lives as long as the `Arc`.
                 unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), *len) }
             }
@@ -105,6 +108,8 @@ pub enum Weights {
     Bf16(Values<u16>),
     /// IEEE half bit patterns.
     F16(Values<u16>),
+    /// e4m3 codes with a scale per 128 × 128 block (Qwen's FP8 releases).
+    Fp8(Fp8Weights),
 }
 
 impl Weights {
@@ -120,6 +125,7 @@ impl Weights {
         match self {
             Weights::F32(v) => v.len(),
             Weights::Bf16(v) | Weights::F16(v) => v.len(),
+            Weights::Fp8(w) => w.q.len(),
         }
     }
 
@@ -132,20 +138,25 @@ impl Weights {
         match self {
             Weights::F32(v) => v.is_mapped(),
             Weights::Bf16(v) | Weights::F16(v) => v.is_mapped(),
+            Weights::Fp8(w) => w.q.is_mapped(),
         }
     }
 
-    /// Bytes per stored value.
+    /// Bytes per stored value (FP8: the code; its block scales are in [`Weights::bytes`]).
     pub fn elem_bytes(&self) -> usize {
         match self {
             Weights::F32(_) => std::mem::size_of::<f32>(),
             Weights::Bf16(_) | Weights::F16(_) => std::mem::size_of::<u16>(),
+            Weights::Fp8(_) => 1,
         }
     }
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.len() * self.elem_bytes()
+        match self {
+            Weights::Fp8(w) => w.bytes(),
+            _ => self.len() * self.elem_bytes(),
+        }
     }
 
     pub fn dtype_name(&self) -> &'static str {
@@ -153,15 +164,25 @@ impl Weights {
             Weights::F32(_) => "f32",
             Weights::Bf16(_) => "bf16",
             Weights::F16(_) => "f16",
+            Weights::Fp8(_) => "fp8",
         }
     }
 
-    /// Values `start..start + len`, in the same dtype (a view of a view: no copy).
+    /// Values `start..start + len`, in the same dtype (a view of a view: no copy). FP8 weights
+    /// are cut into whole rows only (their scales go by row).
     pub fn slice(&self, start: usize, len: usize) -> Weights {
         match self {
             Weights::F32(v) => Weights::F32(v.range(start, len)),
             Weights::Bf16(v) => Weights::Bf16(v.range(start, len)),
             Weights::F16(v) => Weights::F16(v.range(start, len)),
+            Weights::Fp8(w) => {
+                assert!(
+                    start.is_multiple_of(w.cols) && len.is_multiple_of(w.cols),
+                    "an FP8 matrix of rows of {} cut at {start}+{len}",
+                    w.cols
+                );
+                Weights::Fp8(w.rows_view(start / w.cols, len / w.cols))
+            }
         }
     }
 
@@ -194,13 +215,20 @@ impl Weights {
             Weights::F32(v) => out.copy_from_slice(&v[start..end]),
             Weights::Bf16(v) => out.iter_mut().zip(&v[start..end]).for_each(|(o, &b)| *o = bf16_to_f32(b)),
             Weights::F16(v) => out.iter_mut().zip(&v[start..end]).for_each(|(o, &b)| *o = f16::from_bits(b).to_f32()),
+            Weights::Fp8(w) => w.dequantize_to(start, out),
         }
     }
 
     /// The same values rounded to bf16 (the bf16 reference's cast of every parameter); bf16
-    /// stays as it is (a view stays a view).
+    /// stays as it is (a view stays a view). FP8 is dequantised and rounded (a copy at two
+    /// bytes a weight: the loader keeps FP8 as it is instead).
     pub fn into_bf16(self) -> Weights {
         match self {
+            Weights::Fp8(w) => {
+                let mut wide = vec![0f32; w.q.len()];
+                w.dequantize_to(0, &mut wide);
+                Weights::bf16(wide.iter().map(|&x| bf16::from_f32(x).to_bits()).collect())
+            }
             Weights::F32(v) => Weights::bf16(v.iter().map(|&x| bf16::from_f32(x).to_bits()).collect()),
             Weights::F16(v) => {
                 Weights::bf16(v.iter().map(|&b| bf16::from_f32(f16::from_bits(b).to_f32()).to_bits()).collect())

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use safetensors::{Dtype, SafeTensors};
 
+use super::fp8::{BLOCK, Fp8Format, Fp8Weights, is_nan_code};
 use super::storage::{Plain, Values, Weights};
 use crate::checkpoint::{FileBytes, ModelSource};
 use crate::error::{Error, Result};
@@ -34,6 +35,8 @@ pub struct WeightStore {
     source: ModelSource,
     shards: Vec<Shard>,
     index: HashMap<String, Entry>,
+    /// config.json's FP8 `quantization_config`, once the caller has read it ([`WeightStore::expect_fp8`]).
+    fp8: Option<Fp8Format>,
 }
 
 /// Bytes per element of a safetensors dtype name (`None` for names this build does not know).
@@ -104,7 +107,7 @@ fn header_problem(bytes: &[u8]) -> Option<String> {
 
 impl WeightStore {
     pub fn open(source: &ModelSource) -> Result<Self> {
-        let mut store = WeightStore { source: source.clone(), shards: vec![], index: HashMap::new() };
+        let mut store = WeightStore { source: source.clone(), shards: vec![], index: HashMap::new(), fp8: None };
         if source.present(INDEX_FILE) && source.present(SINGLE_FILE) {
             // Which one is stale cannot be told from here; loading either could be wrong.
             return Err(Error::Unsupported {
@@ -189,6 +192,17 @@ impl WeightStore {
         Ok(shard)
     }
 
+    /// Reads F8_E4M3 tensors as config.json's `quantization_config` describes (`None`: the
+    /// checkpoint is not quantised, and an F8_E4M3 tensor in it is an error that says so).
+    pub fn expect_fp8(&mut self, format: Option<Fp8Format>) {
+        self.fp8 = format;
+    }
+
+    /// The first F8_E4M3 tensor, by name (for the check that config.json declares FP8).
+    pub fn first_fp8_tensor(&self) -> Option<&str> {
+        self.index.iter().filter(|(_, e)| e.dtype == Dtype::F8_E4M3).map(|(n, _)| n.as_str()).min()
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.index.contains_key(name)
     }
@@ -251,6 +265,9 @@ impl WeightStore {
             }
             Dtype::BF16 => Weights::Bf16(values(&shard.bytes, at, bytes, half)),
             Dtype::F16 => Weights::F16(values(&shard.bytes, at, bytes, half)),
+            Dtype::F8_E4M3 => {
+                Weights::Fp8(self.fp8_weights(name, expected, values(&shard.bytes, at, bytes, |b| b[0]))?)
+            }
             other => {
                 return Err(Error::TensorDtype {
                     file: self.source.file_label(&self.shards[e.shard].name),
@@ -262,7 +279,67 @@ impl WeightStore {
         if !w.is_mapped() {
             self.release(name);
         }
+        if !matches!(w, Weights::Fp8(_)) && self.contains(&format!("{name}_scale_inv")) {
+            return Err(self.fp8_error(
+                name,
+                format!("is stored as {:?} but has a weight_scale_inv: only F8_E4M3 weights have scales", e.dtype),
+            ));
+        }
         Ok(w)
+    }
+
+    fn fp8_error(&self, name: &str, message: String) -> Error {
+        let file = self
+            .index
+            .get(name)
+            .map_or_else(|| self.searched(), |e| self.source.file_label(&self.shards[e.shard].name));
+        Error::Fp8Tensor { file, name: name.to_string(), message }
+    }
+
+    /// An F8_E4M3 matrix and its block scales (`<name>_scale_inv`, `[ceil(rows / 128),
+    /// ceil(cols / 128)]`, any float dtype, read as f32), checked: config.json declares FP8,
+    /// the module is not one it lists as unconverted, no code is NaN, every scale is finite.
+    fn fp8_weights(&self, name: &str, shape: &[usize], q: Values<u8>) -> Result<Fp8Weights> {
+        let Some(format) = &self.fp8 else {
+            return Err(self.fp8_error(
+                name,
+                "is stored as F8_E4M3, but config.json has no quantization_config (quant_method \"fp8\") to say how to read it".into(),
+            ));
+        };
+        let module = name.strip_suffix(".weight").unwrap_or(name);
+        if let Some(m) = format.modules_to_not_convert.iter().find(|m| *m == module) {
+            return Err(self.fp8_error(
+                name,
+                format!("is F8_E4M3, but quantization_config.modules_to_not_convert lists `{m}` as unquantised"),
+            ));
+        }
+        let &[rows, cols] = shape else {
+            return Err(self.fp8_error(name, format!("has shape {shape:?}: FP8 weights are matrices [out, in]")));
+        };
+        let scale_name = format!("{name}_scale_inv");
+        if !self.contains(&scale_name) {
+            return Err(self.fp8_error(name, format!("has no `{scale_name}` (its per-block scales)")));
+        }
+        let grid = [rows.div_ceil(BLOCK), cols.div_ceil(BLOCK)];
+        let scales = self.load_weights(&scale_name, &grid)?.into_f32();
+        self.release(&scale_name);
+        if let Some((i, s)) = scales.iter().enumerate().find(|(_, s)| !s.is_finite() || s.abs() > 1e30) {
+            return Err(self.fp8_error(
+                name,
+                format!(
+                    "scale of block ({}, {}) is {s}: a scale must be a finite multiplier",
+                    i / grid[1],
+                    i % grid[1]
+                ),
+            ));
+        }
+        // A NaN code (0x7F / 0xFF) would be read as a number by the kernels: refused here.
+        if let Some(i) = find_nan_code(&q) {
+            return Err(
+                self.fp8_error(name, format!("weight ({}, {}) is the NaN code {:#04x}", i / cols, i % cols, q[i]))
+            );
+        }
+        Ok(Fp8Weights { q, scales: scales.into(), cols, row0: 0 })
     }
 
     /// Tells the kernel this process is done with a tensor's pages in the mapped file (after
@@ -300,6 +377,7 @@ impl WeightStore {
         let width = match e.dtype {
             Dtype::F32 => 4,
             Dtype::BF16 | Dtype::F16 => 2,
+            Dtype::F8_E4M3 => 1,
             _ => return Ok((e, bytes)),
         };
         if bytes.len() != n * width {
@@ -323,4 +401,14 @@ impl WeightStore {
         self.release(name);
         Ok(v)
     }
+}
+
+/// The first NaN code in `q`, searched on every thread a megabyte at a time (the scan reads
+/// the weights once at load, as the first token would).
+fn find_nan_code(q: &[u8]) -> Option<usize> {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 20;
+    q.par_chunks(CHUNK)
+        .enumerate()
+        .find_map_first(|(c, chunk)| chunk.iter().position(|&b| is_nan_code(b)).map(|i| c * CHUNK + i))
 }

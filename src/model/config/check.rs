@@ -186,6 +186,11 @@ pub(super) fn check(raw: &RawConfig, file: &str) -> Result<ModelConfig> {
         .or(top.str_opt(at!(lm.dtype))?)
         .or(top.str_opt(at!(lm.torch_dtype))?)
         .map(str::to_string);
+    // At the top level (every FP8 release seen) or under text_config.
+    let quantization = match (&t.quantization_config, nested) {
+        (Some(q), true) => super::quant::fp8_format(Some(q), "text_config.quantization_config", file)?,
+        _ => super::quant::fp8_format(raw.lm.quantization_config.as_ref(), "quantization_config", file)?,
+    };
     let architectures = match &raw.architectures {
         Field::Given(list) => list.iter().filter_map(|a| a.element().ok().cloned()).collect(),
         _ => vec![],
@@ -217,6 +222,7 @@ pub(super) fn check(raw: &RawConfig, file: &str) -> Result<ModelConfig> {
         moe,
         mtp_num_hidden_layers: f.usize_or(at!(t.mtp_num_hidden_layers), 0)?,
         declared_dtype,
+        quantization,
         mamba_ssm_dtype: f.str_opt(at!(t.mamba_ssm_dtype))?.map(str::to_string),
         eos_token_ids,
     };

@@ -9,6 +9,7 @@
 //! through an intermediate "config class" that has defaults of its own.
 
 mod check;
+mod quant;
 pub mod raw;
 mod rope;
 
@@ -124,6 +125,8 @@ pub struct ModelConfig {
     pub mtp_num_hidden_layers: usize,
     /// Storage dtype the checkpoint declares (`dtype` / `torch_dtype`), if any.
     pub declared_dtype: Option<String>,
+    /// `quantization_config` of an FP8 checkpoint (`None`: not quantised).
+    pub quantization: Option<crate::model::fp8::Fp8Format>,
     /// `mamba_ssm_dtype` (the recurrent-state dtype servers use), if any.
     pub mamba_ssm_dtype: Option<String>,
     /// EOS ids named in config.json (generation_config.json and the tokenizer add to these).

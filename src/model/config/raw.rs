@@ -130,6 +130,8 @@ pub struct RawTextConfig {
     pub dtype: Field<String>,
     pub torch_dtype: Field<String>,
     pub mamba_ssm_dtype: Field<String>,
+    /// Checked by `quant` (its own keys and messages).
+    pub quantization_config: Option<Value>,
 }
 
 /// `rope_parameters` (or the legacy `rope_scaling`).

@@ -80,6 +80,94 @@ pub fn gemv_rows(simd: Simd, w: WeightRow<'_>, n: usize, xs: &[&[f32]], out: &mu
     in_groups(k, rows, group, out, |r, y| kernel(simd, w, n, k, &xs[r], y));
 }
 
+/// FP8 weight rows (e4m3 codes, `n` a row) and the block-scale grid of their matrix
+/// (`[ceil(rows / 128), ceil(n / 128)]`); `row0` is the first row's index in that matrix.
+#[derive(Clone, Copy)]
+pub struct Fp8Rows<'a> {
+    pub q: &'a [u8],
+    pub grid: &'a [f32],
+    pub row0: usize,
+}
+
+impl<'a> Fp8Rows<'a> {
+    /// Row `o`'s scales: one per 128 of its `n` values.
+    fn row_scales(&self, o: usize, n: usize) -> &'a [f32] {
+        let (band, gc) = ((self.row0 + o) / FP8_BLOCK, n.div_ceil(FP8_BLOCK));
+        &self.grid[band * gc..(band + 1) * gc]
+    }
+}
+
+/// [`gemv_rows`] for FP8 weights, in the f32-activation order: each weight is dequantised in
+/// registers to `e4m3 · scale` (one rounding, as transformers dequantises at float32) and then
+/// summed exactly as [`portable`] sums an f32 row holding those values, so an FP8 checkpoint
+/// gives the bits of the f32 checkpoint of its dequantised weights.
+pub fn fp8_rows(simd: Simd, w: Fp8Rows<'_>, n: usize, xs: &[&[f32]], out: &mut [f32]) {
+    let rows = xs.len();
+    let k = w.q.len().checked_div(n).unwrap_or(0);
+    let bands = (w.row0 + k).div_ceil(FP8_BLOCK);
+    assert!(
+        k * n == w.q.len()
+            && out.len() == k * rows
+            && xs.iter().all(|x| x.len() >= n)
+            && w.grid.len() >= bands * n.div_ceil(FP8_BLOCK),
+        "fp8_rows: {} codes as rows of {n} from row {}, {} scales, {} outputs for {rows} activation rows",
+        w.q.len(),
+        w.row0,
+        w.grid.len(),
+        out.len()
+    );
+    if k == 0 || rows == 0 {
+        return;
+    }
+    let simd = fp8_simd(simd);
+    let group = if simd == Simd::Portable { rows } else { 4 };
+    in_groups(k, rows, group, out, |r, y| {
+        let xs = &xs[r];
+        match simd {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `fp8_simd` returns a SIMD level only where the CPU has AVX2 and F16C;
+            // the lengths were asserted above.
+            Simd::Avx2 | Simd::Avx512 => unsafe { x86::rows_fp8_avx2(w, n, k, xs, y) },
+            _ => {
+                let g = xs.len();
+                for o in 0..k {
+                    let (q, scales) = (&w.q[o * n..(o + 1) * n], w.row_scales(o, n));
+                    for (r, x) in xs.iter().enumerate() {
+                        y[o * g + r] = portable_fp8(q, scales, x);
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// The FP8 kernels need AVX2 and F16C (`vcvtph2ps` widens the codes exactly); AVX-512 CPUs run
+/// the AVX2 kernel (the same 16-lane order, so the same bits).
+fn fp8_simd(simd: Simd) -> Simd {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static F16C: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if simd != Simd::Portable && *F16C.get_or_init(|| std::is_x86_feature_detected!("f16c")) {
+            return Simd::Avx2;
+        }
+    }
+    let _ = simd;
+    Simd::Portable
+}
+
+const FP8_BLOCK: usize = crate::model::fp8::BLOCK;
+
+/// The FP8 reference: [`portable`]'s order over `E4M3[q] · scale`.
+pub fn portable_fp8(q: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+    let n = q.len().min(x.len());
+    portable_indexed(n, |i| fp8_value(q, scales, i), x)
+}
+
+#[inline(always)]
+fn fp8_value(q: &[u8], scales: &[f32], i: usize) -> f32 {
+    crate::model::fp8::E4M3[q[i] as usize] * scales[i / FP8_BLOCK]
+}
+
 /// Runs `kernel` over the activation rows in groups of at most `group`, each writing its
 /// `[k, group rows]` block, and scatters the blocks into `out` (`[k, rows]`). One group (every
 /// decode step and verify pass on AVX-512) writes straight into `out`.
@@ -132,16 +220,22 @@ pub fn portable(w: WeightRow<'_>, x: &[f32]) -> f32 {
 #[inline(always)]
 fn portable_widened<W: Copy>(w: &[W], widen: impl Fn(W) -> f32, x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
+    portable_indexed(n, |i| widen(w[i]), x)
+}
+
+/// The reference order over `n` weights given by index.
+#[inline(always)]
+fn portable_indexed(n: usize, w: impl Fn(usize) -> f32, x: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
     let chunks = n / LANES;
     for c in 0..chunks {
         for i in 0..LANES {
-            acc[i] += widen(w[c * LANES + i]) * x[c * LANES + i];
+            acc[i] += w(c * LANES + i) * x[c * LANES + i];
         }
     }
     let mut s = 0f32;
-    for i in chunks * LANES..n {
-        s += widen(w[i]) * x[i];
+    for (i, xi) in x.iter().enumerate().take(n).skip(chunks * LANES) {
+        s += w(i) * xi;
     }
     let mut width = LANES;
     while width > 1 {
@@ -178,7 +272,7 @@ mod x86 {
 
     use std::ops::Range;
 
-    use super::{BLOCK, LANES, MAX_ROWS, PairRows, WeightRow, pairs_tail, tail};
+    use super::{BLOCK, Fp8Rows, LANES, MAX_ROWS, PairRows, WeightRow, pairs_tail, tail};
 
     /// Folds 16 lanes as the reference does: `a[i] += a[i + 8]`, then `+ 4`, `+ 2`, `+ 1`.
     #[inline]
@@ -374,6 +468,93 @@ mod x86 {
             // SAFETY: the rows hold n values.
             let (wr, xr) = unsafe { row_slices::<BF16>(w, x[r], n) };
             out[r] = fold8(_mm256_add_ps(lo[r], hi[r])) + tail(wr, xr, chunks * LANES);
+        }
+    }
+
+    /// FP8 rows against up to 4 activation rows (the lanes and order of [`block256`]).
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and F16C; the lengths are those `fp8_rows` asserted.
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn rows_fp8_avx2(w: Fp8Rows<'_>, n: usize, k: usize, xs: &[&[f32]], out: &mut [f32]) {
+        macro_rules! by_rows {
+            ([$($r:literal),*]) => {
+                match xs.len() {
+                    $($r => {
+                        let mut x = [std::ptr::null::<f32>(); $r];
+                        for (p, row) in x.iter_mut().zip(xs) {
+                            *p = row.as_ptr();
+                        }
+                        for o in 0..k {
+                            let scales = w.row_scales(o, n);
+                            // SAFETY: row o lies within the k rows of n codes; its scales
+                            // cover its n values.
+                            unsafe { block256_fp8::<$r>(w.q.as_ptr().add(o * n), scales, x, n, &mut out[o * $r..(o + 1) * $r]) };
+                        }
+                    })*
+                    _ => unreachable!("FP8 row groups are at most 4"),
+                }
+            };
+        }
+        by_rows!([1, 2, 3, 4])
+    }
+
+    /// One FP8 weight row against `R` activation rows: 16 codes a step, widened exactly through
+    /// f16 (`S EEEE MMM` placed as the f16 `S 0EEEE MMM0000000`, which is the e4m3 value / 256,
+    /// subnormals included) and multiplied by the block's scale · 256 — the one rounding of
+    /// `e4m3 · scale`, since a power of two moves no bits.
+    ///
+    /// # Safety
+    ///
+    /// AVX2 and F16C; `q` and every `x[r]` point at rows of `n` values, `scales` holds
+    /// `ceil(n / 128)`.
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn block256_fp8<const R: usize>(
+        q: *const u8,
+        scales: &[f32],
+        x: [*const f32; R],
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let chunks = n / LANES;
+        let mut lo = [_mm256_setzero_ps(); R];
+        let mut hi = [_mm256_setzero_ps(); R];
+        let mut s = _mm256_setzero_ps();
+        let clear_copied_sign = _mm_set1_epi16(0xBFFFu16 as i16);
+        for c in 0..chunks {
+            let i = c * LANES;
+            if i.is_multiple_of(super::FP8_BLOCK) {
+                s = _mm256_set1_ps(scales[i / super::FP8_BLOCK] * 256.0);
+            }
+            // SAFETY: i + 16 <= n, and every row holds n values.
+            unsafe {
+                if c % 4 == 0 {
+                    prefetch(q.wrapping_add(i));
+                }
+                let b = _mm_loadu_si128(q.add(i).cast());
+                // Each code in the high byte of a 16-bit lane, shifted right one (the sign
+                // stays, and its copy in bit 14 is cleared).
+                let h0 = _mm_and_si128(_mm_srai_epi16(_mm_unpacklo_epi8(_mm_setzero_si128(), b), 1), clear_copied_sign);
+                let h1 = _mm_and_si128(_mm_srai_epi16(_mm_unpackhi_epi8(_mm_setzero_si128(), b), 1), clear_copied_sign);
+                let (wl, wh) = (_mm256_mul_ps(_mm256_cvtph_ps(h0), s), _mm256_mul_ps(_mm256_cvtph_ps(h1), s));
+                for r in 0..R {
+                    let p = x[r].add(i);
+                    lo[r] = _mm256_add_ps(lo[r], _mm256_mul_ps(wl, _mm256_loadu_ps(p)));
+                    hi[r] = _mm256_add_ps(hi[r], _mm256_mul_ps(wh, _mm256_loadu_ps(p.add(8))));
+                }
+            }
+        }
+        // SAFETY: the rows hold n codes (and n activations).
+        let qs = unsafe { std::slice::from_raw_parts(q, n) };
+        for r in 0..R {
+            // SAFETY: as above.
+            let xr = unsafe { std::slice::from_raw_parts(x[r], n) };
+            let mut t = 0f32;
+            for (i, xi) in xr.iter().enumerate().skip(chunks * LANES) {
+                t += super::fp8_value(qs, scales, i) * xi;
+            }
+            out[r] = fold8(_mm256_add_ps(lo[r], hi[r])) + t;
         }
     }
 
@@ -908,6 +1089,50 @@ mod tests {
                 for (r, x) in xs.iter().enumerate() {
                     let want = portable(WeightRow::Bf16(&bits[o * n..(o + 1) * n]), x);
                     assert_eq!(out[o * xs.len() + r].to_bits(), want.to_bits(), "{simd:?} o {o} r {r}");
+                }
+            }
+        }
+    }
+
+    /// FP8 rows give, on every kernel and at every row count, the bits of f32 rows holding
+    /// their dequantised values (`e4m3 · scale`), across scale bands and with tails; codes of
+    /// every kind (subnormal, negative, the largest) and scales of several magnitudes.
+    #[test]
+    fn fp8_rows_give_the_bits_of_their_dequantised_f32_rows() {
+        use crate::model::fp8::{E4M3, is_nan_code};
+        let have = kernels();
+        for (k, n, row0) in [
+            (3usize, 1usize, 0usize),
+            (2, 15, 0),
+            (3, 16, 127),
+            (2, 17, 5),
+            (4, 130, 126),
+            (3, 1024, 0),
+            (2, 3589, 200),
+        ] {
+            let gc = n.div_ceil(FP8_BLOCK);
+            let bands = (row0 + k).div_ceil(FP8_BLOCK);
+            let grid: Vec<f32> =
+                (0..bands * gc).map(|i| 2f32.powi(-(i as i32 % 9)) * (1.0 + (i % 5) as f32 * 0.37)).collect();
+            let q: Vec<u8> = (0..k * n)
+                .map(|i| ((i * 151 + 7) % 256) as u8)
+                .map(|b| if is_nan_code(b) { b - 1 } else { b })
+                .collect();
+            let w = Fp8Rows { q: &q, grid: &grid, row0 };
+            let wide: Vec<f32> = (0..k * n)
+                .map(|i| E4M3[q[i] as usize] * grid[((row0 + i / n) / FP8_BLOCK) * gc + (i % n) / FP8_BLOCK])
+                .collect();
+            let rows: Vec<Vec<f32>> =
+                (0..MAX_ROWS).map(|r| (0..n).map(|i| ((i * 31 + r * 7) as f32 * 0.37).sin()).collect()).collect();
+            for r in 1..=MAX_ROWS {
+                let xs: Vec<&[f32]> = rows[..r].iter().map(|v| v.as_slice()).collect();
+                let mut want = vec![0f32; k * r];
+                gemv_rows(Simd::Portable, WeightRow::F32(&wide), n, &xs, &mut want);
+                for &simd in &have {
+                    let mut got = vec![0f32; k * r];
+                    fp8_rows(simd, w, n, &xs, &mut got);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{simd:?} k {k} n {n} row0 {row0} rows {r}");
                 }
             }
         }

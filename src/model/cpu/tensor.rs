@@ -291,6 +291,10 @@ impl Linear {
             match w {
                 Weights::F32(v) => gemv::gemv_rows(self.simd, WeightRow::F32(&v[range]), inp, xs, mine),
                 Weights::Bf16(v) => gemv::gemv_rows(self.simd, WeightRow::Bf16(&v[range]), inp, xs, mine),
+                Weights::Fp8(f) => {
+                    let rows = gemv::Fp8Rows { q: &f.q[range], grid: &f.scales, row0: f.row0 + at };
+                    gemv::fp8_rows(self.simd, rows, inp, xs, mine)
+                }
                 Weights::F16(_) => {
                     // Rare (f16 checkpoints): widened a row at a time.
                     let mut scratch = vec![0f32; inp];

@@ -1,0 +1,228 @@
+//! `deltascope quantize --fp8 SRC DST`: a bf16 (or f16 / f32) checkpoint rewritten in Qwen's
+//! published FP8 format (the projections as e4m3 with a bf16 scale per 128 × 128 block, the
+//! rest as stored), and what that costs: both models' logits over a short probe set, compared
+//! position by position, so the user sees the change before using it.
+//! A developer tool (tests/architecture.rs lists the exception): it reads the checkpoint's
+//! tensors and runs both models' forward passes directly.
+
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use rayon::prelude::*;
+
+use super::common;
+use crate::backend::ChatRequest;
+use crate::generation::{GenerationParams, Thinking};
+// A developer tool (architecture.json): it rewrites the model's tensors and compares logits.
+use crate::model::fp8;
+use crate::model::storage::Weights;
+use crate::model::weights::WeightStore;
+use crate::model::{ForwardOptions, LoadOptions, LogitsRows, Model, ModelSource, Precision, read_config};
+use crate::units::human_bytes;
+
+#[derive(Args, Debug)]
+pub struct QuantizeArgs {
+    /// Write FP8 (e4m3 weights, a bf16 scale per 128 × 128 block), the format of Qwen's
+    /// published FP8 checkpoints (the only format this command writes).
+    #[arg(long, required = true)]
+    pub fp8: bool,
+    /// The checkpoint to convert (a model directory: config.json, safetensors, tokenizer).
+    #[arg(value_name = "SRC")]
+    pub src: PathBuf,
+    /// Where to write it (created; must be empty or missing).
+    #[arg(value_name = "DST")]
+    pub dst: PathBuf,
+    /// Skip the logit comparison (it loads both models and runs the probe set at f32).
+    #[arg(long)]
+    pub no_probe: bool,
+}
+
+/// The probe set: one prompt of each kind the demo answers, and a longer one.
+const PROBES: [&str; 4] = [
+    "Which is larger, 94 or 91?",
+    "Sort 47, 43, 54.",
+    "Is 91 prime?",
+    "Explain in two sentences why the sky is blue, then count from one to ten.",
+];
+
+pub fn run(a: QuantizeArgs) -> anyhow::Result<()> {
+    let src = ModelSource::Dir(a.src.clone());
+    let cfg = read_config(&src)?;
+    if cfg.quantization.is_some() {
+        anyhow::bail!(
+            "{}: already quantised (config.json has a quantization_config); nothing was written",
+            a.src.display()
+        );
+    }
+    if a.dst.exists() && std::fs::read_dir(&a.dst).map(|mut d| d.next().is_some()).unwrap_or(true) {
+        anyhow::bail!("{}: exists and is not an empty directory (nothing was written)", a.dst.display());
+    }
+    let store = WeightStore::open(&src)?;
+    let mut names: Vec<String> = store.names().map(str::to_string).collect();
+    names.sort();
+    // Each tensor: FP8 (codes, then its scales) or as stored.
+    let plan: Vec<(String, Vec<usize>, bool)> = names
+        .into_iter()
+        .map(|n| {
+            let shape = store.shape(&n).unwrap_or(&[]).to_vec();
+            let q = fp8::quantised_in_fp8(&n, &shape);
+            (n, shape, q)
+        })
+        .collect();
+    std::fs::create_dir_all(&a.dst).map_err(|e| anyhow::anyhow!("{}: cannot create it: {e}", a.dst.display()))?;
+    let written = write(&store, &plan, &a.dst.join("model.safetensors"))?;
+    drop(store);
+
+    // config.json as it was, with the quantization_config Qwen's releases carry.
+    let text = std::fs::read_to_string(a.src.join("config.json"))?;
+    let mut config: serde_json::Value = serde_json::from_str(&text)?;
+    let mut unconverted: Vec<String> =
+        plan.iter().filter(|p| !p.2).filter_map(|p| p.0.strip_suffix(".weight").map(str::to_string)).collect();
+    if cfg.tie_word_embeddings {
+        unconverted.push("lm_head".into());
+    }
+    config["quantization_config"] = fp8::quantization_config(&unconverted);
+    std::fs::write(a.dst.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
+    // Everything else beside the weights (tokenizer, chat template, generation config).
+    for entry in std::fs::read_dir(&a.src)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        if entry.file_type()?.is_file()
+            && !name.ends_with(".safetensors")
+            && name != "config.json"
+            && name != "model.safetensors.index.json"
+        {
+            std::fs::copy(entry.path(), a.dst.join(&name))?;
+        }
+    }
+    let quantised = plan.iter().filter(|p| p.2).count();
+    println!(
+        "wrote {}: {} tensors, {quantised} of them FP8, {} (from {})",
+        a.dst.display(),
+        plan.len(),
+        human_bytes(written as u64),
+        human_bytes(std::fs::metadata(a.src.join("model.safetensors")).map(|m| m.len()).unwrap_or(0))
+    );
+    if !a.no_probe {
+        probe(&a.src, &a.dst)?;
+    }
+    Ok(())
+}
+
+/// Writes the tensors of `plan` into one safetensors file: the header first, then each tensor
+/// as it is converted (a model never has to fit in memory twice).
+fn write(store: &WeightStore, plan: &[(String, Vec<usize>, bool)], path: &Path) -> anyhow::Result<usize> {
+    let mut header = serde_json::Map::new();
+    header
+        .insert("__metadata__".into(), serde_json::json!({"format": "pt", "written_by": "deltascope quantize --fp8"}));
+    let mut at = 0usize;
+    let mut place = |name: String, dtype: &str, shape: Vec<usize>, bytes: usize| {
+        header.insert(name, serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [at, at + bytes]}));
+        at += bytes;
+    };
+    let mut loaded = vec![];
+    for (name, shape, q) in plan {
+        let n = shape.iter().product::<usize>();
+        if *q {
+            let grid = vec![shape[0].div_ceil(fp8::BLOCK), shape[1].div_ceil(fp8::BLOCK)];
+            let g = grid[0] * grid[1];
+            place(name.clone(), "F8_E4M3", shape.clone(), n);
+            place(format!("{name}_scale_inv"), "BF16", grid, g * 2);
+        } else {
+            // Stored as it is: its dtype is known only by loading it (a view: no copy).
+            let w = store.load_weights(name, shape)?;
+            let tag = match &w {
+                Weights::F32(_) => "F32",
+                Weights::Bf16(_) => "BF16",
+                Weights::F16(_) => "F16",
+                Weights::Fp8(_) => anyhow::bail!("{name}: already FP8"),
+            };
+            place(name.clone(), tag, shape.clone(), w.bytes());
+            loaded.push(w);
+        }
+    }
+    let mut head = serde_json::to_vec(&serde_json::Value::Object(header))?;
+    head.resize(head.len().div_ceil(8) * 8, b' ');
+    let file = std::fs::File::create(path).map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    let mut w = BufWriter::with_capacity(1 << 20, file);
+    w.write_all(&(head.len() as u64).to_le_bytes())?;
+    w.write_all(&head)?;
+    let mut kept = loaded.into_iter();
+    for (name, shape, q) in plan {
+        if *q {
+            let values = store.load_f32(name, shape)?;
+            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+                anyhow::bail!("{name}: value {i} is {} (not quantised; nothing usable was written)", values[i]);
+            }
+            let (codes, scales) = fp8::quantize_par(&values, shape[0], shape[1]);
+            w.write_all(&codes)?;
+            w.write_all(&scales.iter().flat_map(|s| s.to_le_bytes()).collect::<Vec<u8>>())?;
+        } else {
+            let Some(t) = kept.next() else { anyhow::bail!("{name}: lost while writing") };
+            match t {
+                Weights::F32(v) => w.write_all(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?,
+                Weights::Bf16(v) | Weights::F16(v) => {
+                    w.write_all(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?
+                }
+                Weights::Fp8(_) => anyhow::bail!("{name}: already FP8"),
+            }
+        }
+    }
+    w.into_inner().map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?.sync_all()?;
+    Ok(8 + head.len() + at)
+}
+
+/// Both models at f32 over the probe set: per position, the largest logit change, the RMS
+/// change against the logits' RMS, whether the top token stays, and KL(source ‖ FP8).
+fn probe(src: &Path, dst: &Path) -> anyhow::Result<()> {
+    let spec = common::local_spec(Some(src), "f32")?;
+    let loaded = crate::backend::local::Loaded::load(&spec, &|_| {})?;
+    let fp8_model = Model::load(
+        &ModelSource::Dir(dst.to_path_buf()),
+        &LoadOptions { precision: Precision::F32, skip_mtp: true, ..LoadOptions::default() },
+    )?;
+    let (mut positions, mut top_same, mut max_abs, mut kl_sum) = (0usize, 0usize, 0f32, 0f64);
+    let (mut d2, mut l2) = (0f64, 0f64);
+    for text in PROBES {
+        let request = ChatRequest {
+            prompt: crate::backend::Prompt::Text(text.to_string()),
+            params: GenerationParams { thinking: Thinking::Unlimited, ..Default::default() },
+        };
+        let (_, ids) = loaded.render(&request)?;
+        let all = ForwardOptions { logits: LogitsRows::All, ..Default::default() };
+        let a = loaded.model.forward(&ids, &mut loaded.model.new_state(), all)?.logits;
+        let b = fp8_model.forward(&ids, &mut fp8_model.new_state(), all)?.logits;
+        for r in 0..a.rows {
+            let (x, y) = (a.row(r), b.row(r));
+            let argmax =
+                |v: &[f32]| v.iter().enumerate().fold((0, f32::MIN), |m, (i, &v)| if v > m.1 { (i, v) } else { m }).0;
+            top_same += (argmax(x) == argmax(y)) as usize;
+            for (p, q) in x.iter().zip(y) {
+                max_abs = max_abs.max((p - q).abs());
+                d2 += ((p - q) as f64).powi(2);
+                l2 += (*p as f64).powi(2);
+            }
+            kl_sum += kl(x, y);
+            positions += 1;
+        }
+    }
+    println!(
+        "logits at f32 over {positions} positions of {} probe prompts (source against FP8):\n  top-1 token the same at {top_same} of {positions} ({:.1} %)\n  largest change {max_abs:.4}; RMS change {:.2} % of the logits' RMS\n  mean KL(source ‖ FP8) {:.2e} nats",
+        PROBES.len(),
+        100.0 * top_same as f64 / positions.max(1) as f64,
+        100.0 * (d2 / l2.max(f64::MIN_POSITIVE)).sqrt(),
+        kl_sum / positions.max(1) as f64
+    );
+    Ok(())
+}
+
+fn kl(p_logits: &[f32], q_logits: &[f32]) -> f64 {
+    let log_softmax = |v: &[f32]| {
+        let m = v.iter().fold(f32::MIN, |a, &b| a.max(b)) as f64;
+        let z = v.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln() + m;
+        v.iter().map(|&x| x as f64 - z).collect::<Vec<f64>>()
+    };
+    let (lp, lq) = (log_softmax(p_logits), log_softmax(q_logits));
+    lp.par_iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
+}

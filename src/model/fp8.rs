@@ -1,0 +1,331 @@
+//! FP8 checkpoints as Qwen publishes them (`quantization_config.quant_method: "fp8"`): each
+//! quantised projection's `*.weight` holds one `float8_e4m3fn` byte a weight (safetensors
+//! `F8_E4M3`), and `*.weight_scale_inv` one multiplier per 128 × 128 block (shape
+//! `[ceil(out / 128), ceil(in / 128)]`, BF16, F16 or F32 by release; element `(r, c)` uses
+//! block `(r / 128, c / 128)`, the last blocks partial). A weight's value is
+//! `e4m3(q) · scale_inv` — a multiplier despite the name (DeepSeek-V3's `weight_dequant`,
+//! transformers' `FineGrainedDequantize`, llama.cpp's converter). The research behind this,
+//! with what was read where: `docs/fp8-checkpoints.md`.
+//!
+//! deltascope keeps the bytes as stored (a view into the mapped file) and dequantises inside
+//! the kernels, so a weight costs one byte in memory and in every token's pass.
+
+use std::sync::Arc;
+
+use super::storage::Values;
+
+/// The block edge every FP8 checkpoint deltascope loads uses (`weight_block_size: [128, 128]`;
+/// config.json's other sizes are refused by the config check).
+pub const BLOCK: usize = 128;
+
+/// The largest finite e4m3fn value (code 0x7E); 0x7F and 0xFF are NaN, and there is no infinity.
+pub const E4M3_MAX: f32 = 448.0;
+
+/// What `quantization_config` says, once checked.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Fp8Format {
+    /// `modules_to_not_convert` (or vLLM's `ignored_layers`): the modules stored unquantised.
+    /// The loader goes by each tensor's dtype and uses the list only to check it.
+    pub modules_to_not_convert: Vec<String>,
+}
+
+/// The value of an e4m3fn byte (`S EEEE MMM`, bias 7; subnormal when `E = 0`; NaN for 0x7F and
+/// 0xFF).
+pub const fn e4m3_to_f32(b: u8) -> f32 {
+    let sign = ((b >> 7) as u32) << 31;
+    let (e, m) = (((b >> 3) & 0xF) as u32, (b & 7) as u32);
+    let bits = if e == 0xF && m == 7 {
+        0x7FC0_0000
+    } else if e == 0 && m == 0 {
+        0
+    } else if e == 0 {
+        // m · 2⁻⁹: the leading bit of m becomes the implicit one.
+        let p = 31 - m.leading_zeros();
+        ((p + 127 - 9) << 23) | ((m - (1 << p)) << (23 - p))
+    } else {
+        ((e + 120) << 23) | (m << 20)
+    };
+    f32::from_bits(sign | bits)
+}
+
+/// Every byte's value, for the portable kernels and the widening of a panel for the GEMM.
+pub static E4M3: [f32; 256] = {
+    let mut t = [0f32; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = e4m3_to_f32(i as u8);
+        i += 1;
+    }
+    t
+};
+
+/// Whether a byte is one of e4m3fn's two NaN codes.
+pub fn is_nan_code(b: u8) -> bool {
+    b & 0x7F == 0x7F
+}
+
+/// The e4m3fn code nearest to `x`, ties to the even code, saturating at ±448 (what
+/// `torch.Tensor.to(torch.float8_e4m3fn)` gives for the values a block scale brings into
+/// range). `x` must not be NaN.
+pub fn f32_to_e4m3(x: f32) -> u8 {
+    let sign = if x.is_sign_negative() { 0x80 } else { 0 };
+    let a = x.abs();
+    if a >= E4M3_MAX {
+        return sign | 0x7E;
+    }
+    // The largest positive code whose value is at most `a` (values rise with the code).
+    let below = E4M3[..0x7F].partition_point(|&v| v <= a) - 1;
+    let (lo, hi) = (E4M3[below], E4M3[below + 1]);
+    let code = match (a - lo).partial_cmp(&(hi - a)) {
+        Some(std::cmp::Ordering::Less) => below,
+        Some(std::cmp::Ordering::Greater) => below + 1,
+        // A tie: the even code (its mantissa's last bit is the code's).
+        _ if below % 2 == 0 => below,
+        _ => below + 1,
+    };
+    sign | code as u8
+}
+
+/// A matrix (or a band of its rows) of e4m3 codes and the block scales of the whole matrix.
+#[derive(Debug, PartialEq)]
+pub struct Fp8Weights {
+    /// Codes, row-major, `cols` a row: the rows of this view.
+    pub q: Values<u8>,
+    /// The whole matrix's scale grid, row-major `[ceil(rows / 128), ceil(cols / 128)]`, as f32.
+    pub scales: Arc<[f32]>,
+    pub cols: usize,
+    /// The first row of this view within the whole matrix (its scale band is `row / 128`).
+    pub row0: usize,
+}
+
+impl Fp8Weights {
+    pub fn grid_cols(&self) -> usize {
+        self.cols.div_ceil(BLOCK)
+    }
+
+    pub fn rows(&self) -> usize {
+        self.q.len().checked_div(self.cols).unwrap_or(0)
+    }
+
+    /// The scales of row `r` of this view: one per 128 columns.
+    pub fn row_scales(&self, r: usize) -> &[f32] {
+        let (band, gc) = ((self.row0 + r) / BLOCK, self.grid_cols());
+        &self.scales[band * gc..(band + 1) * gc]
+    }
+
+    /// Rows `r0..r0 + rows` of this view (no copy).
+    pub fn rows_view(&self, r0: usize, rows: usize) -> Fp8Weights {
+        Fp8Weights {
+            q: self.q.range(r0 * self.cols, rows * self.cols),
+            scales: Arc::clone(&self.scales),
+            cols: self.cols,
+            row0: self.row0 + r0,
+        }
+    }
+
+    /// Bytes held: the codes, and the scales of the row bands this view covers.
+    pub fn bytes(&self) -> usize {
+        let rows = self.rows();
+        let bands = if rows == 0 { 0 } else { (self.row0 + rows - 1) / BLOCK - self.row0 / BLOCK + 1 };
+        self.q.len() + bands * self.grid_cols() * std::mem::size_of::<f32>()
+    }
+
+    /// Values `start..start + out.len()` (flat, row-major) dequantised to f32: `e4m3 · scale`,
+    /// one rounding, as transformers dequantises at `dtype=float32`.
+    pub fn dequantize_to(&self, start: usize, out: &mut [f32]) {
+        let cols = self.cols;
+        let mut i = start;
+        let mut out = out;
+        while !out.is_empty() {
+            let (r, c) = (i / cols, i % cols);
+            let scales = self.row_scales(r);
+            let n = out.len().min(cols - c);
+            let (row, rest) = std::mem::take(&mut out).split_at_mut(n);
+            for (j, (o, &q)) in row.iter_mut().zip(&self.q[i..i + n]).enumerate() {
+                *o = E4M3[q as usize] * scales[(c + j) / BLOCK];
+            }
+            out = rest;
+            i += n;
+        }
+    }
+}
+
+/// A row-major `[rows, cols]` f32 matrix quantised as Qwen's FP8 releases are: per 128 × 128
+/// block, `scale_inv = amax / 448` rounded to bf16 (the family's scale dtype), and each value
+/// the e4m3 code nearest to `x / scale_inv`. Returns the codes and the scales (bf16 bits,
+/// row-major `[ceil(rows / 128), ceil(cols / 128)]`).
+pub fn quantize(values: &[f32], rows: usize, cols: usize) -> (Vec<u8>, Vec<u16>) {
+    assert_eq!(values.len(), rows * cols, "quantize: {} values for [{rows}, {cols}]", values.len());
+    let (gr, gc) = (rows.div_ceil(BLOCK), cols.div_ceil(BLOCK));
+    let mut scales = vec![0u16; gr * gc];
+    let mut q = vec![0u8; values.len()];
+    for br in 0..gr {
+        let band = br * BLOCK..((br + 1) * BLOCK).min(rows);
+        for bc in 0..gc {
+            let span = bc * BLOCK..((bc + 1) * BLOCK).min(cols);
+            let amax = band
+                .clone()
+                .flat_map(|r| values[r * cols + span.start..r * cols + span.end].iter())
+                .fold(0f32, |m, v| m.max(v.abs()));
+            // An all-zero block keeps a scale of 1 (any scale gives its zeros).
+            let scale = half::bf16::from_f32(if amax > 0.0 { amax / E4M3_MAX } else { 1.0 });
+            scales[br * gc + bc] = scale.to_bits();
+            let s = scale.to_f32();
+            for r in band.clone() {
+                for c in span.clone() {
+                    q[r * cols + c] = f32_to_e4m3(values[r * cols + c] / s);
+                }
+            }
+        }
+    }
+    (q, scales)
+}
+
+/// [`quantize`] a band of 128 rows per task on every thread (the same bits: blocks never span
+/// bands).
+pub fn quantize_par(values: &[f32], rows: usize, cols: usize) -> (Vec<u8>, Vec<u16>) {
+    use rayon::prelude::*;
+    assert_eq!(values.len(), rows * cols, "quantize_par: {} values for [{rows}, {cols}]", values.len());
+    if cols == 0 {
+        return (vec![], vec![]);
+    }
+    let bands: Vec<(Vec<u8>, Vec<u16>)> =
+        values.par_chunks(BLOCK * cols).map(|band| quantize(band, band.len() / cols, cols)).collect();
+    let mut out = (Vec::with_capacity(values.len()), Vec::with_capacity(rows.div_ceil(BLOCK) * cols.div_ceil(BLOCK)));
+    for (q, s) in bands {
+        out.0.extend(q);
+        out.1.extend(s);
+    }
+    out
+}
+
+/// Whether Qwen's FP8 releases store this tensor as e4m3 with block scales: the projections
+/// (`*_proj.weight` matrices, and the GDN's `in_proj_qkv` / `in_proj_z` / `in_proj_qkvz`). The embeddings, the LM head, norms, the GDN's small `in_proj_a`
+/// / `in_proj_b` / `in_proj_ba`, its conv and decay parameters, the MoE router and shared-expert
+/// gate and `mtp.fc` stay as stored (docs/fp8-checkpoints.md §1).
+pub fn quantised_in_fp8(name: &str, shape: &[usize]) -> bool {
+    let Some(module) = name.strip_suffix(".weight") else { return false };
+    let last = module.rsplit('.').next().unwrap_or(module);
+    shape.len() == 2 && (last.ends_with("_proj") || matches!(last, "in_proj_qkv" | "in_proj_z" | "in_proj_qkvz"))
+}
+
+/// The `quantization_config` Qwen's FP8 releases carry, listing `unconverted` modules.
+pub fn quantization_config(unconverted: &[String]) -> serde_json::Value {
+    serde_json::json!({
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": [BLOCK, BLOCK],
+        "modules_to_not_convert": unconverted,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_published_split_of_quantised_and_kept_tensors() {
+        let m = |n: &str| quantised_in_fp8(n, &[256, 256]);
+        for q in [
+            "model.language_model.layers.0.linear_attn.in_proj_qkv.weight",
+            "model.language_model.layers.0.linear_attn.in_proj_z.weight",
+            "model.layers.0.linear_attn.in_proj_qkvz.weight",
+            "model.layers.0.linear_attn.out_proj.weight",
+            "model.layers.3.self_attn.q_proj.weight",
+            "model.layers.3.mlp.down_proj.weight",
+            "model.layers.3.mlp.experts.7.gate_proj.weight",
+            "model.layers.3.mlp.shared_expert.up_proj.weight",
+            "mtp.layers.0.self_attn.o_proj.weight",
+        ] {
+            assert!(m(q), "{q} is FP8 in Qwen's releases");
+        }
+        for kept in [
+            "model.language_model.layers.0.linear_attn.in_proj_a.weight",
+            "model.language_model.layers.0.linear_attn.in_proj_b.weight",
+            "model.layers.0.linear_attn.in_proj_ba.weight",
+            "model.embed_tokens.weight",
+            "lm_head.weight",
+            "model.layers.3.mlp.gate.weight",
+            "model.layers.3.mlp.shared_expert_gate.weight",
+            "mtp.fc.weight",
+            "model.layers.0.linear_attn.conv1d.weight",
+            "model.layers.0.input_layernorm.weight",
+        ] {
+            assert!(!m(kept), "{kept} stays unquantised");
+        }
+        assert!(!quantised_in_fp8("model.layers.3.mlp.experts.gate_up_proj", &[4, 8, 8]), "3-D, no .weight");
+    }
+
+    #[test]
+    fn every_code_decodes_as_the_format_defines() {
+        assert_eq!(E4M3[0x7E], 448.0);
+        assert_eq!(E4M3[0xFE], -448.0);
+        assert_eq!(E4M3[0x38], 1.0);
+        assert_eq!(E4M3[0x01], 2f32.powi(-9));
+        assert_eq!(E4M3[0x07], 7.0 * 2f32.powi(-9));
+        assert_eq!(E4M3[0x08], 2f32.powi(-6));
+        assert_eq!(E4M3[0x80].to_bits(), (-0f32).to_bits());
+        assert!(E4M3[0x7F].is_nan() && E4M3[0xFF].is_nan());
+        // The formula, code by code: (-1)^S · 2^(E-7) · (1 + M/8), or 2^-6 · M/8 when E = 0.
+        for b in 0..=255u8 {
+            if is_nan_code(b) {
+                continue;
+            }
+            let (s, e, m) = (b >> 7, (b >> 3) & 0xF, b & 7);
+            let mag =
+                if e == 0 { m as f64 / 8.0 * 2f64.powi(-6) } else { (1.0 + m as f64 / 8.0) * 2f64.powi(e as i32 - 7) };
+            let want = if s == 1 { -mag } else { mag };
+            assert_eq!(E4M3[b as usize] as f64, want, "code {b:#04x}");
+        }
+    }
+
+    #[test]
+    fn encoding_rounds_to_the_nearest_code_ties_to_even_and_saturates() {
+        for b in (0..=0xFEu8).filter(|&b| !is_nan_code(b)) {
+            let back = f32_to_e4m3(E4M3[b as usize]);
+            // -0 encodes as 0x80, +0 as 0x00: every code comes back as itself.
+            assert_eq!(back, b, "code {b:#04x}");
+        }
+        // Between 1 (0x38) and 1.125 (0x39): below, above and at the midpoint (to 0x38, even).
+        assert_eq!(f32_to_e4m3(1.05), 0x38);
+        assert_eq!(f32_to_e4m3(1.07), 0x39);
+        assert_eq!(f32_to_e4m3(1.0625), 0x38);
+        // Between 1.125 (0x39) and 1.25 (0x3A), the midpoint goes up to the even 0x3A.
+        assert_eq!(f32_to_e4m3(1.1875), 0x3A);
+        assert_eq!(f32_to_e4m3(-1.1875), 0xBA);
+        assert_eq!(f32_to_e4m3(1e6), 0x7E);
+        assert_eq!(f32_to_e4m3(-500.0), 0xFE);
+        assert_eq!(f32_to_e4m3(1e-9), 0x00);
+    }
+
+    #[test]
+    fn a_quantised_matrix_dequantises_within_e4m3s_step_and_views_keep_their_scales() {
+        let (rows, cols) = (130, 260); // partial last blocks both ways
+        let values: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1009) as f32 / 504.0 - 1.0) * 0.05).collect();
+        let (q, s) = quantize(&values, rows, cols);
+        assert_eq!(s.len(), 2 * 3);
+        let scales: Arc<[f32]> = s.iter().map(|&b| half::bf16::from_bits(b).to_f32()).collect();
+        let w = Fp8Weights { q: Values::Owned(q), scales, cols, row0: 0 };
+        let mut out = vec![0f32; rows * cols];
+        w.dequantize_to(0, &mut out);
+        for (i, (&d, &v)) in out.iter().zip(&values).enumerate() {
+            // e4m3 keeps 4 significant bits: a relative step of 2^-3, so half of it at most,
+            // plus the subnormal floor of the block.
+            let block = w.row_scales(i / cols)[(i % cols) / BLOCK];
+            assert!((d - v).abs() <= v.abs() / 16.0 + block * 2f32.powi(-10), "value {i}: {v} came back {d}");
+        }
+        // A band of rows starting in the second block band reads that band's scales.
+        let band = w.rows_view(128, 2);
+        assert_eq!(band.row0, 128);
+        let mut part = vec![0f32; 2 * cols];
+        band.dequantize_to(0, &mut part);
+        assert_eq!(part, out[128 * cols..]);
+        // From the middle of a row, across a row end.
+        let mut mid = vec![0f32; cols];
+        w.dequantize_to(5 * cols + 7, &mut mid);
+        assert_eq!(mid, out[5 * cols + 7..6 * cols + 7]);
+        assert_eq!(w.bytes(), rows * cols + 6 * 4);
+        assert_eq!(band.bytes(), 2 * cols + 3 * 4);
+    }
+}
