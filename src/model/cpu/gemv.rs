@@ -157,7 +157,12 @@ fn fp8_simd(simd: Simd) -> Simd {
 
 const FP8_BLOCK: usize = crate::model::fp8::BLOCK;
 
-/// The FP8 reference: [`portable`]'s order over `E4M3[q] · scale`.
+/// The FP8 reference: [`portable`]'s order over `E4M3[q] · scale` (each weight rounded once),
+/// so an FP8 row gives the bits of the f32 row holding its dequantised values.
+///
+/// Tried and not kept: two sets of lanes (alternate chunks), which halves the kernel's
+/// addition chains; decode on the FP8 0.8B shape did not move (the AVX2 EPYC, four
+/// interleaved rounds), and it would cost these bits.
 pub fn portable_fp8(q: &[u8], scales: &[f32], x: &[f32]) -> f32 {
     let n = q.len().min(x.len());
     portable_indexed(n, |i| fp8_value(q, scales, i), x)
@@ -500,10 +505,10 @@ mod x86 {
         by_rows!([1, 2, 3, 4])
     }
 
-    /// One FP8 weight row against `R` activation rows: 16 codes a step, widened exactly through
-    /// f16 (`S EEEE MMM` placed as the f16 `S 0EEEE MMM0000000`, which is the e4m3 value / 256,
-    /// subnormals included) and multiplied by the block's scale · 256 — the one rounding of
-    /// `e4m3 · scale`, since a power of two moves no bits.
+    /// One FP8 weight row against `R` activation rows: 16 codes a step ([`fp8_chunk`]), widened
+    /// exactly through f16 (`S EEEE MMM` placed as the f16 `S 0EEEE MMM0000000`, which is the
+    /// e4m3 value / 256, subnormals included) and multiplied by the block's scale · 256 — the
+    /// one rounding of `e4m3 · scale`, since a power of two moves no bits.
     ///
     /// # Safety
     ///
@@ -521,28 +526,30 @@ mod x86 {
         let mut lo = [_mm256_setzero_ps(); R];
         let mut hi = [_mm256_setzero_ps(); R];
         let mut s = _mm256_setzero_ps();
-        let clear_copied_sign = _mm_set1_epi16(0xBFFFu16 as i16);
-        for c in 0..chunks {
-            let i = c * LANES;
-            if i.is_multiple_of(super::FP8_BLOCK) {
-                s = _mm256_set1_ps(scales[i / super::FP8_BLOCK] * 256.0);
+        let scale_at = |i: usize| _mm256_set1_ps(scales[i / super::FP8_BLOCK] * 256.0);
+        let mut c = 0;
+        // Four chunks (one 64-byte line of codes) a turn: one prefetch, and the scale changes
+        // only at a turn's start (128 is two turns).
+        // SAFETY: every chunk read lies below chunks · 16 <= n, in every row.
+        unsafe {
+            while c + 4 <= chunks {
+                let i = c * LANES;
+                if i.is_multiple_of(super::FP8_BLOCK) {
+                    s = scale_at(i);
+                }
+                prefetch(q.wrapping_add(i));
+                for j in 0..4 {
+                    fp8_chunk(q, i + j * LANES, s, &x, &mut lo, &mut hi);
+                }
+                c += 4;
             }
-            // SAFETY: i + 16 <= n, and every row holds n values.
-            unsafe {
-                if c % 4 == 0 {
-                    prefetch(q.wrapping_add(i));
+            while c < chunks {
+                let i = c * LANES;
+                if i.is_multiple_of(super::FP8_BLOCK) {
+                    s = scale_at(i);
                 }
-                let b = _mm_loadu_si128(q.add(i).cast());
-                // Each code in the high byte of a 16-bit lane, shifted right one (the sign
-                // stays, and its copy in bit 14 is cleared).
-                let h0 = _mm_and_si128(_mm_srai_epi16(_mm_unpacklo_epi8(_mm_setzero_si128(), b), 1), clear_copied_sign);
-                let h1 = _mm_and_si128(_mm_srai_epi16(_mm_unpackhi_epi8(_mm_setzero_si128(), b), 1), clear_copied_sign);
-                let (wl, wh) = (_mm256_mul_ps(_mm256_cvtph_ps(h0), s), _mm256_mul_ps(_mm256_cvtph_ps(h1), s));
-                for r in 0..R {
-                    let p = x[r].add(i);
-                    lo[r] = _mm256_add_ps(lo[r], _mm256_mul_ps(wl, _mm256_loadu_ps(p)));
-                    hi[r] = _mm256_add_ps(hi[r], _mm256_mul_ps(wh, _mm256_loadu_ps(p.add(8))));
-                }
+                fp8_chunk(q, i, s, &x, &mut lo, &mut hi);
+                c += 1;
             }
         }
         // SAFETY: the rows hold n codes (and n activations).
@@ -555,6 +562,36 @@ mod x86 {
                 t += super::fp8_value(qs, scales, i) * xi;
             }
             out[r] = fold8(_mm256_add_ps(lo[r], hi[r])) + t;
+        }
+    }
+
+    /// Codes `i..i + 16` times the scale `s` (the block's · 256), into the lane accumulators.
+    ///
+    /// # Safety
+    ///
+    /// AVX2 and F16C; `i + 16` is within the codes and every activation row.
+    #[inline(always)]
+    unsafe fn fp8_chunk<const R: usize>(
+        q: *const u8,
+        i: usize,
+        s: __m256,
+        x: &[*const f32; R],
+        lo: &mut [__m256; R],
+        hi: &mut [__m256; R],
+    ) {
+        // SAFETY: the caller keeps i + 16 inside the rows.
+        unsafe {
+            // Sign-extended to 16 bits and shifted left 7: `S S EEEE MMM 0000000`; clearing
+            // bit 14 leaves the f16 `S 0EEEE MMM0000000`, the code's value / 256.
+            let e = _mm256_cvtepi8_epi16(_mm_loadu_si128(q.add(i).cast()));
+            let h = _mm256_and_si256(_mm256_slli_epi16(e, 7), _mm256_set1_epi16(0xBFFFu16 as i16));
+            let wl = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), s);
+            let wh = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), s);
+            for r in 0..R {
+                let p = x[r].add(i);
+                lo[r] = _mm256_add_ps(lo[r], _mm256_mul_ps(wl, _mm256_loadu_ps(p)));
+                hi[r] = _mm256_add_ps(hi[r], _mm256_mul_ps(wh, _mm256_loadu_ps(p.add(8))));
+            }
         }
     }
 
