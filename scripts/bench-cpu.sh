@@ -12,7 +12,8 @@
 #      llama-bench only, -DGGML_NATIVE=ON (about 5 min on 2 cores);
 #   3. a venv with the pinned gguf + numpy for scripts/make_gguf.py (our converter, no torch);
 #   4. `deltascope synth` checkpoints in bf16 and f32 (seed 8), and each converted to a GGUF of
-#      its own dtype, so both engines read the same values; and a MoE shape in bf16
+#      its own dtype, so both engines read the same values; an FP8 one (Qwen's format), which
+#      llama.cpp reads as Q8_0 of the same values (about the same bytes a weight); and a MoE shape in bf16
 #      (scripts/bench/qwen3_5_moe_8l.json: Qwen3.5-35B-A3B's geometry cut to 8 layers and 32
 #      experts, 8 per token) for the expert path;
 #   5. the bandwidth probe (scripts/bench/stream_read.c);
@@ -114,6 +115,19 @@ for dt in bf16 f32; do
       || fail "make_gguf.py $dt failed"
   fi
 done
+# FP8 (Qwen's format) against llama.cpp's Q8_0 of the same weights (about the same bytes a weight)
+M=$BENCH_DIR/model-fp8
+if [ ! -f "$M/model.safetensors" ]; then
+  step "deltascope synth --like $LIKE --dtype fp8"
+  rm -rf "$M"
+  "$DS" synth --like "$LIKE" --out "$M" --dtype fp8 --seed 8 >>"$LOG" 2>&1 || fail "synth fp8 failed"
+fi
+G=$BENCH_DIR/model-fp8.gguf
+if [ ! -f "$G" ] || [ "$M/model.safetensors" -nt "$G" ] || [ "$ROOT/scripts/make_gguf.py" -nt "$G" ]; then
+  step "converting model-fp8 to GGUF (its FP8 matrices as Q8_0)"
+  "$VENV/bin/python" "$ROOT/scripts/make_gguf.py" "$M" "$G" --outtype bf16 -q >>"$LOG" 2>&1 \
+    || fail "make_gguf.py fp8 failed"
+fi
 MOE_PAIR=()
 if [ "$MOE" != 0 ]; then
   M=$BENCH_DIR/model-moe-bf16
@@ -150,7 +164,8 @@ echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'),
 : >"$RUNS"
 "$PYTHON" "$ROOT/scripts/bench/bench_cpu.py" --deltascope "$DS" --llama-bench "$LLAMA_BENCH" --stream "$PROBE" \
   --pair "bf16=$BENCH_DIR/model-bf16,$BENCH_DIR/model-bf16.gguf" \
-  --pair "f32=$BENCH_DIR/model-f32,$BENCH_DIR/model-f32.gguf" "${MOE_PAIR[@]}" \
+  --pair "f32=$BENCH_DIR/model-f32,$BENCH_DIR/model-f32.gguf" \
+  --pair "fp8=$BENCH_DIR/model-fp8,$BENCH_DIR/model-fp8.gguf" "${MOE_PAIR[@]}" \
   --rounds "$ROUNDS" --threads "$THREADS" --prompt-len "$PROMPT_LEN" --gen "$GEN" --out "$RUNS"
 echo
 step "MTP verify cost on the MTP-headed copy (random drafts are rejected; verify× is what counts)"

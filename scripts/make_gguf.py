@@ -4,6 +4,12 @@
 
     python scripts/make_gguf.py MODEL_DIR OUT.gguf [--outtype f16|bf16|f32] [-q]
 
+An FP8 checkpoint (Qwen's format: F8_E4M3 weights with a `weight_scale_inv` per 128 x 128
+block, as `deltascope synth --dtype fp8` and `deltascope quantize --fp8` write) converts with
+its FP8 matrices as Q8_0 (dequantised, then quantised in 32-value blocks by gguf-py: about the
+same bytes per weight) and everything else at --outtype: the llama.cpp side of the FP8 pair in
+scripts/bench-cpu.sh.
+
 Needs only the PyPI packages `gguf` and `numpy` (no torch, no transformers): the
 safetensors file is parsed by hand (numpy has no bfloat16, so bf16 words are widened
 to f32 by a 16-bit shift, which is exact).
@@ -99,8 +105,24 @@ def check_config(cfg: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 # safetensors, read by hand
 
+# The FP8 tensors of the checkpoint read last (their GGUF names go out as Q8_0).
+FP8_NAMES: set[str] = set()
+Q8_GGUF_NAMES: set[str] = set()
+
+
+def e4m3_table() -> np.ndarray:
+    """float8_e4m3fn by its definition: (-1)^S 2^(E-7) (1 + M/8), or 2^-6 M/8 when E = 0; 0x7F/0xFF NaN."""
+    t = np.zeros(256, dtype=np.float64)
+    for b in range(256):
+        s, e, m = b >> 7, (b >> 3) & 0xF, b & 7
+        mag = m / 8 * 2.0 ** -6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
+        t[b] = np.nan if (b & 0x7F) == 0x7F else (-mag if s else mag)
+    return t
+
+
 def load_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """All tensors as float32 numpy arrays (the converter also widens bf16 to f32 first)."""
+    """All tensors as float32 numpy arrays (the converter also widens bf16 to f32 first); FP8
+    weights dequantised (e4m3 value times their block's scale), their scales dropped."""
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
@@ -121,9 +143,21 @@ def load_safetensors(path: Path) -> dict[str, np.ndarray]:
             a = buf.view("<f2").astype(np.float32)
         elif dt == "F32":
             a = buf.view("<f4").astype(np.float32)
+        elif dt == "F8_E4M3":
+            FP8_NAMES.add(name)
+            a = buf  # codes: dequantised below, once every scale is read
         else:
             die(f"tensor {name}: dtype {dt} not supported")
         out[name] = a.reshape(shape)
+    table = e4m3_table()
+    for name in FP8_NAMES:
+        scale = out.pop(name + "_scale_inv", None)
+        if scale is None:
+            die(f"FP8 tensor {name} has no {name}_scale_inv")
+        q = out[name]
+        rows, cols = q.shape
+        full = np.repeat(np.repeat(scale.astype(np.float64), 128, axis=0), 128, axis=1)[:rows, :cols]
+        out[name] = (table[q] * full).astype(np.float32)
     return out
 
 
@@ -259,6 +293,8 @@ def convert_tensors(cfg: dict, st: dict[str, np.ndarray], outtype: str) -> list[
             bid, suffix = int(m.group(1)), m.group(2)
             gname = f"blk.{bid}.{LAYER_MAP[suffix]}"
             a = transform(suffix, a)
+            if name in FP8_NAMES:
+                Q8_GGUF_NAMES.add(gname)
         out.append((gname, out_dtype(gname, a, outtype)))
     if cfg.get("tie_word_embeddings", False) and any(n == "output.weight" for n, _ in out):
         die("tie_word_embeddings is true but the checkpoint has lm_head.weight")
@@ -395,7 +431,8 @@ def main() -> None:
     # general.*
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(args.model_dir.resolve().name)
-    w.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if Q8_GGUF_NAMES else
+                    {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                      "bf16": gguf.LlamaFileType.MOSTLY_BF16}[args.outtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     # TextModel.set_gguf_parameters; block_count includes the MTP block(s) (_QwenMtpMixin)
@@ -438,6 +475,12 @@ def main() -> None:
     try:
         info = add_vocab(w, args.model_dir, cfg)
         for name, a in tensors:
+            if name in Q8_GGUF_NAMES:
+                # an FP8 matrix: Q8_0 from its dequantised values
+                wide = a.astype(np.float32) if a.dtype != np.uint16 else (a.astype(np.uint32) << 16).view(np.float32)
+                q8 = gguf.GGMLQuantizationType.Q8_0
+                w.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(wide), q8), raw_dtype=q8)
+                continue
             # bf16 travels as its 16-bit words (numpy has no bfloat16)
             raw = gguf.GGMLQuantizationType.BF16 if a.dtype == np.uint16 else None
             w.add_tensor(name, np.ascontiguousarray(a), raw_dtype=raw)

@@ -99,8 +99,12 @@ def deltascope_job(a, dtype: str, model: str) -> dict:
     # least P tokens (the chat template adds a few: the real count is recorded). `--dtype` is the
     # weights' dtype: llama.cpp multiplies BF16 weights by BF16 activations, as deltascope does at
     # --dtype bf16 (its default, f32, keeps f32 activations on bf16 weights).
-    # A pair's label is its dtype, or SHAPE-DTYPE (moe-bf16: the MoE shape at bf16).
-    cmd = [a.deltascope, "bench", "--model", model, "--dtype", dtype.rsplit("-", 1)[-1], "--prompt", "Count.",
+    # A pair's label is its dtype, or SHAPE-DTYPE (moe-bf16: the MoE shape at bf16); `fp8` pairs
+    # deltascope's FP8 checkpoint with llama.cpp's Q8_0 conversion of it.
+    # An FP8 checkpoint runs at its declared dtype (bf16), its matrices read as FP8.
+    ds_dtype = dtype.rsplit("-", 1)[-1]
+    ds_dtype = "auto" if ds_dtype == "fp8" else ds_dtype
+    cmd = [a.deltascope, "bench", "--model", model, "--dtype", ds_dtype, "--prompt", "Count.",
            "--prompt-len", str(a.prompt_len), "--max-tokens", str(a.gen), "--mtp", "0",
            "--warmup", "1", "--repeat", "1", "--threads", str(a.threads), "--json"]
     r = run_measured(cmd)

@@ -407,12 +407,22 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
     let p = &plan.params;
     let active = if cfg.moe.is_some() { format!(" · {} active per token", count(p.active)) } else { String::new() };
     writeln!(w, "parameters   {} ({}) language model{active}", count(p.total), grouped(p.total))?;
-    writeln!(
-        w,
-        "weights      {} as bf16 · {} as f32 (deltascope reads the matrices in place from the mapped checkpoint, in its dtype)",
-        gb(plan.weights_bytes),
-        gb(cpu.weights_bytes)
-    )?;
+    if cfg.quantization.is_some() {
+        writeln!(
+            w,
+            "weights      {} as FP8 ({} of the parameters e4m3, the rest bf16) · {} as bf16 (deltascope reads the matrices in place from the mapped checkpoint, FP8 as FP8)",
+            gb(crate::model::plan::fp8_weight_bytes(&plan.params, 2)),
+            count(plan.params.fp8_projections),
+            gb(plan.weights_bytes)
+        )?;
+    } else {
+        writeln!(
+            w,
+            "weights      {} as bf16 · {} as f32 (deltascope reads the matrices in place from the mapped checkpoint, in its dtype)",
+            gb(plan.weights_bytes),
+            gb(cpu.weights_bytes)
+        )?;
+    }
     if let Some(ws) = &weights {
         writeln!(w, "checkpoint   {} stored ({})", gb(ws.stored_bytes() as u64), ws.dtype_names().join(", "))?;
     }

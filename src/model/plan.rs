@@ -25,6 +25,10 @@ pub struct ParamCounts {
     pub active: u64,
     /// The MTP module, as real checkpoints shape it (`mtp_num_hidden_layers` layers).
     pub mtp: u64,
+    /// Of `total`, the projections Qwen's FP8 releases store as e4m3 (`fp8::quantised_in_fp8`):
+    /// the GDN's in_proj_qkv / in_proj_z / out_proj, attention q/k/v/o, the MLPs, the experts
+    /// and the shared expert.
+    pub fp8_projections: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -67,17 +71,25 @@ pub fn param_counts(c: &ModelConfig) -> ParamCounts {
     let lm_head = if c.tie_word_embeddings { 0 } else { v * h };
     let mut total = embed + lm_head + h;
     let mut active = embed + lm_head + h;
+    let gdn_fp8 = h * conv + h * vd + vd * h;
+    let attention_fp8 = attention_layer - 2 * hd;
+    let moe_fp8 = c
+        .moe
+        .as_ref()
+        .map_or(0, |m| 3 * h * (m.num_experts * m.moe_intermediate_size + m.shared_expert_intermediate_size) as u64);
+    let mut fp8_projections = 0;
     for (kind, mlp) in c.layer_types.iter().zip(&c.mlp_kinds) {
-        let mixer = match kind {
-            LayerKind::LinearAttention => gdn_layer,
-            LayerKind::FullAttention => attention_layer,
+        let (mixer, mixer_fp8) = match kind {
+            LayerKind::LinearAttention => (gdn_layer, gdn_fp8),
+            LayerKind::FullAttention => (attention_layer, attention_fp8),
         };
-        let (ff, ff_active) = match mlp {
-            MlpKind::Dense => (dense_mlp, dense_mlp),
-            MlpKind::Moe => (moe_block, moe_block_active),
+        let (ff, ff_active, ff_fp8) = match mlp {
+            MlpKind::Dense => (dense_mlp, dense_mlp, dense_mlp),
+            MlpKind::Moe => (moe_block, moe_block_active, moe_fp8),
         };
         total += mixer + ff + 2 * h;
         active += mixer + ff_active + 2 * h;
+        fp8_projections += mixer_fp8 + ff_fp8;
     }
     let mtp_ff = if c.moe.is_some() { moe_block } else { dense_mlp };
     let mtp = c.mtp_num_hidden_layers as u64 * (attention_layer + mtp_ff + 2 * h)
@@ -93,7 +105,15 @@ pub fn param_counts(c: &ModelConfig) -> ParamCounts {
         total,
         active,
         mtp,
+        fp8_projections,
     }
+}
+
+/// Bytes of the language model's weights in Qwen's FP8 format: the projections at one byte a
+/// weight plus a bf16 scale per 128 × 128 block, everything else at `other_bytes` (bf16: 2).
+pub fn fp8_weight_bytes(p: &ParamCounts, other_bytes: u64) -> u64 {
+    let blocks = p.fp8_projections.div_ceil(128 * 128);
+    p.fp8_projections + 2 * blocks + (p.total - p.fp8_projections) * other_bytes
 }
 
 /// The memory plan with weights stored at `bytes_per_param`, activations / KV / conv state at
@@ -138,5 +158,13 @@ mod tests {
         assert_eq!(p.recurrent_bytes_per_sequence, 153_944_064);
         assert_eq!(p.kv_bytes_per_token, 65_536);
         assert_eq!(p.mtp_kv_bytes_per_token, 4_096);
+        // Qwen3.6-27B-FP8: the projections are 24.3 of the 26.9 billion parameters (48 GDN
+        // layers × 115,343,360 + 16 attention layers × 104,857,600 + 64 MLPs × 267,386,880;
+        // the embedding, LM head, norms and the GDN's a/b projections stay bf16): 29.5 GB, of
+        // which 5.1 GB are the bf16 embedding and head.
+        assert_eq!(p.params.fp8_projections, 48 * 115_343_360 + 16 * 104_857_600 + 64 * 267_386_880);
+        let fp8 = fp8_weight_bytes(&p.params, 2);
+        assert_eq!(fp8, 24_326_963_200 + 2 * 1_484_800 + (26_895_998_464 - 24_326_963_200) * 2);
+        assert_eq!(fp8, 29_468_003_328);
     }
 }
