@@ -15,6 +15,7 @@ pub mod interrupt;
 pub mod logits;
 pub mod quantize;
 pub mod run;
+mod safetensors_out;
 pub mod serve;
 pub mod sweep;
 pub mod synth;

@@ -5,13 +5,13 @@
 //! A developer tool (tests/architecture.rs lists the exception): it reads the checkpoint's
 //! tensors and runs both models' forward passes directly.
 
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use clap::Args;
 use rayon::prelude::*;
 
 use super::common;
+use super::safetensors_out::Layout;
 use crate::backend::ChatRequest;
 use crate::generation::{GenerationParams, Thinking};
 // A developer tool (architecture.json): it rewrites the model's tensors and compares logits.
@@ -77,11 +77,8 @@ pub fn run(a: QuantizeArgs) -> anyhow::Result<()> {
     // config.json as it was, with the quantization_config Qwen's releases carry.
     let text = std::fs::read_to_string(a.src.join("config.json"))?;
     let mut config: serde_json::Value = serde_json::from_str(&text)?;
-    let mut unconverted: Vec<String> =
-        plan.iter().filter(|p| !p.2).filter_map(|p| p.0.strip_suffix(".weight").map(str::to_string)).collect();
-    if cfg.tie_word_embeddings {
-        unconverted.push("lm_head".into());
-    }
+    let kept = plan.iter().filter(|p| !p.2).map(|p| p.0.as_str());
+    let unconverted = fp8::unconverted_modules(kept, cfg.tie_word_embeddings);
     config["quantization_config"] = fp8::quantization_config(&unconverted);
     std::fs::write(a.dst.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
     // Everything else beside the weights (tokenizer, chat template, generation config).
@@ -111,24 +108,17 @@ pub fn run(a: QuantizeArgs) -> anyhow::Result<()> {
 }
 
 /// Writes the tensors of `plan` into one safetensors file: the header first, then each tensor
-/// as it is converted (a model never has to fit in memory twice).
+/// as it is converted (a model never has to fit in memory twice). Returns the file's size.
 fn write(store: &WeightStore, plan: &[(String, Vec<usize>, bool)], path: &Path) -> anyhow::Result<usize> {
-    let mut header = serde_json::Map::new();
-    header
-        .insert("__metadata__".into(), serde_json::json!({"format": "pt", "written_by": "deltascope quantize --fp8"}));
-    let mut at = 0usize;
-    let mut place = |name: String, dtype: &str, shape: Vec<usize>, bytes: usize| {
-        header.insert(name, serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [at, at + bytes]}));
-        at += bytes;
-    };
+    let mut layout = Layout::new("deltascope quantize --fp8");
     let mut loaded = vec![];
     for (name, shape, q) in plan {
         let n = shape.iter().product::<usize>();
         if *q {
             let grid = vec![shape[0].div_ceil(fp8::BLOCK), shape[1].div_ceil(fp8::BLOCK)];
             let g = grid[0] * grid[1];
-            place(name.clone(), "F8_E4M3", shape.clone(), n);
-            place(format!("{name}_scale_inv"), "BF16", grid, g * 2);
+            layout.place(name.clone(), "F8_E4M3", shape.clone(), n);
+            layout.place(format!("{name}_scale_inv"), "BF16", grid, g * 2);
         } else {
             // Stored as it is: its dtype is known only by loading it (a view: no copy).
             let w = store.load_weights(name, shape)?;
@@ -138,16 +128,11 @@ fn write(store: &WeightStore, plan: &[(String, Vec<usize>, bool)], path: &Path) 
                 Weights::F16(_) => "F16",
                 Weights::Fp8(_) => anyhow::bail!("{name}: already FP8"),
             };
-            place(name.clone(), tag, shape.clone(), w.bytes());
+            layout.place(name.clone(), tag, shape.clone(), w.bytes());
             loaded.push(w);
         }
     }
-    let mut head = serde_json::to_vec(&serde_json::Value::Object(header))?;
-    head.resize(head.len().div_ceil(8) * 8, b' ');
-    let file = std::fs::File::create(path).map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
-    let mut w = BufWriter::with_capacity(1 << 20, file);
-    w.write_all(&(head.len() as u64).to_le_bytes())?;
-    w.write_all(&head)?;
+    let mut w = layout.create(path)?;
     let mut kept = loaded.into_iter();
     for (name, shape, q) in plan {
         if *q {
@@ -156,21 +141,20 @@ fn write(store: &WeightStore, plan: &[(String, Vec<usize>, bool)], path: &Path) 
                 anyhow::bail!("{name}: value {i} is {} (not quantised; nothing usable was written)", values[i]);
             }
             let (codes, scales) = fp8::quantize_par(&values, shape[0], shape[1]);
-            w.write_all(&codes)?;
-            w.write_all(&scales.iter().flat_map(|s| s.to_le_bytes()).collect::<Vec<u8>>())?;
+            w.write(&codes)?;
+            w.write(&scales.iter().flat_map(|s| s.to_le_bytes()).collect::<Vec<u8>>())?;
         } else {
             let Some(t) = kept.next() else { anyhow::bail!("{name}: lost while writing") };
             match t {
-                Weights::F32(v) => w.write_all(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?,
+                Weights::F32(v) => w.write(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?,
                 Weights::Bf16(v) | Weights::F16(v) => {
-                    w.write_all(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?
+                    w.write(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?
                 }
                 Weights::Fp8(_) => anyhow::bail!("{name}: already FP8"),
             }
         }
     }
-    w.into_inner().map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?.sync_all()?;
-    Ok(8 + head.len() + at)
+    w.finish()
 }
 
 /// Both models at f32 over the probe set: per position, the largest logit change, the RMS

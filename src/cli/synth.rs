@@ -7,12 +7,12 @@
 //! types to know which tensors a shape holds.
 
 use rayon::prelude::*;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use clap::Args;
 
 // A developer tool (architecture.json): it reads the model's configuration to know its tensors.
+use super::safetensors_out::Layout;
 use crate::checkpoint::{ModelSource, demo_source};
 use crate::model::config::{Family, LayerKind, MlpKind, ModelConfig};
 use crate::model::fp8;
@@ -219,35 +219,22 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
     let quantised = |s: &Spec| fp8 && fp8::quantised_in_fp8(&s.name, &s.shape);
     // The header: every tensor's place in the data, computed before any value is generated
     // (an FP8 weight's scales follow it).
-    let mut header = serde_json::Map::new();
-    header.insert("__metadata__".into(), serde_json::json!({"format": "pt", "written_by": "deltascope synth"}));
-    let mut at = 0usize;
-    let mut place = |name: String, dtype: &str, shape: Vec<usize>, bytes: usize| {
-        header.insert(name, serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [at, at + bytes]}));
-        at += bytes;
-    };
+    let mut layout = Layout::new("deltascope synth");
     let mut stored = 0usize;
     for s in &specs {
         let values = s.shape.iter().product::<usize>();
         if quantised(s) {
             let grid = vec![s.shape[0].div_ceil(fp8::BLOCK), s.shape[1].div_ceil(fp8::BLOCK)];
             let scale_bytes = grid[0] * grid[1] * 2;
-            place(s.name.clone(), "F8_E4M3", s.shape.clone(), values);
-            place(format!("{}_scale_inv", s.name), "BF16", grid, scale_bytes);
+            layout.place(s.name.clone(), "F8_E4M3", s.shape.clone(), values);
+            layout.place(format!("{}_scale_inv", s.name), "BF16", grid, scale_bytes);
             stored += values + scale_bytes;
         } else {
-            place(s.name.clone(), &plain.to_uppercase(), s.shape.clone(), values * elem);
+            layout.place(s.name.clone(), &plain.to_uppercase(), s.shape.clone(), values * elem);
             stored += values * elem;
         }
     }
-    let mut head = serde_json::to_vec(&serde_json::Value::Object(header))?;
-    head.resize(head.len().div_ceil(8) * 8, b' ');
-    let weights = a.out.join("model.safetensors");
-    let file =
-        std::fs::File::create(&weights).map_err(|e| anyhow::anyhow!("cannot write {}: {e}", weights.display()))?;
-    let mut w = BufWriter::with_capacity(1 << 20, file);
-    w.write_all(&(head.len() as u64).to_le_bytes())?;
-    w.write_all(&head)?;
+    let mut w = layout.create(&a.out.join("model.safetensors"))?;
     // Values in chunks, each from its own generator seeded by (seed, tensor, chunk): the same
     // bits on any number of threads, generated on all of them (a 27B checkpoint in about a
     // minute on 16 cores), written in order.
@@ -274,8 +261,8 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
                 .flatten()
                 .collect();
             let (q, scales) = fp8::quantize_par(&values, s.shape[0], s.shape[1]);
-            w.write_all(&q)?;
-            w.write_all(&scales.iter().flat_map(|b| b.to_le_bytes()).collect::<Vec<u8>>())?;
+            w.write(&q)?;
+            w.write(&scales.iter().flat_map(|b| b.to_le_bytes()).collect::<Vec<u8>>())?;
             continue;
         }
         for first in (0..chunks).step_by(BATCH) {
@@ -292,11 +279,11 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
                 })
                 .collect();
             for b in &bufs {
-                w.write_all(b)?;
+                w.write(b)?;
             }
         }
     }
-    w.into_inner().map_err(|e| anyhow::anyhow!("cannot write {}: {e}", weights.display()))?.sync_all()?;
+    w.finish()?;
 
     // The config as given, saying what was written.
     let target = if cfg.nested { &mut config["text_config"] } else { &mut config };
@@ -311,14 +298,8 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
     .into();
     if fp8 {
         // As Qwen's releases write it: at the top level, listing the modules left unquantised.
-        let mut unconverted: Vec<String> = specs
-            .iter()
-            .filter(|s| !quantised(s))
-            .filter_map(|s| s.name.strip_suffix(".weight").map(str::to_string))
-            .collect();
-        if cfg.tie_word_embeddings {
-            unconverted.push("lm_head".into());
-        }
+        let kept = specs.iter().filter(|s| !quantised(s)).map(|s| s.name.as_str());
+        let unconverted = fp8::unconverted_modules(kept, cfg.tie_word_embeddings);
         config["quantization_config"] = fp8::quantization_config(&unconverted);
     }
     std::fs::write(a.out.join("config.json"), serde_json::to_vec_pretty(&config)?)?;

@@ -209,6 +209,17 @@ pub fn quantised_in_fp8(name: &str, shape: &[usize]) -> bool {
     shape.len() == 2 && (last.ends_with("_proj") || matches!(last, "in_proj_qkv" | "in_proj_z" | "in_proj_qkvz"))
 }
 
+/// The modules of the tensors `kept` unquantised (their names less `.weight`; 3-D and other
+/// non-`.weight` tensors are no modules), and `lm_head` when it is tied to the embedding (as
+/// transformers adds it): the `modules_to_not_convert` list of a written FP8 checkpoint.
+pub fn unconverted_modules<'a>(kept: impl Iterator<Item = &'a str>, tied_embeddings: bool) -> Vec<String> {
+    let mut m: Vec<String> = kept.filter_map(|n| n.strip_suffix(".weight").map(str::to_string)).collect();
+    if tied_embeddings {
+        m.push("lm_head".into());
+    }
+    m
+}
+
 /// The `quantization_config` Qwen's FP8 releases carry, listing `unconverted` modules.
 pub fn quantization_config(unconverted: &[String]) -> serde_json::Value {
     serde_json::json!({
