@@ -228,6 +228,8 @@ fn fp8_weights_are_held_as_stored_and_shown_as_fp8() {
     let stored = std::fs::metadata(dir.join("model.safetensors")).unwrap().len() as f64;
     let held = m.weight_bytes() as f64;
     assert!(held <= stored * 1.1 && held >= stored * 0.8, "holds {held} bytes, stores {stored}");
+    let said = m.storage_summary();
+    assert!(said.contains("fp8/bf16"), "bench and the logs would say: {said}");
 
     let o = bin().args(["inspect", "--model"]).arg(&dir).output().unwrap();
     let text = String::from_utf8_lossy(&o.stdout);

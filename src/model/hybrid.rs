@@ -406,7 +406,12 @@ impl Model {
     pub fn storage_summary(&self) -> String {
         let gb = |b: usize| format!("{:.2} GB", b as f64 / 1e9);
         let dtypes = self.stored_dtypes.join("/").to_lowercase();
-        let held = if self.precision == Precision::Bf16 { "bf16".to_string() } else { dtypes };
+        // At bf16 everything is held as bf16, except FP8, which stays FP8.
+        let held = match (self.precision, self.config.quantization.is_some()) {
+            (Precision::Bf16, true) => "fp8/bf16".to_string(),
+            (Precision::Bf16, false) => "bf16".to_string(),
+            _ => dtypes,
+        };
         format!(
             "weights {} {held}, {} of it mapped from the checkpoint (no copy) · loaded in {:.2} s",
             gb(self.weight_bytes()),
