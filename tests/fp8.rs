@@ -396,3 +396,36 @@ fn the_fp8_demo_answers_its_held_out_problems_about_as_well() {
     println!("demo held-out accuracy: bf16 {base}/{n}, FP8 {right}/{n}; FP8 misses:\n  {}", misses.join("\n  "));
     assert!(right + 5 >= base, "FP8 demo {right}/{n} against {base}/{n} at bf16:\n{}", misses.join("\n"));
 }
+
+/// `quantize --fp8` reports what the conversion costs, and refuses what it cannot convert
+/// without writing anything.
+#[test]
+fn quantize_reports_the_logit_change_and_refuses_what_it_cannot_convert() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("demo-fp8");
+    let o = bin().args(["quantize", "--fp8"]).arg(demo_dir()).arg(&out).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("of them FP8"), "{text}");
+    let top1 = text.lines().find(|l| l.contains("top-1 token the same at")).unwrap_or_else(|| panic!("{text}"));
+    // "top-1 token the same at A of B (P %)": most positions keep their top token.
+    let after = top1.split("same at").nth(1).unwrap_or("");
+    let nums: Vec<f64> =
+        after.split(|c: char| !c.is_ascii_digit() && c != '.').filter_map(|t| t.parse().ok()).collect();
+    assert!(nums.len() >= 3 && nums[0] >= 0.9 * nums[1], "{top1}");
+    assert!(text.contains("mean KL(source ‖ FP8)"), "{text}");
+    for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+        assert!(out.join(f).is_file(), "{f} was not written");
+    }
+    assert!(!std::fs::read_dir(&out).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().contains(".partial")));
+
+    // Already FP8, or a destination that holds something: refused, nothing written.
+    let again = tmp.path().join("again");
+    let o = bin().args(["quantize", "--fp8", "--no-probe"]).arg(&out).arg(&again).output().unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("already quantised"));
+    assert!(!again.exists());
+    let o = bin().args(["quantize", "--fp8", "--no-probe"]).arg(demo_dir()).arg(&out).output().unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("exists and is not an empty directory"));
+}

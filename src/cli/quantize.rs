@@ -81,15 +81,14 @@ pub fn run(a: QuantizeArgs) -> anyhow::Result<()> {
     let unconverted = fp8::unconverted_modules(kept, cfg.tie_word_embeddings);
     config["quantization_config"] = fp8::quantization_config(&unconverted);
     std::fs::write(a.dst.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
-    // Everything else beside the weights (tokenizer, chat template, generation config).
+    // Everything else beside the weights (tokenizer, chat template, generation config), but no
+    // other copy of the weights (`.bin`, `.pt`, a GGUF …).
+    const WEIGHTS: [&str; 7] = [".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5"];
     for entry in std::fs::read_dir(&a.src)? {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().to_string();
-        if entry.file_type()?.is_file()
-            && !name.ends_with(".safetensors")
-            && name != "config.json"
-            && name != "model.safetensors.index.json"
-        {
+        let weights = WEIGHTS.iter().any(|x| name.ends_with(x));
+        if entry.file_type()?.is_file() && !weights && name != "config.json" && name != "model.safetensors.index.json" {
             std::fs::copy(entry.path(), a.dst.join(&name))?;
         }
     }
@@ -145,10 +144,18 @@ fn write(store: &WeightStore, plan: &[(String, Vec<usize>, bool)], path: &Path) 
             w.write(&scales.iter().flat_map(|s| s.to_le_bytes()).collect::<Vec<u8>>())?;
         } else {
             let Some(t) = kept.next() else { anyhow::bail!("{name}: lost while writing") };
+            // A million values at a time (a 27B's embedding is 2.5 GB: never a second copy).
+            const STEP: usize = 1 << 20;
             match t {
-                Weights::F32(v) => w.write(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?,
+                Weights::F32(v) => {
+                    for c in v.chunks(STEP) {
+                        w.write(&c.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?;
+                    }
+                }
                 Weights::Bf16(v) | Weights::F16(v) => {
-                    w.write(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?
+                    for c in v.chunks(STEP) {
+                        w.write(&c.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?;
+                    }
                 }
                 Weights::Fp8(_) => anyhow::bail!("{name}: already FP8"),
             }
