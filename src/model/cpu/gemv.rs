@@ -493,9 +493,16 @@ mod x86 {
                         }
                         for o in 0..k {
                             let scales = w.row_scales(o, n);
+                            let (q, y) = (w.q[o * n..].as_ptr(), &mut out[o * $r..(o + 1) * $r]);
                             // SAFETY: row o lies within the k rows of n codes; its scales
                             // cover its n values.
-                            unsafe { block256_fp8::<$r>(w.q.as_ptr().add(o * n), scales, x, n, &mut out[o * $r..(o + 1) * $r]) };
+                            unsafe {
+                                if scales.iter().all(|s| s.abs() < MAX_SCALE_AS_F32_BITS) {
+                                    block256_fp8::<$r, true>(q, scales, x, n, y)
+                                } else {
+                                    block256_fp8::<$r, false>(q, scales, x, n, y)
+                                }
+                            };
                         }
                     })*
                     _ => unreachable!("FP8 row groups are at most 4"),
@@ -505,17 +512,29 @@ mod x86 {
         by_rows!([1, 2, 3, 4])
     }
 
-    /// One FP8 weight row against `R` activation rows: 16 codes a step ([`fp8_chunk`]), widened
-    /// exactly through f16 (`S EEEE MMM` placed as the f16 `S 0EEEE MMM0000000`, which is the
-    /// e4m3 value / 256, subnormals included) and multiplied by the block's scale · 256 — the
-    /// one rounding of `e4m3 · scale`, since a power of two moves no bits.
+    /// Scales below this take the f32-bits widening (`AS_F32_BITS`): their · 2^120 stays finite.
+    const MAX_SCALE_AS_F32_BITS: f32 = 128.0;
+
+    /// One FP8 weight row against `R` activation rows: 16 codes a step ([`fp8_chunk`]), each
+    /// widened exactly to the e4m3 value times a power of two and multiplied by the block's
+    /// scale times its inverse — the one rounding of `e4m3 · scale`, since a power of two moves
+    /// no bits.
+    ///
+    /// - `AS_F32_BITS` (scales below 128, every real checkpoint's): the code sign-extended to 32
+    ///   bits, shifted left 20 and masked to `S 0000EEEE MMM…`, an f32 of value e4m3 · 2^-120
+    ///   (an f32 subnormal for e4m3's subnormals, exact: the kernels run without flush-to-zero),
+    ///   times scale · 2^120. Two integer operations and no conversion a code: 3–12 % more
+    ///   decode on the FP8 0.8B shape than the f16 route (the AVX2 EPYC, six interleaved
+    ///   rounds: 19.2–19.9 → 20.2–21.9 tok/s).
+    /// - otherwise: through f16 (`S EEEE MMM` placed as the f16 `S 0EEEE MMM0000000`, the value
+    ///   / 256, subnormals included, widened by `vcvtph2ps`), times scale · 256.
     ///
     /// # Safety
     ///
     /// AVX2 and F16C; `q` and every `x[r]` point at rows of `n` values, `scales` holds
     /// `ceil(n / 128)`.
     #[target_feature(enable = "avx2,f16c")]
-    unsafe fn block256_fp8<const R: usize>(
+    unsafe fn block256_fp8<const R: usize, const AS_F32_BITS: bool>(
         q: *const u8,
         scales: &[f32],
         x: [*const f32; R],
@@ -526,7 +545,8 @@ mod x86 {
         let mut lo = [_mm256_setzero_ps(); R];
         let mut hi = [_mm256_setzero_ps(); R];
         let mut s = _mm256_setzero_ps();
-        let scale_at = |i: usize| _mm256_set1_ps(scales[i / super::FP8_BLOCK] * 256.0);
+        let to_value = if AS_F32_BITS { 2f32.powi(120) } else { 256.0 };
+        let scale_at = |i: usize| _mm256_set1_ps(scales[i / super::FP8_BLOCK] * to_value);
         let mut c = 0;
         // Four chunks (one 64-byte line of codes) a turn: one prefetch, and the scale changes
         // only at a turn's start (128 is two turns).
@@ -539,7 +559,7 @@ mod x86 {
                 }
                 prefetch(q.wrapping_add(i));
                 for j in 0..4 {
-                    fp8_chunk(q, i + j * LANES, s, &x, &mut lo, &mut hi);
+                    fp8_chunk::<R, AS_F32_BITS>(q, i + j * LANES, s, &x, &mut lo, &mut hi);
                 }
                 c += 4;
             }
@@ -548,7 +568,7 @@ mod x86 {
                 if i.is_multiple_of(super::FP8_BLOCK) {
                     s = scale_at(i);
                 }
-                fp8_chunk(q, i, s, &x, &mut lo, &mut hi);
+                fp8_chunk::<R, AS_F32_BITS>(q, i, s, &x, &mut lo, &mut hi);
                 c += 1;
             }
         }
@@ -565,13 +585,14 @@ mod x86 {
         }
     }
 
-    /// Codes `i..i + 16` times the scale `s` (the block's · 256), into the lane accumulators.
+    /// Codes `i..i + 16` times `s` (the block's scale times the inverse of the widening's power
+    /// of two, see [`block256_fp8`]), into the lane accumulators.
     ///
     /// # Safety
     ///
     /// AVX2 and F16C; `i + 16` is within the codes and every activation row.
     #[inline(always)]
-    unsafe fn fp8_chunk<const R: usize>(
+    unsafe fn fp8_chunk<const R: usize, const AS_F32_BITS: bool>(
         q: *const u8,
         i: usize,
         s: __m256,
@@ -581,12 +602,26 @@ mod x86 {
     ) {
         // SAFETY: the caller keeps i + 16 inside the rows.
         unsafe {
-            // Sign-extended to 16 bits and shifted left 7: `S S EEEE MMM 0000000`; clearing
-            // bit 14 leaves the f16 `S 0EEEE MMM0000000`, the code's value / 256.
-            let e = _mm256_cvtepi8_epi16(_mm_loadu_si128(q.add(i).cast()));
-            let h = _mm256_and_si256(_mm256_slli_epi16(e, 7), _mm256_set1_epi16(0xBFFFu16 as i16));
-            let wl = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), s);
-            let wh = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), s);
+            let (wl, wh) = if AS_F32_BITS {
+                // Sign-extended to 32 bits and shifted left 20: `SSSS SEEEE MMM 0…`; the mask
+                // keeps `S 0000EEEE MMM 0…`, the f32 of value e4m3 · 2^-120.
+                let m = _mm256_set1_epi32(0x87F0_0000u32 as i32);
+                let e0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.add(i).cast()));
+                let e1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.add(i + 8).cast()));
+                (
+                    _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(e0, 20), m)), s),
+                    _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(e1, 20), m)), s),
+                )
+            } else {
+                // Sign-extended to 16 bits and shifted left 7: `S S EEEE MMM 0000000`; clearing
+                // bit 14 leaves the f16 `S 0EEEE MMM0000000`, the code's value / 256.
+                let e = _mm256_cvtepi8_epi16(_mm_loadu_si128(q.add(i).cast()));
+                let h = _mm256_and_si256(_mm256_slli_epi16(e, 7), _mm256_set1_epi16(0xBFFFu16 as i16));
+                (
+                    _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), s),
+                    _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), s),
+                )
+            };
             for r in 0..R {
                 let p = x[r].add(i);
                 lo[r] = _mm256_add_ps(lo[r], _mm256_mul_ps(wl, _mm256_loadu_ps(p)));
@@ -1149,8 +1184,17 @@ mod tests {
         ] {
             let gc = n.div_ceil(FP8_BLOCK);
             let bands = (row0 + k).div_ceil(FP8_BLOCK);
-            let grid: Vec<f32> =
-                (0..bands * gc).map(|i| 2f32.powi(-(i as i32 % 9)) * (1.0 + (i % 5) as f32 * 0.37)).collect();
+            // Scales of 300 and above in the last case's rows (the f16 route).
+            let big = n == 3589;
+            let grid: Vec<f32> = (0..bands * gc)
+                .map(|i| {
+                    if big && i % 3 == 1 {
+                        300.0 * (1 + i) as f32
+                    } else {
+                        2f32.powi(-(i as i32 % 9)) * (1.0 + (i % 5) as f32 * 0.37)
+                    }
+                })
+                .collect();
             let q: Vec<u8> = (0..k * n)
                 .map(|i| ((i * 151 + 7) % 256) as u8)
                 .map(|b| if is_nan_code(b) { b - 1 } else { b })
