@@ -1,11 +1,12 @@
-//! Probe: GEMV throughput of the decode kernels on bf16 matrices (f32 with `F32_WEIGHTS=1`) of
-//! one shape, cycling through enough copies that every call reads from memory (not the cache).
+//! Probe: GEMV throughput of the decode kernels on bf16 matrices (f32 with `F32_WEIGHTS=1`, FP8
+//! in Qwen's block format with `FP8=1`) of one shape, cycling through enough copies that every call reads from memory (not the cache).
 //!
 //!     cargo run --release --example gemv_probe -- OUT IN
 //!
 //! `COPIES=1` times one matrix over and over (from cache when it fits: the kernels' arithmetic
 //! rate); `THREADS=1,2` and `ROWS=1,4` pick the thread counts and activation rows to time.
 use deltascope::model::cpu::tensor::{Linear, Mat, Precision};
+use deltascope::model::fp8::{self, Fp8Weights};
 use deltascope::model::storage::Weights;
 use std::time::Instant;
 
@@ -13,13 +14,25 @@ fn main() {
     let a: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let (out, inp) = (a.first().copied().unwrap_or(248320), a.get(1).copied().unwrap_or(1024));
     let f32_weights = std::env::var("F32_WEIGHTS").is_ok_and(|v| v == "1");
-    let size = if f32_weights { 4 } else { 2 };
+    let fp8 = std::env::var("FP8").is_ok_and(|v| v == "1");
+    let size = if fp8 {
+        1
+    } else if f32_weights {
+        4
+    } else {
+        2
+    };
     let from_memory = (1usize << 30).div_ceil(out * inp * size).max(1);
     let copies = std::env::var("COPIES").ok().and_then(|v| v.parse().ok()).unwrap_or(from_memory);
     let lins: Vec<Linear> = (0..copies)
         .map(|c| {
             let value = |i: usize| half::bf16::from_f32(((i * 7919 + c) % 2003) as f32 / 997.0 - 1.0);
-            let weights = if f32_weights {
+            let weights = if fp8 {
+                let values: Vec<f32> = (0..out * inp).map(|i| value(i).to_f32()).collect();
+                let (q, scales) = fp8::quantize(&values, out, inp);
+                let scales = scales.iter().map(|&b| half::bf16::from_bits(b).to_f32()).collect();
+                Weights::Fp8(Fp8Weights { q: q.into(), scales, cols: inp, row0: 0 })
+            } else if f32_weights {
                 Weights::f32((0..out * inp).map(|i| value(i).to_f32()).collect())
             } else {
                 Weights::bf16((0..out * inp).map(|i| value(i).to_bits()).collect())
@@ -29,15 +42,23 @@ fn main() {
         .collect();
     let reps = copies.max(8);
     let bytes = (out * inp * size * reps) as f64;
-    let stored = if f32_weights { "f32" } else { "bf16" };
+    let stored = if fp8 {
+        "fp8"
+    } else if f32_weights {
+        "f32"
+    } else {
+        "bf16"
+    };
     println!("[{out}, {inp}] {stored}, {copies} copies, {reps} calls per timing");
     let only = |name: &str, all: Vec<usize>| -> Vec<usize> {
         std::env::var(name).ok().map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect()).unwrap_or(all)
     };
     for threads in only("THREADS", vec![1, 2]) {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-        // bf16 activations need bf16 weights (f32 weights run the f32 kernels at either dtype).
-        let precs: &[Precision] = if f32_weights { &[Precision::F32] } else { &[Precision::F32, Precision::Bf16] };
+        // bf16 activations need bf16 weights (f32 and FP8 weights run their f32-activation
+        // kernels at either dtype).
+        let precs: &[Precision] =
+            if f32_weights || fp8 { &[Precision::F32] } else { &[Precision::F32, Precision::Bf16] };
         for &prec in precs {
             let mut line = format!("{:>4} threads {threads}:", prec.name());
             let mut base = 0.0;

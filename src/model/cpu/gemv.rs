@@ -120,14 +120,21 @@ pub fn fp8_rows(simd: Simd, w: Fp8Rows<'_>, n: usize, xs: &[&[f32]], out: &mut [
         return;
     }
     let simd = fp8_simd(simd);
-    let group = if simd == Simd::Portable { rows } else { 4 };
+    let group = match simd {
+        Simd::Portable => rows,
+        Simd::Avx2 => 4,
+        Simd::Avx512 => MAX_ROWS,
+    };
     in_groups(k, rows, group, out, |r, y| {
         let xs = &xs[r];
         match simd {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `fp8_simd` returns a SIMD level only where the CPU has AVX2 and F16C;
-            // the lengths were asserted above.
-            Simd::Avx2 | Simd::Avx512 => unsafe { x86::rows_fp8_avx2(w, n, k, xs, y) },
+            // SAFETY: `fp8_simd` returns Avx512 only where the CPU has AVX-512F and BW (the
+            // engine's AVX-512 level); the lengths were asserted above.
+            Simd::Avx512 => unsafe { x86::rows_fp8_avx512(w, n, k, xs, y) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `fp8_simd` returns Avx2 only where the CPU has AVX2 and F16C.
+            Simd::Avx2 => unsafe { x86::rows_fp8_avx2(w, n, k, xs, y) },
             _ => {
                 let g = xs.len();
                 for o in 0..k {
@@ -141,13 +148,17 @@ pub fn fp8_rows(simd: Simd, w: Fp8Rows<'_>, n: usize, xs: &[&[f32]], out: &mut [
     });
 }
 
-/// The FP8 kernels need AVX2 and F16C (`vcvtph2ps` widens the codes exactly); AVX-512 CPUs run
-/// the AVX2 kernel (the same 16-lane order, so the same bits).
+/// The FP8 kernels: AVX-512 (F and BW) as the engine detects it; AVX2 with F16C (`vcvtph2ps`
+/// widens codes of large-scale rows exactly). Every level sums in the same 16-lane order, so
+/// all give the same bits.
 fn fp8_simd(simd: Simd) -> Simd {
     #[cfg(target_arch = "x86_64")]
     {
         static F16C: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if simd != Simd::Portable && *F16C.get_or_init(|| std::is_x86_feature_detected!("f16c")) {
+        if simd == Simd::Avx512 {
+            return Simd::Avx512;
+        }
+        if simd == Simd::Avx2 && *F16C.get_or_init(|| std::is_x86_feature_detected!("f16c")) {
             return Simd::Avx2;
         }
     }
@@ -510,6 +521,101 @@ mod x86 {
             };
         }
         by_rows!([1, 2, 3, 4])
+    }
+
+    /// FP8 rows against up to 8 activation rows, one zmm accumulator per row (the lanes and
+    /// order of [`block512`], so the bits of [`rows_fp8_avx2`]).
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX-512F and AVX-512BW; the lengths are those `fp8_rows` asserted.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn rows_fp8_avx512(w: Fp8Rows<'_>, n: usize, k: usize, xs: &[&[f32]], out: &mut [f32]) {
+        macro_rules! by_rows {
+            ([$($r:literal),*]) => {
+                match xs.len() {
+                    $($r => {
+                        let mut x = [std::ptr::null::<f32>(); $r];
+                        for (p, row) in x.iter_mut().zip(xs) {
+                            *p = row.as_ptr();
+                        }
+                        for o in 0..k {
+                            let scales = w.row_scales(o, n);
+                            let (q, y) = (w.q[o * n..].as_ptr(), &mut out[o * $r..(o + 1) * $r]);
+                            // SAFETY: row o lies within the k rows of n codes; its scales
+                            // cover its n values.
+                            unsafe {
+                                if scales.iter().all(|s| s.abs() < MAX_SCALE_AS_F32_BITS) {
+                                    block512_fp8::<$r, true>(q, scales, x, n, y)
+                                } else {
+                                    block512_fp8::<$r, false>(q, scales, x, n, y)
+                                }
+                            };
+                        }
+                    })*
+                    _ => unreachable!("row groups are at most {MAX_ROWS}"),
+                }
+            };
+        }
+        by_rows!([1, 2, 3, 4, 5, 6, 7, 8])
+    }
+
+    /// [`block256_fp8`] with one zmm of 16 codes a step.
+    ///
+    /// # Safety
+    ///
+    /// AVX-512F and AVX-512BW; `q` and every `x[r]` point at rows of `n` values, `scales`
+    /// holds `ceil(n / 128)`.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn block512_fp8<const R: usize, const AS_F32_BITS: bool>(
+        q: *const u8,
+        scales: &[f32],
+        x: [*const f32; R],
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let chunks = n / LANES;
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut s = _mm512_setzero_ps();
+        let to_value = if AS_F32_BITS { 2f32.powi(120) } else { 256.0 };
+        let m = _mm512_set1_epi32(0x87F0_0000u32 as i32);
+        for c in 0..chunks {
+            let i = c * LANES;
+            if i.is_multiple_of(super::FP8_BLOCK) {
+                s = _mm512_set1_ps(scales[i / super::FP8_BLOCK] * to_value);
+            }
+            // SAFETY: i + 16 <= n, in every row.
+            unsafe {
+                if c % 4 == 0 {
+                    prefetch(q.wrapping_add(i));
+                }
+                let codes = _mm_loadu_si128(q.add(i).cast());
+                let wv = if AS_F32_BITS {
+                    // As in `fp8_chunk`: `S 0000EEEE MMM 0…`, the f32 of value e4m3 · 2^-120.
+                    let e = _mm512_cvtepi8_epi32(codes);
+                    _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(e, 20), m)), s)
+                } else {
+                    // As in `fp8_chunk`: the f16 `S 0EEEE MMM0000000`, the code's value / 256.
+                    let e = _mm256_cvtepi8_epi16(codes);
+                    let h = _mm256_and_si256(_mm256_slli_epi16(e, 7), _mm256_set1_epi16(0xBFFFu16 as i16));
+                    _mm512_mul_ps(_mm512_cvtph_ps(h), s)
+                };
+                for r in 0..R {
+                    acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(wv, _mm512_loadu_ps(x[r].add(i))));
+                }
+            }
+        }
+        // SAFETY: the rows hold n codes (and n activations).
+        let qs = unsafe { std::slice::from_raw_parts(q, n) };
+        for r in 0..R {
+            // SAFETY: as above.
+            let xr = unsafe { std::slice::from_raw_parts(x[r], n) };
+            let mut t = 0f32;
+            for (i, xi) in xr.iter().enumerate().skip(chunks * LANES) {
+                t += super::fp8_value(qs, scales, i) * xi;
+            }
+            out[r] = fold16(acc[r]) + t;
+        }
     }
 
     /// Scales below this take the f32-bits widening (`AS_F32_BITS`): their · 2^120 stays finite.
