@@ -1,13 +1,26 @@
-// Prefill GEMM where cuBLASLt is absent: Y[m][n] = Σ_k X[m][k] · W[n][k] (X · Wᵀ, both
-// row-major bf16, f32 accumulation). Tiles of 64 × 64 outputs, 16 deep, through shared
-// memory; each of the 256 threads owns a 4 × 4 block of the tile. Any m, n, k (edges masked).
+// Prefill GEMM where cuBLASLt is absent: Y[m][n] = Σ_k X[m][k] · W[n][k] (X · Wᵀ, X row-major
+// bf16, f32 accumulation), W in bf16 (gemm_bf16_tiled) or FP8 with block scales (gemm_fp8_tiled,
+// each weight dequantised to f32 as the tile is loaded). Tiles of 64 × 64 outputs, 16 deep,
+// through shared memory; each of the 256 threads owns a 4 × 4 block of the tile. Any m, n, k
+// (edges masked).
 // grid: (ceil(n / 64), ceil(m / 64)); block: 256.
 
 #define TILE 64
 #define DEPTH 16
 
-extern "C" __global__ void gemm_bf16_tiled(const bf16* __restrict__ X, const bf16* __restrict__ W,
-                                           float* __restrict__ y_f32, bf16* __restrict__ y_bf16, int m, int n, int k) {
+struct Bf16Matrix {
+    const bf16* W;
+    __device__ __forceinline__ float at(long long n, int k, int c) const { return bf2f(W[n * k + c]); }
+};
+
+struct Fp8Matrix {
+    Fp8Weights w;
+    __device__ __forceinline__ float at(long long n, int k, int c) const { return fp8_at(w, n, k, c); }
+};
+
+template <typename Matrix>
+__device__ __forceinline__ void gemm_tiled(const bf16* __restrict__ X, const Matrix& W, float* __restrict__ y_f32,
+                                           bf16* __restrict__ y_bf16, int m, int n, int k) {
     __shared__ float xs[DEPTH][TILE + 1];
     __shared__ float ws[DEPTH][TILE + 1];
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -24,7 +37,7 @@ extern "C" __global__ void gemm_bf16_tiled(const bf16* __restrict__ X, const bf1
             const int gk = k0 + d;
             const int gm = row0 + r, gn = col0 + r;
             xs[d][r] = (gm < m && gk < k) ? bf2f(X[(long long)gm * k + gk]) : 0.0f;
-            ws[d][r] = (gn < n && gk < k) ? bf2f(W[(long long)gn * k + gk]) : 0.0f;
+            ws[d][r] = (gn < n && gk < k) ? W.at(gn, k, gk) : 0.0f;
         }
         __syncthreads();
 #pragma unroll
@@ -53,4 +66,18 @@ extern "C" __global__ void gemm_bf16_tiled(const bf16* __restrict__ X, const bf1
             if (y_bf16) y_bf16[(long long)gm * n + gn] = f2bf(acc[i][j]);
         }
     }
+}
+
+extern "C" __global__ void gemm_bf16_tiled(const bf16* __restrict__ X, const bf16* __restrict__ W,
+                                           float* __restrict__ y_f32, bf16* __restrict__ y_bf16, int m, int n, int k) {
+    const Bf16Matrix w = {W};
+    gemm_tiled(X, w, y_f32, y_bf16, m, n, k);
+}
+
+// Q [n][k] e4m3 codes, S and band as Fp8Weights (prelude.cu) describes.
+extern "C" __global__ void gemm_fp8_tiled(const bf16* __restrict__ X, const unsigned char* __restrict__ Q,
+                                          const float* __restrict__ S, const int* __restrict__ band, int gc,
+                                          float* __restrict__ y_f32, bf16* __restrict__ y_bf16, int m, int n, int k) {
+    const Fp8Matrix w = {{Q, S, band, gc}};
+    gemm_tiled(X, w, y_f32, y_bf16, m, n, k);
 }

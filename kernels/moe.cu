@@ -66,23 +66,49 @@ extern "C" __global__ void moe_topk(const float* __restrict__ logits, int* __res
 }
 
 // y[p][n] = W[ids[p]][n] · x_p for each (token, slot) pair p = t·k + s, W expert-major
-// [E][n_out][k_in] bf16; x_p is x[p] when `x_per_pair` (the down projection reads each pair's
-// own activation) else x[t] (gate/up read the token's). One warp per (pair, feature).
+// [E][n_out][k_in] (bf16: moe_gemv; FP8 with block scales: moe_gemv_fp8, a stacked Fp8Weights
+// whose row e·n_out + n is expert e's row n); x_p is x[p] when `x_per_pair` (the down
+// projection reads each pair's own activation) else x[t] (gate/up read the token's). One warp
+// per (pair, feature).
 // grid: (pairs, ceil(n_out / 8)); block: 256. Pairs on x: T·top_k passes grid y's 65535 at
 // 8192 tokens of a top-8 model.
-extern "C" __global__ void moe_gemv(const bf16* __restrict__ W, const int* __restrict__ ids, const bf16* __restrict__ x,
-                                    int x_per_pair, bf16* __restrict__ y, int n_out, int k_in, int top_k) {
+struct Bf16Experts {
+    const bf16* W;
+    __device__ __forceinline__ float at(long long row, int k, int c) const { return bf2f(W[row * k + c]); }
+};
+
+struct Fp8Experts {
+    Fp8Weights w;
+    __device__ __forceinline__ float at(long long row, int k, int c) const { return fp8_at(w, row, k, c); }
+};
+
+template <typename Experts>
+__device__ __forceinline__ void moe_rows(const Experts& W, const int* __restrict__ ids, const bf16* __restrict__ x,
+                                         int x_per_pair, bf16* __restrict__ y, int n_out, int k_in, int top_k) {
     const int lane = threadIdx.x & 31;
     const int n = blockIdx.y * 8 + (threadIdx.x >> 5);
     const int pair = blockIdx.x;
     if (n >= n_out) return;
-    const long long e = ids[pair];
-    const bf16* wrow = W + (e * n_out + n) * (long long)k_in;
+    const long long row = (long long)ids[pair] * n_out + n;
     const bf16* xr = x + (long long)(x_per_pair ? pair : pair / top_k) * k_in;
     float s = 0.0f;
-    for (int c = lane; c < k_in; c += 32) s = fmaf(bf2f(wrow[c]), bf2f(xr[c]), s);
+    for (int c = lane; c < k_in; c += 32) s = fmaf(W.at(row, k_in, c), bf2f(xr[c]), s);
     s = warp_sum(s);
     if (lane == 0) y[(long long)pair * n_out + n] = f2bf(s);
+}
+
+extern "C" __global__ void moe_gemv(const bf16* __restrict__ W, const int* __restrict__ ids, const bf16* __restrict__ x,
+                                    int x_per_pair, bf16* __restrict__ y, int n_out, int k_in, int top_k) {
+    const Bf16Experts w = {W};
+    moe_rows(w, ids, x, x_per_pair, y, n_out, k_in, top_k);
+}
+
+extern "C" __global__ void moe_gemv_fp8(const unsigned char* __restrict__ Q, const float* __restrict__ S,
+                                        const int* __restrict__ band, int gc, const int* __restrict__ ids,
+                                        const bf16* __restrict__ x, int x_per_pair, bf16* __restrict__ y, int n_out,
+                                        int k_in, int top_k) {
+    const Fp8Experts w = {{Q, S, band, gc}};
+    moe_rows(w, ids, x, x_per_pair, y, n_out, k_in, top_k);
 }
 
 // out[t][i] = round(Σ_s round(w[t][s] · y[t·k + s][i])), summed in ascending expert id (the

@@ -21,6 +21,32 @@ __device__ __forceinline__ bf16 f2bf(float f) {
     return (bf16)(u >> 16);
 }
 
+// An FP8 e4m3 code (Qwen's FP8 checkpoints: 1 sign, 4 exponent bits biased by 7, 3 mantissa
+// bits, no infinities; 0x7f / 0xff are NaN, which the loader refuses) as its exact f32 value.
+// Normal codes move their exponent and mantissa into f32 position and rebias by 120; the
+// subnormals are m · 2^-9. No f32 subnormal is made, so flush-to-zero cannot change it.
+__device__ __forceinline__ float e4m3_to_f32(unsigned int c) {
+    const unsigned int em = c & 0x7fu;
+    const float v = (em >> 3) ? __uint_as_float((em << 20) + (120u << 23)) : (float)em * 0.001953125f;
+    return (c & 0x80u) ? -v : v;
+}
+
+// FP8 weights on a device: codes [rows][k], and per row the index of its row of block scales
+// (`gc` f32 scales, one per 128 columns). The host may stack rows cut from several checkpoint
+// matrices (Qwen3-Next's per-head pieces of in_proj_qkvz, the experts of a MoE block), each
+// row keeping its own matrix's scales: the weight at (r, c) is e4m3(Q[r][c]) · S[band[r]][c / 128],
+// rounded once, as transformers dequantises.
+struct Fp8Weights {
+    const unsigned char* q;
+    const float* s;
+    const int* band;
+    int gc;
+};
+
+__device__ __forceinline__ float fp8_at(const Fp8Weights& w, long long row, int k, int c) {
+    return e4m3_to_f32(w.q[row * k + c]) * w.s[(long long)w.band[row] * w.gc + (c >> 7)];
+}
+
 // Rounds through bf16 (a cast point of the bf16 reference).
 __device__ __forceinline__ float round_bf(float f) { return bf2f(f2bf(f)); }
 

@@ -27,6 +27,10 @@
 #                  at depth 1-3 identical to plain; a rejected draft restoring the GDN state
 #                  exactly; a two-device layer split (two streams on this GPU) bit-identical
 #                  to one device)                                          → model-parity-*.json
+#   quantize-demo-fp8  deltascope quantize --fp8: the demo in Qwen's FP8 format into $DEMO_FP8
+#                  (default /dev/shm/ds-demo-fp8)                        → quantize-demo-fp8.txt
+#   model-parity-demo-fp8  gpu parity on it, with every FP8 weight held as FP8 on the GPU
+#                                                                          → model-parity-demo-fp8.json
 #   trace-*        deltascope trace on the GPU and on the CPU engine at bf16, then
 #                  trace --compare within 2e-2                             → trace-*.txt
 #   synth          deltascope synth --like tests/data/qwen3_6_27b (random weights of the real
@@ -442,6 +446,18 @@ for m in demo tests/fixtures/qwen3_5_text tests/fixtures/qwen3_5_moe tests/fixtu
   ds_step --out "$OUT/model-parity-$name.json" "model-parity-$name" 120 "$OUT/model-parity-$name.err" \
     gpu parity --model "$model" --json
 done
+
+# FP8 (Qwen's format): the demo converted by `quantize --fp8`, and its parity with every FP8
+# weight held as FP8 on the GPU (the FP8 GEMV, GEMM and expert kernels).
+DEMO_FP8=${DEMO_FP8:-/dev/shm/ds-demo-fp8}
+rm -rf "$DEMO_FP8"
+FP8_PARITY=(gpu parity --model "$DEMO_FP8" --json)
+if ds_step quantize-demo-fp8 60 "$OUT/quantize-demo-fp8.txt" quantize --fp8 --no-probe "$ROOT/models/demo" "$DEMO_FP8"; then
+  ds_step --out "$OUT/model-parity-demo-fp8.json" model-parity-demo-fp8 120 "$OUT/model-parity-demo-fp8.err" "${FP8_PARITY[@]}"
+else
+  skip_step model-parity-demo-fp8 120 "the quantize-demo-fp8 step did not pass: no FP8 model" -- "$DS" "${FP8_PARITY[@]}"
+fi
+rm -rf "$DEMO_FP8"
 
 # The state scope on the GPU: gdn_recurrent's trace against the CPU engine's at bf16 (the
 # tolerance the emulator's test uses: 2e-2, where f32 and bf16 traces already part).

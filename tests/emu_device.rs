@@ -32,7 +32,7 @@ fn text(b: &[u8]) -> String {
 /// `gpu parity --device emu` on one model: every check passes, and the checks the issue names
 /// are there (greedy on both prompts, MTP at depths 1-3 where the model drafts, the rejected
 /// draft's exact restore, the two-device split bit-identical to one device).
-fn parity(model: Option<&str>, mtp: bool) {
+fn parity(model: Option<&str>, mtp: bool) -> Value {
     let mut args = vec!["gpu", "parity", "--device", "emu", "--json"];
     if let Some(m) = model {
         args.extend(["--model", m]);
@@ -71,6 +71,7 @@ fn parity(model: Option<&str>, mtp: bool) {
             assert!(checks.iter().all(|c| c["check"] != name.as_str()), "{name} on a model without MTP");
         }
     }
+    v
 }
 
 #[test]
@@ -91,6 +92,36 @@ fn model_parity_on_qwen3_5_moe() {
 #[test]
 fn model_parity_on_qwen3_next() {
     parity(Some("tests/fixtures/qwen3_next"), false);
+}
+
+/// An FP8 checkpoint (Qwen's format, made by `quantize --fp8`) on the device: every parity
+/// check passes with every FP8 weight of the checkpoint held as FP8 there (the FP8 GEMV, GEMM
+/// and expert kernels run, nothing is widened to bf16 on upload). The demo (a trained model:
+/// GDN, attention, dense MLP, MTP) and Qwen3-Next (per-head pieces of in_proj_qkvz, FP8
+/// experts).
+fn fp8_parity(src: &str, mtp: bool) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("fp8");
+    let dst = dst.to_str().unwrap();
+    let out = deltascope(&["quantize", "--fp8", "--no-probe", src, dst]);
+    assert!(out.status.success(), "quantize {src}: {}", text(&out.stderr));
+    let v = parity(Some(dst), mtp);
+    let checks = v["checks"].as_array().unwrap();
+    let held = checks.iter().find(|c| c["check"] == "fp8 weights on the device").unwrap_or_else(|| panic!("{v:#}"));
+    assert_eq!(held["pass"], true, "{held}");
+    let detail = held["detail"].as_str().unwrap();
+    let n: usize = detail.split_whitespace().next().unwrap().parse().unwrap();
+    assert!(n > 0 && detail.starts_with(&format!("{n} of the checkpoint's {n} FP8 weights")), "{detail}");
+}
+
+#[test]
+fn model_parity_on_the_fp8_demo_model() {
+    fp8_parity("models/demo", true);
+}
+
+#[test]
+fn model_parity_on_fp8_qwen3_next() {
+    fp8_parity("tests/fixtures/qwen3_next", false);
 }
 
 #[test]

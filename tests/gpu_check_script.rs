@@ -290,6 +290,8 @@ fn the_script_runs_every_step_after_a_failure_and_skips_what_depends_on_it() {
             ("model-parity-qwen3_5_moe", "pass"),
             ("model-parity-qwen3_next", "pass"),
             ("model-parity-qwen3_5_vl", "pass"),
+            ("quantize-demo-fp8", "pass"),
+            ("model-parity-demo-fp8", "pass"),
             ("trace-cuda", "pass"),
             ("trace-cpu", "pass"),
             ("trace-compare", "pass"),

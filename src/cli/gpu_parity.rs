@@ -159,6 +159,22 @@ pub fn run(
     let gpu = CudaModel::upload(&cpu, one, &one_plan)?;
     let mut out = vec![];
 
+    // 0. An FP8 checkpoint stays FP8 on the device: every weight the CPU engine holds as FP8
+    // is read by the FP8 kernels, not widened to bf16 on upload.
+    if cpu.fp8_weights > 0 {
+        let mib = |b: usize| b as f64 / (1 << 20) as f64;
+        out.push(check(
+            "fp8 weights on the device",
+            gpu.fp8_weights == cpu.fp8_weights,
+            format!(
+                "{} of the checkpoint's {} FP8 weights held as FP8 (device weights {:.2} MiB)",
+                gpu.fp8_weights,
+                cpu.fp8_weights,
+                mib(gpu.weight_bytes())
+            ),
+        ));
+    }
+
     // 1. Prefill logits of every prompt position.
     let chat = reference.render(&server::request(&PROBES[0].probe(tokens)))?.1;
     let all = ForwardOptions { logits: LogitsRows::All, ..Default::default() };

@@ -150,6 +150,67 @@ impl Fp8Weights {
     }
 }
 
+/// Rows of one or more FP8 matrices of the same width stacked for a device, each row keeping
+/// its own matrix's scales: `band[r]` is the row of `scales` (`grid_cols` a row) holding row
+/// `r`'s. A GPU upload cuts and stacks checkpoint matrices (the q / k / v rows of a fused
+/// projection, Qwen3-Next's per-head pieces of in_proj_qkvz, every expert of a MoE block), and
+/// a row's 128-row band in the stack need not be its band in the checkpoint.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Fp8Stack {
+    pub codes: Vec<u8>,
+    pub scales: Vec<f32>,
+    pub band: Vec<i32>,
+    pub grid_cols: usize,
+}
+
+impl Fp8Stack {
+    /// Appends every row of `w` (a view), with the scale rows of the bands it covers.
+    pub fn push(&mut self, w: &Fp8Weights) {
+        let rows = w.rows();
+        if rows == 0 {
+            return;
+        }
+        if self.band.is_empty() {
+            self.grid_cols = w.grid_cols();
+        }
+        assert_eq!(self.grid_cols, w.grid_cols(), "Fp8Stack: rows of {} columns after rows of another width", w.cols);
+        let (first, last) = (w.row0 / BLOCK, (w.row0 + rows - 1) / BLOCK);
+        let base = (self.scales.len() / self.grid_cols.max(1)) as i64 - first as i64;
+        self.scales.extend_from_slice(&w.scales[first * self.grid_cols..(last + 1) * self.grid_cols]);
+        self.band.extend((w.row0..w.row0 + rows).map(|r| (base + (r / BLOCK) as i64) as i32));
+        self.codes.extend_from_slice(&w.q);
+    }
+
+    /// Appends another stack's rows (the next expert).
+    pub fn append(&mut self, other: &Fp8Stack) {
+        if other.band.is_empty() {
+            return;
+        }
+        if self.band.is_empty() {
+            self.grid_cols = other.grid_cols;
+        }
+        assert_eq!(self.grid_cols, other.grid_cols, "Fp8Stack: stacks of different widths");
+        let base = (self.scales.len() / self.grid_cols.max(1)) as i32;
+        self.scales.extend_from_slice(&other.scales);
+        self.band.extend(other.band.iter().map(|b| b + base));
+        self.codes.extend_from_slice(&other.codes);
+    }
+
+    pub fn rows(&self) -> usize {
+        self.band.len()
+    }
+
+    /// Row `r`'s weight `c` dequantised (`e4m3 · scale`, one rounding).
+    pub fn value(&self, r: usize, cols: usize, c: usize) -> f32 {
+        E4M3[self.codes[r * cols + c] as usize] * self.scales[self.band[r] as usize * self.grid_cols + c / BLOCK]
+    }
+
+    /// Bytes on a device: a byte a code, four a scale and a row's band index.
+    pub fn bytes(&self) -> usize {
+        self.codes.len() + 4 * self.scales.len() + 4 * self.band.len()
+    }
+}
+
 /// A row-major `[rows, cols]` f32 matrix quantised as Qwen's FP8 releases are: per 128 × 128
 /// block, `scale_inv = amax / 448` rounded to bf16 (the family's scale dtype), and each value
 /// the e4m3 code nearest to `x / scale_inv`. Returns the codes and the scales (bf16 bits,
@@ -338,5 +399,43 @@ mod tests {
         assert_eq!(mid, out[5 * cols + 7..6 * cols + 7]);
         assert_eq!(w.bytes(), rows * cols + 6 * 4);
         assert_eq!(band.bytes(), 2 * cols + 3 * 4);
+    }
+
+    /// Stacked views keep each row's own scales: a view starting mid-band and one from another
+    /// matrix dequantise as their sources do.
+    #[test]
+    fn a_stack_of_views_keeps_every_rows_scales() {
+        let (rows, cols) = (300usize, 200usize);
+        let values = |seed: f32| -> Vec<f32> {
+            (0..rows * cols).map(|i| ((i as f32 * 0.37 + seed).sin()) * (1.0 + (i / cols) as f32)).collect()
+        };
+        let mk = |v: &[f32]| {
+            let (q, s) = quantize(v, rows, cols);
+            Fp8Weights {
+                q: q.into(),
+                scales: s.iter().map(|&b| half::bf16::from_bits(b).to_f32()).collect(),
+                cols,
+                row0: 0,
+            }
+        };
+        let (a, b) = (mk(&values(0.0)), mk(&values(1.0)));
+        let parts = [a.rows_view(100, 60), b.rows_view(250, 50), a.rows_view(0, 3)];
+        let mut stack = Fp8Stack::default();
+        for p in &parts {
+            stack.push(p);
+        }
+        assert_eq!(stack.rows(), 113);
+        let mut r = 0;
+        for p in &parts {
+            let mut want = vec![0f32; p.q.len()];
+            p.dequantize_to(0, &mut want);
+            for (i, w) in want.iter().enumerate() {
+                assert_eq!(stack.value(r + i / cols, cols, i % cols).to_bits(), w.to_bits(), "part row {}", i / cols);
+            }
+            r += p.rows();
+        }
+        // 100..160 spans bands 0 and 1, 250..300 bands 1 and 2, 0..3 band 0: five scale rows.
+        assert_eq!(stack.scales.len(), 5 * stack.grid_cols);
+        assert_eq!(stack.bytes(), 113 * cols + 4 * 5 * 2 + 4 * 113);
     }
 }

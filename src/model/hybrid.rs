@@ -210,6 +210,8 @@ pub struct Model {
     pub stored_dtypes: Vec<String>,
     /// Bytes of weights that are views into the mapped checkpoint (no copy in memory).
     pub mapped_bytes: usize,
+    /// Weights held as FP8 codes (a byte each), MTP included.
+    pub fp8_weights: usize,
     pub load_seconds: f64,
 }
 
@@ -376,6 +378,7 @@ impl Model {
             stored_bytes: store.stored_bytes(),
             stored_dtypes: store.dtype_names(),
             mapped_bytes: counts.mapped.get() as usize,
+            fp8_weights: counts.fp8.get() as usize,
             load_seconds: started.elapsed().as_secs_f64(),
             config,
         })

@@ -30,6 +30,8 @@ pub struct LoadCounts {
     pub read: Cell<u64>,
     /// Bytes of weight matrices kept as views into the mapped file.
     pub mapped: Cell<u64>,
+    /// Weights held as FP8 codes.
+    pub fp8: Cell<u64>,
     /// The bytes the model will read in all.
     pub total: u64,
 }
@@ -90,6 +92,9 @@ impl<'a> Loader<'a> {
         };
         if w.is_mapped() {
             self.counts.mapped.set(self.counts.mapped.get() + w.bytes() as u64);
+        }
+        if let Weights::Fp8(f) = &w {
+            self.counts.fp8.set(self.counts.fp8.get() + f.q.len() as u64);
         }
         self.read_one(name);
         Ok(w)

@@ -116,6 +116,42 @@ pub fn fp8_weight_bytes(p: &ParamCounts, other_bytes: u64) -> u64 {
     p.fp8_projections + 2 * blocks + (p.total - p.fp8_projections) * other_bytes
 }
 
+/// The weight matrices of one decoder layer that Qwen's FP8 releases store as e4m3, `[rows,
+/// cols]` as the checkpoint holds them (each with its own scale grid): the GDN's in_proj_qkv /
+/// in_proj_z / out_proj or attention's q / k / v / o, and the MLP's gate / up / down (every
+/// expert's, and the shared expert's).
+pub fn fp8_layer_matrices(c: &ModelConfig, kind: LayerKind, mlp: MlpKind) -> Vec<(u64, u64)> {
+    let h = c.hidden_size as u64;
+    let l = &c.linear;
+    let mut out = match kind {
+        LayerKind::LinearAttention => {
+            let (conv, vd) = (l.conv_dim() as u64, l.value_dim() as u64);
+            vec![(conv, h), (vd, h), (h, vd)]
+        }
+        LayerKind::FullAttention => {
+            let (q, kv) = ((c.num_attention_heads * c.head_dim) as u64, (c.num_key_value_heads * c.head_dim) as u64);
+            vec![(2 * q, h), (kv, h), (kv, h), (h, q)]
+        }
+    };
+    let mlp3 = |inter: u64| [(inter, h), (inter, h), (h, inter)];
+    match (mlp, &c.moe) {
+        (MlpKind::Moe, Some(m)) => {
+            for _ in 0..m.num_experts {
+                out.extend(mlp3(m.moe_intermediate_size as u64));
+            }
+            out.extend(mlp3(m.shared_expert_intermediate_size as u64));
+        }
+        _ => out.extend(mlp3(c.intermediate_size.unwrap_or(0) as u64)),
+    }
+    out
+}
+
+/// Bytes an FP8 matrix `[rows, cols]` takes on a CUDA device: a byte a code, an f32 scale per
+/// 128 × 128 block and an i32 scale-row index per row (`ops::DeviceFp8`).
+pub fn fp8_device_bytes(rows: u64, cols: u64) -> u64 {
+    rows * cols + 4 * rows.div_ceil(128) * cols.div_ceil(128) + 4 * rows
+}
+
 /// The memory plan with weights stored at `bytes_per_param`, activations / KV / conv state at
 /// `act_bytes` and the SSM state at `ssm_bytes` (f32 per `mamba_ssm_dtype` on real servers).
 pub fn memory_plan(c: &ModelConfig, bytes_per_param: u64, act_bytes: u64, ssm_bytes: u64) -> MemoryPlan {

@@ -9,8 +9,9 @@ use serde::Serialize;
 
 use super::twins::{self, randoms};
 use crate::model::cuda::nvrtc::fnv1a;
-use crate::model::cuda::ops::{self, DeviceMat, GdnShape, Out, RopeParams};
+use crate::model::cuda::ops::{self, DeviceFp8, DeviceMat, GdnShape, MatWeights, Out, RopeParams};
 use crate::model::cuda::runtime::{Gpu, GpuResult};
+use crate::model::fp8::{self, Fp8Stack, Fp8Weights};
 use crate::model::trace::head_state_norms;
 
 #[derive(Debug, Clone, Serialize)]
@@ -99,6 +100,13 @@ pub fn run_all(gpu: &Gpu) -> GpuResult<Vec<Parity>> {
     // The tiled GEMM (prefill rows), ragged edges included.
     timed(&mut out, || linear(gpu, 200, 72, 37))?;
     timed(&mut out, || linear(gpu, 70, 104, 130))?;
+    // FP8 weights (Qwen's block format): decode and verify rows, a row of 136 blocks, and the
+    // tiled GEMM with a partial last block, each matrix cut mid-band from a larger one.
+    for rows in [1usize, 8] {
+        timed(&mut out, || linear_fp8(gpu, 5120, 1024, rows))?;
+    }
+    timed(&mut out, || linear_fp8(gpu, 1024, 17408, 3))?;
+    timed(&mut out, || linear_fp8(gpu, 200, 136, 37))?;
     timed(&mut out, || gated_norm(gpu))?;
     timed(&mut out, || rms_norm(gpu))?;
     timed(&mut out, || rope(gpu))?;
@@ -147,7 +155,7 @@ fn long_moe_gemv(gpu: &Gpu) -> GpuResult<Vec<Parity>> {
     let w = randoms(experts * n_out * k_in, 70, 0.5);
     let x = randoms(tokens * k_in, 71, 1.0);
     let ids: Vec<i32> = (0..pairs).map(|p| ((p * 7 + p / 5) % experts) as i32).collect();
-    let (dw, dx, dids) = (gpu.bf16(&w)?, gpu.bf16(&x)?, gpu.i32(&ids)?);
+    let (dw, dx, dids) = (MatWeights::Bf16(gpu.bf16(&w)?), gpu.bf16(&x)?, gpu.i32(&ids)?);
     let mut dy = gpu.zeros_bf16(pairs * n_out)?;
     ops::moe_gemv(gpu, &dw, &dids, &dx, false, &mut dy, n_out, k_in, top_k, pairs)?;
     let y = gpu.read_bf16(&dy)?;
@@ -207,7 +215,7 @@ pub fn schedule_mismatches(runs: &[(String, Vec<Parity>)]) -> Vec<Parity> {
 fn linear(gpu: &Gpu, n_out: usize, k: usize, rows: usize) -> GpuResult<Parity> {
     let w = randoms(n_out * k, 1, 0.05);
     let x = randoms(rows * k, 2, 1.0);
-    let dw = DeviceMat { w: gpu.bf16(&w)?, n_out, k };
+    let dw = DeviceMat { w: MatWeights::Bf16(gpu.bf16(&w)?), n_out, k };
     let dx = gpu.bf16(&x)?;
     let mut dy = gpu.zeros_f32(rows * n_out)?;
     ops::linear(gpu, &dw, &dx, rows, Out::F32(&mut dy))?;
@@ -215,6 +223,46 @@ fn linear(gpu: &Gpu, n_out: usize, k: usize, rows: usize) -> GpuResult<Parity> {
     let twin = twins::gemv_bf16(&w, &x, n_out, k, rows);
     let kernel = if rows <= ops::GEMV_MAX_ROWS { "gemv_bf16" } else { "gemm_bf16_tiled" };
     Ok(compare(kernel, format!("{n_out}x{k}, {rows} rows"), &y, &twin, F32_TOL))
+}
+
+/// An FP8 matrix `[n_out, k]` as the CUDA model uploads one: rows `37..37 + n_out` of a
+/// quantised `[37 + n_out, k]` matrix (so its rows start inside a scale band), stacked with
+/// their scales; and its dequantised values (`e4m3 · scale`), the twin's weights. Rows grow in
+/// magnitude so that the blocks' scales differ.
+fn fp8_matrix(n_out: usize, k: usize, seed: u64) -> (Fp8Stack, Vec<f32>) {
+    let skip = 37;
+    let rows = skip + n_out;
+    let values: Vec<f32> = randoms(rows * k, seed, 0.05)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * (1.0 + (i / k % 300) as f32 / 50.0))
+        .collect();
+    let (q, scales) = fp8::quantize(&values, rows, k);
+    let whole = Fp8Weights {
+        q: q.into(),
+        scales: scales.iter().map(|&b| half::bf16::from_bits(b).to_f32()).collect(),
+        cols: k,
+        row0: 0,
+    };
+    let mut stack = Fp8Stack::default();
+    stack.push(&whole.rows_view(skip, n_out));
+    let mut wide = vec![0f32; n_out * k];
+    whole.rows_view(skip, n_out).dequantize_to(0, &mut wide);
+    (stack, wide)
+}
+
+fn linear_fp8(gpu: &Gpu, n_out: usize, k: usize, rows: usize) -> GpuResult<Parity> {
+    let (stack, w) = fp8_matrix(n_out, k, 81);
+    let x = randoms(rows * k, 82, 1.0);
+    let dw = DeviceMat::upload_fp8(gpu, &stack, n_out, k)?;
+    let dx = gpu.bf16(&x)?;
+    let mut dy = gpu.zeros_f32(rows * n_out)?;
+    ops::linear(gpu, &dw, &dx, rows, Out::F32(&mut dy))?;
+    let y = gpu.read_f32(&dy)?;
+    // The bf16 GEMV's twin over the dequantised weights: the kernels sum in its order.
+    let twin = twins::gemv_bf16(&w, &x, n_out, k, rows);
+    let kernel = if rows <= ops::GEMV_MAX_ROWS { "gemv_fp8" } else { "gemm_fp8_tiled" };
+    Ok(compare(kernel, format!("{n_out}x{k}, {rows} rows, FP8 from row 37 of its matrix"), &y, &twin, F32_TOL))
 }
 
 fn gated_norm(gpu: &Gpu) -> GpuResult<Parity> {
@@ -464,7 +512,7 @@ fn moe(gpu: &Gpu) -> GpuResult<Vec<Parity>> {
     let d_ids = gpu.i32(&ids_small)?;
     let x = randoms(tokens * hidden, 75, 1.0);
     let wgu = randoms(e_small * 2 * inter * hidden, 76, 0.05);
-    let (dx, dwgu) = (gpu.bf16(&x)?, gpu.bf16(&wgu)?);
+    let (dx, dwgu) = (gpu.bf16(&x)?, MatWeights::Bf16(gpu.bf16(&wgu)?));
     let pairs = tokens * k;
     let mut dgu = gpu.zeros_bf16(pairs * 2 * inter)?;
     ops::moe_gemv(gpu, &dwgu, &d_ids, &dx, false, &mut dgu, 2 * inter, hidden, k, pairs)?;
@@ -479,7 +527,7 @@ fn moe(gpu: &Gpu) -> GpuResult<Vec<Parity>> {
     ));
     let h = randoms(pairs * inter, 77, 1.0);
     let wd = randoms(e_small * hidden * inter, 78, 0.05);
-    let (dh, dwd) = (gpu.bf16(&h)?, gpu.bf16(&wd)?);
+    let (dh, dwd) = (gpu.bf16(&h)?, MatWeights::Bf16(gpu.bf16(&wd)?));
     let mut dd = gpu.zeros_bf16(pairs * hidden)?;
     ops::moe_gemv(gpu, &dwd, &d_ids, &dh, true, &mut dd, hidden, inter, k, pairs)?;
     let down = gpu.read_bf16(&dd)?;
@@ -489,6 +537,27 @@ fn moe(gpu: &Gpu) -> GpuResult<Vec<Parity>> {
         format!("down [{e_small}][{hidden}][{inter}], per pair"),
         &down,
         &twin_down,
+        BF16_TOL,
+    ));
+    // The same gate_up GEMVs over FP8 experts, each quantised as its own matrix and stacked
+    // expert-major (each expert's rows keeping its scales).
+    let mut stack = Fp8Stack::default();
+    let mut wide = vec![];
+    for e in 0..e_small {
+        let (st, w) = fp8_matrix(2 * inter, hidden, 90 + e as u64);
+        stack.append(&st);
+        wide.extend(w);
+    }
+    let dq = MatWeights::Fp8(DeviceFp8::upload(gpu, &stack)?);
+    let mut dq_gu = gpu.zeros_bf16(pairs * 2 * inter)?;
+    ops::moe_gemv(gpu, &dq, &d_ids, &dx, false, &mut dq_gu, 2 * inter, hidden, k, pairs)?;
+    let q_gu = gpu.read_bf16(&dq_gu)?;
+    let twin_q_gu = moe_gemv_twin(&wide, &ids_small, &x, false, 2 * inter, hidden, k);
+    res.push(compare(
+        "moe_gemv_fp8",
+        format!("gate_up [{e_small}][{}][{hidden}] FP8, {pairs} pairs", 2 * inter),
+        &q_gu,
+        &twin_q_gu,
         BF16_TOL,
     ));
     // Combine.
@@ -610,7 +679,7 @@ fn embedding(gpu: &Gpu) -> GpuResult<Parity> {
     let (vocab, hidden) = (1000usize, 5120usize);
     let table = randoms(vocab * hidden, 24, 1.0);
     let ids: Vec<u32> = vec![0, 999, 17, 17, 500];
-    let t = DeviceMat { w: gpu.bf16(&table)?, n_out: vocab, k: hidden };
+    let t = DeviceMat { w: MatWeights::Bf16(gpu.bf16(&table)?), n_out: vocab, k: hidden };
     let di = gpu.u32(&ids)?;
     let mut dout = gpu.zeros_bf16(ids.len() * hidden)?;
     ops::embed(gpu, &t, &di, &mut dout, ids.len())?;

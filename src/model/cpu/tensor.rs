@@ -248,6 +248,23 @@ impl Linear {
         out
     }
 
+    /// Output rows `o0..o0 + n` as FP8 codes with their scales, when every one of them is
+    /// stored in FP8 (the upload of an FP8 weight to a GPU, kept at a byte a weight); `None`
+    /// when any is not.
+    pub fn fp8_rows(&self, o0: usize, n: usize) -> Option<crate::model::fp8::Fp8Stack> {
+        let mut stack = crate::model::fp8::Fp8Stack::default();
+        for (w, at, rows) in self.spans(o0, n) {
+            let Weights::Fp8(f) = w else { return None };
+            stack.push(&f.rows_view(at, rows));
+        }
+        (stack.rows() == n).then_some(stack)
+    }
+
+    /// Whether any of output rows `o0..o0 + n` is stored in FP8.
+    pub fn any_fp8(&self, o0: usize, n: usize) -> bool {
+        self.spans(o0, n).any(|(w, _, _)| matches!(w, Weights::Fp8(_)))
+    }
+
     /// One weight row widened to f32 (an embedding row, for a tied head's input side).
     pub fn row(&self, r: usize) -> Result<Vec<f32>> {
         let Some((w, at, _)) = self.spans(r, 1).next() else {

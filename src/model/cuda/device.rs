@@ -101,6 +101,7 @@ pub trait Device: Send + Sync {
 
 /// An element type of device buffers (plain old data of the kernels' C types).
 pub trait Elem: Copy + Default + Send + Sync + 'static {}
+impl Elem for u8 {}
 impl Elem for u16 {}
 impl Elem for f32 {}
 impl Elem for i32 {}

@@ -29,13 +29,13 @@ pub const FILES: &[KernelFile] = &[
     kernel_file!("embedding", ["embed_gather"]),
     kernel_file!("norm", ["rms_norm", "rms_norm_gated"]),
     kernel_file!("rope", ["rope_mrope"]),
-    kernel_file!("gemv", ["gemv_bf16"]),
-    kernel_file!("gemm", ["gemm_bf16_tiled"]),
+    kernel_file!("gemv", ["gemv_bf16", "gemv_fp8"]),
+    kernel_file!("gemm", ["gemm_bf16_tiled", "gemm_fp8_tiled"]),
     kernel_file!("conv1d", ["conv1d_decode", "conv1d_restore_slot", "conv1d_prefill", "conv1d_save_state"]),
     kernel_file!("gdn", ["gdn_recurrent", "gdn_restore_slot"]),
     kernel_file!("attention", ["attn_gqa", "kv_append"]),
     kernel_file!("elementwise", ["add_bf16", "swiglu", "f32_to_bf16", "concat_rows", "count_nonfinite_f32"]),
-    kernel_file!("moe", ["moe_topk", "moe_gemv", "moe_combine", "sigmoid_scale_rows"]),
+    kernel_file!("moe", ["moe_topk", "moe_gemv", "moe_gemv_fp8", "moe_combine", "sigmoid_scale_rows"]),
 ];
 
 impl KernelFile {

@@ -19,7 +19,7 @@
 //! recurrent kernel runs every token), a workspace arena (buffers are allocated per pass).
 
 use super::device::Buf;
-use super::ops::{self, Bf16Buf, DeviceMat, GdnShape, Out, RopeParams};
+use super::ops::{self, Bf16Buf, DeviceFp8, DeviceMat, GdnShape, MatWeights, Out, RopeParams};
 use super::runtime::{Gpu, GpuError, GpuResult};
 use crate::error::{Error, Result};
 use crate::model::finite::{self, Sublayer};
@@ -53,8 +53,37 @@ fn norm_weight(gpu: &Gpu, n: &RmsNorm) -> GpuResult<Bf16Buf> {
     gpu.upload(&bits(n.weight()))
 }
 
+/// Rows `o0..o0 + n` of a weight: kept FP8 where the checkpoint stores them so (a byte a
+/// weight), else bf16.
 fn mat(gpu: &Gpu, l: &crate::model::cpu::tensor::Linear, o0: usize, n: usize) -> GpuResult<DeviceMat> {
-    DeviceMat::upload(gpu, &l.bf16_rows(o0, n), n, l.in_features)
+    match l.fp8_rows(o0, n) {
+        Some(stack) => DeviceMat::upload_fp8(gpu, &stack, n, l.in_features),
+        None => {
+            if l.any_fp8(o0, n) {
+                // A fused projection whose parts differ (an FP8 one beside one the checkpoint
+                // left unconverted): widened to bf16 whole, as the kernels take one kind a matrix.
+                tracing::warn!("a weight of mixed storage ({} rows from {o0}) is uploaded as bf16", n);
+            }
+            DeviceMat::upload(gpu, &l.bf16_rows(o0, n), n, l.in_features)
+        }
+    }
+}
+
+/// The experts' matrices stacked expert-major (`[E][rows][k]`): FP8 when every expert's is.
+fn experts(gpu: &Gpu, ls: &[&crate::model::cpu::tensor::Linear]) -> GpuResult<MatWeights> {
+    let stacks: Option<Vec<_>> = ls.iter().map(|l| l.fp8_rows(0, l.out_features)).collect();
+    if let Some(stacks) = stacks {
+        let mut all = crate::model::fp8::Fp8Stack::default();
+        for st in &stacks {
+            all.append(st);
+        }
+        return Ok(MatWeights::Fp8(DeviceFp8::upload(gpu, &all)?));
+    }
+    let mut bits = vec![];
+    for l in ls {
+        bits.extend(l.bf16_rows(0, l.out_features));
+    }
+    Ok(MatWeights::Bf16(gpu.upload(&bits)?))
 }
 
 fn whole(gpu: &Gpu, l: &crate::model::cpu::tensor::Linear) -> GpuResult<DeviceMat> {
@@ -105,8 +134,8 @@ struct MoeWeights {
     inter: usize,
     router: DeviceMat,
     /// `[E][2·inter][hidden]` and `[E][hidden][inter]`.
-    gate_up: Bf16Buf,
-    down: Bf16Buf,
+    gate_up: MatWeights,
+    down: MatWeights,
     shared: DenseWeights,
     shared_gate: DeviceMat,
 }
@@ -155,6 +184,9 @@ pub struct CudaModel {
     weight_bytes: usize,
     /// Per used device: its label and the bytes of weights put there.
     pub device_weights: Vec<(String, usize)>,
+    /// Weights held as FP8 codes on the devices (the model's own count when every FP8 weight of
+    /// the checkpoint stayed FP8).
+    pub fp8_weights: usize,
 }
 
 fn dense(gpu: &Gpu, m: &DenseMlp) -> GpuResult<DenseWeights> {
@@ -214,20 +246,16 @@ fn layer(gpu: &Gpu, device: usize, l: &DecoderLayer, c: &ModelConfig) -> GpuResu
     let mlp = match &l.mlp {
         Mlp::Dense(m) => MlpWeights::Dense(dense(gpu, m)?),
         Mlp::Moe(m) => {
-            let mut gu = vec![];
-            let mut dn = vec![];
-            for e in &m.experts {
-                gu.extend(e.gate_up.bf16_rows(0, e.gate_up.out_features));
-                dn.extend(e.down.bf16_rows(0, e.down.out_features));
-            }
+            let gate_up: Vec<_> = m.experts.iter().map(|e| &e.gate_up).collect();
+            let down: Vec<_> = m.experts.iter().map(|e| &e.down).collect();
             MlpWeights::Moe(MoeWeights {
                 experts: m.experts.len(),
                 top_k: m.top_k,
                 renorm: m.norm_topk_prob,
                 inter: m.experts.first().map_or(0, |e| e.inter),
                 router: whole(gpu, &m.router)?,
-                gate_up: gpu.upload(&gu)?,
-                down: gpu.upload(&dn)?,
+                gate_up: experts(gpu, &gate_up)?,
+                down: experts(gpu, &down)?,
                 shared: dense(gpu, &m.shared)?,
                 shared_gate: whole(gpu, &m.shared_gate)?,
             })
@@ -244,26 +272,39 @@ fn layer(gpu: &Gpu, device: usize, l: &DecoderLayer, c: &ModelConfig) -> GpuResu
 }
 
 impl LayerWeights {
-    fn bytes(&self) -> usize {
-        let m = match &self.mixer {
-            MixerWeights::Gdn(g) => {
-                g.qkv.bytes() + g.z.bytes() + g.b.bytes() + g.a.bytes() + g.out.bytes() + g.conv_dim * g.kernel * 2
-            }
-            MixerWeights::Attn(a) => a.q.bytes() + a.k.bytes() + a.v.bytes() + a.o.bytes(),
-        };
-        let f = match &self.mlp {
-            MlpWeights::Dense(d) => d.gate_up.bytes() + d.down.bytes(),
+    /// Every weight matrix of the layer.
+    fn mats(&self) -> Vec<&MatWeights> {
+        let mut out = vec![];
+        match &self.mixer {
+            MixerWeights::Gdn(g) => out.extend([&g.qkv, &g.z, &g.b, &g.a, &g.out].map(|m| &m.w)),
+            MixerWeights::Attn(a) => out.extend([&a.q, &a.k, &a.v, &a.o].map(|m| &m.w)),
+        }
+        match &self.mlp {
+            MlpWeights::Dense(d) => out.extend([&d.gate_up.w, &d.down.w]),
             MlpWeights::Moe(m) => {
-                m.router.bytes()
-                    + m.gate_up.len() * 2
-                    + m.down.len() * 2
-                    + m.shared.gate_up.bytes()
-                    + m.shared.down.bytes()
-                    + m.shared_gate.bytes()
+                out.extend([&m.router.w, &m.gate_up, &m.down, &m.shared.gate_up.w, &m.shared.down.w, &m.shared_gate.w])
             }
-        };
-        m + f
+        }
+        out
     }
+
+    fn bytes(&self) -> usize {
+        let conv = match &self.mixer {
+            MixerWeights::Gdn(g) => g.conv_dim * g.kernel * 2,
+            MixerWeights::Attn(_) => 0,
+        };
+        self.mats().iter().map(|m| m.bytes()).sum::<usize>() + conv
+    }
+}
+
+/// FP8 codes held by `mats`.
+fn fp8_codes<'a>(mats: impl IntoIterator<Item = &'a MatWeights>) -> usize {
+    mats.into_iter()
+        .map(|m| match m {
+            MatWeights::Fp8(f) => f.q.len(),
+            MatWeights::Bf16(_) => 0,
+        })
+        .sum()
 }
 
 impl CudaModel {
@@ -330,7 +371,26 @@ impl CudaModel {
             device_weights[last].1 += m.fc.bytes() + m.layers.iter().map(LayerWeights::bytes).sum::<usize>();
         }
         let weight_bytes = device_weights.iter().map(|d| d.1).sum();
-        Ok(CudaModel { config: c.clone(), gpus, rope, embed, head, norm, layers, mtp, weight_bytes, device_weights })
+        let mut mats: Vec<&MatWeights> = std::iter::once(&embed).chain(&head).map(|m| &m.w).collect();
+        mats.extend(layers.iter().flat_map(LayerWeights::mats));
+        if let Some(m) = &mtp {
+            mats.push(&m.fc.w);
+            mats.extend(m.layers.iter().flat_map(LayerWeights::mats));
+        }
+        let fp8_weights = fp8_codes(mats);
+        Ok(CudaModel {
+            config: c.clone(),
+            gpus,
+            rope,
+            embed,
+            head,
+            norm,
+            layers,
+            mtp,
+            weight_bytes,
+            device_weights,
+            fp8_weights,
+        })
     }
 
     fn last_device(&self) -> usize {

@@ -15,26 +15,92 @@ use crate::model::trace::GdnPassTrace;
 
 pub type Bf16Buf = Buf<u16>;
 
-/// A weight matrix `[n_out][k]` in bf16 on one GPU.
+/// A weight matrix `[n_out][k]` on one GPU.
 pub struct DeviceMat {
-    pub w: Bf16Buf,
+    pub w: MatWeights,
     pub n_out: usize,
     pub k: usize,
 }
 
+/// How a device matrix holds its weights: bf16, or FP8 as the checkpoint stores it (a byte a
+/// weight, dequantised in the kernels' registers).
+pub enum MatWeights {
+    Bf16(Bf16Buf),
+    Fp8(DeviceFp8),
+}
+
+/// An [`Fp8Stack`](crate::model::fp8::Fp8Stack) on a device: the kernels' `Fp8Weights`
+/// (kernels/prelude.cu).
+pub struct DeviceFp8 {
+    pub q: Buf<u8>,
+    pub scales: Buf<f32>,
+    pub band: Buf<i32>,
+    pub grid_cols: usize,
+}
+
+impl DeviceFp8 {
+    pub fn upload(gpu: &Gpu, stack: &crate::model::fp8::Fp8Stack) -> GpuResult<Self> {
+        Ok(DeviceFp8 {
+            q: gpu.upload(&stack.codes)?,
+            scales: gpu.upload(&stack.scales)?,
+            band: gpu.upload(&stack.band)?,
+            grid_cols: stack.grid_cols,
+        })
+    }
+
+    /// The kernels' (`Q`, `S`, `band`, `gc`).
+    fn args(&self) -> [Arg; 4] {
+        [self.q.arg(), self.scales.arg(), self.band.arg(), Arg::I32(self.grid_cols as i32)]
+    }
+
+    fn bytes(&self) -> usize {
+        self.q.bytes() + self.scales.bytes() + self.band.bytes()
+    }
+}
+
+impl MatWeights {
+    pub fn bytes(&self) -> usize {
+        match self {
+            MatWeights::Bf16(w) => w.bytes(),
+            MatWeights::Fp8(w) => w.bytes(),
+        }
+    }
+}
+
 impl DeviceMat {
-    pub fn upload(gpu: &Gpu, bits: &[u16], n_out: usize, k: usize) -> GpuResult<Self> {
-        if !k.is_multiple_of(8) || bits.len() != n_out * k {
+    fn check(n_out: usize, k: usize, values: usize) -> GpuResult<()> {
+        if !k.is_multiple_of(8) || values != n_out * k {
             return Err(GpuError::Shape(format!(
-                "a weight of [{n_out}, {k}] ({} values): the GEMV reads rows in 16-byte pieces, so k must be a multiple of 8",
-                bits.len()
+                "a weight of [{n_out}, {k}] ({values} values): the GEMV reads rows in pieces of 8, so k must be a multiple of 8"
             )));
         }
-        Ok(DeviceMat { w: gpu.upload(bits)?, n_out, k })
+        Ok(())
+    }
+
+    pub fn upload(gpu: &Gpu, bits: &[u16], n_out: usize, k: usize) -> GpuResult<Self> {
+        Self::check(n_out, k, bits.len())?;
+        Ok(DeviceMat { w: MatWeights::Bf16(gpu.upload(bits)?), n_out, k })
+    }
+
+    /// FP8 rows as stacked for the device (`Linear::fp8_rows`).
+    pub fn upload_fp8(gpu: &Gpu, stack: &crate::model::fp8::Fp8Stack, n_out: usize, k: usize) -> GpuResult<Self> {
+        Self::check(n_out, k, stack.codes.len())?;
+        if stack.rows() != n_out {
+            return Err(GpuError::Shape(format!("FP8 weight of [{n_out}, {k}] with {} band rows", stack.rows())));
+        }
+        Ok(DeviceMat { w: MatWeights::Fp8(DeviceFp8::upload(gpu, stack)?), n_out, k })
     }
 
     pub fn bytes(&self) -> usize {
-        self.n_out * self.k * 2
+        self.w.bytes()
+    }
+
+    /// The bf16 table (the embedding: never FP8 in Qwen's releases).
+    fn bf16(&self, what: &str) -> GpuResult<&Bf16Buf> {
+        match &self.w {
+            MatWeights::Bf16(w) => Ok(w),
+            MatWeights::Fp8(_) => Err(GpuError::Shape(format!("{what}: an FP8 table (only bf16 is read here)"))),
+        }
     }
 }
 
@@ -67,27 +133,56 @@ fn blocks(n: usize, per: usize) -> u32 {
 pub fn linear(gpu: &Gpu, w: &DeviceMat, x: &Bf16Buf, rows: usize, out: Out) -> GpuResult<()> {
     let (n_i, k_i, r_i) = (Arg::I32(w.n_out as i32), Arg::I32(w.k as i32), Arg::I32(rows as i32));
     let [y_f32, y_bf16] = out.args();
-    if rows <= GEMV_MAX_ROWS {
-        // SAFETY: gemv_bf16(W, x, y_f32, y_bf16, n_out, k, rows); grid ceil(n_out / 8), 256
-        // threads; x holds rows·k values, y rows·n_out.
-        unsafe {
-            gpu.launch(
-                "gemv_bf16",
-                (blocks(w.n_out, 8), 1, 1),
-                256,
-                &[w.w.arg(), x.arg(), y_f32, y_bf16, n_i, k_i, r_i],
-            )
+    match (&w.w, rows <= GEMV_MAX_ROWS) {
+        (MatWeights::Bf16(wb), true) => {
+            // SAFETY: gemv_bf16(W, x, y_f32, y_bf16, n_out, k, rows); grid ceil(n_out / 8), 256
+            // threads; x holds rows·k values, y rows·n_out.
+            unsafe {
+                gpu.launch(
+                    "gemv_bf16",
+                    (blocks(w.n_out, 8), 1, 1),
+                    256,
+                    &[wb.arg(), x.arg(), y_f32, y_bf16, n_i, k_i, r_i],
+                )
+            }
         }
-    } else {
-        // SAFETY: gemm_bf16_tiled(X, W, y_f32, y_bf16, m, n, k); grid (ceil(n / 64),
-        // ceil(m / 64)), 256 threads.
-        unsafe {
-            gpu.launch(
-                "gemm_bf16_tiled",
-                (blocks(w.n_out, 64), blocks(rows, 64), 1),
-                256,
-                &[x.arg(), w.w.arg(), y_f32, y_bf16, r_i, n_i, k_i],
-            )
+        (MatWeights::Fp8(f), true) => {
+            let [q, s, band, gc] = f.args();
+            // SAFETY: gemv_fp8(Q, S, band, gc, x, y_f32, y_bf16, n_out, k, rows); as gemv_bf16;
+            // Q holds n_out·k codes, band n_out rows of S.
+            unsafe {
+                gpu.launch(
+                    "gemv_fp8",
+                    (blocks(w.n_out, 8), 1, 1),
+                    256,
+                    &[q, s, band, gc, x.arg(), y_f32, y_bf16, n_i, k_i, r_i],
+                )
+            }
+        }
+        (MatWeights::Bf16(wb), false) => {
+            // SAFETY: gemm_bf16_tiled(X, W, y_f32, y_bf16, m, n, k); grid (ceil(n / 64),
+            // ceil(m / 64)), 256 threads.
+            unsafe {
+                gpu.launch(
+                    "gemm_bf16_tiled",
+                    (blocks(w.n_out, 64), blocks(rows, 64), 1),
+                    256,
+                    &[x.arg(), wb.arg(), y_f32, y_bf16, r_i, n_i, k_i],
+                )
+            }
+        }
+        (MatWeights::Fp8(f), false) => {
+            let [q, s, band, gc] = f.args();
+            // SAFETY: gemm_fp8_tiled(X, Q, S, band, gc, y_f32, y_bf16, m, n, k); as
+            // gemm_bf16_tiled.
+            unsafe {
+                gpu.launch(
+                    "gemm_fp8_tiled",
+                    (blocks(w.n_out, 64), blocks(rows, 64), 1),
+                    256,
+                    &[x.arg(), q, s, band, gc, y_f32, y_bf16, r_i, n_i, k_i],
+                )
+            }
         }
     }
 }
@@ -413,7 +508,13 @@ pub fn swiglu(gpu: &Gpu, gate_up: &Bf16Buf, out: &mut Bf16Buf, rows: usize, inte
 
 /// Embedding rows of `ids` into `out` (`[T][hidden]`).
 pub fn embed(gpu: &Gpu, table: &DeviceMat, ids: &Buf<u32>, out: &mut Bf16Buf, tokens: usize) -> GpuResult<()> {
-    let args = [table.w.arg(), ids.arg(), out.arg(), Arg::I32(table.k as i32), Arg::U32(table.n_out as u32)];
+    let args = [
+        table.bf16("the embedding")?.arg(),
+        ids.arg(),
+        out.arg(),
+        Arg::I32(table.k as i32),
+        Arg::U32(table.n_out as u32),
+    ];
     // SAFETY: embed_gather(table, ids, out, hidden, vocab); one block per token, 256 threads.
     unsafe { gpu.launch("embed_gather", (tokens as u32, 1, 1), 256, &args) }
 }
@@ -442,7 +543,7 @@ pub fn moe_topk(
 /// tokens makes 65536 pairs, past grid y's 65535), feature blocks on y.
 pub fn moe_gemv(
     gpu: &Gpu,
-    w: &Bf16Buf,
+    w: &MatWeights,
     ids: &Buf<i32>,
     x: &Bf16Buf,
     x_per_pair: bool,
@@ -452,8 +553,7 @@ pub fn moe_gemv(
     top_k: usize,
     pairs: usize,
 ) -> GpuResult<()> {
-    let args = [
-        w.arg(),
+    let rest = [
         ids.arg(),
         x.arg(),
         Arg::I32(x_per_pair as i32),
@@ -462,9 +562,21 @@ pub fn moe_gemv(
         Arg::I32(k_in as i32),
         Arg::I32(top_k as i32),
     ];
-    // SAFETY: moe_gemv(W, ids, x, x_per_pair, y, n_out, k_in, top_k); grid (pairs,
-    // ceil(n_out / 8)), 256 threads.
-    unsafe { gpu.launch("moe_gemv", (pairs as u32, blocks(n_out, 8), 1), 256, &args) }
+    let grid = (pairs as u32, blocks(n_out, 8), 1);
+    match w {
+        MatWeights::Bf16(wb) => {
+            let args: Vec<Arg> = std::iter::once(wb.arg()).chain(rest).collect();
+            // SAFETY: moe_gemv(W, ids, x, x_per_pair, y, n_out, k_in, top_k); grid (pairs,
+            // ceil(n_out / 8)), 256 threads.
+            unsafe { gpu.launch("moe_gemv", grid, 256, &args) }
+        }
+        MatWeights::Fp8(f) => {
+            let args: Vec<Arg> = f.args().into_iter().chain(rest).collect();
+            // SAFETY: moe_gemv_fp8(Q, S, band, gc, ids, x, x_per_pair, y, n_out, k_in, top_k);
+            // as moe_gemv; Q holds E·n_out rows of k_in codes, band their rows of S.
+            unsafe { gpu.launch("moe_gemv_fp8", grid, 256, &args) }
+        }
+    }
 }
 
 /// The routed experts' outputs summed per token in ascending expert id, weighted.

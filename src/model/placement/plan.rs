@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::model::config::{LayerKind, MlpKind, ModelConfig};
 use crate::model::cuda::model::PREFILL_CHUNK;
-use crate::model::plan::param_counts;
+use crate::model::plan::{fp8_device_bytes, fp8_layer_matrices, param_counts};
 
 /// Bytes of one weight / KV / conv-state / activation element (bf16) and of one SSM-state
 /// element (f32, the checkpoints' `mamba_ssm_dtype`); f32 / i32 activations (router logits,
@@ -133,7 +133,7 @@ fn layer_costs(c: &ModelConfig, inputs: &PlanInputs) -> Vec<LayerCost> {
             let gdn = *kind == LayerKind::LinearAttention;
             let mixer = if gdn { p.gdn_layer } else { p.attention_layer };
             LayerCost {
-                weights: (mixer + ff + 2 * h) * WEIGHT_BYTES,
+                weights: layer_weight_bytes(c, mixer + ff + 2 * h, *kind, *mlp),
                 kv_per_token: if gdn { 0 } else { kv_layer },
                 recurrent: if gdn { conv + ssm } else { 0 },
                 // A verify pass of depth + 1 tokens keeps, per token, an SSM state and a conv
@@ -143,6 +143,17 @@ fn layer_costs(c: &ModelConfig, inputs: &PlanInputs) -> Vec<LayerCost> {
             }
         })
         .collect()
+}
+
+/// Bytes of a decoder layer's `params` weights on a device: bf16, or for an FP8 checkpoint its
+/// e4m3 projections as the CUDA model holds them (`fp8_device_bytes`) and the rest bf16.
+fn layer_weight_bytes(c: &ModelConfig, params: u64, kind: LayerKind, mlp: MlpKind) -> u64 {
+    if c.quantization.is_none() {
+        return params * WEIGHT_BYTES;
+    }
+    let fp8 = fp8_layer_matrices(c, kind, mlp);
+    let codes: u64 = fp8.iter().map(|(r, k)| r * k).sum();
+    (params - codes) * WEIGHT_BYTES + fp8.iter().map(|&(r, k)| fp8_device_bytes(r, k)).sum::<u64>()
 }
 
 /// The device memory of one pass of `t` tokens at its peak, on a device holding decoder layers
@@ -233,7 +244,15 @@ pub fn plan_devices(c: &ModelConfig, devices: &[DeviceBudget], inputs: PlanInput
     };
     let head_weights = (head_matrix + h) * WEIGHT_BYTES;
     let mtp_kv_layer = 2 * c.num_key_value_heads as u64 * c.head_dim as u64 * ACT_BYTES;
-    let mtp_weights = p.mtp * WEIGHT_BYTES;
+    // The MTP module: fc, norms and `mtp_num_hidden_layers` attention layers with the model's MLP.
+    let mtp_weights = if c.mtp_num_hidden_layers == 0 {
+        0
+    } else {
+        let mlp = if c.moe.is_some() { MlpKind::Moe } else { MlpKind::Dense };
+        let per_layer = (p.mtp - 2 * h * h - 3 * h) / c.mtp_num_hidden_layers as u64;
+        let layer = layer_weight_bytes(c, per_layer, LayerKind::FullAttention, mlp);
+        (2 * h * h + 3 * h) * WEIGHT_BYTES + c.mtp_num_hidden_layers as u64 * layer
+    };
     let mtp_kv = c.mtp_num_hidden_layers as u64 * mtp_kv_layer;
 
     // Capacity left for layers on each device once the fixed parts are placed.
@@ -433,6 +452,34 @@ mod tests {
         assert!(h200.fits, "{h200:#?}");
         assert_eq!(h200.devices.len(), 2);
         check_conservation(&c, &h200);
+    }
+
+    /// Qwen3.6-27B-FP8 (29.5 GB, Qwen's FP8 release of the same config) fits one 48 GB card at
+    /// the whole context with MTP, where the bf16 model needs two; its weights are the bf16
+    /// plan's less a byte per FP8 weight, plus the scales and row indices the device holds.
+    #[test]
+    fn qwen36_27b_fp8_fits_one_48_gb_card() {
+        let mut c = config("qwen3_6_27b");
+        let inputs = PlanInputs::for_model(&c);
+        let bf16 = plan_devices(&c, &[gib(48)], inputs);
+        assert!(!bf16.fits);
+        c.quantization = Some(crate::model::fp8::Fp8Format { modules_to_not_convert: vec![] });
+        let fp8 = plan_devices(&c, &[gib(48)], inputs);
+        assert!(fp8.fits, "{fp8:#?}");
+        assert_eq!(plan_fewest(&c, &[gib(48), gib(48)], inputs).devices.len(), 1);
+        let w = |p: &DevicePlan| p.devices.iter().map(|d| d.weights_bytes).sum::<u64>();
+        let p = param_counts(&c);
+        // The MTP layer's q / k / v / o and MLP are FP8 too.
+        let h = c.hidden_size as u64;
+        let (q, kv) = (24 * 256u64, 4 * 256u64);
+        let mtp_codes = h * 2 * q + 2 * h * kv + q * h + 3 * h * 17408;
+        let saved = w(&bf16) - w(&fp8);
+        let overhead = (p.fp8_projections + mtp_codes) - saved;
+        assert!(
+            overhead > 0 && overhead < (p.fp8_projections + mtp_codes) / 200,
+            "{overhead} B of scales and row indices"
+        );
+        assert!(w(&fp8) < 30_500_000_000, "{}", w(&fp8));
     }
 
     /// A tied head is one matrix on one device and a copy on the last of two.

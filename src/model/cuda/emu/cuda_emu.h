@@ -32,6 +32,10 @@ struct uint4 {
     unsigned int x, y, z, w;
 } __attribute__((aligned(16)));
 
+struct uint2 {
+    unsigned int x, y;
+} __attribute__((aligned(8)));
+
 namespace emu {
 struct Fiber;
 extern Fiber* current;
