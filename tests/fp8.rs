@@ -151,16 +151,17 @@ fn an_fp8_checkpoint_computes_what_its_dequantised_weights_compute() {
         ("qwen3_5_text", "synth-mtp"),
         ("qwen3_5_vl", "synth"),
         ("qwen3_next", "synth-mtp"),
+        ("qwen3_5_moe", "synth-mtp"),
         ("demo", "quantize"),
         ("qwen3_5_moe", "quantize"),
     ] {
-        let fp8 = tmp.path().join(format!("{name}-fp8"));
+        let fp8 = tmp.path().join(format!("{name}-{how}-fp8"));
         match how {
             "quantize" => quantize(&if name == "demo" { demo_dir() } else { fixture(name) }, &fp8),
             _ => synth_fp8(name, &fp8, how.ends_with("mtp")),
         }
         let (f32_dir, bf16_dir) =
-            (tmp.path().join(format!("{name}-deq-f32")), tmp.path().join(format!("{name}-deq-bf16")));
+            (tmp.path().join(format!("{name}-{how}-deq-f32")), tmp.path().join(format!("{name}-{how}-deq-bf16")));
         dequantised(&fp8, &f32_dir, false);
         dequantised(&fp8, &bf16_dir, true);
 
@@ -428,4 +429,55 @@ fn quantize_reports_the_logit_change_and_refuses_what_it_cannot_convert() {
     let o = bin().args(["quantize", "--fp8", "--no-probe"]).arg(demo_dir()).arg(&out).output().unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("exists and is not an empty directory"));
+}
+
+/// Qwen3.5-MoE's fused experts become one FP8 matrix per expert and projection, as Qwen's FP8
+/// MoE releases store them (`synth --dtype fp8` writes that layout too), holding the fused
+/// tensor's rows: gate rows then up rows of each expert, and its down projection.
+#[test]
+fn fused_experts_become_one_fp8_matrix_per_expert() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("moe-fp8");
+    quantize(&fixture("qwen3_5_moe"), &out);
+    let src_bytes = std::fs::read(fixture("qwen3_5_moe").join("model.safetensors")).unwrap();
+    let src = SafeTensors::deserialize(&src_bytes).unwrap();
+    let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let names: Vec<String> = st.names().into_iter().map(|n| n.to_string()).collect();
+    assert!(
+        !names.iter().any(|n| n.ends_with("experts.gate_up_proj") || n.ends_with("experts.down_proj")),
+        "{names:?}"
+    );
+    let l = "model.language_model.layers.1.mlp.experts";
+    let fused = src.tensor(&format!("{l}.gate_up_proj")).unwrap();
+    let (e, rows, cols) = (fused.shape()[0], fused.shape()[1], fused.shape()[2]);
+    let down = src.tensor(&format!("{l}.down_proj")).unwrap();
+    let value = |t: &safetensors::tensor::TensorView, i: usize| -> f64 {
+        match t.dtype() {
+            Dtype::F32 => f32::from_le_bytes(t.data()[4 * i..4 * i + 4].try_into().unwrap()) as f64,
+            Dtype::BF16 => bf16_value(&t.data()[2 * i..2 * i + 2]),
+            d => panic!("{d:?}"),
+        }
+    };
+    for x in 0..e {
+        for (proj, src_t, first, n_rows, n_cols) in [
+            ("gate_proj", &fused, x * rows * cols, rows / 2, cols),
+            ("up_proj", &fused, x * rows * cols + rows / 2 * cols, rows / 2, cols),
+            ("down_proj", &down, x * down.shape()[1] * down.shape()[2], down.shape()[1], down.shape()[2]),
+        ] {
+            let name = format!("{l}.{x}.{proj}.weight");
+            let q = st.tensor(&name).unwrap_or_else(|_| panic!("no {name}"));
+            assert_eq!((q.dtype(), q.shape()), (Dtype::F8_E4M3, &[n_rows, n_cols][..]), "{name}");
+            let scale = st.tensor(&format!("{name}_scale_inv")).unwrap();
+            // Every value within half an e4m3 step (2^-4 relative, or the block's subnormal
+            // step) of the source value it was quantised from.
+            for i in 0..n_rows * n_cols {
+                let gc = n_cols.div_ceil(128);
+                let at = 2 * ((i / n_cols / 128) * gc + (i % n_cols) / 128);
+                let s = bf16_value(&scale.data()[at..at + 2]);
+                let (got, want) = (e4m3(q.data()[i]) * s, value(src_t, first + i));
+                assert!((got - want).abs() <= want.abs() / 16.0 + s * 2f64.powi(-10), "{name}[{i}]: {got} for {want}");
+            }
+        }
+    }
 }

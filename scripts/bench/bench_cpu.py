@@ -127,12 +127,21 @@ def llama_job(a, dtype: str, gguf: str) -> dict:
     cmd = [a.llama_bench, "-m", gguf, "-t", str(a.threads), "-p", str(a.prompt_len), "-n", str(a.gen),
            "-r", "1", "-o", "json"]
     r = run_measured(cmd)
+    repack = True
+    if r["rc"] in (-4, 132):
+        # SIGILL: llama.cpp's AMX Q8_0 kernel runs `tilezero` on a thread the kernel has not
+        # granted AMX tile state (seen on the 2-core Xeon VM, build 11434; gdb:
+        # tinygemm_kernel_amx<block_q8_0>). Without weight repacking it runs its AVX-512 kernels.
+        print(f"  llama.cpp {dtype}: illegal instruction (its AMX path); again with --repack 0", file=sys.stderr)
+        r = run_measured(cmd + ["--repack", "0"])
+        repack = False
     if r["rc"] != 0:
         sys.exit(f"bench_cpu: llama-bench {dtype} failed (exit {r['rc']}): {r['stderr']}")
     rows = json.loads(r["stdout"])
     pp = next(x["avg_ts"] for x in rows if x["n_prompt"] > 0 and x["n_gen"] == 0)
     tg = next(x["avg_ts"] for x in rows if x["n_gen"] > 0 and x["n_prompt"] == 0)
     return {"engine": "llama.cpp", "dtype": dtype, "pp": pp, "tg": tg, "build": rows[0].get("build_number"),
+            "repack": repack,
             **{k: r[k] for k in ("wall_s", "peak_rss_bytes", "others_cores", "cores_used")}}
 
 

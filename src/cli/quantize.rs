@@ -61,13 +61,11 @@ pub fn run(a: QuantizeArgs) -> anyhow::Result<()> {
     let store = WeightStore::open(&src)?;
     let mut names: Vec<String> = store.names().map(str::to_string).collect();
     names.sort();
-    // Each tensor: FP8 (codes, then its scales) or as stored.
-    let plan: Vec<(String, Vec<usize>, bool)> = names
+    let plan: Vec<Entry> = names
         .into_iter()
-        .map(|n| {
+        .flat_map(|n| {
             let shape = store.shape(&n).unwrap_or(&[]).to_vec();
-            let q = fp8::quantised_in_fp8(&n, &shape);
-            (n, shape, q)
+            Entry::for_tensor(n, shape)
         })
         .collect();
     std::fs::create_dir_all(&a.dst).map_err(|e| anyhow::anyhow!("{}: cannot create it: {e}", a.dst.display()))?;
@@ -77,7 +75,7 @@ pub fn run(a: QuantizeArgs) -> anyhow::Result<()> {
     // config.json as it was, with the quantization_config Qwen's releases carry.
     let text = std::fs::read_to_string(a.src.join("config.json"))?;
     let mut config: serde_json::Value = serde_json::from_str(&text)?;
-    let kept = plan.iter().filter(|p| !p.2).map(|p| p.0.as_str());
+    let kept = plan.iter().filter(|p| !p.fp8).map(|p| p.name.as_str());
     let unconverted = fp8::unconverted_modules(kept, cfg.tie_word_embeddings);
     config["quantization_config"] = fp8::quantization_config(&unconverted);
     std::fs::write(a.dst.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
@@ -92,7 +90,7 @@ pub fn run(a: QuantizeArgs) -> anyhow::Result<()> {
             std::fs::copy(entry.path(), a.dst.join(&name))?;
         }
     }
-    let quantised = plan.iter().filter(|p| p.2).count();
+    let quantised = plan.iter().filter(|p| p.fp8).count();
     println!(
         "wrote {}: {} tensors, {quantised} of them FP8, {} (from {})",
         a.dst.display(),
@@ -106,44 +104,109 @@ pub fn run(a: QuantizeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One tensor of the converted checkpoint: FP8 (its codes, then its scales) or as stored.
+struct Entry {
+    name: String,
+    /// Its shape (`[rows, cols]` when FP8).
+    shape: Vec<usize>,
+    fp8: bool,
+    /// Where its values are: a source tensor (name and shape) and the offset into it. A fused
+    /// expert tensor gives one matrix per expert.
+    src: String,
+    src_shape: Vec<usize>,
+    offset: usize,
+}
+
+impl Entry {
+    /// The entries a source tensor becomes: a projection Qwen's releases quantise becomes FP8;
+    /// Qwen3.5-MoE's fused experts (`mlp.experts.gate_up_proj` `[E, 2I, H]`, gate rows then up,
+    /// and `mlp.experts.down_proj` `[E, H, I]`) become one FP8 matrix per expert and projection,
+    /// named as Qwen's FP8 MoE releases name them (`mlp.experts.{e}.gate_proj.weight`, …),
+    /// which the loader reads as it reads Qwen3-Next's; everything else is kept as stored.
+    fn for_tensor(name: String, shape: Vec<usize>) -> Vec<Entry> {
+        let one = |out: String, sh: Vec<usize>, offset: usize, fp8: bool| Entry {
+            name: out,
+            shape: sh,
+            fp8,
+            src: name.clone(),
+            src_shape: shape.clone(),
+            offset,
+        };
+        if let [e, rows, cols] = shape[..] {
+            if let Some(prefix) = name.strip_suffix(".gate_up_proj").filter(|p| p.ends_with("experts")) {
+                let inter = rows / 2;
+                return (0..e)
+                    .flat_map(|x| {
+                        let at = x * rows * cols;
+                        [
+                            one(format!("{prefix}.{x}.gate_proj.weight"), vec![inter, cols], at, true),
+                            one(format!("{prefix}.{x}.up_proj.weight"), vec![inter, cols], at + inter * cols, true),
+                        ]
+                    })
+                    .collect();
+            }
+            if let Some(prefix) = name.strip_suffix(".down_proj").filter(|p| p.ends_with("experts")) {
+                return (0..e)
+                    .map(|x| one(format!("{prefix}.{x}.down_proj.weight"), vec![rows, cols], x * rows * cols, true))
+                    .collect();
+            }
+        }
+        let fp8 = fp8::quantised_in_fp8(&name, &shape);
+        vec![one(name.clone(), shape.clone(), 0, fp8)]
+    }
+}
+
 /// Writes the tensors of `plan` into one safetensors file: the header first, then each tensor
 /// as it is converted (a model never has to fit in memory twice). Returns the file's size.
-fn write(store: &WeightStore, plan: &[(String, Vec<usize>, bool)], path: &Path) -> anyhow::Result<usize> {
+fn write(store: &WeightStore, plan: &[Entry], path: &Path) -> anyhow::Result<usize> {
     let mut layout = Layout::new("deltascope quantize --fp8");
     let mut loaded = vec![];
-    for (name, shape, q) in plan {
-        let n = shape.iter().product::<usize>();
-        if *q {
-            let grid = vec![shape[0].div_ceil(fp8::BLOCK), shape[1].div_ceil(fp8::BLOCK)];
+    for e in plan {
+        let n = e.shape.iter().product::<usize>();
+        if e.fp8 {
+            let grid = vec![e.shape[0].div_ceil(fp8::BLOCK), e.shape[1].div_ceil(fp8::BLOCK)];
             let g = grid[0] * grid[1];
-            layout.place(name.clone(), "F8_E4M3", shape.clone(), n);
-            layout.place(format!("{name}_scale_inv"), "BF16", grid, g * 2);
+            layout.place(e.name.clone(), "F8_E4M3", e.shape.clone(), n);
+            layout.place(format!("{}_scale_inv", e.name), "BF16", grid, g * 2);
         } else {
             // Stored as it is: its dtype is known only by loading it (a view: no copy).
-            let w = store.load_weights(name, shape)?;
+            let w = store.load_weights(&e.name, &e.shape)?;
             let tag = match &w {
                 Weights::F32(_) => "F32",
                 Weights::Bf16(_) => "BF16",
                 Weights::F16(_) => "F16",
-                Weights::Fp8(_) => anyhow::bail!("{name}: already FP8"),
+                Weights::Fp8(_) => anyhow::bail!("{}: already FP8", e.name),
             };
-            layout.place(name.clone(), tag, shape.clone(), w.bytes());
+            layout.place(e.name.clone(), tag, e.shape.clone(), w.bytes());
             loaded.push(w);
         }
     }
     let mut w = layout.create(path)?;
     let mut kept = loaded.into_iter();
-    for (name, shape, q) in plan {
-        if *q {
-            let values = store.load_f32(name, shape)?;
-            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-                anyhow::bail!("{name}: value {i} is {} (not quantised; nothing usable was written)", values[i]);
+    // The source tensor of the last FP8 entry (a view of the mapped file): a fused expert
+    // tensor is read once for all its experts.
+    let mut source: Option<(String, Weights)> = None;
+    for e in plan {
+        if e.fp8 {
+            if source.as_ref().is_none_or(|(n, _)| *n != e.src) {
+                source = Some((e.src.clone(), store.load_weights(&e.src, &e.src_shape)?));
             }
-            let (codes, scales) = fp8::quantize_par(&values, shape[0], shape[1]);
+            let Some((_, src)) = &source else { anyhow::bail!("{}: lost while writing", e.src) };
+            let mut values = vec![0f32; e.shape[0] * e.shape[1]];
+            src.widen_to(e.offset, &mut values);
+            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+                anyhow::bail!(
+                    "{}: value {} is {} (not quantised; nothing usable was written)",
+                    e.src,
+                    e.offset + i,
+                    values[i]
+                );
+            }
+            let (codes, scales) = fp8::quantize_par(&values, e.shape[0], e.shape[1]);
             w.write(&codes)?;
             w.write(&scales.iter().flat_map(|s| s.to_le_bytes()).collect::<Vec<u8>>())?;
         } else {
-            let Some(t) = kept.next() else { anyhow::bail!("{name}: lost while writing") };
+            let Some(t) = kept.next() else { anyhow::bail!("{}: lost while writing", e.name) };
             // A million values at a time (a 27B's embedding is 2.5 GB: never a second copy).
             const STEP: usize = 1 << 20;
             match t {
@@ -157,7 +220,7 @@ fn write(store: &WeightStore, plan: &[(String, Vec<usize>, bool)], path: &Path) 
                         w.write(&c.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?;
                     }
                 }
-                Weights::Fp8(_) => anyhow::bail!("{name}: already FP8"),
+                Weights::Fp8(_) => anyhow::bail!("{}: already FP8", e.name),
             }
         }
     }

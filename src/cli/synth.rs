@@ -57,8 +57,10 @@ enum Fill {
     ALog,
 }
 
-/// The tensors of a checkpoint of this configuration, in the loader's names.
-fn tensors(cfg: &ModelConfig, mtp_layers: usize) -> Vec<Spec> {
+/// The tensors of a checkpoint of this configuration, in the loader's names. `per_expert`: one
+/// tensor per expert (Qwen3-Next, and every FP8 MoE release) where Qwen3.5-MoE's bf16 release
+/// fuses them.
+fn tensors(cfg: &ModelConfig, mtp_layers: usize, per_expert: bool) -> Vec<Spec> {
     let p = if cfg.nested { "model.language_model." } else { "model." };
     let (v, h) = (cfg.vocab_size, cfg.hidden_size);
     let mut out = vec![];
@@ -78,7 +80,7 @@ fn tensors(cfg: &ModelConfig, mtp_layers: usize) -> Vec<Spec> {
         (MlpKind::Moe, Some(m)) => {
             let (e, i) = (m.num_experts, m.moe_intermediate_size);
             add(format!("{l}mlp.gate.weight"), vec![e, h], proj);
-            if cfg.family == Family::Qwen3Next {
+            if per_expert {
                 for x in 0..e {
                     add(format!("{l}mlp.experts.{x}.gate_proj.weight"), vec![i, h], proj);
                     add(format!("{l}mlp.experts.{x}.up_proj.weight"), vec![i, h], proj);
@@ -205,14 +207,9 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.out).map_err(|e| anyhow::anyhow!("--out {}: cannot create it: {e}", a.out.display()))?;
 
     let mtp_layers = if a.mtp { cfg.mtp_num_hidden_layers.max(1) } else { 0 };
-    let specs = tensors(&cfg, mtp_layers);
     let fp8 = a.dtype == "fp8";
-    if fp8 && cfg.family == Family::Qwen35Moe {
-        anyhow::bail!(
-            "--dtype fp8 for a {} shape: not supported yet (Qwen's FP8 MoE releases store each expert separately, which the loader does not read yet); nothing was written",
-            cfg.model_type
-        );
-    }
+    // Qwen's FP8 MoE releases store every expert's projections as their own FP8 matrices.
+    let specs = tensors(&cfg, mtp_layers, fp8 || cfg.family == Family::Qwen3Next);
     // Everything that is not an FP8 projection is bf16 in an FP8 checkpoint.
     let plain = if fp8 { "bf16" } else { a.dtype.as_str() };
     let elem = if plain == "f32" { 4 } else { 2 };
