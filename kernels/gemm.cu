@@ -8,16 +8,6 @@
 #define TILE 64
 #define DEPTH 16
 
-struct Bf16Matrix {
-    const bf16* W;
-    __device__ __forceinline__ float at(long long n, int k, int c) const { return bf2f(W[n * k + c]); }
-};
-
-struct Fp8Matrix {
-    Fp8Weights w;
-    __device__ __forceinline__ float at(long long n, int k, int c) const { return fp8_at(w, n, k, c); }
-};
-
 template <typename Matrix>
 __device__ __forceinline__ void gemm_tiled(const bf16* __restrict__ X, const Matrix& W, float* __restrict__ y_f32,
                                            bf16* __restrict__ y_bf16, int m, int n, int k) {
@@ -70,7 +60,7 @@ __device__ __forceinline__ void gemm_tiled(const bf16* __restrict__ X, const Mat
 
 extern "C" __global__ void gemm_bf16_tiled(const bf16* __restrict__ X, const bf16* __restrict__ W,
                                            float* __restrict__ y_f32, bf16* __restrict__ y_bf16, int m, int n, int k) {
-    const Bf16Matrix w = {W};
+    const Bf16At w = {W};
     gemm_tiled(X, w, y_f32, y_bf16, m, n, k);
 }
 
@@ -78,6 +68,6 @@ extern "C" __global__ void gemm_bf16_tiled(const bf16* __restrict__ X, const bf1
 extern "C" __global__ void gemm_fp8_tiled(const bf16* __restrict__ X, const unsigned char* __restrict__ Q,
                                           const float* __restrict__ S, const int* __restrict__ band, int gc,
                                           float* __restrict__ y_f32, bf16* __restrict__ y_bf16, int m, int n, int k) {
-    const Fp8Matrix w = {{Q, S, band, gc}};
+    const Fp8At w = {{Q, S, band, gc}};
     gemm_tiled(X, w, y_f32, y_bf16, m, n, k);
 }

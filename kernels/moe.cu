@@ -72,16 +72,6 @@ extern "C" __global__ void moe_topk(const float* __restrict__ logits, int* __res
 // per (pair, feature).
 // grid: (pairs, ceil(n_out / 8)); block: 256. Pairs on x: T·top_k passes grid y's 65535 at
 // 8192 tokens of a top-8 model.
-struct Bf16Experts {
-    const bf16* W;
-    __device__ __forceinline__ float at(long long row, int k, int c) const { return bf2f(W[row * k + c]); }
-};
-
-struct Fp8Experts {
-    Fp8Weights w;
-    __device__ __forceinline__ float at(long long row, int k, int c) const { return fp8_at(w, row, k, c); }
-};
-
 template <typename Experts>
 __device__ __forceinline__ void moe_rows(const Experts& W, const int* __restrict__ ids, const bf16* __restrict__ x,
                                          int x_per_pair, bf16* __restrict__ y, int n_out, int k_in, int top_k) {
@@ -99,7 +89,7 @@ __device__ __forceinline__ void moe_rows(const Experts& W, const int* __restrict
 
 extern "C" __global__ void moe_gemv(const bf16* __restrict__ W, const int* __restrict__ ids, const bf16* __restrict__ x,
                                     int x_per_pair, bf16* __restrict__ y, int n_out, int k_in, int top_k) {
-    const Bf16Experts w = {W};
+    const Bf16At w = {W};
     moe_rows(w, ids, x, x_per_pair, y, n_out, k_in, top_k);
 }
 
@@ -107,7 +97,7 @@ extern "C" __global__ void moe_gemv_fp8(const unsigned char* __restrict__ Q, con
                                         const int* __restrict__ band, int gc, const int* __restrict__ ids,
                                         const bf16* __restrict__ x, int x_per_pair, bf16* __restrict__ y, int n_out,
                                         int k_in, int top_k) {
-    const Fp8Experts w = {{Q, S, band, gc}};
+    const Fp8At w = {{Q, S, band, gc}};
     moe_rows(w, ids, x, x_per_pair, y, n_out, k_in, top_k);
 }
 

@@ -47,6 +47,18 @@ __device__ __forceinline__ float fp8_at(const Fp8Weights& w, long long row, int 
     return e4m3_to_f32(w.q[row * k + c]) * w.s[(long long)w.band[row] * w.gc + (c >> 7)];
 }
 
+// Weight (row, c) of a [rows][k] matrix as f32, for the kernels that read weights one at a time
+// (the tiled GEMM, the expert GEMV), templated over these two.
+struct Bf16At {
+    const bf16* W;
+    __device__ __forceinline__ float at(long long row, int k, int c) const { return bf2f(W[row * k + c]); }
+};
+
+struct Fp8At {
+    Fp8Weights w;
+    __device__ __forceinline__ float at(long long row, int k, int c) const { return fp8_at(w, row, k, c); }
+};
+
 // Rounds through bf16 (a cast point of the bf16 reference).
 __device__ __forceinline__ float round_bf(float f) { return bf2f(f2bf(f)); }
 

@@ -487,6 +487,50 @@ mod x86 {
         }
     }
 
+    /// FP8 weight rows against `xs.len()` activation rows (one of the listed counts): each row
+    /// through `$block` with its scales, by the f32-bits widening when they allow it.
+    macro_rules! fp8_by_rows {
+        ($block:ident, $w:expr, $n:expr, $k:expr, $xs:expr, $out:expr, [$($r:literal),*]) => {
+            match $xs.len() {
+                $($r => {
+                    let mut x = [std::ptr::null::<f32>(); $r];
+                    for (p, row) in x.iter_mut().zip($xs) {
+                        *p = row.as_ptr();
+                    }
+                    for o in 0..$k {
+                        let scales = $w.row_scales(o, $n);
+                        let (q, y) = ($w.q[o * $n..].as_ptr(), &mut $out[o * $r..(o + 1) * $r]);
+                        // SAFETY: row o lies within the k rows of n codes; its scales cover its
+                        // n values.
+                        unsafe {
+                            if scales.iter().all(|s| s.abs() < MAX_SCALE_AS_F32_BITS) {
+                                $block::<$r, true>(q, scales, x, $n, y)
+                            } else {
+                                $block::<$r, false>(q, scales, x, $n, y)
+                            }
+                        };
+                    }
+                })*
+                _ => unreachable!("FP8 row groups are at most {MAX_ROWS}"),
+            }
+        };
+    }
+
+    /// The scalar tail of an FP8 row past its last whole 16 values, in order.
+    ///
+    /// # Safety
+    ///
+    /// `q` and `x` point at rows of `n` values.
+    unsafe fn fp8_tail(q: *const u8, scales: &[f32], x: *const f32, n: usize, from: usize) -> f32 {
+        // SAFETY: the caller's rows hold n values.
+        let (qs, xr) = unsafe { (std::slice::from_raw_parts(q, n), std::slice::from_raw_parts(x, n)) };
+        let mut t = 0f32;
+        for (i, xi) in xr.iter().enumerate().skip(from) {
+            t += super::fp8_value(qs, scales, i) * xi;
+        }
+        t
+    }
+
     /// FP8 rows against up to 4 activation rows (the lanes and order of [`block256`]).
     ///
     /// # Safety
@@ -494,33 +538,7 @@ mod x86 {
     /// The CPU has AVX2 and F16C; the lengths are those `fp8_rows` asserted.
     #[target_feature(enable = "avx2,f16c")]
     pub unsafe fn rows_fp8_avx2(w: Fp8Rows<'_>, n: usize, k: usize, xs: &[&[f32]], out: &mut [f32]) {
-        macro_rules! by_rows {
-            ([$($r:literal),*]) => {
-                match xs.len() {
-                    $($r => {
-                        let mut x = [std::ptr::null::<f32>(); $r];
-                        for (p, row) in x.iter_mut().zip(xs) {
-                            *p = row.as_ptr();
-                        }
-                        for o in 0..k {
-                            let scales = w.row_scales(o, n);
-                            let (q, y) = (w.q[o * n..].as_ptr(), &mut out[o * $r..(o + 1) * $r]);
-                            // SAFETY: row o lies within the k rows of n codes; its scales
-                            // cover its n values.
-                            unsafe {
-                                if scales.iter().all(|s| s.abs() < MAX_SCALE_AS_F32_BITS) {
-                                    block256_fp8::<$r, true>(q, scales, x, n, y)
-                                } else {
-                                    block256_fp8::<$r, false>(q, scales, x, n, y)
-                                }
-                            };
-                        }
-                    })*
-                    _ => unreachable!("FP8 row groups are at most 4"),
-                }
-            };
-        }
-        by_rows!([1, 2, 3, 4])
+        fp8_by_rows!(block256_fp8, w, n, k, xs, out, [1, 2, 3, 4])
     }
 
     /// FP8 rows against up to 8 activation rows, one zmm accumulator per row (the lanes and
@@ -531,33 +549,7 @@ mod x86 {
     /// The CPU has AVX-512F and AVX-512BW; the lengths are those `fp8_rows` asserted.
     #[target_feature(enable = "avx512f,avx512bw")]
     pub unsafe fn rows_fp8_avx512(w: Fp8Rows<'_>, n: usize, k: usize, xs: &[&[f32]], out: &mut [f32]) {
-        macro_rules! by_rows {
-            ([$($r:literal),*]) => {
-                match xs.len() {
-                    $($r => {
-                        let mut x = [std::ptr::null::<f32>(); $r];
-                        for (p, row) in x.iter_mut().zip(xs) {
-                            *p = row.as_ptr();
-                        }
-                        for o in 0..k {
-                            let scales = w.row_scales(o, n);
-                            let (q, y) = (w.q[o * n..].as_ptr(), &mut out[o * $r..(o + 1) * $r]);
-                            // SAFETY: row o lies within the k rows of n codes; its scales
-                            // cover its n values.
-                            unsafe {
-                                if scales.iter().all(|s| s.abs() < MAX_SCALE_AS_F32_BITS) {
-                                    block512_fp8::<$r, true>(q, scales, x, n, y)
-                                } else {
-                                    block512_fp8::<$r, false>(q, scales, x, n, y)
-                                }
-                            };
-                        }
-                    })*
-                    _ => unreachable!("row groups are at most {MAX_ROWS}"),
-                }
-            };
-        }
-        by_rows!([1, 2, 3, 4, 5, 6, 7, 8])
+        fp8_by_rows!(block512_fp8, w, n, k, xs, out, [1, 2, 3, 4, 5, 6, 7, 8])
     }
 
     /// [`block256_fp8`] with one zmm of 16 codes a step.
@@ -605,16 +597,9 @@ mod x86 {
                 }
             }
         }
-        // SAFETY: the rows hold n codes (and n activations).
-        let qs = unsafe { std::slice::from_raw_parts(q, n) };
         for r in 0..R {
-            // SAFETY: as above.
-            let xr = unsafe { std::slice::from_raw_parts(x[r], n) };
-            let mut t = 0f32;
-            for (i, xi) in xr.iter().enumerate().skip(chunks * LANES) {
-                t += super::fp8_value(qs, scales, i) * xi;
-            }
-            out[r] = fold16(acc[r]) + t;
+            // SAFETY: the rows hold n codes and n activations.
+            out[r] = fold16(acc[r]) + unsafe { fp8_tail(q, scales, x[r], n, chunks * LANES) };
         }
     }
 
@@ -678,16 +663,9 @@ mod x86 {
                 c += 1;
             }
         }
-        // SAFETY: the rows hold n codes (and n activations).
-        let qs = unsafe { std::slice::from_raw_parts(q, n) };
         for r in 0..R {
-            // SAFETY: as above.
-            let xr = unsafe { std::slice::from_raw_parts(x[r], n) };
-            let mut t = 0f32;
-            for (i, xi) in xr.iter().enumerate().skip(chunks * LANES) {
-                t += super::fp8_value(qs, scales, i) * xi;
-            }
-            out[r] = fold8(_mm256_add_ps(lo[r], hi[r])) + t;
+            // SAFETY: the rows hold n codes and n activations.
+            out[r] = fold8(_mm256_add_ps(lo[r], hi[r])) + unsafe { fp8_tail(q, scales, x[r], n, chunks * LANES) };
         }
     }
 
