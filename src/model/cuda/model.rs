@@ -71,12 +71,11 @@ fn mat(gpu: &Gpu, l: &crate::model::cpu::tensor::Linear, o0: usize, n: usize) ->
 
 /// The experts' matrices stacked expert-major (`[E][rows][k]`): FP8 when every expert's is.
 fn experts(gpu: &Gpu, ls: &[&crate::model::cpu::tensor::Linear]) -> GpuResult<MatWeights> {
-    let stacks: Option<Vec<_>> = ls.iter().map(|l| l.fp8_rows(0, l.out_features)).collect();
-    if let Some(stacks) = stacks {
-        let mut all = crate::model::fp8::Fp8Stack::default();
-        for st in &stacks {
-            all.append(st);
-        }
+    // One expert's stack at a time on the host besides the whole (a 35B-A3B layer's gate_up
+    // experts are 0.5 GB of codes).
+    let mut all = crate::model::fp8::Fp8Stack::default();
+    let fp8 = ls.iter().all(|l| l.fp8_rows(0, l.out_features).map(|st| all.append(&st)).is_some());
+    if fp8 {
         return Ok(MatWeights::Fp8(DeviceFp8::upload(gpu, &all)?));
     }
     let mut bits = vec![];
