@@ -141,9 +141,7 @@ impl Fp8Weights {
             let scales = self.row_scales(r);
             let n = out.len().min(cols - c);
             let (row, rest) = std::mem::take(&mut out).split_at_mut(n);
-            for (j, (o, &q)) in row.iter_mut().zip(&self.q[i..i + n]).enumerate() {
-                *o = E4M3[q as usize] * scales[(c + j) / BLOCK];
-            }
+            crate::model::cpu::dequant::fp8_row(crate::model::cpu::Simd::detect(), &self.q[i..i + n], scales, c, row);
             out = rest;
             i += n;
         }

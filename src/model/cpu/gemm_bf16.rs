@@ -92,11 +92,79 @@ where
                 // writes, all inside `y` (rows · out values).
                 #[cfg(target_arch = "x86_64")]
                 unsafe {
-                    x86::tile(n, packed, tile, x.pairs, y_ptr.at(t0 * out + n0), out, width)
+                    x86::tile::<false>(n, packed, tile, x.pairs, y_ptr.at(t0 * out + n0), out, width)
                 };
             }
         },
     );
+}
+
+/// [`gemm`] for weights that are not bf16 as stored (FP8: `e4m3 · scale`, with bf16 parts of
+/// the same projection beside them): `widen(o, row)` writes weight row `o` as f32. Each value
+/// `v` is split into two bf16 halves, `hi` (its leading 8 significant bits, truncated) and `lo`
+/// (the rest, `v − hi`, truncated to bf16), packed side by side in the thread's panel (the
+/// dequantisation happens there, a panel at a time in L2: never a widened copy of the matrix),
+/// and the kernel adds `hi·x` then `lo·x` per pair into one accumulator. Exact products for
+/// bf16 and f16 scales (an e4m3 value times one has at most 12 / 15 significant bits, so `lo`
+/// holds the rest exactly); f32 scales (Qwen3-Next's) keep 16 bits, 2^-16 relative.
+pub fn gemm_split<F>(x: &PackedTokens, k: usize, out: usize, widen: F, y: &mut [f32])
+where
+    F: Fn(usize, &mut [f32]) + Sync,
+{
+    assert!(available(), "the bf16 GEMM needs AVX512_BF16");
+    assert!(y.len() == x.rows * out && x.pairs == k.div_ceil(2));
+    let panels = out.div_ceil(PANEL);
+    let y_ptr = OutPtr(y.as_mut_ptr());
+    (0..panels).into_par_iter().for_each_init(
+        || (vec![0u32; x.pairs * PANEL * 2], vec![0f32; k]),
+        |(packed, wide), pi| {
+            let n0 = pi * PANEL;
+            let width = PANEL.min(out - n0);
+            pack_split_panel(&widen, n0, width, k, packed, wide);
+            for t0 in (0..x.rows).step_by(TILE) {
+                let n = TILE.min(x.rows - t0);
+                let tile = &x.data[t0 * x.pairs..(t0 + n) * x.pairs];
+                // SAFETY: as in `gemm`, with `packed` holding `pairs` lines of 64 values (the
+                // hi and lo halves of 32 features).
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    x86::tile::<true>(n, packed, tile, x.pairs, y_ptr.at(t0 * out + n0), out, width)
+                };
+            }
+        },
+    );
+}
+
+/// The two bf16 halves of `v` (see [`gemm_split`]).
+#[inline(always)]
+fn split(v: f32) -> (u16, u16) {
+    let top = v.to_bits() & 0xFFFF_0000;
+    ((top >> 16) as u16, ((v - f32::from_bits(top)).to_bits() >> 16) as u16)
+}
+
+/// [`pack_panel`] for [`gemm_split`]: pair `p` of feature `f` at `packed[p · 64 + f]` (hi) and
+/// `packed[p · 64 + 32 + f]` (lo).
+fn pack_split_panel(
+    widen: &impl Fn(usize, &mut [f32]),
+    n0: usize,
+    width: usize,
+    k: usize,
+    packed: &mut [u32],
+    wide: &mut [f32],
+) {
+    let pairs = k.div_ceil(2);
+    if width < PANEL {
+        packed.fill(0);
+    }
+    for f in 0..width {
+        widen(n0 + f, wide);
+        for p in 0..pairs {
+            let (h0, l0) = split(wide[2 * p]);
+            let (h1, l1) = if 2 * p + 1 < k { split(wide[2 * p + 1]) } else { (0, 0) };
+            packed[p * 2 * PANEL + f] = u32::from(h0) | (u32::from(h1) << 16);
+            packed[p * 2 * PANEL + PANEL + f] = u32::from(l0) | (u32::from(l1) << 16);
+        }
+    }
 }
 
 /// An output matrix's base pointer, shared by the tasks of a threaded GEMM (here and the AMX
@@ -160,7 +228,7 @@ mod x86 {
     /// AVX512_BF16; `panel` holds `pairs · 32` values, `tokens` `pairs · n`; `y` points at the
     /// tile's first output, rows `stride` apart, each with `width ≤ 32` writable values.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub unsafe fn tile(
+    pub unsafe fn tile<const SPLIT: bool>(
         n: usize,
         panel: &[u32],
         tokens: &[u32],
@@ -173,7 +241,7 @@ mod x86 {
             ($($r:literal),*) => {
                 match n {
                     // SAFETY: as this function's contract, for n = $r.
-                    $($r => unsafe { kernel::<$r>(panel, tokens, pairs, y, stride, width) },)*
+                    $($r => unsafe { kernel::<$r, SPLIT>(panel, tokens, pairs, y, stride, width) },)*
                     _ => unreachable!("tiles hold 1 to 12 tokens"),
                 }
             };
@@ -188,7 +256,7 @@ mod x86 {
     /// As [`tile`] with `n = R`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    unsafe fn kernel<const R: usize>(
+    unsafe fn kernel<const R: usize, const SPLIT: bool>(
         panel: &[u32],
         tokens: &[u32],
         pairs: usize,
@@ -196,7 +264,9 @@ mod x86 {
         stride: usize,
         width: usize,
     ) {
-        debug_assert!(panel.len() >= pairs * 32 && tokens.len() >= pairs * R);
+        // A split panel holds each pair's hi line of 32 features, then its lo line.
+        let line = if SPLIT { 64 } else { 32 };
+        debug_assert!(panel.len() >= pairs * line && tokens.len() >= pairs * R);
         let mut lo = [_mm512_setzero_ps(); R];
         let mut hi = [_mm512_setzero_ps(); R];
         let (pp, tp) = (panel.as_ptr(), tokens.as_ptr());
@@ -204,8 +274,18 @@ mod x86 {
         // p < pairs; the stores write `width` values of each of the R rows (the caller's contract).
         unsafe {
             for p in 0..pairs {
-                let w0: __m512bh = std::mem::transmute(_mm512_loadu_si512(pp.add(p * 32).cast()));
-                let w1: __m512bh = std::mem::transmute(_mm512_loadu_si512(pp.add(p * 32 + 16).cast()));
+                let w0: __m512bh = std::mem::transmute(_mm512_loadu_si512(pp.add(p * line).cast()));
+                let w1: __m512bh = std::mem::transmute(_mm512_loadu_si512(pp.add(p * line + 16).cast()));
+                if SPLIT {
+                    let w2: __m512bh = std::mem::transmute(_mm512_loadu_si512(pp.add(p * line + 32).cast()));
+                    let w3: __m512bh = std::mem::transmute(_mm512_loadu_si512(pp.add(p * line + 48).cast()));
+                    for r in 0..R {
+                        let x: __m512bh = std::mem::transmute(_mm512_set1_epi32(*tp.add(p * R + r) as i32));
+                        lo[r] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(lo[r], w0, x), w2, x);
+                        hi[r] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(hi[r], w1, x), w3, x);
+                    }
+                    continue;
+                }
                 for r in 0..R {
                     let x: __m512bh = std::mem::transmute(_mm512_set1_epi32(*tp.add(p * R + r) as i32));
                     lo[r] = _mm512_dpbf16_ps(lo[r], w0, x);
@@ -297,6 +377,67 @@ mod tests {
                     assert_eq!(y[r * out + o].to_bits(), want.to_bits(), "rows {rows} k {k} out {out}: y[{r}][{o}]");
                 }
             }
+        }
+    }
+    /// The split GEMM (FP8 weights at bf16): each output has the bits of the kernel's order over
+    /// the hi and lo halves (pair by pair, hi then lo), bf16 rows keep the plain GEMM's bits
+    /// (their lo halves are zero), and the result is the exact sum within f32 rounding: the
+    /// halves lose nothing of an e4m3 value times a bf16 scale.
+    #[test]
+    fn split_gemm_gives_its_reference_bits_and_the_exact_sum() {
+        if !available() {
+            eprintln!("no AVX512_BF16 on this CPU: the vdpbf16ps split GEMM is not exercised here");
+            return;
+        }
+        let f = crate::model::storage::bf16_to_f32;
+        let mut rng = Rng::new(23);
+        for &(rows, k, out) in &[(1usize, 2usize, 1usize), (12, 63, 33), (13, 130, 70), (40, 1024, 96), (25, 7, 5)] {
+            // FP8-like weights: an e4m3 value (nonzero codes, no NaN) times a bf16 block scale.
+            let scale = half::bf16::from_f32(1.7e-3).to_f32();
+            let wide: Vec<f32> = (0..out * k)
+                .map(|i| {
+                    let code = ((i * 73 + i / 3) % 0x7E + 1) as u8 | if i % 3 == 0 { 0x80 } else { 0 };
+                    crate::model::fp8::E4M3[code as usize] * scale
+                })
+                .collect();
+            let xb = bf16_values(&mut rng, rows * k, 2.0);
+            let xf: Vec<f32> = xb.iter().map(|&b| f(b)).collect();
+            let packed = PackedTokens::new(&xf, rows, k);
+            let mut y = vec![f32::NAN; rows * out];
+            gemm_split(&packed, k, out, |o, row| row.copy_from_slice(&wide[o * k..(o + 1) * k]), &mut y);
+            for r in 0..rows {
+                let x = &xb[r * k..(r + 1) * k];
+                for o in 0..out {
+                    let w = &wide[o * k..(o + 1) * k];
+                    let mut want = 0f32;
+                    for (p, xp) in x.chunks(2).enumerate() {
+                        let halves = |v: f32| split(v);
+                        let (h0, l0) = halves(w[2 * p]);
+                        let (h1, l1) = if xp.len() == 2 { halves(w[2 * p + 1]) } else { (0, 0) };
+                        let x1 = if xp.len() == 2 { f(xp[1]) } else { 0.0 };
+                        want += f(h1) * x1;
+                        want += f(h0) * f(xp[0]);
+                        want += f(l1) * x1;
+                        want += f(l0) * f(xp[0]);
+                    }
+                    let got = y[r * out + o];
+                    assert_eq!(got.to_bits(), want.to_bits(), "rows {rows} k {k} out {out}: y[{r}][{o}]");
+                    let exact: f64 = w.iter().zip(x).map(|(a, b)| f64::from(*a) * f64::from(f(*b))).sum();
+                    let mag: f64 = w.iter().zip(x).map(|(a, b)| (f64::from(*a) * f64::from(f(*b))).abs()).sum();
+                    assert!(
+                        (f64::from(got) - exact).abs() <= mag * 2.0 * k as f64 * f64::from(f32::EPSILON),
+                        "y[{r}][{o}] = {got}, exact {exact}"
+                    );
+                }
+            }
+            // bf16 rows through the split GEMM: the plain GEMM's bits.
+            let wb = bf16_values(&mut rng, out * k, 0.5);
+            let (mut plain, mut split_y) = (vec![f32::NAN; rows * out], vec![f32::NAN; rows * out]);
+            gemm(&packed, k, out, |o| &wb[o * k..(o + 1) * k], &mut plain);
+            let widen = |o: usize, row: &mut [f32]| row.iter_mut().zip(&wb[o * k..]).for_each(|(d, &b)| *d = f(b));
+            gemm_split(&packed, k, out, widen, &mut split_y);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&split_y), bits(&plain), "rows {rows} k {k} out {out}: bf16 rows split");
         }
     }
 }

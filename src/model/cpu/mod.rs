@@ -1,6 +1,6 @@
 //! The CPU side of the model's compute: the instruction sets the kernels dispatch on
 //! (`simd.rs`), the elementwise functions (`math.rs`), the f32 matrix, linear layers and
-//! precision policy (`tensor.rs`), the decode GEMV kernels (`gemv.rs`), the bf16 prefill GEMMs
+//! precision policy (`tensor.rs`), the decode GEMV kernels (`gemv.rs`), FP8 weights widened for the prefill's panels (`dequant.rs`), the bf16 prefill GEMMs
 //! (`gemm_bf16.rs`; AMX tiles in `amx.rs`), the flush of subnormals around the prefill's small
 //! products (`subnormal.rs`), the CPU's cores and the thread pool the layers run on
 //! (`threads.rs`), a forward pass with the pool's threads kept awake (`awake.rs`), and the
@@ -8,6 +8,7 @@
 
 pub mod amx;
 pub mod awake;
+pub mod dequant;
 pub mod gemm_bf16;
 pub mod gemv;
 pub mod heap;

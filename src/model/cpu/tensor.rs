@@ -290,6 +290,8 @@ impl Linear {
             self.gemm_amx_fp8(x)
         } else if prec == Precision::Bf16 && self.pairs == PairKernel::Dpbf16 && self.all_bf16() {
             self.gemm_bf16(x)?
+        } else if prec == Precision::Bf16 && self.pairs == PairKernel::Dpbf16 && self.fp8_with_bf16() {
+            self.gemm_bf16_fp8(x)
         } else {
             self.gemm(x)?
         };
@@ -440,6 +442,23 @@ impl Linear {
         let mut y = vec![0f32; x.rows * out];
         gemm_bf16::gemm(&packed, inp, out, |o| self.bf16_row(o), &mut y);
         Ok(Mat::from_vec(x.rows, out, y))
+    }
+
+    /// The prefill GEMM at bf16 for FP8 weights with `vdpbf16ps` ([`gemm_bf16::gemm_split`]):
+    /// each thread dequantises a panel of 32 rows and splits it into bf16 halves, as
+    /// [`Linear::gemm_amx_fp8`] does for the AMX tiles; bf16 parts keep [`Linear::gemm_bf16`]'s
+    /// bits.
+    fn gemm_bf16_fp8(&self, x: &Mat) -> Mat {
+        let (inp, out) = (self.in_features, self.out_features);
+        let packed = gemm_bf16::PackedTokens::new(&x.data, x.rows, inp);
+        let mut y = vec![0f32; x.rows * out];
+        let widen = |o: usize, row: &mut [f32]| {
+            if let Some((w, at, _)) = self.spans(o, 1).next() {
+                w.widen_to(at * inp, row);
+            }
+        };
+        gemm_bf16::gemm_split(&packed, inp, out, widen, &mut y);
+        Mat::from_vec(x.rows, out, y)
     }
 
     /// The prefill GEMM on AMX tiles ([`amx::gemm`]): each output has the bits the decode
@@ -636,11 +655,12 @@ mod tests {
         }
     }
 
-    /// FP8 prefill at bf16 where the CPU has AMX: two tile passes over the bf16 halves of each
-    /// dequantised weight give the product of the exact weights with the bf16 activations, to
-    /// f32 accumulation's rounding (1e-5 of the row's largest output; a pass over the leading
-    /// halves alone is off by ~2^-9). Where the CPU has no AMX the layer's own prefill (the f32
-    /// GEMM over widened panels, rounded to bf16) is checked against the same reference.
+    /// FP8 prefill at bf16 where the CPU has AMX or `vdpbf16ps`: the bf16 halves of each
+    /// dequantised weight (two tile passes; two `vdpbf16ps` a pair) give the product of the
+    /// exact weights with the bf16 activations, to f32 accumulation's rounding (1e-5 of the
+    /// row's largest output; the leading halves alone are off by ~2^-9). The layer's own
+    /// prefill at bf16 (whichever GEMM this CPU runs, rounded to bf16) is checked against the
+    /// same reference.
     #[test]
     fn fp8_prefill_at_bf16_is_the_product_of_the_dequantised_weights() {
         use crate::model::fp8::{Fp8Weights, quantize};
@@ -679,6 +699,9 @@ mod tests {
         };
         if lin.pairs == PairKernel::Amx {
             check(&lin.gemm_amx_fp8(&xm), 1e-5, "AMX halves");
+        }
+        if gemm_bf16::available() {
+            check(&lin.gemm_bf16_fp8(&xm), 1e-5, "vdpbf16ps halves");
         }
         check(&lin.forward(&xm, Precision::Bf16).unwrap(), 1.0 / 128.0, "the layer at bf16");
     }
