@@ -10,8 +10,8 @@ use deltascope::chat::{ChatTemplate, RenderOptions, TextTokenizer};
 use deltascope::engine::{DecodeSequence, GenerateRequest, Generator, ModelSequence, Outcome};
 use deltascope::generation::events::Memory;
 use deltascope::generation::{
-    Control, Diagnostic, DiagnosticKind, DoneEvent, EngineEvent, FinishReason, GenerationParams, LoopParams, Phase,
-    QWEN_BUDGET_BRIDGE, SamplingParams, StepControl, Thinking,
+    Control, Diagnostic, DiagnosticKind, DoneEvent, EngineEvent, FinishReason, GenerationParams, LoopParams, MtpMode,
+    OnLoop, Phase, QWEN_BUDGET_BRIDGE, SamplingParams, StepControl, Thinking,
 };
 use deltascope::model::{LoadOptions, Model, ModelSource, demo_source, read_config};
 use serde_json::json;
@@ -288,12 +288,114 @@ fn loop_alarm_and_auto_stop() {
     let c = cycle.clone();
     let params = GenerationParams {
         max_tokens: 300,
-        loop_detection: LoopParams { auto_stop: true, ..Default::default() },
+        loop_detection: LoopParams { on_loop: OnLoop::Stop, ..Default::default() },
         ..Default::default()
     };
     let (out, _) = run(&tok, vec![5], params, &no_cancel(), move |g| onehot(c[g.len() % c.len()]));
     assert_eq!(out.finish_reason, FinishReason::Loop);
     assert!(out.tokens.len() < 80, "stopped early: {}", out.tokens.len());
+}
+
+/// A model that loops in thinking until the end of thinking is forced, then answers (or, with
+/// `answer_loops`, loops in the answer too).
+fn looping_thinker(tok: &TextTokenizer, answer_loops: bool) -> impl FnMut(&[u32]) -> Vec<f32> + Send + 'static {
+    let cycle = tok.encode("2 + 2 = 2.").unwrap();
+    let answer = tok.encode("The answer is 4.").unwrap();
+    let (think_end, im_end) = (tok.specials.think_end.unwrap(), tok.specials.im_end.unwrap());
+    move |g: &[u32]| match g.iter().position(|&t| t == think_end) {
+        None => onehot(cycle[g.len() % cycle.len()]),
+        Some(at) if answer_loops => onehot(cycle[(g.len() - at) % cycle.len()]),
+        Some(at) => onehot(*answer.get(g.len() - at - 1).unwrap_or(&im_end)),
+    }
+}
+
+/// `--on-loop answer`: a loop in thinking forces the end of thinking (bridge, `</think>`) and the
+/// model answers; `loop_rescued` says where the loop began and how long it held. Without the
+/// rescue the answer is empty (thinking ate max_tokens).
+#[test]
+fn a_loop_in_thinking_is_rescued_and_the_model_answers() {
+    let tok = tokenizer();
+    let cycle_len = tok.encode("2 + 2 = 2.").unwrap().len();
+    let off = GenerationParams { max_tokens: 300, ..Default::default() };
+    let (out, _) = run(&tok, thinking_prompt(&tok), off.clone(), &no_cancel(), looping_thinker(&tok, false));
+    assert_eq!(out.finish_reason, FinishReason::Length);
+    assert!(out.answer.is_empty(), "without the rescue the answer is empty: {:?}", out.answer);
+
+    let rescue = GenerationParams {
+        loop_detection: LoopParams { on_loop: OnLoop::Answer, ..Default::default() },
+        ..off.clone()
+    };
+    let (out, events) = run(&tok, thinking_prompt(&tok), rescue.clone(), &no_cancel(), looping_thinker(&tok, false));
+    assert_eq!(out.finish_reason, FinishReason::Stop);
+    assert_eq!(out.answer.trim(), "The answer is 4.");
+    let d = diagnostics(&events);
+    let kinds: Vec<DiagnosticKind> = d.iter().map(|x| x.0).collect();
+    assert_eq!(kinds, [DiagnosticKind::DegenerateLoop, DiagnosticKind::LoopRescued], "{d:?}");
+    let (alarm_at, rescued_at) = (d[0].1, d[1].1);
+    assert!(rescued_at == alarm_at + 1, "forced right after the alarm: {d:?}");
+    let message = &d[1].2;
+    let bridge = tok.encode(QWEN_BUDGET_BRIDGE).unwrap().len() + 1;
+    assert!(message.contains(&format!("a {cycle_len}-token pattern repeating from token 0")), "{message}");
+    assert!(message.contains(&format!("held {rescued_at} tokens of thinking")), "{message}");
+    assert!(message.contains(&format!("({bridge} tokens: bridge text, </think>)")), "{message}");
+    let rescued = events.iter().find_map(|e| match e {
+        EngineEvent::Diagnostic(x) if x.kind == DiagnosticKind::LoopRescued => Some(x.clone()),
+        _ => None,
+    });
+    assert_eq!(rescued.map(|x| (x.period, x.start)), Some((Some(cycle_len), Some(0))));
+    // The forced tokens are counted as forced, the answer as answer.
+    assert_eq!(out.usage.forced_tokens, bridge);
+    assert_eq!(out.forced.iter().filter(|f| **f).count(), bridge);
+
+    // A loop in the answer under `answer` stops, as `stop` does.
+    let (out, events) = run(&tok, thinking_prompt(&tok), rescue, &no_cancel(), looping_thinker(&tok, true));
+    assert_eq!(out.finish_reason, FinishReason::Loop);
+    let kinds: Vec<DiagnosticKind> = diagnostics(&events).iter().map(|x| x.0).collect();
+    assert_eq!(
+        kinds,
+        [DiagnosticKind::DegenerateLoop, DiagnosticKind::LoopRescued, DiagnosticKind::DegenerateLoop],
+        "the answer's loop is detected afresh"
+    );
+    assert!(!out.answer.is_empty());
+}
+
+/// The user's "end thinking now" (the TUI's key) forces the end of thinking on the next token,
+/// with the loop alarm's place when one fired.
+#[test]
+fn ending_thinking_by_hand_forces_the_bridge() {
+    struct EndAt(AtomicUsize, usize, StepControl);
+    impl Control for EndAt {
+        fn proceed(&self) -> bool {
+            if self.0.fetch_add(1, Ordering::SeqCst) == self.1 {
+                self.2.end_thinking();
+            }
+            true
+        }
+        fn end_thinking_requested(&self) -> bool {
+            self.2.end_thinking_requested()
+        }
+    }
+    let tok = tokenizer();
+    let params = GenerationParams { max_tokens: 300, ..Default::default() };
+    // Before any loop: after 10 thinking tokens (proceed is asked before the prefill too).
+    let control = EndAt(AtomicUsize::new(0), 11, StepControl::default());
+    let (out, events) = run(&tok, thinking_prompt(&tok), params.clone(), &control, looping_thinker(&tok, false));
+    assert_eq!(out.finish_reason, FinishReason::Stop);
+    assert_eq!(out.answer.trim(), "The answer is 4.");
+    let d = diagnostics(&events);
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!((d[0].0, d[0].1), (DiagnosticKind::LoopRescued, 10));
+    assert!(d[0].2.contains("on the user's request after 10 thinking tokens"), "{}", d[0].2);
+    // After the alarm (the alarm only): the rescue names the loop.
+    let control = EndAt(AtomicUsize::new(0), 120, StepControl::default());
+    let (out, events) = run(&tok, thinking_prompt(&tok), params, &control, looping_thinker(&tok, false));
+    assert_eq!(out.answer.trim(), "The answer is 4.");
+    let d = diagnostics(&events);
+    assert_eq!(
+        d.iter().map(|x| x.0).collect::<Vec<_>>(),
+        [DiagnosticKind::DegenerateLoop, DiagnosticKind::LoopRescued]
+    );
+    assert!(d[1].2.contains("loop rescued (on the user's request)"), "{}", d[1].2);
 }
 
 #[test]
@@ -487,6 +589,48 @@ fn demo_budget_forcing_still_answers() {
     let phases: Vec<Phase> =
         ev.iter().filter_map(|e| if let EngineEvent::Token(t) = e { Some(t.phase) } else { None }).collect();
     assert_eq!(*phases.last().unwrap(), Phase::Answer);
+}
+
+/// The shipped `degenerate-loop` session's settings (repetition penalty 0.5, greedy,
+/// max_tokens 200): the demo's thinking falls into a loop that eats max_tokens, so the answer
+/// is empty. With `--on-loop answer` the loop is rescued and the model answers — with MTP
+/// drafting (the session's depth 2) and without.
+#[test]
+fn demo_loop_is_rescued_at_the_degenerate_loop_sessions_settings() {
+    let (m, tok, tpl) = demo();
+    let p = demo_prompt(&tok, &tpl, "What is 482 + 739?", true);
+    for mtp in [MtpMode::Off, MtpMode::fixed(2)] {
+        let params = |on_loop| GenerationParams {
+            max_tokens: 200,
+            sampling: SamplingParams { temperature: 0.0, repetition_penalty: 0.5, ..Default::default() },
+            loop_detection: LoopParams { on_loop, ..Default::default() },
+            mtp,
+            ..Default::default()
+        };
+        let (out, ev) = demo_run(&m, &tok, p.clone(), params(OnLoop::Off));
+        let kinds: Vec<DiagnosticKind> = diagnostics(&ev).iter().map(|d| d.0).collect();
+        assert_eq!(out.finish_reason, FinishReason::Length, "{mtp:?}");
+        assert!(out.answer.trim().is_empty(), "{mtp:?}: without the rescue the loop eats the answer: {:?}", out.answer);
+        assert_eq!(kinds, [DiagnosticKind::DegenerateLoop, DiagnosticKind::ThinkingExhaustedMaxTokens], "{mtp:?}");
+
+        let (out, ev) = demo_run(&m, &tok, p.clone(), params(OnLoop::Answer));
+        let d = diagnostics(&ev);
+        let kinds: Vec<DiagnosticKind> = d.iter().map(|d| d.0).collect();
+        assert_eq!(out.finish_reason, FinishReason::Stop, "{mtp:?}: {d:?}");
+        assert!(!out.answer.trim().is_empty(), "{mtp:?}: the rescued run answers: {out:?}");
+        assert_eq!(kinds, [DiagnosticKind::DegenerateLoop, DiagnosticKind::LoopRescued], "{mtp:?}");
+        assert!(d[1].2.contains("the engine forced the end of thinking"), "{}", d[1].2);
+        // Forced right after the alarm; the forced block is the bridge and `</think>`.
+        assert_eq!(d[1].1, d[0].1 + 1, "{mtp:?}: {d:?}");
+        let bridge = tok.encode(QWEN_BUDGET_BRIDGE).unwrap().len() + 1;
+        assert_eq!(out.usage.forced_tokens, bridge, "{mtp:?}");
+        eprintln!(
+            "{mtp:?}: {} thinking, rescued at {}, answer {:?}",
+            out.usage.thinking_tokens,
+            d[1].1,
+            out.answer.trim()
+        );
+    }
 }
 
 /// Step mode can hold a request before its prompt is read: the wait counts in TTFT (the user

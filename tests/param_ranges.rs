@@ -194,6 +194,7 @@ fn info() -> BackendInfo {
         weights_bytes: None,
         defaults: SamplingParams::default(),
         step: Support::Yes,
+        end_thinking: Support::Yes,
         provenance: Support::Yes,
         mtp_control: Support::Yes,
         continuation: Support::Yes,
@@ -205,7 +206,7 @@ fn info() -> BackendInfo {
 fn cli(f: &Field, text: &str) -> bool {
     let arg = format!("{}={text}", f.flag);
     match Flags::try_parse_from(["deltascope", arg.as_str()]) {
-        Ok(flags) => flags.gen_args.overrides().resolve(&info()).is_ok(),
+        Ok(flags) => flags.gen_args.overrides().is_ok_and(|o| o.resolve(&info()).is_ok()),
         Err(_) => false,
     }
 }
@@ -304,6 +305,7 @@ fn refusals_name_the_field_in_every_front_end() {
         .unwrap()
         .gen_args
         .overrides()
+        .unwrap()
         .resolve(&info())
         .unwrap_err()
         .to_string();

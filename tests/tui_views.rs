@@ -175,6 +175,42 @@ fn loop_banner_highlights_the_loop() {
     snap("loop", screen);
 }
 
+/// While a loop runs in thinking the banner offers the rescue key; the key asks the generation
+/// to end thinking; the rescue's own banner and the gauge's ↻ follow the `loop_rescued`
+/// diagnostic.
+#[test]
+fn loop_banner_offers_the_rescue_while_thinking() {
+    let mut app = app();
+    let p = params(256, None);
+    ask(&mut app, "2 + 2", 0.0);
+    engine(&mut app, start(12, &p), 1.0);
+    for i in 0..60 {
+        let piece = ["2 + 2", " = 2.", "2"][i % 3];
+        engine(&mut app, token(i, Phase::Thinking, piece, -0.01, DraftKind::None, false), 2.0 + i as f64);
+    }
+    engine(&mut app, diag(DiagnosticKind::DegenerateLoop, 59, "a 3-token pattern repeats", Some((3, 0))), 62.0);
+    let screen = render(&mut app, W, H);
+    assert!(screen.contains("[Alt+E] end thinking now"), "{screen}");
+    app.take_effects();
+    key(&mut app, KeyCode::Char('e'), KeyModifiers::ALT, 63.0);
+    assert!(app.take_effects().iter().any(|e| matches!(e, Effect::EndThinking)), "the key ends thinking");
+    engine(
+        &mut app,
+        diag(DiagnosticKind::LoopRescued, 60, "loop rescued (on the user's request): a 3-token pattern", Some((3, 0))),
+        64.0,
+    );
+    engine(&mut app, token(60, Phase::Thinking, "Considering the limited time…", 0.0, DraftKind::None, true), 64.0);
+    engine(&mut app, token(61, Phase::Thinking, "</think>", 0.0, DraftKind::None, true), 64.0);
+    engine(&mut app, token(62, Phase::Answer, "4", -0.1, DraftKind::None, false), 65.0);
+    let screen = render(&mut app, W, H);
+    assert!(screen.contains("LOOP RESCUED"), "{screen}");
+    assert!(!screen.contains("end thinking now"), "no rescue offered once rescued and answering: {screen}");
+    assert!(screen.contains("loop from token 0 rescued"), "the gauge shows the rescue: {screen}");
+    // Outside thinking the key says so and asks nothing.
+    key(&mut app, KeyCode::Char('e'), KeyModifiers::ALT, 66.0);
+    assert!(app.take_effects().iter().all(|e| !matches!(e, Effect::EndThinking)));
+}
+
 /// A turn whose thinking budget (8) ran out: 8 thinking tokens, 2 forced (the bridge and
 /// `</think>`), a one-token answer, streamed but not done.
 fn stream_forced_turn(app: &mut deltascope::tui::app::App) {

@@ -225,6 +225,7 @@ fn describe(l: &Loaded) -> BackendInfo {
         weights_bytes: Some(l.model.weight_bytes()),
         defaults: l.generation_defaults.clone(),
         step: Support::Yes,
+        end_thinking: Support::Yes,
         provenance: Support::Yes,
         mtp_control: Support::Yes,
         continuation: Support::Yes,

@@ -131,6 +131,8 @@ pub struct BackendInfo {
     pub defaults: SamplingParams,
     /// Step mode (pause / one token at a time).
     pub step: Support,
+    /// Ending thinking on request (the TUI's rescue key), and `--on-loop answer`.
+    pub end_thinking: Support,
     /// Per-token MTP provenance (accepted draft / bonus).
     pub provenance: Support,
     /// Whether `--mtp` / the MTP slider change anything (the server decides for itself).

@@ -3,7 +3,7 @@
 //! the preset, then the backend's defaults (generation_config.json, or the server's own).
 
 use super::{BackendError, BackendInfo, BackendResult};
-use crate::generation::{GenerationParams, LoopParams, MtpMode, Preset, QWEN_BUDGET_BRIDGE, Thinking};
+use crate::generation::{GenerationParams, LoopParams, MtpMode, OnLoop, Preset, QWEN_BUDGET_BRIDGE, Thinking};
 
 /// The generation settings a user asked for; `None` means "the backend's default".
 #[derive(Debug, Clone, PartialEq)]
@@ -26,7 +26,8 @@ pub struct ParamOverrides {
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     pub trace_state: bool,
-    pub loop_stop: bool,
+    /// What a detected loop does (`--on-loop`).
+    pub on_loop: OnLoop,
     pub loop_min_repeats: usize,
     pub loop_min_span: usize,
     pub top_logprobs: usize,
@@ -53,7 +54,7 @@ impl Default for ParamOverrides {
             stop_token_ids: vec![],
             ignore_eos: false,
             trace_state: false,
-            loop_stop: false,
+            on_loop: OnLoop::Off,
             loop_min_repeats: 4,
             loop_min_span: 48,
             top_logprobs: 0,
@@ -105,7 +106,7 @@ impl ParamOverrides {
             loop_detection: LoopParams {
                 min_repeats: self.loop_min_repeats,
                 min_span: self.loop_min_span,
-                auto_stop: self.loop_stop,
+                on_loop: self.on_loop,
                 ..Default::default()
             },
             top_logprobs: self.top_logprobs,

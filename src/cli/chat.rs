@@ -77,7 +77,7 @@ pub fn run(a: ChatArgs) -> anyhow::Result<()> {
     tui::run(TuiOptions {
         reference,
         backend: a.model.spec()?,
-        generation: a.generation.overrides(),
+        generation: a.generation.overrides()?,
         system: a.system,
         no_think: a.no_think,
         theme: a.theme,

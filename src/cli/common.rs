@@ -14,7 +14,7 @@ use crate::backend::{
     ReasoningSplit, RemoteSpec, Role,
     local::{Loaded, LocalSpec},
 };
-use crate::generation::{MtpMode, Preset, Thinking};
+use crate::generation::{MtpMode, OnLoop, Preset, Thinking};
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
@@ -235,8 +235,16 @@ pub struct GenArgs {
     /// prompt and every token: `state` events (the in-process engine only; drafting off).
     #[arg(long)]
     pub trace_state: bool,
-    /// Stop generation when a degenerate loop is detected (finish_reason loop).
-    #[arg(long)]
+    /// What a detected degenerate loop does: `off` (the alarm only), `stop` (finish_reason
+    /// loop), or `answer`: a loop during thinking forces the end of thinking (the bridge text,
+    /// `</think>`) so that the model answers (a loop_rescued diagnostic); a loop in the answer
+    /// stops. With --server it is done client-side (needs the chat template: the server's own
+    /// or --tokenizer DIR).
+    /// (`sweep` takes a list, e.g. `--on-loop off,answer`, and compares them.)
+    #[arg(long, value_name = "off|stop|answer", default_value = "off", value_delimiter = ',', value_parser = on_loop)]
+    pub on_loop: Vec<OnLoop>,
+    /// The same as --on-loop stop (kept for scripts written before --on-loop).
+    #[arg(long, hide = true, conflicts_with = "on_loop")]
     pub loop_stop: bool,
     /// Copies of a repeating pattern that count as a loop.
     #[arg(long, default_value_t = 4, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
@@ -275,8 +283,20 @@ impl From<PresetArg> for Preset {
 }
 
 impl GenArgs {
-    /// The flags as plain data, resolved later against the backend.
-    pub fn overrides(&self) -> ParamOverrides {
+    /// The flags as plain data, resolved later against the backend; one `--on-loop` value
+    /// (a list is for `sweep`).
+    pub fn overrides(&self) -> anyhow::Result<ParamOverrides> {
+        let [on_loop] = self.on_loop[..] else {
+            anyhow::bail!(
+                "--on-loop takes one value here ({} given); `deltascope sweep --on-loop off,answer` compares several",
+                self.on_loop.len()
+            );
+        };
+        Ok(self.overrides_with(on_loop))
+    }
+
+    /// [`GenArgs::overrides`] with this `--on-loop` value (`sweep` runs each of its list).
+    pub fn overrides_with(&self, on_loop: OnLoop) -> ParamOverrides {
         ParamOverrides {
             max_tokens: self.max_tokens,
             thinking_budget: self.thinking_budget,
@@ -295,7 +315,7 @@ impl GenArgs {
             stop_token_ids: self.stop_token_id.clone(),
             ignore_eos: self.ignore_eos,
             trace_state: self.trace_state,
-            loop_stop: self.loop_stop,
+            on_loop: if self.loop_stop { OnLoop::Stop } else { on_loop },
             loop_min_repeats: self.loop_min_repeats,
             loop_min_span: self.loop_min_span,
             top_logprobs: self.top_logprobs,
@@ -396,6 +416,11 @@ pub fn float32(s: &str) -> Result<f32, String> {
         return Err(format!("{s} is beyond the range of a 32-bit float (±3.4e38)"));
     }
     Ok(v as f32)
+}
+
+/// `--on-loop`: off, stop or answer.
+pub fn on_loop(s: &str) -> Result<OnLoop, String> {
+    s.parse()
 }
 
 pub fn whole_number(s: &str) -> Result<usize, String> {

@@ -53,7 +53,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
     };
     let prompt = common::prompt(text.as_deref(), a.prompt_ids.as_deref(), &a.prompt_opts)?;
     let backend = common::open(&a.model)?;
-    let overrides = a.generation.overrides().without_thinking_if(a.prompt_opts.no_think);
+    let overrides = a.generation.overrides()?.without_thinking_if(a.prompt_opts.no_think);
     let request = ChatRequest { prompt, params: overrides.resolve(backend.info())? };
     // Human output says which sampling runs when no flag chose it (the JSON start event
     // carries the parameters themselves).

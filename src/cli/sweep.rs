@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::common::{self, GenArgs, ModelArgs, PromptArgs};
 use super::interrupt::Interrupt;
 use crate::backend::{Backend, ChatRequest, Prompt};
-use crate::generation::{DiagnosticKind, EngineEvent, ErrorKind, FinishReason};
+use crate::generation::{DiagnosticKind, EngineEvent, ErrorKind, FinishReason, OnLoop};
 
 #[derive(Args, Debug)]
 pub struct SweepArgs {
@@ -54,6 +54,10 @@ pub struct SweepArgs {
 #[derive(Debug, Clone, Serialize)]
 pub struct SweepRun {
     pub budget: i64,
+    /// What a loop did in this run (`--on-loop`; several values compare them).
+    pub on_loop: OnLoop,
+    /// A loop in thinking was rescued (the end of thinking forced, the model answered).
+    pub rescued: bool,
     pub seed: u64,
     /// Generated thinking tokens (the forced ones are counted apart).
     pub thinking_tokens: usize,
@@ -75,12 +79,17 @@ pub struct SweepRun {
 #[derive(Debug, Clone, Serialize)]
 pub struct SweepSummary {
     pub budget: i64,
+    pub on_loop: OnLoop,
     pub runs: usize,
     pub mean_thinking_tokens: f64,
     pub mean_forced_tokens: f64,
     pub mean_answer_tokens: f64,
     /// Runs whose thinking the budget ended.
     pub forced: usize,
+    /// Runs whose looping thinking was rescued.
+    pub rescued: usize,
+    /// Runs that ended with an answer (not empty).
+    pub answered: usize,
     pub accuracy: Option<f64>,
 }
 
@@ -115,11 +124,18 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
     let prompt = common::prompt(Some(&text), None, &a.prompt_opts)?;
     let backend = common::open(&a.model)?;
     let interrupt = Interrupt::install()?;
-    let planned = a.thinking_budgets.len() * a.repeat as usize;
+    let on_loops = a.generation.on_loop.clone();
+    if let Some((i, o)) = on_loops.iter().enumerate().find(|(i, o)| on_loops[..*i].contains(o)) {
+        anyhow::bail!("--on-loop: {o} is listed twice (entry {}): each value once", i + 1);
+    }
+    let planned = on_loops.len() * a.thinking_budgets.len() * a.repeat as usize;
     let runs = collect_runs(&a, backend.as_ref(), &prompt, check.as_ref(), &interrupt)?;
     // Budgets with no finished run (an interrupted sweep) have nothing to summarise.
-    let summary: Vec<SweepSummary> =
-        a.thinking_budgets.iter().filter_map(|&b| summarise(b, &runs, check.is_some())).collect();
+    let summary: Vec<SweepSummary> = on_loops
+        .iter()
+        .flat_map(|&o| a.thinking_budgets.iter().map(move |&b| (o, b)))
+        .filter_map(|(o, b)| summarise(b, o, &runs, check.is_some()))
+        .collect();
     let stopped = interrupt.interrupted().then(|| {
         serde_json::json!({"signal": interrupt.signal_name(), "completed_runs": runs.len(), "planned_runs": planned})
     });
@@ -131,7 +147,13 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
         }
         writeln!(out, "{v}")?;
     } else {
-        print_table(&mut out, &runs, &summary, a.repeat > 1 || check.is_some())?;
+        print_table(
+            &mut out,
+            &runs,
+            &summary,
+            a.repeat > 1 || check.is_some() || on_loops.len() > 1,
+            on_loops.len() > 1,
+        )?;
     }
     let mut err = std::io::stderr().lock();
     if let Some(path) = &a.plot {
@@ -154,12 +176,13 @@ fn collect_runs(
 ) -> anyhow::Result<Vec<SweepRun>> {
     let mut runs = vec![];
     let mut err = std::io::stderr().lock();
-    for &budget in &a.thinking_budgets {
+    for (&on_loop, &budget) in a.generation.on_loop.iter().flat_map(|o| a.thinking_budgets.iter().map(move |b| (o, b)))
+    {
         for r in 0..a.repeat {
             if interrupt.interrupted() {
                 return Ok(runs);
             }
-            let mut g = a.generation.overrides();
+            let mut g = a.generation.overrides_with(on_loop);
             g.thinking_budget =
                 Some(budget.to_string().parse().map_err(|e| anyhow::anyhow!("--thinking-budgets: {e}"))?);
             g.seed = a.generation.seed + r;
@@ -168,16 +191,19 @@ fn collect_runs(
             let generation = backend.start(request)?;
             let control = generation.control();
             interrupt.on_signal(move || control.cancel());
-            let mut budget_forced = false;
+            let (mut budget_forced, mut rescued) = (false, false);
             let end = generation.for_each(|ev| {
                 if let EngineEvent::Diagnostic(d) = ev {
                     budget_forced |= d.kind == DiagnosticKind::ThinkingBudgetForced;
+                    rescued |= d.kind == DiagnosticKind::LoopRescued;
                 }
             });
             let run = match end {
                 EngineEvent::Done(d) if d.finish_reason == FinishReason::Cancelled => return Ok(runs),
                 EngineEvent::Done(d) => SweepRun {
                     budget,
+                    on_loop,
+                    rescued,
                     seed: g.seed,
                     thinking_tokens: d.usage.thinking_tokens,
                     forced_tokens: d.usage.forced_tokens,
@@ -196,13 +222,15 @@ fn collect_runs(
             if !a.json {
                 writeln!(
                     err,
-                    "budget {:>5} seed {:>3}: {} thinking, {} forced, {} answer tokens, {}",
+                    "budget {:>5} seed {:>3}{}: {} thinking, {} forced, {} answer tokens, {}{}",
                     budget_label(budget),
                     run.seed,
+                    if a.generation.on_loop.len() > 1 { format!(" on-loop {on_loop:<6}") } else { String::new() },
                     run.thinking_tokens,
                     run.forced_tokens,
                     run.answer_tokens,
-                    run.finish_reason.as_str()
+                    run.finish_reason.as_str(),
+                    if run.rescued { " (loop rescued)" } else { "" }
                 )?;
             }
             runs.push(run);
@@ -211,34 +239,50 @@ fn collect_runs(
     Ok(runs)
 }
 
-/// The mean of one budget's finished runs; `None` when none finished.
-fn summarise(budget: i64, runs: &[SweepRun], checked: bool) -> Option<SweepSummary> {
-    let rs: Vec<&SweepRun> = runs.iter().filter(|r| r.budget == budget).collect();
+/// The mean of one budget's finished runs under one `--on-loop`; `None` when none finished.
+fn summarise(budget: i64, on_loop: OnLoop, runs: &[SweepRun], checked: bool) -> Option<SweepSummary> {
+    let rs: Vec<&SweepRun> = runs.iter().filter(|r| r.budget == budget && r.on_loop == on_loop).collect();
     if rs.is_empty() {
         return None;
     }
     let n = rs.len() as f64;
     Some(SweepSummary {
         budget,
+        on_loop,
         runs: rs.len(),
         mean_thinking_tokens: rs.iter().map(|r| r.thinking_tokens as f64).sum::<f64>() / n,
         mean_forced_tokens: rs.iter().map(|r| r.forced_tokens as f64).sum::<f64>() / n,
         mean_answer_tokens: rs.iter().map(|r| r.answer_tokens as f64).sum::<f64>() / n,
         forced: rs.iter().filter(|r| r.forced).count(),
+        rescued: rs.iter().filter(|r| r.rescued).count(),
+        answered: rs.iter().filter(|r| !r.answer.trim().is_empty()).count(),
         accuracy: checked.then(|| rs.iter().filter(|r| r.correct == Some(true)).count() as f64 / n),
     })
 }
 
+/// The runs, then (with `with_summary`) one row per budget; `loops` adds the `--on-loop` value,
+/// whether a loop was rescued, and how many runs answered (when several values are compared).
 fn print_table(
     out: &mut impl Write,
     runs: &[SweepRun],
     summary: &[SweepSummary],
     with_summary: bool,
+    loops: bool,
 ) -> std::io::Result<()> {
+    let lead = |o: OnLoop| if loops { format!("{:>7} ", o.name()) } else { String::new() };
+    let lead_head = if loops { format!("{:>7} ", "on-loop") } else { String::new() };
     writeln!(
         out,
-        "{:>6} {:>5} {:>9} {:>7} {:>12} {:>6} {:>8} {:>8}",
-        "budget", "seed", "thinking", "answer", "finish", "forced", "correct", "tok/s"
+        "{lead_head}{:>6} {:>5} {:>9} {:>7} {:>12} {:>6} {:>8} {:>8}{}",
+        "budget",
+        "seed",
+        "thinking",
+        "answer",
+        "finish",
+        "forced",
+        "correct",
+        "tok/s",
+        if loops { "  rescued" } else { "" }
     )?;
     for r in runs {
         let correct = match r.correct {
@@ -248,7 +292,8 @@ fn print_table(
         };
         writeln!(
             out,
-            "{:>6} {:>5} {:>9} {:>7} {:>12} {:>6} {:>8} {:>8.1}",
+            "{}{:>6} {:>5} {:>9} {:>7} {:>12} {:>6} {:>8} {:>8.1}{}",
+            lead(r.on_loop),
             budget_label(r.budget),
             r.seed,
             r.thinking_tokens,
@@ -256,28 +301,42 @@ fn print_table(
             r.finish_reason.as_str(),
             forced_cell(r),
             correct,
-            r.decode_tok_s
+            r.decode_tok_s,
+            match (loops, r.rescued) {
+                (false, _) => "",
+                (true, true) => "  yes",
+                (true, false) => "  -",
+            }
         )?;
     }
     if with_summary {
         writeln!(out)?;
         writeln!(
             out,
-            "{:>6} {:>5} {:>14} {:>12} {:>12} {:>6} {:>9}",
-            "budget", "runs", "mean thinking", "mean forced", "mean answer", "forced", "accuracy"
+            "{lead_head}{:>6} {:>5} {:>14} {:>12} {:>12} {:>6} {:>9}{}",
+            "budget",
+            "runs",
+            "mean thinking",
+            "mean forced",
+            "mean answer",
+            "forced",
+            "accuracy",
+            if loops { format!(" {:>8} {:>9}", "rescued", "answered") } else { String::new() }
         )?;
         for s in summary {
             let acc = s.accuracy.map(|x| format!("{:.0}%", x * 100.0)).unwrap_or_else(|| "-".into());
             writeln!(
                 out,
-                "{:>6} {:>5} {:>14.1} {:>12.1} {:>12.1} {:>6} {:>9}",
+                "{}{:>6} {:>5} {:>14.1} {:>12.1} {:>12.1} {:>6} {:>9}{}",
+                lead(s.on_loop),
                 budget_label(s.budget),
                 s.runs,
                 s.mean_thinking_tokens,
                 s.mean_forced_tokens,
                 s.mean_answer_tokens,
                 s.forced,
-                acc
+                acc,
+                if loops { format!(" {:>8} {:>9}", s.rescued, s.answered) } else { String::new() }
             )?;
         }
     }
@@ -345,6 +404,8 @@ pub fn plot_svg(prompt: &str, summary: &[SweepSummary]) -> String {
         top + ph / 2.0,
         top + ph / 2.0
     );
+    // Several --on-loop values: each bar says which.
+    let loops = summary.iter().any(|x| x.on_loop != summary[0].on_loop);
     let mut points = vec![];
     for (i, sm) in summary.iter().enumerate() {
         let x = left + slot * i as f64 + slot * 0.25;
@@ -375,7 +436,7 @@ pub fn plot_svg(prompt: &str, summary: &[SweepSummary]) -> String {
             r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#333">{}</text>"##,
             x + bw / 2.0,
             top + ph + 18.0,
-            budget_label(sm.budget)
+            if loops { format!("{} · {}", budget_label(sm.budget), sm.on_loop) } else { budget_label(sm.budget) }
         );
         if let Some(acc) = sm.accuracy {
             points.push((x + bw / 2.0, top + ph - acc * ph, acc));

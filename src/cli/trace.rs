@@ -126,7 +126,7 @@ pub fn run(a: TraceArgs) -> anyhow::Result<()> {
     }
     let prompt = common::prompt(Some(text), None, &a.prompt_opts)?;
     let backend = common::open(&a.model)?;
-    let mut overrides = a.generation.overrides().without_thinking_if(a.prompt_opts.no_think);
+    let mut overrides = a.generation.overrides()?.without_thinking_if(a.prompt_opts.no_think);
     overrides.trace_state = true;
     let request = ChatRequest { prompt, params: overrides.resolve(backend.info())? };
     let interrupt = Interrupt::install()?;

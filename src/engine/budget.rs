@@ -1,5 +1,7 @@
-//! The forced end of thinking when the thinking budget is spent: the bridge text and `</think>`
-//! (what llama.cpp and vLLM force too); the model writes what follows, the blank line included.
+//! The forced end of thinking when the thinking budget is spent, or when a loop in thinking is
+//! rescued (`--on-loop answer`, or the user's key): the bridge text and `</think>` (what
+//! llama.cpp and vLLM force for a budget); the model writes what follows, the blank line
+//! included.
 
 use super::generate::{Generator, Run};
 use super::sequence::DecodeSequence;
@@ -37,7 +39,7 @@ impl ForcedClose {
     ) -> Result<Rounds> {
         let block = &self.ids[..self.ids.len().min(run.tally.room())];
         let at = run.tokens.len();
-        run.tally.budget_forced("the engine", Some(self.ids.len()), run.emit);
+        run.tally.forced_close("the engine", Some(self.ids.len()), run.emit);
         for &id in block {
             if let Verdict::Finish(f) = g.append(run, req, id, true, logits, DraftKind::None) {
                 return Ok(Rounds::Finished(f));

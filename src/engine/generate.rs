@@ -290,9 +290,13 @@ impl Generator<'_> {
             if !control.proceed() {
                 return Ok(FinishReason::Cancelled);
             }
-            // The thinking budget: once spent, force the end of thinking — after completing a
-            // UTF-8 character the model is in the middle of (at most 4 more tokens).
-            if run.tally.budget_spent() {
+            if control.end_thinking_requested() {
+                run.tally.request_end_of_thinking();
+            }
+            // The thinking budget (once spent) or a loop's rescue: force the end of thinking —
+            // after completing a UTF-8 character the model is in the middle of (at most 4 more
+            // tokens).
+            if run.tally.budget_spent() || run.tally.rescue_due() {
                 if run.decoder.has_pending() && utf8_grace < 4 {
                     utf8_grace += 1;
                 } else {

@@ -159,8 +159,12 @@ impl Generator<'_> {
                 return Ok(Rounds::Finished(f));
             }
             x = next.unwrap_or_else(|| unreachable!("a verify pass always yields a token or a finish"));
-            // Where the engine must force next (the thinking budget just ran out), hand back.
-            if run.tally.budget_spent() {
+            if control.end_thinking_requested() {
+                run.tally.request_end_of_thinking();
+            }
+            // Where the engine must force next (the thinking budget just ran out, or a loop in
+            // thinking is to be rescued), hand back.
+            if run.tally.budget_spent() || run.tally.rescue_due() {
                 return Ok(Rounds::Fed(source.feed(&[x])?));
             }
         }

@@ -1,5 +1,6 @@
 //! How a front end steers a running generation: cancel (within one token, keeping everything
-//! produced) and step mode (pause, then advance one token — or one forced block — per command).
+//! produced), step mode (pause, then advance one token — or one forced block — per command) and
+//! ending thinking now (the rescue of a loop, by hand).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -8,6 +9,12 @@ pub trait Control: Sync {
     /// Called before every token; `false` stops the generation (cancelled). May block while the
     /// generation is paused.
     fn proceed(&self) -> bool;
+
+    /// Whether the user asked to end thinking now (the TUI's rescue key on a loop banner);
+    /// reading it clears it.
+    fn end_thinking_requested(&self) -> bool {
+        false
+    }
 }
 
 /// A bare cancellation flag.
@@ -28,6 +35,7 @@ struct Gate {
 #[derive(Debug, Default)]
 pub struct StepControl {
     cancel: AtomicBool,
+    end_thinking: AtomicBool,
     gate: Mutex<Gate>,
     wake: Condvar,
 }
@@ -35,6 +43,13 @@ pub struct StepControl {
 impl StepControl {
     pub fn cancel(&self) {
         self.cancel.store(true, Ordering::SeqCst);
+        self.wake.notify_all();
+    }
+
+    /// Asks the generation to force the end of thinking before its next token (a no-op
+    /// outside thinking).
+    pub fn end_thinking(&self) {
+        self.end_thinking.store(true, Ordering::SeqCst);
         self.wake.notify_all();
     }
 
@@ -66,6 +81,10 @@ impl StepControl {
 }
 
 impl Control for StepControl {
+    fn end_thinking_requested(&self) -> bool {
+        self.end_thinking.swap(false, Ordering::SeqCst)
+    }
+
     fn proceed(&self) -> bool {
         let Ok(mut g) = self.gate.lock() else { return !self.is_cancelled() };
         while g.paused && g.credits == 0 && !self.is_cancelled() {

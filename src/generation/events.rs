@@ -66,6 +66,9 @@ pub enum DiagnosticKind {
     ThinkingBudgetForced,
     /// A repeating token period (or a window of repeated n-grams).
     DegenerateLoop,
+    /// A loop during thinking was rescued (`--on-loop answer`, or the user's key): the end of
+    /// thinking was forced (bridge text, `</think>`) and the model answered.
+    LoopRescued,
     /// max_tokens or the answer budget cut the answer.
     AnswerTruncated,
     /// The forward pass produced NaN / ±Inf: the message names the layer and sublayer.
@@ -76,10 +79,11 @@ pub enum DiagnosticKind {
 }
 
 impl DiagnosticKind {
-    pub const ALL: [DiagnosticKind; 6] = [
+    pub const ALL: [DiagnosticKind; 7] = [
         DiagnosticKind::ThinkingExhaustedMaxTokens,
         DiagnosticKind::ThinkingBudgetForced,
         DiagnosticKind::DegenerateLoop,
+        DiagnosticKind::LoopRescued,
         DiagnosticKind::AnswerTruncated,
         DiagnosticKind::Nonfinite,
         DiagnosticKind::StateAlarm,
@@ -91,6 +95,7 @@ impl DiagnosticKind {
             DiagnosticKind::ThinkingExhaustedMaxTokens => "thinking_exhausted_max_tokens",
             DiagnosticKind::ThinkingBudgetForced => "thinking_budget_forced",
             DiagnosticKind::DegenerateLoop => "degenerate_loop",
+            DiagnosticKind::LoopRescued => "loop_rescued",
             DiagnosticKind::AnswerTruncated => "answer_truncated",
             DiagnosticKind::Nonfinite => "nonfinite",
             DiagnosticKind::StateAlarm => "state_alarm",
@@ -295,7 +300,7 @@ pub struct Diagnostic {
     /// Index of the generated token the diagnostic refers to.
     pub at_token: usize,
     pub message: String,
-    /// Loop period and start (degenerate_loop only).
+    /// Loop period and start (degenerate_loop, and loop_rescued for a loop's rescue).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub period: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

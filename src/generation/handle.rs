@@ -43,6 +43,12 @@ impl Generation {
         self.control.step(1);
     }
 
+    /// Forces the end of thinking before the next token (the rescue of a loop, by hand); the
+    /// model then answers. A no-op outside thinking.
+    pub fn end_thinking(&self) {
+        self.control.end_thinking();
+    }
+
     /// The control, for a signal handler that must cancel from another thread.
     pub fn control(&self) -> Arc<StepControl> {
         self.control.clone()

@@ -31,4 +31,4 @@ pub use params::{
 pub use phases::PhaseTracker;
 pub use state::{AttentionLayerState, GdnLayerState, StateEvent, StateMetric};
 pub use tally::{FinishContext, Finished, Marker, Reported, STATS_EVERY, Tally, TokenPiece, Verdict};
-pub use watchdog::LoopParams;
+pub use watchdog::{LoopParams, OnLoop};

@@ -15,7 +15,7 @@ use super::events::{
     MtpStats, Phase, ServerMemory, StatsEvent, Timing, TokenEvent, Usage,
 };
 use super::params::GenerationParams;
-use super::watchdog::LoopDetector;
+use super::watchdog::{LoopDetector, LoopReport, OnLoop};
 
 /// Generated tokens between two `stats` events (live gauges), on every backend.
 pub const STATS_EVERY: usize = 8;
@@ -88,6 +88,13 @@ pub struct FinishContext {
     pub forced_estimate: Option<String>,
 }
 
+/// A forced end of thinking asked for by a loop or by the user.
+#[derive(Debug, Clone, Copy)]
+struct Rescue {
+    report: Option<LoopReport>,
+    by_user: bool,
+}
+
 /// The tally of one generation.
 pub struct Tally {
     params: GenerationParams,
@@ -105,6 +112,11 @@ pub struct Tally {
     budgeted: usize,
     counted: CountSource,
     watchdog: LoopDetector,
+    /// A forced end of thinking is due (`--on-loop answer`, or the user's key): the loop that
+    /// asked for it, when one did.
+    rescue: Option<Rescue>,
+    /// Every loop the detector reported.
+    loop_reports: Vec<LoopReport>,
     /// Loop keys for tokens that arrive without an id (their texts).
     text_keys: HashMap<String, u32>,
     /// Where a stop string was found: (phase, byte offset in that phase's text).
@@ -126,6 +138,8 @@ impl Tally {
     pub fn new(params: &GenerationParams, phase: Phase, counted: CountSource, started: Instant) -> Self {
         Tally {
             watchdog: LoopDetector::new(params.loop_detection.clone()),
+            rescue: None,
+            loop_reports: vec![],
             params: params.clone(),
             phase,
             generated: 0,
@@ -241,6 +255,64 @@ impl Tally {
         self.diagnostic(d, emit);
     }
 
+    /// In thinking with a rescue asked for (a loop under `--on-loop answer`, or the user's
+    /// key): the end of thinking must be forced now, as when the budget is spent.
+    pub fn rescue_due(&self) -> bool {
+        self.phase == Phase::Thinking && self.rescue.is_some()
+    }
+
+    /// The user asked to end thinking now (the TUI's key on a loop banner): the producer forces
+    /// the end of thinking before its next token. Ignored outside thinking.
+    pub fn request_end_of_thinking(&mut self) {
+        if self.phase == Phase::Thinking && self.rescue.is_none() {
+            self.rescue = Some(Rescue { report: self.last_loop(), by_user: true });
+        }
+    }
+
+    /// The last loop reported, if any (from its diagnostic).
+    fn last_loop(&self) -> Option<LoopReport> {
+        self.loop_reports.last().copied()
+    }
+
+    /// `who` forces the end of thinking from the next token on (`forced` tokens, when known):
+    /// because a rescue is due, or because the thinking budget is spent.
+    pub fn forced_close(&mut self, who: &str, forced: Option<usize>, emit: &mut dyn FnMut(EngineEvent)) {
+        match self.rescue.take() {
+            Some(r) => self.loop_rescued(r, who, forced, emit),
+            None => self.budget_forced(who, forced, emit),
+        }
+    }
+
+    /// The `loop_rescued` diagnostic; the loop detector starts afresh for the answer (a loop
+    /// there stops the generation, as `--on-loop stop` would).
+    fn loop_rescued(&mut self, r: Rescue, who: &str, forced: Option<usize>, emit: &mut dyn FnMut(EngineEvent)) {
+        let how_many = forced.map(|n| format!("{n} tokens: ")).unwrap_or_default();
+        let what = format!("{who} forced the end of thinking ({how_many}bridge text, </think>) and the model answers");
+        let at = self.generated;
+        let d = match r.report {
+            Some(l) => {
+                let held = at.saturating_sub(l.start);
+                let why = if r.by_user { "on the user's request" } else { "--on-loop answer" };
+                Diagnostic::new(
+                    DiagnosticKind::LoopRescued,
+                    at,
+                    format!(
+                        "loop rescued ({why}): a {}-token pattern repeating from token {} held {held} tokens of thinking; {what}",
+                        l.period, l.start
+                    ),
+                )
+                .with_loop(l.period, l.start)
+            }
+            None => Diagnostic::new(
+                DiagnosticKind::LoopRescued,
+                at,
+                format!("thinking ended on the user's request after {} thinking tokens; {what}", self.budgeted),
+            ),
+        };
+        self.diagnostic(d, emit);
+        self.watchdog.restart();
+    }
+
     /// Appends one token: the `token` event, the counts, the texts and every stop check.
     pub fn push(&mut self, piece: TokenPiece, emit: &mut dyn FnMut(EngineEvent)) -> Verdict {
         let now = Instant::now();
@@ -296,21 +368,29 @@ impl Tally {
             entropy: piece.entropy,
         }));
         if let Some(r) = self.watchdog.push(key) {
-            let stop = self.params.loop_detection.auto_stop;
+            self.loop_reports.push(r);
+            let on_loop = self.params.loop_detection.on_loop;
+            // A loop in thinking is rescued (still thinking after this token); elsewhere `answer`
+            // stops as `stop` does.
+            let rescue = on_loop == OnLoop::Answer && self.phase == Phase::Thinking;
+            let stop = on_loop == OnLoop::Stop || (on_loop == OnLoop::Answer && !rescue);
+            let then = match (stop, rescue) {
+                (true, _) => "; stopping",
+                (_, true) => "; ending thinking so that the model answers (--on-loop answer)",
+                _ => "",
+            };
             let d = Diagnostic::new(
                 DiagnosticKind::DegenerateLoop,
                 r.at,
-                format!(
-                    "degenerate loop: a {}-token pattern repeats from token {} on{}",
-                    r.period,
-                    r.start,
-                    if stop { "; stopping" } else { "" }
-                ),
+                format!("degenerate loop: a {}-token pattern repeats from token {} on{then}", r.period, r.start),
             )
             .with_loop(r.period, r.start);
             self.diagnostic(d, emit);
             if stop {
                 return Verdict::Finish(FinishReason::Loop);
+            }
+            if rescue && self.rescue.is_none() {
+                self.rescue = Some(Rescue { report: Some(r), by_user: false });
             }
         }
         if piece.stop {
@@ -452,7 +532,10 @@ impl Tally {
         // A `</think>` the server did not stream: forced when the budget ended thinking, else
         // thinking the model generated.
         let hidden_close = usize::from(self.closed_at.is_some() && !self.marker_streamed);
-        let forcing = self.raised.iter().any(|(k, _)| *k == DiagnosticKind::ThinkingBudgetForced);
+        let forcing = self
+            .raised
+            .iter()
+            .any(|(k, _)| matches!(k, DiagnosticKind::ThinkingBudgetForced | DiagnosticKind::LoopRescued));
         let forced = self.forced_tokens + if forcing { hidden_close } else { 0 };
         let mut thinking = self.thinking_tokens + if forcing { 0 } else { hidden_close };
         let streamed = self.generated + hidden_close;

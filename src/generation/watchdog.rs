@@ -5,19 +5,72 @@
 //!   tokens equal the token p positions earlier; a loop is a run that covers `min_repeats`
 //!   copies of the period *and* at least `min_span` tokens (so short legitimate repeats — a
 //!   table rule, "}}}", a run of spaces — never fire);
-//! * an n-gram repeat ratio: over the last `window` tokens, the share of n-grams already seen
-//!   in that window (catches loops whose period drifts by a token).
+//! * an n-gram repeat ratio: over the last `window` tokens (from `2 · min_span` tokens on, so a
+//!   short generation is judged too), the share of n-grams already seen in them. It catches
+//!   loops whose period drifts by a token and periodic text with small variations ("19, 9, 9,
+//!   19, 9, …"), whose few distinct n-grams keep recurring.
 //!
 //! Lists, tables and code repeat structure but not token sequences (the numbers, cells and
 //! names change), so they stay below both thresholds.
+//!
+//! What happens on a loop is [`OnLoop`]: the alarm only, stop, or — for a loop during thinking
+//! — end the thinking with the budget's bridge text and let the model answer (the rescue).
 
 use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
 pub const MAX_PERIOD: usize = 64;
 
+/// What a detected loop does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnLoop {
+    /// The alarm (a `degenerate_loop` diagnostic) only.
+    #[default]
+    Off,
+    /// Stop generation (finish_reason `loop`), wherever the loop is.
+    Stop,
+    /// A loop during thinking: force the end of thinking (bridge text, `</think>`) and let the
+    /// model answer (a `loop_rescued` diagnostic). A loop in the answer stops, as `stop`.
+    Answer,
+}
+
+impl OnLoop {
+    pub const NAMES: &'static str = "off, stop or answer";
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OnLoop::Off => "off",
+            OnLoop::Stop => "stop",
+            OnLoop::Answer => "answer",
+        }
+    }
+}
+
+impl fmt::Display for OnLoop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for OnLoop {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<OnLoop, String> {
+        match s {
+            "off" => Ok(OnLoop::Off),
+            "stop" => Ok(OnLoop::Stop),
+            "answer" => Ok(OnLoop::Answer),
+            other => Err(format!("\"{other}\": expected {}", OnLoop::NAMES)),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "LoopParamsRecord")]
 pub struct LoopParams {
     /// Copies of the period a run must cover.
     pub min_repeats: usize,
@@ -29,13 +82,41 @@ pub struct LoopParams {
     pub window: usize,
     /// Share of repeated n-grams in the window that counts as a loop.
     pub ngram_ratio: f32,
-    /// Stop generation (finish_reason `loop`) when a loop is detected.
-    pub auto_stop: bool,
+    /// What a detected loop does.
+    pub on_loop: OnLoop,
 }
 
 impl Default for LoopParams {
     fn default() -> Self {
-        LoopParams { min_repeats: 4, min_span: 48, ngram: 6, window: 256, ngram_ratio: 0.8, auto_stop: false }
+        LoopParams { min_repeats: 4, min_span: 48, ngram: 6, window: 256, ngram_ratio: 0.8, on_loop: OnLoop::Off }
+    }
+}
+
+/// `LoopParams` as recorded: sessions saved before `on_loop` hold `auto_stop` (true: stop).
+#[derive(Deserialize)]
+struct LoopParamsRecord {
+    min_repeats: usize,
+    min_span: usize,
+    ngram: usize,
+    window: usize,
+    ngram_ratio: f32,
+    #[serde(default)]
+    on_loop: Option<OnLoop>,
+    #[serde(default)]
+    auto_stop: Option<bool>,
+}
+
+impl From<LoopParamsRecord> for LoopParams {
+    fn from(r: LoopParamsRecord) -> LoopParams {
+        let on_loop = r.on_loop.unwrap_or(if r.auto_stop == Some(true) { OnLoop::Stop } else { OnLoop::Off });
+        LoopParams {
+            min_repeats: r.min_repeats,
+            min_span: r.min_span,
+            ngram: r.ngram,
+            window: r.window,
+            ngram_ratio: r.ngram_ratio,
+            on_loop,
+        }
     }
 }
 
@@ -52,6 +133,9 @@ pub struct LoopReport {
 #[derive(Debug, Clone)]
 pub struct LoopDetector {
     params: LoopParams,
+    /// Tokens observed before the last [`LoopDetector::restart`] (reports count from the first
+    /// token ever observed).
+    base: usize,
     history: Vec<u32>,
     /// `run[p-1]`: consecutive tokens equal to the token p earlier, ending at the last token.
     run: [usize; MAX_PERIOD],
@@ -64,6 +148,7 @@ impl LoopDetector {
     pub fn new(params: LoopParams) -> Self {
         LoopDetector {
             params,
+            base: 0,
             history: vec![],
             run: [0; MAX_PERIOD],
             recent: VecDeque::new(),
@@ -72,8 +157,20 @@ impl LoopDetector {
         }
     }
 
-    /// Feeds one token; returns a report the first time a loop is recognised.
+    /// Forgets what it saw (a rescued thinking's loop must not count against the answer) and
+    /// may report again; indices keep counting from the first token ever observed.
+    pub fn restart(&mut self) {
+        *self = LoopDetector { base: self.base + self.history.len(), ..LoopDetector::new(self.params.clone()) };
+    }
+
+    /// Feeds one token; returns a report the first time a loop is recognised (since the start
+    /// or the last restart).
     pub fn push(&mut self, id: u32) -> Option<LoopReport> {
+        let base = self.base;
+        self.push_here(id).map(|r| LoopReport { start: r.start + base, at: r.at + base, ..r })
+    }
+
+    fn push_here(&mut self, id: u32) -> Option<LoopReport> {
         self.history.push(id);
         let t = self.history.len() - 1;
         let mut found: Option<LoopReport> = None;
@@ -120,13 +217,17 @@ impl LoopDetector {
                 }
             }
         }
-        // n-grams in the window that repeat an earlier one in it.
-        let repeated = self.recent.len() - self.counts.len();
-        if self.recent.len() < w || (repeated as f32) < self.params.ngram_ratio * w as f32 {
+        // n-grams in the window that repeat an earlier one in it, judged once the window holds
+        // twice the span an exact loop needs (a 253-token answer is judged, not only 256+).
+        let (filled, repeated) = (self.recent.len(), self.recent.len() - self.counts.len());
+        if filled < w.min(2 * self.params.min_span.max(n))
+            || (repeated as f32) < self.params.ngram_ratio * filled as f32
+        {
             return None;
         }
         // The period: the most common distance back to an n-gram's previous occurrence.
-        let last = &self.history[t + 1 - w..=t];
+        let span = filled + n - 1;
+        let last = &self.history[t + 1 - span..=t];
         let mut seen: HashMap<&[u32], usize> = HashMap::new();
         let mut dist: HashMap<usize, usize> = HashMap::new();
         for i in 0..=last.len() - n {
@@ -135,7 +236,11 @@ impl LoopDetector {
             }
         }
         let period = dist.into_iter().max_by_key(|(d, c)| (*c, usize::MAX - d)).map(|(d, _)| d).unwrap_or(1);
-        Some(LoopReport { period, start: t + 1 - w, at: t })
+        // Where it began: the first n-gram that the one a period later repeats.
+        let first = (0..last.len().saturating_sub(n + period - 1))
+            .find(|&i| last[i..i + n] == last[i + period..i + period + n])
+            .unwrap_or(0);
+        Some(LoopReport { period, start: t + 1 - span + first, at: t })
     }
 }
 
@@ -199,6 +304,52 @@ mod tests {
         let r = first_report(&t, exact_only);
         assert!(r.is_none(), "the exact-period signal should miss this one: {r:?}");
         assert!(first_report(&t, LoopParams::default()).is_some());
+    }
+
+    /// Periodic text with small variations over a short answer (253 tokens, as reported on a
+    /// real model): no exact period survives four copies, and the window never fills.
+    #[test]
+    fn irregular_periodic_text_in_a_short_answer_is_a_loop() {
+        let mut t = ids("The numbers are ");
+        let begun = t.len();
+        // "19, 9, 9, 19, 9, …": items drawn without a period (a fixed pseudo-random pick).
+        let mut x = 7u32;
+        while t.len() < 253 {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            t.extend(ids(if (x >> 16).is_multiple_of(3) { "19, " } else { "9, " }));
+        }
+        t.truncate(253);
+        let exact_only = LoopParams { window: 0, ..Default::default() };
+        assert!(first_report(&t, exact_only).is_none(), "no exact period here");
+        let r = first_report(&t, LoopParams::default()).expect("caught within 253 tokens");
+        assert!(r.start >= begun.saturating_sub(4) && r.start <= begun + 8, "began at {begun}: {r:?}");
+        assert!(r.at < 160, "caught late: {r:?}");
+    }
+
+    #[test]
+    fn a_restart_forgets_and_keeps_counting() {
+        let mut d = LoopDetector::new(LoopParams::default());
+        let fired: Vec<LoopReport> = (0..300).filter_map(|_| d.push(5)).collect();
+        assert_eq!(fired.len(), 1);
+        d.restart();
+        let mut t = ids("and now a fresh answer that does not repeat itself at all, ");
+        t.extend(std::iter::repeat_n(9u32, 80));
+        let again: Vec<LoopReport> = t.iter().filter_map(|&x| d.push(x)).collect();
+        assert_eq!(again.len(), 1, "a restarted detector reports again");
+        assert!(again[0].start >= 300 + 50, "indices count from the first token: {:?}", again[0]);
+    }
+
+    #[test]
+    fn recorded_params_read_the_old_auto_stop() {
+        let old = r#"{"min_repeats":4,"min_span":48,"ngram":6,"window":256,"ngram_ratio":0.8,"auto_stop":true}"#;
+        assert_eq!(serde_json::from_str::<LoopParams>(old).unwrap().on_loop, OnLoop::Stop);
+        let old = old.replace("true", "false");
+        assert_eq!(serde_json::from_str::<LoopParams>(&old).unwrap().on_loop, OnLoop::Off);
+        let new = serde_json::to_string(&LoopParams { on_loop: OnLoop::Answer, ..Default::default() }).unwrap();
+        assert!(new.contains(r#""on_loop":"answer""#) && !new.contains("auto_stop"), "{new}");
+        assert_eq!(serde_json::from_str::<LoopParams>(&new).unwrap().on_loop, OnLoop::Answer);
+        assert_eq!("answer".parse::<OnLoop>(), Ok(OnLoop::Answer));
+        assert!("rescue".parse::<OnLoop>().unwrap_err().contains("off, stop or answer"));
     }
 
     #[test]

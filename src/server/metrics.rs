@@ -32,6 +32,7 @@ pub struct Metrics {
     pub accepted_per_pos: Family<Labels, Counter>,
     pub forced_budget_ends: Counter,
     pub loop_alarms: Counter,
+    pub loop_rescues: Counter,
     pub waiting: Gauge,
     pub running: Gauge,
     pub weights_bytes: Gauge,
@@ -78,6 +79,11 @@ impl Metrics {
             ),
             forced_budget_ends: reg!("forced_budget_ends", "Thinking ended by the thinking budget", Counter::default()),
             loop_alarms: reg!("loop_alarms", "Degenerate-loop alarms", Counter::default()),
+            loop_rescues: reg!(
+                "loop_rescues",
+                "Loops in thinking rescued by a forced end of thinking (on_loop answer)",
+                Counter::default()
+            ),
             waiting: reg!("num_requests_waiting", "Requests queued for the engine", Gauge::default()),
             running: reg!(
                 "num_requests_running",
@@ -119,6 +125,7 @@ impl Metrics {
         self.forced_budget_ends
             .inc_by(diagnostics.iter().filter(|k| **k == DiagnosticKind::ThinkingBudgetForced).count() as u64);
         self.loop_alarms.inc_by(diagnostics.iter().filter(|k| **k == DiagnosticKind::DegenerateLoop).count() as u64);
+        self.loop_rescues.inc_by(diagnostics.iter().filter(|k| **k == DiagnosticKind::LoopRescued).count() as u64);
         if let Some(m) = &d.memory {
             self.memory(m);
         }

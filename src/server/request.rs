@@ -97,6 +97,9 @@ struct Common {
     reasoning_budget_tokens: Option<i64>,
     thinking_budget_tokens: Option<i64>,
     reasoning_budget_message: Option<String>,
+    /// deltascope's: what a degenerate loop does (`off`, `stop`, or `answer`: a loop in
+    /// thinking forces the end of thinking so that the model answers).
+    on_loop: Option<String>,
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
     // What deltascope does not do: refused unless at its harmless value.
@@ -370,6 +373,10 @@ impl Common {
         };
         p.thinking = if thinking_on { Thinking::from_budget(budget) } else { Thinking::Off };
         p.budget_bridge = self.reasoning_budget_message.unwrap_or_else(|| QWEN_BUDGET_BRIDGE.to_string());
+        if let Some(o) = &self.on_loop {
+            p.loop_detection.on_loop =
+                o.parse().map_err(|e| ApiError::bad(Some("on_loop"), format!("on_loop: {e}")))?;
+        }
         let (stream, include_usage) =
             (self.stream.unwrap_or(false), self.stream_options.and_then(|o| o.include_usage).unwrap_or(false));
         Ok(Settings { params: p, names, max_tokens_given, stream, include_usage })

@@ -104,6 +104,7 @@ impl Runner {
                 Effect::Cancel => self.live.iter().for_each(Generation::cancel),
                 Effect::SetPaused(p) => self.live.iter().for_each(|g| g.set_paused(p)),
                 Effect::Step => self.live.iter().for_each(Generation::step),
+                Effect::EndThinking => self.live.iter().for_each(Generation::end_thinking),
                 disk @ (Effect::Save { .. }
                 | Effect::Export { .. }
                 | Effect::ListSessions(_)

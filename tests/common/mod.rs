@@ -29,6 +29,7 @@ pub fn model() -> BackendInfo {
         weights_bytes: Some(16_142_336),
         defaults: SamplingParams::default(),
         step: Support::Yes,
+        end_thinking: Support::Yes,
         provenance: Support::Yes,
         mtp_control: Support::Yes,
         continuation: Support::Yes,

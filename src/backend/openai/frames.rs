@@ -344,12 +344,19 @@ impl FrameMapper {
         self.tally.raised().iter().any(|(k, _)| *k == DiagnosticKind::ThinkingBudgetForced)
     }
 
-    /// The client-side thinking budget ran out: the stream was closed, and the bridge and
+    /// The user asked to end thinking now (the TUI's key): due before the next frame.
+    pub fn request_end_of_thinking(&mut self) {
+        self.tally.request_end_of_thinking();
+    }
+
+    /// The client-side thinking budget ran out (or a loop is rescued): the stream was closed, and the bridge and
     /// `</think>` are forced, one token each (`ids` from the server's tokenizer, when it has
     /// one; else one piece each), before a `/v1/completions` continuation streams the answer.
     pub fn force_end_of_thinking(&mut self, forced: Vec<(Option<u32>, String)>, emit: &mut dyn FnMut(EngineEvent)) {
         self.flush(emit);
-        self.tally.budget_forced("deltascope (--budget-mode client)", Some(forced.len()), emit);
+        let who =
+            if self.tally.rescue_due() { "deltascope (client-side)" } else { "deltascope (--budget-mode client)" };
+        self.tally.forced_close(who, Some(forced.len()), emit);
         let last = forced.len().saturating_sub(1);
         for (i, (id, text)) in forced.into_iter().enumerate() {
             let marker = (i == last).then_some(Marker::Close);

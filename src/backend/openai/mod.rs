@@ -31,7 +31,7 @@ use super::{
 use crate::chat::ChatTemplate;
 use crate::checkpoint::ModelSource;
 use crate::generation::{
-    EngineEvent, ErrorKind, Generation, Preset, SamplingParams, ServerLabel, StartEvent, StepControl,
+    EngineEvent, ErrorKind, Generation, OnLoop, Preset, SamplingParams, ServerLabel, StartEvent, StepControl,
 };
 
 pub struct RemoteBackend {
@@ -39,7 +39,8 @@ pub struct RemoteBackend {
     http: Http,
     facts: Arc<ServerFacts>,
     spec: RemoteSpec,
-    /// For client-side budgets: the chat template (from --tokenizer, or the server's).
+    /// For a client-forced end of thinking (budget, loop rescue): the chat template (from
+    /// --tokenizer, or the server's).
     template: Option<ChatTemplate>,
     info: BackendInfo,
 }
@@ -57,7 +58,10 @@ impl RemoteBackend {
         let facts = runtime.block_on(detect::detect(&http, spec.model.as_deref()))?;
         progress(OpenProgress { done: 1, total: 1, what: format!("{} at {}", facts.kind.name(), http.base) });
         let template = client_template(spec, &facts)?;
-        let info = describe(&http, &facts);
+        let mut info = describe(&http, &facts);
+        if template.is_some() {
+            info.end_thinking = Support::Yes;
+        }
         Ok(RemoteBackend { runtime, http, facts: Arc::new(facts), spec: spec.clone(), template, info })
     }
 
@@ -73,38 +77,59 @@ impl RemoteBackend {
         }
     }
 
+    /// What a client-forced end of thinking needs: for `--budget-mode client` with a budget,
+    /// for `--on-loop answer` (the rescue of a loop in thinking), and, where the chat template is
+    /// at hand, for the user's "end thinking now" key.
     fn client_budget(&self, req: &ChatRequest) -> BackendResult<Option<ClientBudget>> {
-        let (BudgetMode::Client, Some(_)) = (self.spec.budget_mode, req.params.thinking.budget()) else {
+        let p = &req.params;
+        let enforce_budget = self.spec.budget_mode == BudgetMode::Client && p.thinking.budget().is_some();
+        let rescue = p.loop_detection.on_loop == OnLoop::Answer && p.thinking.is_on();
+        let Some(template) = self.template.as_ref() else {
+            if enforce_budget {
+                return Err(BackendError::invalid(
+                    "--budget-mode client needs the chat template: pass --tokenizer DIR (a model directory with tokenizer_config.json or chat_template.jinja)",
+                ));
+            }
+            if rescue {
+                return Err(BackendError::invalid(format!(
+                    "--on-loop answer ends a looping thinking client-side and continues with /v1/completions, which needs the chat template: pass --tokenizer DIR (a model directory with tokenizer_config.json or chat_template.jinja); {} does not send its own",
+                    self.facts.kind.name()
+                )));
+            }
             return Ok(None);
         };
-        let template = self.template.as_ref().ok_or_else(|| {
-            BackendError::invalid(
-                "--budget-mode client needs the chat template: pass --tokenizer DIR (a model directory with tokenizer_config.json or chat_template.jinja)",
-            )
-        })?;
-        let Prompt::Chat(messages) = &req.prompt else { return Ok(None) };
+        let (Prompt::Chat(messages), true) = (&req.prompt, p.thinking.is_on()) else { return Ok(None) };
         let rendered_prompt = render_chat(template, messages, true)?;
         let facts = self.facts.clone();
         let request = req.clone();
         Ok(Some(ClientBudget {
+            enforce_budget,
             rendered_prompt,
-            bridge: req.params.budget_bridge.clone(),
-            max_tokens: req.params.max_tokens,
+            bridge: p.budget_bridge.clone(),
+            max_tokens: p.max_tokens,
             continuation: Box::new(move |prompt, max| request::continuation_body(&facts, &request, prompt, max)),
         }))
     }
 }
 
-/// The template a client-side budget renders with: `--tokenizer DIR`'s, else llama.cpp's own.
+/// The template a client-forced end of thinking renders with: `--tokenizer DIR`'s, else the
+/// server's own (llama.cpp's /props).
 fn client_template(spec: &RemoteSpec, facts: &ServerFacts) -> BackendResult<Option<ChatTemplate>> {
     if let Some(dir) = &spec.tokenizer {
         return Ok(Some(ChatTemplate::load(&ModelSource::Dir(dir.clone()), true)?));
     }
-    match &facts.chat_template {
-        Some(t) if spec.budget_mode == BudgetMode::Client => {
-            Ok(Some(ChatTemplate::new(t, &format!("{} /props chat_template", facts.kind.name()))?))
+    let Some(t) = &facts.chat_template else { return Ok(None) };
+    match ChatTemplate::new(t, &format!("{} /props chat_template", facts.kind.name())) {
+        Ok(t) => Ok(Some(t)),
+        // Needed for every request with a budget: refuse now.
+        Err(e) if spec.budget_mode == BudgetMode::Client => Err(e.into()),
+        // Needed only to rescue a loop (or end thinking by hand): say so when it is asked for.
+        Err(e) => {
+            tracing::warn!(
+                "the server's chat template does not parse ({e}); ending thinking client-side needs --tokenizer DIR"
+            );
+            Ok(None)
         }
-        _ => Ok(None),
     }
 }
 
@@ -132,6 +157,12 @@ fn describe(http: &Http, f: &ServerFacts) -> BackendInfo {
         weights_bytes: None,
         defaults,
         step: Support::No("servers do not pause".into()),
+        // Client-side: the stream is closed and /v1/completions continues after the forced
+        // bridge, rendered with the chat template (set when there is one).
+        end_thinking: Support::No(format!(
+            "ending thinking with a server continues from the rendered prompt, which needs the chat template: pass --tokenizer DIR ({} sent none that parses)",
+            f.kind.name()
+        )),
         provenance: Support::No("servers do not say which tokens came from accepted drafts".into()),
         mtp_control: Support::No("server".into()),
         // Chat completions always start a fresh assistant message.

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 use super::detect::{ServerFacts, ServerKind};
 use crate::backend::{BackendError, BackendResult, BudgetMode, ChatRequest, Prompt, ReasoningSplit, RemoteSpec};
+use crate::generation::OnLoop;
 
 pub fn chat_body(facts: &ServerFacts, req: &ChatRequest, spec: &RemoteSpec) -> BackendResult<Value> {
     let (budget_mode, split) = (spec.budget_mode, spec.reasoning_split);
@@ -35,10 +36,11 @@ pub fn chat_body(facts: &ServerFacts, req: &ChatRequest, spec: &RemoteSpec) -> B
     });
     let o = body.as_object_mut().ok_or_else(|| BackendError::invalid("request body"))?;
     add_sampling(o, facts, req);
-    // A client-side budget continues from the thinking's token ids, which servers send only
+    // A client-side budget (or a loop's rescue) continues from the thinking's token ids, which servers send only
     // with logprob entries (llama.cpp: with at least one alternative; the frame mapper drops
     // alternatives nobody asked for).
-    let client_budget = budget_mode == BudgetMode::Client && p.thinking.budget().is_some();
+    let client_budget = (budget_mode == BudgetMode::Client && p.thinking.budget().is_some())
+        || (p.loop_detection.on_loop == OnLoop::Answer && p.thinking.is_on());
     if p.top_logprobs > 0 || client_budget {
         o.insert("logprobs".into(), json!(true));
         o.insert("top_logprobs".into(), json!(p.top_logprobs.max(usize::from(client_budget))));

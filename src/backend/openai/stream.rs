@@ -16,7 +16,7 @@ use super::frames::{End, Flow, FrameMapper, MetricsDelta};
 use super::http::{Http, check_status, transport_error};
 use super::metrics;
 use super::tokenize::tokenize;
-use crate::generation::{EngineEvent, ErrorKind, FinishReason, StepControl};
+use crate::generation::{Control, EngineEvent, ErrorKind, FinishReason, StepControl};
 
 /// The largest SSE frame accepted (a runaway or hostile server cannot fill memory).
 pub const MAX_FRAME: usize = 1 << 20;
@@ -34,12 +34,16 @@ pub struct StreamJob {
     pub first_byte_timeout: Duration,
     pub control: Arc<StepControl>,
     pub events: Sender<EngineEvent>,
-    /// Client-side thinking budget: stop the stream here and continue from the bridge.
+    /// Client-forced end of thinking (budget, loop rescue): stop the stream here and continue
+    /// from the bridge.
     pub client_budget: Option<ClientBudget>,
 }
 
 /// What a client-forced end of thinking needs to continue with `/v1/completions`.
 pub struct ClientBudget {
+    /// The thinking budget is enforced here (`--budget-mode client`); otherwise only a rescue
+    /// (a loop under `--on-loop answer`, or the user's key) forces the end of thinking.
+    pub enforce_budget: bool,
     /// The prompt rendered through the chat template (with the generation prompt).
     pub rendered_prompt: String,
     pub bridge: String,
@@ -228,15 +232,22 @@ async fn one_stream(
         if let Flow::Stop(f) = job.mapper.frame(&value, emit) {
             return Outcome::End(End::Stopped(f));
         }
-        if job.client_budget.is_some() && job.mapper.tally().budget_spent() {
-            return Outcome::Budget;
+        if let Some(cb) = &job.client_budget {
+            if job.control.end_thinking_requested() {
+                job.mapper.request_end_of_thinking();
+            }
+            let tally = job.mapper.tally();
+            if (cb.enforce_budget && tally.budget_spent()) || tally.rescue_due() {
+                return Outcome::Budget;
+            }
         }
     }
     let _ = got_done;
     Outcome::End(End::Complete)
 }
 
-/// A client-forced end of thinking: the bridge and `</think>` go out as forced tokens, then
+/// A client-forced end of thinking (the budget spent, or a loop rescued): the bridge and
+/// `</think>` go out as forced tokens, then
 /// `/v1/completions` continues from exactly what the engine would hold — the rendered prompt,
 /// the thinking tokens, the bridge's tokens and `</think>`, as token ids when the server can
 /// tokenize (llama.cpp, vLLM) — and the model writes the rest, the blank line included.

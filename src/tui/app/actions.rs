@@ -38,6 +38,7 @@ impl App {
             Action::ReferenceCheck => self.reference_check(),
             Action::FirstDivergence => self.first_divergence(),
             Action::StepMode | Action::Step => self.step_action(a),
+            Action::EndThinking => self.end_thinking(),
             Action::RaiseMaxTokens | Action::SetThinkingBudget => self.fix_action(a),
             Action::ToggleThinking => {
                 self.settings.toggle_thinking();
@@ -137,6 +138,22 @@ impl App {
             self.view.reset_panes();
             self.sync_markdown();
         }
+    }
+
+    /// Ends the thinking of the generation in flight: the engine (or, for a server, deltascope
+    /// client-side) forces the bridge text and `</think>`, and the model answers.
+    fn end_thinking(&mut self) {
+        let key = self.look.keymap.first(Action::EndThinking);
+        if !self.generating() || self.live_phase() != Some(Phase::Thinking) {
+            self.say(Level::Info, format!("{key} ends thinking while the model is thinking"));
+            return;
+        }
+        if let Some(why) = self.backend.model.as_ref().and_then(|m| m.end_thinking.reason()) {
+            self.say(Level::Info, format!("ending thinking is not available: {why}"));
+            return;
+        }
+        self.out.effects.push(Effect::EndThinking);
+        self.say(Level::Info, "ending thinking: the bridge text and </think> are forced, then the model answers");
     }
 
     fn step_action(&mut self, a: Action) {

@@ -66,6 +66,8 @@ pub enum Effect {
     Cancel,
     SetPaused(bool),
     Step,
+    /// Force the end of thinking of the generation in flight (the rescue of a loop, by hand).
+    EndThinking,
     /// Put this text on the terminal's clipboard.
     Copy(String),
     /// Write this session to `path`, atomically (the runner answers with [`Inbound::Saved`];

@@ -68,6 +68,18 @@ impl App {
         self.convo.live.is_some()
     }
 
+    /// The turn being generated, if any.
+    pub fn live_turn(&self) -> Option<usize> {
+        self.convo.live.as_ref().map(|l| l.turn)
+    }
+
+    /// The phase of the generation in flight (`None` when none is).
+    pub fn live_phase(&self) -> Option<Phase> {
+        let live = self.convo.live.as_ref()?;
+        let t = self.convo.session.turns.get(live.turn)?;
+        Some(t.tokens.last().map_or(t.start_phase, |x| x.phase))
+    }
+
     /// Something moves on its own (a generation, a replay, loading): the runner ticks faster.
     pub fn busy(&self) -> bool {
         self.convo.live.is_some() || self.convo.replay.is_some() || self.backend.loading.is_some()

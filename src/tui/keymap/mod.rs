@@ -46,6 +46,7 @@ pub enum Action {
     CollapseThinking,
     StepMode,
     Step,
+    EndThinking,
     Compare,
     CompareView,
     ReferenceCheck,
@@ -74,7 +75,7 @@ pub enum Action {
 
 impl Action {
     /// Every action, in declaration order (the help screen lists them so).
-    pub const ALL: [Action; 42] = [
+    pub const ALL: [Action; 43] = [
         Action::Send,
         Action::Newline,
         Action::HistoryPrev,
@@ -94,6 +95,7 @@ impl Action {
         Action::CollapseThinking,
         Action::StepMode,
         Action::Step,
+        Action::EndThinking,
         Action::Compare,
         Action::CompareView,
         Action::ReferenceCheck,
@@ -155,6 +157,7 @@ impl Action {
             Action::CollapseThinking => "thinking pane: shown / collapsed / hidden",
             Action::StepMode => "step mode on / off (pause generation)",
             Action::Step => "step mode: advance one token (one MTP step)",
+            Action::EndThinking => "end thinking now (rescue a loop): bridge and </think> forced, then the answer",
             Action::Compare => "compare: re-run the last prompt with the current settings",
             Action::CompareView => "show / hide the side-by-side comparison",
             Action::ReferenceCheck => "re-score the shown turn token by token with the local --reference",
@@ -202,6 +205,7 @@ impl Action {
             Action::CollapseThinking => &["alt-t"],
             Action::StepMode => &["ctrl-s"],
             Action::Step => &["ctrl-n"],
+            Action::EndThinking => &["alt-e"],
             Action::Compare => &["ctrl-o"],
             Action::CompareView => &["alt-c"],
             Action::ReferenceCheck => &["alt-v"],
@@ -401,7 +405,7 @@ mod tests {
         // The names users' keymap.toml files use: they must keep parsing.
         let names = "send newline history_prev history_next cancel cancel_or_quit regenerate edit_prompt \
             edit_system delete_turn continue new_conversation show_prompt prev_turn next_turn toggle_thinking \
-            collapse_thinking step_mode step compare compare_view reference_check first_divergence colour_mode inspector state_view trace_state \
+            collapse_thinking step_mode step end_thinking compare compare_view reference_check first_divergence colour_mode inspector state_view trace_state \
             focus_next focus_prev scroll_up scroll_down follow_tail raise_max_tokens set_thinking_budget \
             copy_answer copy_thinking sessions export replay messages help quit";
         let names: Vec<&str> = names.split_whitespace().collect();

@@ -44,6 +44,9 @@ pub struct BudgetBar {
     pub max_tokens: usize,
     /// Thinking budget (tokens after the prompt), drawn as a marker.
     pub budget: Option<usize>,
+    /// Where a rescued loop began (generated tokens), drawn as `↻`: the forced segment after
+    /// it is the rescue's, not the budget's.
+    pub rescued_from: Option<usize>,
     /// prompt, thinking, forced, answer, headroom.
     pub colors: [Color; 5],
     pub marker: Color,
@@ -58,6 +61,7 @@ impl BudgetBar {
             answer: t.answer_tokens(),
             max_tokens: t.params.max_tokens,
             budget: t.params.thinking.budget(),
+            rescued_from: rescued_loop(t),
             colors: [th.prompt, th.thinking, th.forced, th.answer, th.headroom],
             marker: th.budget_marker,
         }
@@ -96,6 +100,16 @@ impl Widget for BudgetBar {
                 }
             }
         }
+        if let Some(from) = self.rescued_from {
+            let x = (((self.prompt + from) as f64 / total) * w).round() as u16;
+            if x < area.width {
+                for y in area.top()..area.bottom() {
+                    if let Some(cell) = buf.cell_mut((area.x + x, y)) {
+                        cell.set_char('↻').set_style(Style::new().fg(self.marker).add_modifier(Modifier::BOLD));
+                    }
+                }
+            }
+        }
         if let Some(b) = self.budget {
             let x = (((self.prompt + b) as f64 / total) * w).round() as u16;
             if x < area.width {
@@ -107,6 +121,13 @@ impl Widget for BudgetBar {
             }
         }
     }
+}
+
+/// Where the loop a rescue ended began (the `loop_rescued` diagnostic's start, else where the
+/// rescue forced the end of thinking).
+fn rescued_loop(t: &Turn) -> Option<usize> {
+    let d = t.diagnostics.iter().find(|d| d.kind == crate::generation::DiagnosticKind::LoopRescued)?;
+    Some(d.start.unwrap_or(d.at_token))
 }
 
 /// A one-line horizontal bar of `ratio` in `width` cells.
@@ -134,7 +155,7 @@ pub fn panel(f: &mut Frame, area: Rect, ctx: &DrawCtx, g: &Gauges) {
     };
     // An estimated forced count takes the rows that say why (the other sections give way).
     let why = estimate_rows(t, ctx.theme, inner.width);
-    let budget_h = 5 + why.len() as u16;
+    let budget_h = 5 + why.len() as u16 + u16::from(rescued_loop(t).is_some());
     let [budget, speed, mtp, memory] = Layout::vertical([
         Constraint::Length(budget_h),
         Constraint::Length(4),
@@ -191,24 +212,28 @@ fn budget_section(g: &Gauges, ctx: &DrawCtx, t: &Turn, f: &mut Frame, area: Rect
     let approx = if t.counted().is_estimate() { "≈" } else { "" };
     // "≈" on the forced count: a server that does not say which tokens its budget forced.
     let forced_approx = if t.forced_estimate().is_some() { "≈" } else { "" };
-    let mut legend_line = vec![
-        Line::from(vec![
-            Span::styled("▒", th.fg(th.prompt)),
-            Span::styled(format!("prompt {} ", t.prompt_tokens), th.fg(th.text)),
-            Span::styled("█", th.fg(th.thinking)),
-            Span::styled(format!("think {approx}{} ", t.thinking_tokens()), th.fg(th.text)),
-            Span::styled("▓", th.fg(th.forced)),
-            Span::styled(format!("forced {forced_approx}{}", t.forced_tokens()), th.fg(th.text)),
-        ]),
-        Line::from(vec![
-            Span::styled("█", th.fg(th.answer)),
-            Span::styled(format!("answer {approx}{} ", t.answer_tokens()), th.fg(th.text)),
-            Span::styled("░", th.fg(th.headroom)),
-            Span::styled(format!("free {} ", t.params.max_tokens.saturating_sub(used)), th.fg(th.text)),
-            Span::styled("┃", th.fg(th.budget_marker)),
-            Span::styled(format!("budget {budget}"), th.fg(th.text)),
-        ]),
-    ];
+    let mut legend_line = vec![Line::from(vec![
+        Span::styled("▒", th.fg(th.prompt)),
+        Span::styled(format!("prompt {} ", t.prompt_tokens), th.fg(th.text)),
+        Span::styled("█", th.fg(th.thinking)),
+        Span::styled(format!("think {approx}{} ", t.thinking_tokens()), th.fg(th.text)),
+        Span::styled("▓", th.fg(th.forced)),
+        Span::styled(format!("forced {forced_approx}{}", t.forced_tokens()), th.fg(th.text)),
+    ])];
+    if let Some(from) = rescued_loop(t) {
+        legend_line.push(Line::from(vec![
+            Span::styled("↻", th.fg(th.budget_marker).add_modifier(Modifier::BOLD)),
+            Span::styled(format!("loop from token {from} rescued: thinking ended by force"), th.fg(th.text)),
+        ]));
+    }
+    legend_line.extend([Line::from(vec![
+        Span::styled("█", th.fg(th.answer)),
+        Span::styled(format!("answer {approx}{} ", t.answer_tokens()), th.fg(th.text)),
+        Span::styled("░", th.fg(th.headroom)),
+        Span::styled(format!("free {} ", t.params.max_tokens.saturating_sub(used)), th.fg(th.text)),
+        Span::styled("┃", th.fg(th.budget_marker)),
+        Span::styled(format!("budget {budget}"), th.fg(th.text)),
+    ])]);
     legend_line.extend(why);
     legend_line.push(Line::styled(context_in_use(g), th.fg(th.dim)));
     f.render_widget(Paragraph::new(legend_line), legend);

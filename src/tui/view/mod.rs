@@ -345,18 +345,36 @@ fn banner_lines(app: &App) -> Vec<Line<'static>> {
                     th.fg(th.text),
                 ),
             ]),
-            "degenerate_loop" => Line::from(vec![
-                Span::styled(" ↻ LOOP DETECTED ", Style::new().fg(th.bad).add_modifier(bold | Modifier::REVERSED)),
-                Span::styled(
-                    format!(
-                        " period {} tokens from token {} (highlighted in the {} pane): {}",
-                        d.period.unwrap_or(0),
-                        d.start.unwrap_or(d.at_token),
-                        phase_of(t, d.start.unwrap_or(d.at_token)),
-                        d.message
+            "degenerate_loop" => {
+                let mut spans = vec![
+                    Span::styled(" ↻ LOOP DETECTED ", Style::new().fg(th.bad).add_modifier(bold | Modifier::REVERSED)),
+                    Span::styled(
+                        format!(
+                            " period {} tokens from token {} (highlighted in the {} pane): {}",
+                            d.period.unwrap_or(0),
+                            d.start.unwrap_or(d.at_token),
+                            phase_of(t, d.start.unwrap_or(d.at_token)),
+                            d.message
+                        ),
+                        th.fg(th.text),
                     ),
-                    th.fg(th.text),
-                ),
+                ];
+                // The rescue by hand, while the loop is still thinking and nothing rescued it.
+                let rescued = t.diagnostics.iter().any(|x| x.kind.as_str() == "loop_rescued");
+                if app.live_phase() == Some(crate::generation::Phase::Thinking)
+                    && app.shown_index() == app.live_turn()
+                    && !rescued
+                {
+                    spans.push(Span::styled(
+                        format!("  [{}] end thinking now", app.keymap().first(Action::EndThinking)),
+                        th.fg(th.accent).add_modifier(bold),
+                    ));
+                }
+                Line::from(spans)
+            }
+            "loop_rescued" => Line::from(vec![
+                Span::styled(" ↻ LOOP RESCUED ", Style::new().fg(th.warn).add_modifier(bold | Modifier::REVERSED)),
+                Span::styled(format!(" {}", d.message), th.fg(th.text)),
             ]),
             "answer_truncated" => {
                 let mut spans = vec![
