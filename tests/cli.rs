@@ -261,6 +261,42 @@ fn run_takes_its_prompt_from_a_pipe_and_says_every_way_to_give_one() {
     assert!(!out.status.success() && err.contains("--prompt-file FILE") && !err.contains("--prompt-ids"), "{err}");
 }
 
+/// `sweep --on-loop off,answer` at the shipped `degenerate-loop` session's settings: each value
+/// a row, the rescued run answering where the plain one is empty; `run` takes one value and says
+/// where a list goes; a value that is not off / stop / answer is named.
+#[test]
+fn sweep_compares_on_loop_values_and_run_takes_one() {
+    let looping =
+        ["--prompt", "What is 482 + 739?", "--max-tokens", "200", "--temperature", "0", "--repetition-penalty", "0.5"];
+    let mut args = vec!["sweep", "--thinking-budgets", "-1", "--on-loop", "off,answer", "--json"];
+    args.extend(looping);
+    let v: Value = serde_json::from_str(ok(&args).trim()).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    let row = |on_loop: &str| runs.iter().find(|r| r["on_loop"] == on_loop).unwrap_or_else(|| panic!("{on_loop}: {v}"));
+    let (off, answer) = (row("off"), row("answer"));
+    assert_eq!((off["finish_reason"].as_str(), off["rescued"].as_bool()), (Some("length"), Some(false)), "{off}");
+    assert_eq!(off["answer"], "", "{off}");
+    assert_eq!((answer["finish_reason"].as_str(), answer["rescued"].as_bool()), (Some("stop"), Some(true)), "{answer}");
+    assert!(!answer["answer"].as_str().unwrap().trim().is_empty(), "{answer}");
+    let summary = v["summary"].as_array().unwrap();
+    let answered: Vec<(String, u64)> =
+        summary.iter().map(|s| (s["on_loop"].as_str().unwrap().to_string(), s["answered"].as_u64().unwrap())).collect();
+    assert_eq!(answered, [("off".to_string(), 0), ("answer".to_string(), 1)], "{v}");
+    // The table has the column.
+    let mut args = vec!["sweep", "--thinking-budgets", "-1", "--on-loop", "off,answer"];
+    args.extend(looping);
+    let table = ok(&args);
+    assert!(table.contains("on-loop") && table.contains("rescued") && table.contains(" answer "), "{table}");
+
+    let bin = env!("CARGO_BIN_EXE_deltascope");
+    let out = Command::new(bin).args(["run", "--prompt", "x", "--on-loop", "off,answer"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--on-loop takes one value here (2 given)"), "{err}");
+    let out = Command::new(bin).args(["run", "--prompt", "x", "--on-loop", "rescue"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("expected off, stop or answer"), "{err}");
+}
+
 #[test]
 fn run_thinking_budget_zero_turns_thinking_off() {
     let ev = events(&["run", "--prompt", "What is 12 + 30?", "--thinking-budget", "0", "--temperature", "0", "--json"]);

@@ -283,6 +283,67 @@ fn thinking_budget_b11549() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// 3b. A loop in thinking, rescued client-side (`--on-loop answer`).
+
+/// A negative frequency penalty rewards repeats, as a broken kernel can (the shipped
+/// `degenerate-loop` session's repetition penalty 0.5 does not loop here: llama.cpp's penalty
+/// window holds the last 64 generated tokens, not the prompt): the thinking loops until
+/// max_tokens and the answer is empty. With `--on-loop answer` deltascope closes the stream at
+/// the alarm, forces the bridge and `</think>` itself (llama.cpp's chat template from /props
+/// renders the continuation) and the model answers through /v1/completions. Under the same
+/// penalty its answer loops too, which stops it (finish `loop`), as `--on-loop answer` says.
+/// And a rescue whose forced block does not fit max_tokens is cut there, as the engine cuts it.
+#[test]
+fn a_loop_in_thinking_is_rescued_client_side() {
+    const LOOPING: &str = "What is 482 + 739?";
+    let server = LlamaServer::start(Build::B11549);
+    let settings = ["--max-tokens", "300", "--frequency-penalty", "-1"];
+    let off = remote(&server, LOOPING, &settings);
+    let d = done(&off);
+    assert_eq!(diagnostics(&off, "degenerate_loop").len(), 1, "the thinking loops: {d}");
+    assert!(diagnostics(&off, "loop_rescued").is_empty(), "{d}");
+    assert_eq!(d["finish_reason"], "length", "{d}");
+    assert!(str_of(d, "answer").trim().is_empty(), "without the rescue the loop eats the answer: {d}");
+
+    let mut rescue = settings.to_vec();
+    rescue.extend(["--on-loop", "answer"]);
+    let on = remote(&server, LOOPING, &rescue);
+    let d = done(&on);
+    let rescued = diagnostics(&on, "loop_rescued");
+    assert_eq!(rescued.len(), 1, "{on:?}");
+    let message = str_of(rescued[0], "message");
+    assert!(
+        message.contains("loop rescued (--on-loop answer)") && message.contains("deltascope (client-side)"),
+        "{message}"
+    );
+    let alarms = diagnostics(&on, "degenerate_loop");
+    assert_eq!(rescued[0]["start"], alarms[0]["start"], "the rescue names where the loop began");
+    assert_eq!(u64_of(rescued[0], "at_token"), u64_of(alarms[0], "at_token") + 1, "forced right after the alarm");
+    assert!(str_of(d, "thinking").trim_end().ends_with("directly now."), "the bridge closes the thinking: {d}");
+    assert!(!str_of(d, "answer").trim().is_empty(), "the rescued run answers: {d}");
+    assert!(usage(&on, "answer_tokens") > 0, "{d}");
+    // The answer's own loop stops it, with an alarm of its own.
+    assert_eq!(alarms.len(), 2, "{on:?}");
+    assert_eq!(d["finish_reason"], "loop", "{d}");
+    // The bridge's tokens and `</think>` are forced, counted apart from thinking and answer.
+    assert!((52..=53).contains(&usage(&on, "forced_tokens")), "{d}");
+    assert_eq!(
+        usage(&on, "completion_tokens"),
+        usage(&on, "thinking_tokens") + usage(&on, "forced_tokens") + usage(&on, "answer_tokens"),
+        "{d}"
+    );
+
+    // A loop caught 20 tokens before max_tokens: the forced block is cut at max_tokens.
+    let alarm_at = u64_of(diagnostics(&off, "degenerate_loop")[0], "at_token");
+    let max = (alarm_at + 20).to_string();
+    let cut = remote(&server, LOOPING, &["--max-tokens", &max, "--frequency-penalty", "-1", "--on-loop", "answer"]);
+    let d = done(&cut);
+    assert_eq!(d["finish_reason"], "length", "{d}");
+    assert_eq!(usage(&cut, "completion_tokens").to_string(), max, "never past max_tokens: {d}");
+    assert_eq!(diagnostics(&cut, "loop_rescued").len(), 1, "{cut:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
 // 4. max_tokens runs out inside thinking.
 
 #[test]

@@ -225,6 +225,48 @@ fn errors_use_the_openai_body_and_the_right_status() {
     assert_eq!((code, error(&body)["code"].clone()), (400, "context_length_exceeded".into()), "{body}");
 }
 
+/// `on_loop` (deltascope's request field): at the shipped `degenerate-loop` session's settings
+/// the demo's thinking loops and eats max_tokens; with `"on_loop": "answer"` the server forces
+/// the end of thinking and the model answers; the extension lists `loop_rescued`, /metrics
+/// counts it, and a value that is not off / stop / answer is a 400 naming the field.
+#[test]
+fn the_on_loop_field_rescues_a_looping_thinking() {
+    let s = Server::start(&[]);
+    let chat = format!("{}/v1/chat/completions", s.url());
+    let body = |on_loop: &str| {
+        format!(
+            r#"{{"messages": [{{"role": "user", "content": "What is 482 + 739?"}}], "max_tokens": 200, "temperature": 0, "repetition_penalty": 0.5{on_loop}}}"#
+        )
+    };
+    let reply = |b: &str| -> Value {
+        let (code, text) = curl(&["-d", b, &chat]);
+        assert_eq!(code, 200, "{text}");
+        serde_json::from_str(&text).unwrap()
+    };
+    let kinds = |v: &Value| -> Vec<String> {
+        v["deltascope"]["diagnostics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["kind"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let off = reply(&body(""));
+    assert_eq!(off["choices"][0]["finish_reason"], "length", "{off}");
+    assert!(off["choices"][0]["message"]["content"].as_str().unwrap_or("").trim().is_empty(), "{off}");
+    assert!(kinds(&off).contains(&"degenerate_loop".to_string()), "{off}");
+    let on = reply(&body(r#", "on_loop": "answer""#));
+    assert_eq!(on["choices"][0]["finish_reason"], "stop", "{on}");
+    assert!(!on["choices"][0]["message"]["content"].as_str().unwrap().trim().is_empty(), "{on}");
+    assert_eq!(kinds(&on), ["degenerate_loop", "loop_rescued"], "{on}");
+    let (_, metrics) = curl(&[&format!("{}/metrics", s.url())]);
+    assert!(metrics.contains("deltascope_loop_rescues_total 1"), "{metrics}");
+    let (code, text) = curl(&["-d", &body(r#", "on_loop": "rescue""#), &chat]);
+    let e: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!((code, e["error"]["param"].clone()), (400, "on_loop".into()), "{text}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("expected off, stop or answer"), "{text}");
+}
+
 fn done_event(out: &[u8]) -> Value {
     String::from_utf8_lossy(out)
         .lines()

@@ -352,13 +352,20 @@ impl FrameMapper {
     /// The client-side thinking budget ran out (or a loop is rescued): the stream was closed, and the bridge and
     /// `</think>` are forced, one token each (`ids` from the server's tokenizer, when it has
     /// one; else one piece each), before a `/v1/completions` continuation streams the answer.
-    pub fn force_end_of_thinking(&mut self, forced: Vec<(Option<u32>, String)>, emit: &mut dyn FnMut(EngineEvent)) {
+    /// Only the first `fits` are pushed (max_tokens' room), as the engine forces them; the
+    /// close marker only when all are.
+    pub fn force_end_of_thinking(
+        &mut self,
+        forced: Vec<(Option<u32>, String)>,
+        fits: usize,
+        emit: &mut dyn FnMut(EngineEvent),
+    ) {
         self.flush(emit);
         let who =
             if self.tally.rescue_due() { "deltascope (client-side)" } else { "deltascope (--budget-mode client)" };
         self.tally.forced_close(who, Some(forced.len()), emit);
         let last = forced.len().saturating_sub(1);
-        for (i, (id, text)) in forced.into_iter().enumerate() {
+        for (i, (id, text)) in forced.into_iter().enumerate().take(fits) {
             let marker = (i == last).then_some(Marker::Close);
             let piece = TokenPiece { id, text, phase: Phase::Thinking, marker, forced: true, ..Default::default() };
             self.tally.push(piece, emit);

@@ -270,7 +270,12 @@ async fn continue_after_budget(job: &mut StreamJob, emit: &mut (dyn FnMut(Engine
     };
     // The thinking as token ids (a server sends them with logprobs, which client mode asks for).
     let thinking_ids: Option<Vec<u32>> = job.mapper.tally().ids().iter().copied().collect();
-    job.mapper.force_end_of_thinking(forced.clone(), emit);
+    // As many forced tokens as max_tokens leaves room for (as the engine forces them).
+    let room = b.max_tokens.saturating_sub(job.mapper.tally().generated());
+    job.mapper.force_end_of_thinking(forced.clone(), room, emit);
+    if forced.len() > room {
+        return Outcome::End(End::Stopped(FinishReason::Length));
+    }
     job.mapper.prompt_tokens = prompt_ids.as_ref().map(Vec::len);
     let remaining = b.max_tokens.saturating_sub(job.mapper.tally().generated());
     if remaining == 0 {
