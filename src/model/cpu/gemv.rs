@@ -714,6 +714,110 @@ mod x86 {
         }
     }
 
+    /// bf16 bits of the e4m3 subnormals `m · 2^-9`, m = 0..7 (the rest of the 32 unused).
+    const E4M3_SUBNORMAL_BF16: [u16; 32] = {
+        let mut t = [0u16; 32];
+        let mut m = 1;
+        while m < 8 {
+            t[m] = (crate::model::fp8::e4m3_to_f32(m as u8).to_bits() >> 16) as u16;
+            m += 1;
+        }
+        t
+    };
+
+    /// FP8 rows against up to 8 bf16 activation rows ([`super::fp8_pairs_rows`]).
+    ///
+    /// # Safety
+    ///
+    /// AVX-512F, AVX-512BW and AVX512_BF16; the lengths are those `fp8_pairs_rows` asserted.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub unsafe fn rows_fp8_dpbf16(
+        w: Fp8Rows<'_>,
+        n: usize,
+        k: usize,
+        x: &PairRows,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) {
+        macro_rules! dispatch {
+            ($($r:literal),*) => {
+                match rows.len() {
+                    $($r => {
+                        let mut xp = [std::ptr::null::<u16>(); $r];
+                        for (i, p) in xp.iter_mut().enumerate() {
+                            *p = x.bits_row(rows.start + i).as_ptr();
+                        }
+                        for o in 0..k {
+                            let scales = w.row_scales(o, n);
+                            // SAFETY: row o holds n codes, its scales cover them, every
+                            // activation row holds n values.
+                            let acc = unsafe { fp8_dpbf16::<$r>(w.q[o * n..].as_ptr(), scales, xp, n) };
+                            out[o * $r..(o + 1) * $r].copy_from_slice(&acc);
+                        }
+                    })*
+                    _ => unreachable!("FP8 row groups are at most {MAX_ROWS}"),
+                }
+            };
+        }
+        dispatch!(1, 2, 3, 4, 5, 6, 7, 8)
+    }
+
+    /// One FP8 row against `R` bf16 rows: 32 codes a step, a block's sum scaled at its end.
+    ///
+    /// # Safety
+    ///
+    /// AVX-512F, AVX-512BW and AVX512_BF16; `q` and every `x[r]` point at rows of `n` values,
+    /// `scales` holds `ceil(n / 128)`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn fp8_dpbf16<const R: usize>(q: *const u8, scales: &[f32], x: [*const u16; R], n: usize) -> [f32; R] {
+        const CHUNK: usize = 32;
+        let chunks = n / CHUNK;
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut blk = [_mm512_setzero_ps(); R];
+        // SAFETY: every load reads a whole chunk below chunks · 32 <= n; the table is 32 u16.
+        unsafe {
+            let magnitude = _mm512_set1_epi16(0x7F);
+            let sign_bit = _mm512_set1_epi16(0x80);
+            // e4m3 exponent bias 7 → bf16's 127.
+            let bias = _mm512_set1_epi16(120 << 7);
+            let eight = _mm512_set1_epi16(8);
+            let subnormal = _mm512_loadu_si512(E4M3_SUBNORMAL_BF16.as_ptr().cast());
+            for c in 0..chunks {
+                prefetch(q.wrapping_add(c * CHUNK).cast());
+                let codes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(q.add(c * CHUNK).cast()));
+                let mag = _mm512_and_si512(codes, magnitude);
+                // `S EEEE MMM` → bf16 `S EEEEEEEE MMM0000` (exponent + 120) for normal codes.
+                let normal = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), bias);
+                let small = _mm512_permutexvar_epi16(mag, subnormal);
+                let bits = _mm512_mask_blend_epi16(_mm512_cmplt_epu16_mask(mag, eight), normal, small);
+                let bits = _mm512_or_si512(bits, _mm512_slli_epi16(_mm512_and_si512(codes, sign_bit), 8));
+                let wv: __m512bh = std::mem::transmute(bits);
+                for r in 0..R {
+                    let xv: __m512bh = std::mem::transmute(_mm512_loadu_si512(x[r].add(c * CHUNK).cast()));
+                    blk[r] = _mm512_dpbf16_ps(blk[r], wv, xv);
+                }
+                // A block of 128 values (or the row's last whole chunk) ends: times its scale.
+                if (c + 1) % 4 == 0 || c + 1 == chunks {
+                    let s = _mm512_set1_ps(scales[c * CHUNK / 128]);
+                    for r in 0..R {
+                        acc[r] = _mm512_fmadd_ps(blk[r], s, acc[r]);
+                        blk[r] = _mm512_setzero_ps();
+                    }
+                }
+            }
+        }
+        std::array::from_fn(|r| {
+            let mut t = fold16(acc[r]);
+            // SAFETY: the caller's rows hold n values.
+            let (qs, xr) = unsafe { (std::slice::from_raw_parts(q, n), std::slice::from_raw_parts(x[r], n)) };
+            for (i, &xi) in xr.iter().enumerate().skip(chunks * CHUNK) {
+                t += super::fp8_value(qs, scales, i) * crate::model::storage::bf16_to_f32(xi);
+            }
+            t
+        })
+    }
+
     macro_rules! pair_rows {
         ($kernel:ident, $w:expr, $k:expr, $x:expr, $rows:expr, $out:expr, $split:literal, [$($r:literal),*]) => {{
             let (n, first) = ($x.n, $rows.start);
@@ -1169,6 +1273,43 @@ pub fn portable_pairs(w: &[u16], x: &[u16]) -> f32 {
     lanes[0] + pairs_tail(w, x, blocks * BLOCK)
 }
 
+/// Whether [`fp8_pairs_rows`] runs on this CPU (AVX512_BF16).
+pub fn fp8_pairs_available() -> bool {
+    super::gemm_bf16::available()
+}
+
+/// FP8 weight rows against bf16 activation rows (`--dtype bf16` on CPUs with AVX512_BF16): each
+/// 32 codes are turned into their bf16 values in registers (an e4m3 value has at most 4
+/// significant bits, so it is exact in bf16: the bits are moved, a subnormal code looked up),
+/// multiplied with `vdpbf16ps` (exact products, f32 sums) per 128-value block, and each block's
+/// sum multiplied by its scale. Half the instructions a weight of the f32-order kernel
+/// ([`fp8_rows`]), which `--dtype f32` keeps (its bits are the f32 checkpoint's); this order is
+/// bf16 precision's, within f32 rounding of the exact sum.
+pub fn fp8_pairs_rows(w: Fp8Rows<'_>, n: usize, x: &PairRows, out: &mut [f32]) {
+    let rows = x.rows;
+    let k = w.q.len().checked_div(n).unwrap_or(0);
+    let bands = (w.row0 + k).div_ceil(FP8_BLOCK);
+    assert!(
+        fp8_pairs_available()
+            && n == x.n
+            && k * n == w.q.len()
+            && out.len() == k * rows
+            && w.grid.len() >= bands * n.div_ceil(FP8_BLOCK),
+        "fp8_pairs_rows: {} codes as rows of {n} from row {}, {} scales, {} outputs for {rows} activation rows of {}",
+        w.q.len(),
+        w.row0,
+        w.grid.len(),
+        out.len(),
+        x.n
+    );
+    if k == 0 || rows == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX512_BF16 (with F and BW) is present (asserted); the lengths were asserted.
+    in_groups(k, rows, MAX_ROWS, out, |r, y| unsafe { x86::rows_fp8_dpbf16(w, n, k, x, r, y) });
+}
+
 /// The scalar tail past the last full block, in order.
 #[inline(always)]
 pub(super) fn pairs_tail(w: &[u16], x: &[u16], from: usize) -> f32 {
@@ -1298,6 +1439,70 @@ mod tests {
                     fp8_rows(simd, w, n, &xs, &mut got);
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&got), bits(&want), "{simd:?} k {k} n {n} row0 {row0} rows {r}");
+                }
+            }
+        }
+    }
+
+    /// FP8 against bf16 rows (`vdpbf16ps`): every output is the exact sum (f64, of the same
+    /// dequantised weights and bf16 activations) within f32 accumulation's rounding, its bits do
+    /// not depend on how many rows share the call, and every code decodes (subnormals, both
+    /// signs, all exponents), across block edges, partial blocks and tails.
+    #[test]
+    fn fp8_against_bf16_rows_is_the_exact_sum_within_f32_rounding() {
+        use crate::model::fp8::{E4M3, is_nan_code};
+        if !fp8_pairs_available() {
+            eprintln!("no AVX512_BF16 on this CPU: the FP8 vdpbf16ps GEMV is not exercised here");
+            return;
+        }
+        for (k, n, row0) in [
+            (3usize, 1usize, 0usize),
+            (2, 31, 0),
+            (3, 32, 127),
+            (2, 33, 5),
+            (4, 130, 126),
+            (3, 1024, 0),
+            (2, 3589, 200),
+        ] {
+            let gc = n.div_ceil(FP8_BLOCK);
+            let bands = (row0 + k).div_ceil(FP8_BLOCK);
+            let grid: Vec<f32> =
+                (0..bands * gc).map(|i| 2f32.powi(-(i as i32 % 9)) * (1.0 + (i % 5) as f32 * 0.37)).collect();
+            // Every code, NaNs excluded.
+            let q: Vec<u8> = (0..k * n)
+                .map(|i| ((i * 151 + 7) % 256) as u8)
+                .map(|b| if is_nan_code(b) { b - 1 } else { b })
+                .collect();
+            let w = Fp8Rows { q: &q, grid: &grid, row0 };
+            let weight =
+                |o: usize, i: usize| E4M3[q[o * n + i] as usize] * grid[((row0 + o) / FP8_BLOCK) * gc + i / FP8_BLOCK];
+            let rows: Vec<Vec<f32>> = (0..MAX_ROWS)
+                .map(|r| {
+                    (0..n).map(|i| half::bf16::from_f32(((i * 31 + r * 7) as f32 * 0.37).sin()).to_f32()).collect()
+                })
+                .collect();
+            let all: Vec<&[f32]> = rows.iter().map(|v| v.as_slice()).collect();
+            let x_all = PairRows::new(PairKernel::Dpbf16, &all, n);
+            let mut together = vec![0f32; k * MAX_ROWS];
+            fp8_pairs_rows(w, n, &x_all, &mut together);
+            for (r, row) in rows.iter().enumerate() {
+                let x_one = PairRows::new(PairKernel::Dpbf16, &[row.as_slice()], n);
+                let mut alone = vec![0f32; k];
+                fp8_pairs_rows(w, n, &x_one, &mut alone);
+                for o in 0..k {
+                    let got = together[o * MAX_ROWS + r];
+                    assert_eq!(
+                        got.to_bits(),
+                        alone[o].to_bits(),
+                        "k {k} n {n} row {r} output {o}: alone vs in a group"
+                    );
+                    let exact: f64 = (0..n).map(|i| f64::from(weight(o, i)) * f64::from(row[i])).sum();
+                    let mag: f64 = (0..n).map(|i| (f64::from(weight(o, i)) * f64::from(row[i])).abs()).sum();
+                    let bound = mag * (n as f64 + 4.0) * f64::from(f32::EPSILON);
+                    assert!(
+                        (f64::from(got) - exact).abs() <= bound,
+                        "k {k} n {n} row {r} output {o}: {got} vs {exact} (bound {bound})"
+                    );
                 }
             }
         }

@@ -333,8 +333,12 @@ impl Linear {
         let (rows, inp, out) = (x.rows, self.in_features, self.out_features);
         let xs: Vec<&[f32]> = (0..rows).map(|r| x.row(r)).collect();
         // bf16 activations against bf16 weights (`--dtype bf16`): the pair order, which
-        // `vdpbf16ps` computes where the CPU has it (`gemv::PairKernel`).
-        let pairs = (prec == Precision::Bf16 && self.all_bf16()).then(|| PairRows::new(self.pairs, &xs, inp));
+        // `vdpbf16ps` computes where the CPU has it (`gemv::PairKernel`); FP8 weights (with
+        // bf16 parts beside them) against bf16 activations with `vdpbf16ps` too, where the CPU
+        // has it (`gemv::fp8_pairs_rows`).
+        let fp8_pairs = self.fp8_with_bf16() && gemv::fp8_pairs_available();
+        let pairs =
+            (prec == Precision::Bf16 && (self.all_bf16() || fp8_pairs)).then(|| PairRows::new(self.pairs, &xs, inp));
         // The kernels write a block of outputs transposed ([block, rows]); threads own blocks.
         let block_fn = |(bi, chunk): (usize, &mut [f32]), block: usize| match &pairs {
             Some(p) => self.pair_dots(bi * block, chunk.len() / rows, p, chunk),
@@ -480,15 +484,20 @@ impl Linear {
         }
     }
 
-    /// [`Linear::dots`] for bf16 weights against bf16 activations.
+    /// [`Linear::dots`] for bf16 (and FP8) weights against bf16 activations.
     fn pair_dots(&self, o0: usize, k: usize, x: &PairRows, out: &mut [f32]) {
         let inp = self.in_features;
         let mut out = out;
         for (w, at, n) in self.spans(o0, k) {
             let (mine, rest) = std::mem::take(&mut out).split_at_mut(n * x.rows());
             out = rest;
-            if let Weights::Bf16(v) = w {
-                gemv::pairs_rows(&v[at * inp..(at + n) * inp], x, mine);
+            match w {
+                Weights::Bf16(v) => gemv::pairs_rows(&v[at * inp..(at + n) * inp], x, mine),
+                Weights::Fp8(f) => {
+                    let rows = gemv::Fp8Rows { q: &f.q[at * inp..(at + n) * inp], grid: &f.scales, row0: f.row0 + at };
+                    gemv::fp8_pairs_rows(rows, inp, x, mine)
+                }
+                _ => unreachable!("pair rows are made for bf16 and FP8 weights only (checked by the caller)"),
             }
         }
     }
