@@ -231,6 +231,8 @@ impl Tally {
         if self.phase == Phase::Thinking {
             self.phase = Phase::Answer;
             self.closed_at = Some(self.generated);
+            // Thinking ended by itself before a rescue came: nothing left to rescue.
+            self.rescue = None;
         }
     }
 
@@ -341,6 +343,7 @@ impl Tally {
                 self.phase = Phase::Answer;
                 self.closed_at = Some(self.generated);
                 self.marker_streamed = true;
+                self.rescue = None;
             }
             Some(Marker::Close) => {}
             None if piece.phase == Phase::Answer => self.close_thinking(),
@@ -657,6 +660,33 @@ mod tests {
         assert_eq!(f.diagnostics, [(DiagnosticKind::ThinkingBudgetForced, 2)]);
         let d = out.iter().find_map(|e| if let EngineEvent::Diagnostic(d) = e { Some(d) } else { None }).unwrap();
         assert!(d.message.contains("after 2 thinking tokens"), "{}", d.message);
+    }
+
+    /// A rescue asked for in thinking is dropped when thinking ends by itself first (an accepted
+    /// MTP draft can be `</think>` right after the alarm's token), and never fires later.
+    #[test]
+    fn a_rescue_is_dropped_when_thinking_closes_by_itself() {
+        use crate::generation::{LoopParams, OnLoop};
+        let mut emit = |_: EngineEvent| {};
+        let params = GenerationParams {
+            loop_detection: LoopParams { on_loop: OnLoop::Answer, ..Default::default() },
+            ..Default::default()
+        };
+        let mut t = Tally::new(&params, Phase::Thinking, CountSource::Engine, Instant::now());
+        let mut n = 0;
+        while !t.rescue_due() {
+            t.push(TokenPiece { id: Some(7), ..piece("7", Phase::Thinking) }, &mut emit);
+            n += 1;
+            assert!(n < 200, "the loop is detected");
+        }
+        t.push(
+            TokenPiece { id: Some(9), marker: Some(Marker::Close), ..piece("</think>", Phase::Thinking) },
+            &mut emit,
+        );
+        assert!(!t.rescue_due());
+        t.push(TokenPiece { id: Some(8), marker: Some(Marker::Open), ..piece("<think>", Phase::Answer) }, &mut emit);
+        assert_eq!(t.phase(), Phase::Thinking);
+        assert!(!t.rescue_due(), "a re-opened thinking is not rescued for the old loop");
     }
 
     #[test]
