@@ -73,30 +73,7 @@ pub fn gemm<'w, F>(x: &PackedTokens, k: usize, out: usize, row: F, y: &mut [f32]
 where
     F: Fn(usize) -> &'w [u16] + Sync,
 {
-    assert!(available(), "the bf16 GEMM needs AVX512_BF16");
-    assert!(y.len() == x.rows * out && x.pairs == k.div_ceil(2));
-    let panels = out.div_ceil(PANEL);
-    let y_ptr = OutPtr(y.as_mut_ptr());
-    (0..panels).into_par_iter().for_each_init(
-        || vec![0u32; x.pairs * PANEL],
-        |packed, pi| {
-            let n0 = pi * PANEL;
-            let width = PANEL.min(out - n0);
-            pack_panel(&row, n0, width, k, packed);
-            for t0 in (0..x.rows).step_by(TILE) {
-                let n = TILE.min(x.rows - t0);
-                let tile = &x.data[t0 * x.pairs..(t0 + n) * x.pairs];
-                // SAFETY: the CPU has AVX512_BF16 (asserted above); `packed` holds `pairs`
-                // lines of 32 features and `tile` `pairs` lines of `n` tokens; this panel
-                // writes only columns n0..n0 + width of rows t0..t0 + n, which no other panel
-                // writes, all inside `y` (rows · out values).
-                #[cfg(target_arch = "x86_64")]
-                unsafe {
-                    x86::tile::<false>(n, packed, tile, x.pairs, y_ptr.at(t0 * out + n0), out, width)
-                };
-            }
-        },
-    );
+    panels::<false>(x, k, out, y, |n0, width, packed, _| pack_panel(&row, n0, width, k, packed));
 }
 
 /// [`gemm`] for weights that are not bf16 as stored (FP8: `e4m3 · scale`, with bf16 parts of
@@ -111,24 +88,42 @@ pub fn gemm_split<F>(x: &PackedTokens, k: usize, out: usize, widen: F, y: &mut [
 where
     F: Fn(usize, &mut [f32]) + Sync,
 {
+    panels::<true>(x, k, out, y, |n0, width, packed, wide| {
+        wide.resize(k, 0.0);
+        pack_split_panel(&widen, n0, width, k, packed, wide)
+    });
+}
+
+/// The threaded sweep both GEMMs share: panels of 32 output features on all threads, each
+/// packed by `pack(n0, width, panel, scratch)` (one line of 32 pairs a pair, two with `SPLIT`:
+/// hi then lo) and swept by tiles of tokens.
+fn panels<const SPLIT: bool>(
+    x: &PackedTokens,
+    k: usize,
+    out: usize,
+    y: &mut [f32],
+    pack: impl Fn(usize, usize, &mut [u32], &mut Vec<f32>) + Sync,
+) {
     assert!(available(), "the bf16 GEMM needs AVX512_BF16");
     assert!(y.len() == x.rows * out && x.pairs == k.div_ceil(2));
-    let panels = out.div_ceil(PANEL);
+    let lines = if SPLIT { 2 } else { 1 };
     let y_ptr = OutPtr(y.as_mut_ptr());
-    (0..panels).into_par_iter().for_each_init(
-        || (vec![0u32; x.pairs * PANEL * 2], vec![0f32; k]),
-        |(packed, wide), pi| {
+    (0..out.div_ceil(PANEL)).into_par_iter().for_each_init(
+        || (vec![0u32; x.pairs * PANEL * lines], Vec::new()),
+        |(packed, scratch), pi| {
             let n0 = pi * PANEL;
             let width = PANEL.min(out - n0);
-            pack_split_panel(&widen, n0, width, k, packed, wide);
+            pack(n0, width, packed, scratch);
             for t0 in (0..x.rows).step_by(TILE) {
                 let n = TILE.min(x.rows - t0);
                 let tile = &x.data[t0 * x.pairs..(t0 + n) * x.pairs];
-                // SAFETY: as in `gemm`, with `packed` holding `pairs` lines of 64 values (the
-                // hi and lo halves of 32 features).
+                // SAFETY: the CPU has AVX512_BF16 (asserted above); `packed` holds `pairs`
+                // lines of 32 features (64 values: hi and lo, with SPLIT) and `tile` `pairs`
+                // lines of `n` tokens; this panel writes only columns n0..n0 + width of rows
+                // t0..t0 + n, which no other panel writes, all inside `y` (rows · out values).
                 #[cfg(target_arch = "x86_64")]
                 unsafe {
-                    x86::tile::<true>(n, packed, tile, x.pairs, y_ptr.at(t0 * out + n0), out, width)
+                    x86::tile::<SPLIT>(n, packed, tile, x.pairs, y_ptr.at(t0 * out + n0), out, width)
                 };
             }
         },

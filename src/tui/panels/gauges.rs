@@ -100,22 +100,14 @@ impl Widget for BudgetBar {
                 }
             }
         }
-        if let Some(from) = self.rescued_from {
-            let x = (((self.prompt + from) as f64 / total) * w).round() as u16;
+        // Markers: where a rescued loop began (↻) and the thinking budget (┃), tokens after the prompt.
+        let marks = [(self.rescued_from, '↻'), (self.budget, '┃')];
+        for (at, glyph) in marks.into_iter().filter_map(|(at, g)| at.map(|a| (a, g))) {
+            let x = (((self.prompt + at) as f64 / total) * w).round() as u16;
             if x < area.width {
                 for y in area.top()..area.bottom() {
                     if let Some(cell) = buf.cell_mut((area.x + x, y)) {
-                        cell.set_char('↻').set_style(Style::new().fg(self.marker).add_modifier(Modifier::BOLD));
-                    }
-                }
-            }
-        }
-        if let Some(b) = self.budget {
-            let x = (((self.prompt + b) as f64 / total) * w).round() as u16;
-            if x < area.width {
-                for y in area.top()..area.bottom() {
-                    if let Some(cell) = buf.cell_mut((area.x + x, y)) {
-                        cell.set_char('┃').set_style(Style::new().fg(self.marker).add_modifier(Modifier::BOLD));
+                        cell.set_char(glyph).set_style(Style::new().fg(self.marker).add_modifier(Modifier::BOLD));
                     }
                 }
             }
