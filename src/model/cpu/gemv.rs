@@ -1394,9 +1394,17 @@ mod tests {
     /// FP8 rows give, on every kernel and at every row count, the bits of f32 rows holding
     /// their dequantised values (`e4m3 · scale`), across scale bands and with tails; codes of
     /// every kind (subnormal, negative, the largest) and scales of several magnitudes.
+    /// `len` e4m3 codes running through every code (NaNs replaced by their neighbour).
+    fn every_code(len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|i| ((i * 151 + 7) % 256) as u8)
+            .map(|b| if crate::model::fp8::is_nan_code(b) { b - 1 } else { b })
+            .collect()
+    }
+
     #[test]
     fn fp8_rows_give_the_bits_of_their_dequantised_f32_rows() {
-        use crate::model::fp8::{E4M3, is_nan_code};
+        use crate::model::fp8::E4M3;
         let have = kernels();
         for (k, n, row0) in [
             (3usize, 1usize, 0usize),
@@ -1420,10 +1428,7 @@ mod tests {
                     }
                 })
                 .collect();
-            let q: Vec<u8> = (0..k * n)
-                .map(|i| ((i * 151 + 7) % 256) as u8)
-                .map(|b| if is_nan_code(b) { b - 1 } else { b })
-                .collect();
+            let q = every_code(k * n);
             let w = Fp8Rows { q: &q, grid: &grid, row0 };
             let wide: Vec<f32> = (0..k * n)
                 .map(|i| E4M3[q[i] as usize] * grid[((row0 + i / n) / FP8_BLOCK) * gc + (i % n) / FP8_BLOCK])
@@ -1450,7 +1455,7 @@ mod tests {
     /// signs, all exponents), across block edges, partial blocks and tails.
     #[test]
     fn fp8_against_bf16_rows_is_the_exact_sum_within_f32_rounding() {
-        use crate::model::fp8::{E4M3, is_nan_code};
+        use crate::model::fp8::E4M3;
         if !fp8_pairs_available() {
             eprintln!("no AVX512_BF16 on this CPU: the FP8 vdpbf16ps GEMV is not exercised here");
             return;
@@ -1469,10 +1474,7 @@ mod tests {
             let grid: Vec<f32> =
                 (0..bands * gc).map(|i| 2f32.powi(-(i as i32 % 9)) * (1.0 + (i % 5) as f32 * 0.37)).collect();
             // Every code, NaNs excluded.
-            let q: Vec<u8> = (0..k * n)
-                .map(|i| ((i * 151 + 7) % 256) as u8)
-                .map(|b| if is_nan_code(b) { b - 1 } else { b })
-                .collect();
+            let q = every_code(k * n);
             let w = Fp8Rows { q: &q, grid: &grid, row0 };
             let weight =
                 |o: usize, i: usize| E4M3[q[o * n + i] as usize] * grid[((row0 + o) / FP8_BLOCK) * gc + i / FP8_BLOCK];
