@@ -1391,9 +1391,6 @@ mod tests {
         }
     }
 
-    /// FP8 rows give, on every kernel and at every row count, the bits of f32 rows holding
-    /// their dequantised values (`e4m3 · scale`), across scale bands and with tails; codes of
-    /// every kind (subnormal, negative, the largest) and scales of several magnitudes.
     /// `len` e4m3 codes running through every code (NaNs replaced by their neighbour).
     fn every_code(len: usize) -> Vec<u8> {
         (0..len)
@@ -1402,6 +1399,9 @@ mod tests {
             .collect()
     }
 
+    /// FP8 rows give, on every kernel and at every row count, the bits of f32 rows holding
+    /// their dequantised values (`e4m3 · scale`), across scale bands and with tails; codes of
+    /// every kind (subnormal, negative, the largest) and scales of several magnitudes.
     #[test]
     fn fp8_rows_give_the_bits_of_their_dequantised_f32_rows() {
         use crate::model::fp8::E4M3;
