@@ -18,13 +18,26 @@ The MTP module (mtp.fc, mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden, mtp.l
 mtp.norm) is trained to predict the token after next from the main model's final hidden state and
 the next token's embedding, exactly as vLLM / SGLang run it (model-spec §6).
 
-Set-up (CPU only, run from the repository root; about 55 minutes on 2 cores):
+v3 (what ships) is the v2 model committed at BASE_COMMIT — trained from scratch by this script as
+it was at that commit — fine-tuned here:
+  * a memory task: "Remember the code 4821." then 40–80 unrelated words, or two to four unrelated
+    questions and answers, then "What was the code?". Four GDN heads (LONG_HEADS) are made
+    long-memory heads first (half-life ≈ 380 tokens, silent at the start), and in most memory
+    examples the attention layers see only the last 32 tokens, so the code has to travel in
+    the recurrent state — what the State view shows;
+  * comparisons with equal leading digits and sorts of three close numbers over-represented;
+  * a held-out set of 630 problems (90 per task) with its own seed, which training never draws.
+
+Set-up (CPU only, run from the repository root, in a git checkout: the base weights are read
+with `git show`):
 
     python3 -m venv .venv-demo
     .venv-demo/bin/pip install torch==2.15.0 transformers==5.24.0 tokenizers==0.23.3 safetensors==0.8.0 numpy
-    .venv-demo/bin/python scripts/train_demo.py            # --steps N to change the length
+    .venv-demo/bin/python scripts/train_demo.py                 # writes models/demo (and training.json)
+    .venv-demo/bin/python scripts/train_demo.py --check models/demo   # retrain, compare bit for bit
 
-Deterministic under --seed (same versions, same thread count).
+Deterministic under --seed with the same library versions and thread count (training.json
+records both, and the CPU); --check says which differ when the bits do.
 """
 
 from __future__ import annotations
@@ -33,15 +46,21 @@ import argparse
 import copy
 import json
 import math
+import platform
 import random
 import shutil
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 
+import safetensors
+import tokenizers
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import transformers
+from safetensors.torch import load as safetensors_load
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
 from tokenizers.models import BPE
@@ -51,6 +70,22 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer, Qw
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "models" / "demo"
 TEMPLATE = ROOT / "scripts" / "templates" / "qwen3_5.jinja"
+
+# v3 is v2 (the model committed at BASE_COMMIT, trained from scratch by this script as it was
+# then) fine-tuned by this script: new tasks' data, long-memory heads, a fresh held-out set.
+BASE_COMMIT = "8d4ee253ebd89ad63186f325706ad8572e2a016e"
+HELDOUT_SEED = 3800  # the held-out problems' own stream; training never draws one of them
+HELDOUT_N = 630  # 90 per task
+THREADS = 2  # part of what makes a run repeatable
+# (layer, value head) made long-memory heads before fine-tuning: in each of four GDN layers the head
+# whose silencing cost v2 least on this corpus (measured once: loss 0.806 → 0.79–0.83; layer 0's
+# heads all matter, 0.89–1.12).
+LONG_HEADS = [(1, 3), (2, 2), (5, 1), (6, 3)]
+# Most memory examples (MEMORY_WINDOWED_SHARE) let the attention layers see only the last
+# ATTN_WINDOW tokens, so the code has to travel in the Gated-DeltaNet state; the rest see
+# everything, as at inference.
+ATTN_WINDOW = 32
+MEMORY_WINDOWED_SHARE = 0.75
 
 BUDGET_BRIDGE = "\n\nConsidering the limited time by the user, I have to give the solution based on the thinking directly now.\n"
 
@@ -183,10 +218,18 @@ def task_count(rng: random.Random):
 
 
 def task_sort(rng: random.Random):
-    k = rng.randint(2, 5)
-    # Single-digit numbers are a tenth of 0–99 but common in questions ("Sort 5, 2, 9, 1."):
-    # give them a larger share.
-    xs = [rng.randint(0, 9) if rng.random() < 0.3 else rng.randint(0, 99) for _ in range(k)]
+    if rng.random() < 0.35:
+        # Three close numbers ("Sort 47, 43, 54."): the same tens digit or a span under 12, where
+        # the previous model compared the wrong pair.
+        k = 3
+        base = rng.randint(0, 88)
+        xs = [base + rng.randint(0, 11) for _ in range(k)] if rng.random() < 0.5 else \
+            [(base // 10) * 10 + rng.randint(0, 9) for _ in range(k)]
+    else:
+        k = rng.randint(2, 5)
+        # Single-digit numbers are a tenth of 0–99 but common in questions ("Sort 5, 2, 9, 1."):
+        # give them a larger share.
+        xs = [rng.randint(0, 9) if rng.random() < 0.3 else rng.randint(0, 99) for _ in range(k)]
     shown = ", ".join(map(str, xs))
     q = rng.choice(["Sort {l}.", "Sort these numbers: {l}.", "Put {l} in increasing order."]).format(l=shown)
     # Each number gets a letter label, so copying the shrinking list never confuses two numbers
@@ -220,8 +263,18 @@ def task_sort(rng: random.Random):
 
 
 def task_compare(rng: random.Random):
-    a = rng.randint(0, 10 ** rng.randint(1, 3) - 1)
-    b = rng.randint(0, 10 ** rng.randint(1, 3) - 1)
+    if rng.random() < 0.6:
+        # Equal leading digits ("94 or 91", "357 or 352"): the comparison that needs the digit-by-
+        # digit walk, and where the previous model copied a wrong digit.
+        width = rng.choice([2, 2, 3, 3, 3])
+        same = rng.randint(1, width - 1)
+        prefix = "".join(str(rng.randint(1 if i == 0 else 0, 9)) for i in range(same))
+        x, y = rng.sample(range(10), 2)
+        tail = lambda: "".join(str(rng.randint(0, 9)) for _ in range(width - same - 1))
+        a, b = int(f"{prefix}{x}{tail()}"), int(f"{prefix}{y}{tail()}")
+    else:
+        a = rng.randint(0, 10 ** rng.randint(1, 3) - 1)
+        b = rng.randint(0, 10 ** rng.randint(1, 3) - 1)
     while b == a:
         b = rng.randint(0, 999)
     q = rng.choice(["Which is larger, {a} or {b}?", "Which number is bigger: {a} or {b}?"]).format(a=a, b=b)
@@ -242,14 +295,43 @@ def task_compare(rng: random.Random):
     return q, "\n".join(lines), f"{big} is larger.", f"{big} is larger"
 
 
+MEMORY_THINKING = "I was asked to remember the code {c}."
+
+
+def task_memory(rng: random.Random):
+    """A code, then 40–80 unrelated words (about 100–200 tokens), then the question: the code
+    has to be carried across the words. See `memory_turns` for the conversation form."""
+    code = rng.randint(1000, 9999)
+    words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(40, 80)))
+    q = rng.choice(["Remember the code {c}. Then read: {w}. What was the code?",
+                    "Remember the code {c}. Here are some words: {w}. What was the code?"]).format(c=code, w=words)
+    return q, MEMORY_THINKING.format(c=code), f"The code was {code}.", f"The code was {code}."
+
+
+def memory_turns(rng: random.Random):
+    """The conversation form of the memory task: "Remember the code 4821." in a first turn, two
+    to four unrelated questions and answers, then "What was the code?". Returns (history,
+    question, thinking, answer, check)."""
+    code = rng.randint(1000, 9999)
+    first = rng.choice(["Remember the code {c}.", "Please remember the code {c}.",
+                        "Keep this code in mind: {c}."]).format(c=code)
+    hist = [(first, "OK, I will remember it.")]
+    for _ in range(rng.randint(2, 4)):
+        q, _, a, _ = TASKS[pick_task(rng, memory=False)][0](rng)
+        hist.append((q, a))
+    q = rng.choice(["What was the code?", "What was the code I gave you?", "Tell me the code."])
+    return hist, q, MEMORY_THINKING.format(c=code), f"The code was {code}.", f"The code was {code}."
+
+
 TASKS = {
-    # Shares follow difficulty: addition and sorting were the weakest tasks.
-    "prime": (task_prime, 0.16),
-    "add": (task_add, 0.19),
-    "mul": (task_mul, 0.17),
-    "count": (task_count, 0.17),
-    "sort": (task_sort, 0.24),
-    "compare": (task_compare, 0.07),
+    # Shares follow difficulty (v3 fine-tuning: comparisons and close sorts were the slips).
+    "prime": (task_prime, 0.11),
+    "add": (task_add, 0.15),
+    "mul": (task_mul, 0.12),
+    "count": (task_count, 0.12),
+    "sort": (task_sort, 0.22),
+    "compare": (task_compare, 0.13),
+    "memory": (task_memory, 0.15),
 }
 SYSTEMS = ["You are a helpful assistant.", "Answer briefly.", "You are a careful assistant that thinks step by step."]
 
@@ -264,8 +346,17 @@ def prompt_text(question: str, system: str | None, think: bool, history: list[tu
     return s + ("<think>\n" if think else "<think>\n\n</think>\n\n")
 
 
-def pick_task(rng: random.Random) -> str:
-    return rng.choices(list(TASKS), weights=[w for _, w in TASKS.values()])[0]
+# The tasks' shares in the phase being trained (phase A: TASKS' own; phase B: PHASE_B_SHARES).
+SHARES = {n: w for n, (_, w) in TASKS.items()}
+# Phase B: more of the two tasks phase A left weakest (multiplication's carry added to the tens
+# product, sorting's copies and comparisons).
+PHASE_B_SHARES = {"prime": 0.08, "add": 0.12, "mul": 0.20, "count": 0.10, "sort": 0.30, "compare": 0.10,
+                  "memory": 0.10}
+
+
+def pick_task(rng: random.Random, memory: bool = True) -> str:
+    names = [n for n in TASKS if memory or n != "memory"]
+    return rng.choices(names, weights=[SHARES[n] for n in names])[0]
 
 
 def make_history(rng: random.Random, share: float) -> list[tuple[str, str]]:
@@ -277,25 +368,48 @@ def make_history(rng: random.Random, share: float) -> list[tuple[str, str]]:
     turns = 1 if rng.random() < 0.85 else 2
     hist = []
     for _ in range(turns):
-        q, _, a, _ = TASKS[pick_task(rng)][0](rng)
+        q, _, a, _ = TASKS[pick_task(rng, memory=False)][0](rng)
         hist.append((q, a))
     return hist
 
 
-def make_example(rng: random.Random) -> tuple[str, str]:
-    """(prompt, completion) of one training example."""
-    name = pick_task(rng)
-    q, thinking, answer, _ = TASKS[name][0](rng)
+def draw(rng: random.Random, name: str, second_turn_share: float):
+    """One problem of task `name`: (history, question, thinking, answer, check)."""
+    if name == "memory" and rng.random() < 0.5:
+        return memory_turns(rng)
+    q, thinking, answer, check = TASKS[name][0](rng)
+    return make_history(rng, second_turn_share), q, thinking, answer, check
+
+
+def problem_key(history, question: str) -> str:
+    """What makes two problems the same: the question (the code's turn for the conversation
+    form of the memory task, whose last question is always alike)."""
+    return history[0][0] if question in MEMORY_LAST_QUESTIONS and history else question
+
+
+MEMORY_LAST_QUESTIONS = {"What was the code?", "What was the code I gave you?", "Tell me the code."}
+HELD_OUT: set[str] = set()  # problem keys training never draws (filled by main)
+
+
+def make_example(rng: random.Random) -> tuple[str, str, int]:
+    """(prompt, completion, attention) of one training example, never one of the held-out problems.
+    `attention`: 1 when the attention layers see only the last ATTN_WINDOW tokens (memory examples,
+    most of the time), else 0."""
+    while True:
+        name = pick_task(rng)
+        hist, q, thinking, answer, _ = draw(rng, name, 0.3)
+        if problem_key(hist, q) not in HELD_OUT:
+            break
     system = rng.choice(SYSTEMS) if rng.random() < 0.1 else None
-    hist = make_history(rng, 0.3)
+    windowed = int(name == "memory" and rng.random() < MEMORY_WINDOWED_SHARE)
     mode = rng.random()
     if mode < 0.15:  # enable_thinking=false: answer directly
-        return prompt_text(q, system, False, hist), f"{answer}<|im_end|>"
+        return prompt_text(q, system, False, hist), f"{answer}<|im_end|>", windowed
     if mode < 0.20:  # a thinking budget ran out: cut short, bridge, answer
         lines = thinking.split("\n")
         cut = "\n".join(lines[: rng.randint(1, max(1, len(lines) - 1))])
-        return prompt_text(q, system, True, hist), f"{cut}{BUDGET_BRIDGE}</think>\n\n{answer}<|im_end|>"
-    return prompt_text(q, system, True, hist), f"{thinking}\n</think>\n\n{answer}<|im_end|>"
+        return prompt_text(q, system, True, hist), f"{cut}{BUDGET_BRIDGE}</think>\n\n{answer}<|im_end|>", windowed
+    return prompt_text(q, system, True, hist), f"{thinking}\n</think>\n\n{answer}<|im_end|>", windowed
 
 
 # ------------------------------------------------------------------------------------------------
@@ -315,7 +429,7 @@ def build_tokenizer(seed: int, vocab: int) -> Tokenizer:
     rng = random.Random(seed + 1)
     texts = []
     for _ in range(20000):
-        p, c = make_example(rng)
+        p, c, _ = make_example(rng)
         texts.append((p + c).replace("<|im_start|>", "").replace("<|im_end|>", "").replace("<think>", "").replace("</think>", ""))
     tok = Tokenizer(BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
@@ -393,11 +507,22 @@ class Demo(nn.Module):
         self.lm = Qwen3_5ForCausalLM(config)
         self.mtp = MTP(config)
 
-    def losses(self, ids, loss_mask):
+    def hidden(self, ids, attention=None):
+        """The final hidden states. Rows whose `attention` kind is 1 see only the last ATTN_WINDOW
+        tokens in the attention layers (the GDN layers see everything, as always)."""
+        if attention is None or not bool(attention[:, 0].any()):
+            return self.lm.model(input_ids=ids, use_cache=False).last_hidden_state
+        i = torch.arange(ids.shape[1])
+        causal = i[None, :] <= i[:, None]
+        local = causal & (i[None, :] > i[:, None] - ATTN_WINDOW)
+        mask = torch.where(attention[:, 0, None, None, None] == 1, local, causal)
+        masks = {"full_attention": mask, "linear_attention": None}
+        return self.lm.model(input_ids=ids, attention_mask=masks, use_cache=False).last_hidden_state
+
+    def losses(self, ids, loss_mask, attention=None):
         """Next-token loss of the main model and token-after-next loss of the MTP head, both on
         the completion tokens only."""
-        out = self.lm.model(input_ids=ids, use_cache=False)
-        h = out.last_hidden_state  # post final norm: what the MTP head consumes
+        h = self.hidden(ids, attention)  # post final norm: what the MTP head consumes
         logits = self.lm.lm_head(h)
         tgt = ids[:, 1:]
         m = loss_mask[:, 1:]
@@ -437,10 +562,10 @@ def init_weights(model: Demo, seed: int):
 # ------------------------------------------------------------------------------------------------
 # Data
 
-def encode_example(tok: Tokenizer, prompt: str, completion: str):
+def encode_example(tok: Tokenizer, prompt: str, completion: str, attention: int = 0):
     p = tok.encode(prompt, add_special_tokens=False).ids
     c = tok.encode(completion, add_special_tokens=False).ids
-    return p + c, [0] * len(p) + [1] * len(c)
+    return p + c, [0] * len(p) + [1] * len(c), (attention,)
 
 
 def batches(tok: Tokenizer, rng: random.Random, batch: int, pool: int = 16):
@@ -454,25 +579,37 @@ def batches(tok: Tokenizer, rng: random.Random, batch: int, pool: int = 16):
             n = max(len(e[0]) for e in ch)
             ids = torch.zeros(len(ch), n, dtype=torch.long)
             mask = torch.zeros(len(ch), n)
-            for i, (x, m) in enumerate(ch):
+            for i, (x, m, _) in enumerate(ch):
                 ids[i, :len(x)] = torch.tensor(x)
                 mask[i, :len(m)] = torch.tensor(m, dtype=torch.float)
-            yield ids, mask
+            yield ids, mask, torch.tensor([list(w) for _, _, w in ch])
 
 
 # ------------------------------------------------------------------------------------------------
 # Evaluation
 
-def heldout_problems(seed: int, n: int = 240):
-    """n problems, the tasks in turn; every third one is a second turn (after an earlier question
-    and its answer, of any task), as in a conversation in the workbench."""
-    rng = random.Random(seed + 99)
+def heldout_problems(seed: int, n: int):
+    """n problems, the tasks in turn, drawn with their own seed (not the training stream's) and
+    never drawn in training (HELD_OUT). Every third round of the other tasks is asked as a second
+    turn (after an earlier question and its answer), as in a conversation in the workbench; the
+    memory task alternates between its one-message and conversation forms."""
+    rng = random.Random(seed)
     names = list(TASKS)
     probs = []
-    for i in range(n):
-        name = names[i % len(names)]
-        hist = make_history(rng, 1.0 if (i // len(names)) % 3 == 1 else 0.0)[:1]
-        q, thinking, answer, check = TASKS[name][0](rng)
+    seen = set()
+    while len(probs) < n:
+        name = names[len(probs) % len(names)]
+        r = len(probs) // len(names)
+        if name == "memory":
+            hist, q, thinking, answer, check = memory_turns(rng) if r % 2 else (
+                [], *TASKS[name][0](rng))
+        else:
+            hist = make_history(rng, 1.0 if r % 3 == 1 else 0.0)[:1]
+            q, thinking, answer, check = TASKS[name][0](rng)
+        key = problem_key(hist, q)
+        if key in seen:  # a problem asked twice would count twice
+            continue
+        seen.add(key)
         history = [m for hq, ha in hist for m in ({"role": "user", "content": hq},
                                                   {"role": "assistant", "content": ha})]
         probs.append({"task": name, "history": history, "question": q, "expected": check, "answer": answer,
@@ -531,7 +668,7 @@ def evaluate(model: Demo, tok: Tokenizer, probs, label: str, think: bool = True,
         if p["history"]:
             second.append(ok)
         seqs.append(tok.encode(pr, add_special_tokens=False).ids + o)
-        if not ok and len(failures) < 4:
+        if not ok:
             failures.append(f"{p['question']!r} → {text!r}")
     acc = sum(sum(v) for v in by_task.values()) / len(probs)
     for f in failures:
@@ -547,10 +684,10 @@ def evaluate(model: Demo, tok: Tokenizer, probs, label: str, think: bool = True,
 # ------------------------------------------------------------------------------------------------
 # Export
 
-def export(model: Demo, tok: Tokenizer, config: Qwen3_5TextConfig, probs):
-    if OUT.exists():
-        shutil.rmtree(OUT)
-    OUT.mkdir(parents=True)
+def export(model: Demo, tok: Tokenizer, config: Qwen3_5TextConfig, probs, out: Path):
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
     cfg = config.to_dict()
     keep = {"vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
             "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",
@@ -562,7 +699,7 @@ def export(model: Demo, tok: Tokenizer, config: Qwen3_5TextConfig, probs):
                     "attn_output_gate": True, "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False,
                     "mamba_ssm_dtype": "float32", "dtype": "bfloat16",
                     "eos_token_id": tok.token_to_id("<|endoftext|>"), "full_attention_interval": 4})
-    (OUT / "config.json").write_text(json.dumps(out_cfg, indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(out_cfg, indent=2) + "\n")
     tensors = {}
     for k, v in model.lm.state_dict().items():
         if k == "lm_head.weight":
@@ -571,23 +708,23 @@ def export(model: Demo, tok: Tokenizer, config: Qwen3_5TextConfig, probs):
     for k, v in model.mtp.state_dict().items():
         tensors[f"mtp.{k}"] = v
     tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in sorted(tensors.items())}
-    save_file(tensors, str(OUT / "model.safetensors"), metadata={"format": "pt"})
-    write_tokenizer_files(OUT, tok)
-    with open(OUT / "heldout.jsonl", "w") as f:
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    write_tokenizer_files(out, tok)
+    with open(out / "heldout.jsonl", "w") as f:
         for p in probs:
             f.write(json.dumps({k: p[k] for k in ("task", "history", "question", "expected", "answer")},
                                ensure_ascii=False) + "\n")
 
 
-def check_export(model: Demo, tok: Tokenizer):
+def check_export(model: Demo, tok: Tokenizer, out: Path):
     """The exported directory, loaded by transformers, computes what the trained model computes
     with bf16-rounded weights; and its chat template renders what the corpus used."""
     ref = copy.deepcopy(model)
     with torch.no_grad():
         for p in ref.parameters():
             p.copy_(p.to(torch.bfloat16).float())
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(OUT), dtype=torch.float32, attn_implementation="eager")
-    hf_tok = transformers.AutoTokenizer.from_pretrained(str(OUT))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32, attn_implementation="eager")
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(out))
     rng = random.Random(5)
     for think in (True, False):
         q = TASKS["add"][0](rng)[0]
@@ -611,68 +748,185 @@ def check_export(model: Demo, tok: Tokenizer):
 
 # ------------------------------------------------------------------------------------------------
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--steps", type=int, default=3200)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--vocab", type=int, default=480, help="BPE vocabulary before the special tokens")
-    ap.add_argument("--eval-every", type=int, default=0)
-    ap.add_argument("--eval-n", type=int, default=240, help="held-out problems graded at the end")
-    args = ap.parse_args()
+def load_base(commit: str) -> tuple[Tokenizer, dict]:
+    """The v2 demo model as committed at `commit` (its tokenizer and weights, read from git)."""
+    def show(path: str) -> bytes:
+        return subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:{path}"], check=True,
+                              capture_output=True).stdout
+    tok = Tokenizer.from_str(show("models/demo/tokenizer.json").decode())
+    return tok, safetensors_load(show("models/demo/model.safetensors"))
 
-    torch.set_num_threads(2)
-    torch.manual_seed(args.seed)
-    torch.use_deterministic_algorithms(True)
-    t0 = time.time()
 
-    tok = build_tokenizer(args.seed, args.vocab)
-    n_tok = tok.get_vocab_size(with_added_tokens=True)
-    vocab = ((n_tok + 63) // 64) * 64
-    config = model_config(vocab)
-    model = Demo(config)
-    init_weights(model, args.seed)
-    n_main = sum(p.numel() for p in model.lm.parameters())
-    n_mtp = sum(p.numel() for p in model.mtp.parameters())
-    print(f"tokenizer {n_tok} tokens (model vocab {vocab}); model {n_main / 1e6:.2f} M params + MTP {n_mtp / 1e6:.2f} M", flush=True)
+def start_from_base(model: Demo, tensors: dict):
+    lm = {k: v.float() for k, v in tensors.items() if not k.startswith("mtp.")}
+    mtp = {k[4:]: v.float() for k, v in tensors.items() if k.startswith("mtp.")}
+    missing, unexpected = model.lm.load_state_dict(lm, strict=False)
+    assert set(missing) == {"lm_head.weight"} and not unexpected, (missing, unexpected)
+    model.mtp.load_state_dict(mtp)
+    model.lm.tie_weights()
 
-    probs = heldout_problems(args.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    warm = 100
+
+def make_long_heads(model: Demo):
+    """Turns the LONG_HEADS into fresh long-memory heads: decay exp(-0.1 · softplus(-4)) per token
+    (half-life about 380 tokens) whatever the input (in_proj_a's row zeroed), and silent at the
+    start (their columns of out_proj zeroed) so the rest of the model is not disturbed while they
+    learn. The v2 model's heads all forget within a few tokens (half-lives 0.03–3)."""
+    dv = model.lm.config.linear_value_head_dim
+    with torch.no_grad():
+        for layer, head in LONG_HEADS:
+            la = model.lm.model.layers[layer].linear_attn
+            la.A_log[head] = math.log(0.1)
+            la.dt_bias[head] = -4.0
+            la.in_proj_a.weight[head].zero_()
+            la.out_proj.weight[:, head * dv:(head + 1) * dv].zero_()
+
+
+def environment() -> dict:
+    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                if l.startswith("model name")), platform.processor())
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__, "safetensors": safetensors.__version__,
+            "python": platform.python_version(), "threads": torch.get_num_threads(), "cpu": cpu}
+
+
+def compare_weights(trained: Path, committed: Path) -> bool:
+    """Bit-for-bit comparison of two exported checkpoints; prints what differs."""
+    a = safetensors_load((trained / "model.safetensors").read_bytes())
+    b = safetensors_load((committed / "model.safetensors").read_bytes())
+    if a.keys() != b.keys():
+        print(f"tensor names differ: {sorted(a.keys() ^ b.keys())}")
+        return False
+    differ = [(k, (a[k].float() - b[k].float()).abs().max().item()) for k in sorted(a)
+              if a[k].shape != b[k].shape or not torch.equal(a[k], b[k])]
+    print(f"{len(a) - len(differ)} of {len(a)} tensors bit-identical")
+    for k, d in differ[:20]:
+        print(f"  {k}: max |Δ| {d:.3e}")
+    files = sorted(f.name for f in committed.iterdir() if f.name not in ("model.safetensors", "training.json"))
+    differ_files = [f for f in files if not (trained / f).exists() or (trained / f).read_bytes() != (committed / f).read_bytes()]
+    same_files = not differ_files
+    print(f"{', '.join(files)}: " + ("identical" if same_files else f"DIFFER: {', '.join(differ_files)}"))
+    return not differ and same_files
+
+
+def round_to_bf16(model: nn.Module):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+
+
+def train_phase(model: Demo, tok: Tokenizer, probs, steps: int, lr: float, seed: int, batch: int, eval_every: int,
+                label: str, t0: float):
+    """AdamW with a 50-step warm-up and a cosine to 5 % of `lr`, on the corpus drawn from `seed`."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    warm = 50
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps)))))
-    data = batches(tok, random.Random(args.seed), args.batch)
+        opt, lambda s: min(1.0, (s + 1) / warm) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))))
+    data = batches(tok, random.Random(seed), batch)
     model.train()
     seen = 0
-    for step in range(1, args.steps + 1):
-        ids, mask = next(data)
+    for step in range(1, steps + 1):
+        ids, mask, attention = next(data)
         seen += int(mask.sum())
-        main, mtp = model.losses(ids, mask)
+        main, mtp = model.losses(ids, mask, attention)
         loss = main + 0.5 * mtp
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        if step % 50 == 0 or step == 1:
+        if step % 25 == 0 or step == 1:
             el = time.time() - t0
-            print(f"step {step}/{args.steps}  loss {main.item():.4f}  mtp {mtp.item():.4f}  lr {sched.get_last_lr()[0]:.2e}  "
-                  f"{seen / 1e6:.2f} M target tokens  {el / 60:.1f} min", flush=True)
-        if args.eval_every and step % args.eval_every == 0:
-            evaluate(model, tok, probs[:60], f"step {step}")
+            hl = [f"{math.log(0.5) / (-(model.lm.model.layers[l].linear_attn.A_log[h].exp() * F.softplus(model.lm.model.layers[l].linear_attn.dt_bias[h])).item()):.0f}"
+                  for l, h in LONG_HEADS]
+            print(f"[{label}] step {step}/{steps}  loss {main.item():.4f}  mtp {mtp.item():.4f}  lr {sched.get_last_lr()[0]:.2e}  "
+                  f"{seen / 1e6:.2f} M target tokens  long heads' half-life at a=0 {'/'.join(hl)}  {el / 60:.1f} min", flush=True)
+        if eval_every and step % eval_every == 0:
+            evaluate(model, tok, probs[:35], f"{label} step {step}")
 
-    print(f"trained in {(time.time() - t0) / 60:.1f} min", flush=True)
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, default=38, help="training stream and shuffling")
+    ap.add_argument("--steps", type=int, default=1100)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=8e-4)
+    ap.add_argument("--steps-b", type=int, default=500, help="phase B's steps (PHASE_B_SHARES)")
+    ap.add_argument("--lr-b", type=float, default=4e-4)
+    ap.add_argument("--resume", nargs=2, metavar=("PHASE", "DIR"),
+                    help="start at PHASE (B) from the previous phase's export in DIR (what a full run "
+                         "computes in between)")
+    ap.add_argument("--eval-every", type=int, default=0)
+    ap.add_argument("--eval-n", type=int, default=70, help="held-out problems graded by this script at the end "
+                    "(tests/demo.rs grades all of them through the Rust engine)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--check", type=Path, metavar="MODEL_DIR",
+                    help="retrain with MODEL_DIR's recorded settings into a temporary directory and compare "
+                         "the weights with MODEL_DIR's bit for bit")
+    args = ap.parse_args()
+
+    recorded = None
+    if args.check:
+        recorded = json.loads((args.check / "training.json").read_text())
+        for k in ("seed", "steps", "batch", "lr", "steps_b", "lr_b"):
+            setattr(args, k, recorded[k])
+        args.out = Path(tempfile.mkdtemp(prefix="demo-check-"))
+        args.eval_n = 0
+
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(args.seed)
+    torch.use_deterministic_algorithms(True)
+    t0 = time.time()
+
+    tok, base = load_base(BASE_COMMIT)
+    vocab = ((tok.get_vocab_size(with_added_tokens=True) + 63) // 64) * 64
+    config = model_config(vocab)
+    model = Demo(config)
+    start_from_base(model, base)
+    make_long_heads(model)
+    n_main = sum(p.numel() for p in model.lm.parameters())
+    print(f"fine-tuning the demo model of {BASE_COMMIT[:10]} ({n_main / 1e6:.2f} M params, vocab {vocab}); "
+          f"long-memory heads {LONG_HEADS}", flush=True)
+
+    probs = heldout_problems(HELDOUT_SEED, HELDOUT_N)
+    HELD_OUT.update(problem_key(problem_history(p), p["question"]) for p in probs)
+    # Phases in turn, each from the previous one's weights rounded to bf16 (what its export
+    # holds, so a run resumed from an export computes what a full run does).
+    phases = [("A", args.steps, args.lr, {n: w for n, (_, w) in TASKS.items()}),
+              ("B", args.steps_b, args.lr_b, PHASE_B_SHARES)]
+    first = 0
+    if args.resume:
+        label, d = args.resume
+        first = [p[0] for p in phases].index(label)
+        start_from_base(model, safetensors_load((Path(d) / "model.safetensors").read_bytes()))
+        print(f"phase {phases[first - 1][0]}'s weights from {d}", flush=True)
+    for i, (label, steps, lr, shares) in enumerate(phases[first:], first):
+        SHARES.update(shares)
+        train_phase(model, tok, probs, steps, lr, args.seed + i, args.batch, args.eval_every, label, t0)
+        round_to_bf16(model)
+    minutes = (time.time() - t0) / 60
+    print(f"trained in {minutes:.1f} min", flush=True)
     model.eval()
-    export(model, tok, config, probs)
-    check_export(model, tok)
-    # Evaluate what ships: bf16-rounded weights.
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(p.to(torch.bfloat16).float())
-    acc, mtp = evaluate(model, tok, probs[: args.eval_n], "held-out, thinking")
-    evaluate(model, tok, probs[: min(60, args.eval_n)], "held-out, enable_thinking=false", think=False, sample_mtp=False)
-    print(f"done in {(time.time() - t0) / 60:.1f} min: accuracy {acc:.3f}, MTP draft agreement {mtp:.3f}", flush=True)
+    export(model, tok, config, probs, args.out)
+    record = {"base_commit": BASE_COMMIT, "seed": args.seed, "steps": args.steps, "batch": args.batch, "lr": args.lr,
+              "steps_b": args.steps_b, "lr_b": args.lr_b, "phase_b_shares": PHASE_B_SHARES,
+              "heldout_seed": HELDOUT_SEED, "heldout_n": HELDOUT_N, "long_heads": LONG_HEADS,
+              "attention_window": ATTN_WINDOW, "memory_windowed_share": MEMORY_WINDOWED_SHARE, "minutes": round(minutes, 1), **environment()}
+    if args.resume:
+        record["resumed"] = args.resume  # `minutes` then counts only the phases this run trained
+    (args.out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+    if args.check:
+        same = compare_weights(args.out, args.check)
+        env = environment()
+        for k, v in env.items():
+            if recorded.get(k) != v:
+                print(f"environment differs: {k} {recorded.get(k)!r} when committed, {v!r} now")
+        print(f"--check: {'bit-identical' if same else 'NOT identical'} after {minutes:.1f} min of training "
+              f"(retrained into {args.out})")
+        raise SystemExit(0 if same else 1)
+    check_export(model, tok, args.out)
+    if args.eval_n:
+        acc, mtp = evaluate(model, tok, probs[: args.eval_n], "held-out, thinking")
+        print(f"done in {(time.time() - t0) / 60:.1f} min: accuracy {acc:.3f}, MTP draft agreement {mtp:.3f}", flush=True)
 
 
 if __name__ == "__main__":
