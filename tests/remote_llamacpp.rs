@@ -322,9 +322,13 @@ fn a_loop_in_thinking_is_rescued_client_side() {
     assert!(str_of(d, "thinking").trim_end().ends_with("directly now."), "the bridge closes the thinking: {d}");
     assert!(!str_of(d, "answer").trim().is_empty(), "the rescued run answers: {d}");
     assert!(usage(&on, "answer_tokens") > 0, "{d}");
-    // The answer's own loop stops it, with an alarm of its own.
-    assert_eq!(alarms.len(), 2, "{on:?}");
-    assert_eq!(d["finish_reason"], "loop", "{d}");
+    // An answer that loops in turn is stopped with an alarm of its own; one that does not ends
+    // by itself or at max_tokens.
+    match alarms.len() {
+        2 => assert_eq!(d["finish_reason"], "loop", "{d}"),
+        1 => assert!(["stop", "length"].contains(&d["finish_reason"].as_str().unwrap_or("")), "{d}"),
+        n => panic!("{n} loop alarms: {on:?}"),
+    }
     // The bridge's tokens and `</think>` are forced, counted apart from thinking and answer.
     assert!((52..=53).contains(&usage(&on, "forced_tokens")), "{d}");
     assert_eq!(
