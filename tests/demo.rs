@@ -5,6 +5,9 @@
 //! README's examples, and the memory task that lives in the Gated-DeltaNet state (its heads'
 //! half-lives, and what silencing them breaks).
 
+#[path = "common/fixture_edit.rs"]
+mod fixture_edit;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
 
@@ -434,27 +437,17 @@ fn silenced_demo(heads: &[(usize, usize)]) -> Demo {
         let e = e.unwrap();
         std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
     }
-    let path = dir.path().join("model.safetensors");
-    let bytes = std::fs::read(&path).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = vec![];
-    for (name, view) in st.tensors() {
-        let mut data = view.data().to_vec();
+    fixture_edit::edit_tensors(&dir.path().join("model.safetensors"), |name, shape, data| {
+        let mut data = data.to_vec();
         for &(layer, head) in heads {
             if name == format!("model.layers.{layer}.linear_attn.A_log") {
-                assert_eq!(view.dtype(), safetensors::Dtype::BF16);
-                let at = 2 * head;
+                let at = 2 * head; // bf16
                 let v = f32::from_bits((u16::from_le_bytes([data[at], data[at + 1]]) as u32) << 16) + 12.0;
                 data[at..at + 2].copy_from_slice(&((v.to_bits() >> 16) as u16).to_le_bytes());
             }
         }
-        tensors.push((name, view.dtype(), view.shape().to_vec(), data));
-    }
-    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
-        .iter()
-        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap()))
-        .collect();
-    safetensors::serialize_to_file(views, None, &path).unwrap();
+        Some((shape.to_vec(), data))
+    });
     let source = ModelSource::Dir(dir.path().to_path_buf());
     let model = Model::load(&source, &LoadOptions::default()).unwrap();
     let tok = TextTokenizer::load(&source, Some(model.config.vocab_size), &model.config.eos_token_ids).unwrap();
