@@ -26,6 +26,8 @@ it was at that commit — fine-tuned here:
     examples the attention layers see only the last 32 tokens, so the code has to travel in
     the recurrent state — what the State view shows;
   * comparisons with equal leading digits and sorts of three close numbers over-represented;
+  * three phases: A (every task and the memory task), B (more multiplication and sorting), C
+    (sorting at 45 %, 40 % of it four or five numbers around a misleading pair: 19 vs 23);
   * a held-out set of 630 problems (90 per task) with its own seed, which training never draws.
 
 Set-up (CPU only, run from the repository root, in a git checkout: the base weights are read
@@ -217,8 +219,29 @@ def task_count(rng: random.Random):
     return q, "\n".join(lines), f"The letter {c} appears {k} {times} in {w}.", f"appears {k} {times}"
 
 
+# Phase C's share of sorts built around a misleading pair (see `tricky_sort_numbers`); 0 in
+# phases A and B, which then draw exactly what they drew before phase C existed.
+SORT_TRICKY = 0.0
+
+
+def tricky_sort_numbers(rng: random.Random) -> list[int]:
+    """Four or five numbers holding a pair whose ones digits order them the wrong way (19 < 23 but
+    9 > 3) and a pair with the same tens digit: v3's sorting slips ("b23 < c19 (3 < 9)",
+    "a71 = d70") were comparisons of such pairs inside the scan."""
+    t = rng.randint(1, 8)
+    xs = [t * 10 + rng.randint(5, 9), (t + rng.randint(1, 1 if rng.random() < 0.6 else 8 - t + 1)) * 10 + rng.randint(0, 4)]
+    u = rng.randint(1, 9)
+    xs += [u * 10 + rng.randint(0, 9), u * 10 + rng.randint(0, 9)]
+    if rng.random() < 0.5:
+        xs.append(rng.randint(0, 9) if rng.random() < 0.3 else rng.randint(0, 99))
+    rng.shuffle(xs)
+    return xs
+
+
 def task_sort(rng: random.Random):
-    if rng.random() < 0.35:
+    if SORT_TRICKY and rng.random() < SORT_TRICKY:
+        xs = tricky_sort_numbers(rng)
+    elif rng.random() < 0.35:
         # Three close numbers ("Sort 47, 43, 54."): the same tens digit or a span under 12, where
         # the previous model compared the wrong pair.
         k = 3
@@ -352,6 +375,10 @@ SHARES = {n: w for n, (_, w) in TASKS.items()}
 # product, sorting's copies and comparisons).
 PHASE_B_SHARES = {"prime": 0.08, "add": 0.12, "mul": 0.20, "count": 0.10, "sort": 0.30, "compare": 0.10,
                   "memory": 0.10}
+# Phase C: sorting (v3's one task under 39 / 40), a share of it around misleading pairs.
+PHASE_C_SHARES = {"prime": 0.06, "add": 0.08, "mul": 0.12, "count": 0.06, "sort": 0.45, "compare": 0.10,
+                  "memory": 0.13}
+PHASE_C_SORT_TRICKY = 0.4
 
 
 def pick_task(rng: random.Random, memory: bool = True) -> str:
@@ -852,8 +879,10 @@ def main():
     ap.add_argument("--lr", type=float, default=8e-4)
     ap.add_argument("--steps-b", type=int, default=500, help="phase B's steps (PHASE_B_SHARES)")
     ap.add_argument("--lr-b", type=float, default=4e-4)
+    ap.add_argument("--steps-c", type=int, default=400, help="phase C's steps (PHASE_C_SHARES)")
+    ap.add_argument("--lr-c", type=float, default=2e-4)
     ap.add_argument("--resume", nargs=2, metavar=("PHASE", "DIR"),
-                    help="start at PHASE (B) from the previous phase's export in DIR (what a full run "
+                    help="start at PHASE (B or C) from the previous phase's export in DIR (what a full run "
                          "computes in between)")
     ap.add_argument("--eval-every", type=int, default=0)
     ap.add_argument("--eval-n", type=int, default=70, help="held-out problems graded by this script at the end "
@@ -867,8 +896,8 @@ def main():
     recorded = None
     if args.check:
         recorded = json.loads((args.check / "training.json").read_text())
-        for k in ("seed", "steps", "batch", "lr", "steps_b", "lr_b"):
-            setattr(args, k, recorded[k])
+        for k in ("seed", "steps", "batch", "lr", "steps_b", "lr_b", "steps_c", "lr_c"):
+            setattr(args, k, recorded.get(k, 0 if k == "steps_c" else getattr(args, k)))
         args.out = Path(tempfile.mkdtemp(prefix="demo-check-"))
         args.eval_n = 0
 
@@ -891,16 +920,21 @@ def main():
     HELD_OUT.update(problem_key(problem_history(p), p["question"]) for p in probs)
     # Phases in turn, each from the previous one's weights rounded to bf16 (what its export
     # holds, so a run resumed from an export computes what a full run does).
-    phases = [("A", args.steps, args.lr, {n: w for n, (_, w) in TASKS.items()}),
-              ("B", args.steps_b, args.lr_b, PHASE_B_SHARES)]
+    phases = [("A", args.steps, args.lr, {n: w for n, (_, w) in TASKS.items()}, 0.0),
+              ("B", args.steps_b, args.lr_b, PHASE_B_SHARES, 0.0),
+              ("C", args.steps_c, args.lr_c, PHASE_C_SHARES, PHASE_C_SORT_TRICKY)]
     first = 0
     if args.resume:
         label, d = args.resume
         first = [p[0] for p in phases].index(label)
         start_from_base(model, safetensors_load((Path(d) / "model.safetensors").read_bytes()))
         print(f"phase {phases[first - 1][0]}'s weights from {d}", flush=True)
-    for i, (label, steps, lr, shares) in enumerate(phases[first:], first):
+    global SORT_TRICKY
+    for i, (label, steps, lr, shares, tricky) in enumerate(phases[first:], first):
+        if not steps:
+            continue
         SHARES.update(shares)
+        SORT_TRICKY = tricky
         train_phase(model, tok, probs, steps, lr, args.seed + i, args.batch, args.eval_every, label, t0)
         round_to_bf16(model)
     minutes = (time.time() - t0) / 60
@@ -909,6 +943,8 @@ def main():
     export(model, tok, config, probs, args.out)
     record = {"base_commit": BASE_COMMIT, "seed": args.seed, "steps": args.steps, "batch": args.batch, "lr": args.lr,
               "steps_b": args.steps_b, "lr_b": args.lr_b, "phase_b_shares": PHASE_B_SHARES,
+              "steps_c": args.steps_c, "lr_c": args.lr_c, "phase_c_shares": PHASE_C_SHARES,
+              "phase_c_sort_tricky": PHASE_C_SORT_TRICKY,
               "heldout_seed": HELDOUT_SEED, "heldout_n": HELDOUT_N, "long_heads": LONG_HEADS,
               "attention_window": ATTN_WINDOW, "memory_windowed_share": MEMORY_WINDOWED_SHARE, "minutes": round(minutes, 1), **environment()}
     if args.resume:

@@ -174,11 +174,12 @@ fn answers_held_out_problems_with_thinking_and_drafts_well() {
     );
     eprintln!("loop detector on the held-out runs: {} false alarms of {}", false_alarms.len(), probs.len());
     assert!(false_alarms.is_empty(), "loop alarms on healthy runs: {false_alarms:?}");
-    // v3 scores 623 / 630 (98.9 %): every task ≥ 89 / 90 but sorting (84 / 90). The bar —
-    // ≥ 99 % and ≥ 39 / 40 a task — is not met yet by sorting; these bounds keep what v3 reached.
-    assert!(acc >= 0.985, "held-out accuracy {acc} < 0.985 ({})", summary(&by_task));
+    // v3 scores 626 / 630 (99.4 %): every task ≥ 89 / 90 but sorting (87 / 90, 96.7 %). The
+    // issue's bar — ≥ 99 % and ≥ 39 / 40 (97.5 %) a task — is met overall and missed by one
+    // sorting problem; these bounds keep what v3 reached.
+    assert!(acc >= 0.99, "held-out accuracy {acc} < 0.99 ({})", summary(&by_task));
     for (task, (ok, n)) in &by_task {
-        let bar = if task == "sort" { 0.93 } else { 0.975 };
+        let bar = if task == "sort" { 0.96 } else { 0.975 };
         assert!(*ok as f64 >= bar * *n as f64, "{task}: {ok}/{n} < {bar} ({})", summary(&by_task));
     }
     assert!(second.0 * 100 >= 98 * second.1, "second questions: {}/{} < 98 %", second.0, second.1);

@@ -162,7 +162,7 @@ fn the_readme_budget_example_says_the_cut_may_have_made_the_answer_wrong() {
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(
         v["choices"][0]["message"]["content"].as_str().map(str::trim),
-        Some("No, 91 = 3 × 35, so 91 is not prime."),
+        Some("No, 91 = 3 × 3, so 91 is not prime."),
         "{v}"
     );
     let d = &v["deltascope"]["diagnostics"][0];
