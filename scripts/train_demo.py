@@ -229,7 +229,9 @@ def tricky_sort_numbers(rng: random.Random) -> list[int]:
     9 > 3) and a pair with the same tens digit: v3's sorting slips ("b23 < c19 (3 < 9)",
     "a71 = d70") were comparisons of such pairs inside the scan."""
     t = rng.randint(1, 8)
-    xs = [t * 10 + rng.randint(5, 9), (t + rng.randint(1, 1 if rng.random() < 0.6 else 8 - t + 1)) * 10 + rng.randint(0, 4)]
+    low = t * 10 + rng.randint(5, 9)  # ones 5–9
+    gap = rng.randint(1, 1 if rng.random() < 0.6 else 9 - t)  # mostly the next ten: 19 vs 23
+    xs = [low, (t + gap) * 10 + rng.randint(0, 4)]  # ones 0–4: larger, yet smaller ones
     u = rng.randint(1, 9)
     xs += [u * 10 + rng.randint(0, 9), u * 10 + rng.randint(0, 9)]
     if rng.random() < 0.5:
