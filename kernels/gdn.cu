@@ -19,8 +19,8 @@
 // slots (nullable, MTP verify): the state after token t goes to slots + t·Hv·dv·dk (same
 // layout) and `state` is left as it was before the pass; gdn_restore_slot then keeps the
 // accepted prefix's state. Without slots the state is updated in place.
-// trace (nullable, the state scope): [T][Hv][2] β, g per token and value head (written by the
-// head's first block), then at T·Hv·2 the pass's sums [Hv][⌈dv / 16⌉][4 warps][3]: Σ S², Σ (S −
+// trace (nullable, the state scope): [T][Hv][4] β, g and their inputs b, a per token and value
+// head (written by the head's first block), then at T·Hv·4 the pass's sums [Hv][⌈dv / 16⌉][4 warps][3]: Σ S², Σ (S −
 // S_before)² and the count of non-finite entries over each warp's rows of S after the pass
 // (S_before: the state as the pass found it). The host adds them up in f64 per head. Off
 // (null), it costs one uniform branch per token.
@@ -70,12 +70,17 @@ extern "C" __global__ void gdn_recurrent(const bf16* __restrict__ qkv, const bf1
             q[i] *= qn;
             k[i] *= kn;
         }
-        const float beta = round_bf(sigmoidf(bf2f(b[(long long)t * n_v_heads + h])));
-        const float g = neg_a * softplusf(bf2f(a[(long long)t * n_v_heads + h]) + dt_bias[h]);
+        const float b_in = bf2f(b[(long long)t * n_v_heads + h]);
+        const float a_in = bf2f(a[(long long)t * n_v_heads + h]);
+        const float beta = round_bf(sigmoidf(b_in));
+        const float g = neg_a * softplusf(a_in + dt_bias[h]);
         const float decay = expf(g);
         if (trace && blockIdx.y == 0 && threadIdx.x == 0) {
-            trace[((long long)t * n_v_heads + h) * 2] = beta;
-            trace[((long long)t * n_v_heads + h) * 2 + 1] = g;
+            float* at = trace + ((long long)t * n_v_heads + h) * 4;
+            at[0] = beta;
+            at[1] = g;
+            at[2] = b_in;
+            at[3] = a_in;
         }
 #pragma unroll
         for (int r = 0; r < GDN_ROWS_PER_WARP; ++r) {
@@ -123,7 +128,7 @@ extern "C" __global__ void gdn_recurrent(const bf16* __restrict__ qkv, const bf1
         dd = warp_sum(dd);
         bad = warp_sum(bad);
         if (lane == 0) {
-            float* sums = trace + (long long)tokens * n_v_heads * 2 + (((long long)h * gridDim.y + blockIdx.y) * 4 + warp) * 3;
+            float* sums = trace + (long long)tokens * n_v_heads * 4 + (((long long)h * gridDim.y + blockIdx.y) * 4 + warp) * 3;
             sums[0] = ss;
             sums[1] = dd;
             sums[2] = bad;

@@ -139,19 +139,17 @@ fn model_parity_on_qwen3_5_vl() {
     parity(Some("tests/fixtures/qwen3_5_vl"), true);
 }
 
-/// The state trace from the emulated device (`gdn_recurrent` writes β, g and the state's
-/// norms) agrees with the CPU engine's at bf16 within 4e-2 relative.
+/// The state trace from the emulated device (`gdn_recurrent` writes β, g, their inputs and the
+/// state's norms) agrees with the CPU engine's at bf16 within 2e-2 relative, the tolerance
+/// `scripts/gpu-check.sh` holds the GPU to, plus what one rounding step of a gate's input
+/// explains.
 ///
-/// On the v2 demo (every head forgetting within 3 tokens) the two agreed within 2e-2 while the
-/// CPU engine's f32 and bf16 traces parted by more, so the test also checked that the device
-/// sat on the bf16 side. On v3 they part by 3.17e-2 (g of layer 6 head 1; CPU f32 vs bf16 by
-/// 3.4e-2), and that is one bf16 rounding step of the gate input, not a device difference:
-/// g = −A·softplus(a + dt_bias) takes `a` rounded to bf16 (HF's cast point, kept by both
-/// engines), this head's `a` reaches −7.0 on this prompt, where one bf16 step is 2⁻⁵, and at
-/// a + dt_bias ≈ −6 softplus is ≈ e^x, so one step moves g by e^(2⁻⁵) − 1 = 3.17e-2 relative
-/// (the `a` values measured with transformers on the shipped weights). Two bf16 engines whose
-/// sums round on either side of a step part by a whole step, so the device is not asserted to
-/// sit nearer the CPU engine's bf16 trace than its f32 one.
+/// That step is needed on this model: the two engines' g of layer 6 head 1 part by 3.17e-2,
+/// which is one bf16 step of the gate input `a` (bf16 at HF's cast point in both engines; this
+/// head's `a` reaches −7.0 on this prompt, where a step is 2⁻⁵, and at a + dt_bias ≈ −6 softplus
+/// is ≈ e^x, so g moves by e^(2⁻⁵) − 1 = 3.17e-2). Each trace records that allowance per head
+/// (`g_slack`, `beta_slack`, from the largest |a|, |b| and β of the pass), and `trace --compare`
+/// adds it to the tolerance of g and β (not of ‖S‖). Without it the traces diverge at 2e-2.
 #[test]
 fn the_state_trace_on_the_emulated_device_agrees_with_the_cpu_engine() {
     let dir = tempfile::tempdir().unwrap();
@@ -178,10 +176,34 @@ fn the_state_trace_on_the_emulated_device_agrees_with_the_cpu_engine() {
     let emu = trace("emu", "bf16");
     let cpu = trace("cpu", "bf16");
     let f32 = trace("cpu", "f32");
-    let compare = |a: &str, b: &str| deltascope(&["trace", "--compare", a, b, "--tolerance", "4e-2"]);
+    let compare = |a: &str, b: &str| deltascope(&["trace", "--compare", a, b, "--tolerance", "2e-2"]);
     let same = compare(&emu, &cpu);
     assert!(same.status.success(), "emu vs cpu bf16:\n{}", text(&same.stdout));
     assert!(text(&same.stdout).contains("the traces agree"), "{}", text(&same.stdout));
+    // The allowance is what lets them agree: the same traces without it diverge at g.
+    let strip = |p: &str| {
+        let out = format!("{p}.bare.jsonl");
+        let lines: Vec<String> = std::fs::read_to_string(p)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let mut v: Value = serde_json::from_str(l).unwrap();
+                let had = v["gdn"].as_array_mut().map(|ls| {
+                    ls.iter_mut().all(|l| {
+                        let o = l.as_object_mut().unwrap();
+                        o.remove("g_slack").is_some() && o.remove("beta_slack").is_some()
+                    })
+                });
+                assert_ne!(had, Some(false), "every GDN layer of a state event records its slack: {l}");
+                v.to_string()
+            })
+            .collect();
+        std::fs::write(&out, lines.join("\n")).unwrap();
+        out
+    };
+    let bare = deltascope(&["trace", "--compare", &strip(&emu), &strip(&cpu), "--tolerance", "2e-2"]);
+    assert!(!bare.status.success(), "{}", text(&bare.stdout));
+    assert!(text(&bare.stdout).contains("layer   6: diverges at #22 \"7\": g head 1"), "{}", text(&bare.stdout));
     // The f32 trace is a real trace of the same run (printed for comparison).
     eprintln!("cpu f32 vs bf16:\n{}", text(&compare(&f32, &cpu).stdout));
 }

@@ -276,26 +276,78 @@ pub struct Comparison {
     pub diverged: bool,
 }
 
-/// The largest relative difference between two lists (NaN against a number counts as ∞).
-fn rel_diff(a: &[f32], b: &[f32]) -> (f64, usize) {
-    let mut worst = (0f64, 0);
-    for (h, (&x, &y)) in a.iter().zip(b).enumerate() {
-        let d = if x.is_nan() != y.is_nan() || x.is_infinite() != y.is_infinite() {
-            f64::INFINITY
-        } else if x.is_nan() || x == y {
-            0.0
-        } else {
-            ((x - y) as f64).abs() / (y as f64).abs().max(x as f64).max(1e-12)
-        };
-        if d > worst.0 {
-            worst = (d, h);
+/// The relative difference of two values (NaN against a number counts as ∞).
+fn rel_diff(x: f32, y: f32) -> f64 {
+    if x.is_nan() != y.is_nan() || x.is_infinite() != y.is_infinite() {
+        f64::INFINITY
+    } else if x.is_nan() || x == y {
+        0.0
+    } else {
+        // Against the larger magnitude, so that A against B reads as B against A (g is ≤ 0).
+        ((x - y) as f64).abs() / (x as f64).abs().max((y as f64).abs()).max(1e-12)
+    }
+}
+
+/// One head's difference in one metric of one pass: `diff` relative, `score` that difference
+/// against what it is allowed (`tol` plus the rounding slack the traces recorded), so that a
+/// score above 1 is a divergence.
+#[derive(Clone)]
+struct Difference {
+    diff: f64,
+    score: f64,
+    text: String,
+}
+
+impl Difference {
+    /// The larger difference of two, by size (what is shown as the largest).
+    fn larger(self, other: Difference) -> Difference {
+        if other.diff > self.diff { other } else { self }
+    }
+}
+
+/// How the traces' recorded rounding slack (see `GdnLayerState::g_slack`) widens a metric's
+/// tolerance: not at all (‖S‖), relatively (g) or by an absolute amount (β).
+enum Slack<'a> {
+    None,
+    Relative(&'a [f32], &'a [f32]),
+    Absolute(&'a [f32], &'a [f32]),
+}
+
+impl Slack<'_> {
+    /// The relative allowance beyond `tol` for head `h` whose values are `x` and `y`: the larger
+    /// of the two traces' slacks (a trace without one allows none).
+    fn relative(&self, h: usize, x: f32, y: f32) -> f64 {
+        let larger =
+            |p: &[f32], q: &[f32]| p.get(h).copied().unwrap_or(0.0).max(q.get(h).copied().unwrap_or(0.0)) as f64;
+        match self {
+            Slack::None => 0.0,
+            Slack::Relative(p, q) => larger(p, q),
+            Slack::Absolute(p, q) => larger(p, q) / (x.abs().max(y.abs()) as f64).max(1e-12),
         }
     }
-    worst
+}
+
+fn differences(name: &str, p: &[f32], q: &[f32], slack: Slack, tol: f64) -> Vec<Difference> {
+    p.iter()
+        .zip(q)
+        .enumerate()
+        .filter_map(|(h, (&x, &y))| {
+            let diff = rel_diff(x, y);
+            let allow = slack.relative(h, x, y);
+            let rounding = if allow > 0.0 { format!("; rounding allows {allow:.2e} more") } else { String::new() };
+            (diff > 0.0).then(|| Difference {
+                diff,
+                score: diff / (tol + allow),
+                text: format!("{name} head {h}: {x} vs {y} ({diff:.2e}{rounding})"),
+            })
+        })
+        .collect()
 }
 
 /// Per GDN layer, the first pass where two traces differ by more than `tol` (β, g or ‖S‖ of
 /// any head), up to where their tokens part (after that the inputs differ, not the kernels).
+/// β and g may differ further by what one rounding step of their inputs explains, as the traces
+/// record it (`beta_slack`, `g_slack`): two correct bf16 engines part by that much.
 pub fn compare(a: &Trace, b: &Trace, tol: f64) -> Comparison {
     let mut s = String::new();
     let same_tokens = a.tokens.iter().zip(&b.tokens).take_while(|(x, y)| x.id == y.id).count();
@@ -367,35 +419,53 @@ pub fn compare(a: &Trace, b: &Trace, tol: f64) -> Comparison {
         if b.states[0].gdn[li].layer != layer || a.states[0].gdn[li].beta.len() != b.states[0].gdn[li].beta.len() {
             continue;
         }
-        // Per pass, the metric and head that differ most (β, g, ‖S‖).
-        let worst: Vec<(f64, String)> = comparable
+        // Per pass, the largest difference of any head (β, g, ‖S‖) and the largest of those past
+        // what they are allowed (a divergence).
+        let passes: Vec<(Option<Difference>, Option<Difference>)> = comparable
             .iter()
             .map(|(x, y)| {
                 let (lx, ly) = (&x.gdn[li], &y.gdn[li]);
-                [("β", &lx.beta, &ly.beta), ("g", &lx.g, &ly.g), ("‖S‖", &lx.state_norm, &ly.state_norm)]
-                    .into_iter()
-                    .map(|(name, p, q)| {
-                        let (d, h) = rel_diff(p, q);
-                        (d, format!("{name} head {h}: {} vs {} ({d:.2e})", p[h], q[h]))
-                    })
-                    .fold((0.0, String::new()), |w, c| if c.0 > w.0 { c } else { w })
+                let all = [
+                    differences("β", &lx.beta, &ly.beta, Slack::Absolute(&lx.beta_slack, &ly.beta_slack), tol),
+                    differences("g", &lx.g, &ly.g, Slack::Relative(&lx.g_slack, &ly.g_slack), tol),
+                    differences("‖S‖", &lx.state_norm, &ly.state_norm, Slack::None, tol),
+                ]
+                .into_iter()
+                .flatten();
+                let (mut largest, mut past): (Option<Difference>, Option<Difference>) = (None, None);
+                for d in all {
+                    if d.score > 1.0 {
+                        past = Some(match past {
+                            Some(p) => p.larger(d.clone()),
+                            None => d.clone(),
+                        });
+                    }
+                    largest = Some(match largest {
+                        Some(l) => l.larger(d),
+                        None => d,
+                    });
+                }
+                (largest, past)
             })
             .collect();
-        let largest = worst.iter().enumerate().fold(None, |m: Option<(usize, f64)>, (i, w)| match m {
-            Some((_, d)) if d >= w.0 => m,
-            _ => Some((i, w.0)),
-        });
-        let largest = match largest {
-            Some((i, d)) if d > 0.0 => {
-                format!("largest at {}: {}", a.token_text(comparable[i].0.at_token), worst[i].1)
+        let mut largest: Option<(usize, &Difference)> = None;
+        for (i, (l, _)) in passes.iter().enumerate() {
+            if let Some(l) = l
+                && largest.is_none_or(|(_, m)| l.diff > m.diff)
+            {
+                largest = Some((i, l));
             }
-            _ => "identical".to_string(),
+        }
+        let largest = match largest {
+            Some((i, d)) => format!("largest at {}: {}", a.token_text(comparable[i].0.at_token), d.text),
+            None => "identical".to_string(),
         };
-        match worst.iter().position(|w| w.0 > tol) {
+        match passes.iter().position(|(_, past)| past.is_some()) {
             Some(i) => {
                 diverged = true;
                 let at = a.token_text(comparable[i].0.at_token);
-                let _ = writeln!(s, "layer {layer:>3}: diverges at {at}: {}", worst[i].1);
+                let text = passes[i].1.as_ref().map_or("", |d| d.text.as_str());
+                let _ = writeln!(s, "layer {layer:>3}: diverges at {at}: {text}");
                 let _ = writeln!(s, "           {largest}");
                 if first.as_ref().is_none_or(|f| i < f.0) {
                     first = Some((i, layer, at));
@@ -640,6 +710,8 @@ mod tests {
                     state_norm: vec![1.0, 1.0],
                     delta_ratio: vec![0.1, 0.9],
                     nonfinite: vec![0, 0],
+                    g_slack: vec![],
+                    beta_slack: vec![],
                 },
                 GdnLayerState {
                     layer: 1,
@@ -649,6 +721,8 @@ mod tests {
                     state_norm: vec![norm, 1.0],
                     delta_ratio: vec![0.1, 0.0],
                     nonfinite: vec![0, 0],
+                    g_slack: vec![],
+                    beta_slack: vec![],
                 },
             ],
             attention: vec![],
@@ -681,6 +755,41 @@ mod tests {
         // A NaN against a number is a divergence however loose the tolerance.
         let n = trace(vec![event(None, 0.5, f32::NAN)]);
         assert!(compare(&trace(vec![event(None, 0.5, 1.0)]), &n, 10.0).diverged);
+    }
+
+    /// Two bf16 engines part by one rounding step of a gate's input: the g of a head whose a
+    /// reaches 7 (a bf16 step 2⁻⁵) by e^(2⁻⁵) − 1 = 3.2e-2, past a 2e-2 tolerance. With the slack
+    /// the traces record that is agreement; two steps, or a difference in ‖S‖, still diverge.
+    #[test]
+    fn a_rounding_step_of_a_gate_input_is_not_a_divergence() {
+        let step = (2f32.powi(-5)).exp_m1();
+        let with = |g: f32, beta: f32, slack: bool| {
+            let mut e = event(Some(0), beta, 1.0);
+            e.gdn[1].g[1] = g;
+            if slack {
+                e.gdn[1].g_slack = vec![1e-6, step];
+                e.gdn[1].beta_slack = vec![2f32.powi(-9) + 2f32.powi(-8), 0.0];
+            }
+            trace(vec![event(None, 0.5, 1.0), e])
+        };
+        let base = with(-0.0135, 0.5, false);
+        let one_step = -0.0135 * (1.0 + step);
+        let c = compare(&base, &with(one_step, 0.5, false), 2e-2);
+        assert!(c.diverged, "no slack recorded: {}", c.text);
+        let c = compare(&base, &with(one_step, 0.5, true), 2e-2);
+        assert!(!c.diverged, "{}", c.text);
+        assert!(c.text.contains("rounding allows 3.17e-2 more"), "{}", c.text);
+        // Either trace's slack counts (a trace of an engine without it against one with it).
+        assert!(!compare(&with(one_step, 0.5, true), &base, 2e-2).diverged);
+        let c = compare(&base, &with(-0.0135 * (1.0 + step).powi(2), 0.5, true), 2e-2);
+        assert!(c.diverged && c.text.contains("layer   1: diverges at #0"), "{}", c.text);
+        // β: a step of β (2⁻⁸ at 0.5) and a quarter step of b are allowed, absolutely.
+        let c = compare(&base, &with(-0.0135, 0.5 + 2f32.powi(-8), true), 2e-3);
+        assert!(!c.diverged, "{}", c.text);
+        assert!(compare(&base, &with(-0.0135, 0.5 + 2f32.powi(-7), true), 2e-3).diverged);
+        let mut norm = with(one_step, 0.5, true);
+        norm.states[1].gdn[1].state_norm[0] = 1.03;
+        assert!(compare(&base, &norm, 2e-2).diverged, "‖S‖ gets no rounding slack");
     }
 
     /// Issue 35, item 6: a trace cut after its prompt pass, one missing a head, one missing a

@@ -39,6 +39,8 @@ pub fn state_event(trace: &StateTrace, at_token: Option<usize>, position: usize)
                         })
                         .collect(),
                     nonfinite: p.nonfinite.clone(),
+                    g_slack: (0..hv).map(|h| (step(p, &p.a, h) as f64).exp_m1() as f32).collect(),
+                    beta_slack: (0..hv).map(|h| step(p, &p.b, h) / 4.0 + step(p, &p.beta, h)).collect(),
                 });
             }
             LayerTrace::Attention { kv_len, kv_bytes } => {
@@ -47,6 +49,21 @@ pub fn state_event(trace: &StateTrace, at_token: Option<usize>, position: usize)
         }
     }
     StateEvent { at_token, tokens, position, gdn, attention }
+}
+
+/// One rounding step (the distance to the next representable value away from zero) of the
+/// largest |x| head `h` of `xs` ([T][Hv]) held over the pass, in the precision the layer rounded
+/// its gates to: bf16 (8 significant bits) or f32 (24).
+fn step(p: &crate::model::GdnPassTrace, xs: &[f32], h: usize) -> f32 {
+    let largest = (0..p.tokens).map(|t| xs[t * p.heads + h].abs()).filter(|x| x.is_finite()).fold(0f32, f32::max);
+    let bits = if p.gates_bf16 { 8 } else { 24 };
+    if largest == 0.0 {
+        return 0.0;
+    }
+    // 2^(floor(log2 x) − bits + 1), from the f32 exponent (normal values; a subnormal's step is
+    // below anything a comparison cares about).
+    let exponent = ((largest.to_bits() >> 23) & 0xff) as i32 - 127;
+    2f32.powi(exponent - bits + 1)
 }
 
 #[cfg(test)]
@@ -63,6 +80,9 @@ mod tests {
                     heads: 2,
                     beta: vec![0.2, 0.4, 0.6, 0.8],
                     g: vec![-1.0, 0.0, -3.0, 0.0],
+                    a: vec![-7.0, 0.5, 6.5, 0.25],
+                    b: vec![1.0, -3.0, 0.0, 2.0],
+                    gates_bf16: true,
                     state_norm: vec![2.0, 0.0],
                     delta_norm: vec![1.0, 0.0],
                     nonfinite: vec![0, 0],
@@ -77,6 +97,12 @@ mod tests {
         assert_eq!(l.g, vec![-2.0, 0.0]);
         assert!((l.retention[0] - ((-1f32).exp() + (-3f32).exp()) / 2.0).abs() < 1e-6);
         assert_eq!(l.delta_ratio, vec![0.5, 0.0]);
+        // Head 0's largest |a| is 7 (a bf16 step of 2⁻⁵), head 1's 0.5 (2⁻⁸); its largest |b| 1
+        // (2⁻⁷) and 3 (2⁻⁶), its largest β 0.6 (2⁻⁸) and 0.8 (2⁻⁸).
+        let close = |x: f32, y: f64| ((x as f64) - y).abs() <= 1e-7 * y;
+        assert!(close(l.g_slack[0], (2f64.powi(-5)).exp_m1()) && close(l.g_slack[1], (2f64.powi(-8)).exp_m1()));
+        assert!(close(l.beta_slack[0], 2f64.powi(-9) + 2f64.powi(-8)), "{:?}", l.beta_slack);
+        assert!(close(l.beta_slack[1], 2f64.powi(-8) + 2f64.powi(-8)), "{:?}", l.beta_slack);
         assert_eq!(l.half_life(1), f32::INFINITY);
         assert!((crate::generation::state::half_life(-std::f32::consts::LN_2) - 1.0).abs() < 1e-6);
         assert_eq!(e.attention[0], AttentionLayerState { layer: 1, kv_len: 7, kv_bytes: 64 });

@@ -20,6 +20,17 @@ pub struct GdnLayerState {
     pub delta_ratio: Vec<f32>,
     /// NaN / ±Inf entries of S after the pass.
     pub nonfinite: Vec<u32>,
+    /// How far another correct engine's mean g may lie from this one's, relative: e^u − 1 for u
+    /// one rounding step of the gate input a at its largest over the pass (a bf16 step at the bf16
+    /// cast points). Two engines whose sums for a round on either side of a step compute g from
+    /// inputs a step apart, and |ln(g₁ / g₂)| ≤ |a₁ − a₂| (softplus's log-slope is at most 1).
+    /// Empty in traces written before it was recorded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub g_slack: Vec<f32>,
+    /// The same for the mean β, absolute: a step of b moves sigmoid(b) by at most a quarter step,
+    /// and β itself is rounded (one step of β at its largest).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub beta_slack: Vec<f32>,
 }
 
 impl GdnLayerState {

@@ -6,7 +6,9 @@
 //! Per GDN head and token: the write strength β = sigmoid(b) and the decay g =
 //! −exp(A_log)·softplus(a + dt_bias) (retention exp(g) per token). Per GDN head over the pass:
 //! ‖S‖_F after it, ‖S_after − S_before‖_F (how hard the pass rewrote the state) and the
-//! non-finite entries of S.
+//! non-finite entries of S. With them the gate inputs a and b as the layer used them (rounded to
+//! bf16 at the bf16 cast points): what a comparison of two engines needs to tell a rounding step
+//! from a bug (see `engine::state_trace`).
 
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +21,12 @@ pub struct GdnPassTrace {
     pub beta: Vec<f32>,
     /// `[T][Hv]`, ≤ 0 (log retention per token).
     pub g: Vec<f32>,
+    /// `[T][Hv]`: the decay's input a (in_proj_a's output), as g was computed from it.
+    pub a: Vec<f32>,
+    /// `[T][Hv]`: the write strength's input b (in_proj_b's output), as β was computed from it.
+    pub b: Vec<f32>,
+    /// Whether a, b and β were rounded to bf16 (the bf16 cast points); f32 otherwise.
+    pub gates_bf16: bool,
     /// `[Hv]`: ‖S‖_F after the pass.
     pub state_norm: Vec<f32>,
     /// `[Hv]`: ‖S_after − S_before‖_F.

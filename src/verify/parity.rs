@@ -379,8 +379,9 @@ fn gdn(gpu: &Gpu, tokens: usize, (hk, hv, dk, dv): (usize, usize, usize, usize))
     Ok(res)
 }
 
-/// The state trace written by `gdn_recurrent` (β, g per token and head; ‖S‖ and ‖ΔS‖ per head)
-/// against the twin's gates and the engine's own norms of the twin's states.
+/// The state trace written by `gdn_recurrent` (β, g and their inputs b, a per token and head; ‖S‖
+/// and ‖ΔS‖ per head) against the twin's gates, the inputs as uploaded (bf16: exactly) and the
+/// engine's own norms of the twin's states.
 fn gdn_traced(gpu: &Gpu, tokens: usize, (hk, hv, dk, dv): (usize, usize, usize, usize)) -> GpuResult<Vec<Parity>> {
     let s = GdnShape { k_heads: hk, v_heads: hv, dk, dv };
     let i = gdn_inputs(tokens, (hk, hv, dk, dv));
@@ -413,8 +414,10 @@ fn gdn_traced(gpu: &Gpu, tokens: usize, (hk, hv, dk, dv): (usize, usize, usize, 
         norms.extend([norm, read.delta_norm[h]]);
     }
     let case = format!("{hk}/{hv} heads of {dk}/{dv}, {tokens} tokens, traced");
+    let inputs: Vec<f32> = i.b.iter().zip(&i.a).flat_map(|(&b, &a)| [bf(b), bf(a)]).collect();
     Ok(vec![
         compare("gdn_recurrent trace β, g", case.clone(), &interleave(&read.beta, &read.g), &twin_gates, F32_TOL),
+        compare("gdn_recurrent trace b, a", case.clone(), &interleave(&read.b, &read.a), &inputs, 0.0),
         compare("gdn_recurrent trace ‖S‖, ‖ΔS‖", case, &norms, &twin_norms, F32_TOL),
     ])
 }

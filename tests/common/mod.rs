@@ -290,6 +290,8 @@ pub fn state_event(at_token: Option<usize>, layers: usize, heads: usize) -> Engi
                 state_norm: (0..heads).map(|h| 0.5 + 3.0 * wave(h, 2)).collect(),
                 delta_ratio: (0..heads).map(|h| wave(h, 3) / 2.0).collect(),
                 nonfinite: vec![0; heads],
+                g_slack: vec![],
+                beta_slack: vec![],
             }
         })
         .collect();

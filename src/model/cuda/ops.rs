@@ -419,23 +419,20 @@ impl GdnShape {
         self.dv.div_ceil(16)
     }
 
-    /// f32 values of a state trace of `tokens` tokens: `[T][Hv][2]` β and g, then
+    /// f32 values of a state trace of `tokens` tokens: `[T][Hv][4]` β, g, b and a, then
     /// `[Hv][row blocks][4 warps][3]` sums (see kernels/gdn.cu).
     pub fn trace_len(&self, tokens: usize) -> usize {
-        tokens * self.v_heads * 2 + self.v_heads * self.row_blocks() * 4 * 3
+        tokens * self.v_heads * 4 + self.v_heads * self.row_blocks() * 4 * 3
     }
 }
 
-/// A GDN layer's trace from the kernel's buffer ([`GdnShape::trace_len`], the layout `gdn_recurrent` writes): β and g as the
-/// kernel used them, the per-warp sums added in f64 per head.
+/// A GDN layer's trace from the kernel's buffer ([`GdnShape::trace_len`], the layout `gdn_recurrent` writes): β, g and
+/// their inputs b, a (bf16 values) as the kernel used them, the per-warp sums added in f64 per head.
 pub fn read_gdn_trace(buf: &[f32], tokens: usize, s: GdnShape) -> GdnPassTrace {
     let hv = s.v_heads;
-    let (mut beta, mut g) = (vec![0f32; tokens * hv], vec![0f32; tokens * hv]);
-    for i in 0..tokens * hv {
-        beta[i] = buf[2 * i];
-        g[i] = buf[2 * i + 1];
-    }
-    let sums = &buf[tokens * hv * 2..];
+    let field = |k: usize| (0..tokens * hv).map(|i| buf[4 * i + k]).collect::<Vec<f32>>();
+    let (beta, g, b, a) = (field(0), field(1), field(2), field(3));
+    let sums = &buf[tokens * hv * 4..];
     let per_head = s.row_blocks() * 4 * 3;
     let (mut state_norm, mut delta_norm, mut nonfinite) = (vec![0f32; hv], vec![0f32; hv], vec![0u32; hv]);
     for h in 0..hv {
@@ -449,7 +446,7 @@ pub fn read_gdn_trace(buf: &[f32], tokens: usize, s: GdnShape) -> GdnPassTrace {
         delta_norm[h] = dd.sqrt() as f32;
         nonfinite[h] = bad as u32;
     }
-    GdnPassTrace { tokens, heads: hv, beta, g, state_norm, delta_norm, nonfinite }
+    GdnPassTrace { tokens, heads: hv, beta, g, a, b, gates_bf16: true, state_norm, delta_norm, nonfinite }
 }
 
 /// The gated delta rule over `tokens` tokens (q/k L2 norm and the gates inside); with `slots`

@@ -196,11 +196,15 @@ impl GdnLayer {
         let normed = gated_norm_stage(&heads, &proj, zo, dv, &self.norm_w, self.eps, prec);
         let traced = trace.then(|| {
             let norms: Vec<(f32, f32, u32)> = results.iter().filter_map(|r| r.norms).collect();
+            let column = |o: usize| (0..t_len * hv).map(|i| proj.row(i / hv)[o + i % hv]).collect();
             GdnPassTrace {
                 tokens: t_len,
                 heads: hv,
                 beta,
                 g,
+                a: column(ao),
+                b: column(bo),
+                gates_bf16: prec == Precision::Bf16,
                 state_norm: norms.iter().map(|n| n.0).collect(),
                 delta_norm: norms.iter().map(|n| n.1).collect(),
                 nonfinite: norms.iter().map(|n| n.2).collect(),
