@@ -370,8 +370,10 @@ fn kept_since(d: &Demo, prompt: &[u32], from: usize) -> BTreeMap<(usize, usize),
 /// question) some head keeps half for at least 100 tokens. Silencing the heads that do (A_log
 /// raised by 12: they forget within a token, as if their state were zeroed every step) leaves
 /// every other task answered — and, measured, the memory task too: the attention layers also
-/// carry the code (the README says so; a model whose memory lives only in the GDN state needs
-/// every memory example trained with windowed attention, which this one was not).
+/// carry the code (the README says so). A windowed attention in training did not change that,
+/// since the tokens between the code and the question can relay it; hiding from the question
+/// everything from the code on made the state carry it in an experiment (README, "Its memory"),
+/// which the shipped model was not trained with.
 #[test]
 fn the_memory_task_and_its_long_gdn_heads() {
     let d = demo();
