@@ -298,11 +298,9 @@ struct Difference {
     text: String,
 }
 
-impl Difference {
-    /// The larger difference of two, by size (what is shown as the largest).
-    fn larger(self, other: Difference) -> Difference {
-        if other.diff > self.diff { other } else { self }
-    }
+/// The first of the largest differences by size (what is shown as the largest).
+fn largest<'a>(ds: impl Iterator<Item = &'a Difference>) -> Option<&'a Difference> {
+    ds.fold(None, |m: Option<&Difference>, d| if m.is_some_and(|m| m.diff >= d.diff) { m } else { Some(d) })
 }
 
 /// How the traces' recorded rounding slack (see `GdnLayerState::g_slack`) widens a metric's
@@ -425,39 +423,21 @@ pub fn compare(a: &Trace, b: &Trace, tol: f64) -> Comparison {
             .iter()
             .map(|(x, y)| {
                 let (lx, ly) = (&x.gdn[li], &y.gdn[li]);
-                let all = [
+                let all: Vec<Difference> = [
                     differences("β", &lx.beta, &ly.beta, Slack::Absolute(&lx.beta_slack, &ly.beta_slack), tol),
                     differences("g", &lx.g, &ly.g, Slack::Relative(&lx.g_slack, &ly.g_slack), tol),
                     differences("‖S‖", &lx.state_norm, &ly.state_norm, Slack::None, tol),
                 ]
-                .into_iter()
-                .flatten();
-                let (mut largest, mut past): (Option<Difference>, Option<Difference>) = (None, None);
-                for d in all {
-                    if d.score > 1.0 {
-                        past = Some(match past {
-                            Some(p) => p.larger(d.clone()),
-                            None => d.clone(),
-                        });
-                    }
-                    largest = Some(match largest {
-                        Some(l) => l.larger(d),
-                        None => d,
-                    });
-                }
-                (largest, past)
+                .concat();
+                (largest(all.iter()).cloned(), largest(all.iter().filter(|d| d.score > 1.0)).cloned())
             })
             .collect();
-        let mut largest: Option<(usize, &Difference)> = None;
-        for (i, (l, _)) in passes.iter().enumerate() {
-            if let Some(l) = l
-                && largest.is_none_or(|(_, m)| l.diff > m.diff)
-            {
-                largest = Some((i, l));
+        let overall = largest(passes.iter().filter_map(|(l, _)| l.as_ref()));
+        let largest = match overall {
+            Some(d) => {
+                let i = passes.iter().position(|(l, _)| l.as_ref().is_some_and(|l| std::ptr::eq(l, d))).unwrap_or(0);
+                format!("largest at {}: {}", a.token_text(comparable[i].0.at_token), d.text)
             }
-        }
-        let largest = match largest {
-            Some((i, d)) => format!("largest at {}: {}", a.token_text(comparable[i].0.at_token), d.text),
             None => "identical".to_string(),
         };
         match passes.iter().position(|(_, past)| past.is_some()) {
