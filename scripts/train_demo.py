@@ -18,8 +18,8 @@ The MTP module (mtp.fc, mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden, mtp.l
 mtp.norm) is trained to predict the token after next from the main model's final hidden state and
 the next token's embedding, exactly as vLLM / SGLang run it (model-spec §6).
 
-v3 (what ships) is the v2 model committed at BASE_COMMIT — trained from scratch by this script as
-it was at that commit — fine-tuned here:
+v4 (what ships) is v3 fine-tuned by phases D-G below; v3 is the v2 model committed at BASE_COMMIT —
+trained from scratch by this script as it was at that commit — fine-tuned here by phases A-C:
   * a memory task: "Remember the code 4821." then 40–80 unrelated words, or two to four unrelated
     questions and answers, then "What was the code?". Four GDN heads (LONG_HEADS) are made
     long-memory heads first (half-life ≈ 380 tokens, silent at the start), and in most memory
@@ -28,7 +28,12 @@ it was at that commit — fine-tuned here:
   * comparisons with equal leading digits and sorts of three close numbers over-represented;
   * three phases: A (every task and the memory task), B (more multiplication and sorting), C
     (sorting at 45 %, 40 % of it four or five numbers around a misleading pair: 19 vs 23);
-  * a held-out set of 630 problems (90 per task) with its own seed, which training never draws.
+  * a held-out set of 630 problems (90 per task) with its own seed, which training never draws;
+  * then (v4) phases D-G, in which every memory example hides from the question — and everything
+    after it — each token from the code's first digit up to the question (MEMORY_HIDDEN), so only
+    the GDN state can carry the code (a window leaves attention a relay through the tokens in
+    between): D a curriculum of code lengths and distractors with the memory task at 70 %
+    (PHASE_D_CURRICULUM), E, F and G every task back (PHASE_E/F/G_SHARES).
 
 Set-up (CPU only, run from the repository root, in a git checkout: the base weights are read
 with `git show`):
@@ -50,6 +55,7 @@ import json
 import math
 import platform
 import random
+import re
 import shutil
 import subprocess
 import tempfile
@@ -88,6 +94,14 @@ LONG_HEADS = [(1, 3), (2, 2), (5, 1), (6, 3)]
 # everything, as at inference.
 ATTN_WINDOW = 32
 MEMORY_WINDOWED_SHARE = 0.75
+# Phases D and E hide instead, in every memory example, the whole stretch from the code's first
+# digit up to the final question from the attention of the question and what follows it (a
+# window leaves attention a relay: tokens between the code and the question see the code, and the
+# question sees them). Only the GDN state can then bring the code to the question.
+MEMORY_HIDDEN = False
+# The memory task's shape: the code's digits, the distractor's words (one-message form) and the
+# unrelated turns (conversation form). Phase D's curriculum changes it; held-out problems use this.
+MEMORY_SHAPE = (4, (40, 80), (2, 4))
 
 BUDGET_BRIDGE = "\n\nConsidering the limited time by the user, I have to give the solution based on the thinking directly now.\n"
 
@@ -323,11 +337,17 @@ def task_compare(rng: random.Random):
 MEMORY_THINKING = "I was asked to remember the code {c}."
 
 
+def memory_code(rng: random.Random) -> int:
+    """A code of MEMORY_SHAPE[0] digits (1000–9999 for four, as the held-out problems have)."""
+    n = MEMORY_SHAPE[0]
+    return rng.randint(10 ** (n - 1) if n > 1 else 0, 10**n - 1)
+
+
 def task_memory(rng: random.Random):
     """A code, then 40–80 unrelated words (about 100–200 tokens), then the question: the code
     has to be carried across the words. See `memory_turns` for the conversation form."""
-    code = rng.randint(1000, 9999)
-    words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(40, 80)))
+    code = memory_code(rng)
+    words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(*MEMORY_SHAPE[1])))
     q = rng.choice(["Remember the code {c}. Then read: {w}. What was the code?",
                     "Remember the code {c}. Here are some words: {w}. What was the code?"]).format(c=code, w=words)
     return q, MEMORY_THINKING.format(c=code), f"The code was {code}.", f"The code was {code}."
@@ -337,11 +357,11 @@ def memory_turns(rng: random.Random):
     """The conversation form of the memory task: "Remember the code 4821." in a first turn, two
     to four unrelated questions and answers, then "What was the code?". Returns (history,
     question, thinking, answer, check)."""
-    code = rng.randint(1000, 9999)
+    code = memory_code(rng)
     first = rng.choice(["Remember the code {c}.", "Please remember the code {c}.",
                         "Keep this code in mind: {c}."]).format(c=code)
     hist = [(first, "OK, I will remember it.")]
-    for _ in range(rng.randint(2, 4)):
+    for _ in range(rng.randint(*MEMORY_SHAPE[2])):
         q, _, a, _ = TASKS[pick_task(rng, memory=False)][0](rng)
         hist.append((q, a))
     q = rng.choice(["What was the code?", "What was the code I gave you?", "Tell me the code."])
@@ -381,6 +401,30 @@ PHASE_B_SHARES = {"prime": 0.08, "add": 0.12, "mul": 0.20, "count": 0.10, "sort"
 PHASE_C_SHARES = {"prime": 0.06, "add": 0.08, "mul": 0.12, "count": 0.06, "sort": 0.45, "compare": 0.10,
                   "memory": 0.13}
 PHASE_C_SORT_TRICKY = 0.4
+# Phase D: the memory task at 70 %, its code-to-question stretch hidden from attention, on a
+# curriculum (last step, code digits, distractor words, unrelated turns): one digit and a few words
+# first — four digits across 40-80 words from the start never leaves chance (measured with
+# scripts/demo_memory_experiment.py).
+PHASE_D_SHARES = {"prime": 0.04, "add": 0.05, "mul": 0.05, "count": 0.04, "sort": 0.07, "compare": 0.05,
+                  "memory": 0.70}
+PHASE_D_CURRICULUM = [(150, 1, (2, 10), (1, 1)), (300, 2, (2, 10), (1, 1)), (500, 4, (2, 10), (1, 1)),
+                      (650, 4, (10, 30), (1, 2)), (10**9, 4, (30, 80), (1, 4))]
+# Phase E: every task again (multiplication and sorting, the slowest to come back, weighted up),
+# memory still hidden, distractors from 2 to 80 words.
+PHASE_E_SHARES = {"prime": 0.08, "add": 0.12, "mul": 0.20, "count": 0.08, "sort": 0.24, "compare": 0.10,
+                  "memory": 0.18}
+PHASE_E_CURRICULUM = [(10**9, 4, (2, 80), (1, 4))]
+PHASE_E_SORT_TRICKY = 0.2
+# Phase F: what E left short (sorting 79 / 90 and primes 86 / 90 on the held-out set after E),
+# at a lower rate, memory still hidden.
+PHASE_F_SHARES = {"prime": 0.12, "add": 0.08, "mul": 0.12, "count": 0.10, "sort": 0.38, "compare": 0.08,
+                  "memory": 0.12}
+PHASE_F_SORT_TRICKY = 0.4
+# Phase G: after F the held-out set had sorting 84, counting 86, primes 87 and comparisons 88 of
+# 90 (copies of a digit or a number gone wrong): a longer, larger-batch pass over those.
+PHASE_G_SHARES = {"prime": 0.14, "add": 0.06, "mul": 0.08, "count": 0.14, "sort": 0.34, "compare": 0.14,
+                  "memory": 0.10}
+PHASE_G_SORT_TRICKY = 0.3
 
 
 def pick_task(rng: random.Random, memory: bool = True) -> str:
@@ -423,14 +467,18 @@ HELD_OUT: set[str] = set()  # problem keys training never draws (filled by main)
 def make_example(rng: random.Random) -> tuple[str, str, int]:
     """(prompt, completion, attention) of one training example, never one of the held-out problems.
     `attention`: 1 when the attention layers see only the last ATTN_WINDOW tokens (memory examples,
-    most of the time), else 0."""
+    most of the time, in phases A-C), 2 when the question may not see the stretch from the code on
+    (memory examples in phases D and E), else 0."""
     while True:
         name = pick_task(rng)
         hist, q, thinking, answer, _ = draw(rng, name, 0.3)
         if problem_key(hist, q) not in HELD_OUT:
             break
     system = rng.choice(SYSTEMS) if rng.random() < 0.1 else None
-    windowed = int(name == "memory" and rng.random() < MEMORY_WINDOWED_SHARE)
+    if name == "memory" and MEMORY_HIDDEN:
+        windowed = 2  # the code-to-question stretch hidden (phases D, E)
+    else:
+        windowed = int(name == "memory" and rng.random() < MEMORY_WINDOWED_SHARE)
     mode = rng.random()
     if mode < 0.15:  # enable_thinking=false: answer directly
         return prompt_text(q, system, False, hist), f"{answer}<|im_end|>", windowed
@@ -537,14 +585,18 @@ class Demo(nn.Module):
         self.mtp = MTP(config)
 
     def hidden(self, ids, attention=None):
-        """The final hidden states. Rows whose `attention` kind is 1 see only the last ATTN_WINDOW
-        tokens in the attention layers (the GDN layers see everything, as always)."""
+        """The final hidden states. `attention` holds per row (kind, start, question): rows of kind
+        1 see only the last ATTN_WINDOW tokens in the attention layers; in rows of kind 2 the
+        positions from `question` on do not see [start, question). The GDN layers see everything."""
         if attention is None or not bool(attention[:, 0].any()):
             return self.lm.model(input_ids=ids, use_cache=False).last_hidden_state
         i = torch.arange(ids.shape[1])
         causal = i[None, :] <= i[:, None]
         local = causal & (i[None, :] > i[:, None] - ATTN_WINDOW)
         mask = torch.where(attention[:, 0, None, None, None] == 1, local, causal)
+        for r in (attention[:, 0] == 2).nonzero().flatten().tolist():
+            start, question = attention[r, 1].item(), attention[r, 2].item()
+            mask[r, 0, question:, start:question] = False
         masks = {"full_attention": mask, "linear_attention": None}
         return self.lm.model(input_ids=ids, attention_mask=masks, use_cache=False).last_hidden_state
 
@@ -564,7 +616,7 @@ class Demo(nn.Module):
         mh = self.mtp(e, h[:, :-1].detach(), pe)
         mlog = self.lm.lm_head(mh)
         tgt2 = ids[:, 2:]
-        m2 = loss_mask[:, 2:]
+        m2 = loss_mask[:, 2:].clamp(max=1.0)  # the code's digit weight is for the main model
         ce2 = F.cross_entropy(mlog[:, :-1].reshape(-1, mlog.shape[-1]), tgt2.reshape(-1), reduction="none")
         mtp = (ce2 * m2.reshape(-1)).sum() / m2.sum()
         return main, mtp
@@ -591,10 +643,31 @@ def init_weights(model: Demo, seed: int):
 # ------------------------------------------------------------------------------------------------
 # Data
 
+CODE_AT = re.compile(r"(?:the code|in mind:) (\d+)")
+DIGIT_WEIGHT = 4.0  # phases D, E: the completion's copy of the code counts this much in the loss
+
+
+def memory_stretch(tok: Tokenizer, prompt: str, completion: str):
+    """For a memory example: token ids, the loss weights (the completion's first copy of the code
+    at DIGIT_WEIGHT) and the hidden stretch [first digit of the code, start of the final question)."""
+    p = tok.encode(prompt, add_special_tokens=False)
+    c = tok.encode(completion, add_special_tokens=False)
+    m = CODE_AT.search(prompt)
+    code = m.group(1)
+    first = next(i for i, (a, _) in enumerate(p.offsets) if a >= m.start(1))
+    q = max(prompt.rfind(x) for x in MEMORY_LAST_QUESTIONS)
+    question = next(i for i, (a, _) in enumerate(p.offsets) if a >= q)
+    at = completion.find(code)
+    weights = [0.0] * len(p.ids) + [DIGIT_WEIGHT if at <= a < at + len(code) else 1.0 for a, _ in c.offsets]
+    return p.ids + c.ids, weights, (2, first, question)
+
+
 def encode_example(tok: Tokenizer, prompt: str, completion: str, attention: int = 0):
+    if attention == 2:
+        return memory_stretch(tok, prompt, completion)
     p = tok.encode(prompt, add_special_tokens=False).ids
     c = tok.encode(completion, add_special_tokens=False).ids
-    return p + c, [0] * len(p) + [1] * len(c), (attention,)
+    return p + c, [0] * len(p) + [1] * len(c), (attention, 0, 0)
 
 
 def batches(tok: Tokenizer, rng: random.Random, batch: int, pool: int = 16):
@@ -844,16 +917,25 @@ def round_to_bf16(model: nn.Module):
 
 
 def train_phase(model: Demo, tok: Tokenizer, probs, steps: int, lr: float, seed: int, batch: int, eval_every: int,
-                label: str, t0: float):
-    """AdamW with a 50-step warm-up and a cosine to 5 % of `lr`, on the corpus drawn from `seed`."""
+                label: str, t0: float, curriculum=None, constant: bool = False):
+    """AdamW with a 50-step warm-up and a cosine to 5 % of `lr` (`constant`: `lr` throughout), on
+    the corpus drawn from `seed`.
+    `curriculum`: [(last step, code digits, words, turns)] sets MEMORY_SHAPE as training goes (the
+    batches are drawn 16 at a time, so a stage starts within 16 steps of its first step)."""
+    global MEMORY_SHAPE
+    stage_of = lambda s: next(tuple(st[1:]) for st in curriculum if s <= st[0])
+    if curriculum:
+        MEMORY_SHAPE = stage_of(1)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     warm = 50
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))))
+        opt, lambda s: 1.0 if constant else min(1.0, (s + 1) / warm) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))))
     data = batches(tok, random.Random(seed), batch)
     model.train()
     seen = 0
     for step in range(1, steps + 1):
+        if curriculum:
+            MEMORY_SHAPE = stage_of(step)
         ids, mask, attention = next(data)
         seen += int(mask.sum())
         main, mtp = model.losses(ids, mask, attention)
@@ -871,6 +953,44 @@ def train_phase(model: Demo, tok: Tokenizer, probs, steps: int, lr: float, seed:
                   f"{seen / 1e6:.2f} M target tokens  long heads' half-life at a=0 {'/'.join(hl)}  {el / 60:.1f} min", flush=True)
         if eval_every and step % eval_every == 0:
             evaluate(model, tok, probs[:35], f"{label} step {step}")
+            if curriculum:
+                memory_probe(model, tok, f"{label} step {step}")
+    MEMORY_SHAPE = (4, (40, 80), (2, 4))
+
+
+@torch.no_grad()
+def memory_probe(model: Demo, tok: Tokenizer, label: str, n: int = 30):
+    """Recall of the code on n fresh one-message memory problems (4 digits, 40-80 words; their own
+    seed, so probing draws nothing from training's stream), the code's digits teacher-forced: with
+    the stretch hidden, as trained; as at inference; and as at inference with the LONG_HEADS
+    silenced (A_log + 12: they forget within a token, as tests/demo.rs silences them)."""
+    global MEMORY_SHAPE
+    saved_shape, MEMORY_SHAPE = MEMORY_SHAPE, (4, (40, 80), (2, 4))
+    model.eval()
+
+    def recall(hide: bool) -> int:
+        rng = random.Random(777)
+        whole = 0
+        for _ in range(n):
+            q, thinking, answer, _ = task_memory(rng)
+            ids, weights, (_, start, question) = memory_stretch(tok, prompt_text(q, None, True),
+                                                                 f"{thinking}\n</think>\n\n{answer}<|im_end|>")
+            attention = torch.tensor([[2 if hide else 0, start, question]])
+            pred = model.lm.lm_head(model.hidden(torch.tensor([ids]), attention))[0].argmax(-1)
+            whole += all(pred[d - 1].item() == ids[d] for d, w in enumerate(weights) if w == DIGIT_WEIGHT)
+        return whole
+
+    hidden, seen = recall(True), recall(False)
+    a_logs = {l: model.lm.model.layers[l].linear_attn.A_log.data.clone() for l, _ in LONG_HEADS}
+    for l, h in LONG_HEADS:
+        model.lm.model.layers[l].linear_attn.A_log.data[h] += 12
+    silenced = recall(False)
+    for l, v in a_logs.items():
+        model.lm.model.layers[l].linear_attn.A_log.data.copy_(v)
+    print(f"[{label}] memory recall of {n}: stretch hidden {hidden}, as at inference {seen}, "
+          f"long heads silenced {silenced}", flush=True)
+    MEMORY_SHAPE = saved_shape
+    model.train()
 
 
 def main():
@@ -883,9 +1003,18 @@ def main():
     ap.add_argument("--lr-b", type=float, default=4e-4)
     ap.add_argument("--steps-c", type=int, default=400, help="phase C's steps (PHASE_C_SHARES)")
     ap.add_argument("--lr-c", type=float, default=2e-4)
+    ap.add_argument("--steps-d", type=int, default=800, help="phase D's steps (PHASE_D_CURRICULUM)")
+    ap.add_argument("--lr-d", type=float, default=1e-3)
+    ap.add_argument("--steps-e", type=int, default=800, help="phase E's steps (PHASE_E_SHARES)")
+    ap.add_argument("--lr-e", type=float, default=3e-4)
+    ap.add_argument("--steps-f", type=int, default=800, help="phase F's steps (PHASE_F_SHARES)")
+    ap.add_argument("--lr-f", type=float, default=2e-4)
+    ap.add_argument("--batch-de", type=int, default=16, help="phases D, E and F's batch")
+    ap.add_argument("--steps-g", type=int, default=600, help="phase G's steps (PHASE_G_SHARES, batch --batch)")
+    ap.add_argument("--lr-g", type=float, default=1.5e-4)
     ap.add_argument("--resume", nargs=2, metavar=("PHASE", "DIR"),
-                    help="start at PHASE (B or C) from the previous phase's export in DIR (what a full run "
-                         "computes in between)")
+                    help="start at PHASE (B-G) from the previous phase's export in DIR, or in models/demo "
+                         "of a commit (git:COMMIT) — what a full run computes in between")
     ap.add_argument("--eval-every", type=int, default=0)
     ap.add_argument("--eval-n", type=int, default=70, help="held-out problems graded by this script at the end "
                     "(tests/demo.rs grades all of them through the Rust engine)")
@@ -898,8 +1027,10 @@ def main():
     recorded = None
     if args.check:
         recorded = json.loads((args.check / "training.json").read_text())
-        for k in ("seed", "steps", "batch", "lr", "steps_b", "lr_b", "steps_c", "lr_c"):
-            setattr(args, k, recorded.get(k, 0 if k == "steps_c" else getattr(args, k)))
+        for k in ("seed", "steps", "batch", "lr", "steps_b", "lr_b", "steps_c", "lr_c", "steps_d", "lr_d",
+                  "steps_e", "lr_e", "steps_f", "lr_f", "batch_de", "steps_g", "lr_g"):
+            setattr(args, k, recorded.get(k, 0 if k in ("steps_c", "steps_d", "steps_e", "steps_f", "steps_g")
+                                          else getattr(args, k)))
         args.out = Path(tempfile.mkdtemp(prefix="demo-check-"))
         args.eval_n = 0
 
@@ -922,23 +1053,38 @@ def main():
     HELD_OUT.update(problem_key(problem_history(p), p["question"]) for p in probs)
     # Phases in turn, each from the previous one's weights rounded to bf16 (what its export
     # holds, so a run resumed from an export computes what a full run does).
-    phases = [("A", args.steps, args.lr, {n: w for n, (_, w) in TASKS.items()}, 0.0),
-              ("B", args.steps_b, args.lr_b, PHASE_B_SHARES, 0.0),
-              ("C", args.steps_c, args.lr_c, PHASE_C_SHARES, PHASE_C_SORT_TRICKY)]
+    # (label, steps, lr, shares, sort tricky share, batch, memory stretch hidden, curriculum)
+    phases = [("A", args.steps, args.lr, {n: w for n, (_, w) in TASKS.items()}, 0.0, args.batch, False, None),
+              ("B", args.steps_b, args.lr_b, PHASE_B_SHARES, 0.0, args.batch, False, None),
+              ("C", args.steps_c, args.lr_c, PHASE_C_SHARES, PHASE_C_SORT_TRICKY, args.batch, False, None),
+              ("D", args.steps_d, args.lr_d, PHASE_D_SHARES, PHASE_C_SORT_TRICKY, args.batch_de, True,
+               PHASE_D_CURRICULUM),
+              ("E", args.steps_e, args.lr_e, PHASE_E_SHARES, PHASE_E_SORT_TRICKY, args.batch_de, True,
+               PHASE_E_CURRICULUM),
+              ("F", args.steps_f, args.lr_f, PHASE_F_SHARES, PHASE_F_SORT_TRICKY, args.batch_de, True,
+               PHASE_E_CURRICULUM),
+              ("G", args.steps_g, args.lr_g, PHASE_G_SHARES, PHASE_G_SORT_TRICKY, args.batch, True,
+               PHASE_E_CURRICULUM)]
     first = 0
     if args.resume:
         label, d = args.resume
         first = [p[0] for p in phases].index(label)
-        start_from_base(model, safetensors_load((Path(d) / "model.safetensors").read_bytes()))
+        start_from_base(model, load_base(d[4:])[1] if d.startswith("git:") else
+                        safetensors_load((Path(d) / "model.safetensors").read_bytes()))
         print(f"phase {phases[first - 1][0]}'s weights from {d}", flush=True)
-    global SORT_TRICKY
-    for i, (label, steps, lr, shares, tricky) in enumerate(phases[first:], first):
+    global SORT_TRICKY, MEMORY_HIDDEN
+    for i, (label, steps, lr, shares, tricky, batch, hide, curriculum) in enumerate(phases[first:], first):
         if not steps:
             continue
         SHARES.update(shares)
         SORT_TRICKY = tricky
-        train_phase(model, tok, probs, steps, lr, args.seed + i, args.batch, args.eval_every, label, t0)
+        MEMORY_HIDDEN = hide
+        # Phase D keeps its rate: its curriculum's last stages (the longest distractors) come late.
+        train_phase(model, tok, probs, steps, lr, args.seed + i, batch, args.eval_every, label, t0, curriculum,
+                    constant=label == "D")
         round_to_bf16(model)
+        if curriculum:
+            memory_probe(model, tok, f"after {label}")
     minutes = (time.time() - t0) / 60
     print(f"trained in {minutes:.1f} min", flush=True)
     model.eval()
@@ -947,6 +1093,13 @@ def main():
               "steps_b": args.steps_b, "lr_b": args.lr_b, "phase_b_shares": PHASE_B_SHARES,
               "steps_c": args.steps_c, "lr_c": args.lr_c, "phase_c_shares": PHASE_C_SHARES,
               "phase_c_sort_tricky": PHASE_C_SORT_TRICKY,
+              "steps_d": args.steps_d, "lr_d": args.lr_d, "phase_d_shares": PHASE_D_SHARES,
+              "phase_d_curriculum": PHASE_D_CURRICULUM, "steps_e": args.steps_e, "lr_e": args.lr_e,
+              "phase_e_shares": PHASE_E_SHARES, "phase_e_curriculum": PHASE_E_CURRICULUM,
+              "phase_e_sort_tricky": PHASE_E_SORT_TRICKY, "steps_f": args.steps_f, "lr_f": args.lr_f,
+              "phase_f_shares": PHASE_F_SHARES, "phase_f_sort_tricky": PHASE_F_SORT_TRICKY,
+              "steps_g": args.steps_g, "lr_g": args.lr_g, "phase_g_shares": PHASE_G_SHARES,
+              "phase_g_sort_tricky": PHASE_G_SORT_TRICKY, "batch_de": args.batch_de, "digit_weight": DIGIT_WEIGHT,
               "heldout_seed": HELDOUT_SEED, "heldout_n": HELDOUT_N, "long_heads": LONG_HEADS,
               "attention_window": ATTN_WINDOW, "memory_windowed_share": MEMORY_WINDOWED_SHARE, "minutes": round(minutes, 1), **environment()}
     if args.resume:

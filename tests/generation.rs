@@ -592,7 +592,7 @@ fn demo_budget_forcing_still_answers() {
 }
 
 /// The shipped `degenerate-loop` session's settings (repetition penalty 0.5, greedy,
-/// max_tokens 200): the demo's thinking falls into a loop that eats max_tokens, so the answer
+/// max_tokens 400): the demo's thinking falls into a loop that eats max_tokens, so the answer
 /// is empty. With `--on-loop answer` the loop is rescued and the model answers — with MTP
 /// drafting (the session's depth 2) and without.
 #[test]
@@ -601,7 +601,7 @@ fn demo_loop_is_rescued_at_the_degenerate_loop_sessions_settings() {
     let p = demo_prompt(&tok, &tpl, "What is 482 + 739?", true);
     for mtp in [MtpMode::Off, MtpMode::fixed(2)] {
         let params = |on_loop| GenerationParams {
-            max_tokens: 200,
+            max_tokens: 400,
             sampling: SamplingParams { temperature: 0.0, repetition_penalty: 0.5, ..Default::default() },
             loop_detection: LoopParams { on_loop, ..Default::default() },
             mtp,
