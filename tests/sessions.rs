@@ -213,7 +213,12 @@ fn make_example_sessions() {
         let generation = backend.start(ChatRequest { prompt, params }).unwrap();
         generation.for_each(|ev| turn.apply(ev, t0.elapsed().as_secs_f64() * 1000.0));
         session.turns.push(turn);
-        session.save_atomic(&examples_dir().join(file)).unwrap();
+        // Regenerating replaces the shipped file: save_atomic keeps a different session it would
+        // overwrite (it writes a `.conflict-…` copy instead), which is right for a user's file
+        // and not for this one.
+        let path = examples_dir().join(file);
+        let _ = std::fs::remove_file(&path);
+        session.save_atomic(&path).unwrap();
         session
     };
     let h = record("healthy.json", "Is 91 prime?", false, true, &|_| {});
