@@ -276,9 +276,10 @@ fn sweep_compares_on_loop_values_and_run_takes_one() {
     let (off, answer) = (row("off"), row("answer"));
     assert_eq!((off["finish_reason"].as_str(), off["rescued"].as_bool()), (Some("length"), Some(false)), "{off}");
     assert_eq!(off["answer"], "", "{off}");
-    // Rescued and answering (at a penalty that rewards repeats the answer may run to max_tokens).
+    // Rescued and answering (at a penalty that rewards repeats the answer may loop too, and a
+    // loop in the answer stops: finish `loop`, the answer kept; or run to max_tokens).
     assert_eq!(answer["rescued"].as_bool(), Some(true), "{answer}");
-    assert!(["stop", "length"].contains(&answer["finish_reason"].as_str().unwrap_or("")), "{answer}");
+    assert!(["stop", "length", "loop"].contains(&answer["finish_reason"].as_str().unwrap_or("")), "{answer}");
     assert!(!answer["answer"].as_str().unwrap().trim().is_empty(), "{answer}");
     let summary = v["summary"].as_array().unwrap();
     let answered: Vec<(String, u64)> =

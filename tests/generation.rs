@@ -616,9 +616,13 @@ fn demo_loop_is_rescued_at_the_degenerate_loop_sessions_settings() {
         let (out, ev) = demo_run(&m, &tok, p.clone(), params(OnLoop::Answer));
         let d = diagnostics(&ev);
         let kinds: Vec<DiagnosticKind> = d.iter().map(|d| d.0).collect();
-        // The answer is there; at a penalty that rewards repeats it may itself run to max_tokens
-        // (the v3 demo's does: "482 + 739 = 9393…"), which is not the rescue's to prevent.
-        assert!([FinishReason::Stop, FinishReason::Length].contains(&out.finish_reason), "{mtp:?}: {d:?}");
+        // The answer is there; at a penalty that rewards repeats it may itself loop (v4's does:
+        // "482 + 939 = 934934…", stopped as a loop in the answer) or run to max_tokens, which
+        // is not the rescue's to prevent.
+        assert!(
+            [FinishReason::Stop, FinishReason::Length, FinishReason::Loop].contains(&out.finish_reason),
+            "{mtp:?}: {d:?}"
+        );
         assert!(!out.answer.trim().is_empty(), "{mtp:?}: the rescued run answers: {out:?}");
         assert_eq!(kinds[..2], [DiagnosticKind::DegenerateLoop, DiagnosticKind::LoopRescued], "{mtp:?}");
         assert!(d[1].2.contains("the engine forced the end of thinking"), "{}", d[1].2);

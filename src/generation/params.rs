@@ -152,7 +152,7 @@ const NO_MAX: f64 = f64::INFINITY;
 
 /// THE range table: every numeric generation setting and its allowed interval, used by
 /// [`GenerationParams::check`] and by every front end that shows or clamps a value.
-pub const RANGES: [Range; 18] = [
+pub const RANGES: [Range; 20] = [
     Range {
         field: "max_tokens",
         lo: 1.0,
@@ -288,6 +288,22 @@ pub const RANGES: [Range; 18] = [
         hi: 1.0,
         expected: "in (0, 1]",
         get: |p| Some(p.loop_detection.ngram_ratio as f64),
+    },
+    Range {
+        field: "loop_detection.recent_window",
+        lo: 0.0,
+        lo_open: false,
+        hi: NO_MAX,
+        expected: "0 (off) or more",
+        get: |p| Some(p.loop_detection.recent_window as f64),
+    },
+    Range {
+        field: "loop_detection.recent_ratio",
+        lo: 0.0,
+        lo_open: true,
+        hi: 1.0,
+        expected: "in (0, 1]",
+        get: |p| Some(p.loop_detection.recent_ratio as f64),
     },
     Range {
         field: "mtp.depth",
