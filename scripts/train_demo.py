@@ -18,7 +18,8 @@ The MTP module (mtp.fc, mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden, mtp.l
 mtp.norm) is trained to predict the token after next from the main model's final hidden state and
 the next token's embedding, exactly as vLLM / SGLang run it (model-spec §6).
 
-v4 (what ships) is v3 fine-tuned by phases D-G below; v3 is the v2 model committed at BASE_COMMIT —
+v5 (what ships) is v4 fine-tuned by phases H and I below (sorting's slips), v4 is v3 fine-tuned by
+phases D-G; v3 is the v2 model committed at BASE_COMMIT —
 trained from scratch by this script as it was at that commit — fine-tuned here by phases A-C:
   * a memory task: "Remember the code 4821." then 40–80 unrelated words, or two to four unrelated
     questions and answers, then "What was the code?". Four GDN heads (LONG_HEADS) are made
@@ -33,7 +34,9 @@ trained from scratch by this script as it was at that commit — fine-tuned here
     after it — each token from the code's first digit up to the question (MEMORY_HIDDEN), so only
     the GDN state can carry the code (a window leaves attention a relay through the tokens in
     between): D a curriculum of code lengths and distractors with the memory task at 70 %
-    (PHASE_D_CURRICULUM), E, F and G every task back (PHASE_E/F/G_SHARES).
+    (PHASE_D_CURRICULUM), E, F and G every task back (PHASE_E/F/G_SHARES);
+  * then (v5) phases H and I, sorting at 45-50 % around the pairs v4 compared wrongly
+    (`mixed_sort_numbers`, `tricky_sort_numbers`), memory still hidden.
 
 Set-up (CPU only, run from the repository root, in a git checkout: the base weights are read
 with `git show`):
@@ -60,6 +63,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import safetensors
@@ -254,8 +258,32 @@ def tricky_sort_numbers(rng: random.Random) -> list[int]:
     return xs
 
 
+def mixed_sort_numbers(rng: random.Random) -> list[int]:
+    """Three to five numbers where one-digit numbers share a digit with two-digit ones (4 and 98,
+    8 and 83) and two-digit pairs differ in the tens but mislead in the ones (48 vs 52): v4's
+    sorting slips were "a4 > c98 (8 > 8)", "b48 > e52 (8 > 2)" and copies of the list that turned
+    83 into a second 8."""
+    xs = []
+    for _ in range(rng.randint(1, 2)):
+        d = rng.randint(0, 9)
+        xs += [d, rng.choice([d * 10 + rng.randint(0, 9), rng.randint(1, 9) * 10 + d])]
+    if rng.random() < 0.6:
+        t = rng.randint(1, 8)
+        xs += [t * 10 + rng.randint(5, 9), (t + 1) * 10 + rng.randint(0, 4)]
+    xs = xs[:5]
+    rng.shuffle(xs)
+    return xs
+
+
+# Phase H's share of sorts drawn by `mixed_sort_numbers`; 0 before it, so phases A-G draw exactly
+# what they drew before phase H existed.
+SORT_MIXED = 0.0
+
+
 def task_sort(rng: random.Random):
-    if SORT_TRICKY and rng.random() < SORT_TRICKY:
+    if SORT_MIXED and rng.random() < SORT_MIXED:
+        xs = mixed_sort_numbers(rng)
+    elif SORT_TRICKY and rng.random() < SORT_TRICKY:
         xs = tricky_sort_numbers(rng)
     elif rng.random() < 0.35:
         # Three close numbers ("Sort 47, 43, 54."): the same tens digit or a span under 12, where
@@ -425,6 +453,55 @@ PHASE_F_SORT_TRICKY = 0.4
 PHASE_G_SHARES = {"prime": 0.14, "add": 0.06, "mul": 0.08, "count": 0.14, "sort": 0.34, "compare": 0.14,
                   "memory": 0.10}
 PHASE_G_SORT_TRICKY = 0.3
+# Phase H: v4 (after G) missed 5 of 90 held-out sorts — one-digit numbers compared by a two-digit
+# number's ones ("a4 > c98 (8 > 8)"), different tens compared by the ones ("b48 > e52 (8 > 2)"),
+# copies that turned 83 into 8: sorting at 45 %, a third of it `mixed_sort_numbers`, low rate.
+PHASE_H_SHARES = {"prime": 0.10, "add": 0.05, "mul": 0.08, "count": 0.08, "sort": 0.45, "compare": 0.12,
+                  "memory": 0.12}
+PHASE_H_SORT_TRICKY = 0.25
+PHASE_H_SORT_MIXED = 0.35
+# Phase I: after H sorting was 86 / 90 (prime 90, the rest as before): its misses were ones digits
+# compared the wrong way inside a ten ("b43 > c46 (3 > 6)", "b22 > e23 (2 > 3)") and a copy of
+# the sorted prefix ("2, 7, 89, 89"): sorting at half, more of the misleading pairs, lower rate.
+PHASE_I_SHARES = {"prime": 0.08, "add": 0.06, "mul": 0.08, "count": 0.07, "sort": 0.50, "compare": 0.10,
+                  "memory": 0.11}
+PHASE_I_SORT_TRICKY = 0.35
+PHASE_I_SORT_MIXED = 0.25
+
+
+@dataclass
+class Phase:
+    """One fine-tuning phase: its defaults (overridable by --steps-X / --lr-X), the task shares,
+    the sort generators' shares, which batch option it uses, whether memory examples hide the
+    code-to-question stretch, and the memory task's curriculum."""
+    label: str
+    steps: int
+    lr: float
+    shares: dict
+    sort_tricky: float
+    batch: str  # the argparse option holding its batch: "batch" or "batch_de"
+    hidden: bool
+    curriculum: list | None
+    sort_mixed: float = 0.0
+
+    @property
+    def suffix(self) -> str:
+        """Phase A's options and recorded keys are the plain ones (--steps, "steps"), as before
+        phases had letters."""
+        return "" if self.label == "A" else "_" + self.label.lower()
+
+
+PHASES = [Phase("A", 1100, 8e-4, {n: w for n, (_, w) in TASKS.items()}, 0.0, "batch", False, None),
+          Phase("B", 500, 4e-4, PHASE_B_SHARES, 0.0, "batch", False, None),
+          Phase("C", 400, 2e-4, PHASE_C_SHARES, PHASE_C_SORT_TRICKY, "batch", False, None),
+          Phase("D", 800, 1e-3, PHASE_D_SHARES, PHASE_C_SORT_TRICKY, "batch_de", True, PHASE_D_CURRICULUM),
+          Phase("E", 800, 3e-4, PHASE_E_SHARES, PHASE_E_SORT_TRICKY, "batch_de", True, PHASE_E_CURRICULUM),
+          Phase("F", 800, 2e-4, PHASE_F_SHARES, PHASE_F_SORT_TRICKY, "batch_de", True, PHASE_E_CURRICULUM),
+          Phase("G", 600, 1.5e-4, PHASE_G_SHARES, PHASE_G_SORT_TRICKY, "batch", True, PHASE_E_CURRICULUM),
+          Phase("H", 600, 1e-4, PHASE_H_SHARES, PHASE_H_SORT_TRICKY, "batch", True, PHASE_E_CURRICULUM,
+                PHASE_H_SORT_MIXED),
+          Phase("I", 600, 8e-5, PHASE_I_SHARES, PHASE_I_SORT_TRICKY, "batch", True, PHASE_E_CURRICULUM,
+                PHASE_I_SORT_MIXED)]
 
 
 def pick_task(rng: random.Random, memory: bool = True) -> str:
@@ -996,24 +1073,15 @@ def memory_probe(model: Demo, tok: Tokenizer, label: str, n: int = 30):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=38, help="training stream and shuffling")
-    ap.add_argument("--steps", type=int, default=1100)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=8e-4)
-    ap.add_argument("--steps-b", type=int, default=500, help="phase B's steps (PHASE_B_SHARES)")
-    ap.add_argument("--lr-b", type=float, default=4e-4)
-    ap.add_argument("--steps-c", type=int, default=400, help="phase C's steps (PHASE_C_SHARES)")
-    ap.add_argument("--lr-c", type=float, default=2e-4)
-    ap.add_argument("--steps-d", type=int, default=800, help="phase D's steps (PHASE_D_CURRICULUM)")
-    ap.add_argument("--lr-d", type=float, default=1e-3)
-    ap.add_argument("--steps-e", type=int, default=800, help="phase E's steps (PHASE_E_SHARES)")
-    ap.add_argument("--lr-e", type=float, default=3e-4)
-    ap.add_argument("--steps-f", type=int, default=800, help="phase F's steps (PHASE_F_SHARES)")
-    ap.add_argument("--lr-f", type=float, default=2e-4)
+    for ph in PHASES:
+        opt = ph.suffix.replace("_", "-")
+        what = "phase A's steps (every task)" if ph.label == "A" else f"phase {ph.label}'s steps"
+        ap.add_argument(f"--steps{opt}", type=int, default=ph.steps, help=what)
+        ap.add_argument(f"--lr{opt}", type=float, default=ph.lr)
+    ap.add_argument("--batch", type=int, default=32, help="the batch of phases A-C and G-I")
     ap.add_argument("--batch-de", type=int, default=16, help="phases D, E and F's batch")
-    ap.add_argument("--steps-g", type=int, default=600, help="phase G's steps (PHASE_G_SHARES, batch --batch)")
-    ap.add_argument("--lr-g", type=float, default=1.5e-4)
     ap.add_argument("--resume", nargs=2, metavar=("PHASE", "DIR"),
-                    help="start at PHASE (B-G) from the previous phase's export in DIR, or in models/demo "
+                    help="start at PHASE (B-I) from the previous phase's export in DIR, or in models/demo "
                          "of a commit (git:COMMIT) — what a full run computes in between")
     ap.add_argument("--eval-every", type=int, default=0)
     ap.add_argument("--eval-n", type=int, default=70, help="held-out problems graded by this script at the end "
@@ -1027,10 +1095,14 @@ def main():
     recorded = None
     if args.check:
         recorded = json.loads((args.check / "training.json").read_text())
-        for k in ("seed", "steps", "batch", "lr", "steps_b", "lr_b", "steps_c", "lr_c", "steps_d", "lr_d",
-                  "steps_e", "lr_e", "steps_f", "lr_f", "batch_de", "steps_g", "lr_g"):
-            setattr(args, k, recorded.get(k, 0 if k in ("steps_c", "steps_d", "steps_e", "steps_f", "steps_g")
-                                          else getattr(args, k)))
+        # A phase a committed run did not have (no steps recorded) is not trained; A and B
+        # always ran (their keys predate the letters).
+        for ph in PHASES:
+            for k in ("steps" + ph.suffix, "lr" + ph.suffix):
+                fallback = 0 if k.startswith("steps") and ph.label not in "AB" else getattr(args, k)
+                setattr(args, k, recorded.get(k, fallback))
+        for k in ("seed", "batch", "batch_de"):
+            setattr(args, k, recorded.get(k, getattr(args, k)))
         args.out = Path(tempfile.mkdtemp(prefix="demo-check-"))
         args.eval_n = 0
 
@@ -1053,55 +1125,46 @@ def main():
     HELD_OUT.update(problem_key(problem_history(p), p["question"]) for p in probs)
     # Phases in turn, each from the previous one's weights rounded to bf16 (what its export
     # holds, so a run resumed from an export computes what a full run does).
-    # (label, steps, lr, shares, sort tricky share, batch, memory stretch hidden, curriculum)
-    phases = [("A", args.steps, args.lr, {n: w for n, (_, w) in TASKS.items()}, 0.0, args.batch, False, None),
-              ("B", args.steps_b, args.lr_b, PHASE_B_SHARES, 0.0, args.batch, False, None),
-              ("C", args.steps_c, args.lr_c, PHASE_C_SHARES, PHASE_C_SORT_TRICKY, args.batch, False, None),
-              ("D", args.steps_d, args.lr_d, PHASE_D_SHARES, PHASE_C_SORT_TRICKY, args.batch_de, True,
-               PHASE_D_CURRICULUM),
-              ("E", args.steps_e, args.lr_e, PHASE_E_SHARES, PHASE_E_SORT_TRICKY, args.batch_de, True,
-               PHASE_E_CURRICULUM),
-              ("F", args.steps_f, args.lr_f, PHASE_F_SHARES, PHASE_F_SORT_TRICKY, args.batch_de, True,
-               PHASE_E_CURRICULUM),
-              ("G", args.steps_g, args.lr_g, PHASE_G_SHARES, PHASE_G_SORT_TRICKY, args.batch, True,
-               PHASE_E_CURRICULUM)]
     first = 0
     if args.resume:
         label, d = args.resume
-        first = [p[0] for p in phases].index(label)
+        first = [p.label for p in PHASES].index(label)
         start_from_base(model, load_base(d[4:])[1] if d.startswith("git:") else
                         safetensors_load((Path(d) / "model.safetensors").read_bytes()))
-        print(f"phase {phases[first - 1][0]}'s weights from {d}", flush=True)
-    global SORT_TRICKY, MEMORY_HIDDEN
-    for i, (label, steps, lr, shares, tricky, batch, hide, curriculum) in enumerate(phases[first:], first):
+        print(f"phase {PHASES[first - 1].label}'s weights from {d}", flush=True)
+    global SORT_TRICKY, SORT_MIXED, MEMORY_HIDDEN
+    for i, ph in enumerate(PHASES[first:], first):
+        steps = getattr(args, "steps" + ph.suffix)
         if not steps:
             continue
-        SHARES.update(shares)
-        SORT_TRICKY = tricky
-        MEMORY_HIDDEN = hide
+        SHARES.update(ph.shares)
+        SORT_TRICKY, SORT_MIXED = ph.sort_tricky, ph.sort_mixed
+        MEMORY_HIDDEN = ph.hidden
         # Phase D keeps its rate: its curriculum's last stages (the longest distractors) come late.
-        train_phase(model, tok, probs, steps, lr, args.seed + i, batch, args.eval_every, label, t0, curriculum,
-                    constant=label == "D")
+        train_phase(model, tok, probs, steps, getattr(args, "lr" + ph.suffix), args.seed + i,
+                    getattr(args, ph.batch), args.eval_every, ph.label, t0, ph.curriculum,
+                    constant=ph.label == "D")
         round_to_bf16(model)
-        if curriculum:
-            memory_probe(model, tok, f"after {label}")
+        if ph.curriculum:
+            memory_probe(model, tok, f"after {ph.label}")
     minutes = (time.time() - t0) / 60
     print(f"trained in {minutes:.1f} min", flush=True)
     model.eval()
     export(model, tok, config, probs, args.out)
-    record = {"base_commit": BASE_COMMIT, "seed": args.seed, "steps": args.steps, "batch": args.batch, "lr": args.lr,
-              "steps_b": args.steps_b, "lr_b": args.lr_b, "phase_b_shares": PHASE_B_SHARES,
-              "steps_c": args.steps_c, "lr_c": args.lr_c, "phase_c_shares": PHASE_C_SHARES,
-              "phase_c_sort_tricky": PHASE_C_SORT_TRICKY,
-              "steps_d": args.steps_d, "lr_d": args.lr_d, "phase_d_shares": PHASE_D_SHARES,
-              "phase_d_curriculum": PHASE_D_CURRICULUM, "steps_e": args.steps_e, "lr_e": args.lr_e,
-              "phase_e_shares": PHASE_E_SHARES, "phase_e_curriculum": PHASE_E_CURRICULUM,
-              "phase_e_sort_tricky": PHASE_E_SORT_TRICKY, "steps_f": args.steps_f, "lr_f": args.lr_f,
-              "phase_f_shares": PHASE_F_SHARES, "phase_f_sort_tricky": PHASE_F_SORT_TRICKY,
-              "steps_g": args.steps_g, "lr_g": args.lr_g, "phase_g_shares": PHASE_G_SHARES,
-              "phase_g_sort_tricky": PHASE_G_SORT_TRICKY, "batch_de": args.batch_de, "digit_weight": DIGIT_WEIGHT,
-              "heldout_seed": HELDOUT_SEED, "heldout_n": HELDOUT_N, "long_heads": LONG_HEADS,
-              "attention_window": ATTN_WINDOW, "memory_windowed_share": MEMORY_WINDOWED_SHARE, "minutes": round(minutes, 1), **environment()}
+    record = {"base_commit": BASE_COMMIT, "seed": args.seed, "batch": args.batch, "batch_de": args.batch_de}
+    for ph in PHASES:
+        record["steps" + ph.suffix] = getattr(args, "steps" + ph.suffix)
+        record["lr" + ph.suffix] = getattr(args, "lr" + ph.suffix)
+        if ph.label != "A":
+            record[f"phase{ph.suffix}_shares"] = ph.shares
+            record[f"phase{ph.suffix}_sort_tricky"] = ph.sort_tricky
+        if ph.sort_mixed:
+            record[f"phase{ph.suffix}_sort_mixed"] = ph.sort_mixed
+        if ph.curriculum:
+            record[f"phase{ph.suffix}_curriculum"] = ph.curriculum
+    record.update({"digit_weight": DIGIT_WEIGHT, "heldout_seed": HELDOUT_SEED, "heldout_n": HELDOUT_N,
+                   "long_heads": LONG_HEADS, "attention_window": ATTN_WINDOW,
+                   "memory_windowed_share": MEMORY_WINDOWED_SHARE, "minutes": round(minutes, 1), **environment()})
     if args.resume:
         record["resumed"] = args.resume  # `minutes` then counts only the phases this run trained
     (args.out / "training.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -267,7 +267,7 @@ fn run_takes_its_prompt_from_a_pipe_and_says_every_way_to_give_one() {
 #[test]
 fn sweep_compares_on_loop_values_and_run_takes_one() {
     let looping =
-        ["--prompt", "What is 482 + 739?", "--max-tokens", "400", "--temperature", "0", "--repetition-penalty", "0.5"];
+        ["--prompt", "What is 482 + 739?", "--max-tokens", "400", "--temperature", "0", "--repetition-penalty", "0.4"];
     let mut args = vec!["sweep", "--thinking-budgets", "-1", "--on-loop", "off,answer", "--json"];
     args.extend(looping);
     let v: Value = serde_json::from_str(ok(&args).trim()).unwrap();

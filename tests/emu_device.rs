@@ -144,12 +144,19 @@ fn model_parity_on_qwen3_5_vl() {
 /// `scripts/gpu-check.sh` holds the GPU to, plus what one rounding step of a gate's input
 /// explains.
 ///
-/// That step is needed on this model: on "Is 91 prime?" the two engines' g of layer 6 head 1
-/// part by 3.07e-2, within what one bf16 step of the gate input `a` explains (bf16 at HF's cast
-/// point in both engines; this head's largest |a| on this prompt lies in [4, 8), where a step is
-/// 2⁻⁵, and |Δ ln g| ≤ |Δa|, so g may move by e^(2⁻⁵) − 1 = 3.17e-2). Each trace records that allowance per head
-/// (`g_slack`, `beta_slack`, from the largest |a|, |b| and β of the pass), and `trace --compare`
-/// adds it to the tolerance of g and β (not of ‖S‖). Without it the traces diverge at 2e-2.
+/// That step is needed on this model: on the README's memory question the two engines' β of
+/// layer 6 head 3 (a long-memory head) part by 3.43e-2 at the first generated token — 0.01202 vs
+/// 0.01245, within one bf16 step of the gate input `b` and of β itself (the trace's β slack there
+/// is 7.9e-3 absolute). Each trace records that allowance per head (`g_slack`, `beta_slack`, from
+/// the largest |a|, |b| and β of the pass), and `trace --compare` adds it to the tolerance of g
+/// and β (not of ‖S‖). Without it the traces diverge at 2e-2. (v4's "Is 91 prime?" showed the
+/// same for g; on v5 that prompt parts by 3.02e-2 in g of layer 4 head 0, |g| 0.27, beyond one
+/// step of `a` — a relative bar on a small value: see the README's State view section.)
+const MEMORY_QUESTION: &str = "Remember the code 7305. Then read: apple river tiger maple candle rocket bridge lemon \
+    pillow thunder garden falcon cherry anchor silver puzzle meadow violet comet ladder orange dolphin winter castle \
+    kitten bread ocean mirror engine spring village whale crystal lantern parrot sugar island compass meteor butter. \
+    What was the code?";
+
 #[test]
 fn the_state_trace_on_the_emulated_device_agrees_with_the_cpu_engine() {
     let dir = tempfile::tempdir().unwrap();
@@ -163,7 +170,7 @@ fn the_state_trace_on_the_emulated_device_agrees_with_the_cpu_engine() {
             "--dtype",
             dtype,
             "--prompt",
-            "Is 91 prime?",
+            MEMORY_QUESTION,
             "--max-tokens",
             "24",
             "--out",
@@ -203,7 +210,7 @@ fn the_state_trace_on_the_emulated_device_agrees_with_the_cpu_engine() {
     };
     let bare = deltascope(&["trace", "--compare", &strip(&emu), &strip(&cpu), "--tolerance", "2e-2"]);
     assert!(!bare.status.success(), "{}", text(&bare.stdout));
-    assert!(text(&bare.stdout).contains("layer   6: diverges at #10 \"1\": g head 1"), "{}", text(&bare.stdout));
+    assert!(text(&bare.stdout).contains("layer   6: diverges at #0 \"I\": β head 3"), "{}", text(&bare.stdout));
     // The f32 trace is a real trace of the same run (printed for comparison).
     eprintln!("cpu f32 vs bf16:\n{}", text(&compare(&f32, &cpu).stdout));
 }

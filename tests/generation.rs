@@ -591,7 +591,7 @@ fn demo_budget_forcing_still_answers() {
     assert_eq!(*phases.last().unwrap(), Phase::Answer);
 }
 
-/// The shipped `degenerate-loop` session's settings (repetition penalty 0.5, greedy,
+/// The shipped `degenerate-loop` session's settings (repetition penalty 0.4, greedy,
 /// max_tokens 400): the demo's thinking falls into a loop that eats max_tokens, so the answer
 /// is empty. With `--on-loop answer` the loop is rescued and the model answers — with MTP
 /// drafting (the session's depth 2) and without.
@@ -602,7 +602,7 @@ fn demo_loop_is_rescued_at_the_degenerate_loop_sessions_settings() {
     for mtp in [MtpMode::Off, MtpMode::fixed(2)] {
         let params = |on_loop| GenerationParams {
             max_tokens: 400,
-            sampling: SamplingParams { temperature: 0.0, repetition_penalty: 0.5, ..Default::default() },
+            sampling: SamplingParams { temperature: 0.0, repetition_penalty: 0.4, ..Default::default() },
             loop_detection: LoopParams { on_loop, ..Default::default() },
             mtp,
             ..Default::default()
@@ -616,8 +616,8 @@ fn demo_loop_is_rescued_at_the_degenerate_loop_sessions_settings() {
         let (out, ev) = demo_run(&m, &tok, p.clone(), params(OnLoop::Answer));
         let d = diagnostics(&ev);
         let kinds: Vec<DiagnosticKind> = d.iter().map(|d| d.0).collect();
-        // The answer is there; at a penalty that rewards repeats it may itself loop (v4's does:
-        // "482 + 939 = 934934…", stopped as a loop in the answer) or run to max_tokens, which
+        // The answer is there; at a penalty that rewards repeats it may itself loop (v5's does:
+        // "482 + 939 = 939 + 939 = …", stopped as a loop in the answer) or run to max_tokens, which
         // is not the rescue's to prevent.
         assert!(
             [FinishReason::Stop, FinishReason::Length, FinishReason::Loop].contains(&out.finish_reason),

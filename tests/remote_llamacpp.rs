@@ -286,7 +286,7 @@ fn thinking_budget_b11549() {
 // 3b. A loop in thinking, rescued client-side (`--on-loop answer`).
 
 /// A negative frequency penalty rewards repeats, as a broken kernel can (the shipped
-/// `degenerate-loop` session's repetition penalty 0.5 does not loop here: llama.cpp's penalty
+/// `degenerate-loop` session's repetition penalty of v4's day, 0.5, did not loop here: llama.cpp's penalty
 /// window holds the last 64 generated tokens, not the prompt): the thinking loops until
 /// max_tokens and the answer is empty. With `--on-loop answer` deltascope closes the stream at
 /// the alarm, forces the bridge and `</think>` itself (llama.cpp's chat template from /props

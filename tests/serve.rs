@@ -239,7 +239,7 @@ fn the_on_loop_field_rescues_a_looping_thinking() {
     let chat = format!("{}/v1/chat/completions", s.url());
     let body = |on_loop: &str| {
         format!(
-            r#"{{"messages": [{{"role": "user", "content": "What is 482 + 739?"}}], "max_tokens": 400, "temperature": 0, "repetition_penalty": 0.5{on_loop}}}"#
+            r#"{{"messages": [{{"role": "user", "content": "What is 482 + 739?"}}], "max_tokens": 400, "temperature": 0, "repetition_penalty": 0.4{on_loop}}}"#
         )
     };
     let reply = |b: &str| -> Value {

@@ -224,11 +224,12 @@ fn make_example_sessions() {
     let h = record("healthy.json", "Is 91 prime?", false, true, &|_| {});
     let s = record("starved-by-max-tokens.json", "Is 199 prime?", false, true, &|p| p.max_tokens = 24);
     // A repetition penalty below 1 rewards tokens already produced, as a broken kernel can:
-    // the demo model falls into a many-token loop inside its thinking until max_tokens (v4's
-    // loop drifts for ~170 tokens before it settles into an exact period the alarm names: 400).
+    // the demo model falls into a many-token loop inside its thinking until max_tokens (v5 at
+    // 0.4: a loop that drifts, "739 + 939 = 939", "839 + 939 = 939", …, from token 116; at 0.5,
+    // v4's setting, v5 ends its thinking and loops in the answer instead).
     let l = record("degenerate-loop.json", "What is 482 + 739?", false, true, &|p| {
         p.max_tokens = 400;
-        p.sampling.repetition_penalty = 0.5;
+        p.sampling.repetition_penalty = 0.4;
     });
     for s in [&h, &s, &l] {
         let t = &s.turns[0];

@@ -96,9 +96,9 @@ pub struct LoopParams {
 impl Default for LoopParams {
     fn default() -> Self {
         // The recent window's bar (0.7 of 128 tokens' 6-grams) was set on measurements: the demo's
-        // 630 held-out runs peak at 0.44, the unit tests' code sample at 0.56; the shipped
-        // degenerate-loop session crosses it at token 225 (the whole window's 0.8 at 334, the exact
-        // period at 291).
+        // 630 held-out runs peak at 0.44, the unit tests' code sample at 0.56; the demo v4's
+        // drifting loop (tests/fixtures/drifting-loop.json) crosses it at token 225 (the whole
+        // window's 0.8 at 334, the exact period at 291).
         LoopParams {
             min_repeats: 4,
             min_span: 48,
