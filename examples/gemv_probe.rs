@@ -4,7 +4,7 @@
 //!     cargo run --release --example gemv_probe -- OUT IN
 //!
 //! `COPIES=1` times one matrix over and over (from cache when it fits: the kernels' arithmetic
-//! rate); `THREADS=1,2` and `ROWS=1,4` pick the thread counts and activation rows to time.
+//! rate; `REPS=N` calls per timing, default the copies or 8); `THREADS=1,2` and `ROWS=1,4` pick the thread counts and activation rows to time.
 use deltascope::model::cpu::tensor::{Linear, Mat, Precision};
 use deltascope::model::fp8::{self, Fp8Weights};
 use deltascope::model::storage::Weights;
@@ -40,7 +40,7 @@ fn main() {
             Linear::from_weights(weights, out, inp).unwrap()
         })
         .collect();
-    let reps = copies.max(8);
+    let reps = std::env::var("REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(copies.max(8));
     let bytes = (out * inp * size * reps) as f64;
     let stored = if fp8 {
         "fp8"
