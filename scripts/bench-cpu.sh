@@ -17,7 +17,8 @@
 #      (scripts/bench/qwen3_5_moe_8l.json: Qwen3.5-35B-A3B's geometry cut to 8 layers and 32
 #      experts, 8 per token) for the expert path;
 #   5. the bandwidth probe (scripts/bench/stream_read.c);
-#   6. scripts/bench/bench_cpu.py: interleaved rounds, then one table with medians, ranges,
+#   6. scripts/bench/bench_cpu.py: interleaved rounds (both engines decode after the same prompt
+#      length: llama-bench's tg at depth PROMPT_LEN), then one table with medians, ranges,
 #      ratios, peak RSS, the bandwidth limit; and `deltascope bench` on an MTP-headed copy for
 #      the verify cost (verify× at depths 1-3).
 #

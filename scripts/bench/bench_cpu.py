@@ -8,8 +8,11 @@
 
 Each round runs, for every dtype, one deltascope process (`bench --json --dtype DTYPE
 --prompt-len P --max-tokens G --warmup 1 --repeat 1`) and one llama-bench process
-(`-p P -n G -r 1`), measured alike: an untimed warm-up (the whole prompt, then generation: all
+(`-p P -n G -d 0,P -r 1`), measured alike: an untimed warm-up (the whole prompt, then generation: all
 G tokens in deltascope, one in llama-bench), then one timed repetition, in the same process.
+Both decode after a prompt of P tokens: deltascope generates after its prompt, and llama-bench's
+tg is taken at depth P (`-d P`: the KV cache filled with P tokens first); its tg at depth 0,
+llama-bench's default, is recorded beside it (`tg_d0`) and summarised too.
 The engines alternate and the order reverses every round, with the bandwidth probe first.
 Before each job it waits (up to a minute) until other processes use under 0.2 core; during the
 job it measures what others used and runs the job again once if that exceeded 0.25 core. Peak
@@ -119,13 +122,15 @@ def deltascope_job(a, dtype: str, model: str) -> dict:
     if row["generated_tokens"] < a.gen:
         sys.exit(f"bench_cpu: deltascope {dtype} generated {row['generated_tokens']} of {a.gen} tokens")
     return {"engine": "deltascope", "dtype": dtype, "pp": pp, "tg": tg, "prompt_tokens": out["prompt_tokens"][0],
+            "tg_depth": out["prompt_tokens"][0],
             "generated": row["generated_tokens"], "cpu": out.get("cpu"),
             **{k: r[k] for k in ("wall_s", "peak_rss_bytes", "others_cores", "cores_used")}}
 
 
 def llama_job(a, dtype: str, gguf: str) -> dict:
+    # pp from an empty cache; tg at depth P as deltascope's (after its prompt), and at depth 0.
     cmd = [a.llama_bench, "-m", gguf, "-t", str(a.threads), "-p", str(a.prompt_len), "-n", str(a.gen),
-           "-r", "1", "-o", "json"]
+           "-d", f"0,{a.prompt_len}", "-r", "1", "-o", "json"]
     r = run_measured(cmd)
     repack = True
     if r["rc"] in (-4, 132):
@@ -138,9 +143,15 @@ def llama_job(a, dtype: str, gguf: str) -> dict:
     if r["rc"] != 0:
         sys.exit(f"bench_cpu: llama-bench {dtype} failed (exit {r['rc']}): {r['stderr']}")
     rows = json.loads(r["stdout"])
-    pp = next(x["avg_ts"] for x in rows if x["n_prompt"] > 0 and x["n_gen"] == 0)
-    tg = next(x["avg_ts"] for x in rows if x["n_gen"] > 0 and x["n_prompt"] == 0)
-    return {"engine": "llama.cpp", "dtype": dtype, "pp": pp, "tg": tg, "build": rows[0].get("build_number"),
+    def pick(prompt: bool, depth: int) -> float:
+        found = [x["avg_ts"] for x in rows
+                 if (x["n_prompt"] > 0) == prompt and (x["n_gen"] > 0) != prompt and x.get("n_depth", 0) == depth]
+        if not found:
+            sys.exit(f"bench_cpu: llama-bench {dtype}: no {'pp' if prompt else 'tg'} row at depth {depth}: {rows}")
+        return found[0]
+    pp, tg, tg_d0 = pick(True, 0), pick(False, a.prompt_len), pick(False, 0)
+    return {"engine": "llama.cpp", "dtype": dtype, "pp": pp, "tg": tg, "tg_depth": a.prompt_len, "tg_d0": tg_d0,
+            "build": rows[0].get("build_number"),
             "repack": repack,
             **{k: r[k] for k in ("wall_s", "peak_rss_bytes", "others_cores", "cores_used")}}
 
@@ -225,6 +236,20 @@ def summary(files: list[str]) -> None:
             rp = [a / b for a, b in zip(d[4], l[4])]
             rt = [a / b for a, b in zip(d[5], l[5])]
             print(f"| {dtype} | {spread(rp)} | {spread(rt)} | {d[2] * 2**30 / 1e9 / d[3]:.2f} |")
+    depths = sorted({str(r.get("tg_depth", 0)) for r in runs if r["engine"] == "llama.cpp"})
+    print()
+    if depths == ["0"]:
+        print("tg: llama.cpp's at depth 0 (runs recorded before llama-bench was asked for deltascope's depth).")
+        return
+    older = " (0: runs recorded before the depths were matched)" if "0" in depths else ""
+    print(f"tg: both engines decode after the prompt (llama.cpp at depth {', '.join(depths)}{older}). "
+          "llama.cpp's tg at depth 0, llama-bench's default:")
+    for dtype in sorted({k[1] for k in keys}):
+        ls = [r for r in runs if (r["engine"], r["dtype"]) == ("llama.cpp", dtype) and "tg_d0" in r]
+        d = med.get(("deltascope", dtype))
+        if ls and d:
+            d0 = [r["tg_d0"] for r in ls]
+            print(f"  {dtype}: {spread(d0)} tok/s; deltascope tg / it: {d[1] / statistics.median(d0):.2f}")
 
 
 def main() -> None:
