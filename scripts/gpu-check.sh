@@ -462,8 +462,9 @@ rm -rf "$DEMO_FP8"
 # The state scope on the GPU: gdn_recurrent's trace against the CPU engine's at bf16 within 2e-2
 # (the emulator's test holds it to the same), plus for g and β the one rounding step of their
 # bf16 inputs that each trace records (on the demo and this prompt, the README's memory question,
-# β of layer 6 head 3 parts by 3.43e-2 between the emulated device and the CPU engine: within the
-# β slack there, 7.9e-3 absolute on 0.0125).
+# β of layer 6 head 3 parts by 3.43e-2 between the emulated device and the CPU engine on the
+# AVX512_BF16 EPYC: within the β slack there, 7.9e-3 absolute on 0.0125; 1.55e-2 at most on the
+# AVX2 EPYC).
 TRACE_ARGS=(--prompt "Remember the code 7305. Then read: apple river tiger maple candle rocket bridge lemon pillow thunder garden falcon cherry anchor silver puzzle meadow violet comet ladder orange dolphin winter castle kitten bread ocean mirror engine spring village whale crystal lantern parrot sugar island compass meteor butter. What was the code?" --max-tokens 24)
 ds_step trace-cuda 60 "$OUT/trace-cuda.txt" trace --device cuda "${TRACE_ARGS[@]}" --out "$OUT/trace-cuda.jsonl"
 ds_step trace-cpu 60 "$OUT/trace-cpu.txt" trace --device cpu --dtype bf16 "${TRACE_ARGS[@]}" --out "$OUT/trace-cpu.jsonl"

@@ -144,12 +144,15 @@ fn model_parity_on_qwen3_5_vl() {
 /// `scripts/gpu-check.sh` holds the GPU to, plus what one rounding step of a gate's input
 /// explains.
 ///
-/// That step is needed on this model: on the README's memory question the two engines' β of
-/// layer 6 head 3 (a long-memory head) part by 3.43e-2 at the first generated token — 0.01202 vs
-/// 0.01245, within one bf16 step of the gate input `b` and of β itself (the trace's β slack there
-/// is 7.9e-3 absolute). Each trace records that allowance per head (`g_slack`, `beta_slack`, from
-/// the largest |a|, |b| and β of the pass), and `trace --compare` adds it to the tolerance of g
-/// and β (not of ‖S‖). Without it the traces diverge at 2e-2. (v4's "Is 91 prime?" showed the
+/// Whether that step is needed depends on the CPU (the emulated kernels are compiled for it): on
+/// the AVX512_BF16 EPYC, on the README's memory question, the two engines' β of layer 6 head 3 (a
+/// long-memory head) part by 3.43e-2 at the first generated token — 0.01202 vs 0.01245, within
+/// one bf16 step of the gate input `b` and of β itself (the trace's β slack there is 7.9e-3
+/// absolute) — and without the allowance the traces diverge at 2e-2; on the AVX2 EPYC they agree
+/// without it too (largest 1.55e-2, g of layer 6 head 3, g ≈ −1e-4). Each trace records that
+/// allowance per head (`g_slack`, `beta_slack`, from the largest |a|, |b| and β of the pass), and
+/// `trace --compare` adds it to the tolerance of g and β (not of ‖S‖); that a rounding step
+/// diverges without it and agrees with it is tested in `cli::trace`. (v4's "Is 91 prime?" showed the
 /// same for g; on v5 that prompt parts by 3.02e-2 in g of layer 4 head 0, |g| 0.27, beyond one
 /// step of `a` — a relative bar on a small value: see the README's State view section.)
 const MEMORY_QUESTION: &str = "Remember the code 7305. Then read: apple river tiger maple candle rocket bridge lemon \
@@ -187,7 +190,8 @@ fn the_state_trace_on_the_emulated_device_agrees_with_the_cpu_engine() {
     let same = compare(&emu, &cpu);
     assert!(same.status.success(), "emu vs cpu bf16:\n{}", text(&same.stdout));
     assert!(text(&same.stdout).contains("the traces agree"), "{}", text(&same.stdout));
-    // The allowance is what lets them agree: the same traces without it diverge at g.
+    // Without the allowance: on some CPUs they still agree (see above); where they do not, every
+    // divergence is in g or β, the metrics the allowance widens — never in ‖S‖ or elsewhere.
     let strip = |p: &str| {
         let out = format!("{p}.bare.jsonl");
         let lines: Vec<String> = std::fs::read_to_string(p)
@@ -209,8 +213,18 @@ fn the_state_trace_on_the_emulated_device_agrees_with_the_cpu_engine() {
         out
     };
     let bare = deltascope(&["trace", "--compare", &strip(&emu), &strip(&cpu), "--tolerance", "2e-2"]);
-    assert!(!bare.status.success(), "{}", text(&bare.stdout));
-    assert!(text(&bare.stdout).contains("layer   6: diverges at #0 \"I\": β head 3"), "{}", text(&bare.stdout));
+    let bare_text = text(&bare.stdout);
+    if bare.status.success() {
+        assert!(bare_text.contains("the traces agree"), "{bare_text}");
+        eprintln!("without the rounding allowance the traces agree on this CPU too");
+    } else {
+        let diverging: Vec<&str> = bare_text.lines().filter(|l| l.contains(": diverges at #")).collect();
+        assert!(
+            !diverging.is_empty() && diverging.iter().all(|l| l.contains(": g head") || l.contains(": β head")),
+            "without the allowance, only g or β may part (it widens nothing else):\n{bare_text}"
+        );
+        eprintln!("without the rounding allowance the traces diverge on this CPU:\n{}", diverging.join("\n"));
+    }
     // The f32 trace is a real trace of the same run (printed for comparison).
     eprintln!("cpu f32 vs bf16:\n{}", text(&compare(&f32, &cpu).stdout));
 }
