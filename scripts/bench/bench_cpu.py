@@ -122,7 +122,6 @@ def deltascope_job(a, dtype: str, model: str) -> dict:
     if row["generated_tokens"] < a.gen:
         sys.exit(f"bench_cpu: deltascope {dtype} generated {row['generated_tokens']} of {a.gen} tokens")
     return {"engine": "deltascope", "dtype": dtype, "pp": pp, "tg": tg, "prompt_tokens": out["prompt_tokens"][0],
-            "tg_depth": out["prompt_tokens"][0],
             "generated": row["generated_tokens"], "cpu": out.get("cpu"),
             **{k: r[k] for k in ("wall_s", "peak_rss_bytes", "others_cores", "cores_used")}}
 
