@@ -4,7 +4,8 @@
 //!
 //!     cargo run --release --example kernel_probe -- OUT IN     # default 256 1024 (256 KB of FP8)
 //!
-//! `REPS=N` calls per timing (default 2000); the best of five timings, in weights a second.
+//! `REPS=N` calls per timing (default 2000), `ROWS=R` activation rows (default 1); the best of
+//! five timings, in weights a second (each weight read once a call, whatever R).
 use deltascope::model::cpu::gemv::{self, Fp8Rows, PairKernel, PairRows, WeightRow};
 use deltascope::model::cpu::simd::Simd;
 use deltascope::model::fp8;
@@ -20,11 +21,15 @@ fn main() {
     let (q, scales) = fp8::quantize(&values, out, inp);
     let grid: Vec<f32> = scales.iter().map(|&b| half::bf16::from_bits(b).to_f32()).collect();
     let bf16: Vec<u16> = values.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
-    let x: Vec<f32> = (0..inp).map(|i| half::bf16::from_f32((i as f32 * 0.37).sin()).to_f32()).collect();
-    let pairs = PairRows::new(PairKernel::detect(simd), &[&x], inp);
-    let mut y = vec![0f32; out];
+    let rows: usize = std::env::var("ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let xs: Vec<Vec<f32>> = (0..rows)
+        .map(|r| (0..inp).map(|i| half::bf16::from_f32((i as f32 * 0.37 + r as f32).sin()).to_f32()).collect())
+        .collect();
+    let x: Vec<&[f32]> = xs.iter().map(|v| v.as_slice()).collect();
+    let pairs = PairRows::new(PairKernel::detect(simd), &x, inp);
+    let mut y = vec![0f32; out * rows];
     println!(
-        "[{out}, {inp}], kernels {} / bf16 pairs {}, {reps} calls per timing",
+        "[{out}, {inp}] x {rows} activation rows, kernels {} / bf16 pairs {}, {reps} calls per timing",
         simd.name(),
         PairKernel::detect(simd).name()
     );
@@ -40,11 +45,11 @@ fn main() {
         }
         println!("{name:<28} {:6.2} G weights/s", (out * inp * reps) as f64 / best / 1e9);
     };
-    timed("f32 weights, f32 order", &|y| gemv::gemv_rows(simd, WeightRow::F32(&values), inp, &[&x], y));
-    timed("bf16 weights, f32 order", &|y| gemv::gemv_rows(simd, WeightRow::Bf16(&bf16), inp, &[&x], y));
+    timed("f32 weights, f32 order", &|y| gemv::gemv_rows(simd, WeightRow::F32(&values), inp, &x, y));
+    timed("bf16 weights, f32 order", &|y| gemv::gemv_rows(simd, WeightRow::Bf16(&bf16), inp, &x, y));
     timed("bf16 weights, pair order", &|y| gemv::pairs_rows(&bf16, &pairs, y));
     let w = Fp8Rows { q: &q, grid: &grid, row0: 0 };
-    timed("FP8 weights, f32 order", &|y| gemv::fp8_rows(simd, w, inp, &[&x], y));
+    timed("FP8 weights, f32 order", &|y| gemv::fp8_rows(simd, w, inp, &x, y));
     if gemv::fp8_pairs_available() {
         timed("FP8 weights, pair order", &|y| gemv::fp8_pairs_rows(w, inp, &pairs, y));
     }
