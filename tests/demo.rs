@@ -72,7 +72,7 @@ impl Demo {
     }
 
     fn generate(&self, ids: Vec<u32>) -> Outcome {
-        let g = Generator { tokenizer: &self.tok, model_name: "demo".into() };
+        let g = Generator::new(&self.tok, "demo");
         let req =
             GenerateRequest { prompt_ids: ids, params: GenerationParams { max_tokens: 400, ..Default::default() } };
         g.generate(&mut ModelSequence::new(&self.model), &req, &AtomicBool::new(false), &mut |_| {}).unwrap()

@@ -69,7 +69,7 @@ fn run(
     script: impl FnMut(&[u32]) -> Vec<f32> + Send + 'static,
 ) -> (Outcome, Vec<EngineEvent>) {
     let mut src = Scripted { history: vec![], prompt_len: 0, script: Box::new(script) };
-    let g = Generator { tokenizer: tok, model_name: "scripted".into() };
+    let g = Generator::new(tok, "scripted");
     let mut events = vec![];
     let out = g
         .generate(&mut src, &GenerateRequest { prompt_ids: prompt, params }, control, &mut |e| events.push(e))
@@ -434,7 +434,7 @@ fn step_mode_advances_one_token_per_command() {
     let (t2, c2) = (tok.clone(), control.clone());
     let h = std::thread::spawn(move || {
         let mut src = Scripted { history: vec![], prompt_len: 0, script: Box::new(|_| onehot(70)) };
-        let g = Generator { tokenizer: &t2, model_name: "scripted".into() };
+        let g = Generator::new(&t2, "scripted");
         g.generate(
             &mut src,
             &GenerateRequest { prompt_ids: vec![5], params: GenerationParams::default() },
@@ -532,7 +532,7 @@ fn demo_prompt(tok: &TextTokenizer, tpl: &ChatTemplate, q: &str, think: bool) ->
 }
 
 fn demo_run(m: &Model, tok: &TextTokenizer, prompt: Vec<u32>, params: GenerationParams) -> (Outcome, Vec<EngineEvent>) {
-    let g = Generator { tokenizer: tok, model_name: "demo".into() };
+    let g = Generator::new(tok, "demo");
     let mut ev = vec![];
     let out = g
         .generate(&mut ModelSequence::new(m), &GenerateRequest { prompt_ids: prompt, params }, &no_cancel(), &mut |e| {

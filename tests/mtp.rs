@@ -37,7 +37,7 @@ impl Setup {
     }
 
     fn run(&self, prompt: &[u32], params: GenerationParams) -> (Outcome, Vec<EngineEvent>) {
-        let g = Generator { tokenizer: &self.tok, model_name: "t".into() };
+        let g = Generator::new(&self.tok, "t");
         let mut session =
             if params.mtp.is_on() { ModelSequence::with_mtp(&self.model) } else { ModelSequence::new(&self.model) };
         let mut ev = vec![];
@@ -320,7 +320,7 @@ fn the_mtp_head_reads_the_prompt_during_prefill() {
     let log = Arc::new(Mutex::new(vec![]));
     let emitted = Arc::new(AtomicUsize::new(0));
     let mut src = Logged { inner: ModelSequence::with_mtp(&s.model), log: log.clone(), emitted: emitted.clone() };
-    let g = Generator { tokenizer: &s.tok, model_name: "t".into() };
+    let g = Generator::new(&s.tok, "t");
     let out = g
         .generate(
             &mut src,
@@ -340,4 +340,85 @@ fn the_mtp_head_reads_the_prompt_during_prefill() {
     assert_eq!(log.iter().filter(|(w, _)| w == "catch up").count(), 1, "{log:?}");
     let first_draft = log.iter().find(|(w, _)| w == "draft").expect("drafting ran");
     assert!(first_draft.1 >= 1, "drafts come after the first token: {log:?}");
+}
+
+/// A model session whose verify passes are slow (as on a machine where drafting cannot pay),
+/// counting the draft calls it gets.
+struct SlowVerify<'m> {
+    inner: ModelSequence<'m>,
+    drafts: usize,
+}
+
+impl deltascope::engine::DecodeSequence for SlowVerify<'_> {
+    fn feed(&mut self, ids: &[u32]) -> deltascope::Result<Vec<f32>> {
+        self.inner.feed(ids)
+    }
+    fn position(&self) -> usize {
+        self.inner.position()
+    }
+    fn context_len(&self) -> usize {
+        self.inner.context_len()
+    }
+    fn memory(&self) -> deltascope::generation::events::Memory {
+        self.inner.memory()
+    }
+    fn can_draft(&self) -> bool {
+        self.inner.can_draft()
+    }
+    fn catch_up_draft(&mut self) -> deltascope::Result<()> {
+        self.inner.catch_up_draft()
+    }
+    fn draft(
+        &mut self,
+        last: u32,
+        k: usize,
+        choose: &mut dyn FnMut(&[f32]) -> u32,
+    ) -> deltascope::Result<Vec<(u32, Vec<f32>)>> {
+        self.drafts += 1;
+        self.inner.draft(last, k, choose)
+    }
+    fn verify(&mut self, ids: &[u32]) -> deltascope::Result<Vec<Vec<f32>>> {
+        std::thread::sleep(std::time::Duration::from_millis(40));
+        self.inner.verify(ids)
+    }
+    fn accept(&mut self, keep: usize) -> deltascope::Result<()> {
+        self.inner.accept(keep)
+    }
+    fn rollback_bytes(&self) -> usize {
+        self.inner.rollback_bytes()
+    }
+}
+
+/// `--mtp auto` carries what it measured into the next request on the same engine: once
+/// drafting has lost (here every verify pass takes 40 ms, a plain step about a millisecond),
+/// the next generation starts plain and drafts nothing until the wait runs out — where a fresh
+/// engine measures drafting again. Output stays plain greedy's throughout.
+#[test]
+fn auto_carries_its_verdict_into_the_next_request() {
+    let s = load(demo_source());
+    let prompt = s.prompt("Sort 55, 3, 87, 21, 40.");
+    let params =
+        |max_tokens| GenerationParams { max_tokens, ignore_eos: true, mtp: MtpMode::Auto, ..Default::default() };
+    let run = |g: &Generator, p: GenerationParams| {
+        let mut src = SlowVerify { inner: ModelSequence::with_mtp(&s.model), drafts: 0 };
+        let req = GenerateRequest { prompt_ids: prompt.clone(), params: p };
+        let out = g.generate(&mut src, &req, &AtomicBool::new(false), &mut |_| {}).unwrap();
+        (out, src.drafts)
+    };
+    let engine = Generator::new(&s.tok, "t");
+    let (first, first_drafts) = run(&engine, params(200));
+    let st = first.mtp.clone().unwrap();
+    assert!(first_drafts >= 16 && st.steps >= 16, "the first request measures drafting: {st:?}");
+    assert_eq!(st.depth, 0, "and turns it off: {st:?}");
+    // Drafting is measured within at most 16 passes at depth 2 and 16 at depth 3 (a depth
+    // change restarts the measurement), 112 tokens, then 8 plain ones: at least 80 of the
+    // 256-token wait are spent in the first request, at most 176 left, more than the second
+    // request's 100.
+    let (second, second_drafts) = run(&engine, params(100));
+    let st2 = second.mtp.clone().unwrap();
+    assert_eq!((second_drafts, st2.steps, st2.depth), (0, 0, 0), "the next request starts plain: {st2:?}");
+    let (plain, _) = s.run(&prompt, GenerationParams { max_tokens: 100, ignore_eos: true, ..Default::default() });
+    assert_eq!(second.tokens, plain.tokens);
+    let (_, fresh_drafts) = run(&Generator::new(&s.tok, "t"), params(100));
+    assert!(fresh_drafts >= 16, "a fresh engine measures drafting again ({fresh_drafts} drafts)");
 }

@@ -190,7 +190,7 @@ fn the_engine_emits_a_state_event_after_the_prompt_and_every_token_read() {
     let prompt = tok.encode("<|im_start|>user\nIs 91 prime?<|im_end|>\n<|im_start|>assistant\n<think>\n").unwrap();
     // Drafting asked for: tracing turns it off (the trace is per token).
     let params = GenerationParams { max_tokens: 24, trace_state: true, mtp: MtpMode::fixed(2), ..Default::default() };
-    let g = Generator { tokenizer: &tok, model_name: "demo".into() };
+    let g = Generator::new(&tok, "demo");
     let mut session = ModelSequence::with_mtp(&model);
     let mut events = vec![];
     let out = g

@@ -229,7 +229,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             }
         })
         .collect::<anyhow::Result<_>>()?;
-    let generator = Generator { tokenizer: &loaded.tokenizer, model_name: loaded.name.clone() };
+    let generator = Generator::new(&loaded.tokenizer, loaded.name.clone());
     let mut samples: Vec<Samples> = settings.iter().map(|_| Samples::default()).collect();
     let mut err = std::io::stderr().lock();
     // Rounds of one pass per setting, interleaved, so that a machine getting slower or faster
@@ -256,7 +256,15 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             s.ttft.push(pass.ttft);
             s.generated = pass.generated;
             s.memory = pass.memory;
-            s.stats = pass.stats;
+            // Acceptance, depth and the verify cost over every measured pass, not the last one
+            // alone: `auto` may draft in one pass and not in the next.
+            s.stats = match (s.stats.take(), pass.stats) {
+                (Some(mut all), Some(this)) => {
+                    all.merge(&this);
+                    Some(all)
+                }
+                (all, this) => this.or(all),
+            };
         }
     }
     let mut rows: Vec<BenchRow> = names.iter().zip(&samples).filter_map(|(name, s)| row(name, s)).collect();

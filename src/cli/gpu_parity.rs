@@ -153,7 +153,7 @@ pub fn run(
     };
     let reference = Loaded::load(&spec(DeviceSpec::Cpu, "bf16")?, &|_: OpenProgress| {})?;
     let tok = &reference.tokenizer;
-    let generator = Generator { tokenizer: tok, model_name: "parity".into() };
+    let generator = Generator::new(tok, "parity");
     let one = vec![Gpu::open(kind, ordinal, kernels)?];
     let one_plan = plan(&cpu, &one, false)?;
     let gpu = CudaModel::upload(&cpu, one, &one_plan)?;

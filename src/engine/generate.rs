@@ -3,6 +3,7 @@
 //! the protocol's [`Tally`], which counts, checks the stop conditions and writes `done`.
 //! Whatever ends it (stop, length, stop string, loop, cancellation), everything produced is kept.
 
+use std::sync::Mutex;
 use std::time::Instant;
 
 use super::budget::ForcedClose;
@@ -10,6 +11,7 @@ use super::request::GenerateRequest;
 use super::sampler::{LogitSummary, Sampler, top_logprobs_of};
 use super::sequence::DecodeSequence;
 use super::speculate::{Rounds, Spec};
+use super::speculative::AutoVerdict;
 use super::state_trace::state_event;
 use crate::chat::{IncrementalDecoder, TextTokenizer};
 use crate::error::{Error, Result};
@@ -42,6 +44,19 @@ pub struct Generator<'a> {
     pub tokenizer: &'a TextTokenizer,
     /// A label for the `start` event.
     pub model_name: String,
+    /// Where `--mtp auto` left off in the latest generation, greedy and sampled apart (their
+    /// acceptance differs): the next one on this model carries on from it.
+    auto: Mutex<[Option<AutoVerdict>; 2]>,
+}
+
+impl<'a> Generator<'a> {
+    pub fn new(tokenizer: &'a TextTokenizer, model_name: impl Into<String>) -> Self {
+        Generator { tokenizer, model_name: model_name.into(), auto: Mutex::new([None; 2]) }
+    }
+
+    fn auto_slot(p: &crate::generation::GenerationParams) -> usize {
+        usize::from(p.sampling.temperature <= 0.0)
+    }
 }
 
 /// Running state of one generation.
@@ -180,7 +195,8 @@ impl Generator<'_> {
             source.trace_state()?;
         }
         let drafting = speculative && source.can_draft();
-        let mut spec = speculative.then(|| Spec::new(p));
+        let carried = self.auto.lock().map_or(None, |a| a[Self::auto_slot(p)]);
+        let mut spec = speculative.then(|| Spec::new(p, carried));
         let mut prefill_s = None;
         let finish = match self.prefill(&mut run, source, req, control, drafting, prompt) {
             Ok(Ok((logits, secs))) => {
@@ -192,6 +208,9 @@ impl Generator<'_> {
         };
         let tail = run.decoder.finish();
         run.tally.add_tail(&tail);
+        if let (Some(v), Ok(mut a)) = (spec.as_ref().and_then(|s| s.control.verdict()), self.auto.lock()) {
+            a[Self::auto_slot(p)] = Some(v);
+        }
         let mtp = spec.map(|s| s.stats);
         let ctx = FinishContext {
             cap: Some(cap),

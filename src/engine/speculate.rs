@@ -8,7 +8,7 @@ use super::generate::{Generator, Run, emit_stats};
 use super::request::GenerateRequest;
 use super::sampler::{Rng, draw_with};
 use super::sequence::DecodeSequence;
-use super::speculative::{DepthControl, prob, residual};
+use super::speculative::{AutoVerdict, DepthControl, prob, residual};
 use crate::error::Result;
 use crate::generation::control::Control;
 use crate::generation::{DraftKind, FinishReason, GenerationParams, MtpStats, Phase, Verdict};
@@ -23,10 +23,16 @@ pub(super) struct Spec {
 }
 
 impl Spec {
-    pub fn new(p: &GenerationParams) -> Self {
+    /// `carried`: where `auto` left off in the previous generation on this model (ignored for a
+    /// fixed depth).
+    pub fn new(p: &GenerationParams, carried: Option<AutoVerdict>) -> Self {
+        let control = match carried {
+            Some(v) if p.mtp.is_auto() => DepthControl::resume(v),
+            _ => DepthControl::new(p.mtp),
+        };
         Spec {
-            control: DepthControl::new(p.mtp),
-            stats: MtpStats::new(DepthControl::new(p.mtp).depth),
+            stats: MtpStats::new(control.depth),
+            control,
             draft_rng: Rng::new(p.sampling.seed ^ 0x6d74_705f_6472_6166),
             last_step: None,
         }

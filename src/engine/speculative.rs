@@ -23,6 +23,10 @@ use crate::generation::{MAX_DEPTH, MtpMode};
 ///   tokens plainly and compares wall time per token; if plain decoding is faster it turns MTP
 ///   off (depth 0) and tries again after 256 tokens, then 512, … up to 4096, so a slow setting
 ///   costs a few percent at most and a change (a longer context, another phase) is noticed.
+///
+/// What `auto` has learned outlives one generation: the engine hands it to the next request on
+/// the same model ([`AutoVerdict`]), so short requests (chat turns, server calls) do not each
+/// pay for measuring drafting that lost a moment ago.
 #[derive(Debug, Clone)]
 pub struct DepthControl {
     pub depth: usize,
@@ -30,6 +34,16 @@ pub struct DepthControl {
     recent: VecDeque<(usize, usize)>,
     since_change: usize,
     cost: CostProbe,
+}
+
+/// Where `auto` stood when a generation ended: the depth it drafts at (or goes back to), and
+/// whether drafting was off, with how many plain tokens were left before the next try and how
+/// long the wait after that one would be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutoVerdict {
+    depth: usize,
+    off_left: Option<usize>,
+    backoff: usize,
 }
 
 /// Per-token wall time of drafting at the current depth against plain decoding (auto only).
@@ -72,6 +86,37 @@ impl DepthControl {
             since_change: 0,
             cost: CostProbe { backoff: RETRY_FIRST, ..Default::default() },
         }
+    }
+
+    /// `auto` carried on from where an earlier generation on the same model left it: off for the
+    /// plain tokens that were left (then drafting is tried again, the wait doubling as before),
+    /// or drafting at the depth it had reached, measured afresh.
+    pub fn resume(v: AutoVerdict) -> Self {
+        let mut c = DepthControl::new(MtpMode::Auto);
+        c.cost.backoff = v.backoff;
+        let depth = v.depth.clamp(1, MAX_DEPTH);
+        match v.off_left {
+            Some(left) if left > 0 => {
+                c.depth = 0;
+                c.cost.mode = Probe::Off { left, resume: depth };
+            }
+            _ => c.depth = depth,
+        }
+        c
+    }
+
+    /// What the next generation should carry on from (`auto` only). A cost measurement cut
+    /// short by the end of a generation is dropped: the next one drafts and measures again.
+    pub fn verdict(&self) -> Option<AutoVerdict> {
+        if !self.auto {
+            return None;
+        }
+        let (depth, off_left) = match self.cost.mode {
+            Probe::Drafting => (self.depth, None),
+            Probe::Plain { resume, .. } => (resume, None),
+            Probe::Off { left, resume } => (resume, Some(left)),
+        };
+        Some(AutoVerdict { depth, off_left, backoff: self.cost.backoff })
     }
 
     /// Whether `auto` has turned drafting off for now (depth 0) because plain decoding measured faster.
@@ -273,6 +318,51 @@ mod tests {
         }
         assert_eq!(c.depth, 2, "back to the depth it left");
         assert!(!c.is_off());
+    }
+
+    #[test]
+    fn a_verdict_carries_auto_on_into_the_next_generation() {
+        // Drafting lost: off for RETRY_FIRST plain tokens.
+        let mut c = DepthControl::new(MtpMode::Auto);
+        for _ in 0..COST_PASSES {
+            c.observe(2, 2, 3, Some(30.0));
+        }
+        c.observe_plain(None);
+        for _ in 0..PLAIN_SAMPLES {
+            c.observe_plain(Some(1.0));
+        }
+        // The generation ends 100 plain tokens into the wait.
+        for _ in 0..100 {
+            c.observe_plain(Some(1.0));
+        }
+        let v = c.verdict().unwrap();
+        let mut next = DepthControl::resume(v);
+        assert!(next.is_off() && next.depth == 0, "the next generation starts plain");
+        for _ in 0..RETRY_FIRST - 101 {
+            next.observe_plain(Some(1.0));
+        }
+        assert!(next.is_off(), "one plain token left of the wait");
+        next.observe_plain(Some(1.0));
+        assert_eq!(next.depth, 2, "then drafting is tried at the depth it left");
+        // Losing again doubles the wait, as within one generation.
+        for _ in 0..COST_PASSES {
+            next.observe(2, 2, 3, Some(30.0));
+        }
+        next.observe_plain(None);
+        for _ in 0..PLAIN_SAMPLES {
+            next.observe_plain(Some(1.0));
+        }
+        assert_eq!(next.verdict().unwrap().off_left, Some(2 * RETRY_FIRST));
+
+        // Drafting that pays carries its depth; a fixed depth has no verdict.
+        let mut won = DepthControl::new(MtpMode::Auto);
+        for _ in 0..16 {
+            won.observe(2, 2, 3, None);
+        }
+        assert_eq!(won.depth, 3);
+        let resumed = DepthControl::resume(won.verdict().unwrap());
+        assert_eq!((resumed.depth, resumed.is_off()), (3, false));
+        assert_eq!(DepthControl::new(MtpMode::fixed(2)).verdict(), None);
     }
 
     #[test]

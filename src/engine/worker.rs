@@ -32,7 +32,7 @@ impl EngineHandle {
     ) -> std::io::Result<Self> {
         let (cmd_tx, cmd_rx) = mpsc::channel::<Command>();
         let thread = std::thread::Builder::new().name("deltascope-engine".into()).spawn(move || {
-            let generator = Generator { tokenizer: &tokenizer, model_name };
+            let generator = Generator::new(&tokenizer, model_name);
             while let Ok(Command::Generate { req, events, control }) = cmd_rx.recv() {
                 let mut emit = |e: EngineEvent| {
                     let _ = events.send(e);
