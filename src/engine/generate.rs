@@ -53,10 +53,6 @@ impl<'a> Generator<'a> {
     pub fn new(tokenizer: &'a TextTokenizer, model_name: impl Into<String>) -> Self {
         Generator { tokenizer, model_name: model_name.into(), auto: Mutex::new([None; 2]) }
     }
-
-    fn auto_slot(p: &crate::generation::GenerationParams) -> usize {
-        usize::from(p.sampling.temperature <= 0.0)
-    }
 }
 
 /// Running state of one generation.
@@ -195,7 +191,8 @@ impl Generator<'_> {
             source.trace_state()?;
         }
         let drafting = speculative && source.can_draft();
-        let carried = self.auto.lock().map_or(None, |a| a[Self::auto_slot(p)]);
+        let auto_slot = usize::from(run.sampler.is_greedy());
+        let carried = self.auto.lock().map_or(None, |a| a[auto_slot]);
         let mut spec = speculative.then(|| Spec::new(p, carried));
         let mut prefill_s = None;
         let finish = match self.prefill(&mut run, source, req, control, drafting, prompt) {
@@ -209,7 +206,7 @@ impl Generator<'_> {
         let tail = run.decoder.finish();
         run.tally.add_tail(&tail);
         if let (Some(v), Ok(mut a)) = (spec.as_ref().and_then(|s| s.control.verdict()), self.auto.lock()) {
-            a[Self::auto_slot(p)] = Some(v);
+            a[auto_slot] = Some(v);
         }
         let mtp = spec.map(|s| s.stats);
         let ctx = FinishContext {
