@@ -251,11 +251,13 @@ fn mtp_stats_are_reported_in_events() {
 }
 
 /// A model session that logs what the generator asks of it, and how many tokens had been
-/// emitted at each call.
+/// emitted at each call; `slow_verify` makes every verify pass that much slower (a machine
+/// where drafting cannot pay).
 struct Logged<'m> {
     inner: ModelSequence<'m>,
     log: std::sync::Arc<std::sync::Mutex<Vec<(String, usize)>>>,
     emitted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    slow_verify: std::time::Duration,
 }
 
 impl Logged<'_> {
@@ -296,6 +298,7 @@ impl deltascope::engine::DecodeSequence for Logged<'_> {
         self.inner.draft(last, k, choose)
     }
     fn verify(&mut self, ids: &[u32]) -> deltascope::Result<Vec<Vec<f32>>> {
+        std::thread::sleep(self.slow_verify);
         self.inner.verify(ids)
     }
     fn accept(&mut self, keep: usize) -> deltascope::Result<()> {
@@ -319,7 +322,12 @@ fn the_mtp_head_reads_the_prompt_during_prefill() {
     let (plain, _) = s.run(&prompt, GenerationParams { max_tokens: 60, ..Default::default() });
     let log = Arc::new(Mutex::new(vec![]));
     let emitted = Arc::new(AtomicUsize::new(0));
-    let mut src = Logged { inner: ModelSequence::with_mtp(&s.model), log: log.clone(), emitted: emitted.clone() };
+    let mut src = Logged {
+        inner: ModelSequence::with_mtp(&s.model),
+        log: log.clone(),
+        emitted: emitted.clone(),
+        slow_verify: std::time::Duration::ZERO,
+    };
     let g = Generator::new(&s.tok, "t");
     let out = g
         .generate(
@@ -342,53 +350,6 @@ fn the_mtp_head_reads_the_prompt_during_prefill() {
     assert!(first_draft.1 >= 1, "drafts come after the first token: {log:?}");
 }
 
-/// A model session whose verify passes are slow (as on a machine where drafting cannot pay),
-/// counting the draft calls it gets.
-struct SlowVerify<'m> {
-    inner: ModelSequence<'m>,
-    drafts: usize,
-}
-
-impl deltascope::engine::DecodeSequence for SlowVerify<'_> {
-    fn feed(&mut self, ids: &[u32]) -> deltascope::Result<Vec<f32>> {
-        self.inner.feed(ids)
-    }
-    fn position(&self) -> usize {
-        self.inner.position()
-    }
-    fn context_len(&self) -> usize {
-        self.inner.context_len()
-    }
-    fn memory(&self) -> deltascope::generation::events::Memory {
-        self.inner.memory()
-    }
-    fn can_draft(&self) -> bool {
-        self.inner.can_draft()
-    }
-    fn catch_up_draft(&mut self) -> deltascope::Result<()> {
-        self.inner.catch_up_draft()
-    }
-    fn draft(
-        &mut self,
-        last: u32,
-        k: usize,
-        choose: &mut dyn FnMut(&[f32]) -> u32,
-    ) -> deltascope::Result<Vec<(u32, Vec<f32>)>> {
-        self.drafts += 1;
-        self.inner.draft(last, k, choose)
-    }
-    fn verify(&mut self, ids: &[u32]) -> deltascope::Result<Vec<Vec<f32>>> {
-        std::thread::sleep(std::time::Duration::from_millis(40));
-        self.inner.verify(ids)
-    }
-    fn accept(&mut self, keep: usize) -> deltascope::Result<()> {
-        self.inner.accept(keep)
-    }
-    fn rollback_bytes(&self) -> usize {
-        self.inner.rollback_bytes()
-    }
-}
-
 /// `--mtp auto` carries what it measured into the next request on the same engine: once
 /// drafting has lost (here every verify pass takes 40 ms, a plain step about a millisecond),
 /// the next generation starts plain and drafts nothing until the wait runs out — where a fresh
@@ -400,10 +361,17 @@ fn auto_carries_its_verdict_into_the_next_request() {
     let params =
         |max_tokens| GenerationParams { max_tokens, ignore_eos: true, mtp: MtpMode::Auto, ..Default::default() };
     let run = |g: &Generator, p: GenerationParams| {
-        let mut src = SlowVerify { inner: ModelSequence::with_mtp(&s.model), drafts: 0 };
+        let log = std::sync::Arc::new(std::sync::Mutex::new(vec![]));
+        let mut src = Logged {
+            inner: ModelSequence::with_mtp(&s.model),
+            log: log.clone(),
+            emitted: Default::default(),
+            slow_verify: std::time::Duration::from_millis(40),
+        };
         let req = GenerateRequest { prompt_ids: prompt.clone(), params: p };
         let out = g.generate(&mut src, &req, &AtomicBool::new(false), &mut |_| {}).unwrap();
-        (out, src.drafts)
+        let drafts = log.lock().unwrap().iter().filter(|(what, _)| what == "draft").count();
+        (out, drafts)
     };
     let engine = Generator::new(&s.tok, "t");
     let (first, first_drafts) = run(&engine, params(200));
