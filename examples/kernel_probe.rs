@@ -26,12 +26,12 @@ fn main() {
         .map(|r| (0..inp).map(|i| half::bf16::from_f32((i as f32 * 0.37 + r as f32).sin()).to_f32()).collect())
         .collect();
     let x: Vec<&[f32]> = xs.iter().map(|v| v.as_slice()).collect();
-    let pairs = PairRows::new(PairKernel::detect(simd), &x, inp);
+    let pairs = PairRows::new(PairKernel::active(), &x, inp);
     let mut y = vec![0f32; out * rows];
     println!(
         "[{out}, {inp}] x {rows} activation rows, kernels {} / bf16 pairs {}, {reps} calls per timing",
         simd.name(),
-        PairKernel::detect(simd).name()
+        PairKernel::active().name()
     );
     let mut timed = |name: &str, f: &dyn Fn(&mut [f32])| {
         let mut best = f64::MAX;

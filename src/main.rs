@@ -12,10 +12,16 @@ use deltascope::cli::{Cli, main_with};
 fn init_logging(cli: &Cli) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // A --log-file the user named and that cannot be opened is an error: what they asked to
+    // keep would be lost.
+    if let Some(path) = &cli.log_file
+        && let Err(e) = open_log(path)
+    {
+        anyhow::bail!("--log-file {}: cannot open it for writing ({e})", path.display());
+    }
     // The TUI owns the terminal: its logs go to a file (--log-file, else the data directory's).
-    // A file that cannot be opened is a warning and the next place is tried — the state
-    // directory, the temporary directory (the TUI), stderr (other commands) — never a reason
-    // not to start.
+    // A default file that cannot be opened is a warning and the next place is tried — the
+    // state directory, the temporary directory — never a reason not to start.
     let mut wanted: Vec<PathBuf> = cli.log_file.iter().cloned().collect();
     if cli.is_tui() {
         wanted.extend(deltascope::tui::log_file_candidates());
@@ -65,6 +71,12 @@ fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // A kernel family this CPU cannot run is refused before anything computes (the engine
+    // would otherwise fall back to the best one, and the results would not be the ones asked for).
+    if let Some(why) = deltascope::backend::local::cpu_kernel_refusal() {
+        let _ = writeln!(std::io::stderr(), "error: {why}");
+        return ExitCode::from(2);
+    }
     match init_logging(&cli).and_then(|_| main_with(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => exit_for(&e),
@@ -74,6 +86,10 @@ fn main() -> ExitCode {
 fn exit_for(e: &anyhow::Error) -> ExitCode {
     // Stopped by a signal after printing what finished: the status says which one.
     if let Some(i) = e.downcast_ref::<Interrupted>() {
+        // What the command had left to say (the workbench: what was lost, where a copy went).
+        if e.chain().count() > 1 {
+            let _ = writeln!(std::io::stderr(), "{e}");
+        }
         return ExitCode::from(i.exit_code());
     }
     // The reader went away (`| head -1`): nothing to say, and no one to say it to.

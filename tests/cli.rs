@@ -477,15 +477,34 @@ fn bench_reports_median_min_max_and_whether_a_difference_is_noise() {
     // The CPU it ran on, and the threads it ran with.
     let cpu = &v["cpu"];
     assert!(cpu["physical_cores"].as_u64().unwrap() >= 1 && cpu["threads"].as_u64().unwrap() >= 1, "{cpu}");
-    assert!(["avx512", "avx2", "portable"].contains(&cpu["kernels"].as_str().unwrap()), "{cpu}");
-    let bf16 = cpu["bf16_kernels"].as_str().unwrap();
-    assert!(["amx_bf16", "avx512_bf16", "avx512", "avx2", "portable"].contains(&bf16), "{cpu}");
-    // vdpbf16ps or AMX tiles exactly when the CPU reports AVX512_BF16 (and AVX-512 is in use);
-    // the tiles exactly when it reports AMX-BF16 too (Linux grants them on request).
-    let has = |f: &str| cpu["features"].as_array().unwrap().iter().any(|x| x == f);
-    let avx512 = cpu["kernels"] == "avx512";
-    assert_eq!(["amx_bf16", "avx512_bf16"].contains(&bf16), has("avx512_bf16") && avx512, "{cpu}");
-    assert_eq!(bf16 == "amx_bf16", has("avx512_bf16") && has("amx_bf16") && avx512, "{cpu}");
+    // The kernel family that ran, and its f32 and bf16 kernels.
+    let (family, f32k, bf16) =
+        (cpu["kernel"].as_str().unwrap(), cpu["kernels"].as_str().unwrap(), cpu["bf16_kernels"].as_str().unwrap());
+    let parts = match family {
+        "portable" => ("portable", "portable"),
+        "avx2" => ("avx2", "avx2"),
+        "avx512" => ("avx512", "avx512"),
+        "avx512_bf16" => ("avx512", "avx512_bf16"),
+        "amx" => ("avx512", "amx_bf16"),
+        other => panic!("kernel {other:?}: {cpu}"),
+    };
+    assert_eq!((f32k, bf16), parts, "{cpu}");
+    let supported: Vec<&str> =
+        cpu["kernels_supported"].as_array().unwrap().iter().map(|k| k.as_str().unwrap()).collect();
+    assert!(supported.contains(&family), "{cpu}");
+    // The best family this CPU runs, unless DELTASCOPE_CPU_KERNEL forces one: vdpbf16ps or AMX
+    // tiles exactly when the CPU reports AVX512_BF16; the tiles exactly when it reports AMX-BF16
+    // too (Linux grants them on request).
+    match std::env::var("DELTASCOPE_CPU_KERNEL").ok().filter(|v| !v.is_empty()) {
+        Some(forced) => assert_eq!((family, cpu["kernel_forced"].as_bool()), (forced.as_str(), Some(true)), "{cpu}"),
+        None => {
+            assert_eq!(family, *supported.last().unwrap(), "{cpu}");
+            let has = |f: &str| cpu["features"].as_array().unwrap().iter().any(|x| x == f);
+            let avx512 = f32k == "avx512";
+            assert_eq!(["amx_bf16", "avx512_bf16"].contains(&bf16), has("avx512_bf16") && avx512, "{cpu}");
+            assert_eq!(bf16 == "amx_bf16", has("avx512_bf16") && has("amx_bf16") && avx512, "{cpu}");
+        }
+    }
     // Why that many threads: the default's count, or the flag.
     let why = cpu["threads_why"].as_str().unwrap();
     assert!(why.contains("this process may use"), "{why}");
@@ -593,4 +612,115 @@ fn the_answer_budget_counts_the_blank_line_after_think_and_says_so() {
     // Wrapped as clap wraps it: compared word by word.
     let help = ok(&["run", "--help"]).split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(help.contains("is the first: `1` answers nothing"), "{help}");
+}
+
+fn fails(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope")).args(args).output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).to_string())
+}
+
+/// The last line of a command's stderr (after any note about where the model runs).
+fn last_line(s: &str) -> &str {
+    s.trim_end().lines().last().unwrap_or_default()
+}
+
+/// A config.json key deltascope does not know is said in one line by `inspect` and `run` (the
+/// key, its value, "ignored: if it changes the architecture, results will be wrong"), refused
+/// under `--strict-config`; a known key with a value deltascope does not compute is refused.
+#[test]
+fn config_keys_deltascope_does_not_know_are_said_and_refused_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("model");
+    std::fs::create_dir_all(&copy).unwrap();
+    for e in std::fs::read_dir(fixture("qwen3_5_text")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), copy.join(e.file_name())).unwrap();
+    }
+    let config = copy.join("config.json");
+    let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    c["layer_scale_init"] = 0.5.into();
+    std::fs::write(&config, c.to_string()).unwrap();
+    let m = copy.to_str().unwrap();
+    let line = "config.json: unknown key `layer_scale_init` = 0.5, ignored: if it changes the architecture, results will be wrong";
+    let inspect = ok(&["inspect", "--model", m]);
+    assert!(inspect.lines().any(|l| l.starts_with("warning") && l.ends_with(line)), "{inspect}");
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))
+        .args(["run", "--model", m, "--prompt", "hi", "--max-tokens", "2"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().filter(|l| l.contains("layer_scale_init")).count(), 1, "one line: {stderr}");
+    assert!(stderr.contains(line), "{stderr}");
+    for cmd in [
+        &["inspect", "--model", m, "--strict-config"][..],
+        &["run", "--model", m, "--prompt", "hi", "--strict-config"][..],
+    ] {
+        let (code, stderr) = fails(cmd);
+        assert_eq!(code, Some(1), "{cmd:?}: {stderr}");
+        assert!(stderr.contains("unknown key `layer_scale_init` = 0.5 refused by --strict-config"), "{stderr}");
+    }
+    c["output_gate_type"] = "sigmoid".into();
+    std::fs::write(&config, c.to_string()).unwrap();
+    let (code, stderr) = fails(&["inspect", "--model", m]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("output_gate_type = \"sigmoid\" is not supported"), "{stderr}");
+}
+
+/// The small things a new user met, each said clearly: a negative `--threads` or `--seed` gets
+/// the message any value out of its range gets; `--kernels` with `--device cpu` and serve's zero
+/// limits are refused; `logits` takes `--prompt` / `--prompt-ids` as `run` does and lists only
+/// its own flags; more threads than the CPUs granted is a warning; `inspect` and `run --json`
+/// say which CPU kernels run.
+#[test]
+fn what_a_new_user_met_is_said_clearly() {
+    let (code, stderr) = fails(&["run", "--temperature", "-1", "--prompt", "x"]);
+    assert_eq!((code, last_line(&stderr)), (Some(1), "error: --temperature -1: must be in [0, 100] (0 is greedy)"));
+    let (code, stderr) = fails(&["run", "--threads", "-1", "--prompt", "x"]);
+    assert_eq!(
+        (code, last_line(&stderr)),
+        (Some(1), "error: --threads -1: must be at least 1 (the threads the engine's layers run on)")
+    );
+    let (code, stderr) = fails(&["run", "--seed", "-1", "--prompt", "x"]);
+    assert_eq!((code, last_line(&stderr)), (Some(1), "error: --seed -1: must be in [0, 18446744073709551615]"));
+    let (code, stderr) = fails(&["run", "--device", "cpu", "--kernels", "kernels", "--prompt", "x"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("--kernels DIR: the CUDA kernels' sources are read for --device cuda|emu"), "{stderr}");
+    for (flag, what) in [
+        ("--max-queue", "--max-queue 0: must be at least 1"),
+        ("--body-limit", "--body-limit 0: must be at least 1 byte"),
+    ] {
+        let (code, stderr) = fails(&["serve", "--port", "0", flag, "0"]);
+        assert_eq!(code, Some(1), "{stderr}");
+        assert!(stderr.contains(what), "{stderr}");
+    }
+    let by_text: Value =
+        serde_json::from_str(&ok(&["logits", "--prompt", "Is 91 prime?", "--json", "--top", "3"])).unwrap();
+    let ids: Vec<String> = by_text["ids"].as_array().unwrap().iter().map(|i| i.to_string()).collect();
+    let by_ids: Value =
+        serde_json::from_str(&ok(&["logits", "--prompt-ids", &ids.join(","), "--json", "--top", "3"])).unwrap();
+    assert_eq!(by_text["top"], by_ids["top"]);
+    let help = ok(&["logits", "--help"]);
+    for absent in ["--server", "--device", "--kernels", "--api-key", "--budget-mode"] {
+        assert!(!help.contains(absent), "logits takes no {absent}:\n{help}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))
+        .args(["run", "--threads", "64", "--prompt", "x", "--max-tokens", "1"])
+        .output()
+        .unwrap();
+    let granted = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if granted < 64 {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("warning: --threads 64 is more than the "), "{stderr}");
+    }
+    // Which CPU kernels run: inspect's line, and run --json's start event.
+    let inspect = ok(&["inspect"]);
+    assert!(inspect.lines().any(|l| l.starts_with("CPU kernels  ")), "{inspect}");
+    let ev = events(&["run", "--device", "cpu", "--prompt", "x", "--max-tokens", "1", "--json"]);
+    let n = &ev[0]["numerics"];
+    assert_eq!((n["device"].as_str(), n["dtype"].as_str()), (Some("cpu"), Some("bf16")), "{n}");
+    assert!(["portable", "avx2", "avx512", "avx512_bf16", "amx"].contains(&n["kernel"].as_str().unwrap_or("")), "{n}");
+    if let Ok(k) = std::env::var("DELTASCOPE_CPU_KERNEL") {
+        assert_eq!(n["kernel"].as_str(), Some(k.as_str()));
+    }
 }

@@ -186,7 +186,7 @@ fn bench_with_zero_repeats_is_an_error_not_a_panic() {
     let err = fails(&["bench", "--mtp", "0,9"]);
     assert!(err.contains("--mtp 9: must be 0 (off) to 4 draft steps, or auto"), "{err}");
     assert!(fails(&["bench", "--mtp", "two"]).contains("--mtp two: expected a number of draft steps or auto"));
-    assert!(fails(&["run", "--prompt", "x", "--threads", "0"]).contains("--threads 0: at least 1"));
+    assert!(fails(&["run", "--prompt", "x", "--threads", "0"]).contains("--threads 0: must be at least 1"));
     let err = fails(&["bench", "--prompt-len", "4000"]);
     assert!(
         err.contains("--prompt-len 4000 with --max-tokens 256: 4256 tokens, more than the model's context of 4096"),

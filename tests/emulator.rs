@@ -201,7 +201,9 @@ fn an_off_by_one_row_in_embed_gather_is_caught() {
 }
 
 /// A bug that the model-level check catches: RoPE's rotation with the wrong sign, through
-/// `gpu parity` against the CPU engine on a fixture.
+/// `gpu parity` against the CPU engine on a fixture. The failure names the kernel (every kernel
+/// re-run on its own against its CPU twin) and ends with an `error:` line; `verify --device emu`
+/// on the same mutant names it too, and speaks of the device, not of a server.
 #[test]
 fn a_rope_sign_flip_fails_model_parity() {
     let dir = kernels_copy();
@@ -214,6 +216,27 @@ fn a_rope_sign_flip_fails_model_parity() {
     assert_eq!(out.status.code(), Some(2), "{stdout}\n{}", text(&out.stderr));
     assert!(stdout.lines().any(|l| l.starts_with("FAIL ")), "no FAIL line:\n{stdout}");
     assert!(!text(&out.stderr).contains("panicked"), "{}", text(&out.stderr));
+    assert!(stdout.contains("kernels: ") && stdout.contains("differ from their CPU twins: rope"), "{stdout}");
+    let last = text(&out.stderr).lines().last().unwrap_or_default().to_string();
+    assert!(last.starts_with("error: gpu parity failed ") && last.contains("rope ("), "{last}");
+    let verify = deltascope(
+        &[
+            "verify",
+            "--device",
+            "emu",
+            "--model",
+            "tests/fixtures/qwen3_5_text",
+            "--quick",
+            "--kernels",
+            path_str(dir.path()),
+        ],
+        &[],
+    );
+    let (vout, verr) = (text(&verify.stdout), text(&verify.stderr));
+    assert_eq!(verify.status.code(), Some(3), "{vout}\n{verr}");
+    assert!(!vout.contains("the server") && !verr.contains("the server"), "the device is no server:\n{vout}\n{verr}");
+    let last = verr.lines().last().unwrap_or_default();
+    assert!(last.starts_with("error: ") && last.contains("differ from their CPU twins: rope"), "{verr}");
     // The same run on the unmutated copy passes: the failure is the mutation's.
     let clean = kernels_copy();
     let mut control = args.to_vec();

@@ -8,7 +8,8 @@ use std::sync::atomic::AtomicBool;
 use deltascope::chat::{ChatTemplate, RenderOptions, TextTokenizer};
 use deltascope::engine::{GenerateRequest, Generator, ModelSequence, Outcome};
 use deltascope::generation::{
-    DraftKind, EngineEvent, FinishReason, GenerationParams, MtpMode, SamplingParams, StatsEvent, Thinking, TokenEvent,
+    DiagnosticKind, DraftKind, EngineEvent, FinishReason, GenerationParams, LoopParams, MtpMode, OnLoop,
+    SamplingParams, StatsEvent, Thinking, TokenEvent,
 };
 use deltascope::model::{ForwardOptions, LoadOptions, Model, ModelSource, demo_source};
 use serde_json::json;
@@ -66,6 +67,9 @@ fn assert_identical(s: &Setup, prompt: &[u32], base: GenerationParams, label: &s
         assert_eq!(spec.forced, plain.forced, "{label}: forced flags");
         assert_eq!(spec.finish_reason, plain.finish_reason, "{label}");
         assert_eq!((&spec.thinking, &spec.answer), (&plain.thinking, &plain.answer), "{label}");
+        // Every per-token decision at the same token: the loop alarm, its rescue or stop, the
+        // budget's forcing, the length diagnostics.
+        assert_eq!(spec.diagnostics, plain.diagnostics, "{label}: --mtp {depth}: diagnostics differ");
         let stats = spec.mtp.expect("drafting ran");
         // Provenance: accepted drafts and the verify passes' own tokens.
         let kinds: Vec<DraftKind> =
@@ -148,6 +152,35 @@ fn greedy_speculation_with_forcing_stops_and_odd_max_tokens() {
     );
     let before_forced = out.forced.iter().position(|&f| f).unwrap();
     assert_eq!(before_forced, 11);
+}
+
+/// The loop alarm and `--on-loop` act at the token where plain decoding acts, whatever the
+/// draft depth: at the shipped `degenerate-loop` session's settings (greedy, repetition penalty
+/// 0.4, max_tokens 400) the demo's thinking loops; `answer` rescues it (forced right after the
+/// alarm, the verify pass cut there), `stop` ends it, `off` lets it eat max_tokens — each with
+/// the same tokens, forced flags, diagnostics and finish at `--mtp 0` to `4`.
+#[test]
+fn loop_decisions_are_the_same_at_every_depth() {
+    let s = load(demo_source());
+    let p = s.prompt("What is 482 + 739?");
+    for on_loop in [OnLoop::Answer, OnLoop::Stop, OnLoop::Off] {
+        let params = GenerationParams {
+            max_tokens: 400,
+            sampling: SamplingParams { temperature: 0.0, repetition_penalty: 0.4, ..Default::default() },
+            loop_detection: LoopParams { on_loop, ..Default::default() },
+            ..Default::default()
+        };
+        let label = format!("--on-loop {on_loop:?}");
+        assert_identical(&s, &p, params.clone(), &label);
+        let (plain, _) = s.run(&p, params);
+        let kinds: Vec<DiagnosticKind> = plain.diagnostics.iter().map(|d| d.0).collect();
+        assert_eq!(kinds.first(), Some(&DiagnosticKind::DegenerateLoop), "{label}: the case loops: {kinds:?}");
+        match on_loop {
+            OnLoop::Answer => assert_eq!(kinds[1], DiagnosticKind::LoopRescued, "{label}"),
+            OnLoop::Stop => assert_eq!(plain.finish_reason, FinishReason::Loop, "{label}"),
+            OnLoop::Off => assert_eq!(plain.finish_reason, FinishReason::Length, "{label}"),
+        }
+    }
 }
 
 #[test]

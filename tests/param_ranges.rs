@@ -187,6 +187,8 @@ fn info() -> BackendInfo {
         name: "test".into(),
         kind: BackendKind::Local { devices: vec!["cpu".into()], dtype: "f32".into() },
         device_note: None,
+        config_notes: vec![],
+        identity: Default::default(),
         context: Some(CONTEXT),
         vocab_size: None,
         has_mtp: true,
@@ -323,6 +325,27 @@ fn refusals_name_the_field_in_every_front_end() {
     assert_eq!(e.param.as_deref(), Some("reasoning_budget_tokens"), "{}", e.message);
     let err = Slider::Temperature.set(&mut settings(), "150").unwrap_err();
     assert_eq!(err, "temperature 150: must be in [0, 100] (0 is greedy)");
+    // A value out of range that no flag set is blamed on where it came from: the server's own
+    // defaults (llama.cpp's /props), the model's generation_config.json; a flag overrides it.
+    let mut served = info();
+    served.kind = BackendKind::Remote(deltascope::generation::ServerLabel {
+        kind: "llama.cpp".into(),
+        version: None,
+        url: "http://127.0.0.1:8080".into(),
+    });
+    served.defaults.top_p = 1.5;
+    let flags = Flags::try_parse_from(["deltascope"]).unwrap().gen_args.overrides().unwrap();
+    let err = flags.resolve(&served).unwrap_err().to_string();
+    assert!(
+        err.contains("the server's own defaults (llama.cpp /props) of test: top_p = 1.5: must be in (0, 1]"),
+        "{err}"
+    );
+    let mut local = info();
+    local.defaults.top_k = 9_000_000;
+    let err = flags.resolve(&local).unwrap_err().to_string();
+    assert!(err.starts_with("the model's generation_config.json of test: top_k = 9000000"), "{err}");
+    let fixed = Flags::try_parse_from(["deltascope", "--top-p=0.9"]).unwrap().gen_args.overrides().unwrap();
+    assert!(fixed.resolve(&served).is_ok(), "the flag's value replaces the server's");
 }
 
 /// Session files written before the one table still load: an unlimited budget is `null`, a

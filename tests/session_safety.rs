@@ -9,7 +9,7 @@ mod tmux;
 use std::path::Path;
 
 use deltascope::session::{Saved, Session};
-use tmux::{Tmux, shell, shell_quote};
+use tmux::{Tmux, modes_bind_prefix, pane_child, shell, shell_quote};
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_deltascope")
@@ -51,6 +51,9 @@ fn two_windows_on_one_session_file_lose_nothing() {
     let args = format!("--session {} --sessions-dir {}/sessions", shell_quote(&file), shell_quote(dir.path()));
     let first = workbench("share-a", &env, &args);
     let second = workbench("share-b", &env, &args);
+    // The status line keeps saying it, whatever notes came after it (the CPU note, …).
+    second.wait("the status line", 10, |s| s.contains("s.json open in another window: saving to s.copy-"));
+    assert!(!first.screen().contains("open in another window"), "the first window holds the file: {}", first.screen());
     // The message log (Alt+M) keeps the first screen's warning.
     second.keys(&["M-m"]);
     let s = second.wait("the second window's warning", 10, |s| s.contains("is open in another deltascope window"));
@@ -61,6 +64,11 @@ fn two_windows_on_one_session_file_lose_nothing() {
     for t in [&first, &second] {
         assert!(t.screen().contains("EXIT-CODE-0"), "{}", t.screen());
     }
+    // Quitting says where the copy went (on the restored terminal).
+    let joined = second.cmd(&["capture-pane", "-p", "-J", "-t", &second.target]);
+    let said = String::from_utf8_lossy(&joined.stdout).replace('\n', " ");
+    assert!(said.contains("this conversation was saved to ") && said.contains("s.copy-"), "{said}");
+    assert!(said.contains("s.json is open in another deltascope window"), "{said}");
     assert_eq!(users(&Session::load(&file).unwrap()), ["What is 2 + 3?"]);
     let copies: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
@@ -137,8 +145,9 @@ fn a_sessions_mode_is_kept_and_new_ones_are_private() {
     assert_eq!(mode(&file), 0o600);
 }
 
-/// Item 4: a data directory where the log file cannot be opened (here: under a plain file)
-/// is a warning naming the fallback, not a reason not to start.
+/// Item 4: a data directory where the default log file cannot be opened (here: under a plain
+/// file) is a warning naming the fallback, not a reason not to start; a `--log-file` the user
+/// named is an error.
 #[test]
 fn a_log_file_that_cannot_be_opened_is_a_warning() {
     let dir = tempfile::tempdir().unwrap();
@@ -154,15 +163,79 @@ fn a_log_file_that_cannot_be_opened_is_a_warning() {
     t.keys(&["C-q"]);
     t.wait("the workbench quit", 20, |s| s.contains("EXIT-CODE-0"));
     assert!(dir.path().join("state/deltascope/deltascope.log").is_file(), "the state directory's log");
-    // A command that is not the TUI falls back to stderr.
+    // A --log-file the user named that cannot be opened is an error (what they asked to keep
+    // would be lost), for the workbench and the other commands alike.
     let out = std::process::Command::new(bin())
         .args(["inspect", "--log-file", "/dev/null/x.log"])
         .output()
         .expect("running inspect");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("warning: cannot open the log file (/dev/null/x.log: ") && stderr.contains("logging to stderr"),
-        "{stderr}"
-    );
+    assert!(stderr.starts_with("error: --log-file /dev/null/x.log: cannot open it for writing ("), "{stderr}");
+}
+
+/// A signal to the workbench after a save failed (the session folder turned read-only mid-way):
+/// the conversation is not lost. Its copy goes to the first folder that takes it — the data
+/// directory, else the state directory, else the temporary directory — the loss and the copy
+/// are said on the restored terminal, and the exit status is 128 + the signal.
+#[cfg(unix)]
+#[test]
+fn a_signal_after_a_failed_save_writes_a_copy_and_says_where() {
+    use std::os::unix::fs::PermissionsExt;
+    let read_only = |p: &Path| std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let prefix = modes_bind_prefix();
+    // (signal, its number, the folders that refuse the copy too, where the copy must go)
+    let cases =
+        [("TERM", 15, &[][..], "data"), ("HUP", 1, &["data"][..], "state"), ("INT", 2, &["data", "state"][..], "tmp")];
+    for (signal, number, refusing, expected) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let d = |name: &str| dir.path().join(name);
+        for name in ["sessions", "data", "state", "tmp", "config"] {
+            std::fs::create_dir_all(d(name)).unwrap();
+        }
+        for name in refusing {
+            read_only(&d(name));
+        }
+        let t = shell(&format!("rescue-{signal}"));
+        t.text(&format!(
+            "XDG_DATA_HOME={} XDG_STATE_HOME={} TMPDIR={} XDG_CONFIG_HOME={} {prefix} {} chat --sessions-dir {}; echo EXIT-CODE-$?",
+            shell_quote(&d("data")),
+            shell_quote(&d("state")),
+            shell_quote(&d("tmp")),
+            shell_quote(&d("config")),
+            shell_quote(Path::new(bin())),
+            shell_quote(&d("sessions")),
+        ));
+        t.keys(&["Enter"]);
+        t.wait("the demo model loaded", 30, |s| s.contains("Type a question"));
+        t.text("What is 2 + 3?");
+        t.keys(&["Enter"]);
+        t.wait("the first answer", 60, |s| s.contains("finish: stop"));
+        // The first turn is saved; then the folder turns read-only and the second turn's save fails.
+        let saved: Vec<_> = std::fs::read_dir(d("sessions")).unwrap().flatten().map(|e| e.path()).collect();
+        assert_eq!(saved.len(), 1, "the first turn was autosaved: {saved:?}");
+        read_only(&d("sessions"));
+        t.text("Is 91 prime?");
+        t.keys(&["Enter"]);
+        t.wait("the failed autosave", 60, |s| s.contains("91 is not prime") && s.contains("autosave failed"));
+        let pid = pane_child(&t);
+        assert!(std::process::Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap().success());
+        t.wait("the exit", 30, |s| s.lines().any(|l| l.trim() == format!("EXIT-CODE-{}", 128 + number)));
+        // Said on the restored terminal (wrapped lines joined).
+        let joined = t.cmd(&["capture-pane", "-p", "-J", "-t", &t.target]);
+        let stderr = String::from_utf8_lossy(&joined.stdout).replace('\n', " ");
+        t.assert_restored(&format!("SIG{signal}"));
+        let copy_dir = d(expected).join("deltascope/sessions");
+        let copy = copy_dir.join(saved[0].file_name().unwrap());
+        assert!(
+            stderr.contains("the conversation (2 turns) could not be saved: ")
+                && stderr.contains(&format!("a copy was written to {}", copy.display())),
+            "SIG{signal}: the loss and the copy are said:\n{stderr}"
+        );
+        assert_eq!(users(&Session::load(&copy).unwrap()), ["What is 2 + 3?", "Is 91 prime?"], "SIG{signal}");
+        assert_eq!(users(&Session::load(&saved[0]).unwrap()), ["What is 2 + 3?"], "the original is as it was");
+        for name in ["sessions", "data", "state"] {
+            std::fs::set_permissions(d(name), std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+    }
 }

@@ -430,3 +430,45 @@ fn opening_a_session_and_quitting_writes_nothing() {
         "and nothing else was written: {names:?}"
     );
 }
+
+/// The shell's line keys in every text field. In the prompt box: Ctrl+W deletes the word before
+/// the cursor, Ctrl+A / Ctrl+E go to the start / end of the line (while typing, Ctrl+E is not
+/// the key that edits the shown turn's prompt), Ctrl+U deletes to the start. In the quit
+/// dialog the suggested path is selected, so typing replaces it; Ctrl+A / Ctrl+E keep it to edit.
+#[test]
+fn text_fields_take_the_shells_line_keys() {
+    let mut app = app();
+    let text = |app: &App| app.composer().input.lines().join("\n");
+    type_text(&mut app, "sort these numbers", 0.0);
+    key(&mut app, KeyCode::Char('w'), KeyModifiers::CONTROL, 0.0);
+    assert_eq!(text(&app), "sort these ");
+    key(&mut app, KeyCode::Char('a'), KeyModifiers::CONTROL, 0.0);
+    type_text(&mut app, "X", 0.0);
+    key(&mut app, KeyCode::Char('e'), KeyModifiers::CONTROL, 0.0);
+    type_text(&mut app, "!", 0.0);
+    assert_eq!(text(&app), "Xsort these !");
+    assert_eq!(app.overlay().name(), "none", "Ctrl+E ended the line; it did not open the prompt editor");
+    key(&mut app, KeyCode::Left, KeyModifiers::NONE, 0.0);
+    key(&mut app, KeyCode::Char('u'), KeyModifiers::CONTROL, 0.0);
+    assert_eq!(text(&app), "!", "Ctrl+U deleted to the start of the line");
+
+    let (_dir, mut app) = unsavable();
+    answer_turn(&mut app, "Is 91 prime?", "No.", 0.0);
+    settle(&mut app);
+    key(&mut app, KeyCode::Char('q'), KeyModifiers::CONTROL, 1.0);
+    settle(&mut app);
+    key(&mut app, KeyCode::Char('s'), KeyModifiers::NONE, 1.0);
+    let field = |app: &App| match app.overlay() {
+        deltascope::tui::app::Overlay::SaveAs { input, .. } => input.lines().join("\n"),
+        other => panic!("{}", other.name()),
+    };
+    let suggested = field(&app);
+    assert!(suggested.ends_with(".json"), "{suggested}");
+    type_text(&mut app, "/tmp/mine.json", 1.0);
+    assert_eq!(field(&app), "/tmp/mine.json", "typing replaced the selected suggestion");
+    key(&mut app, KeyCode::Char('a'), KeyModifiers::CONTROL, 1.0);
+    type_text(&mut app, "~", 1.0);
+    key(&mut app, KeyCode::Char('e'), KeyModifiers::CONTROL, 1.0);
+    key(&mut app, KeyCode::Char('w'), KeyModifiers::CONTROL, 1.0);
+    assert_eq!(field(&app), "~/tmp/mine.", "Ctrl+A, Ctrl+E and Ctrl+W in the path field");
+}

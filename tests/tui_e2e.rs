@@ -5,9 +5,14 @@
 //! Needs tmux: when it is missing the test installs it (apt-get, as root) and fails with a clear
 //! message if it cannot. It never skips.
 
+#[path = "common/tmux.rs"]
+mod common_tmux;
+
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
+
+use common_tmux::children;
 
 struct Tmux {
     socket: String,
@@ -293,20 +298,6 @@ fn terminal_restored_after_panic_error_and_signal() {
     // The interrupted turn was closed properly: cancelled, with its usage, not left open.
     assert_eq!(s.turns[1].finish_reason, Some(deltascope::generation::FinishReason::Cancelled), "{:?}", s.turns[1]);
     assert!(s.turns[1].stats.usage.is_some());
-}
-
-/// The pids whose parent is `parent` (from /proc, so the test needs no procps).
-fn children(parent: &str) -> Vec<String> {
-    let mut out = vec![];
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
-        // "pid (comm) state ppid …": comm may hold spaces, so split after its closing paren.
-        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
-        if rest.split_whitespace().nth(1) == Some(parent) {
-            out.push(e.file_name().to_string_lossy().to_string());
-        }
-    }
-    out
 }
 
 /// A paste arrives as one bracketed paste: its lines land in the prompt and nothing is sent

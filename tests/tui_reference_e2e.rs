@@ -3,7 +3,8 @@
 //! `deltascope serve` on a copy of the demo with a broken GDN layer. Alt+V re-scores the shown
 //! turn with the local reference: the healthy server's turn agrees; the broken one's diverges,
 //! Alt+D puts the inspector on the first divergence with both sides' log-probabilities, and the
-//! status bar says the reference is not the model the server names.
+//! reference is still called the same model (it is: broken, not another) — models are told apart
+//! by their sizes, parameters and weights, never by a served name or a GGUF file's name.
 //!
 //! Needs tmux (installed with apt-get when missing, else the test fails with a clear message) and
 //! the servers of `scripts/setup-servers.sh` (run by the test). It never skips.
@@ -46,11 +47,12 @@ fn a_healthy_server_agrees_and_a_broken_one_diverges_in_the_workbench() {
     let dir = tempfile::tempdir().unwrap();
 
     // llama.cpp serving the demo: every token agrees, and the reference is the same model.
-    let llama = LlamaServer::start_with(ServerConfig::new(Build::B11549).alias("demo"));
+    // No alias: llama.cpp names the model by its GGUF path, which is no model name to compare.
+    let llama = LlamaServer::start_with(ServerConfig::new(Build::B11549));
     let t = ask("reference-llama", dir.path(), &llama.url, "What is 482 + 739?");
     t.keys(&["M-v"]);
     let s = t.wait("the reference's verdict", 60, |s| s.contains("verdict  agrees"));
-    assert!(s.contains("demo · turn 1"), "the subject's column:\n{s}");
+    assert!(s.contains("demo.gguf · turn 1"), "the subject's column:\n{s}");
     assert!(s.contains("prompt   the server's is the same"), "llama.cpp's /apply-template + /tokenize:\n{s}");
     assert!(s.contains(" 0 drift · 0 diverge"), "{s}");
     assert!(!s.contains("not the same model"), "{s}");
@@ -76,7 +78,9 @@ fn a_healthy_server_agrees_and_a_broken_one_diverges_in_the_workbench() {
         .unwrap()
         .parse()
         .unwrap();
-    assert!(s.contains("⚠ reference embedded:demo is not the same model"), "the status bar:\n{s}");
+    // The same model broken, not another model: the server's /v1/models says the demo's sizes,
+    // parameters and embedding fingerprint (the copy's served name is its folder's).
+    assert!(!s.contains("not the same model"), "the status bar:\n{s}");
     t.keys(&["M-d"]);
     // The verdict line already reads "token #N", so wait for the inspector's own rows: the
     // top-5 table of both sides, on the token the inspector names.

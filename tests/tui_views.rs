@@ -1051,3 +1051,34 @@ fn small_terminal_and_first_use_rough_edges() {
         assert_eq!(row.chars().nth(23), Some(' '), "a description wrapped under the key column:\n{screen}");
     }
 }
+
+/// A prompt count the server's usage frame never gave (the stream was closed first) is marked
+/// as an estimate in the gauge: "prompt ≈N".
+#[test]
+fn an_estimated_prompt_count_is_marked_in_the_gauge() {
+    let mut app = app();
+    let p = params(256, None);
+    ask(&mut app, "Is 91 prime?", 0.0);
+    engine(&mut app, start(0, &p), 1.0);
+    engine(&mut app, token(0, Phase::Answer, "No.", -0.1, DraftKind::None, false), 2.0);
+    let mut d = done(FinishReason::Cancelled, 23, 0, 1, "", "No.");
+    if let deltascope::generation::EngineEvent::Done(ref mut d) = d {
+        d.usage.prompt_estimate = Some("llama.cpp's /tokenize of the rendered chat (no usage frame came)".into());
+    }
+    engine(&mut app, d, 3.0);
+    let screen = render(&mut app, W, H);
+    assert!(screen.contains("prompt ≈23"), "{screen}");
+}
+
+/// A config.json key deltascope does not know is said in the workbench (a warning in the
+/// message log and on the status line), in the one line `inspect` and `run` print.
+#[test]
+fn an_unknown_config_key_is_said_in_the_workbench() {
+    let line = "config.json: unknown key `layer_scale_init` = 0.5, ignored: if it changes the architecture, results will be wrong";
+    let mut info = model();
+    info.config_notes = vec![line.to_string()];
+    let mut app = app_on(info, params(256, None));
+    let screen = render(&mut app, W, H);
+    assert!(screen.contains("unknown key `layer_scale_init` = 0.5"), "the status line:\n{screen}");
+    assert!(app.messages().items.iter().any(|m| m.text == line), "the message log");
+}

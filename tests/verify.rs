@@ -144,6 +144,37 @@ fn deltascope_serve_agrees_and_its_broken_copies_diverge() {
     }
 }
 
+/// `verify --server URL --model DIR|demo` checks the server against that reference, with
+/// `--model` in any position: a broken copy served agrees with itself as the reference and
+/// diverges from the demo. (It was refused: "--server cannot be used with --model".)
+#[test]
+fn verify_uses_the_reference_model_it_is_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = broken(dir.path(), "gdn-out-proj", "model.layers.1.linear_attn.out_proj.weight", &["--scale", "3"]);
+    let server = Serve::start(Some(&copy));
+    let copy = copy.to_str().unwrap();
+    let (code, report, stderr) = verify(&server.1, &["--quick", "--model", copy]);
+    assert_agrees("the broken copy against itself", code, &report, &stderr);
+    // `--model` before `--server`, naming the demo: the same server now diverges.
+    let out = Command::new(bin())
+        .args(["verify", "--model", "demo", "--server", &server.1, "--quick", "--json"])
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(
+        (out.status.code(), report["overall"].as_str()),
+        (Some(3), Some("diverges")),
+        "{}\n{report}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // `--against` compares two servers: a local reference beside it is refused.
+    let both = Command::new(bin())
+        .args(["verify", "--server", &server.1, "--against", &server.1, "--model", "demo"])
+        .output()
+        .unwrap();
+    assert_eq!(both.status.code(), Some(2), "{}", String::from_utf8_lossy(&both.stderr));
+}
+
 #[test]
 fn a_server_that_sends_no_logprobs_cannot_be_verified() {
     let server = ReplayServer::start(vec![

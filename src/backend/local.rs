@@ -32,6 +32,8 @@ pub struct LocalSpec {
     /// `--kernels DIR`: the CUDA kernels' sources read from a folder instead of the embedded
     /// copies (on `--device cuda|emu`).
     pub kernels: Option<PathBuf>,
+    /// `--strict-config`: a config.json key deltascope does not know is an error, not a warning.
+    pub strict_config: bool,
 }
 
 impl LocalSpec {
@@ -49,6 +51,7 @@ impl LocalSpec {
             threads: None,
             device: DeviceSpec::Auto,
             kernels: None,
+            strict_config: false,
         })
     }
 
@@ -59,6 +62,12 @@ impl LocalSpec {
             DtypeChoice::Exact(_) => self,
         }
     }
+}
+
+/// Why the CPU kernel family `DELTASCOPE_CPU_KERNEL` names cannot run here (`None`: it can, or
+/// none is named): refused before anything computes.
+pub fn cpu_kernel_refusal() -> Option<String> {
+    crate::model::cpu::CpuKernel::from_env().err().map(|e| e.to_string())
 }
 
 /// A loaded model with its text side.
@@ -83,6 +92,19 @@ impl Loaded {
     pub fn load(spec: &LocalSpec, progress: &dyn Fn(OpenProgress)) -> crate::Result<Self> {
         let mut placement = place(&spec.device)?;
         crate::model::cpu::set_threads(spec.threads).map_err(crate::Error::InvalidArgument)?;
+        // More threads than the OS lets this process run at once share cores: each GEMV waits on
+        // the slowest, so decoding slows down rather than speeds up.
+        let granted = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if let Some(n) = spec.threads.filter(|&n| n > granted) {
+            let warning = format!(
+                "warning: --threads {n} is more than the {granted} CPU{} this process may use: the extra threads share cores and slow the engine down",
+                if granted == 1 { "" } else { "s" }
+            );
+            placement.note = Some(match placement.note.take() {
+                Some(note) => format!("{note}\n{warning}"),
+                None => warning,
+            });
+        }
         let source = &spec.source;
         let label = source.label();
         // The weight reader runs on this thread but wants a shareable callback; it forwards
@@ -94,8 +116,13 @@ impl Loaded {
                 let _ = tx.send((read, total));
             }
         }));
+        // The config first: an unknown key refused under --strict-config costs no weight read.
+        let config = read_config(source)?;
+        if spec.strict_config {
+            config.refuse_unknown_keys(&source.file_label("config.json"))?;
+        }
         let dtype = if placement.gpus.is_empty() {
-            spec.dtype.resolve(read_config(source)?.declared_dtype.as_deref())
+            spec.dtype.resolve(config.declared_dtype.as_deref())
         } else {
             // The CUDA engine runs bf16 weights and activations whatever --dtype says.
             ResolvedDtype { precision: Precision::Bf16, why: "the CUDA engine computes in bf16".into() }
@@ -149,6 +176,22 @@ impl Loaded {
             placement,
             dtype,
         })
+    }
+
+    /// What identifies this model: its sizes, parameters and the fingerprint of its embedding.
+    pub fn identity(&self) -> super::ModelIdentity {
+        let c = &self.model.config;
+        let plan = crate::model::plan::memory_plan(c, 2, 2, 4);
+        super::ModelIdentity {
+            name: self.name.clone(),
+            name_is_file: false,
+            vocab_size: Some(c.vocab_size),
+            hidden_size: Some(c.hidden_size),
+            layers: Some(c.num_hidden_layers),
+            params: Some(plan.params.total),
+            params_with_mtp: self.model.mtp.as_ref().map(|_| plan.params.total + plan.params.mtp),
+            fingerprint: Some(self.model.embedding_fingerprint()),
+        }
     }
 
     /// The prompt's token ids (and the text they were tokenised from).
@@ -218,6 +261,8 @@ fn describe(l: &Loaded) -> BackendInfo {
         name: l.name.clone(),
         kind: BackendKind::Local { devices: l.placement.devices.clone(), dtype: l.model.precision.name().into() },
         device_note: l.placement.note.clone(),
+        config_notes: c.unknown_key_warnings(&l.model.source.file_label("config.json")),
+        identity: l.identity(),
         context: Some(c.max_position_embeddings),
         vocab_size: Some(c.vocab_size),
         has_mtp: l.model.mtp.is_some(),

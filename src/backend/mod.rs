@@ -117,6 +117,11 @@ pub struct BackendInfo {
     pub kind: BackendKind,
     /// Why a local model runs on the CPU under `--device auto` ("no GPU: libcuda not found").
     pub device_note: Option<String>,
+    /// What a user must know about the checkpoint's config.json: one line per key deltascope
+    /// does not know (ignored).
+    pub config_notes: Vec<String>,
+    /// What identifies the model's weights, as far as this backend can say.
+    pub identity: ModelIdentity,
     /// Context length in tokens, when known.
     pub context: Option<usize>,
     /// The vocabulary's size (token ids 0 to this − 1), when known.
@@ -141,6 +146,92 @@ pub struct BackendInfo {
     pub continuation: Support,
     /// Whether generations can trace the recurrent state (`--trace-state`, the State view).
     pub state_trace: Support,
+}
+
+/// What identifies a model's weights, as far as a backend can say (a server says little, and
+/// names its model by whatever it was started with: a repository id, an alias, a GGUF file's
+/// path). Two backends are called different models from what both say, never from a file name.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelIdentity {
+    pub name: String,
+    /// `name` is a file's (a `.gguf` llama.cpp serves by its path), not a model's.
+    pub name_is_file: bool,
+    pub vocab_size: Option<usize>,
+    pub hidden_size: Option<usize>,
+    pub layers: Option<usize>,
+    /// Parameters of the language model, and with its MTP head (a GGUF may or may not carry it).
+    pub params: Option<u64>,
+    pub params_with_mtp: Option<u64>,
+    /// The first embedding rows at bf16, hashed (deltascope's engines and `serve` say it).
+    pub fingerprint: Option<String>,
+}
+
+impl ModelIdentity {
+    /// A name as a server gives it: a file's when it ends like a weights file.
+    pub fn named(name: &str) -> ModelIdentity {
+        let lower = name.to_lowercase();
+        let name_is_file = [".gguf", ".bin", ".safetensors", ".pt"].iter().any(|ext| lower.ends_with(ext));
+        ModelIdentity { name: name.to_string(), name_is_file, ..Default::default() }
+    }
+
+    /// Why `self` and `other` are not the same model, from what both say: vocabulary, sizes,
+    /// layers, parameter count (1 %, with or without the MTP head) and the weight fingerprint;
+    /// when neither side says any of those, their names (two model names, never a file's).
+    /// `None`: the same model, or nothing to tell them apart by.
+    pub fn differs_from(&self, other: &ModelIdentity) -> Option<String> {
+        let mut compared = false;
+        let mut differ = vec![];
+        let mut check = |what: &str, a: Option<u64>, b: Option<u64>| {
+            if let (Some(a), Some(b)) = (a, b) {
+                compared = true;
+                if a != b {
+                    differ.push(format!("{what} {a} vs {b}"));
+                }
+            }
+        };
+        let n = |v: Option<usize>| v.map(|v| v as u64);
+        check("vocabulary", n(self.vocab_size), n(other.vocab_size));
+        check("hidden size", n(self.hidden_size), n(other.hidden_size));
+        check("layers", n(self.layers), n(other.layers));
+        let near = |a: u64, b: u64| (a as f64 - b as f64).abs() <= 0.01 * a.max(b) as f64;
+        let counts = |m: &ModelIdentity| [m.params, m.params_with_mtp].into_iter().flatten().collect::<Vec<u64>>();
+        let (pa, pb) = (counts(self), counts(other));
+        if !pa.is_empty() && !pb.is_empty() {
+            compared = true;
+            if !pa.iter().any(|&a| pb.iter().any(|&b| near(a, b))) {
+                differ.push(format!("parameters {} vs {}", pa[0], pb[0]));
+            }
+        }
+        if let (Some(a), Some(b)) = (&self.fingerprint, &other.fingerprint) {
+            compared = true;
+            if a != b {
+                differ.push("the embedding weights differ".to_string());
+            }
+        }
+        if !differ.is_empty() {
+            return Some(differ.join(", "));
+        }
+        if compared || self.name_is_file || other.name_is_file {
+            return None;
+        }
+        (!same_name(&self.name, &other.name)).then(|| {
+            format!(
+                "named {} and {} (neither says its model's shape, so only the names could be compared)",
+                self.name, other.name
+            )
+        })
+    }
+}
+
+/// Two model names for the same weights: the last path component, case and the embedded
+/// model's `embedded:` prefix aside ("Qwen/Qwen3.6-27B" and "qwen3.6-27b" are one model).
+pub fn same_name(a: &str, b: &str) -> bool {
+    let key = |s: &str| {
+        let s = s.trim_end_matches('/');
+        let s = s.rsplit('/').next().unwrap_or(s);
+        s.trim_start_matches("embedded:").to_lowercase()
+    };
+    key(a) == key(b)
 }
 
 impl BackendInfo {

@@ -86,12 +86,13 @@ impl ParamOverrides {
         s.frequency_penalty = self.frequency_penalty.unwrap_or(s.frequency_penalty);
         s.repetition_penalty = self.repetition_penalty.unwrap_or(s.repetition_penalty);
         s.seed = self.seed;
-        // A value out of the defaults' range is blamed on the backend (presets are in range by
+        // A value out of the defaults' range is blamed on where the defaults came from (the
+        // model's generation_config.json, the server's /props; presets are in range by
         // construction); one the flags set is named by its flag below.
         if let Err(p) = sampling.check()
             && !self.gives(&p.field)
         {
-            return Err(BackendError::invalid(format!("the sampling defaults of {}: {p}", info.name)));
+            return Err(BackendError::invalid(format!("{} of {}: {p}", defaults_source(info), info.name)));
         }
         let params = GenerationParams {
             max_tokens: self.max_tokens,
@@ -140,6 +141,7 @@ impl ParamOverrides {
     fn gives(&self, field: &str) -> bool {
         match field {
             "temperature" => self.temperature.is_some(),
+            "top_k" => self.top_k.is_some(),
             "top_p" => self.top_p.is_some(),
             "min_p" => self.min_p.is_some(),
             "presence_penalty" => self.presence_penalty.is_some(),

@@ -364,10 +364,12 @@ fn one_pass(
         generated += out.tokens.len();
         // Decoding is every token after the first (which TTFT holds).
         toks += out.tokens.len().saturating_sub(1);
-        secs += total - out.timing.ttft_ms / 1e3;
+        // Every measured pass generates (max_tokens ≥ 1 and no cancel): a first token came.
+        let ttft_ms = out.timing.ttft_ms.unwrap_or(total * 1e3);
+        secs += total - ttft_ms / 1e3;
         pre_toks += ids.len();
         pre_secs += ids.len() as f64 / out.timing.prefill_tok_s.max(1e-9);
-        first.push(out.timing.ttft_ms);
+        first.push(ttft_ms);
         memory = session.memory();
         if let Some(s) = out.mtp {
             stats.merge(&s);

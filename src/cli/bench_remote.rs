@@ -21,7 +21,8 @@ pub struct RequestRow {
     pub finish_reason: FinishReason,
     pub completion_tokens: usize,
     pub thinking_tokens: usize,
-    pub ttft_ms: f64,
+    /// `None` when no token came.
+    pub ttft_ms: Option<f64>,
     pub prefill_tok_s: f64,
     pub decode_tok_s: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -74,12 +75,12 @@ pub fn run(a: &BenchArgs, prompts: &[String]) -> anyhow::Result<()> {
             if !a.json {
                 writeln!(
                     err,
-                    "{} {} prompt {}: {} tokens, TTFT {:.1} ms, decode {:.1} tok/s",
+                    "{} {} prompt {}: {} tokens, TTFT {}, decode {:.1} tok/s",
                     if warm { "warm-up" } else { "run" },
                     if warm { pass + 1 } else { run + 1 },
                     i + 1,
                     row.completion_tokens,
-                    row.ttft_ms,
+                    row.ttft_ms.map_or_else(|| "-".to_string(), |ms| format!("{ms:.1} ms")),
                     row.decode_tok_s
                 )?;
             }
@@ -90,11 +91,13 @@ pub fn run(a: &BenchArgs, prompts: &[String]) -> anyhow::Result<()> {
     }
     let spread =
         |f: &dyn Fn(&RequestRow) -> f64| Spread::of(&rows.iter().map(f).collect::<Vec<_>>()).unwrap_or_default();
+    // The requests that produced a first token (the others have no TTFT).
+    let ttft = Spread::of(&rows.iter().filter_map(|r| r.ttft_ms).collect::<Vec<_>>()).unwrap_or_default();
     let with_mtp: Vec<&MtpStats> = rows.iter().filter_map(|r| r.mtp.as_ref()).collect();
     let mut total = MtpStats::default();
     with_mtp.iter().for_each(|m| total.merge(m));
     let summary = serde_json::json!({
-        "ttft_ms": spread(&|r| r.ttft_ms),
+        "ttft_ms": ttft.clone(),
         "prefill_tok_s": spread(&|r| r.prefill_tok_s),
         "decode_tok_s": spread(&|r| r.decode_tok_s),
         "mtp_acceptance_rate": if with_mtp.is_empty() { None } else { Some(total.acceptance_rate) },
@@ -125,7 +128,7 @@ pub fn run(a: &BenchArgs, prompts: &[String]) -> anyhow::Result<()> {
     writeln!(
         out,
         "median TTFT {} · prefill {} · decode {} (as seen by the client)",
-        range(spread(&|r| r.ttft_ms), "ms"),
+        range(ttft, "ms"),
         range(spread(&|r| r.prefill_tok_s), "tok/s"),
         range(spread(&|r| r.decode_tok_s), "tok/s")
     )?;

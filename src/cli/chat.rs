@@ -66,7 +66,7 @@ pub fn run(a: ChatArgs) -> anyhow::Result<()> {
                 dir.display()
             );
             let spec = LocalSpec {
-                threads: a.model.threads,
+                threads: super::common::checked_threads(a.model.threads)?,
                 device: DeviceSpec::Cpu,
                 ..LocalSpec::new(Some(dir), "f32").map_err(|e| anyhow::anyhow!("--reference: {}", e.message))?
             };

@@ -30,8 +30,8 @@ pub struct ModelArgs {
     #[arg(long, default_value = "auto", value_name = "auto|f32|bf16")]
     pub dtype: String,
     /// Threads for the in-process engine (default: the CPU's physical cores).
-    #[arg(long, value_name = "N", value_parser = whole_number)]
-    pub threads: Option<usize>,
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub threads: Option<i64>,
     /// Where the in-process engine runs: `auto` (a GPU when one can run the model, else the
     /// CPU, saying why in one line), `cpu`, `cuda` (every GPU the model needs), `cuda:0`,
     /// `cuda:0,1`, or `emu` / `emu:0,1` (the emulated CUDA device: the CUDA engine with its
@@ -44,8 +44,55 @@ pub struct ModelArgs {
     /// cuda|emu without a rebuild.
     #[arg(long, value_name = "DIR", conflicts_with = "server")]
     pub kernels: Option<PathBuf>,
+    /// Refuse a config.json key deltascope does not know (by default each one is a warning:
+    /// ignored, which is wrong if it changes the architecture).
+    #[arg(long)]
+    pub strict_config: bool,
     #[command(flatten)]
     pub server: ServerArgs,
+}
+
+/// The model flags of a command that runs the CPU engine's forward pass itself (`logits`):
+/// no server, no GPU.
+#[derive(Args, Debug)]
+pub struct LocalModelArgs {
+    /// A Hugging Face model directory (config.json, *.safetensors, tokenizer.json), or `demo`
+    /// for the embedded demo model (the default).
+    #[arg(long, value_name = "DIR|demo")]
+    pub model: Option<PathBuf>,
+    /// Activation precision: `auto` (the checkpoint's own dtype), `f32` or `bf16`.
+    #[arg(long, default_value = "auto", value_name = "auto|f32|bf16")]
+    pub dtype: String,
+    /// Threads for the engine (default: the CPU's physical cores).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub threads: Option<i64>,
+    /// Refuse a config.json key deltascope does not know (by default: a warning).
+    #[arg(long)]
+    pub strict_config: bool,
+}
+
+impl LocalModelArgs {
+    /// The engine these flags name, on `device`.
+    pub fn spec(&self, device: DeviceSpec) -> anyhow::Result<LocalSpec> {
+        Ok(LocalSpec {
+            threads: checked_threads(self.threads)?,
+            device,
+            strict_config: self.strict_config,
+            ..LocalSpec::new(self.model.as_deref(), &self.dtype)?
+        })
+    }
+
+    /// Loads the model on the CPU, saying what a user must know about it.
+    pub fn load(&self) -> anyhow::Result<Loaded> {
+        let loaded = Loaded::load(&self.spec(DeviceSpec::Cpu)?, &|_: OpenProgress| {})?;
+        if let Some(note) = &loaded.placement.note {
+            eprintln!("{note}");
+        }
+        for note in loaded.model.config.unknown_key_warnings(&loaded.model.source.file_label("config.json")) {
+            eprintln!("warning: {note}");
+        }
+        Ok(loaded)
+    }
 }
 
 /// `--server URL` and what goes with it.
@@ -100,10 +147,16 @@ pub enum BudgetModeArg {
 impl ModelArgs {
     /// The in-process engine these flags name.
     pub fn local_spec(&self) -> anyhow::Result<LocalSpec> {
+        if self.kernels.is_some() && self.device == DeviceSpec::Cpu {
+            anyhow::bail!(
+                "--kernels DIR: the CUDA kernels' sources are read for --device cuda|emu; --device cpu runs none of them"
+            );
+        }
         Ok(LocalSpec {
-            threads: self.threads,
+            threads: checked_threads(self.threads)?,
             device: self.device.clone(),
             kernels: self.kernels.clone(),
+            strict_config: self.strict_config,
             ..LocalSpec::new(self.model.as_deref(), &self.dtype)?
         })
     }
@@ -141,13 +194,31 @@ impl ModelArgs {
     }
 }
 
+/// `--threads N`, checked: at least 1, the same kind of message as any value out of range.
+pub fn checked_threads(threads: Option<i64>) -> anyhow::Result<Option<usize>> {
+    match threads {
+        None => Ok(None),
+        Some(n) if n >= 1 => Ok(Some(usize::try_from(n)?)),
+        Some(n) => anyhow::bail!("--threads {n}: must be at least 1 (the threads the engine's layers run on)"),
+    }
+}
+
 /// Opens the backend the flags name (loading a model reports nothing: headless commands).
 pub fn open(args: &ModelArgs) -> anyhow::Result<Box<dyn Backend>> {
     let backend = backend::open(&args.spec()?, &|_: OpenProgress| {})?;
-    if let Some(note) = &backend.info().device_note {
+    print_notes(backend.info());
+    Ok(backend)
+}
+
+/// What a headless command says on stderr about the backend it opened: why the model runs
+/// where it does, and each config.json key it does not know.
+pub fn print_notes(info: &crate::backend::BackendInfo) {
+    if let Some(note) = &info.device_note {
         eprintln!("{note}");
     }
-    Ok(backend)
+    for note in &info.config_notes {
+        eprintln!("warning: {note}");
+    }
 }
 
 /// Loads the local checkpoint for a developer tool that measures the engine itself (`logits`,
@@ -219,8 +290,9 @@ pub struct GenArgs {
     pub frequency_penalty: Option<f32>,
     #[arg(long, value_name = "X", allow_hyphen_values = true, value_parser = float32)]
     pub repetition_penalty: Option<f32>,
-    #[arg(long, default_value_t = 0, value_name = "S")]
-    pub seed: u64,
+    /// Sampling seed, 0 to 2^64 − 1.
+    #[arg(long, default_value_t = 0, value_name = "S", allow_hyphen_values = true)]
+    pub seed: i128,
     /// Stop when this string appears (repeatable; cut from the output).
     #[arg(long, value_name = "TEXT")]
     pub stop: Vec<String>,
@@ -292,12 +364,17 @@ impl GenArgs {
                 self.on_loop.len()
             );
         };
-        Ok(self.overrides_with(on_loop))
+        self.overrides_with(on_loop)
+    }
+
+    /// `--seed`, checked: the same kind of message as any other value out of its range.
+    pub fn seed(&self) -> anyhow::Result<u64> {
+        u64::try_from(self.seed).map_err(|_| anyhow::anyhow!("--seed {}: must be in [0, {}]", self.seed, u64::MAX))
     }
 
     /// [`GenArgs::overrides`] with this `--on-loop` value (`sweep` runs each of its list).
-    pub fn overrides_with(&self, on_loop: OnLoop) -> ParamOverrides {
-        ParamOverrides {
+    pub fn overrides_with(&self, on_loop: OnLoop) -> anyhow::Result<ParamOverrides> {
+        Ok(ParamOverrides {
             max_tokens: self.max_tokens,
             thinking_budget: self.thinking_budget,
             budget_bridge: self.budget_bridge.clone(),
@@ -310,7 +387,7 @@ impl GenArgs {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             repetition_penalty: self.repetition_penalty,
-            seed: self.seed,
+            seed: self.seed()?,
             stop: self.stop.clone(),
             stop_token_ids: self.stop_token_id.clone(),
             ignore_eos: self.ignore_eos,
@@ -320,7 +397,7 @@ impl GenArgs {
             loop_min_span: self.loop_min_span,
             top_logprobs: self.top_logprobs,
             mtp: self.mtp,
-        }
+        })
     }
 }
 

@@ -157,168 +157,193 @@ pub fn run(
     let one = vec![Gpu::open(kind, ordinal, kernels)?];
     let one_plan = plan(&cpu, &one, false)?;
     let gpu = CudaModel::upload(&cpu, one, &one_plan)?;
-    let mut out = vec![];
-
-    // 0. An FP8 checkpoint stays FP8 on the device: every weight the CPU engine holds as FP8
-    // is read by the FP8 kernels, not widened to bf16 on upload.
-    if cpu.fp8_weights > 0 {
-        let mib = |b: usize| b as f64 / (1 << 20) as f64;
-        out.push(check(
-            "fp8 weights on the device",
-            gpu.fp8_weights == cpu.fp8_weights,
-            format!(
-                "{} of the checkpoint's {} FP8 weights held as FP8 (device weights {:.2} MiB)",
-                gpu.fp8_weights,
-                cpu.fp8_weights,
-                mib(gpu.weight_bytes())
-            ),
-        ));
-    }
-
-    // 1. Prefill logits of every prompt position.
-    let chat = reference.render(&server::request(&PROBES[0].probe(tokens)))?.1;
-    let all = ForwardOptions { logits: LogitsRows::All, ..Default::default() };
-    let mut cs = cpu.new_state();
-    let c_pre = cpu.forward(&chat, &mut cs, all)?;
-    let mut gs = gpu.new_cache()?;
-    let g_pre = gpu.forward_cached(&chat, &mut gs, all)?;
-    let d = rel_diff(&g_pre.logits, &c_pre.logits);
-    out.push(check(
-        "prefill logits",
-        d <= LOGITS_TOL,
-        format!("{} positions, worst row max|Δ| / max|logit| = {d:.4} (tolerance {LOGITS_TOL})", chat.len()),
-    ));
-
-    // 2. Greedy on the device, scored token by token by the CPU engine at bf16: the subject and
-    // the scoring of `deltascope verify --device` (one code path). The device's greedy tokens
-    // then feed the MTP and split checks.
-    let device = match kind {
-        DeviceKind::Cuda => DeviceSpec::Cuda(Some(vec![ordinal])),
-        DeviceKind::Emu => DeviceSpec::Emu(vec![ordinal]),
-    };
-    let subject = LocalBackend::open(&spec(device, "bf16")?, &|_: OpenProgress| {})?;
     let thresholds = Thresholds::default();
-    let mut gpu_plain = vec![];
-    for probe in PROBES {
-        let p = probe.probe(tokens);
-        let r = server::check(&subject, &reference, &p, &thresholds)?;
-        let plain: Vec<u32> = r.positions.iter().filter(|q| !q.hidden).map(|q| q.id).collect();
-        let verdict = r.verdict.as_ref().map_or("not run", Verdict::name);
-        let w = crate::verify::score::worst(&r.positions);
-        let full = !p.ignore_eos || plain.len() >= tokens;
-        out.push(check(
-            &format!("greedy {}", probe.name),
-            verdict == "agrees" && r.failed.is_none() && r.unmapped.is_none() && full,
-            format!(
-                "{} tokens · {verdict}{} against the CPU engine at bf16 (max |Δ| {:.3} · max KL ≥ {:.4}; deltascope verify's scoring)",
-                plain.len(),
-                match (&r.verdict, &r.failed) {
-                    (Some(Verdict::Diverges { at }), _) => format!(" at position {at}"),
-                    (Some(Verdict::Drifts { at, .. }), _) => format!(" (worst at position {at})"),
-                    (_, Some((at, why))) => format!(", failed at position {at}: {why}"),
-                    _ => String::new(),
-                },
-                w.delta,
-                w.kl
-            ),
-        ));
-        let ids = reference.render(&server::request(&p))?.1;
-        gpu_plain.push((probe.name, ids, p.ignore_eos, plain));
-    }
+    // A check that errs (a non-finite value, a kernel launch that fails) names the kernel too.
+    let checked = (|| -> anyhow::Result<Vec<Check>> {
+        let mut out = vec![];
 
-    // 3. MTP greedy on the device equals plain greedy on the device (the raw prompt: it runs
-    // the whole max_tokens).
-    if cpu.mtp.is_some() {
-        for (label, p, ignore_eos, plain) in gpu_plain.iter().filter(|g| g.0 == "long") {
-            for depth in 1..=3 {
-                let spec = greedy(&gpu, &generator, p, tokens, *ignore_eos, depth)?;
-                out.push(check(
-                    &format!("mtp {depth} greedy {label}"),
-                    &spec == plain,
-                    format!(
-                        "{} tokens, {}",
-                        spec.len(),
-                        if &spec == plain { "identical to plain" } else { "differs from plain" }
-                    ),
-                ));
+        // 0. An FP8 checkpoint stays FP8 on the device: every weight the CPU engine holds as FP8
+        // is read by the FP8 kernels, not widened to bf16 on upload.
+        if cpu.fp8_weights > 0 {
+            let mib = |b: usize| b as f64 / (1 << 20) as f64;
+            out.push(check(
+                "fp8 weights on the device",
+                gpu.fp8_weights == cpu.fp8_weights,
+                format!(
+                    "{} of the checkpoint's {} FP8 weights held as FP8 (device weights {:.2} MiB)",
+                    gpu.fp8_weights,
+                    cpu.fp8_weights,
+                    mib(gpu.weight_bytes())
+                ),
+            ));
+        }
+
+        // 1. Prefill logits of every prompt position.
+        let chat = reference.render(&server::request(&PROBES[0].probe(tokens)))?.1;
+        let all = ForwardOptions { logits: LogitsRows::All, ..Default::default() };
+        let mut cs = cpu.new_state();
+        let c_pre = cpu.forward(&chat, &mut cs, all)?;
+        let mut gs = gpu.new_cache()?;
+        let g_pre = gpu.forward_cached(&chat, &mut gs, all)?;
+        let d = rel_diff(&g_pre.logits, &c_pre.logits);
+        out.push(check(
+            "prefill logits",
+            d <= LOGITS_TOL,
+            format!("{} positions, worst row max|Δ| / max|logit| = {d:.4} (tolerance {LOGITS_TOL})", chat.len()),
+        ));
+
+        // 2. Greedy on the device, scored token by token by the CPU engine at bf16: the subject and
+        // the scoring of `deltascope verify --device` (one code path). The device's greedy tokens
+        // then feed the MTP and split checks.
+        let device = match kind {
+            DeviceKind::Cuda => DeviceSpec::Cuda(Some(vec![ordinal])),
+            DeviceKind::Emu => DeviceSpec::Emu(vec![ordinal]),
+        };
+        let subject = LocalBackend::open(&spec(device, "bf16")?, &|_: OpenProgress| {})?;
+        let mut gpu_plain = vec![];
+        for probe in PROBES {
+            let p = probe.probe(tokens);
+            let r = server::check(&subject, &reference, &p, &thresholds)?;
+            let plain: Vec<u32> = r.positions.iter().filter(|q| !q.hidden).map(|q| q.id).collect();
+            let verdict = r.verdict.as_ref().map_or("not run", Verdict::name);
+            let w = crate::verify::score::worst(&r.positions);
+            let full = !p.ignore_eos || plain.len() >= tokens;
+            out.push(check(
+                &format!("greedy {}", probe.name),
+                verdict == "agrees" && r.failed.is_none() && r.unmapped.is_none() && full,
+                format!(
+                    "{} tokens · {verdict}{} against the CPU engine at bf16 (max |Δ| {:.3} · max KL ≥ {:.4}; deltascope verify's scoring)",
+                    plain.len(),
+                    match (&r.verdict, &r.failed) {
+                        (Some(Verdict::Diverges { at }), _) => format!(" at position {at}"),
+                        (Some(Verdict::Drifts { at, .. }), _) => format!(" (worst at position {at})"),
+                        (_, Some((at, why))) => format!(", failed at position {at}: {why}"),
+                        _ => String::new(),
+                    },
+                    w.delta,
+                    w.kl
+                ),
+            ));
+            let ids = reference.render(&server::request(&p))?.1;
+            gpu_plain.push((probe.name, ids, p.ignore_eos, plain));
+        }
+
+        // 3. MTP greedy on the device equals plain greedy on the device (the raw prompt: it runs
+        // the whole max_tokens).
+        if cpu.mtp.is_some() {
+            for (label, p, ignore_eos, plain) in gpu_plain.iter().filter(|g| g.0 == "long") {
+                for depth in 1..=3 {
+                    let spec = greedy(&gpu, &generator, p, tokens, *ignore_eos, depth)?;
+                    out.push(check(
+                        &format!("mtp {depth} greedy {label}"),
+                        &spec == plain,
+                        format!(
+                            "{} tokens, {}",
+                            spec.len(),
+                            if &spec == plain { "identical to plain" } else { "differs from plain" }
+                        ),
+                    ));
+                }
             }
         }
-    }
 
-    // 4. A rejected draft: a verify pass of three tokens of which only the first is kept leaves
-    // every GDN layer's conv window and recurrent state exactly as a plain step of that token
-    // does, and the next step's logits are the same bits.
-    let mut a = gpu.new_cache()?;
-    let mut b = gpu.new_cache()?;
-    let first = argmax(c_pre.logits.row(c_pre.logits.rows - 1));
-    gpu.forward_cached(&chat, &mut a, ForwardOptions::default())?;
-    gpu.forward_cached(&chat, &mut b, ForwardOptions::default())?;
-    let verify = ForwardOptions { verify: true, logits: LogitsRows::All, ..Default::default() };
-    let wrong = (first + 1) % cpu.config.vocab_size as u32;
-    gpu.forward_cached(&[first, wrong, wrong], &mut a, verify)?;
-    crate::model::SequenceCache::accept(&mut a, 1)?;
-    gpu.forward_cached(&[first], &mut b, ForwardOptions::default())?;
-    let (sa, sb) = (a.gdn_states()?, b.gdn_states()?);
-    let la = gpu.forward_cached(&[wrong], &mut a, ForwardOptions::default())?;
-    let lb = gpu.forward_cached(&[wrong], &mut b, ForwardOptions::default())?;
-    let same = sa == sb && la.logits.data == lb.logits.data;
-    out.push(check(
-        "rejected draft restore",
-        same,
-        format!(
-            "verify of 3, keep 1: {} GDN layers' conv + recurrent state {} a plain step's; next logits {}",
-            sa.len(),
-            if sa == sb { "bit-identical to" } else { "DIFFER from" },
-            if la.logits.data == lb.logits.data { "bit-identical" } else { "differ" }
-        ),
-    ));
-
-    // 5. Two devices (two streams on this GPU, or emu:N and emu:N+1; layers halved) equal one.
-    let two = match kind {
-        DeviceKind::Cuda => vec![Gpu::open(kind, ordinal, kernels)?, Gpu::open(kind, ordinal, kernels)?],
-        DeviceKind::Emu => vec![Gpu::open(kind, ordinal, kernels)?, Gpu::open(kind, ordinal + 1, kernels)?],
-    };
-    let two_plan = plan(&cpu, &two, true)?;
-    let split = CudaModel::upload(&cpu, two, &two_plan)?;
-    let mut ss = split.new_cache()?;
-    let s_pre = split.forward_cached(&chat, &mut ss, all)?;
-    let bit_equal = s_pre.logits.data == g_pre.logits.data;
-    out.push(check(
-        "split prefill logits",
-        bit_equal,
-        format!(
-            "{}: {}",
-            split.device_weights.iter().map(|d| d.0.clone()).collect::<Vec<_>>().join(" + "),
-            if bit_equal { "bit-identical to one device" } else { "differ from one device" }
-        ),
-    ));
-    for (label, p, ignore_eos, plain) in gpu_plain.iter().filter(|g| g.0 == "long") {
-        let s = greedy(&split, &generator, p, tokens, *ignore_eos, 0)?;
+        // 4. A rejected draft: a verify pass of three tokens of which only the first is kept leaves
+        // every GDN layer's conv window and recurrent state exactly as a plain step of that token
+        // does, and the next step's logits are the same bits.
+        let mut a = gpu.new_cache()?;
+        let mut b = gpu.new_cache()?;
+        let first = argmax(c_pre.logits.row(c_pre.logits.rows - 1));
+        gpu.forward_cached(&chat, &mut a, ForwardOptions::default())?;
+        gpu.forward_cached(&chat, &mut b, ForwardOptions::default())?;
+        let verify = ForwardOptions { verify: true, logits: LogitsRows::All, ..Default::default() };
+        let wrong = (first + 1) % cpu.config.vocab_size as u32;
+        gpu.forward_cached(&[first, wrong, wrong], &mut a, verify)?;
+        crate::model::SequenceCache::accept(&mut a, 1)?;
+        gpu.forward_cached(&[first], &mut b, ForwardOptions::default())?;
+        let (sa, sb) = (a.gdn_states()?, b.gdn_states()?);
+        let la = gpu.forward_cached(&[wrong], &mut a, ForwardOptions::default())?;
+        let lb = gpu.forward_cached(&[wrong], &mut b, ForwardOptions::default())?;
+        let same = sa == sb && la.logits.data == lb.logits.data;
         out.push(check(
-            &format!("split greedy {label}"),
-            &s == plain,
+            "rejected draft restore",
+            same,
             format!(
-                "{} tokens, {}",
-                s.len(),
-                if &s == plain { "identical to one device" } else { "differ from one device" }
+                "verify of 3, keep 1: {} GDN layers' conv + recurrent state {} a plain step's; next logits {}",
+                sa.len(),
+                if sa == sb { "bit-identical to" } else { "DIFFER from" },
+                if la.logits.data == lb.logits.data { "bit-identical" } else { "differ" }
             ),
         ));
-    }
 
+        // 5. Two devices (two streams on this GPU, or emu:N and emu:N+1; layers halved) equal one.
+        let two = match kind {
+            DeviceKind::Cuda => vec![Gpu::open(kind, ordinal, kernels)?, Gpu::open(kind, ordinal, kernels)?],
+            DeviceKind::Emu => vec![Gpu::open(kind, ordinal, kernels)?, Gpu::open(kind, ordinal + 1, kernels)?],
+        };
+        let two_plan = plan(&cpu, &two, true)?;
+        let split = CudaModel::upload(&cpu, two, &two_plan)?;
+        let mut ss = split.new_cache()?;
+        let s_pre = split.forward_cached(&chat, &mut ss, all)?;
+        let bit_equal = s_pre.logits.data == g_pre.logits.data;
+        out.push(check(
+            "split prefill logits",
+            bit_equal,
+            format!(
+                "{}: {}",
+                split.device_weights.iter().map(|d| d.0.clone()).collect::<Vec<_>>().join(" + "),
+                if bit_equal { "bit-identical to one device" } else { "differ from one device" }
+            ),
+        ));
+        for (label, p, ignore_eos, plain) in gpu_plain.iter().filter(|g| g.0 == "long") {
+            let s = greedy(&split, &generator, p, tokens, *ignore_eos, 0)?;
+            out.push(check(
+                &format!("split greedy {label}"),
+                &s == plain,
+                format!(
+                    "{} tokens, {}",
+                    s.len(),
+                    if &s == plain { "identical to one device" } else { "differ from one device" }
+                ),
+            ));
+        }
+        Ok(out)
+    })();
+    let out = match checked {
+        Ok(out) => out,
+        Err(e) => {
+            let k = crate::verify::parity::name_kernels(&Gpu::open(kind, ordinal, kernels)?)?;
+            anyhow::bail!("gpu parity on {}: {e}; {}", k.device, k.sentence());
+        }
+    };
     let pass = out.iter().all(|c| c.pass);
+    // A failure names its kernel: every kernel is run on its own against its CPU twin.
+    let kernels_verdict =
+        if pass { None } else { Some(crate::verify::parity::name_kernels(&Gpu::open(kind, ordinal, kernels)?)?) };
     let mut w = std::io::stdout().lock();
     if json_out {
         writeln!(
             w,
             "{}",
-            json!({"model": source.label(), "device": gpu.gpu(0).map(Gpu::label), "tokens": tokens, "tolerance": LOGITS_TOL, "thresholds": thresholds, "pass": pass, "checks": out})
+            json!({"model": source.label(), "device": gpu.gpu(0).map(Gpu::label), "tokens": tokens, "tolerance": LOGITS_TOL, "thresholds": thresholds, "pass": pass, "checks": out, "kernels": kernels_verdict})
         )?;
     } else {
         for c in &out {
             writeln!(w, "{} {:<24} {}", if c.pass { "ok  " } else { "FAIL" }, c.check, c.detail)?;
         }
+        if let Some(k) = &kernels_verdict {
+            writeln!(w, "kernels: {}", k.sentence())?;
+        }
     }
-    if !pass {
+    w.flush()?;
+    if let Some(k) = kernels_verdict {
+        let failed: Vec<&str> = out.iter().filter(|c| !c.pass).map(|c| c.check.as_str()).collect();
+        eprintln!(
+            "error: gpu parity failed {} of {} checks ({}); {}",
+            failed.len(),
+            out.len(),
+            failed.join(", "),
+            k.sentence()
+        );
         std::process::exit(2);
     }
     Ok(())

@@ -40,6 +40,9 @@ pub struct InspectArgs {
     /// Tokens of KV cache the device plan reserves (default: the model's whole context).
     #[arg(long, value_name = "TOKENS")]
     pub plan_context: Option<u64>,
+    /// Refuse a config.json key deltascope does not know (by default: a warning).
+    #[arg(long)]
+    pub strict_config: bool,
 }
 
 fn device_spec(s: &str) -> Result<DeviceSpec, String> {
@@ -266,17 +269,25 @@ fn mismatches(cfg: &ModelConfig, store: &WeightStore, described: u64) -> Vec<Str
 
 pub fn run(a: InspectArgs) -> anyhow::Result<()> {
     // A config file on its own plans without weights; a directory may also hold them.
-    let (cfg, source) = match &a.model {
+    let (cfg, source, config_file) = match &a.model {
         Some(file) if file.is_file() => {
             let text =
                 std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
-            (ModelConfig::from_json_str(&text, &file.display().to_string())?, None)
+            (ModelConfig::from_json_str(&text, &file.display().to_string())?, None, file.display().to_string())
         }
         m => {
             let source = local_spec(m.as_deref(), "f32")?.source;
-            (read_config(&source)?, Some(source))
+            let label = source.file_label("config.json");
+            (read_config(&source)?, Some(source), label)
         }
     };
+    if a.strict_config {
+        cfg.refuse_unknown_keys(&config_file)?;
+    }
+    let config_warnings = cfg.unknown_key_warnings(&config_file);
+    // The CPU kernels the engine would run this model with (the best this CPU has, or the
+    // family DELTASCOPE_CPU_KERNEL forces).
+    let cpu_kernel = crate::model::cpu::CpuKernel::describe_active();
     // bf16 checkpoints; KV and conv state in bf16; SSM state f32 (mamba_ssm_dtype, as servers keep it).
     let plan = memory_plan(&cfg, 2, 2, 4);
     let cpu = memory_plan(&cfg, 4, 4, 4);
@@ -324,6 +335,8 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
             "mtp_tensors": mtp_tensors,
             "mtp_missing": mtp_missing,
             "warnings": warnings,
+            "config_warnings": config_warnings,
+            "cpu_kernel": crate::model::cpu::CpuKernel::active().name(),
         });
         writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&v)?)?;
         return Ok(());
@@ -469,7 +482,7 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
         (None, k) => format!("declared: {k} layer(s) (weights not present to check)"),
     };
     writeln!(w, "MTP          {mtp}")?;
-    for warning in &warnings {
+    for warning in warnings.iter().chain(&config_warnings) {
         writeln!(w, "warning      {warning}")?;
     }
     if cfg.mtp_num_hidden_layers > 0 || mtp_tensors.unwrap_or(0) > 0 {
@@ -482,6 +495,7 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
             human_bytes(mtp_kv)
         )?;
     }
+    writeln!(w, "CPU kernels  {cpu_kernel}")?;
     if let Some(plan) = &device_plan {
         write_plan(&mut w, plan)?;
     }

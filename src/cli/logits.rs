@@ -5,7 +5,7 @@ use std::io::Write;
 
 use clap::Args;
 
-use super::common::{self, ModelArgs, PromptArgs};
+use super::common::{self, LocalModelArgs, PromptArgs};
 // A developer tool (architecture.json): it reads the model's logits directly.
 use crate::backend::ChatRequest;
 use crate::generation::{GenerationParams, Thinking};
@@ -19,13 +19,17 @@ struct Prompt {
 #[derive(Args, Debug)]
 pub struct LogitsArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
-    /// Text (rendered through the chat template as a user message unless --raw).
-    #[arg(long, value_name = "TEXT", conflicts_with = "ids", required_unless_present = "ids")]
-    pub text: Option<String>,
-    /// Token ids, comma-separated (used as is).
-    #[arg(long, value_name = "1,2,3")]
-    pub ids: Option<String>,
+    pub model: LocalModelArgs,
+    /// The user message (rendered through the chat template unless --raw); `-` reads it from
+    /// standard input. `--text` is the same.
+    #[arg(long, visible_alias = "text", value_name = "TEXT", conflicts_with_all = ["prompt_ids", "prompt_file"])]
+    pub prompt: Option<String>,
+    /// The user message from a file.
+    #[arg(long, value_name = "FILE", conflicts_with = "prompt_ids")]
+    pub prompt_file: Option<std::path::PathBuf>,
+    /// Prompt token ids, comma-separated (used as is). `--ids` is the same.
+    #[arg(long, visible_alias = "ids", value_name = "1,2,3")]
+    pub prompt_ids: Option<String>,
     #[command(flatten)]
     pub prompt_opts: PromptArgs,
     /// How many entries.
@@ -41,9 +45,13 @@ pub struct LogitsArgs {
 }
 
 pub fn run(a: LogitsArgs) -> anyhow::Result<()> {
-    let loaded = common::load_local(&a.model, "logits")?;
+    let text = match a.prompt_ids {
+        Some(_) => common::prompt_text(a.prompt.as_deref(), a.prompt_file.as_deref())?,
+        None => Some(common::required_prompt_text(a.prompt.as_deref(), a.prompt_file.as_deref(), true)?),
+    };
+    let loaded = a.model.load()?;
     let request = ChatRequest {
-        prompt: common::prompt(a.text.as_deref(), a.ids.as_deref(), &a.prompt_opts)?,
+        prompt: common::prompt(text.as_deref(), a.prompt_ids.as_deref(), &a.prompt_opts)?,
         params: GenerationParams {
             thinking: if a.prompt_opts.no_think { Thinking::Off } else { Thinking::Unlimited },
             ..Default::default()

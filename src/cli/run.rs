@@ -159,14 +159,17 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
                     };
                     // "≈": a server that reports no reasoning count, counted one per frame.
                     let approx = if usage.counted.is_estimate() { "≈" } else { "" };
+                    // "≈" on the prompt: the server's usage frame never came (the stream was
+                    // closed first); counted otherwise (`prompt_estimate` in --json says how).
+                    let prompt_approx = if usage.prompt_estimate.is_some() { "≈" } else { "" };
                     writeln!(
                         err,
-                        "[finish: {} · prompt {} · thinking {approx}{}{forced} · answer {approx}{} tokens · TTFT {:.0} ms · prefill {:.1} tok/s · decode {:.1} tok/s]",
+                        "[finish: {} · prompt {prompt_approx}{} · thinking {approx}{}{forced} · answer {approx}{} tokens · TTFT {} · prefill {:.1} tok/s · decode {:.1} tok/s]",
                         finish_reason.as_str(),
                         usage.prompt_tokens,
                         usage.thinking_tokens,
                         usage.answer_tokens,
-                        timing.ttft_ms,
+                        timing.ttft_ms.map_or_else(|| "-".to_string(), |ms| format!("{ms:.0} ms")),
                         timing.prefill_tok_s,
                         timing.decode_tok_s
                     )?;

@@ -1,28 +1,20 @@
 //! `deltascope serve`: the in-process engine behind an OpenAI-compatible API (`server/`).
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Args;
 
 use super::common::{device_spec, whole_number};
-use crate::backend::{self, BackendSpec, OpenProgress, local::LocalSpec};
+use crate::backend::{self, BackendSpec, OpenProgress};
 use crate::devices::DeviceSpec;
 use crate::generation::{GenerationParams, MtpMode};
 use crate::server::{ServeConfig, serve};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// A Hugging Face model directory, or `demo` for the embedded demo model (the default).
-    #[arg(long, value_name = "DIR|demo")]
-    pub model: Option<PathBuf>,
-    /// Activation precision: auto (the checkpoint's own dtype), f32 or bf16 (as for `run`).
-    #[arg(long, default_value = "auto", value_name = "auto|f32|bf16")]
-    pub dtype: String,
-    /// Threads for the engine (default: the physical cores).
-    #[arg(long, value_name = "N", value_parser = whole_number)]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub model: super::common::LocalModelArgs,
     /// Where the engine runs: auto, cpu, cuda, cuda:0, cuda:0,1.
     #[arg(long, default_value = "auto", value_parser = device_spec, value_name = "auto|cpu|cuda|cuda:N[,M]")]
     pub device: DeviceSpec,
@@ -71,6 +63,12 @@ fn listen_address(host: &str, port: u16) -> anyhow::Result<SocketAddr> {
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    // Zero would refuse every request: a server that cannot serve is a mistake, said now.
+    anyhow::ensure!(
+        a.max_queue >= 1,
+        "--max-queue 0: must be at least 1 (the requests that may wait while one generates; 0 would answer 503 to every request sent during a generation)"
+    );
+    anyhow::ensure!(a.body_limit >= 1, "--body-limit 0: must be at least 1 byte (0 would answer 413 to every request)");
     if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         anyhow::bail!("--api-key is empty: give a key, or leave the flag out to serve without one");
     }
@@ -79,13 +77,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     GenerationParams { mtp: a.mtp, ..Default::default() }
         .check()
         .map_err(|e| anyhow::anyhow!("--mtp {}: must be {}, or auto", a.mtp, e.expected))?;
-    let mut spec = LocalSpec::new(a.model.as_deref(), &a.dtype)?;
-    spec.threads = a.threads;
-    spec.device = a.device.clone();
+    let spec = a.model.spec(a.device.clone())?;
     let opened = backend::open(&BackendSpec::Local(spec), &|_: OpenProgress| {})?;
-    if let Some(note) = &opened.info().device_note {
-        eprintln!("{note}");
-    }
+    super::common::print_notes(opened.info());
     let name = opened.info().name.clone();
     let opened_has_mtp = opened.info().has_mtp;
     let backend: Arc<dyn backend::Backend> = Arc::from(opened);

@@ -59,6 +59,12 @@ pub struct SweepRun {
     /// A loop in thinking was rescued (the end of thinking forced, the model answered).
     pub rescued: bool,
     pub seed: u64,
+    /// The prompt's tokens (from the server's usage, or counted otherwise when its stream was
+    /// closed before the usage frame: see `prompt_estimate`).
+    pub prompt_tokens: usize,
+    /// Where `prompt_tokens` came from when it is an estimate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_estimate: Option<String>,
     /// Generated thinking tokens (the forced ones are counted apart).
     pub thinking_tokens: usize,
     /// Tokens the budget forced: bridge text and `</think>` (counted by the same tally on every
@@ -182,10 +188,10 @@ fn collect_runs(
             if interrupt.interrupted() {
                 return Ok(runs);
             }
-            let mut g = a.generation.overrides_with(on_loop);
+            let mut g = a.generation.overrides_with(on_loop)?;
             g.thinking_budget =
                 Some(budget.to_string().parse().map_err(|e| anyhow::anyhow!("--thinking-budgets: {e}"))?);
-            g.seed = a.generation.seed + r;
+            g.seed = a.generation.seed()?.wrapping_add(r);
             let g = g.without_thinking_if(a.prompt_opts.no_think);
             let request = ChatRequest { prompt: prompt.clone(), params: g.resolve(backend.info())? };
             let generation = backend.start(request)?;
@@ -205,6 +211,8 @@ fn collect_runs(
                     on_loop,
                     rescued,
                     seed: g.seed,
+                    prompt_tokens: d.usage.prompt_tokens,
+                    prompt_estimate: d.usage.prompt_estimate.clone(),
                     thinking_tokens: d.usage.thinking_tokens,
                     forced_tokens: d.usage.forced_tokens,
                     forced_estimate: d.usage.estimate.clone(),

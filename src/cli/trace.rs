@@ -13,7 +13,7 @@ use super::common::{self, GenArgs, ModelArgs, PromptArgs};
 use super::interrupt::Interrupt;
 use crate::backend::ChatRequest;
 use crate::generation::state::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
-use crate::generation::{DiagnosticKind, EngineEvent, FinishReason, StateEvent, StateMetric, TokenEvent};
+use crate::generation::{DiagnosticKind, EngineEvent, FinishReason, Numerics, StateEvent, StateMetric, TokenEvent};
 use crate::units::{short_bytes, sig4};
 
 #[derive(Args, Debug)]
@@ -47,9 +47,33 @@ pub struct TraceArgs {
     #[arg(long, num_args = 2, value_names = ["A.jsonl", "B.jsonl"], conflicts_with_all = ["prompt", "json", "out"])]
     pub compare: Option<Vec<PathBuf>>,
     /// Relative difference that counts as diverged (β, g, ‖S‖ per head): finite and > 0.
-    #[arg(long, default_value_t = 1e-3, value_name = "REL", allow_hyphen_values = true, value_parser = tolerance)]
-    pub tolerance: f64,
+    /// Default: from the device, precision and kernels both traces record — the same ones:
+    /// 1e-6; f32 engines that add in another order: 1e-3; bf16: 16 bf16 rounding steps (6.25e-2).
+    #[arg(long, value_name = "REL", allow_hyphen_values = true, value_parser = tolerance)]
+    pub tolerance: Option<f64>,
 }
+
+/// The tolerance two traces are compared at when none is given, and why: two healthy engines
+/// differ by the rounding their arithmetic implies, and nothing more.
+pub fn derived_tolerance(a: Option<&Numerics>, b: Option<&Numerics>) -> (f64, String) {
+    let (Some(a), Some(b)) = (a, b) else {
+        return (1e-3, "a trace records no device, precision or kernels (written before they were): 1e-3".into());
+    };
+    let what = |n: &Numerics| format!("{} {} {}", n.device, n.dtype, n.kernel);
+    if a == b {
+        return (1e-6, format!("both traces computed alike ({}): the same arithmetic", what(a)));
+    }
+    if a.dtype == "f32" && b.dtype == "f32" {
+        return (1e-3, format!("f32 engines that add in another order ({} vs {})", what(a), what(b)));
+    }
+    // A value near a bf16 rounding boundary rounds one way in one engine and the other way in
+    // the other: a whole step (2⁻⁸ relative), compounded over the layers before it.
+    let steps = 16.0;
+    (steps * BF16_STEP, format!("bf16 ({} vs {}): {steps} bf16 rounding steps of 2⁻⁸", what(a), what(b)))
+}
+
+/// One bf16 rounding step, relative (8 bits of significand).
+const BF16_STEP: f64 = 1.0 / 256.0;
 
 fn tolerance(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
@@ -66,11 +90,13 @@ fn metric(s: &str) -> Result<StateMetric, String> {
     })
 }
 
-/// A trace: the state events, and the generated tokens' ids and texts.
+/// A trace: the state events, the generated tokens' ids and texts, and what computed them.
 #[derive(Debug, Default)]
 pub struct Trace {
     pub states: Vec<StateEvent>,
     pub tokens: Vec<TokenEvent>,
+    /// The device, precision and kernels (from the start event; `None` in older traces).
+    pub numerics: Option<Numerics>,
 }
 
 impl Trace {
@@ -78,6 +104,7 @@ impl Trace {
         match ev {
             EngineEvent::State(s) => self.states.push(s.clone()),
             EngineEvent::Token(t) => self.tokens.push(t.clone()),
+            EngineEvent::Start(s) => self.numerics.clone_from(&s.numerics),
             _ => {}
         }
     }
@@ -112,7 +139,15 @@ impl Trace {
 pub fn run(a: TraceArgs) -> anyhow::Result<()> {
     if let Some(files) = &a.compare {
         let (x, y) = (Trace::read(&files[0])?, Trace::read(&files[1])?);
-        let report = compare(&x, &y, a.tolerance);
+        let tol = match a.tolerance {
+            Some(t) => t,
+            None => {
+                let (t, why) = derived_tolerance(x.numerics.as_ref(), y.numerics.as_ref());
+                println!("tolerance {t:e} from the traces' arithmetic: {why}");
+                t
+            }
+        };
+        let report = compare(&x, &y, tol);
         print!("{}", report.text);
         if report.diverged {
             std::process::exit(1);
@@ -714,7 +749,7 @@ mod tests {
         let tokens = (0..events.len().saturating_sub(1))
             .map(|i| serde_json::from_value(serde_json::json!({"phase": "thinking", "id": i, "text": "x"})).unwrap())
             .collect();
-        Trace { states: events, tokens }
+        Trace { states: events, tokens, numerics: None }
     }
 
     #[test]
@@ -777,7 +812,7 @@ mod tests {
     #[test]
     fn traces_of_other_shapes_are_divergences() {
         let a = trace(vec![event(None, 0.5, 1.0), event(Some(0), 0.5, 1.0), event(Some(1), 0.5, 1.0)]);
-        let cut = Trace { states: vec![event(None, 0.5, 1.0)], tokens: vec![] };
+        let cut = Trace { states: vec![event(None, 0.5, 1.0)], tokens: vec![], numerics: None };
         let c = compare(&a, &cut, 1e-3);
         assert!(c.diverged, "{}", c.text);
         assert!(c.text.contains("DIFFERS: A has 2 generated tokens and B 0: one trace is cut short"), "{}", c.text);
@@ -809,6 +844,27 @@ mod tests {
         for bad in ["-1", "0", "NaN", "inf", "x"] {
             assert!(tolerance(bad).is_err(), "{bad}");
         }
+    }
+
+    /// The default tolerance follows the arithmetic both traces record: none for the same
+    /// arithmetic, f32 reordering for two f32 engines, whole bf16 steps where bf16 is involved,
+    /// and the old 1e-3 (said) for traces that record nothing.
+    #[test]
+    fn the_default_tolerance_follows_the_recorded_arithmetic() {
+        let n = |device: &str, dtype: &str, kernel: &str| Numerics {
+            device: device.into(),
+            dtype: dtype.into(),
+            kernel: kernel.into(),
+        };
+        let t = |a: &Numerics, b: &Numerics| derived_tolerance(Some(a), Some(b)).0;
+        assert_eq!(t(&n("cpu", "bf16", "avx2"), &n("cpu", "bf16", "avx2")), 1e-6);
+        assert_eq!(t(&n("cpu", "f32", "avx2"), &n("cpu", "f32", "amx")), 1e-3);
+        assert_eq!(t(&n("emu:0", "bf16", "emu"), &n("cpu", "bf16", "amx")), 16.0 / 256.0);
+        assert_eq!(t(&n("cpu", "f32", "avx2"), &n("cpu", "bf16", "avx2")), 16.0 / 256.0);
+        let (old, why) = derived_tolerance(None, Some(&n("cpu", "f32", "avx2")));
+        assert!(old == 1e-3 && why.contains("records no device"), "{why}");
+        let (_, why) = derived_tolerance(Some(&n("emu:0", "bf16", "emu")), Some(&n("cpu", "bf16", "amx")));
+        assert_eq!(why, "bf16 (emu:0 bf16 emu vs cpu bf16 amx): 16 bf16 rounding steps of 2⁻⁸");
     }
 
     #[test]

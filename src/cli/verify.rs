@@ -19,6 +19,9 @@ use crate::verify::score::{Thresholds, Verdict};
 use crate::verify::server::{self, ProbeReport, PromptCheck, VerifyError};
 
 #[derive(Args, Debug)]
+// `--model` names the reference here, so it goes with `--server` (elsewhere they exclude each
+// other: a command runs one model or the other).
+#[command(mut_arg("model", |a| a.conflicts_with(clap::builder::Resettable::<clap::Id>::Reset)))]
 pub struct VerifyArgs {
     /// The subject: `--server URL`, or the in-process GPU engine (`--device cuda|emu`, no
     /// `--server`); and the reference, on the CPU: `--model DIR` (a checkpoint of the same
@@ -38,9 +41,13 @@ pub struct VerifyArgs {
     pub json: bool,
     /// Compare `--server` with this second server instead of a local model (no `--model`):
     /// the same report, with this one as the yardstick — neither is known to be right.
-    #[arg(long, value_name = "URL2", requires = "server")]
+    #[arg(long, value_name = "URL2", requires = "server", conflicts_with = "model")]
     pub against: Option<String>,
 }
+
+/// What makes the in-process GPU engine diverge from the CPU engine: its kernels (named below
+/// when one differs from its twin) or the host code that chains them.
+const DEVICE_CAUSES: &str = "what makes the device diverge from the CPU engine: a kernel that computes something else (each is checked against its CPU twin below; `deltascope gpu check` runs them alone), or the host code that chains them (layer wiring, caches, positions)";
 
 /// What usually makes a server diverge from its model's reference.
 const CAUSES: &str = "what usually causes a divergence: a broken Gated-DeltaNet or attention kernel (an early divergence, then \
@@ -70,9 +77,7 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         local => local,
     };
     let subject = crate::backend::open(&client_split(a.model.spec()?), &|_: OpenProgress| {})?;
-    if let Some(note) = &subject.info().device_note {
-        eprintln!("{note}");
-    }
+    super::common::print_notes(subject.info());
     let yardstick = match &a.against {
         Some(url) => {
             let BackendSpec::Remote(mut spec) = a.model.spec()? else { anyhow::bail!("--against needs --server") };
@@ -140,10 +145,10 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         writeln!(out, "{v}")?;
     } else {
         for r in &reports {
-            explain(&mut out, r)?;
+            explain(&mut out, r, if gpu_subject { "the device" } else { "the server" })?;
         }
         if reports.iter().any(|r| matches!(r.verdict, Some(Verdict::Diverges { .. }))) {
-            writeln!(out, "{CAUSES}")?;
+            writeln!(out, "{}", if gpu_subject { DEVICE_CAUSES } else { CAUSES })?;
         }
         match errors.len() {
             0 => writeln!(out, "overall: {overall}")?,
@@ -157,6 +162,17 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     match overall {
         "agrees" => Ok(()),
         "nothing run" => anyhow::bail!("no probe fits the context: nothing was checked"),
+        _ if gpu_subject => {
+            // The in-process device: the kernel that differs is named (each run on its own
+            // against its CPU twin), and the run ends with an error line.
+            let sentence = match crate::verify::parity::name_device_kernels(&a.model.device, a.model.kernels.as_deref())
+            {
+                Ok(k) => k.sentence(),
+                Err(e) => format!("its kernels could not be checked one by one: {e}"),
+            };
+            eprintln!("error: {who} {overall} from {reference_name}; {sentence}");
+            std::process::exit(3)
+        }
         _ => std::process::exit(3),
     }
 }
@@ -232,29 +248,33 @@ fn line(r: &ProbeReport) -> String {
 
 /// The details of a finding: the prompt's first difference, or the divergence with its
 /// context and both top-5 lists.
-fn explain(out: &mut dyn Write, r: &ProbeReport) -> std::io::Result<()> {
+fn explain(out: &mut dyn Write, r: &ProbeReport, who: &str) -> std::io::Result<()> {
     if let PromptCheck::Differs { at, reference, subject, text_at } = &r.prompt {
         writeln!(
             out,
-            "{}: the server's prompt differs from the reference's at token {at}: {subject} where the reference has {reference}",
+            "{}: {who}'s prompt differs from the reference's at token {at}: {subject} where the reference has {reference}",
             r.name
         )?;
         if let Some((c, ours, theirs)) = text_at {
             writeln!(out, "  rendered text, from character {c}: reference {ours:?}")?;
-            writeln!(out, "                                  server    {theirs:?}")?;
+            writeln!(
+                out,
+                "                                  {:<9} {theirs:?}",
+                if who == "the server" { "server" } else { "device" }
+            )?;
         }
         writeln!(
             out,
-            "  a different chat template or tokenizer: the server is not given the prompt the model was trained on"
+            "  a different chat template or tokenizer: {who} is not given the prompt the model was trained on"
         )?;
     }
     if let Some((at, message)) = &r.failed {
-        writeln!(out, "{}: the server failed at position {at}: {message}", r.name)?;
+        writeln!(out, "{}: {who} failed at position {at}: {message}", r.name)?;
     }
     if let Some((i, text)) = &r.unmapped {
         writeln!(
             out,
-            "{}: the server's token {i} ({text:?}) has no id and is not one reference token: scoring stopped there",
+            "{}: {who}'s token {i} ({text:?}) has no id and is not one reference token: scoring stopped there",
             r.name
         )?;
     }
@@ -263,7 +283,7 @@ fn explain(out: &mut dyn Write, r: &ProbeReport) -> std::io::Result<()> {
         let (before, token, after) = r.context(at);
         writeln!(
             out,
-            "{}: diverges at position {at}: the server chose {:?}, which the reference gives p = {:.2e} (its first choice had p = {:.2})",
+            "{}: diverges at position {at}: {who} chose {:?}, which the reference gives p = {:.2e} (its first choice had p = {:.2})",
             r.name,
             p.text,
             p.reference_p(),
@@ -276,7 +296,8 @@ fn explain(out: &mut dyn Write, r: &ProbeReport) -> std::io::Result<()> {
         writeln!(out, "  reference top-5: {}", list(&p.reference_top))?;
         writeln!(
             out,
-            "  server top-5:    {}",
+            "  {} top-5:    {}",
+            if who == "the server" { "server" } else { "device" },
             if p.subject_top.is_empty() { "(none sent)".into() } else { list(&p.subject_top) }
         )?;
     }

@@ -171,6 +171,7 @@ impl Generator<'_> {
             phase: phases.phase(),
             params: p.clone(),
             server: None,
+            numerics: source.numerics(),
         }));
         let mut run = Run {
             tally: Tally::new(p, phases.phase(), CountSource::Engine, started),

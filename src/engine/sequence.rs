@@ -3,7 +3,7 @@
 //! in-process model implements it over its per-sequence state; tests script it.
 
 use crate::error::{Error, Result};
-use crate::generation::{DeviceMemory, Memory};
+use crate::generation::{DeviceMemory, Memory, Numerics};
 use crate::model::{DraftCache, Forward, ForwardOptions, LogitsRows, Mat, Model, SequenceCache, StateTrace};
 
 pub trait DecodeSequence {
@@ -15,6 +15,10 @@ pub trait DecodeSequence {
     /// The most tokens the sequence may hold.
     fn context_len(&self) -> usize;
     fn memory(&self) -> Memory;
+    /// What computes this sequence's numbers (`None`: a scripted sequence).
+    fn numerics(&self) -> Option<Numerics> {
+        None
+    }
 
     /// Whether [`DecodeSequence::draft`] works (the model has an MTP head and drafting is on).
     fn can_draft(&self) -> bool {
@@ -157,6 +161,11 @@ impl<'m, M: Forward> ModelSequence<'m, M> {
 }
 
 impl<M: Forward> DecodeSequence for ModelSequence<'_, M> {
+    fn numerics(&self) -> Option<Numerics> {
+        let l = self.model.compute_label();
+        Some(Numerics { device: l.device, dtype: l.dtype.into(), kernel: l.kernel })
+    }
+
     fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
         let opts = ForwardOptions { trace_state: self.tracing, ..Default::default() };
         let out = match self.model.forward_cached(ids, &mut self.state, opts) {

@@ -76,6 +76,12 @@ impl Generator<'_> {
         spec: &mut Spec,
     ) -> Result<Rounds> {
         loop {
+            // Where the engine must force next (the thinking budget ran out, or a loop in
+            // thinking is to be rescued, at `x` or at the token before it in its UTF-8 grace),
+            // plain decoding feeds `x` and forces: so does this.
+            if must_force(run) {
+                return Ok(Rounds::Fed(source.feed(&[x])?));
+            }
             let mut k = spec.control.depth.min(run.tally.room().saturating_sub(1));
             let left = match run.tally.phase() {
                 Phase::Thinking => run.tally.budget_left(),
@@ -109,7 +115,7 @@ impl Generator<'_> {
             let t1 = Instant::now();
             let mut block = vec![x];
             block.extend(drafts.iter().map(|d| d.0));
-            let rows = source.verify(&block)?;
+            let mut rows = source.verify(&block)?;
             spec.stats.draft_ms += (t1 - t0).as_secs_f64() * 1e3;
             spec.stats.verify_ms += t1.elapsed().as_secs_f64() * 1e3;
             spec.stats.snapshot_bytes = source.rollback_bytes();
@@ -118,6 +124,9 @@ impl Generator<'_> {
             let mut produced = 0;
             let mut end = None;
             let mut next = None;
+            // An accepted draft after which the engine must force (a loop alarm under
+            // `--on-loop answer`): the pass is cut there, as plain decoding would stop sampling.
+            let mut cut = false;
             for (i, (d, _)) in drafts.iter().enumerate() {
                 let target = run.sampler.distribution(&rows[i]);
                 let ok = if run.sampler.is_greedy() {
@@ -130,6 +139,10 @@ impl Generator<'_> {
                     produced += 1;
                     if let Verdict::Finish(f) = self.append(run, req, *d, false, &rows[i], DraftKind::Accepted) {
                         end = Some(f);
+                        break;
+                    }
+                    if must_force(run) {
+                        cut = true;
                         break;
                     }
                 } else {
@@ -145,6 +158,18 @@ impl Generator<'_> {
                     }
                     break;
                 }
+            }
+            if cut {
+                // The drafts after the cut were never judged: they count as neither accepted
+                // nor rejected. The pass's rows after the kept tokens are what plain decoding
+                // would have computed next.
+                source.accept(1 + accepted)?;
+                spec.stats.record(accepted, accepted, produced);
+                let ms = spec.step_ms(false);
+                spec.control.observe(accepted, accepted, produced, ms);
+                spec.stats.depth = spec.control.depth;
+                emit_stats(run, source, Some(&spec.stats));
+                return Ok(Rounds::Fed(rows.swap_remove(accepted)));
             }
             if end.is_none() && next.is_none() {
                 // Every draft held: the pass's last row gives one more token.
@@ -168,11 +193,12 @@ impl Generator<'_> {
             if control.end_thinking_requested() {
                 run.tally.request_end_of_thinking();
             }
-            // Where the engine must force next (the thinking budget just ran out, or a loop in
-            // thinking is to be rescued), hand back.
-            if run.tally.budget_spent() || run.tally.rescue_due() {
-                return Ok(Rounds::Fed(source.feed(&[x])?));
-            }
         }
     }
+}
+
+/// The engine must force the end of thinking before the next sampled token (the thinking
+/// budget is spent, or a loop in thinking is to be rescued).
+fn must_force(run: &Run) -> bool {
+    run.tally.budget_spent() || run.tally.rescue_due()
 }

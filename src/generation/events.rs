@@ -157,6 +157,10 @@ impl CountSource {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Usage {
     pub prompt_tokens: usize,
+    /// Where the prompt count came from when it is an estimate (a server's stream closed before
+    /// its usage frame: the server's /tokenize, the local tokenizer, …); `None` when exact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_estimate: Option<String>,
     pub thinking_tokens: usize,
     pub answer_tokens: usize,
     pub completion_tokens: usize,
@@ -174,8 +178,9 @@ pub struct Usage {
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Timing {
-    /// Request start to the first generated token.
-    pub ttft_ms: f64,
+    /// Request start to the first generated token; `None` when none came (cancelled first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<f64>,
     pub prefill_tok_s: f64,
     /// Generated tokens after the first, per second of decoding.
     pub decode_tok_s: f64,
@@ -233,6 +238,20 @@ pub struct ServerLabel {
     pub url: String,
 }
 
+/// What computed an in-process generation's numbers (`run --json`'s start event, and so every
+/// trace): two healthy engines differ by the rounding these imply, which `trace --compare`
+/// allows for.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Numerics {
+    /// "cpu", "cuda:0", "emu:0,1".
+    pub device: String,
+    /// The activation precision: "f32" or "bf16".
+    pub dtype: String,
+    /// The CPU kernel family ("portable", "avx2", "avx512", "avx512_bf16", "amx"), or "cuda" /
+    /// "emu" for the GPU engine's kernels.
+    pub kernel: String,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct StartEvent {
     pub model: String,
@@ -245,6 +264,10 @@ pub struct StartEvent {
     pub params: GenerationParams,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server: Option<ServerLabel>,
+    /// The in-process engine's device, precision and kernels (`None` for a server, and in
+    /// sessions and traces recorded before it was written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numerics: Option<Numerics>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -20,8 +20,8 @@ pub use advice::{BudgetFix, Fix};
 pub use control::{Control, StepControl};
 pub use events::{
     Alternative, CountSource, DeviceMemory, Diagnostic, DiagnosticKind, DoneEvent, DraftKind, EngineEvent, ErrorEvent,
-    ErrorKind, FinishReason, Memory, MtpStats, Phase, ServerLabel, ServerMemory, StartEvent, StatsEvent, Timing,
-    TokenEvent, Usage,
+    ErrorKind, FinishReason, Memory, MtpStats, Numerics, Phase, ServerLabel, ServerMemory, StartEvent, StatsEvent,
+    Timing, TokenEvent, Usage,
 };
 pub use handle::{Generation, error_kind};
 pub use params::{

@@ -63,6 +63,9 @@ pub enum Verdict {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Reported {
     pub prompt_tokens: Option<usize>,
+    /// Where `prompt_tokens` came from when no usage frame said it (the stream was closed
+    /// before it, or the server sends none): an estimate, marked as one.
+    pub prompt_estimate: Option<String>,
     pub completion_tokens: Option<usize>,
     /// Thinking as the server counts it (forced tokens inside thinking included).
     pub reasoning_tokens: Option<usize>,
@@ -331,7 +334,7 @@ impl Tally {
         if piece.marker.is_none() {
             match piece.phase {
                 Phase::Thinking => self.thinking.push_str(&piece.text),
-                Phase::Answer => self.answer.push_str(&piece.text),
+                Phase::Answer => self.push_answer(&piece.text),
             }
         }
         if piece.phase == Phase::Thinking && !piece.forced && piece.marker.is_none() {
@@ -472,8 +475,16 @@ impl Tally {
     pub fn add_tail(&mut self, tail: &str) {
         match self.phase {
             Phase::Thinking => self.thinking.push_str(tail),
-            Phase::Answer => self.answer.push_str(tail),
+            Phase::Answer => self.push_answer(tail),
         }
+    }
+
+    /// Answer text, without the line breaks the chat template puts after `</think>` (a server
+    /// that splits reasoning drops them; the engine generates them as tokens): the answer reads
+    /// the same on every backend.
+    fn push_answer(&mut self, text: &str) {
+        let text = if self.answer.is_empty() { text.trim_start_matches(['\n', '\r']) } else { text };
+        self.answer.push_str(text);
     }
 
     /// The end of the generation: the length diagnostic (finish `length`), the usage, the
@@ -494,11 +505,15 @@ impl Tally {
             self.diagnostic(d, emit);
         }
         let total = self.started.elapsed().as_secs_f64();
-        let ttft = self.first_at.map_or(total, |t| (t - self.started).as_secs_f64());
+        // No token, no time to the first one (a request cancelled before it).
+        let ttft = self.first_at.map(|t| (t - self.started).as_secs_f64());
         let prompt = usage.prompt_tokens as f64;
         let timing = Timing {
-            ttft_ms: ttft * 1e3,
-            prefill_tok_s: ctx.prefill_tok_s.unwrap_or(if ttft > 0.0 && prompt > 0.0 { prompt / ttft } else { 0.0 }),
+            ttft_ms: ttft.map(|s| s * 1e3),
+            prefill_tok_s: ctx.prefill_tok_s.unwrap_or(match ttft {
+                Some(s) if s > 0.0 && prompt > 0.0 => prompt / s,
+                _ => 0.0,
+            }),
             decode_tok_s: self.decode_rate(),
             total_ms: total * 1e3,
         };
@@ -521,9 +536,11 @@ impl Tally {
         let r = &ctx.reported;
         let estimate = ctx.forced_estimate.clone();
         let prompt_tokens = r.prompt_tokens.unwrap_or(0);
+        let prompt_estimate = r.prompt_estimate.clone();
         if let Some((thinking, answer, forced)) = r.split {
             return Usage {
                 prompt_tokens,
+                prompt_estimate,
                 thinking_tokens: thinking,
                 answer_tokens: answer,
                 completion_tokens: thinking + answer + forced,
@@ -551,6 +568,7 @@ impl Tally {
         }
         Usage {
             prompt_tokens,
+            prompt_estimate,
             thinking_tokens: thinking,
             // Tokens generated but not streamed (the blank line after `</think>`,
             // `<|im_end|>`) belong to the answer, as the engine counts them.
@@ -725,11 +743,29 @@ mod tests {
         let f = t.finish(FinishReason::Stop, FinishContext::default(), &mut emit);
         let rate = f.done.timing.decode_tok_s;
         assert!(span >= 0.016 && rate > 0.0 && rate <= 4.0 / 0.016 + 1e-6, "{rate} tok/s over {span} s");
-        assert!(f.done.timing.ttft_ms >= 30.0, "{:?}", f.done.timing);
+        assert!(f.done.timing.ttft_ms.is_some_and(|ms| ms >= 30.0), "{:?}", f.done.timing);
         // One arrival is no rate at all.
         let mut one = Tally::new(&GenerationParams::default(), Phase::Answer, CountSource::Frames, Instant::now());
         one.push(piece("x", Phase::Answer), &mut emit);
         assert_eq!(one.finish(FinishReason::Stop, FinishContext::default(), &mut emit).done.timing.decode_tok_s, 0.0);
+    }
+
+    /// A request cancelled before its first token has no time to a first token: no TTFT (not
+    /// the time it waited), and no prefill rate made from one.
+    #[test]
+    fn a_request_cancelled_before_its_first_token_has_no_ttft() {
+        let mut emit = |_: EngineEvent| {};
+        let t = Tally::new(&GenerationParams::default(), Phase::Answer, CountSource::Frames, Instant::now());
+        std::thread::sleep(Duration::from_millis(5));
+        let ctx = FinishContext {
+            reported: Reported { prompt_tokens: Some(40), ..Default::default() },
+            ..Default::default()
+        };
+        let done = t.finish(FinishReason::Cancelled, ctx, &mut emit).done;
+        assert_eq!((done.timing.ttft_ms, done.timing.prefill_tok_s), (None, 0.0), "{:?}", done.timing);
+        assert!(done.timing.total_ms >= 5.0);
+        let json = serde_json::to_value(&done.timing).unwrap();
+        assert!(json.get("ttft_ms").is_none(), "{json}");
     }
 
     #[test]

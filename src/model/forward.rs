@@ -37,12 +37,27 @@ pub trait DraftCache: Send {
 }
 
 /// A model that runs sequences: the forward pass, and the MTP head's pass for drafting.
+/// What computes a model's numbers ([`Forward::compute_label`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComputeLabel {
+    /// "cpu", "cuda:0", "emu:0,1".
+    pub device: String,
+    /// The activation precision: "f32" or "bf16".
+    pub dtype: &'static str,
+    /// The CPU kernel family ("avx2", "amx" …), or "cuda" / "emu" for the GPU engine's kernels.
+    pub kernel: String,
+}
+
 pub trait Forward: Send + Sync {
     type Cache: SequenceCache;
     type Draft: DraftCache;
 
     fn config(&self) -> &ModelConfig;
     fn weight_bytes(&self) -> usize;
+    /// What computes this model's numbers: the device, the activation precision and the kernels.
+    /// Two healthy engines differ by the rounding these imply (a trace records them, so that a
+    /// comparison allows just that much).
+    fn compute_label(&self) -> ComputeLabel;
     /// Each device's label and weight bytes, when the model spans devices of its own (GPUs);
     /// empty on the CPU.
     fn device_weights(&self) -> Vec<(String, usize)> {
@@ -111,6 +126,14 @@ impl DraftCache for MtpState {
 impl Forward for Model {
     type Cache = SequenceState;
     type Draft = MtpState;
+
+    fn compute_label(&self) -> ComputeLabel {
+        ComputeLabel {
+            device: "cpu".into(),
+            dtype: self.precision.name(),
+            kernel: crate::model::cpu::CpuKernel::active().name().into(),
+        }
+    }
 
     fn config(&self) -> &ModelConfig {
         &self.config

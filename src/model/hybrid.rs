@@ -274,6 +274,17 @@ pub fn missing_mtp_tensors(store: &WeightStore, config: &ModelConfig) -> Vec<Str
 }
 
 impl Model {
+    /// The first rows of the embedding rounded to bf16, hashed (FNV-1a, 64 bits): the same
+    /// for every copy of these weights at bf16 or wider (a bf16 checkpoint and its f32 upcast),
+    /// different for other weights. Compared to tell two engines' models apart.
+    pub fn embedding_fingerprint(&self) -> String {
+        let bits: Vec<u8> = (0..self.embed.out_features.min(8))
+            .flat_map(|r| self.embed.row(r).unwrap_or_default())
+            .flat_map(|v| half::bf16::from_f32(v).to_bits().to_le_bytes())
+            .collect();
+        format!("{:016x}", super::cuda::nvrtc::fnv1a(&[&bits]))
+    }
+
     pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<Self> {
         let started = Instant::now();
         let config = super::config::read_config(source)?;

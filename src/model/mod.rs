@@ -27,7 +27,7 @@ pub use crate::checkpoint::{EmbeddedModel, ModelSource};
 pub use config::{Family, LayerKind, MlpKind, ModelConfig, read_config};
 pub use cpu::tensor::{Mat, Precision};
 pub use dtype::{DtypeChoice, ResolvedDtype};
-pub use forward::{DraftCache, Forward, SequenceCache};
+pub use forward::{ComputeLabel, DraftCache, Forward, SequenceCache};
 pub use hybrid::{
     ForwardOptions, ForwardOutput, HiddenStats, LoadOptions, LogitsRows, Model, MtpOutput, MtpState,
     missing_mtp_tensors,

@@ -243,8 +243,13 @@ async fn models(State(s): State<Shared>) -> Response {
     // `deltascope`: what a deltascope client reads to know this server (the sampling defaults
     // of the model's generation_config.json, which requests without those fields get).
     let info = s.backend.info();
+    // llama.cpp's `meta` fields (what a client compares models by), and deltascope's own.
+    let id = &info.identity;
+    let meta = json!({"n_vocab": id.vocab_size, "n_embd": id.hidden_size, "n_layer": id.layers,
+                      "n_params": id.params, "n_params_mtp": id.params_with_mtp, "fingerprint": id.fingerprint});
     let body = json!({"object": "list", "data": [{
         "id": s.model, "object": "model", "created": s.started, "owned_by": "deltascope", "max_model_len": s.context,
+        "meta": meta,
         "deltascope": {"version": env!("CARGO_PKG_VERSION"), "sampling_defaults": info.defaults,
                        "mtp": s.cfg.mtp.is_on(), "has_mtp_head": info.has_mtp},
     }]});

@@ -58,8 +58,10 @@ impl Session {
             if let Some(tm) = &t.stats.timing {
                 let _ = write!(
                     md,
-                    " · TTFT {:.0} ms · prefill {:.1} tok/s · decode {:.1} tok/s",
-                    tm.ttft_ms, tm.prefill_tok_s, tm.decode_tok_s
+                    " · TTFT {} · prefill {:.1} tok/s · decode {:.1} tok/s",
+                    tm.ttft_ms.map_or_else(|| "-".to_string(), |ms| format!("{ms:.0} ms")),
+                    tm.prefill_tok_s,
+                    tm.decode_tok_s
                 );
             }
             if let Some(m) = t.mtp() {

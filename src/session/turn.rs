@@ -270,6 +270,7 @@ impl Turn {
                 self.stats.usage = Some(match base.as_ref().and_then(|b| b.usage.as_ref()) {
                     Some(before) => Usage {
                         prompt_tokens: before.prompt_tokens,
+                        prompt_estimate: before.prompt_estimate.clone(),
                         thinking_tokens: before.thinking_tokens + d.usage.thinking_tokens,
                         answer_tokens: before.answer_tokens + d.usage.answer_tokens,
                         completion_tokens: before.completion_tokens + d.usage.completion_tokens,
@@ -395,6 +396,12 @@ impl Turn {
         self.stats.usage.as_ref().and_then(|u| u.estimate.as_deref())
     }
 
+    /// Where the prompt count came from when it is an estimate (a server's stream closed
+    /// before its usage frame).
+    pub fn prompt_estimate(&self) -> Option<&str> {
+        self.stats.usage.as_ref().and_then(|u| u.prompt_estimate.as_deref())
+    }
+
     /// All generated tokens, forced ones included (what max_tokens counts).
     pub fn completion_tokens(&self) -> usize {
         self.thinking_tokens() + self.forced_tokens() + self.answer_tokens()
@@ -480,6 +487,7 @@ impl Turn {
                 phase: self.start_phase,
                 params: self.params.clone(),
                 server: self.server.clone(),
+                numerics: None,
             }),
         ));
         out.extend(self.tokens.iter().map(|t| (t.t_ms, EngineEvent::Token(t.ev.clone()))));

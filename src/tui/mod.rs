@@ -141,16 +141,13 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
     };
     let session = resumed.clone().unwrap_or_else(|| Session::new(String::new(), opts.system.clone()));
     // Another window holding this session: this one saves to a copy, and both keep their turns.
+    let mut held = None;
     let session_path = match &opts.session {
         Some(p) => match crate::session::guard::claim(p) {
             Ok(()) => Some(p.clone()),
             Err(holder) => {
                 let copy = crate::session::guard::copy_path(p, "copy");
-                note_at_start(format!(
-                    "{} is open in another deltascope window ({holder}): this window saves to {} instead (neither overwrites the other)",
-                    p.display(),
-                    copy.display()
-                ));
+                held = Some((p.clone(), holder, copy.clone()));
                 Some(copy)
             }
         },
@@ -168,6 +165,9 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
     for note in START_NOTES.lock().map(|mut n| std::mem::take(&mut *n)).unwrap_or_default() {
         app.say(app::Level::Warning, note);
     }
+    if let Some((file, holder, copy)) = held {
+        app.held_elsewhere(file, holder, copy);
+    }
 
     let (tx, rx) = mpsc::channel::<Inbound>();
     spawn_opener(opts.backend.clone(), tx.clone())?;
@@ -177,7 +177,7 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
     }
 
     let mut terminal = ratatui::try_init().context("cannot switch the terminal to the TUI")?;
-    let _guard = TerminalGuard;
+    let guard = TerminalGuard;
     install_panic_hook();
     // A paste arrives as one event (its line breaks kept), never as keys that would send it.
     if let Err(e) = ratatui::crossterm::execute!(std::io::stdout(), EnableBracketedPaste) {
@@ -195,6 +195,7 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
     let mut runner = Runner::new(tx.clone());
     let mut clock = FrameClock::default();
     let mut view = view::View::default();
+    let mut terminal_gone = false;
     loop {
         let idle = if app.busy() { Duration::from_millis(50) } else { Duration::from_millis(500) };
         let mut batch = vec![];
@@ -230,6 +231,7 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
                 Ok(layout) => app.laid_out(layout),
                 Err(e) => {
                     tracing::warn!("the terminal is gone ({e}): saving and quitting");
+                    terminal_gone = true;
                     break;
                 }
             }
@@ -239,13 +241,16 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
             }
         }
     }
-    runner.shutdown(&mut app, now_ms);
-    // Stopped by a signal: what was lost (if anything) is said, and the status names it.
+    let unasked = terminal_gone || app.stopped_by().is_some();
+    runner.shutdown(&mut app, unasked, now_ms);
+    // Stopped by a signal: what was lost (if anything) and where its copy went are said once
+    // the terminal is back (`main` prints the context), and the status names the signal.
     if let Some(signal) = app.stopped_by() {
-        if let Some(loss) = app.loss_report() {
-            eprintln!("{loss}");
-        }
-        return Err(crate::error::Interrupted::new(signal).into());
+        let stopped = anyhow::Error::new(crate::error::Interrupted::new(signal));
+        return Err(match app.loss_report().or_else(|| app.copy_report()) {
+            Some(said) => stopped.context(said),
+            None => stopped,
+        });
     }
     // What stopped the workbench from working (a model that failed to load) is said again
     // once the terminal is back, where it stays readable, and the exit status says so.
@@ -253,7 +258,15 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
         (Some(fatal), Some(loss)) => anyhow::bail!("{fatal}\n{loss}"),
         (Some(fatal), None) => anyhow::bail!("{fatal}"),
         (None, Some(loss)) => anyhow::bail!("{loss}"),
-        (None, None) => Ok(()),
+        (None, None) => {
+            // Once the terminal is back: where the conversation went, when another window
+            // held its file.
+            drop(guard);
+            if let Some(note) = app.copy_report() {
+                eprintln!("{note}");
+            }
+            Ok(())
+        }
     }
 }
 

@@ -89,10 +89,10 @@ impl Runner {
                     // The subject's own rendering of the prompt (a quick request to a server)
                     // here; the teacher-forced pass, seconds to minutes, on its own thread.
                     let theirs = b.prompt_tokens(&request).map_err(|e| e.message);
-                    let name = b.info().name.clone();
+                    let subject = b.info().identity.clone();
                     let tx = self.tx.clone();
                     let spawned = std::thread::Builder::new().name("deltascope-rescore".into()).spawn(move || {
-                        let result = rescore(&reference, &name, theirs, &request, &tokens, &Thresholds::default())
+                        let result = rescore(&reference, &subject, theirs, &request, &tokens, &Thresholds::default())
                             .map(Box::new)
                             .map_err(|e| e.to_string());
                         let _ = tx.send(Inbound::Rescored { turn, result });
@@ -128,7 +128,8 @@ impl Runner {
     /// Quitting cancelled a running generation: wait briefly for its `done` (the engine stops
     /// within a token, a server stream at once) so the saved turn has its finish reason and
     /// stats, not an open end. Then the last save.
-    pub(crate) fn shutdown(mut self, app: &mut App, now_ms: impl Fn() -> f64) {
+    /// `unasked`: the program is ending without asking the user (a signal, a lost terminal).
+    pub(crate) fn shutdown(mut self, app: &mut App, unasked: bool, now_ms: impl Fn() -> f64) {
         if let Some(g) = &self.live
             && app.generating()
         {
@@ -146,6 +147,28 @@ impl Runner {
         for effect in app.take_effects() {
             if let Ok(answer) = disk_io(effect) {
                 app.update(answer, now_ms());
+            }
+        }
+        // Ending without asking (a signal, a lost terminal) with the save failed: a copy goes
+        // to the first folder that takes it, and the loss report names it.
+        if unasked && let Some((dirs, session)) = app.rescue_plan() {
+            let name = session.file_name();
+            for dir in dirs {
+                let path = dir.join(&name);
+                let written = std::fs::create_dir_all(&dir)
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| session.save_atomic(&path).map_err(|e| e.to_string()));
+                match written {
+                    Ok(crate::session::Saved::Diverted(to)) => {
+                        app.rescued(to);
+                        break;
+                    }
+                    Ok(_) => {
+                        app.rescued(path);
+                        break;
+                    }
+                    Err(e) => tracing::warn!("rescue copy in {}: {e}", dir.display()),
+                }
             }
         }
         // Dropping the backend stops its engine thread (or its server connections).

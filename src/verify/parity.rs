@@ -140,6 +140,66 @@ pub fn run_all(gpu: &Gpu) -> GpuResult<Vec<Parity>> {
 /// Launches past grid y's 65535 limit that a long prefill makes, at small feature sizes: the
 /// expert GEMVs of 8192 tokens × top 8 (35B-A3B) and the conv of 65536 tokens. Each kernel
 /// puts tokens (or token × slot pairs) on grid x.
+/// After a model-level failure on a device (`gpu parity`, `verify --device`): every kernel run
+/// on its own against its CPU twin, to name the ones that differ. Empty `failed`: each kernel
+/// matches its twin, so what differs is the host code that chains them.
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelVerdict {
+    pub device: String,
+    pub checked: usize,
+    /// "gdn_recurrent (T=1, …)" for each case that differs from its twin.
+    pub failed: Vec<String>,
+}
+
+impl KernelVerdict {
+    /// One line: which kernels differ, or that none does.
+    pub fn sentence(&self) -> String {
+        if self.failed.is_empty() {
+            format!(
+                "each of the {} kernel cases on {} matches its CPU twin: the difference is in the host code that chains the kernels (src/model/cuda/model.rs: layer wiring, caches, positions)",
+                self.checked, self.device
+            )
+        } else {
+            format!(
+                "{} of {} kernel cases on {} differ from their CPU twins: {}",
+                self.failed.len(),
+                self.checked,
+                self.device,
+                self.failed.join(", ")
+            )
+        }
+    }
+}
+
+/// [`name_kernels`] on the first device `device` names (`--device cuda|emu`), with the kernels
+/// of `kernels_dir` (else the embedded ones).
+pub fn name_device_kernels(
+    device: &crate::devices::DeviceSpec,
+    kernels_dir: Option<&std::path::Path>,
+) -> Result<KernelVerdict, String> {
+    use crate::devices::DeviceSpec;
+    use crate::model::cuda::DeviceKind;
+    let (kind, ordinal) = match device {
+        DeviceSpec::Emu(o) => (DeviceKind::Emu, o.first().copied().unwrap_or(0)),
+        DeviceSpec::Cuda(o) => (DeviceKind::Cuda, o.as_ref().and_then(|o| o.first().copied()).unwrap_or(0)),
+        _ => return Err("no device named".into()),
+    };
+    let kernels = crate::model::cuda::kernels::load(kernels_dir).map_err(|e| e.to_string())?;
+    let gpu = Gpu::open(kind, ordinal, kernels).map_err(|e| e.to_string())?;
+    name_kernels(&gpu).map_err(|e| e.to_string())
+}
+
+/// Runs every kernel case (`gpu check`'s) on `gpu` and names those that differ from their twins.
+pub fn name_kernels(gpu: &Gpu) -> GpuResult<KernelVerdict> {
+    let mut results = run_all(gpu)?;
+    results.extend(long_grids(gpu)?);
+    Ok(KernelVerdict {
+        device: gpu.label(),
+        checked: results.len(),
+        failed: results.iter().filter(|r| !r.pass).map(|r| format!("{} ({})", r.kernel, r.case)).collect(),
+    })
+}
+
 pub fn long_grids(gpu: &Gpu) -> GpuResult<Vec<Parity>> {
     let mut out = vec![];
     timed_all(&mut out, || long_moe_gemv(gpu))?;

@@ -22,6 +22,8 @@ pub fn model() -> BackendInfo {
         name: "embedded:demo".into(),
         kind: BackendKind::Local { devices: vec!["cpu".into()], dtype: "bf16".into() },
         device_note: None,
+        config_notes: vec![],
+        identity: Default::default(),
         context: Some(4096),
         vocab_size: Some(512),
         has_mtp: true,
@@ -148,6 +150,7 @@ pub fn start(prompt_tokens: usize, p: &GenerationParams) -> EngineEvent {
         phase: Phase::Thinking,
         params: p.clone(),
         server: None,
+        numerics: None,
     })
 }
 
@@ -200,6 +203,7 @@ pub fn done(reason: FinishReason, prompt: usize, thinking: usize, answer: usize,
     EngineEvent::Done(DoneEvent {
         finish_reason: reason,
         usage: Usage {
+            prompt_estimate: None,
             prompt_tokens: prompt,
             thinking_tokens: thinking,
             answer_tokens: answer,
@@ -208,7 +212,7 @@ pub fn done(reason: FinishReason, prompt: usize, thinking: usize, answer: usize,
             counted: CountSource::Engine,
             estimate: None,
         },
-        timing: Timing { ttft_ms: 14.0, prefill_tok_s: 1143.0, decode_tok_s: 612.5, total_ms: 120.0 },
+        timing: Timing { ttft_ms: Some(14.0), prefill_tok_s: 1143.0, decode_tok_s: 612.5, total_ms: 120.0 },
         mtp: Some(mtp(thinking / 2)),
         memory: Some(memory(4096 * (24 + thinking + answer))),
         server_memory: None,

@@ -117,3 +117,39 @@ pub fn shell(name: &str) -> Tmux {
 pub fn shell_quote(p: &Path) -> String {
     format!("'{}'", p.display().to_string().replace('\'', "'\\''"))
 }
+
+/// The pids whose parent is `parent` (from /proc, so the test needs no procps).
+pub fn children(parent: &str) -> Vec<String> {
+    let mut out = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
+        // "pid (comm) state ppid …": comm may hold spaces, so split after its closing paren.
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
+        if rest.split_whitespace().nth(1) == Some(parent) {
+            out.push(e.file_name().to_string_lossy().to_string());
+        }
+    }
+    out
+}
+
+/// The process running in the pane's shell (the one command it started).
+pub fn pane_child(t: &Tmux) -> String {
+    let pid = t.cmd(&["display-message", "-p", "-t", &t.target, "#{pane_pid}"]);
+    let shell_pid = String::from_utf8_lossy(&pid.stdout).trim().to_string();
+    let kids = children(&shell_pid);
+    assert_eq!(kids.len(), 1, "one process under the shell {shell_pid}: {kids:?}");
+    kids[0].clone()
+}
+
+/// A prefix for a shell command line that makes file modes bind: as root (CI containers), the
+/// command runs without the capabilities that let root write where a mode forbids it
+/// (`setpriv`, util-linux); as anyone else, nothing.
+pub fn modes_bind_prefix() -> String {
+    let uid = Command::new("id").arg("-u").output().expect("running id -u");
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        return String::new();
+    }
+    let found = Command::new("setpriv").arg("--version").output().is_ok_and(|o| o.status.success());
+    assert!(found, "as root this test needs setpriv (util-linux) to drop CAP_DAC_OVERRIDE: install util-linux");
+    "setpriv --inh-caps=-dac_override,-dac_read_search --bounding-set=-dac_override,-dac_read_search --".into()
+}

@@ -39,6 +39,9 @@ pub struct ServerFacts {
     pub model: String,
     pub models: Vec<String>,
     pub context: Option<usize>,
+    /// What the server says of its model's shape (llama.cpp's and deltascope's `/v1/models`
+    /// `meta`).
+    pub identity: crate::backend::ModelIdentity,
     /// Sampling defaults the server reports (llama.cpp's `/props`).
     pub defaults: Option<SamplingParams>,
     /// The chat template the server renders with (llama.cpp's `/props`).
@@ -76,7 +79,9 @@ pub async fn detect(http: &Http, wanted_model: Option<&str>) -> BackendResult<Se
         })?,
     };
     let model_entry = data.iter().find(|m| m.get("id").and_then(Value::as_str) == Some(&model));
+    let identity = identity_of(&model, model_entry.and_then(|m| m.get("meta")));
     let mut facts = ServerFacts {
+        identity,
         kind: ServerKind::Generic,
         version: None,
         context: model_entry
@@ -164,5 +169,21 @@ fn llama_defaults(p: &Value) -> SamplingParams {
         frequency_penalty: f("frequency_penalty", 0.0),
         repetition_penalty: f("repeat_penalty", 1.0),
         seed: 0,
+    }
+}
+
+/// The model a server names, with what its `/v1/models` entry's `meta` says of it (llama.cpp:
+/// `n_vocab`, `n_embd`, `n_params`; deltascope serve adds `n_layer`, `n_params_mtp` and the
+/// embedding's `fingerprint`).
+fn identity_of(model: &str, meta: Option<&Value>) -> crate::backend::ModelIdentity {
+    let n = |k: &str| meta.and_then(|m| m.get(k)).and_then(Value::as_u64);
+    crate::backend::ModelIdentity {
+        vocab_size: n("n_vocab").map(|v| v as usize),
+        hidden_size: n("n_embd").map(|v| v as usize),
+        layers: n("n_layer").map(|v| v as usize),
+        params: n("n_params"),
+        params_with_mtp: n("n_params_mtp"),
+        fingerprint: meta.and_then(|m| m.get("fingerprint")).and_then(Value::as_str).map(str::to_string),
+        ..crate::backend::ModelIdentity::named(model)
     }
 }

@@ -116,6 +116,8 @@ pub struct FrameMapper {
     /// The user's prompt length when the usage cannot tell it (a client-side budget's
     /// continuation re-sends the thinking in its prompt).
     pub prompt_tokens: Option<usize>,
+    /// Where `prompt_tokens` came from when it is an estimate (no usage frame arrived).
+    pub prompt_estimate: Option<String>,
 }
 
 impl FrameMapper {
@@ -135,7 +137,21 @@ impl FrameMapper {
             start_phase: phase,
             server_memory: None,
             prompt_tokens: None,
+            prompt_estimate: None,
         }
+    }
+
+    /// Whether the prompt's length is known: set (a continuation's tokenizer count, an
+    /// estimate) or in a usage frame that arrived.
+    pub fn prompt_count_known(&self) -> bool {
+        let in_usage = self.report.usage.as_ref().and_then(|u| u.get("prompt_tokens")).and_then(Value::as_u64);
+        self.prompt_tokens.is_some() || in_usage.is_some_and(|n| n > 0)
+    }
+
+    /// The prompt's length from elsewhere than the server's usage, and where it came from.
+    pub fn estimate_prompt(&mut self, tokens: usize, source: String) {
+        self.prompt_tokens = Some(tokens);
+        self.prompt_estimate = Some(source);
     }
 
     pub fn start_phase(&self) -> Phase {
@@ -485,6 +501,7 @@ impl FrameMapper {
         let field = |v: Option<&Value>, k: &str| v.and_then(|u| u.get(k)).and_then(Value::as_u64).map(|v| v as usize);
         let mut r = Reported {
             prompt_tokens: self.prompt_tokens.or(field(u, "prompt_tokens")),
+            prompt_estimate: self.prompt_estimate.clone(),
             completion_tokens: field(u, "completion_tokens"),
             reasoning_tokens: field(u, "reasoning_tokens")
                 .or_else(|| field(u.and_then(|u| u.get("completion_tokens_details")), "reasoning_tokens")),

@@ -22,13 +22,13 @@ pub use detect::{ServerFacts, ServerKind};
 
 use self::frames::{Forcing, FrameMapper, Split};
 use self::http::Http;
-use self::stream::{ClientBudget, StreamJob};
+use self::stream::{ClientBudget, PromptCount, StreamJob};
 use super::local::render_chat;
 use super::{
     Backend, BackendError, BackendInfo, BackendKind, BackendResult, BudgetMode, ChatRequest, DryRun, OpenProgress,
     Prompt, PromptTokens, ReasoningSplit, RemoteSpec, Support,
 };
-use crate::chat::ChatTemplate;
+use crate::chat::{ChatTemplate, TextTokenizer};
 use crate::checkpoint::ModelSource;
 use crate::generation::{
     EngineEvent, ErrorKind, Generation, OnLoop, Preset, SamplingParams, ServerLabel, StartEvent, StepControl,
@@ -42,6 +42,9 @@ pub struct RemoteBackend {
     /// For a client-forced end of thinking (budget, loop rescue): the chat template (from
     /// --tokenizer, or the server's).
     template: Option<ChatTemplate>,
+    /// `--tokenizer DIR`'s tokenizer: counts a prompt whose usage frame never came, where the
+    /// server cannot.
+    local_tokenizer: Option<TextTokenizer>,
     info: BackendInfo,
 }
 
@@ -58,11 +61,16 @@ impl RemoteBackend {
         let facts = runtime.block_on(detect::detect(&http, spec.model.as_deref()))?;
         progress(OpenProgress { done: 1, total: 1, what: format!("{} at {}", facts.kind.name(), http.base) });
         let template = client_template(spec, &facts)?;
+        let local_tokenizer = spec.tokenizer.as_ref().and_then(|dir| {
+            TextTokenizer::load(&ModelSource::Dir(dir.clone()), None, &[])
+                .map_err(|e| tracing::warn!("--tokenizer {}: {e}; prompt counts come from the server", dir.display()))
+                .ok()
+        });
         let mut info = describe(&http, &facts);
         if template.is_some() {
             info.end_thinking = Support::Yes;
         }
-        Ok(RemoteBackend { runtime, http, facts: Arc::new(facts), spec: spec.clone(), template, info })
+        Ok(RemoteBackend { runtime, http, facts: Arc::new(facts), spec: spec.clone(), template, local_tokenizer, info })
     }
 
     pub fn facts(&self) -> &ServerFacts {
@@ -150,6 +158,8 @@ fn describe(http: &Http, f: &ServerFacts) -> BackendInfo {
             url: http.base.clone(),
         }),
         device_note: None,
+        config_notes: vec![],
+        identity: f.identity.clone(),
         context: f.context,
         vocab_size: None,
         has_mtp: f.speculative,
@@ -168,6 +178,40 @@ fn describe(http: &Http, f: &ServerFacts) -> BackendInfo {
         // Chat completions always start a fresh assistant message.
         continuation: Support::No("a server starts every answer afresh".into()),
         state_trace: Support::No(format!("{} does not expose a model's recurrent state", f.kind.name())),
+    }
+}
+
+impl RemoteBackend {
+    /// How to count this request's prompt if its usage frame never comes: the server's own
+    /// count of the chat, else `--tokenizer DIR`'s, else about 4 characters a token.
+    fn prompt_count(&self, req: &ChatRequest) -> PromptCount {
+        let thinking = req.params.thinking.is_on();
+        let messages = match &req.prompt {
+            Prompt::Chat(m) | Prompt::Continue { messages: m, .. } => m.as_slice(),
+            Prompt::Text(_) | Prompt::Ids(_) => &[],
+        };
+        let local = match (&self.local_tokenizer, &self.template) {
+            (Some(tok), Some(tpl)) if !messages.is_empty() => {
+                render_chat(tpl, messages, thinking).ok().and_then(|text| tok.encode(&text).ok()).map(|ids| {
+                    (
+                        ids.len(),
+                        "the local tokenizer (--tokenizer DIR) over the rendered chat (no usage frame came)"
+                            .to_string(),
+                    )
+                })
+            }
+            _ => None,
+        };
+        let chars: usize = messages.iter().map(|m| m.content.chars().count()).sum();
+        let fallback = local.unwrap_or_else(|| {
+            (
+                chars.div_ceil(4).max(1),
+                "about 4 characters a token (no usage frame came, and neither the server nor a local tokenizer could count it)"
+                    .to_string(),
+            )
+        });
+        let messages = (!messages.is_empty()).then(|| serde_json::to_value(messages).ok()).flatten();
+        PromptCount { messages, thinking, fallback }
     }
 }
 
@@ -204,6 +248,7 @@ impl Backend for RemoteBackend {
             phase: mapper.start_phase(),
             params: req.params.clone(),
             server: Some(self.label()),
+            numerics: None,
         }));
         let job = StreamJob {
             http: self.http.clone(),
@@ -216,6 +261,7 @@ impl Backend for RemoteBackend {
             control: control.clone(),
             events: tx,
             client_budget,
+            prompt_count: self.prompt_count(&req),
         };
         self.runtime.spawn(stream::run(job));
         Ok(Generation::new(rx, control))

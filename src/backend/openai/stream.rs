@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::detect::{ServerFacts, ServerKind};
 use super::frames::{End, Flow, FrameMapper, MetricsDelta};
-use super::http::{Http, check_status, transport_error};
+use super::http::{Ask, Http, check_status, transport_error};
 use super::metrics;
 use super::tokenize::tokenize;
 use crate::generation::{Control, EngineEvent, ErrorKind, FinishReason, StepControl};
@@ -37,6 +37,20 @@ pub struct StreamJob {
     /// Client-forced end of thinking (budget, loop rescue): stop the stream here and continue
     /// from the bridge.
     pub client_budget: Option<ClientBudget>,
+    /// How to count the prompt when no usage frame says it (the stream closed before it).
+    pub prompt_count: PromptCount,
+}
+
+/// What can count a request's prompt when the server's usage frame never arrives (deltascope
+/// closed the stream itself: Esc, a loop stop, Ctrl+C; or the server sends none).
+pub struct PromptCount {
+    /// The chat as sent, and whether thinking is on: the server renders and counts it where it
+    /// can (llama.cpp and deltascope `/apply-template` + `/tokenize`, vLLM `/tokenize`).
+    pub messages: Option<Value>,
+    pub thinking: bool,
+    /// Counted here: the local tokenizer (`--tokenizer DIR`) over the rendered chat, or the
+    /// characters' count when nothing can tokenize it; with where the count comes from.
+    pub fallback: (usize, String),
 }
 
 /// What a client-forced end of thinking needs to continue with `/v1/completions`.
@@ -73,6 +87,10 @@ pub async fn run(mut job: StreamJob) {
         Outcome::End(e) => e,
         Outcome::Budget => End::Complete,
     };
+    if !job.mapper.prompt_count_known() {
+        let (n, source) = count_prompt(&job.http, &job.facts, &job.prompt_count).await;
+        job.mapper.estimate_prompt(n, source);
+    }
     let delta = if matches!(end, End::Complete) {
         let after = metrics_snapshot(&job.http, &job.facts).await;
         if let Some(mem) = after.as_ref().and_then(|(_, m)| m.clone()) {
@@ -96,6 +114,18 @@ pub async fn run(mut job: StreamJob) {
         None
     };
     job.mapper.finish(end, delta, &mut emit);
+}
+
+/// The prompt's length when no usage frame said it: the server's own count of the rendered
+/// chat where it offers one, else the fallback counted here.
+async fn count_prompt(http: &Http, facts: &ServerFacts, pc: &PromptCount) -> (usize, String) {
+    if let Some(messages) = &pc.messages
+        && let Ok(Some(p)) = super::tokenize::chat_prompt_value(http, facts, messages, pc.thinking).await
+        && !p.ids.is_empty()
+    {
+        return (p.ids.len(), format!("{}'s /tokenize of the rendered chat (no usage frame came)", facts.kind.name()));
+    }
+    pc.fallback.clone()
 }
 
 type Snapshot = (Option<metrics::SpecCounters>, Option<crate::generation::ServerMemory>);
@@ -131,7 +161,7 @@ async fn one_stream(
     emit: &mut (dyn FnMut(EngineEvent) + Send),
 ) -> Outcome {
     let url = job.http.url(path);
-    let send = tokio::time::timeout(job.first_byte_timeout, job.http.post(path).json(&body).send());
+    let send = tokio::time::timeout(job.first_byte_timeout, job.http.send(Ask::Post(&body), path, None));
     let resp = tokio::select! {
         r = send => r,
         _ = cancelled(&job.control) => return Outcome::End(End::Cancelled),

@@ -6,7 +6,7 @@
 use serde_json::{Value, json};
 
 use super::detect::{ServerFacts, ServerKind};
-use super::http::Http;
+use super::http::{Ask, Http};
 use crate::backend::{BackendError, BackendResult, ChatMessage, PromptTokens};
 
 /// `text` in the server's own tokens, with each token's text (llama.cpp `/tokenize` with
@@ -21,7 +21,7 @@ pub(super) async fn tokenize(http: &Http, facts: &ServerFacts, text: &str) -> Op
         _ => return None,
     };
     let path = if facts.kind == ServerKind::Sglang { "/v1/tokenize" } else { "/tokenize" };
-    let resp = http.post(path).json(&body).timeout(http.timeout).send().await.ok()?;
+    let resp = http.send(Ask::Post(&body), path, Some(http.timeout)).await.ok()?;
     let v: Value = resp.error_for_status().ok()?.json().await.ok()?;
     let tokens = v.get("tokens").and_then(Value::as_array)?;
     let mut out = vec![];
@@ -44,6 +44,16 @@ pub(super) async fn chat_prompt(
     thinking: bool,
 ) -> BackendResult<Option<PromptTokens>> {
     let messages = serde_json::to_value(messages).map_err(|e| BackendError::invalid(format!("messages: {e}")))?;
+    chat_prompt_value(http, facts, &messages, thinking).await
+}
+
+/// [`chat_prompt`] for messages already in their JSON form (as a request body holds them).
+pub(super) async fn chat_prompt_value(
+    http: &Http,
+    facts: &ServerFacts,
+    messages: &Value,
+    thinking: bool,
+) -> BackendResult<Option<PromptTokens>> {
     let kwargs = json!({"enable_thinking": thinking});
     match facts.kind {
         // deltascope serve answers both in llama-server's shape.
@@ -83,10 +93,7 @@ pub(super) async fn text_ids(http: &Http, facts: &ServerFacts, text: &str) -> Ba
 async fn post_json(http: &Http, path: &str, body: &Value) -> BackendResult<Value> {
     let url = http.url(path);
     let resp = http
-        .post(path)
-        .json(body)
-        .timeout(http.timeout)
-        .send()
+        .send(Ask::Post(body), path, Some(http.timeout))
         .await
         .map_err(|e| super::http::transport_error(&url, &e))?;
     let status = resp.status();

@@ -133,6 +133,12 @@ pub(super) fn check(raw: &RawConfig, file: &str) -> Result<ModelConfig> {
         .str_opt(at!(raw.model_type))?
         .ok_or_else(|| Error::field(file, "model_type", "missing (cannot tell which architecture this is)"))?
         .to_string();
+    if let Some(missing) = super::keys::known_unsupported(&model_type) {
+        return Err(Error::Unsupported {
+            file: file.to_string(),
+            message: format!("model_type \"{model_type}\" is not supported ({missing})"),
+        });
+    }
     let (family, nested) = family_of(&model_type)
         .ok_or_else(|| Error::UnknownModelType { file: file.to_string(), found: model_type.clone() })?;
     let t = if nested { text_config(raw, file, &model_type)? } else { &raw.lm };
@@ -196,7 +202,18 @@ pub(super) fn check(raw: &RawConfig, file: &str) -> Result<ModelConfig> {
         _ => vec![],
     };
 
+    let mut unknown_keys = super::keys::unknown_keys(&top, "", &raw.lm.rest)?;
+    if nested {
+        unknown_keys.extend(super::keys::unknown_keys(&f, "text_config.", &t.rest)?);
+    }
+    for (name, rope) in [("rope_parameters", &t.rope_parameters), ("rope_scaling", &t.rope_scaling)] {
+        if let Field::Given(r) = rope {
+            unknown_keys.extend(super::keys::unknown_keys(&f, &format!("{}{name}.", f.prefix), &r.0.rest)?);
+        }
+    }
+
     let cfg = ModelConfig {
+        unknown_keys,
         model_type,
         text_model_type,
         family,

@@ -9,6 +9,7 @@
 //! through an intermediate "config class" that has defaults of its own.
 
 mod check;
+pub mod keys;
 mod quant;
 pub mod raw;
 mod rope;
@@ -131,6 +132,8 @@ pub struct ModelConfig {
     pub mamba_ssm_dtype: Option<String>,
     /// EOS ids named in config.json (generation_config.json and the tokenizer add to these).
     pub eos_token_ids: Vec<u32>,
+    /// Keys deltascope does not know (ignored, and reported: `keys.rs`).
+    pub unknown_keys: Vec<keys::UnknownKey>,
 }
 
 impl ModelConfig {
@@ -148,6 +151,28 @@ impl ModelConfig {
         }
         let raw = raw::RawConfig::deserialize(root).map_err(|e| json(e.to_string()))?;
         check::check(&raw, file)
+    }
+
+    /// One line per unknown key (`file` names the config in them).
+    pub fn unknown_key_warnings(&self, file: &str) -> Vec<String> {
+        self.unknown_keys.iter().map(|k| k.warning(file)).collect()
+    }
+
+    /// `--strict-config`: an unknown key is an error, not a warning.
+    pub fn refuse_unknown_keys(&self, file: &str) -> Result<()> {
+        match self.unknown_keys.first() {
+            None => Ok(()),
+            Some(k) => Err(Error::Unsupported {
+                file: file.to_string(),
+                message: format!(
+                    "unknown key `{}` = {} refused by --strict-config ({} unknown key{} in all)",
+                    k.path,
+                    k.value,
+                    self.unknown_keys.len(),
+                    if self.unknown_keys.len() == 1 { "" } else { "s" }
+                ),
+            }),
+        }
     }
 
     pub fn num_linear_layers(&self) -> usize {
@@ -272,5 +297,92 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("yarn"), "{e}");
+    }
+
+    /// A key deltascope does not know is kept and reported (with its path), never dropped in
+    /// silence; keys known to change nothing it computes are not reported.
+    #[test]
+    fn unknown_keys_are_reported_with_their_path() {
+        let c = parse(serde_json::json!({
+            "model_type": "qwen3_5", "transformers_version": "5.3.0", "image_token_id": 1, "new_top": [1, 2],
+            "text_config": {"model_type": "qwen3_5_text", "hidden_size": 64, "vocab_size": 1000,
+                "initializer_range": 0.02, "use_cache": true, "attention_dropout": 0.0, "mtp_use_dedicated_embeddings": false,
+                "layer_norm_type": "x", "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "beta_fast": 32}}
+        }))
+        .unwrap();
+        let paths: Vec<&str> = c.unknown_keys.iter().map(|k| k.path.as_str()).collect();
+        assert_eq!(paths, ["new_top", "text_config.layer_norm_type", "text_config.rope_parameters.beta_fast"]);
+        let w = c.unknown_key_warnings("config.json");
+        assert_eq!(
+            w[1],
+            "config.json: unknown key `text_config.layer_norm_type` = \"x\", ignored: if it changes the architecture, results will be wrong"
+        );
+        let e = c.refuse_unknown_keys("config.json").unwrap_err().to_string();
+        assert!(e.contains("unknown key `new_top` = [1,2] refused by --strict-config (3 unknown keys in all)"), "{e}");
+        // Every shipped and test config is fully known.
+        for dir in [
+            "models/demo",
+            "tests/data/qwen3_5_0_8b",
+            "tests/data/qwen3_6_27b",
+            "tests/data/qwen3_8_27b",
+            "tests/data/qwen3_6_35b_a3b",
+            "tests/data/qwen3_next_80b_a3b",
+            "tests/fixtures/qwen3_5_text",
+            "tests/fixtures/qwen3_5_vl",
+            "tests/fixtures/qwen3_5_moe",
+            "tests/fixtures/qwen3_next",
+        ] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir).join("config.json");
+            let c = ModelConfig::from_json_str(&std::fs::read_to_string(&path).unwrap(), dir).unwrap();
+            assert!(c.unknown_keys.is_empty(), "{dir}: {:?}", c.unknown_keys);
+        }
+    }
+
+    /// A known key with a value deltascope does not compute is refused, naming key and value;
+    /// Qwen3.8-Flash-Next (`qwen4_exp`) is refused naming what is missing.
+    #[test]
+    fn known_keys_with_unsupported_values_and_qwen4_exp_are_refused() {
+        let base = || serde_json::json!({"model_type": "qwen3_5_text", "hidden_size": 64, "vocab_size": 1000});
+        let mut v = base();
+        v["output_gate_type"] = "sigmoid".into();
+        let e = parse(v).unwrap_err().to_string();
+        assert!(
+            e.contains("output_gate_type = \"sigmoid\" is not supported (deltascope computes \"silu\" or \"swish\")"),
+            "{e}"
+        );
+        for (key, value) in
+            [("output_gate_type", serde_json::json!("swish")), ("use_sliding_window", serde_json::json!(false))]
+        {
+            let mut v = base();
+            v[key] = value;
+            assert!(parse(v).unwrap().unknown_keys.is_empty(), "{key}");
+        }
+        let mut v = base();
+        v["mtp_use_dedicated_embeddings"] = true.into();
+        assert!(
+            parse(v).unwrap_err().to_string().contains("an MTP head with embeddings of its own is not implemented")
+        );
+        let e = parse(serde_json::json!({"model_type": "qwen4_exp", "hidden_size": 64})).unwrap_err().to_string();
+        assert!(
+            e.contains("model_type \"qwen4_exp\" is not supported")
+                && e.contains("sparse attention, hyper-connections or n-gram embeddings"),
+            "{e}"
+        );
+    }
+
+    /// Qwen3.8-27B's config (`qwen3_5`, the MTP layer count under `text_config`) loads with
+    /// every key known and gives the Qwen3.6-27B plan exactly.
+    #[test]
+    fn qwen38_27b_matches_the_qwen36_27b_plan() {
+        let read = |d: &str| {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(d).join("config.json");
+            ModelConfig::from_json_str(&std::fs::read_to_string(path).unwrap(), d).unwrap()
+        };
+        let (c38, c36) = (read("qwen3_8_27b"), read("qwen3_6_27b"));
+        assert!(c38.nested && c38.model_type == "qwen3_5" && c38.mtp_num_hidden_layers == 1);
+        assert!(c38.unknown_keys.is_empty(), "{:?}", c38.unknown_keys);
+        let plan = |c: &ModelConfig| serde_json::to_value(crate::model::plan::memory_plan(c, 2, 2, 4)).unwrap();
+        assert_eq!(plan(&c38), plan(&c36));
+        assert_eq!((c38.layer_types, c38.mlp_kinds), (c36.layer_types, c36.mlp_kinds));
     }
 }

@@ -132,6 +132,9 @@ pub struct RawTextConfig {
     pub mamba_ssm_dtype: Field<String>,
     /// Checked by `quant` (its own keys and messages).
     pub quantization_config: Option<Value>,
+    /// Every other key at this level (`keys.rs` tells the inert ones from the unknown).
+    #[serde(flatten)]
+    pub rest: serde_json::Map<String, Value>,
 }
 
 /// `rope_parameters` (or the legacy `rope_scaling`).
@@ -145,6 +148,9 @@ pub struct RawRope {
     pub partial_rotary_factor: Field<f64>,
     pub mrope_section: Field<Vec<Field<u64>>>,
     pub mrope_interleaved: Field<bool>,
+    /// Every other key (YaRN's `factor`, …): reported as unknown.
+    #[serde(flatten)]
+    pub rest: serde_json::Map<String, Value>,
 }
 
 /// The class defaults of the Hugging Face configs per family, for absent fields only (a value

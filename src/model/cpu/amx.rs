@@ -50,6 +50,18 @@ pub fn available() -> bool {
     })
 }
 
+/// Whether the CPU has AMX-BF16 (CPUID), whether or not the process may use the tiles.
+pub fn cpu_has_amx_bf16() -> bool {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        x86::has_amx_bf16()
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        false
+    }
+}
+
 /// Activation rows rounded to bf16 and packed for the B tile: per 32-input block, 16 pairs of
 /// `rows` u32 (the even input in the low half, as `tdpbf16ps` reads a pair).
 pub struct Packed {

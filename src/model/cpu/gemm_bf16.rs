@@ -23,7 +23,8 @@ const PANEL: usize = 32;
 /// Tokens per tile (24 accumulators of the 32 registers).
 const TILE: usize = 12;
 
-/// Whether this CPU runs [`gemm`] (`vdpbf16ps`).
+/// Whether this CPU runs [`gemm`] (`vdpbf16ps`). Whether the engine uses it is the active kernel
+/// family's choice ([`super::CpuKernel::dpbf16`]).
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {

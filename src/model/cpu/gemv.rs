@@ -233,10 +233,39 @@ pub fn portable(w: WeightRow<'_>, x: &[f32]) -> f32 {
     }
 }
 
+/// The reference order over slices: [`portable_indexed`]'s sums, written over whole chunks of
+/// [`LANES`] so that the compiler keeps the lanes in vector registers (no bounds check per
+/// element) — the same additions in the same order, several times faster.
 #[inline(always)]
 fn portable_widened<W: Copy>(w: &[W], widen: impl Fn(W) -> f32, x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
-    portable_indexed(n, |i| widen(w[i]), x)
+    let (w, x) = (&w[..n], &x[..n]);
+    let mut acc = [0f32; LANES];
+    let (wc, xc) = (w.chunks_exact(LANES), x.chunks_exact(LANES));
+    let (wr, xr) = (wc.remainder(), xc.remainder());
+    for (wc, xc) in wc.zip(xc) {
+        for i in 0..LANES {
+            acc[i] += widen(wc[i]) * xc[i];
+        }
+    }
+    let mut s = 0f32;
+    for (wi, xi) in wr.iter().zip(xr) {
+        s += widen(*wi) * xi;
+    }
+    fold_lanes(acc, s)
+}
+
+/// The reference order's end: the lanes folded pairwise (8, 4, 2, 1), then the tail added.
+#[inline(always)]
+fn fold_lanes(mut acc: [f32; LANES], tail: f32) -> f32 {
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            acc[i] += acc[i + width];
+        }
+    }
+    acc[0] + tail
 }
 
 /// The reference order over `n` weights given by index.
@@ -253,14 +282,7 @@ fn portable_indexed(n: usize, w: impl Fn(usize) -> f32, x: &[f32]) -> f32 {
     for (i, xi) in x.iter().enumerate().take(n).skip(chunks * LANES) {
         s += w(i) * xi;
     }
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for i in 0..width {
-            acc[i] += acc[i + width];
-        }
-    }
-    acc[0] + s
+    fold_lanes(acc, s)
 }
 
 /// The scalar tail past the last full 16 values, in order.
@@ -1063,17 +1085,9 @@ pub enum PairKernel {
 }
 
 impl PairKernel {
-    /// The best of the family for this CPU, given the f32 kernels' choice.
-    pub fn detect(simd: Simd) -> PairKernel {
-        match simd {
-            #[cfg(target_arch = "x86_64")]
-            Simd::Avx512 if std::is_x86_feature_detected!("avx512bf16") && super::amx::available() => PairKernel::Amx,
-            #[cfg(target_arch = "x86_64")]
-            Simd::Avx512 if std::is_x86_feature_detected!("avx512bf16") => PairKernel::Dpbf16,
-            Simd::Avx512 => PairKernel::Avx512,
-            Simd::Avx2 => PairKernel::Avx2,
-            Simd::Portable => PairKernel::Portable,
-        }
+    /// The bf16 GEMV of the active kernel family ([`super::CpuKernel::active`]).
+    pub fn active() -> PairKernel {
+        super::CpuKernel::active().pairs()
     }
 
     pub fn name(self) -> &'static str {
@@ -1226,7 +1240,7 @@ fn pairs_kernel(w: &[u16], k: usize, x: &PairRows, rows: Range<usize>, y: &mut [
             }
         }
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `PairKernel::detect` picks these only where the CPU has the features (the
+        // SAFETY: `PairKernel::active` picks these only where the CPU has the features (the
         // tests pick them only after checking); `pairs_rows` asserted the lengths.
         PairKernel::Dpbf16 => unsafe { x86::pairs_dpbf16(w, k, x, rows, y) },
         #[cfg(target_arch = "x86_64")]
@@ -1324,18 +1338,14 @@ pub(super) fn pairs_tail(w: &[u16], x: &[u16], from: usize) -> f32 {
 mod tests {
     use super::*;
 
+    /// Every f32 kernel this CPU runs (whichever family is active).
     fn kernels() -> Vec<Simd> {
-        let mut k = vec![Simd::Portable];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx2") {
-                k.push(Simd::Avx2);
+        super::super::CpuKernel::supported().iter().map(|f| f.simd()).fold(vec![], |mut v, s| {
+            if !v.contains(&s) {
+                v.push(s);
             }
-            if Simd::detect() == Simd::Avx512 {
-                k.push(Simd::Avx512);
-            }
-        }
-        k
+            v
+        })
     }
 
     /// Every kernel, at every row count and at lengths with and without a tail, gives the
@@ -1519,22 +1529,11 @@ mod tests {
         assert!((portable(WeightRow::F32(&w), &x) as f64 - exact).abs() < 1e-3);
     }
 
+    /// Every bf16 pair kernel this CPU runs but AMX (tested on its own, below), whichever
+    /// family is active.
     fn pair_kernels() -> Vec<PairKernel> {
-        let mut k = vec![PairKernel::Portable];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                k.push(PairKernel::Avx2);
-            }
-            if Simd::detect() == Simd::Avx512 {
-                k.push(PairKernel::Avx512);
-            }
-            // `vdpbf16ps` is tested wherever the CPU has it, also where AMX is picked over it.
-            if matches!(PairKernel::detect(Simd::detect()), PairKernel::Dpbf16 | PairKernel::Amx) {
-                k.push(PairKernel::Dpbf16);
-            }
-        }
-        k
+        let families = super::super::CpuKernel::supported();
+        families.iter().map(|f| f.pairs()).filter(|p| *p != PairKernel::Amx).collect()
     }
 
     fn bf16_values(n: usize, seed: usize, scale: f32) -> Vec<u16> {
@@ -1608,7 +1607,12 @@ mod tests {
         let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let cpu_has = flags.lines().any(|l| l.starts_with("flags") && l.split_whitespace().any(|f| f == "amx_bf16"));
         let amx = super::super::amx::available();
-        assert_eq!(amx && Simd::detect() == Simd::Avx512, PairKernel::detect(Simd::detect()) == PairKernel::Amx);
+        // The AMX family runs where the tiles do, and the bf16 GEMV is AMX exactly when it is active.
+        assert_eq!(amx, super::super::CpuKernel::Amx.runs_here());
+        assert_eq!(
+            super::super::CpuKernel::active() == super::super::CpuKernel::Amx,
+            PairKernel::active() == PairKernel::Amx
+        );
         if !amx {
             // No tiles here (or a kernel too old to grant them): the other kernels are tested above.
             // Linux 5.16+ grants the tiles to whoever asks; a CPU that lists them and is

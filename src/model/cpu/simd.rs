@@ -11,23 +11,11 @@ pub enum Simd {
 }
 
 impl Simd {
-    /// The best kernels for this CPU, detected once (`dot` asks on every call).
+    /// The f32 kernels of the active family ([`super::CpuKernel::active`]: the best this CPU
+    /// runs, or the one `DELTASCOPE_CPU_KERNEL` names), decided once (`dot` asks on every call).
     pub fn detect() -> Simd {
         static DETECTED: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
-        *DETECTED.get_or_init(Simd::probe)
-    }
-
-    fn probe() -> Simd {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw") {
-                return Simd::Avx512;
-            }
-            if std::is_x86_feature_detected!("avx2") {
-                return Simd::Avx2;
-            }
-        }
-        Simd::Portable
+        *DETECTED.get_or_init(|| super::CpuKernel::active().simd())
     }
 
     pub fn name(self) -> &'static str {

@@ -206,7 +206,7 @@ impl Linear {
             parts: parts.into_iter().map(|p| p.0).collect(),
             starts,
             simd: Simd::detect(),
-            pairs: PairKernel::detect(Simd::detect()),
+            pairs: PairKernel::active(),
         })
     }
 
@@ -336,7 +336,7 @@ impl Linear {
         // `vdpbf16ps` computes where the CPU has it (`gemv::PairKernel`); FP8 weights (with
         // bf16 parts beside them) against bf16 activations with `vdpbf16ps` too, where the CPU
         // has it (`gemv::fp8_pairs_rows`).
-        let fp8_pairs = self.fp8_with_bf16() && gemv::fp8_pairs_available();
+        let fp8_pairs = self.fp8_with_bf16() && super::CpuKernel::active().dpbf16();
         let pairs =
             (prec == Precision::Bf16 && (self.all_bf16() || fp8_pairs)).then(|| PairRows::new(self.pairs, &xs, inp));
         // The kernels write a block of outputs transposed ([block, rows]); threads own blocks.
@@ -534,37 +534,54 @@ impl Linear {
     }
 }
 
+/// The `gemm` crate cuts a long sum (the inner dimension `k`) into equal blocks of at most
+/// `kc` and adds block after block, with `kc` taken from the L1 cache's size and associativity:
+/// 512 on the EPYCs, 1024 on a Xeon with a 48 KiB 12-way L1. Left to choose, it would round the
+/// same product differently on different machines (on any layer wider than 512). The GEMMs here
+/// hand it the blocks it picks where `kc` is 512 — as many as `k` needs at 512 each, equal in
+/// size — and accumulate them in order, so every machine adds in the same places.
+const GEMM_DEPTH: usize = 512;
+
+/// `(start, len)` of each depth block of a sum over `k` (see [`GEMM_DEPTH`]).
+fn depth_blocks(k: usize) -> impl Iterator<Item = (usize, usize)> {
+    let len = k.div_ceil(k.div_ceil(GEMM_DEPTH).max(1)).max(1);
+    (0..k).step_by(len).map(move |start| (start, len.min(k - start)))
+}
+
 /// `y[:, col..col + n] = x · wᵀ` for `w: [n, k]` row-major and `y: [m, out]`.
 fn product(x: &Mat, w: &[f32], n: usize, y: &mut [f32], out: usize, col: usize) {
     let (m, k) = (x.rows, x.cols);
     assert!(w.len() == n * k && x.data.len() == m * k && col + n <= out && y.len() == m * out);
     let threads = rayon::current_num_threads();
     let parallelism = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
-    // SAFETY: the pointers and strides describe `x` [m, k], `wᵀ` [k, n] (w read with row stride
-    // 1 and column stride k) and the columns col..col + n of `y` [m, out], all in bounds (checked
-    // above); `y` is borrowed mutably, so nothing else reads or writes it meanwhile.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            y.as_mut_ptr().add(col),
-            1,
-            out as isize,
-            false,
-            x.data.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism,
-        )
+    for (i, (k0, kn)) in depth_blocks(k).enumerate() {
+        // SAFETY: the pointers and strides describe `x[:, k0..k0 + kn]` (row stride k), `wᵀ`'s
+        // rows k0..k0 + kn (w read with row stride 1 and column stride k, from column k0) and
+        // the columns col..col + n of `y` [m, out], all in bounds (checked above, k0 + kn ≤ k);
+        // `y` is borrowed mutably, so nothing else reads or writes it meanwhile.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                kn,
+                y.as_mut_ptr().add(col),
+                1,
+                out as isize,
+                i > 0,
+                x.data.as_ptr().add(k0),
+                1,
+                k as isize,
+                w.as_ptr().add(k0),
+                k as isize,
+                1,
+                if i > 0 { 1.0 } else { 0.0 },
+                1.0,
+                false,
+                false,
+                false,
+                parallelism,
+            )
+        }
     }
 }
 
@@ -587,30 +604,36 @@ pub fn small_gemm(
     assert!(m > 0 && n > 0 && k > 0);
     assert!(dst.len() >= end(m, n, dst_rs, 1) && lhs.0.len() >= end(m, k, lhs.1, lhs.2));
     assert!(rhs.0.len() >= end(k, n, rhs.1, rhs.2));
-    // SAFETY: every index the product touches is in bounds of its slice (checked above); `dst`
-    // is borrowed mutably and the inputs immutably, so they do not alias.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            dst_rs as isize,
-            alpha.is_some(),
-            lhs.0.as_ptr(),
-            lhs.2 as isize,
-            lhs.1 as isize,
-            rhs.0.as_ptr(),
-            rhs.2 as isize,
-            rhs.1 as isize,
-            alpha.unwrap_or(0.0),
-            beta,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        )
+    // The same depth blocks on every machine ([`GEMM_DEPTH`]); the first honours `alpha`, the
+    // rest add to what the ones before wrote.
+    for (i, (k0, kn)) in depth_blocks(k).enumerate() {
+        let (read, keep) = if i == 0 { (alpha.is_some(), alpha.unwrap_or(0.0)) } else { (true, 1.0) };
+        // SAFETY: every index the product touches is in bounds of its slice (checked above: the
+        // block reads lhs columns and rhs rows k0..k0 + kn, k0 + kn ≤ k); `dst` is borrowed
+        // mutably and the inputs immutably, so they do not alias.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                kn,
+                dst.as_mut_ptr(),
+                1,
+                dst_rs as isize,
+                read,
+                lhs.0.as_ptr().add(k0 * lhs.2),
+                lhs.2 as isize,
+                lhs.1 as isize,
+                rhs.0.as_ptr().add(k0 * rhs.1),
+                rhs.2 as isize,
+                rhs.1 as isize,
+                keep,
+                beta,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            )
+        }
     }
 }
 
@@ -775,7 +798,7 @@ mod tests {
             (0..rows * inp).map(|i| half::bf16::from_f32(((i * 31) % 17) as f32 / 8.0 - 1.0).to_f32()).collect();
         let xb: Vec<u16> = x.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
         let y = fused.forward(&Mat::from_vec(rows, inp, x.clone()), Precision::Bf16).unwrap();
-        let dpbf16 = gemm_bf16::available();
+        let dpbf16 = super::super::CpuKernel::active().dpbf16();
         assert_eq!(dpbf16, matches!(fused.pairs, PairKernel::Dpbf16 | PairKernel::Amx));
         for r in 0..rows {
             for o in 0..out {
@@ -788,6 +811,35 @@ mod tests {
                     let exact: f64 = (0..inp).map(|i| f64::from(bf16_to_f32(w[i]) * x[r * inp + i])).sum();
                     let want = half::bf16::from_f32(exact as f32).to_f32();
                     assert!((got - want).abs() <= want.abs() / 64.0 + 1e-3, "y[{r}][{o}]: {got} vs {want}");
+                }
+            }
+        }
+    }
+
+    /// The f32 GEMM's sums are cut where the `gemm` crate cuts them on a 32 KiB-L1 machine, by
+    /// the engine itself (equal blocks of at most 512), so every machine adds in the same
+    /// places; a product over 1500 inputs (three blocks) and over a ragged 513 is the exact sum
+    /// within f32 rounding, and a depth of 512 or less is one block.
+    #[test]
+    fn the_gemm_depth_is_cut_in_the_same_places_on_every_machine() {
+        let blocks = |k| depth_blocks(k).collect::<Vec<_>>();
+        assert_eq!(blocks(512), [(0, 512)]);
+        assert_eq!(blocks(100), [(0, 100)]);
+        assert_eq!(blocks(513), [(0, 257), (257, 256)]);
+        assert_eq!(blocks(1024), [(0, 512), (512, 512)]);
+        assert_eq!(blocks(1500), [(0, 500), (500, 500), (1000, 500)]);
+        for k in [513, 1500] {
+            let (m, n) = (20, 37);
+            let x: Vec<f32> = (0..m * k).map(|i| ((i * 31 % 97) as f32 / 48.0 - 1.0) * 0.7).collect();
+            let w: Vec<f32> = (0..n * k).map(|i| ((i * 7919 % 2003) as f32 / 1000.0 - 1.0) * 0.3).collect();
+            let lin = Linear::new(w.clone(), n, k).unwrap();
+            let y = lin.forward(&Mat::from_vec(m, k, x.clone()), Precision::F32).unwrap();
+            for r in 0..m {
+                for o in 0..n {
+                    let exact: f64 = (0..k).map(|i| f64::from(x[r * k + i]) * f64::from(w[o * k + i])).sum();
+                    let scale: f64 = (0..k).map(|i| f64::from((x[r * k + i] * w[o * k + i]).abs())).sum();
+                    let got = f64::from(y.row(r)[o]);
+                    assert!((got - exact).abs() <= 1e-5 * scale.max(1.0), "k {k}: y[{r}][{o}] {got} vs {exact}");
                 }
             }
         }

@@ -16,7 +16,14 @@ pub struct CpuInfo {
     /// The vector features that matter here, as /proc/cpuinfo names them (avx2, avx512f,
     /// avx512_bf16, amx_tile …), those present.
     pub features: Vec<String>,
-    /// The kernels the GEMV dispatches to on this CPU.
+    /// The kernel family that computes ([`super::CpuKernel`]): the best this CPU runs, or the
+    /// one `DELTASCOPE_CPU_KERNEL` names.
+    pub kernel: &'static str,
+    /// Whether `DELTASCOPE_CPU_KERNEL` chose it.
+    pub kernel_forced: bool,
+    /// The families this CPU runs.
+    pub kernels_supported: Vec<&'static str>,
+    /// The f32 kernels the family dispatches to.
     pub kernels: &'static str,
     /// The kernels of the bf16 × bf16 GEMV (`--dtype bf16`): `amx_bf16` is AMX tiles,
     /// `avx512_bf16` is `vdpbf16ps`.
@@ -49,23 +56,28 @@ impl CpuInfo {
             physical_cores: physical_cores(&text).unwrap_or(logical),
             logical_cpus: logical,
             features,
+            kernel: super::CpuKernel::active().name(),
+            kernel_forced: super::CpuKernel::forced(),
+            kernels_supported: super::CpuKernel::supported().iter().map(|k| k.name()).collect(),
             kernels: Simd::detect().name(),
-            bf16_kernels: PairKernel::detect(Simd::detect()).name(),
+            bf16_kernels: PairKernel::active().name(),
             threads: rayon::current_num_threads(),
             threads_why: CHOSEN.get().cloned().unwrap_or_else(|| "the thread pool's own default".into()),
         }
     }
 
-    /// "AMD EPYC … · 2 cores · 2 threads · avx2 avx512f avx512_bf16 · kernels avx512, bf16
-    /// avx512_bf16".
+    /// "AMD EPYC … · 2 cores · 2 threads · avx2 avx512f avx512_bf16 · kernel avx512_bf16 (f32
+    /// avx512, bf16 avx512_bf16)", with "forced by DELTASCOPE_CPU_KERNEL" when it was.
     pub fn summary(&self) -> String {
         format!(
-            "{} · {} cores ({} logical) · {} threads · {} · kernels {}, bf16 {}",
+            "{} · {} cores ({} logical) · {} threads · {} · kernel {}{} (f32 {}, bf16 {})",
             if self.model.is_empty() { "CPU" } else { &self.model },
             self.physical_cores,
             self.logical_cpus,
             self.threads,
             if self.features.is_empty() { "no AVX2".to_string() } else { self.features.join(" ") },
+            self.kernel,
+            if self.kernel_forced { format!(", forced by {}", super::kernel::ENV) } else { String::new() },
             self.kernels,
             self.bf16_kernels
         )

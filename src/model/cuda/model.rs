@@ -884,6 +884,16 @@ impl Forward for CudaModel {
         self.device_weights.clone()
     }
 
+    fn compute_label(&self) -> crate::model::forward::ComputeLabel {
+        let devices: Vec<&str> = self.device_weights.iter().map(|(d, _)| d.as_str()).collect();
+        crate::model::forward::ComputeLabel {
+            device: devices.join(","),
+            // The CUDA engine computes at bf16 only (checked at load).
+            dtype: Precision::Bf16.name(),
+            kernel: if self.emulated() { "emu" } else { "cuda" }.into(),
+        }
+    }
+
     fn new_cache(&self) -> Result<CudaCache> {
         Ok(CudaCache {
             position: 0,

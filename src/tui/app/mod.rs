@@ -213,16 +213,7 @@ impl App {
             Inbound::SessionLoaded { path, replay, result, held } => {
                 self.session_loaded(&path, replay, result);
                 if let Some((holder, copy)) = held {
-                    self.say(
-                        Level::Warning,
-                        format!(
-                            "{} is open in another deltascope window ({holder}): this window saves to {} instead",
-                            path.display(),
-                            copy.display()
-                        ),
-                    );
-                    self.convo.save.path = Some(copy);
-                    self.convo.save.last_good = None;
+                    self.held_elsewhere(path, holder, copy);
                 }
             }
             // The runner takes `Reference(Ok)` (it owns the engine) and calls `reference_loaded`.
@@ -279,6 +270,12 @@ impl App {
     fn on_key(&mut self, k: KeyEvent) {
         if self.overlay.is_open() {
             return self.overlay_key(k);
+        }
+        // A prompt being typed takes the shell's line keys first (Ctrl+E ends its line; with
+        // the box empty, Ctrl+E edits the shown turn's prompt as bound).
+        let typing = self.view.focus == Focus::Input && !self.composer.is_empty();
+        if typing && crate::tui::panels::composer::is_shell_line_key(&k) {
+            return self.focused_key(k);
         }
         if let Some(a) = self.look.keymap.action(&k)
             && self.dispatch(a)

@@ -95,4 +95,42 @@ impl App {
     pub fn loss_report(&self) -> Option<String> {
         self.convo.save.loss_report(&self.convo.session)
     }
+
+    /// The program is ending without asking (a signal, a lost terminal) and the conversation
+    /// could not be saved: where a rescue copy may go, first choice first, and the session to
+    /// write there. `None` when nothing is lost (or a replay, which writes nothing).
+    pub fn rescue_plan(&self) -> Option<(Vec<std::path::PathBuf>, Box<crate::session::Session>)> {
+        if self.convo.replay.is_some() || self.loss_report().is_none() {
+            return None;
+        }
+        let dirs = self.convo.save.rescue_dirs(&self.convo.session);
+        Some((dirs, Box::new(self.convo.session.clone())))
+    }
+
+    /// Another window holds `file` (`holder` says who): this window saves to `copy` instead,
+    /// says so, and keeps saying it on the status line.
+    pub fn held_elsewhere(&mut self, file: std::path::PathBuf, holder: String, copy: std::path::PathBuf) {
+        self.say(
+            Level::Warning,
+            format!(
+                "{} is open in another deltascope window ({holder}): this window saves to {} instead (neither overwrites the other)",
+                file.display(),
+                copy.display()
+            ),
+        );
+        self.convo.save.path = Some(copy);
+        self.convo.save.last_good = None;
+        self.convo.save.held_elsewhere = Some((file, holder));
+        self.out.dirty = true;
+    }
+
+    /// Where this conversation went when another window held its file (said on quitting).
+    pub fn copy_report(&self) -> Option<String> {
+        self.convo.save.copy_report()
+    }
+
+    /// A rescue copy was written to `path`.
+    pub fn rescued(&mut self, path: std::path::PathBuf) {
+        self.convo.save.rescued = Some(path);
+    }
 }

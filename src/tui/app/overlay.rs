@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use ratatui_textarea::TextArea;
 
 use super::Level;
@@ -57,27 +57,21 @@ impl Overlay {
     }
 }
 
-/// A one-line text field.
+/// A one-line text field, its prefilled text (a suggested path, a slider's value) selected:
+/// typing replaces it, ←/→ or Ctrl+A/E keep it to edit.
 pub fn line_input(text: &str) -> TextArea<'static> {
     let mut t = TextArea::new(vec![text.to_string()]);
     t.move_cursor(ratatui_textarea::CursorMove::End);
+    if !text.is_empty() {
+        t.select_all();
+    }
     t
 }
 
-/// A key in a one-line field, with the shell's line keys: Ctrl+U clears to the start (the
-/// text area's own Ctrl+U is undo, which left a suggested path in place), Ctrl+K to the end.
+/// A key in a one-line field, with the shell's line keys (Ctrl+U, Ctrl+W, Ctrl+A, Ctrl+E,
+/// Ctrl+K).
 fn line_key(input: &mut TextArea, k: KeyEvent) {
-    match (k.code, k.modifiers) {
-        (KeyCode::Char('u'), KeyModifiers::CONTROL) => {
-            input.delete_line_by_head();
-        }
-        (KeyCode::Char('k'), KeyModifiers::CONTROL) => {
-            input.delete_line_by_end();
-        }
-        _ => {
-            input.input(k);
-        }
-    }
+    crate::tui::panels::composer::shell_line_key(input, k);
 }
 
 fn first_line(t: &TextArea) -> String {

@@ -80,6 +80,12 @@ pub struct SaveState {
     pub error: Option<String>,
     /// Where the last good copy was written.
     pub last_good: Option<PathBuf>,
+    /// Where a rescue copy went when the program ended without asking (a signal, a lost
+    /// terminal) after the save itself failed.
+    pub rescued: Option<PathBuf>,
+    /// The file another deltascope window holds, and who: this window saves to `path` (a copy
+    /// beside it) instead. Stays on the status line, and quitting says where the copy is.
+    pub held_elsewhere: Option<(PathBuf, String)>,
 }
 
 impl SaveState {
@@ -127,17 +133,56 @@ impl SaveState {
         }
     }
 
-    /// What is lost if the program ends now (printed after the terminal is restored).
+    /// Said on the terminal when the workbench ends: where this conversation went, when another
+    /// window held the file it was opened with.
+    pub fn copy_report(&self) -> Option<String> {
+        let (file, holder) = self.held_elsewhere.as_ref()?;
+        let copy = self.last_good.as_ref()?;
+        Some(format!(
+            "this conversation was saved to {} ({} is open in another deltascope window, {holder})",
+            copy.display(),
+            file.display()
+        ))
+    }
+
+    /// Where to write a rescue copy when the save failed and the program is ending without
+    /// asking: the session's own folder, the data directory, the state directory, then the
+    /// temporary directory (each once, in that order).
+    pub fn rescue_dirs(&self, session: &Session) -> Vec<PathBuf> {
+        let own = self.file(session).and_then(|f| f.parent().map(Path::to_path_buf)).or_else(|| self.dir.path.clone());
+        let state = std::env::var_os("XDG_STATE_HOME").map(PathBuf::from).or_else(dirs::state_dir);
+        let under = |base: Option<PathBuf>| base.map(|b| b.join("deltascope").join("sessions"));
+        let mut dirs = vec![];
+        for d in [own, crate::session::default_sessions_dir(), under(state), under(Some(std::env::temp_dir()))]
+            .into_iter()
+            .flatten()
+        {
+            if !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+        dirs
+    }
+
+    /// What is lost if the program ends now, and where a rescue copy went (printed after the
+    /// terminal is restored).
     pub fn loss_report(&self, session: &Session) -> Option<String> {
         if !self.unsaved || session.turns.is_empty() {
             return None;
         }
+        let turns = turns_label(session.turns.len());
         let why = self.error.clone().unwrap_or_else(|| "it was not saved".into());
+        if let Some(copy) = &self.rescued {
+            return Some(format!(
+                "the conversation ({turns}) could not be saved: {why}; a copy was written to {}",
+                copy.display()
+            ));
+        }
         let copy = match &self.last_good {
             Some(p) => format!("the last good copy is {}", p.display()),
             None => "no copy was written".into(),
         };
-        Some(format!("the conversation ({}) was not saved: {why}; {copy}", turns_label(session.turns.len())))
+        Some(format!("the conversation ({turns}) was not saved: {why}; {copy}"))
     }
 }
 

@@ -58,6 +58,9 @@ impl App {
         if let Some(note) = &info.device_note {
             self.say(Level::Info, note.clone());
         }
+        for note in &info.config_notes {
+            self.say(Level::Warning, note.clone());
+        }
         self.backend.model = Some(info);
         self.warn_other_model();
         self.backend.loading = None;

@@ -73,7 +73,7 @@ fn column(
         Some(tm) => {
             format!(
                 "TTFT {} · decode {:.1} tok/s · {}",
-                duration_ms(tm.ttft_ms),
+                tm.ttft_ms.map_or_else(|| "-".to_string(), duration_ms),
                 tm.decode_tok_s,
                 duration_ms(tm.total_ms)
             )

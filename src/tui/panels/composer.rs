@@ -2,7 +2,7 @@
 //! new turn, the re-run of an earlier prompt, or a new system prompt), and its drawing.
 
 use ratatui::Frame;
-use ratatui::crossterm::event::{KeyCode, KeyEvent};
+use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Block;
@@ -100,9 +100,7 @@ impl Composer {
         match k.code {
             KeyCode::Up if single && k.modifiers.is_empty() => self.recall(-1),
             KeyCode::Down if single && k.modifiers.is_empty() => self.recall(1),
-            _ => {
-                self.input.input(k);
-            }
+            _ => shell_line_key(&mut self.input, k),
         }
     }
 
@@ -123,6 +121,39 @@ impl Composer {
         let rows: usize = self.input.lines().iter().map(|l| l.width().max(1).div_ceil(w)).sum();
         rows.clamp(1, MAX_ROWS as usize) as u16
     }
+}
+
+/// The shell's line keys a user's fingers expect in every text field: Ctrl+A / Ctrl+E to the
+/// start / end of the line, Ctrl+U deletes to its start (the text area's own Ctrl+U is undo),
+/// Ctrl+K to its end, Ctrl+W the word before the cursor; every other key as the text area
+/// takes it.
+pub fn shell_line_key(input: &mut TextArea, k: KeyEvent) {
+    if k.modifiers == KeyModifiers::CONTROL {
+        match k.code {
+            KeyCode::Char('a') => return input.move_cursor(CursorMove::Head),
+            KeyCode::Char('e') => return input.move_cursor(CursorMove::End),
+            KeyCode::Char('u') => {
+                input.delete_line_by_head();
+                return;
+            }
+            KeyCode::Char('k') => {
+                input.delete_line_by_end();
+                return;
+            }
+            KeyCode::Char('w') => {
+                input.delete_word();
+                return;
+            }
+            _ => {}
+        }
+    }
+    input.input(k);
+}
+
+/// Whether `k` is one of [`shell_line_key`]'s keys (a field being typed in takes them before
+/// the workbench's own bindings: Ctrl+E ends the line there, it does not edit the prompt).
+pub fn is_shell_line_key(k: &KeyEvent) -> bool {
+    k.modifiers == KeyModifiers::CONTROL && matches!(k.code, KeyCode::Char('a' | 'e' | 'u' | 'k' | 'w'))
 }
 
 fn fresh(text: &str) -> TextArea<'static> {

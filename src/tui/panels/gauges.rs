@@ -204,9 +204,11 @@ fn budget_section(g: &Gauges, ctx: &DrawCtx, t: &Turn, f: &mut Frame, area: Rect
     let approx = if t.counted().is_estimate() { "≈" } else { "" };
     // "≈" on the forced count: a server that does not say which tokens its budget forced.
     let forced_approx = if t.forced_estimate().is_some() { "≈" } else { "" };
+    // "≈" on the prompt: the stream was closed before the server's usage frame said it.
+    let prompt_approx = if t.prompt_estimate().is_some() { "≈" } else { "" };
     let mut legend_line = vec![Line::from(vec![
         Span::styled("▒", th.fg(th.prompt)),
-        Span::styled(format!("prompt {} ", t.prompt_tokens), th.fg(th.text)),
+        Span::styled(format!("prompt {prompt_approx}{} ", t.prompt_tokens), th.fg(th.text)),
         Span::styled("█", th.fg(th.thinking)),
         Span::styled(format!("think {approx}{} ", t.thinking_tokens()), th.fg(th.text)),
         Span::styled("▓", th.fg(th.forced)),
@@ -249,7 +251,7 @@ fn ttft(t: &Turn) -> Option<(f64, Option<f64>)> {
         if t.tokens.is_empty() {
             return None;
         }
-        return Some((tm.ttft_ms, (tm.prefill_tok_s > 0.0).then_some(tm.prefill_tok_s)));
+        return Some((tm.ttft_ms?, (tm.prefill_tok_s > 0.0).then_some(tm.prefill_tok_s)));
     }
     let first = t.tokens.first()?.t_ms;
     let start = t.stats.start_ms?;
@@ -472,6 +474,7 @@ mod tests {
             phase: Phase::Thinking,
             params: GenerationParams::default(),
             server: None,
+            numerics: None,
         })
     }
 

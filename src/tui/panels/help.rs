@@ -13,8 +13,9 @@ use crate::tui::view::centered;
 use crate::tui::view::wrap::wrap;
 
 /// Keys that depend on the focused pane (not rebindable).
-const CONTEXT_KEYS: [(&str, &str); 12] = [
+const CONTEXT_KEYS: [(&str, &str); 13] = [
     ("↑ / ↓ (prompt)", "history recall on a one-line prompt"),
+    ("Ctrl+A E U K W (typing)", "line start / end, delete to start / end, delete word"),
     ("↑ ↓ ← → (State)", "select a GDN layer / value head (Shift: by 8; PgUp PgDn: layers)"),
     ("m M [ ] End t (State)", "metric, token back / forward, latest, tracing on / off"),
     ("↑ ↓ ← → (settings)", "select a slider / change its value"),

@@ -506,12 +506,23 @@ fn status(app: &App, f: &mut Frame, area: Rect) {
         spans.push(sep.clone());
         spans.push(Span::styled(text, style));
     }
-    // What is not saved stays on the status line until a save works.
+    // What is not saved stays on the status line until a save works; a file another window
+    // holds stays there too (this window saves to a copy), whatever notes come after it.
     if app.conversation().save.error.is_some() {
         spans.push(sep.clone());
         spans.push(Span::styled(
             format!("⚠ NOT SAVED ({} shows why)", app.keymap().first(Action::Messages)),
             Style::new().fg(th.bad).add_modifier(Modifier::BOLD | Modifier::REVERSED),
+        ));
+    } else if let (Some((file, _)), Some(copy)) =
+        (&app.conversation().save.held_elsewhere, &app.conversation().save.path)
+    {
+        let name =
+            |p: &std::path::Path| p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into());
+        spans.push(sep.clone());
+        spans.push(Span::styled(
+            format!("⚠ {} open in another window: saving to {}", name(file), name(copy)),
+            Style::new().fg(th.warn).add_modifier(Modifier::BOLD),
         ));
     } else if app.conversation().save.dir.fallback.is_some()
         && let Some(dir) = &app.conversation().save.dir.path
