@@ -99,6 +99,6 @@ fn exit_for(e: &anyhow::Error) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     // A closed stderr must not turn an error into a panic.
-    let _ = writeln!(std::io::stderr(), "error: {}", deltascope::error::error_text(e));
+    let _ = writeln!(std::io::stderr(), "error: {}", deltascope::exit::error_text(e));
     ExitCode::FAILURE
 }

@@ -713,7 +713,7 @@ fn the_check_catches_what_it_is_for() {
     assert_eq!(violations(&f("cli/bench.rs", "use crate::model::gdn::replay_head;")).len(), 1);
     assert_eq!(violations(&f("cli/run.rs", "//! A developer tool.\nuse crate::model::Model;")).len(), 1);
     // The binary reaches the library as `deltascope::`.
-    assert_eq!(violations(&f("main.rs", "use deltascope::model::Model;")).len(), 1);
+    assert_eq!(violations(&f("main.rs", "use deltascope_model::model::Model;")).len(), 1);
     assert!(violations(&f("main.rs", "use deltascope::cli::{Cli, main_with};")).is_empty());
     // A new top-level module must be placed in a part, and so must a path to one.
     assert_eq!(violations(&f("newthing/mod.rs", "")).len(), 1);

@@ -11,11 +11,11 @@ mod fixture_edit;
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
 
-use deltascope::chat::{ChatTemplate, RenderOptions, TextTokenizer};
-use deltascope::engine::sampler::argmax;
-use deltascope::engine::{GenerateRequest, Generator, ModelSequence, Outcome};
-use deltascope::generation::{DiagnosticKind, EngineEvent, FinishReason, GenerationParams};
-use deltascope::model::{ForwardOptions, LayerTrace, LoadOptions, LogitsRows, Model, ModelSource, demo_source};
+use deltascope_engine::argmax;
+use deltascope_engine::{GenerateRequest, Generator, ModelSequence, Outcome};
+use deltascope_model::model::{ForwardOptions, LayerTrace, LoadOptions, LogitsRows, Model, ModelSource, demo_source};
+use deltascope_protocol::chat::{ChatTemplate, RenderOptions, TextTokenizer};
+use deltascope_protocol::generation::{DiagnosticKind, EngineEvent, FinishReason, GenerationParams};
 use serde_json::{Value, json};
 
 struct Demo {

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use deltascope::model::cuda::kernels::FILES;
+use deltascope_model::model::cuda::kernels::FILES;
 use serde_json::Value;
 
 fn root() -> PathBuf {
@@ -57,7 +57,7 @@ fn is_of(kernel: &str, entry: &str) -> bool {
 fn kernels_copy() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let mut n = 0;
-    for e in std::fs::read_dir(root().join("kernels")).unwrap() {
+    for e in std::fs::read_dir(root().join("crates/model/kernels")).unwrap() {
         let e = e.unwrap();
         if e.path().extension().is_some_and(|x| x == "cu") {
             std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
@@ -124,7 +124,7 @@ fn gpu_check_on_the_emulator_covers_every_entry_point_and_passes() {
     // FILES lists every `__global__` the sources define.
     let mut defined = vec![];
     for f in FILES {
-        let src = std::fs::read_to_string(root().join("kernels").join(format!("{}.cu", f.name))).unwrap();
+        let src = std::fs::read_to_string(root().join("crates/model/kernels").join(format!("{}.cu", f.name))).unwrap();
         for piece in src.split("__global__ void ").skip(1) {
             defined.push(piece.split('(').next().unwrap().trim().to_string());
         }

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use deltascope::model::{ForwardOptions, LoadOptions, LogitsRows, Mat, Model, ModelSource, Precision};
+use deltascope_model::model::{ForwardOptions, LoadOptions, LogitsRows, Mat, Model, ModelSource, Precision};
 use safetensors::{Dtype, SafeTensors};
 
 fn bin() -> Command {
@@ -375,9 +375,9 @@ fn a_broken_fp8_checkpoint_is_refused_by_name() {
 /// held-out problems (models/demo/heldout.jsonl) at the default dtype beside the demo itself.
 #[test]
 fn the_fp8_demo_answers_its_held_out_problems_about_as_well() {
-    use deltascope::chat::{ChatTemplate, RenderOptions, TextTokenizer};
-    use deltascope::engine::{GenerateRequest, Generator, ModelSequence};
-    use deltascope::generation::GenerationParams;
+    use deltascope_engine::{GenerateRequest, Generator, ModelSequence};
+    use deltascope_protocol::chat::{ChatTemplate, RenderOptions, TextTokenizer};
+    use deltascope_protocol::generation::GenerationParams;
     use serde_json::{Value, json};
     use std::sync::atomic::AtomicBool;
 

@@ -419,7 +419,7 @@ fn config_json() {
     let inputs = json_inputs(&seeds, 4000, &mut Rng::new(1));
     let t = fuzz("config.json", inputs, |b| {
         let text = String::from_utf8_lossy(b);
-        deltascope::model::ModelConfig::from_json_str(&text, "config.json").map(|_| ()).map_err(|e| e.to_string())
+        deltascope_model::model::ModelConfig::from_json_str(&text, "config.json").map(|_| ()).map_err(|e| e.to_string())
     });
     assert_mixed("config.json", &t);
 }
@@ -433,8 +433,8 @@ fn small_safetensors(header: &[u8], data_len: usize) -> Vec<u8> {
 }
 
 fn opens(dir: &Path) -> Result<(), String> {
-    use deltascope::model::ModelSource;
-    use deltascope::model::weights::WeightStore;
+    use deltascope_model::model::ModelSource;
+    use deltascope_model::model::weights::WeightStore;
     let store = WeightStore::open(&ModelSource::Dir(dir.to_path_buf())).map_err(|e| e.to_string())?;
     let names: Vec<String> = store.names().map(str::to_string).collect();
     for n in names {
@@ -575,8 +575,8 @@ fn keymap_theme_and_config_toml() {
 
 #[test]
 fn serve_request_bodies() {
-    use deltascope::generation::SamplingParams;
     use deltascope::server::request;
+    use deltascope_protocol::generation::SamplingParams;
     let chat = json!({
         "model": "embedded:demo", "messages": [{"role": "system", "content": "Be brief."},
             {"role": "user", "content": [{"type": "text", "text": "Is 91 prime?"}]},
@@ -619,7 +619,7 @@ fn serve_request_bodies() {
 #[test]
 fn sse_frames_through_the_remote_backend() {
     use deltascope::backend::{self, BackendSpec, ChatMessage, ChatRequest, Prompt, RemoteSpec, Role};
-    use deltascope::generation::{EngineEvent, GenerationParams};
+    use deltascope_protocol::generation::{EngineEvent, GenerationParams};
     use replay::{After, ReplayServer, Reply, Route, sse_frames};
 
     let streams: Vec<Vec<Vec<u8>>> = [

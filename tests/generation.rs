@@ -5,15 +5,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use deltascope::Result;
-use deltascope::chat::{ChatTemplate, RenderOptions, TextTokenizer};
-use deltascope::engine::{DecodeSequence, GenerateRequest, Generator, ModelSequence, Outcome};
-use deltascope::generation::events::Memory;
-use deltascope::generation::{
+use deltascope_engine::{DecodeSequence, GenerateRequest, Generator, ModelSequence, Outcome};
+use deltascope_model::Result;
+use deltascope_model::model::{LoadOptions, Model, ModelSource, demo_source, read_config};
+use deltascope_protocol::chat::{ChatTemplate, RenderOptions, TextTokenizer};
+use deltascope_protocol::generation::events::Memory;
+use deltascope_protocol::generation::{
     Control, Diagnostic, DiagnosticKind, DoneEvent, EngineEvent, FinishReason, GenerationParams, LoopParams, MtpMode,
     OnLoop, Phase, QWEN_BUDGET_BRIDGE, SamplingParams, StepControl, Thinking,
 };
-use deltascope::model::{LoadOptions, Model, ModelSource, demo_source, read_config};
 use serde_json::json;
 
 /// Logits for the next position, given every token so far.

@@ -5,13 +5,13 @@
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
-use deltascope::chat::{ChatTemplate, RenderOptions, TextTokenizer};
-use deltascope::engine::{GenerateRequest, Generator, ModelSequence, Outcome};
-use deltascope::generation::{
+use deltascope_engine::{GenerateRequest, Generator, ModelSequence, Outcome};
+use deltascope_model::model::{ForwardOptions, LoadOptions, Model, ModelSource, demo_source};
+use deltascope_protocol::chat::{ChatTemplate, RenderOptions, TextTokenizer};
+use deltascope_protocol::generation::{
     DiagnosticKind, DraftKind, EngineEvent, FinishReason, GenerationParams, LoopParams, MtpMode, OnLoop,
     SamplingParams, StatsEvent, Thinking, TokenEvent,
 };
-use deltascope::model::{ForwardOptions, LoadOptions, Model, ModelSource, demo_source};
 use serde_json::json;
 
 struct Setup {
@@ -205,7 +205,7 @@ fn auto_depth_runs_and_matches_greedy() {
     let st = auto.mtp.unwrap();
     // It drafted (16 passes are measured before any cost decision) and ended at a depth of
     // 1-4, or at 0 when plain decoding measured faster: timing-dependent, so either is right
-    // here; the decision itself is tested with fixed costs in engine/speculative.rs.
+    // here; the decision itself is tested with fixed costs in the engine crate's mtp/control.rs.
     assert!(st.steps >= 16 && st.drafted > 0, "{st:?}");
     assert!(st.depth <= 4, "{st:?}");
 }
@@ -219,14 +219,14 @@ fn speculative_sampling_preserves_the_distribution() {
     let prompt = s.prompt("Sort 5, 2, 9, 1.");
     let sampling = |seed| SamplingParams { temperature: 1.3, top_k: 3, seed, ..Default::default() };
     // The exact joint distribution of the first two tokens.
-    let dist = |logits: &[f32]| deltascope::engine::sampler::Sampler::new(sampling(0), &prompt).distribution(logits);
+    let dist = |logits: &[f32]| deltascope_engine::Sampler::new(sampling(0), &prompt).distribution(logits);
     let mut state = s.model.new_state();
     let l0 = s.model.forward(&prompt, &mut state, ForwardOptions::default()).unwrap().logits.data;
     let mut expected = vec![];
     for (t1, p1) in dist(&l0) {
         let mut st = state.clone();
         let l1 = s.model.forward(&[t1], &mut st, ForwardOptions::default()).unwrap().logits.data;
-        let mut sm = deltascope::engine::sampler::Sampler::new(sampling(0), &prompt);
+        let mut sm = deltascope_engine::Sampler::new(sampling(0), &prompt);
         sm.observe(t1);
         for (t2, p2) in sm.distribution(&l1) {
             expected.push(((t1, t2), p1 * p2));
@@ -300,8 +300,8 @@ impl Logged<'_> {
     }
 }
 
-impl deltascope::engine::DecodeSequence for Logged<'_> {
-    fn feed(&mut self, ids: &[u32]) -> deltascope::Result<Vec<f32>> {
+impl deltascope_engine::DecodeSequence for Logged<'_> {
+    fn feed(&mut self, ids: &[u32]) -> deltascope_model::Result<Vec<f32>> {
         self.note(format!("feed {}", ids.len()));
         self.inner.feed(ids)
     }
@@ -311,13 +311,13 @@ impl deltascope::engine::DecodeSequence for Logged<'_> {
     fn context_len(&self) -> usize {
         self.inner.context_len()
     }
-    fn memory(&self) -> deltascope::generation::events::Memory {
+    fn memory(&self) -> deltascope_protocol::generation::events::Memory {
         self.inner.memory()
     }
     fn can_draft(&self) -> bool {
         self.inner.can_draft()
     }
-    fn catch_up_draft(&mut self) -> deltascope::Result<()> {
+    fn catch_up_draft(&mut self) -> deltascope_model::Result<()> {
         self.note("catch up".into());
         self.inner.catch_up_draft()
     }
@@ -326,15 +326,15 @@ impl deltascope::engine::DecodeSequence for Logged<'_> {
         last: u32,
         k: usize,
         choose: &mut dyn FnMut(&[f32]) -> u32,
-    ) -> deltascope::Result<Vec<(u32, Vec<f32>)>> {
+    ) -> deltascope_model::Result<Vec<(u32, Vec<f32>)>> {
         self.note("draft".into());
         self.inner.draft(last, k, choose)
     }
-    fn verify(&mut self, ids: &[u32]) -> deltascope::Result<Vec<Vec<f32>>> {
+    fn verify(&mut self, ids: &[u32]) -> deltascope_model::Result<Vec<Vec<f32>>> {
         std::thread::sleep(self.slow_verify);
         self.inner.verify(ids)
     }
-    fn accept(&mut self, keep: usize) -> deltascope::Result<()> {
+    fn accept(&mut self, keep: usize) -> deltascope_model::Result<()> {
         self.inner.accept(keep)
     }
     fn rollback_bytes(&self) -> usize {

@@ -24,8 +24,8 @@
 
 use std::path::PathBuf;
 
-use deltascope::chat::{ChatTemplate, RenderOptions, TextTokenizer};
-use deltascope::model::{ForwardOptions, LoadOptions, Model, ModelSource, Precision};
+use deltascope_model::model::{ForwardOptions, LoadOptions, Model, ModelSource, Precision};
+use deltascope_protocol::chat::{ChatTemplate, RenderOptions, TextTokenizer};
 use serde_json::Value;
 
 /// Absolute logit tolerance for f32 (the bar).
@@ -187,7 +187,7 @@ fn check(name: &str, prec: Precision) -> Worst {
                     logits[id]
                 );
             }
-            let ours = deltascope::engine::sampler::argmax(&logits);
+            let ours = deltascope_engine::argmax(&logits);
             let theirs = s["id"].as_u64().unwrap() as u32;
             if ours != theirs {
                 let margin = top5[0].1 - top5[1].1;

@@ -7,12 +7,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::AtomicBool;
 
-use deltascope::chat::TextTokenizer;
-use deltascope::engine::{GenerateRequest, Generator, ModelSequence};
-use deltascope::generation::{EngineEvent, GenerationParams, MtpMode};
-use deltascope::model::{
+use deltascope_engine::{GenerateRequest, Generator, ModelSequence};
+use deltascope_model::model::{
     ForwardOptions, GdnPassTrace, LayerKind, LayerTrace, LoadOptions, Model, ModelSource, StateTrace, read_config,
 };
+use deltascope_protocol::chat::TextTokenizer;
+use deltascope_protocol::generation::{EngineEvent, GenerationParams, MtpMode};
 use serde_json::Value;
 
 fn root() -> PathBuf {
@@ -41,7 +41,7 @@ fn ids(model: &Model, n: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 7919 + 13) % model.config.vocab_size) as u32).collect()
 }
 
-fn traced(model: &Model, state: &mut deltascope::model::SequenceState, ids: &[u32]) -> StateTrace {
+fn traced(model: &Model, state: &mut deltascope_model::model::SequenceState, ids: &[u32]) -> StateTrace {
     let opts = ForwardOptions { trace_state: true, ..Default::default() };
     model.forward(ids, state, opts).unwrap().state_trace.expect("a trace was asked for")
 }

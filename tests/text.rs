@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
-use deltascope::chat::{ChatTemplate, IncrementalDecoder, RenderOptions, TextTokenizer};
-use deltascope::model::{ModelSource, read_config};
+use deltascope_model::model::{ModelSource, read_config};
+use deltascope_protocol::chat::{ChatTemplate, IncrementalDecoder, RenderOptions, TextTokenizer};
 use serde_json::Value;
 
 fn root() -> PathBuf {

@@ -8,13 +8,13 @@ mod common;
 
 use common::*;
 use deltascope::backend::{DryRun, Prompt, Role};
-use deltascope::generation::ErrorKind;
-use deltascope::generation::{DiagnosticKind, DraftKind, EngineEvent, FinishReason, Phase};
 use deltascope::session::Session;
 use deltascope::tui::app::{App, AppConfig, EditTarget, Effect, Focus, SessionsDir};
 use deltascope::tui::event::Inbound;
 use deltascope::tui::keymap::Keymap;
 use deltascope::tui::theme::Theme;
+use deltascope_protocol::generation::ErrorKind;
+use deltascope_protocol::generation::{DiagnosticKind, DraftKind, EngineEvent, FinishReason, Phase};
 use ratatui::crossterm::event::{Event, KeyCode, KeyModifiers};
 
 const W: u16 = 160;

@@ -9,15 +9,15 @@ use super::{
     Backend, BackendError, BackendInfo, BackendKind, BackendResult, ChatMessage, ChatRequest, DryRun, OpenProgress,
     Prompt, PromptTokens, Support,
 };
-use crate::chat::{ChatTemplate, RenderOptions, TextTokenizer};
-use crate::checkpoint::{ModelSource, demo_source};
-use crate::engine::{Compute, EngineHandle, GenerateRequest};
-use crate::generation::{Generation, SamplingParams, StepControl};
-use crate::model::placement::{Placement, place, upload};
-use crate::model::{
+use deltascope_engine::{Compute, EngineHandle, GenerateRequest};
+use deltascope_model::checkpoint::{ModelSource, demo_source};
+use deltascope_model::model::placement::{Placement, place, upload};
+use deltascope_model::model::{
     DeviceSpec, DtypeChoice, LayerKind, LoadOptions, LoadProgress, Model, Precision, ResolvedDtype, read_config,
 };
-use crate::units::human_bytes;
+use deltascope_model::units::human_bytes;
+use deltascope_protocol::chat::{ChatTemplate, RenderOptions, TextTokenizer};
+use deltascope_protocol::generation::{Generation, SamplingParams, StepControl};
 
 /// Which checkpoint, at which precision.
 #[derive(Debug, Clone)]
@@ -67,7 +67,7 @@ impl LocalSpec {
 /// Why the CPU kernel family `DELTASCOPE_CPU_KERNEL` names cannot run here (`None`: it can, or
 /// none is named): refused before anything computes.
 pub fn cpu_kernel_refusal() -> Option<String> {
-    crate::model::cpu::CpuKernel::from_env().err().map(|e| e.to_string())
+    deltascope_model::model::cpu::CpuKernel::from_env().err().map(|e| e.to_string())
 }
 
 /// A loaded model with its text side.
@@ -89,9 +89,9 @@ pub struct Loaded {
 
 impl Loaded {
     /// Loads a checkpoint, reporting the bytes of weights read and then each small file.
-    pub fn load(spec: &LocalSpec, progress: &dyn Fn(OpenProgress)) -> crate::Result<Self> {
+    pub fn load(spec: &LocalSpec, progress: &dyn Fn(OpenProgress)) -> deltascope_model::Result<Self> {
         let mut placement = place(&spec.device)?;
-        crate::model::cpu::set_threads(spec.threads).map_err(crate::Error::InvalidArgument)?;
+        deltascope_model::model::cpu::set_threads(spec.threads).map_err(deltascope_model::Error::InvalidArgument)?;
         // More threads than the OS lets this process run at once share cores: each GEMV waits on
         // the slowest, so decoding slows down rather than speeds up.
         let granted = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -159,11 +159,13 @@ impl Loaded {
         let template = ChatTemplate::load(source, tokenizer.specials.think_start.is_some())?;
         step("generation config");
         let generation_defaults = match source.read_json("generation_config.json")? {
-            Some(g) => SamplingParams::from_generation_config(&g).map_err(|p| crate::Error::ConfigField {
-                file: source.file_label("generation_config.json"),
-                message: format!("{}: {}", p.value, p.must()),
-                field: p.field,
-            })?,
+            Some(g) => {
+                SamplingParams::from_generation_config(&g).map_err(|p| deltascope_model::Error::ConfigField {
+                    file: source.file_label("generation_config.json"),
+                    message: format!("{}: {}", p.value, p.must()),
+                    field: p.field,
+                })?
+            }
             None => SamplingParams::default(),
         };
         Ok(Loaded {
@@ -181,7 +183,7 @@ impl Loaded {
     /// What identifies this model: its sizes, parameters and the fingerprint of its embedding.
     pub fn identity(&self) -> super::ModelIdentity {
         let c = &self.model.config;
-        let plan = crate::model::plan::memory_plan(c, 2, 2, 4);
+        let plan = deltascope_model::model::plan::memory_plan(c, 2, 2, 4);
         super::ModelIdentity {
             name: self.name.clone(),
             name_is_file: false,
@@ -241,7 +243,7 @@ impl LocalBackend {
         let engine = EngineHandle::spawn(loaded.compute.clone(), loaded.tokenizer.clone(), loaded.name.clone())
             .map_err(|e| {
                 BackendError::new(
-                    crate::generation::ErrorKind::Internal,
+                    deltascope_protocol::generation::ErrorKind::Internal,
                     format!("cannot start the engine thread: {e}"),
                 )
             })?;

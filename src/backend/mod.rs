@@ -4,7 +4,7 @@
 //! [`Generation`] per request, each with its own event stream and controls.
 //!
 //! The events, parameters and controls every backend speaks are the generation protocol
-//! (crate::generation), which front ends import directly; they never import `engine` or `model`.
+//! (deltascope_protocol::generation), which front ends import directly; they never import `engine` or `model`.
 
 #![forbid(unsafe_code)]
 
@@ -17,9 +17,11 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::generation::{ErrorKind, Generation, GenerationParams, SamplingParams, ServerLabel, StepControl};
+use deltascope_protocol::generation::{
+    ErrorKind, Generation, GenerationParams, SamplingParams, ServerLabel, StepControl,
+};
 
-pub use crate::checkpoint::ModelSource;
+pub use deltascope_model::checkpoint::ModelSource;
 pub use params::{ParamOverrides, defaults_source, flag};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -276,9 +278,9 @@ impl BackendError {
     }
 }
 
-impl From<crate::Error> for BackendError {
-    fn from(e: crate::Error) -> Self {
-        BackendError::new(crate::generation::error_kind(&e), e.to_string())
+impl From<deltascope_model::Error> for BackendError {
+    fn from(e: deltascope_model::Error) -> Self {
+        BackendError::new(deltascope_protocol::generation::error_kind(&e), e.to_string())
     }
 }
 

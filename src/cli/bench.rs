@@ -14,9 +14,9 @@ use super::common::{self, ModelArgs};
 use super::interrupt::Interrupt;
 use crate::backend::local::Loaded;
 use crate::backend::{ChatMessage, ChatRequest, Prompt, Role};
-use crate::engine::{GenerateRequest, Generator};
-use crate::generation::{GenerationParams, Memory, MtpMode, MtpStats, SamplingParams};
-use crate::model::gdn::replay_head;
+use deltascope_engine::{GenerateRequest, Generator};
+use deltascope_model::model::gdn::replay_head;
+use deltascope_protocol::generation::{GenerationParams, Memory, MtpMode, MtpStats, SamplingParams};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -177,7 +177,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     let loaded = common::load_local(&a.model, "bench")?;
     // After loading, which sized the thread pool.
-    let cpu = crate::model::cpu::CpuInfo::detect();
+    let cpu = deltascope_model::model::cpu::CpuInfo::detect();
     let mut names = a.mtp.clone();
     if names.is_empty() {
         let has_head = loaded.model.mtp.is_some();

@@ -6,8 +6,8 @@ use clap::{Args, Parser};
 
 use super::common::{GenArgs, ModelArgs};
 use crate::backend::local::LocalSpec;
-use crate::devices::DeviceSpec;
 use crate::tui::{self, TuiOptions};
+use deltascope_model::devices::DeviceSpec;
 
 #[derive(Args, Debug, Clone)]
 pub struct ChatArgs {

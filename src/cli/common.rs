@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::devices::DeviceSpec;
+use deltascope_model::devices::DeviceSpec;
 
 use crate::backend::{
     self, Backend, BackendSpec, BudgetMode, ChatMessage, KeySource, OpenProgress, ParamOverrides, Prompt,
     ReasoningSplit, RemoteSpec, Role,
     local::{Loaded, LocalSpec},
 };
-use crate::generation::{MtpMode, OnLoop, Preset, Thinking};
+use deltascope_protocol::generation::{MtpMode, OnLoop, Preset, Thinking};
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {

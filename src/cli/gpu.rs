@@ -8,12 +8,12 @@ use clap::{Args, Subcommand};
 
 use std::sync::Arc;
 
-use crate::devices::DeviceSpec;
-use crate::model::cuda::device::Device;
-use crate::model::cuda::emu::{EmuDevice, Schedule};
-use crate::model::cuda::{self, DeviceKind, Gpu, kernels, nvrtc};
-use crate::units::human_bytes;
 use crate::verify::parity::{self, Parity};
+use deltascope_model::devices::DeviceSpec;
+use deltascope_model::model::cuda::device::Device;
+use deltascope_model::model::cuda::emu::{EmuDevice, Schedule};
+use deltascope_model::model::cuda::{self, DeviceKind, Gpu, kernels, nvrtc};
+use deltascope_model::units::human_bytes;
 
 #[derive(Args, Debug)]
 pub struct GpuArgs {

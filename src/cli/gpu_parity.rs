@@ -16,16 +16,16 @@ use serde_json::json;
 
 use crate::backend::local::{Loaded, LocalBackend, LocalSpec};
 use crate::backend::{ChatMessage, OpenProgress, Role};
-use crate::checkpoint::{ModelSource, demo_source};
-use crate::devices::DeviceSpec;
-use crate::engine::{GenerateRequest, Generator, ModelSequence};
-use crate::generation::{GenerationParams, MtpMode};
-use crate::model::cuda::{self, CudaModel, DeviceKind, Gpu};
-use crate::model::placement::plan::{DeviceBudget, DevicePlan, PlanInputs, plan_devices};
-use crate::model::{Forward, ForwardOptions, LoadOptions, LogitsRows, Mat, Model, Precision};
 use crate::verify::probes::Probe;
 use crate::verify::score::{Thresholds, Verdict};
 use crate::verify::server;
+use deltascope_engine::{GenerateRequest, Generator, ModelSequence};
+use deltascope_model::checkpoint::{ModelSource, demo_source};
+use deltascope_model::devices::DeviceSpec;
+use deltascope_model::model::cuda::{self, CudaModel, DeviceKind, Gpu};
+use deltascope_model::model::placement::plan::{DeviceBudget, DevicePlan, PlanInputs, plan_devices};
+use deltascope_model::model::{Forward, ForwardOptions, LoadOptions, LogitsRows, Mat, Model, Precision};
+use deltascope_protocol::generation::{GenerationParams, MtpMode};
 
 /// Logits agree when the largest difference is within this share of the largest |logit| of
 /// the row: bf16 activations round at every sublayer (2⁻⁸ relative each), and the GPU's sums
@@ -258,7 +258,7 @@ pub fn run(
         let verify = ForwardOptions { verify: true, logits: LogitsRows::All, ..Default::default() };
         let wrong = (first + 1) % cpu.config.vocab_size as u32;
         gpu.forward_cached(&[first, wrong, wrong], &mut a, verify)?;
-        crate::model::SequenceCache::accept(&mut a, 1)?;
+        deltascope_model::model::SequenceCache::accept(&mut a, 1)?;
         gpu.forward_cached(&[first], &mut b, ForwardOptions::default())?;
         let (sa, sb) = (a.gdn_states()?, b.gdn_states()?);
         let la = gpu.forward_cached(&[wrong], &mut a, ForwardOptions::default())?;

@@ -89,4 +89,4 @@ impl Interrupt {
     }
 }
 
-pub use crate::error::Interrupted;
+pub use crate::exit::Interrupted;

@@ -8,9 +8,9 @@ use clap::Args;
 use super::common::{self, LocalModelArgs, PromptArgs};
 // A developer tool (architecture.json): it reads the model's logits directly.
 use crate::backend::ChatRequest;
-use crate::generation::{GenerationParams, Thinking};
-use crate::model::config::LayerKind;
-use crate::model::{ForwardOptions, HiddenStats, ModelConfig};
+use deltascope_model::model::config::LayerKind;
+use deltascope_model::model::{ForwardOptions, HiddenStats, ModelConfig};
+use deltascope_protocol::generation::{GenerationParams, Thinking};
 
 struct Prompt {
     ids: Vec<u32>,

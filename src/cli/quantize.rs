@@ -13,13 +13,13 @@ use rayon::prelude::*;
 use super::common;
 use super::safetensors_out::Layout;
 use crate::backend::ChatRequest;
-use crate::generation::{GenerationParams, Thinking};
+use deltascope_protocol::generation::{GenerationParams, Thinking};
 // A developer tool (architecture.json): it rewrites the model's tensors and compares logits.
-use crate::model::fp8;
-use crate::model::storage::Weights;
-use crate::model::weights::WeightStore;
-use crate::model::{ForwardOptions, LoadOptions, LogitsRows, Model, ModelSource, Precision, read_config};
-use crate::units::human_bytes;
+use deltascope_model::model::fp8;
+use deltascope_model::model::storage::Weights;
+use deltascope_model::model::weights::WeightStore;
+use deltascope_model::model::{ForwardOptions, LoadOptions, LogitsRows, Model, ModelSource, Precision, read_config};
+use deltascope_model::units::human_bytes;
 
 #[derive(Args, Debug)]
 pub struct QuantizeArgs {

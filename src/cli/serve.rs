@@ -7,9 +7,9 @@ use clap::Args;
 
 use super::common::{device_spec, whole_number};
 use crate::backend::{self, BackendSpec, OpenProgress};
-use crate::devices::DeviceSpec;
-use crate::generation::{GenerationParams, MtpMode};
 use crate::server::{ServeConfig, serve};
+use deltascope_model::devices::DeviceSpec;
+use deltascope_protocol::generation::{GenerationParams, MtpMode};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {

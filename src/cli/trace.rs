@@ -12,9 +12,11 @@ use clap::Args;
 use super::common::{self, GenArgs, ModelArgs, PromptArgs};
 use super::interrupt::Interrupt;
 use crate::backend::ChatRequest;
-use crate::generation::state::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
-use crate::generation::{DiagnosticKind, EngineEvent, FinishReason, Numerics, StateEvent, StateMetric, TokenEvent};
-use crate::units::{short_bytes, sig4};
+use deltascope_model::units::{short_bytes, sig4};
+use deltascope_protocol::generation::state::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
+use deltascope_protocol::generation::{
+    DiagnosticKind, EngineEvent, FinishReason, Numerics, StateEvent, StateMetric, TokenEvent,
+};
 
 #[derive(Args, Debug)]
 pub struct TraceArgs {
@@ -709,7 +711,7 @@ pub fn plot(t: &Trace, metric: StateMetric, layer: usize) -> anyhow::Result<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::generation::GdnLayerState;
+    use deltascope_protocol::generation::GdnLayerState;
 
     fn event(at: Option<usize>, beta: f32, norm: f32) -> StateEvent {
         StateEvent {

@@ -12,11 +12,11 @@ use clap::Args;
 use super::common::ModelArgs;
 use crate::backend::local::{Loaded, LocalSpec};
 use crate::backend::{Backend, BackendKind, BackendSpec, OpenProgress, ReasoningSplit};
-use crate::devices::DeviceSpec;
 use crate::verify::against;
 use crate::verify::probes::{self, Probe};
 use crate::verify::score::{Thresholds, Verdict};
 use crate::verify::server::{self, ProbeReport, PromptCheck, VerifyError};
+use deltascope_model::devices::DeviceSpec;
 
 #[derive(Args, Debug)]
 // `--model` names the reference here, so it goes with `--server` (elsewhere they exclude each

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use super::{Session, format_timestamp};
-use crate::generation::FinishReason;
+use deltascope_protocol::generation::FinishReason;
 
 impl Session {
     /// A readable transcript: prompts, thinking (quoted), answers, parameters and statistics.

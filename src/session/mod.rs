@@ -24,7 +24,7 @@ pub use self::listing::{SessionInfo, delete_session, list_sessions, rename_sessi
 pub use self::turn::{Timed, Turn, TurnStats, mtp_label};
 use crate::backend::{ChatMessage, Role};
 #[cfg(doc)]
-use crate::generation::EngineEvent;
+use deltascope_protocol::generation::EngineEvent;
 
 /// The file format this build writes. Version 1 files (before the remote backend; their
 /// tokens always had ids), version 2 files (one JSON object per token) and version 3 files
@@ -78,11 +78,11 @@ pub enum SessionError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("cannot write session {path}: {source}")]
     Write { path: PathBuf, source: std::io::Error },
-    #[error("{path} is not a deltascope session: {}", crate::error::brief(&source.to_string()))]
+    #[error("{path} is not a deltascope session: {}", deltascope_model::error::brief(&source.to_string()))]
     Parse { path: PathBuf, source: serde_json::Error },
     #[error("{path}: session format version {found}, this build reads versions {OLDEST_READABLE} to {SESSION_VERSION}")]
     Version { path: PathBuf, found: u32 },
-    #[error("{path}: {} = {}", crate::error::brief(field), crate::error::brief(message))]
+    #[error("{path}: {} = {}", deltascope_model::error::brief(field), deltascope_model::error::brief(message))]
     Value { path: PathBuf, field: String, message: String },
     #[error(
         "not overwriting {path}: it has fields this build does not know ({fields}), which a rewrite would drop; save to another file"

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::generation::{
+use deltascope_protocol::generation::{
     CountSource, Diagnostic, DiagnosticKind, DoneEvent, EngineEvent, ErrorEvent, FinishReason, Fix, GenerationParams,
     Memory, MtpMode, MtpStats, Phase, ServerLabel, ServerMemory, StartEvent, StateEvent, StatsEvent, Thinking, Timing,
     TokenEvent, Usage, advice,
@@ -97,7 +97,7 @@ pub struct Turn {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error_kind: Option<crate::generation::ErrorKind>,
+    pub error_kind: Option<deltascope_protocol::generation::ErrorKind>,
     /// This turn re-ran turn N's prompt with other settings (a comparison).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compare_of: Option<usize>,
@@ -510,7 +510,7 @@ impl Turn {
                 }),
             ));
         } else if let Some(message) = &self.error {
-            let kind = self.error_kind.unwrap_or(crate::generation::ErrorKind::Internal);
+            let kind = self.error_kind.unwrap_or(deltascope_protocol::generation::ErrorKind::Internal);
             out.push((end_ms, EngineEvent::Error(ErrorEvent { kind, message: message.clone() })));
         }
         // A stable sort keeps the engine's order for events with the same timestamp.

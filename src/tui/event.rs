@@ -13,9 +13,9 @@ use std::path::PathBuf;
 
 use crate::backend::Backend;
 use crate::backend::local::Loaded;
-use crate::generation::EngineEvent;
 use crate::session::{Session, SessionInfo};
 use crate::verify::rescore::Rescore;
+use deltascope_protocol::generation::EngineEvent;
 
 // Events are moved once through a channel; boxing every token event would allocate per token.
 #[allow(clippy::large_enum_variant)]

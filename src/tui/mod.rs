@@ -37,10 +37,10 @@ use self::runner::Runner;
 use self::theme::Theme;
 use crate::backend::local::{Loaded, LocalSpec};
 use crate::backend::{self, BackendSpec, OpenProgress, ParamOverrides, Support};
-use crate::error::panic_message;
-use crate::generation::GenerationParams;
-use crate::generation::Thinking;
 use crate::session::{Session, default_sessions_dir};
+use deltascope_model::error::panic_message;
+use deltascope_protocol::generation::GenerationParams;
+use deltascope_protocol::generation::Thinking;
 
 /// Everything `deltascope chat` (or plain `deltascope`) was asked for.
 pub struct TuiOptions {
@@ -246,7 +246,7 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
     // Stopped by a signal: what was lost (if anything) and where its copy went are said once
     // the terminal is back (`main` prints the context), and the status names the signal.
     if let Some(signal) = app.stopped_by() {
-        let stopped = anyhow::Error::new(crate::error::Interrupted::new(signal));
+        let stopped = anyhow::Error::new(crate::exit::Interrupted::new(signal));
         return Err(match app.loss_report().or_else(|| app.copy_report()) {
             Some(said) => stopped.context(said),
             None => stopped,

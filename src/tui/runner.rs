@@ -13,10 +13,10 @@ use super::app::{App, Effect};
 use super::event::Inbound;
 use crate::backend::local::Loaded;
 use crate::backend::{Backend, BackendInfo, ChatRequest};
-use crate::generation::{EngineEvent, ErrorKind, Generation, GenerationParams, StepControl};
 use crate::session::{Session, list_sessions};
 use crate::verify::rescore::rescore;
 use crate::verify::score::Thresholds;
+use deltascope_protocol::generation::{EngineEvent, ErrorKind, Generation, GenerationParams, StepControl};
 
 /// What the runner owns: the backend, the live generation, the reference engine and the
 /// terminal's output stream.
@@ -44,7 +44,7 @@ impl Runner {
     pub(crate) fn opened(&mut self, app: &mut App, b: Box<dyn Backend>, opts: &TuiOptions, resumed: Option<&Session>) {
         match starting_settings(b.info(), opts, resumed) {
             Ok(params) => app.change_settings(|s| s.params = params),
-            Err(e) => app.fail(crate::error::error_text(&e)),
+            Err(e) => app.fail(crate::exit::error_text(&e)),
         }
         app.set_model(b.info().clone());
         self.backend = Some(b);

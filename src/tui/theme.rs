@@ -59,25 +59,28 @@ pub struct Theme {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ThemeError {
-    #[error("{file}: not valid TOML: {}", crate::error::brief(message))]
+    #[error("{file}: not valid TOML: {}", deltascope_model::error::brief(message))]
     Toml { file: String, message: String },
     #[error(
         "{file}: [colors] {} = \"{}\": not a colour (use a name like light-blue, an index 0-255 or #rrggbb)",
-        crate::error::brief(key),
-        crate::error::brief(value)
+        deltascope_model::error::brief(key),
+        deltascope_model::error::brief(value)
     )]
     BadColor { file: String, key: String, value: String },
-    #[error("{file}: unknown key `{}` (known keys: {known})", crate::error::brief(key))]
+    #[error("{file}: unknown key `{}` (known keys: {known})", deltascope_model::error::brief(key))]
     UnknownKey { file: String, key: String, known: String },
-    #[error("{file}: `{}` must be a string", crate::error::brief(key))]
+    #[error("{file}: `{}` must be a string", deltascope_model::error::brief(key))]
     NotAString { file: String, key: String },
-    #[error("unknown theme `{}` (built in: dark, light, high-contrast; user themes: {dir})", crate::error::brief(name))]
+    #[error(
+        "unknown theme `{}` (built in: dark, light, high-contrast; user themes: {dir})",
+        deltascope_model::error::brief(name)
+    )]
     Unknown { name: String, dir: String },
-    #[error("{file}: theme extends itself (`extends = \"{}\"`)", crate::error::brief(name))]
+    #[error("{file}: theme extends itself (`extends = \"{}\"`)", deltascope_model::error::brief(name))]
     Cycle { file: String, name: String },
     #[error("cannot read theme {file}: {message}")]
     Read { file: String, message: String },
-    #[error("{file}: code_theme = \"{}\": not a code theme (known: {known})", crate::error::brief(name))]
+    #[error("{file}: code_theme = \"{}\": not a code theme (known: {known})", deltascope_model::error::brief(name))]
     UnknownCodeTheme { file: String, name: String, known: String },
 }
 

@@ -25,7 +25,7 @@ use super::logprobs::{Entry, assign_entries, logprob_entries};
 pub use super::spec_report::MetricsDelta;
 use super::spec_report::server_mtp;
 
-use crate::generation::{
+use deltascope_protocol::generation::{
     CountSource, DiagnosticKind, EngineEvent, ErrorKind, FinishContext, FinishReason, GenerationParams, Marker, Phase,
     Reported, ServerMemory, Tally, TokenPiece, Verdict,
 };
@@ -418,7 +418,7 @@ impl FrameMapper {
                     n => format!("{why}; kept the {n} tokens that arrived"),
                 };
                 // The server's own words may be long or span lines: one line, long quotes cut.
-                emit(EngineEvent::error(kind, crate::error::brief(&message)));
+                emit(EngineEvent::error(kind, deltascope_model::error::brief(&message)));
                 return;
             }
         };
@@ -445,7 +445,10 @@ impl FrameMapper {
         let ctx = FinishContext {
             cap: None,
             // No tokenizer here: the forced end of thinking is estimated from the bridge text.
-            forced_close: (crate::generation::advice::estimate_forced(&self.tally.params().budget_bridge), false),
+            forced_close: (
+                deltascope_protocol::generation::advice::estimate_forced(&self.tally.params().budget_bridge),
+                false,
+            ),
             prefill_tok_s: prefill,
             reported,
             memory: None,

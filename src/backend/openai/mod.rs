@@ -28,9 +28,9 @@ use super::{
     Backend, BackendError, BackendInfo, BackendKind, BackendResult, BudgetMode, ChatRequest, DryRun, OpenProgress,
     Prompt, PromptTokens, ReasoningSplit, RemoteSpec, Support,
 };
-use crate::chat::{ChatTemplate, TextTokenizer};
-use crate::checkpoint::ModelSource;
-use crate::generation::{
+use deltascope_model::checkpoint::ModelSource;
+use deltascope_protocol::chat::{ChatTemplate, TextTokenizer};
+use deltascope_protocol::generation::{
     EngineEvent, ErrorKind, Generation, OnLoop, Preset, SamplingParams, ServerLabel, StartEvent, StepControl,
 };
 

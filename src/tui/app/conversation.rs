@@ -7,8 +7,8 @@ use super::replay::Replay;
 use super::saving::SaveState;
 use super::{App, Effect};
 use crate::backend::Prompt;
-use crate::generation::Thinking;
 use crate::session::{Session, Turn};
+use deltascope_protocol::generation::Thinking;
 
 /// The turn receiving engine events, and the app time its events count from.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -44,12 +44,12 @@ use super::keymap::Keymap;
 use super::sliders::Settings;
 use super::theme::Theme;
 use crate::backend::Prompt;
-use crate::generation::{EngineEvent, GenerationParams};
 use crate::session::Session;
 pub use crate::tui::panels::composer::{Composer, EditTarget, MAX_ROWS as COMPOSER_MAX_ROWS};
 pub use crate::tui::panels::messages::{Level, Message, MessageLog};
 pub use crate::tui::panels::state_scope::StateScope;
 pub use crate::tui::panels::transcript::PaneScroll;
+use deltascope_protocol::generation::{EngineEvent, GenerationParams};
 
 /// What the runner does for the app.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,7 +101,7 @@ pub enum Effect {
         turn: usize,
         prompt: Prompt,
         params: Box<GenerationParams>,
-        tokens: Vec<crate::generation::TokenEvent>,
+        tokens: Vec<deltascope_protocol::generation::TokenEvent>,
     },
 }
 
@@ -257,7 +257,7 @@ impl App {
         if end {
             // "cancelling…" is answered, so the status line does not keep it next to "● done".
             if let Some(t) = self.convo.session.turns.get(live.turn)
-                && t.finish_reason == Some(crate::generation::FinishReason::Cancelled)
+                && t.finish_reason == Some(deltascope_protocol::generation::FinishReason::Cancelled)
             {
                 let n = t.tokens.len();
                 self.say(Level::Info, format!("cancelled: the {n} token{} so far kept", if n == 1 { "" } else { "s" }));

@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 
 use super::{App, Effect, Level};
-use crate::generation::TokenEvent;
 use crate::tui::keymap::Action;
 use crate::verify::rescore::Rescore;
+use deltascope_protocol::generation::TokenEvent;
 
 /// The reference engine and the turns it re-scored.
 #[derive(Debug, Default)]

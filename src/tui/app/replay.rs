@@ -2,8 +2,8 @@
 
 use std::collections::VecDeque;
 
-use crate::generation::EngineEvent;
 use crate::session::{Session, Turn};
+use deltascope_protocol::generation::EngineEvent;
 
 /// A session being replayed: items due at (ms since the replay started).
 #[derive(Debug)]

@@ -2,8 +2,8 @@
 //! scrolling, the token inspector and the display toggles.
 
 use super::{App, Level, PaneScroll, StateScope};
-use crate::generation::DiagnosticKind;
 use crate::tui::keymap::Action;
+use deltascope_protocol::generation::DiagnosticKind;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Focus {

@@ -233,18 +233,18 @@ impl Action {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum KeymapError {
-    #[error("{file}: not valid TOML: {}", crate::error::brief(message))]
+    #[error("{file}: not valid TOML: {}", deltascope_model::error::brief(message))]
     Toml { file: String, message: String },
-    #[error("{file}: unknown action `{}` (actions: {known})", crate::error::brief(key))]
+    #[error("{file}: unknown action `{}` (actions: {known})", deltascope_model::error::brief(key))]
     UnknownAction { file: String, key: String, known: String },
     #[error(
         "{file}: {action} = \"{}\": not a key (examples: \"ctrl-r\", \"alt-enter\", \"f5\", \"pageup\", \"?\")",
-        crate::error::brief(spec)
+        deltascope_model::error::brief(spec)
     )]
     BadKey { file: String, action: String, spec: String },
-    #[error("{file}: `{}` must be a string or a list of strings", crate::error::brief(key))]
+    #[error("{file}: `{}` must be a string or a list of strings", deltascope_model::error::brief(key))]
     BadValue { file: String, key: String },
-    #[error("{file}: unknown table `{}` (expected [keys])", crate::error::brief(key))]
+    #[error("{file}: unknown table `{}` (expected [keys])", deltascope_model::error::brief(key))]
     UnknownTable { file: String, key: String },
     #[error("cannot read keymap {file}: {message}")]
     Read { file: String, message: String },

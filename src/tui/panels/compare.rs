@@ -11,15 +11,15 @@ use ratatui::widgets::{Block, Paragraph};
 use super::DrawCtx;
 use super::gauges::BudgetBar;
 use super::inspector::{fmt_logprob, fmt_p};
-use crate::generation::Phase;
 use crate::session::Turn;
 use crate::tui::highlight::block_line;
 use crate::tui::keymap::Action;
 use crate::tui::view::wrap::wrap;
-use crate::units::duration_ms;
 use crate::verify::rescore::Rescore;
 use crate::verify::score::{Agreement, Alt, Verdict};
 use crate::verify::server::PromptCheck;
+use deltascope_model::units::duration_ms;
+use deltascope_protocol::generation::Phase;
 
 /// Turns `a` (the original) and `b` (its re-run) of `turns`, side by side.
 pub fn draw(f: &mut Frame, area: Rect, ctx: &DrawCtx, turns: &[Turn], a: usize, b: usize) {

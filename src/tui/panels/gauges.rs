@@ -16,7 +16,7 @@ use crate::backend::BackendInfo;
 use crate::session::Turn;
 use crate::tui::theme::Theme;
 use crate::tui::view::wrap::wrap;
-use crate::units::{duration_ms, short_bytes};
+use deltascope_model::units::{duration_ms, short_bytes};
 use unicode_width::UnicodeWidthStr;
 
 pub const MIN_HEIGHT: u16 = 18;
@@ -118,7 +118,7 @@ impl Widget for BudgetBar {
 /// Where the loop a rescue ended began (the `loop_rescued` diagnostic's start, else where the
 /// rescue forced the end of thinking).
 fn rescued_loop(t: &Turn) -> Option<usize> {
-    let d = t.diagnostics.iter().find(|d| d.kind == crate::generation::DiagnosticKind::LoopRescued)?;
+    let d = t.diagnostics.iter().find(|d| d.kind == deltascope_protocol::generation::DiagnosticKind::LoopRescued)?;
     Some(d.start.unwrap_or(d.at_token))
 }
 
@@ -464,8 +464,8 @@ pub fn strip(f: &mut Frame, area: Rect, ctx: &DrawCtx, g: &Gauges) {
 #[cfg(test)]
 mod tests {
     use super::ttft;
-    use crate::generation::{EngineEvent, GenerationParams, Phase, StartEvent, TokenEvent};
     use crate::session::Turn;
+    use deltascope_protocol::generation::{EngineEvent, GenerationParams, Phase, StartEvent, TokenEvent};
 
     fn start() -> EngineEvent {
         EngineEvent::Start(StartEvent {

@@ -14,8 +14,8 @@ use ratatui::widgets::{Block, Paragraph};
 use super::messages::Level;
 use super::{Ctx, DrawCtx, Handled};
 use crate::backend::Support;
-use crate::generation::{GenerationParams, MAX_DEPTH, MtpMode, Preset, Thinking, range};
 use crate::tui::keymap::Action;
+use deltascope_protocol::generation::{GenerationParams, MAX_DEPTH, MtpMode, Preset, Thinking, range};
 
 /// What the next generation will use.
 #[derive(Debug, Clone, PartialEq)]

@@ -31,13 +31,13 @@ use unicode_width::UnicodeWidthStr;
 
 use super::DrawCtx;
 use super::Handled;
-use crate::generation::state::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
-use crate::generation::{GdnLayerState, Phase, StateEvent, StateMetric, TokenEvent};
 use crate::session::Turn;
 use crate::tui::app::Layout;
 use crate::tui::keymap::Action;
 use crate::tui::theme::Theme;
-use crate::units::{short_bytes, sig4 as sig};
+use deltascope_model::units::{short_bytes, sig4 as sig};
+use deltascope_protocol::generation::state::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
+use deltascope_protocol::generation::{GdnLayerState, Phase, StateEvent, StateMetric, TokenEvent};
 
 #[derive(Debug, Default)]
 pub struct StateScope {

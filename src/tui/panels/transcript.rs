@@ -12,7 +12,6 @@ use ratatui::widgets::{Block, Paragraph, Scrollbar, ScrollbarOrientation, Scroll
 
 use super::DrawCtx;
 use super::Handled;
-use crate::generation::{DiagnosticKind, DraftKind, Phase, TokenEvent};
 use crate::session::{Timed, Turn};
 use crate::tui::app::{ColourMode, Focus, PaneLayout, ThinkingView, ViewState};
 use crate::tui::highlight::Markdown;
@@ -20,7 +19,8 @@ use crate::tui::keymap::Action;
 use crate::tui::theme::Theme;
 use crate::tui::view::wrap::wrap;
 use crate::tui::view::{Pane, View};
-use crate::units::duration_ms;
+use deltascope_model::units::duration_ms;
+use deltascope_protocol::generation::{DiagnosticKind, DraftKind, Phase, TokenEvent};
 
 /// Scroll state of a streaming pane: `None` follows the tail.
 #[derive(Debug, Default)]

@@ -1,0 +1,21 @@
+//! The local loop: prefill, decode, sampling, budget forcing and MTP on the in-process model.
+//! It speaks the generation protocol (deltascope_protocol::generation) and never renders.
+
+#![forbid(unsafe_code)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+#![warn(unreachable_pub)]
+
+mod budget;
+mod generate;
+mod mtp;
+mod request;
+mod sampler;
+mod sequence;
+mod state_trace;
+mod worker;
+
+pub use generate::{Generator, Outcome};
+pub use request::GenerateRequest;
+pub use sampler::{Rng, Sampler, argmax};
+pub use sequence::{Compute, DecodeSequence, ModelSequence, check_prompt};
+pub use worker::EngineHandle;

@@ -1,0 +1,204 @@
+//! MTP speculative steps in the local loop: draft with the MTP head, verify in one target
+//! pass, keep the accepted prefix and the pass's own token (settings and acceptance maths in
+//! [`super::control`]).
+
+use std::time::Instant;
+
+use super::control::{AutoVerdict, DepthControl, prob, residual};
+use crate::generate::{Generator, Run, emit_stats};
+use crate::request::GenerateRequest;
+use crate::sampler::{Rng, draw_with};
+use crate::sequence::DecodeSequence;
+use deltascope_model::error::Result;
+use deltascope_protocol::generation::control::Control;
+use deltascope_protocol::generation::{DraftKind, FinishReason, GenerationParams, MtpStats, Phase, Verdict};
+
+/// Speculative decoding state of one generation.
+pub(crate) struct Spec {
+    pub control: DepthControl,
+    pub stats: MtpStats,
+    draft_rng: Rng,
+    /// When the previous step ended, and whether it was a plain one (for `auto`'s cost probe).
+    last_step: Option<(Instant, bool)>,
+}
+
+impl Spec {
+    /// `carried`: where `auto` left off in the previous generation on this model (ignored for a
+    /// fixed depth).
+    pub(crate) fn new(p: &GenerationParams, carried: Option<AutoVerdict>) -> Self {
+        let control = match carried {
+            Some(v) if p.mtp.is_auto() => DepthControl::resume(v),
+            _ => DepthControl::new(p.mtp),
+        };
+        Spec {
+            stats: MtpStats::new(control.depth),
+            control,
+            draft_rng: Rng::new(p.sampling.seed ^ 0x6d74_705f_6472_6166),
+            last_step: None,
+        }
+    }
+
+    /// Milliseconds since the previous step when it was of the same kind (a plain step after a
+    /// plain step, a pass after a pass): each such interval is one step's whole cost, sampling
+    /// and events included.
+    fn step_ms(&mut self, plain: bool) -> Option<f64> {
+        let now = Instant::now();
+        let ms = match self.last_step {
+            Some((t, was_plain)) if was_plain == plain => Some((now - t).as_secs_f64() * 1e3),
+            _ => None,
+        };
+        self.last_step = Some((now, plain));
+        ms
+    }
+}
+
+/// How a run of speculative steps ended.
+pub(crate) enum Rounds {
+    Finished(FinishReason),
+    /// Everything appended has been fed; these are the logits for the next position.
+    Fed(Vec<f32>),
+}
+
+impl Generator<'_> {
+    /// Speculative steps starting from `x`, a token just appended but not fed yet. Each step
+    /// drafts, verifies `[x, d1..dk]`, appends the accepted drafts and the verify pass's own token
+    /// (which becomes the next `x`), and keeps exactly what was appended. Drafting never crosses a
+    /// point where the engine must force tokens or stop (max_tokens, the thinking or answer
+    /// budget): there the depth shrinks, and at zero the token is fed plainly and control returns
+    /// to the main loop.
+    pub(crate) fn speculate(
+        &self,
+        run: &mut Run,
+        source: &mut dyn DecodeSequence,
+        req: &GenerateRequest,
+        mut x: u32,
+        control: &dyn Control,
+        spec: &mut Spec,
+    ) -> Result<Rounds> {
+        loop {
+            // Where the engine must force next (the thinking budget ran out, or a loop in
+            // thinking is to be rescued, at `x` or at the token before it in its UTF-8 grace),
+            // plain decoding feeds `x` and forces: so does this.
+            if must_force(run) {
+                return Ok(Rounds::Fed(source.feed(&[x])?));
+            }
+            let mut k = spec.control.depth.min(run.tally.room().saturating_sub(1));
+            let left = match run.tally.phase() {
+                Phase::Thinking => run.tally.budget_left(),
+                Phase::Answer => run.tally.answer_budget_left(),
+            };
+            if let Some(left) = left {
+                k = k.min(left.saturating_sub(1));
+            }
+            if k == 0 {
+                let logits = source.feed(&[x])?;
+                let ms = spec.step_ms(true);
+                spec.control.observe_plain(ms);
+                return Ok(Rounds::Fed(logits));
+            }
+            if !control.proceed() {
+                return Ok(Rounds::Finished(FinishReason::Cancelled));
+            }
+            // Draft: each token drawn from the draft distribution q (with its own generator, so
+            // draft and acceptance randomness stay independent).
+            let t0 = Instant::now();
+            let mut ds = run.sampler.clone();
+            let mut q_dists = vec![];
+            let rng = &mut spec.draft_rng;
+            let drafts = source.draft(x, k, &mut |logits| {
+                let q = ds.distribution(logits);
+                let d = draw_with(&q, rng);
+                ds.observe(d);
+                q_dists.push(q);
+                d
+            })?;
+            let t1 = Instant::now();
+            let mut block = vec![x];
+            block.extend(drafts.iter().map(|d| d.0));
+            let mut rows = source.verify(&block)?;
+            spec.stats.draft_ms += (t1 - t0).as_secs_f64() * 1e3;
+            spec.stats.verify_ms += t1.elapsed().as_secs_f64() * 1e3;
+            spec.stats.snapshot_bytes = source.rollback_bytes();
+
+            let mut accepted = 0;
+            let mut produced = 0;
+            let mut end = None;
+            let mut next = None;
+            // An accepted draft after which the engine must force (a loop alarm under
+            // `--on-loop answer`): the pass is cut there, as plain decoding would stop sampling.
+            let mut cut = false;
+            for (i, (d, _)) in drafts.iter().enumerate() {
+                let target = run.sampler.distribution(&rows[i]);
+                let ok = if run.sampler.is_greedy() {
+                    target[0].0 == *d
+                } else {
+                    run.sampler.uniform() < (prob(&target, *d) / prob(&q_dists[i], *d)).min(1.0)
+                };
+                if ok {
+                    accepted += 1;
+                    produced += 1;
+                    if let Verdict::Finish(f) = self.append(run, req, *d, false, &rows[i], DraftKind::Accepted) {
+                        end = Some(f);
+                        break;
+                    }
+                    if must_force(run) {
+                        cut = true;
+                        break;
+                    }
+                } else {
+                    let fix = if run.sampler.is_greedy() {
+                        target[0].0
+                    } else {
+                        run.sampler.draw(&residual(&target, &q_dists[i]))
+                    };
+                    produced += 1;
+                    next = Some(fix);
+                    if let Verdict::Finish(f) = self.append(run, req, fix, false, &rows[i], DraftKind::Bonus) {
+                        end = Some(f);
+                    }
+                    break;
+                }
+            }
+            if cut {
+                // The drafts after the cut were never judged: they count as neither accepted
+                // nor rejected. The pass's rows after the kept tokens are what plain decoding
+                // would have computed next.
+                source.accept(1 + accepted)?;
+                spec.stats.record(accepted, accepted, produced);
+                let ms = spec.step_ms(false);
+                spec.control.observe(accepted, accepted, produced, ms);
+                spec.stats.depth = spec.control.depth;
+                emit_stats(run, source, Some(&spec.stats));
+                return Ok(Rounds::Fed(rows.swap_remove(accepted)));
+            }
+            if end.is_none() && next.is_none() {
+                // Every draft held: the pass's last row gives one more token.
+                let bonus = run.sampler.sample(&rows[accepted]);
+                produced += 1;
+                next = Some(bonus);
+                if let Verdict::Finish(f) = self.append(run, req, bonus, false, &rows[accepted], DraftKind::Bonus) {
+                    end = Some(f);
+                }
+            }
+            source.accept(1 + accepted)?;
+            spec.stats.record(drafts.len(), accepted, produced);
+            let ms = spec.step_ms(false);
+            spec.control.observe(drafts.len(), accepted, produced, ms);
+            spec.stats.depth = spec.control.depth;
+            emit_stats(run, source, Some(&spec.stats));
+            if let Some(f) = end {
+                return Ok(Rounds::Finished(f));
+            }
+            x = next.unwrap_or_else(|| unreachable!("a verify pass always yields a token or a finish"));
+            if control.end_thinking_requested() {
+                run.tally.request_end_of_thinking();
+            }
+        }
+    }
+}
+
+/// The engine must force the end of thinking before the next sampled token (the thinking
+/// budget is spent, or a loop in thinking is to be rescued).
+fn must_force(run: &Run) -> bool {
+    run.tally.budget_spent() || run.tally.rescue_due()
+}

@@ -1,9 +1,0 @@
-//! What the local engine is asked to run: the prompt's token ids and the protocol's parameters.
-
-use crate::generation::GenerationParams;
-
-#[derive(Debug, Clone)]
-pub struct GenerateRequest {
-    pub prompt_ids: Vec<u32>,
-    pub params: GenerationParams,
-}
