@@ -1,16 +1,30 @@
-//! The layering of design.md §3 (and ../shared/architecture.json), enforced on the text of
-//! `src/`. Data flows one way — front ends → backend → generation / engine → model — and
-//! nothing imports upward. Three checks:
+//! The layering of design.md §3 (and ../shared/architecture.json) that the compiler cannot see.
 //!
-//! 1. every path into the crate (`crate::…`, `super::…`, `self::…`, `$crate::…`, the binary's
-//!    `deltascope::…`, and a name bound by such a `use`) is resolved to an absolute module path,
-//!    inline `mod x { … }` blocks included, and may only point at a part its own part is allowed
-//!    to import;
-//! 2. a part may re-export (`pub use`, `pub type`) only what every part allowed to import it may
-//!    import itself, so `use crate::backend::Model` cannot launder `crate::model::Model` into a
-//!    front end;
-//! 3. every exception listed here is still needed, and every developer tool that reaches past the
+//! The floors are crates (`crates/model`, `crates/protocol`, `crates/engine`, and `deltascope` at
+//! the root), so the compiler already refuses any path upward between floors, whatever its
+//! spelling: an alias, a macro, `extern crate self`, a public field. `the_crates_are_the_floors`
+//! pins that graph. What it cannot see is a rule between parts that share a crate, or a part
+//! reaching the wrong half of a crate below it: Core → Model inside the model crate, Chat →
+//! Generation or Generation → Model inside and below the protocol crate, and in the top crate the
+//! TUI reaching the CLI, or the TUI and the server reaching the model or the engine (the top crate
+//! depends on every floor). Those are read from the text of every crate:
+//!
+//! 1. every path into our crates (`crate::…`, `super::…`, `self::…`, `$crate::…`,
+//!    `deltascope_model::…`, `deltascope_protocol::…`, `deltascope_engine::…`, the binary's
+//!    `deltascope::…`, and a name bound by such a `use`) is resolved to an absolute module path
+//!    in one tree of parts (the engine crate's modules under `engine::`), inline `mod x { … }`
+//!    blocks included, and may only point at a part its own part is allowed to import;
+//! 2. a part may pass on (`pub use`, `pub type`, a `pub` field) only what every part allowed to
+//!    import it may import itself, so `use crate::backend::Model` cannot launder a model type
+//!    into a front end;
+//! 3. what would hide a path from 1 and 2 is refused outright: `extern crate` (it makes a new
+//!    anchor), `#[path]`, and a macro that assembles a path from the tokens it is handed;
+//! 4. every exception listed here is still needed, and every developer tool that reaches past the
 //!    backend says so in its module doc.
+//!
+//! Each of the four holes of the last review (a `pub type` over a privately imported name,
+//! `extern crate self as x`, a path-assembling macro, a public field) is planted in a scratch
+//! copy of the tree by its own test below, and caught.
 //!
 //! The source is read by a small Rust lexer: comments (nested block comments too), strings
 //! (raw, byte and C strings too) and char literals are dropped before anything is judged.
@@ -18,9 +32,13 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-/// The parts, by path prefix under `src/` (first match wins). Mirrors architecture.json `parts`.
+/// The parts, by path prefix in the one tree of all crates (see [`tree_at`]; first match wins).
+/// Mirrors architecture.json `parts`; `exit.rs` (the top crate's error text and signal exits) is
+/// a shared leaf like Core's.
 const PARTS: &[(&str, &str)] = &[
     ("error.rs", "Core"),
+    ("hash.rs", "Core"),
+    ("exit.rs", "Core"),
     ("checkpoint/", "Core"),
     ("units.rs", "Core"),
     ("devices.rs", "Core"),
@@ -34,7 +52,6 @@ const PARTS: &[(&str, &str)] = &[
     ("server/", "Server"),
     ("tui/", "Tui"),
     ("cli/", "Cli"),
-    ("verify/", "Verify"),
     ("main.rs", "Cli"),
     ("verify/", "Verify"),
 ];
@@ -42,6 +59,8 @@ const PARTS: &[(&str, &str)] = &[
 /// Which part the first segment of an absolute path (`crate::NAME::…`) reaches.
 const MODULES: &[(&str, &str)] = &[
     ("error", "Core"),
+    ("hash", "Core"),
+    ("exit", "Core"),
     ("Error", "Core"),
     ("Result", "Core"),
     ("checkpoint", "Core"),
@@ -132,6 +151,14 @@ const TOOL_EXCEPTIONS: &[(&str, &str, &str)] = &[
     ("cli/gpu.rs", "Model", "gpu probes devices and compiles the model's kernels"),
     ("cli/gpu_parity.rs", "Model", "gpu parity runs the CUDA model against the CPU model"),
     ("cli/gpu_parity.rs", "Engine", "gpu parity compares greedy generations of both devices"),
+];
+
+/// Macros that assemble a path from their input, each with why it stays inside its part. An
+/// entry the code no longer needs fails the test: remove it.
+const MACRO_EXCEPTIONS: &[(&str, &str)] = &[
+    // One GEMV body instantiated for each SIMD family: `$kernel` / `$block` name the family's
+    // own modules beside it in model/cpu/, never another part.
+    ("model/cpu/gemv.rs", "the SIMD families' modules inside model/cpu/"),
 ];
 
 /// Re-exports the general rule refuses but the tree still makes, as (file, resolved path
@@ -336,12 +363,16 @@ fn use_tree(toks: &[String], i: &mut usize, prefix: Vec<String>, out: &mut Vec<U
     }
 }
 
-/// An anchored path resolved against the module it is written in: the absolute segments under
-/// the crate root. `None` for a path the crate does not anchor (an extern crate, a child module,
+/// An anchored path resolved against the module it is written in: the absolute segments in the
+/// one tree of parts. `None` for a path the crate does not anchor (an extern crate, a child module,
 /// a local name), or a `super` past the root.
 fn resolve(module: &[String], segs: &[String]) -> Option<Vec<String>> {
     let (mut base, mut rest) = match segs.first()?.as_str() {
-        "crate" | "deltascope" => (vec![], &segs[1..]),
+        // The engine crate's modules sit under `engine::` in the one tree; the other crates'
+        // module names are their parts' own (model, error, chat, generation, …).
+        "crate" if module.first().is_some_and(|m| m == "engine") => (vec!["engine".to_string()], &segs[1..]),
+        "deltascope_engine" => (vec!["engine".to_string()], &segs[1..]),
+        "crate" | "deltascope" | "deltascope_model" | "deltascope_protocol" => (vec![], &segs[1..]),
         "self" => (module.to_vec(), &segs[1..]),
         "super" => (module.to_vec(), segs),
         _ => return None,
@@ -385,8 +416,37 @@ fn visible_before(toks: &[String], end: usize) -> bool {
     false
 }
 
-/// Every path into the crate in one file, resolved.
-fn reaches(rel: &str, src: &str) -> Vec<Reach> {
+/// Item keywords: after a visibility, anything else starts a field (`pub name: T`) or a tuple
+/// struct's field type (`pub T`).
+const ITEM_WORDS: &[&str] = &[
+    "fn",
+    "struct",
+    "enum",
+    "union",
+    "mod",
+    "use",
+    "type",
+    "const",
+    "static",
+    "trait",
+    "impl",
+    "unsafe",
+    "async",
+    "extern",
+    "macro_rules",
+    "crate",
+];
+
+/// What one file holds: every path into our crates, resolved, and what the scanner refuses
+/// outright because it would hide a path.
+#[derive(Default)]
+struct Scan {
+    reaches: Vec<Reach>,
+    refused: Vec<String>,
+}
+
+/// Every path into our crates in one file, resolved, and what is refused outright.
+fn scan(rel: &str, src: &str) -> Scan {
     let toks = tokens(src);
     let file_module = module_of_file(rel);
     // Inline `mod name { … }` blocks: (name, the brace depth inside them).
@@ -394,14 +454,20 @@ fn reaches(rel: &str, src: &str) -> Vec<Reach> {
     let mut depth = 0usize;
     // Names bound by a `use` of an anchored path, to their absolute path.
     let mut bound: Vec<(String, Vec<String>)> = vec![];
+    // Inside `pub type … ;`: what it names is passed on.
     let mut reexport_until_semi = false;
-    let mut out = vec![];
+    // Inside a `pub` field's type: (the brace depth it sits at, the `<`/`(` nesting inside it).
+    let mut pub_field: Option<(usize, usize)> = None;
+    // Inside a `macro_rules!` body: the brace depth it closes at.
+    let mut macro_body: Option<usize> = None;
+    let mut out = Scan::default();
     let mut i = 0;
     while i < toks.len() {
         let module: Vec<String> = file_module.iter().cloned().chain(inline.iter().map(|(n, _)| n.clone())).collect();
         let t = toks[i].as_str();
         let prev = if i > 0 { toks[i - 1].as_str() } else { "" };
         let next = toks.get(i + 1).map(String::as_str);
+        let passing_on = reexport_until_semi || pub_field.is_some();
         match t {
             "{" => {
                 depth += 1;
@@ -411,12 +477,79 @@ fn reaches(rel: &str, src: &str) -> Vec<Reach> {
                 if inline.last().is_some_and(|(_, d)| *d == depth) {
                     inline.pop();
                 }
+                if macro_body == Some(depth) {
+                    macro_body = None;
+                }
+                if pub_field.is_some_and(|(d, _)| d == depth) {
+                    pub_field = None;
+                }
                 depth = depth.saturating_sub(1);
                 i += 1;
             }
             ";" => {
                 reexport_until_semi = false;
                 i += 1;
+            }
+            "<" | "(" | "[" if pub_field.is_some() => {
+                pub_field = pub_field.map(|(d, n)| (d, n + 1));
+                i += 1;
+            }
+            ">" | ")" | "]" if pub_field.is_some() && prev != "-" => {
+                pub_field = match pub_field {
+                    // A tuple struct's `)` ends its last field.
+                    Some((_, 0)) => None,
+                    Some((d, n)) => Some((d, n - 1)),
+                    None => None,
+                };
+                i += 1;
+            }
+            "," if pub_field.is_some_and(|(_, n)| n == 0) => {
+                pub_field = None;
+                i += 1;
+            }
+            "pub" => {
+                // `pub name: T` (a field), or `pub T` in a tuple struct; `pub(crate)` too.
+                let mut k = i + 1;
+                if toks.get(k).is_some_and(|t| t == "(") {
+                    while toks.get(k).is_some_and(|t| t != ")") {
+                        k += 1;
+                    }
+                    k += 1;
+                }
+                let after = toks.get(k).map(String::as_str).unwrap_or("");
+                let is_self = toks.get(i + 2).is_some_and(|t| t == "self") && toks.get(i + 1).is_some_and(|t| t == "(");
+                if is_ident(after) && !ITEM_WORDS.contains(&after) && !is_self {
+                    pub_field = Some((depth, 0));
+                    let field_name = toks.get(k + 1).is_some_and(|t| t == ":");
+                    i = if field_name { k + 2 } else { k };
+                } else {
+                    i += 1;
+                }
+            }
+            "extern" if next == Some("crate") => {
+                out.refused.push(format!(
+                    "{rel}: `extern crate` makes a name the layering cannot follow; name the crate by its path"
+                ));
+                i += 2;
+            }
+            "#" if toks.get(i + 1).is_some_and(|t| t == "[") && toks.get(i + 2).is_some_and(|t| t == "path") => {
+                out.refused.push(format!("{rel}: `#[path]` places a file where its part cannot be told"));
+                i += 3;
+            }
+            "macro_rules" if next == Some("!") => {
+                // The body is the next `{ … }` (or `( … );`): judged until its closing brace.
+                macro_body = Some(depth + 1);
+                i += 2;
+            }
+            "$" if macro_body.is_some()
+                && next.is_some_and(|n| is_ident(n) && n != "crate")
+                && toks.get(i + 2).is_some_and(|t| t == "::") =>
+            {
+                out.refused.push(format!(
+                    "{rel}: a macro assembles a path from its input (`${}::…`); write the path out in full",
+                    next.unwrap_or("")
+                ));
+                i += 3;
             }
             "mod" if next.is_some_and(is_ident) && toks.get(i + 2).is_some_and(|b| b == "{") => {
                 inline.push((toks[i + 1].clone(), depth + 1));
@@ -444,18 +577,38 @@ fn reaches(rel: &str, src: &str) -> Vec<Reach> {
                         if let Some(b) = p.bind {
                             bound.push((b, path.clone()));
                         }
-                        out.push(Reach { path, reexport });
+                        out.reaches.push(Reach { path, reexport });
                     }
                 }
             }
-            "crate" | "super" | "self" | "deltascope" if next == Some("::") && prev != "::" => {
+            "crate"
+            | "super"
+            | "self"
+            | "deltascope"
+            | "deltascope_model"
+            | "deltascope_protocol"
+            | "deltascope_engine"
+                if next == Some("::") && prev != "::" =>
+            {
                 let mut paths = vec![];
                 use_tree(&toks, &mut i, vec![], &mut paths);
                 for p in paths {
                     if let Some(path) = resolve(&module, &p.segs) {
-                        out.push(Reach { path, reexport: reexport_until_semi });
+                        out.reaches.push(Reach { path, reexport: passing_on });
                     }
                 }
+            }
+            // What a `pub type` or a `pub` field names through a name a `use` bound: passed on.
+            _ if passing_on && prev != "::" && prev != "." && bound.iter().any(|(n, _)| n == t) => {
+                let (_, to) = bound.iter().rev().find(|(n, _)| n == t).expect("just found");
+                let mut path = to.clone();
+                let mut k = i + 1;
+                while toks.get(k).is_some_and(|c| c == "::") && toks.get(k + 1).is_some_and(|n| is_ident(n)) {
+                    path.push(toks[k + 1].clone());
+                    k += 2;
+                }
+                out.reaches.push(Reach { path, reexport: true });
+                i = k;
             }
             _ => i += 1,
         }
@@ -493,7 +646,16 @@ fn judge(files: &[(String, String)]) -> Verdict {
             continue;
         };
         let mut says_tool = false;
-        for r in reaches(rel, src) {
+        let Scan { reaches, refused } = scan(rel, src);
+        for r in refused {
+            match MACRO_EXCEPTIONS.iter().find(|(f, _)| f == rel) {
+                Some((f, _)) if r.contains("a macro assembles a path") => {
+                    v.used.insert(format!("{f} assembles paths"));
+                }
+                _ => v.bad.push(r),
+            }
+        }
+        for r in reaches {
             let first = r.path.first().map(String::as_str).unwrap_or("");
             let Some(to) = part_of_module(first) else {
                 v.bad.push(format!("{rel}: {} is in no part; add it to MODULES", r.shown()));
@@ -545,17 +707,37 @@ fn violations(files: &[(String, String)]) -> Vec<String> {
     judge(files).bad
 }
 
-fn tree() -> Vec<(String, String)> {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut paths = vec![];
-    rust_files(&src, &mut paths);
-    paths
-        .iter()
-        .map(|p| {
+/// Where each crate's sources sit in the one tree of parts: the model and protocol crates'
+/// module names are their parts' own, the engine crate's modules sit under `engine/` (its
+/// `lib.rs` is `engine/mod.rs`), the top crate's are under `src/`.
+const CRATE_SOURCES: &[(&str, &str)] =
+    &[("src", ""), ("crates/model/src", ""), ("crates/protocol/src", ""), ("crates/engine/src", "engine/")];
+
+/// Every Rust file of every crate under `root`, as (its path in the one tree, its text).
+fn tree_at(root: &Path) -> Vec<(String, String)> {
+    let mut files = vec![];
+    for (dir, prefix) in CRATE_SOURCES {
+        let src = root.join(dir);
+        let mut paths = vec![];
+        rust_files(&src, &mut paths);
+        for p in paths {
             let rel = p.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/");
-            (rel, std::fs::read_to_string(p).unwrap())
-        })
-        .collect()
+            let rel = match (*prefix, rel.as_str()) {
+                ("engine/", "lib.rs") => "engine/mod.rs".to_string(),
+                _ => format!("{prefix}{rel}"),
+            };
+            files.push((rel, std::fs::read_to_string(&p).unwrap()));
+        }
+    }
+    files
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn tree() -> Vec<(String, String)> {
+    tree_at(&root())
 }
 
 #[test]
@@ -567,7 +749,8 @@ fn imports_follow_the_layers() {
     let listed = TOOL_EXCEPTIONS
         .iter()
         .map(|(f, p, _)| format!("{f} → {p}"))
-        .chain(REEXPORT_EXCEPTIONS.iter().map(|(f, p, _)| format!("{f} re-exports {p}")));
+        .chain(REEXPORT_EXCEPTIONS.iter().map(|(f, p, _)| format!("{f} re-exports {p}")))
+        .chain(MACRO_EXCEPTIONS.iter().map(|(f, _)| format!("{f} assembles paths")));
     let stale: Vec<String> = listed.filter(|e| !verdict.used.contains(e)).collect();
     assert!(stale.is_empty(), "exceptions no longer needed; remove them from this test:\n{}", stale.join("\n"));
 }
@@ -578,6 +761,8 @@ fn imports_follow_the_layers() {
 /// launches), each with its `SAFETY:` comment.
 const UNSAFE_WALLS: &[(&str, &[&str])] = &[
     ("error.rs", &["#![forbid(unsafe_code)]"]),
+    ("hash.rs", &["#![forbid(unsafe_code)]"]),
+    ("exit.rs", &["#![forbid(unsafe_code)]"]),
     ("units.rs", &["#![forbid(unsafe_code)]"]),
     ("devices.rs", &["#![forbid(unsafe_code)]"]),
     ("checkpoint/mod.rs", &["#![deny(unsafe_code)]"]),
@@ -595,23 +780,21 @@ const UNSAFE_WALLS: &[(&str, &[&str])] = &[
 
 #[test]
 fn every_part_but_model_walls_off_unsafe_code() {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+    let files = tree();
     let mut missing = vec![];
     for (root, walls) in UNSAFE_WALLS {
-        let path = src.join(root);
-        // generation/ and verify/ are planned (issue 33): checked once they exist.
-        let Ok(text) = std::fs::read_to_string(&path) else {
-            assert!(!path.parent().is_some_and(|d| d != src && d.is_dir()), "{root} missing");
+        let Some((_, text)) = files.iter().find(|(rel, _)| rel == root) else {
+            missing.push(format!("{root}: not found in the tree of parts"));
             continue;
         };
         if !text.lines().any(|l| walls.contains(&l.trim())) {
-            missing.push(format!("src/{root}: needs `{}` at its top", walls.join("` or `")));
+            missing.push(format!("{root}: needs `{}` at its top", walls.join("` or `")));
         }
     }
     for (part, _) in PARTS.iter().filter(|(_, p)| *p != "Root" && *p != "Model") {
         let root = if part.ends_with('/') { format!("{part}mod.rs") } else { part.to_string() };
         if !UNSAFE_WALLS.iter().any(|(r, _)| *r == root) {
-            missing.push(format!("src/{root}: a part without an entry in UNSAFE_WALLS"));
+            missing.push(format!("{root}: a part without an entry in UNSAFE_WALLS"));
         }
     }
     assert!(missing.is_empty(), "unsafe code not walled off:\n{}", missing.join("\n"));
@@ -652,7 +835,18 @@ fn the_check_catches_what_it_is_for() {
         ["model/gdn.rs: Model → Engine (crate::engine::Phase)"]
     );
     assert_eq!(violations(&f("model/x.rs", "use crate::chat::TextTokenizer;")).len(), 1);
-    assert_eq!(violations(&f("engine/x.rs", "fn f() { crate::tui::app::App::new(); }")).len(), 1);
+    assert_eq!(violations(&f("tui/x.rs", "fn f() { crate::cli::run::x(); }")).len(), 1);
+    // The engine crate's `crate::` is its own root (`engine::` in the tree of parts).
+    assert!(violations(&f("engine/x.rs", "fn f() { crate::sampler::argmax(&[]); }")).is_empty());
+    assert_eq!(
+        violations(&f("tui/x.rs", "use deltascope_engine::Generator;")),
+        ["tui/x.rs: Tui → Engine (crate::engine::Generator)"]
+    );
+    assert_eq!(violations(&f("server/x.rs", "fn f() { deltascope_model::model::Model::load(); }")).len(), 1);
+    assert!(violations(&f("tui/x.rs", "use deltascope_model::units::human_bytes;")).is_empty());
+    assert_eq!(violations(&f("chat/x.rs", "use crate::generation::Event;")).len(), 1);
+    assert_eq!(violations(&f("generation/x.rs", "use deltascope_model::model::Model;")).len(), 1);
+    assert_eq!(violations(&f("checkpoint/x.rs", "use crate::model::Model;")).len(), 1);
     assert_eq!(violations(&f("tui/mod.rs", "use crate::model::Model;")).len(), 1);
     assert_eq!(violations(&f("tui/mod.rs", "use crate::cli::common::GenArgs;")).len(), 1);
     assert_eq!(violations(&f("server/mod.rs", "use crate::model::Model;")).len(), 1);
@@ -719,4 +913,174 @@ fn the_check_catches_what_it_is_for() {
     assert_eq!(violations(&f("newthing/mod.rs", "")).len(), 1);
     assert_eq!(violations(&f("tui/x.rs", "use crate::newthing::X;")).len(), 1);
     assert_eq!(violations(&f("model/mod.rs", "use super::*;")).len(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The review's four holes, each planted in a scratch copy of the tree and caught.
+
+/// A copy of every crate's sources in a temporary folder, laid out as in the repository.
+fn scratch_copy() -> tempfile::TempDir {
+    fn copy_dir(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let p = e.unwrap().path();
+            let dest = to.join(p.file_name().unwrap());
+            if p.is_dir() {
+                copy_dir(&p, &dest);
+            } else {
+                std::fs::copy(&p, &dest).unwrap();
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for (src, _) in CRATE_SOURCES {
+        copy_dir(&root().join(src), &dir.path().join(src));
+    }
+    dir
+}
+
+/// Replaces `from` (which must occur exactly once) by `to` in the copy's `file`.
+fn plant(dir: &Path, file: &str, from: &str, to: &str) {
+    let path = dir.join(file);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(text.matches(from).count(), 1, "{file}: the plant's anchor {from:?} must occur exactly once");
+    std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
+}
+
+/// Appends `code` to the copy's `file`.
+fn plant_at_end(dir: &Path, file: &str, code: &str) {
+    let path = dir.join(file);
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, format!("{text}\n{code}\n")).unwrap();
+}
+
+fn breaches_in(dir: &Path) -> Vec<String> {
+    judge(&tree_at(dir)).bad
+}
+
+#[test]
+fn a_scratch_copy_of_the_tree_is_clean() {
+    let dir = scratch_copy();
+    assert_eq!(breaches_in(dir.path()), Vec::<String>::new());
+}
+
+#[test]
+fn a_pub_type_over_a_privately_imported_name_is_caught() {
+    // The review's P2b: the private `use` is Backend → Engine (allowed), the alias passes the
+    // engine's Generator on to every part that may import the backend.
+    let dir = scratch_copy();
+    plant_at_end(
+        dir.path(),
+        "src/backend/local.rs",
+        "use deltascope_engine::Generator as EngineGenerator;\npub type PlantedGenerator<'a> = EngineGenerator<'a>;",
+    );
+    plant_at_end(dir.path(), "src/tui/event.rs", "use crate::backend::local::PlantedGenerator;");
+    assert_eq!(
+        breaches_in(dir.path()),
+        [
+            "backend/local.rs: Backend re-exports crate::engine::Generator (Engine), which Session, Server, Tui, Cli, Verify may not import"
+        ]
+    );
+    // P2c: a module bound by `use … as`, then a path through it.
+    let dir = scratch_copy();
+    plant_at_end(
+        dir.path(),
+        "src/backend/params.rs",
+        "use deltascope_engine as eng;\npub type PlantedHandle = eng::EngineHandle;",
+    );
+    let found = breaches_in(dir.path());
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].starts_with("backend/params.rs: Backend re-exports crate::engine::EngineHandle (Engine)"),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn extern_crate_self_is_caught() {
+    // The review's P3b: a new name for the top crate, through which a path reaches the CLI.
+    let dir = scratch_copy();
+    plant_at_end(
+        dir.path(),
+        "src/tui/render.rs",
+        "extern crate self as planted_ds;\nfn planted() { let _ = planted_ds::cli::common::GenArgs::default(); }",
+    );
+    assert_eq!(
+        breaches_in(dir.path()),
+        ["tui/render.rs: `extern crate` makes a name the layering cannot follow; name the crate by its path"]
+    );
+}
+
+#[test]
+fn a_macro_that_assembles_a_path_is_caught() {
+    // The review's P4: the definition holds `$root::$m`, the call `crate cli`.
+    let dir = scratch_copy();
+    plant_at_end(
+        dir.path(),
+        "src/tui/render.rs",
+        "macro_rules! planted_path { ($root:tt $m:ident) => { $root::$m::common::GenArgs::default() }; }\n\
+         fn planted() { let _ = planted_path!(crate cli); }",
+    );
+    assert_eq!(
+        breaches_in(dir.path()),
+        [
+            "tui/render.rs: a macro assembles a path from its input (`$root::…`); write the path out in full",
+            "tui/render.rs: a macro assembles a path from its input (`$m::…`); write the path out in full",
+        ]
+    );
+}
+
+#[test]
+fn a_public_field_that_hands_on_the_model_is_caught() {
+    // `Loaded` holds the model privately; made `pub`, the TUI (which holds a `Loaded`) would
+    // reach the tensors without naming the model crate.
+    let dir = scratch_copy();
+    plant(dir.path(), "src/backend/local.rs", "\n    model: Arc<Model>,", "\n    pub model: Arc<Model>,");
+    assert_eq!(
+        breaches_in(dir.path()),
+        [
+            "backend/local.rs: Backend re-exports crate::model::Model (Model), which Session, Server, Tui, Cli may not import"
+        ]
+    );
+    // A tuple struct's public field too.
+    let dir = scratch_copy();
+    plant_at_end(dir.path(), "src/backend/local.rs", "pub struct PlantedWeights(pub Arc<Model>);");
+    assert_eq!(breaches_in(dir.path()).len(), 1);
+}
+
+/// The dependencies between our crates, read from each manifest's `[dependencies]`.
+fn our_dependencies(manifest: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(manifest).unwrap();
+    let deps = text.split("\n[dependencies]\n").nth(1).unwrap_or("");
+    let deps = deps.split("\n[").next().unwrap_or("");
+    let mut out: Vec<String> = deps
+        .lines()
+        .filter_map(|l| l.split(['=', '.']).next())
+        .map(str::trim)
+        .filter(|n| n.starts_with("deltascope"))
+        .map(str::to_string)
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn the_crates_are_the_floors() {
+    // What the compiler holds: each floor names only the floors below it.
+    let floors: &[(&str, &[&str])] = &[
+        ("crates/model/Cargo.toml", &[]),
+        ("crates/protocol/Cargo.toml", &["deltascope-model"]),
+        ("crates/engine/Cargo.toml", &["deltascope-model", "deltascope-protocol"]),
+        ("Cargo.toml", &["deltascope-engine", "deltascope-model", "deltascope-protocol"]),
+    ];
+    for (manifest, below) in floors {
+        assert_eq!(our_dependencies(&root().join(manifest)), *below, "{manifest}");
+    }
+    // `cargo test` / `cargo run` at the root cover every floor.
+    let top = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let members = top.lines().find(|l| l.starts_with("default-members")).expect("default-members");
+    for (manifest, _) in &floors[..3] {
+        let dir = manifest.trim_end_matches("/Cargo.toml");
+        assert!(members.contains(&format!("\"{dir}\"")), "default-members lacks {dir}: {members}");
+    }
 }

@@ -11,9 +11,10 @@ use super::{
 };
 use deltascope_engine::{Compute, EngineHandle, GenerateRequest};
 use deltascope_model::checkpoint::{ModelSource, demo_source};
+use deltascope_model::devices::DeviceSpec;
 use deltascope_model::model::placement::{Placement, place, upload};
 use deltascope_model::model::{
-    DeviceSpec, DtypeChoice, LayerKind, LoadOptions, LoadProgress, Model, Precision, ResolvedDtype, read_config,
+    DtypeChoice, LayerKind, LoadOptions, LoadProgress, Model, Precision, ResolvedDtype, read_config,
 };
 use deltascope_model::units::human_bytes;
 use deltascope_protocol::chat::{ChatTemplate, RenderOptions, TextTokenizer};
@@ -23,8 +24,8 @@ use deltascope_protocol::generation::{Generation, SamplingParams, StepControl};
 #[derive(Debug, Clone)]
 pub struct LocalSpec {
     pub source: ModelSource,
-    /// `--dtype`: `auto` follows the checkpoint's config.json.
-    pub dtype: DtypeChoice,
+    /// `--dtype`: `auto` follows the checkpoint's config.json (set by [`LocalSpec::new`]).
+    dtype: DtypeChoice,
     /// Threads the layers run on (`None`: the physical cores).
     pub threads: Option<usize>,
     /// `--device`: checked before any weight is read.
@@ -73,21 +74,49 @@ pub fn cpu_kernel_refusal() -> Option<String> {
 /// A loaded model with its text side.
 pub struct Loaded {
     /// The weights on the host (the CPU engine itself, or the copy the GPUs were filled from).
-    pub model: Arc<Model>,
+    model: Arc<Model>,
     /// What generates: the CPU model, or the CUDA model on the placement's GPUs.
-    pub compute: Arc<dyn Compute>,
-    pub tokenizer: Arc<TextTokenizer>,
-    pub template: ChatTemplate,
-    pub name: String,
+    compute: Arc<dyn Compute>,
+    tokenizer: Arc<TextTokenizer>,
+    template: ChatTemplate,
+    name: String,
     /// Sampling defaults from generation_config.json.
-    pub generation_defaults: SamplingParams,
+    generation_defaults: SamplingParams,
     /// Where it runs, and why not on a GPU when `--device auto` found none.
-    pub placement: Placement,
+    placement: Placement,
     /// The activation precision, and why (`--dtype auto` follows the checkpoint).
-    pub dtype: ResolvedDtype,
+    dtype: ResolvedDtype,
 }
 
 impl Loaded {
+    /// The checkpoint's name, as the front ends show it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn tokenizer(&self) -> &TextTokenizer {
+        &self.tokenizer
+    }
+
+    /// The weights on the host, for the developer tools and the reference scorer (front ends
+    /// never touch tensors: the layering test holds the TUI and the server off this).
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// What generates (the CPU model or the CUDA one), for the tools that drive it directly.
+    pub fn compute(&self) -> &Arc<dyn Compute> {
+        &self.compute
+    }
+
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    pub fn dtype(&self) -> &ResolvedDtype {
+        &self.dtype
+    }
+
     /// Loads a checkpoint, reporting the bytes of weights read and then each small file.
     pub fn load(spec: &LocalSpec, progress: &dyn Fn(OpenProgress)) -> deltascope_model::Result<Self> {
         let mut placement = place(&spec.device)?;

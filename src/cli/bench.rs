@@ -180,17 +180,17 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let cpu = deltascope_model::model::cpu::CpuInfo::detect();
     let mut names = a.mtp.clone();
     if names.is_empty() {
-        let has_head = loaded.model.mtp.is_some();
+        let has_head = loaded.model().mtp.is_some();
         names = if has_head { DEFAULT_DEPTHS.iter().map(|d| d.to_string()).collect() } else { vec!["0".into()] };
         if !has_head {
-            eprintln!("{} has no MTP head: measuring --mtp 0 only", loaded.name);
+            eprintln!("{} has no MTP head: measuring --mtp 0 only", loaded.name());
         }
         settings = names.iter().map(|s| mtp_setting(s)).collect::<anyhow::Result<_>>()?;
     }
     // Traced passes run plain (the trace is per token), beside a plain row to compare with.
     let mut traced = vec![false; settings.len()];
     if a.trace_state {
-        if let Some(why) = loaded.compute.state_trace_refusal() {
+        if let Some(why) = loaded.compute().state_trace_refusal() {
             anyhow::bail!("--trace-state: {why}");
         }
         if !names.iter().any(|n| n == "0") {
@@ -202,11 +202,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         settings.push(MtpMode::Off);
         traced.push(true);
     }
-    if let Some(m) = settings.iter().find(|m| m.is_on() && loaded.model.mtp.is_none()) {
+    if let Some(m) = settings.iter().find(|m| m.is_on() && loaded.model().mtp.is_none()) {
         let which = m.to_string();
-        anyhow::bail!("--mtp {which}: {} has no MTP head, so only --mtp 0 can be measured", loaded.name);
+        anyhow::bail!("--mtp {which}: {} has no MTP head, so only --mtp 0 can be measured", loaded.name());
     }
-    let context = loaded.model.config.max_position_embeddings;
+    let context = loaded.model().config.max_position_embeddings;
     if let Some(n) = a.prompt_len {
         anyhow::ensure!(
             n + a.max_tokens <= context,
@@ -229,7 +229,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             }
         })
         .collect::<anyhow::Result<_>>()?;
-    let generator = Generator::new(&loaded.tokenizer, loaded.name.clone());
+    let generator = Generator::new(loaded.tokenizer(), loaded.name().to_string());
     let mut samples: Vec<Samples> = settings.iter().map(|_| Samples::default()).collect();
     let mut err = std::io::stderr().lock();
     // Rounds of one pass per setting, interleaved, so that a machine getting slower or faster
@@ -283,12 +283,12 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     if a.json {
         let mut v = serde_json::json!({
-            "model": loaded.name, "prompts": prompts, "prompt_tokens": lens, "max_tokens": a.max_tokens,
+            "model": loaded.name(), "prompts": prompts, "prompt_tokens": lens, "max_tokens": a.max_tokens,
             "warmup": a.warmup, "repeat": a.repeat, "cpu": cpu, "rows": rows, "rollback": rollback,
-            "load": {"seconds": loaded.model.load_seconds, "weights_bytes": loaded.model.weight_bytes(),
-                     "mapped_bytes": loaded.model.mapped_bytes},
-            "devices": loaded.placement.devices,
-            "dtype": loaded.dtype.precision.name(), "dtype_why": loaded.dtype.why,
+            "load": {"seconds": loaded.model().load_seconds, "weights_bytes": loaded.model().weight_bytes(),
+                     "mapped_bytes": loaded.model().mapped_bytes},
+            "devices": loaded.placement().devices,
+            "dtype": loaded.dtype().precision.name(), "dtype_why": loaded.dtype().why,
         });
         if let Some(s) = stopped {
             v["interrupted"] = s;
@@ -298,9 +298,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     writeln!(out, "{}", cpu.summary())?;
     writeln!(out, "threads: {} — {}", cpu.threads, cpu.threads_why)?;
-    writeln!(out, "dtype: {} — {}", loaded.dtype.precision.name(), loaded.dtype.why)?;
-    writeln!(out, "{} · runs on {}", loaded.model.storage_summary(), loaded.placement.devices.join(", "))?;
-    print_table(&mut out, &loaded.name, &lens, &a, &rows)?;
+    writeln!(out, "dtype: {} — {}", loaded.dtype().precision.name(), loaded.dtype().why)?;
+    writeln!(out, "{} · runs on {}", loaded.model().storage_summary(), loaded.placement().devices.join(", "))?;
+    print_table(&mut out, loaded.name(), &lens, &a, &rows)?;
     if let Some(rb) = rollback {
         writeln!(out, "\nrollback on one Qwen3.6-27B-shaped GDN layer (48 heads × 128 × 128, f32):")?;
         writeln!(out, "  copy the state once:          {:.3} ms", rb.copy_ms)?;
@@ -349,7 +349,7 @@ fn one_pass(
             trace_state,
             ..Default::default()
         };
-        let mut session = loaded.compute.sequence(drafting)?;
+        let mut session = loaded.compute().sequence(drafting)?;
         let started = Instant::now();
         let out = generator.generate(
             session.as_mut(),

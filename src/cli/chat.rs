@@ -65,11 +65,10 @@ pub fn run(a: ChatArgs) -> anyhow::Result<()> {
                 "--reference {}: no config.json there (a checkpoint directory of the server's model, or `demo`)",
                 dir.display()
             );
-            let spec = LocalSpec {
-                threads: super::common::checked_threads(a.model.threads)?,
-                device: DeviceSpec::Cpu,
-                ..LocalSpec::new(Some(dir), "f32").map_err(|e| anyhow::anyhow!("--reference: {}", e.message))?
-            };
+            let mut spec =
+                LocalSpec::new(Some(dir), "f32").map_err(|e| anyhow::anyhow!("--reference: {}", e.message))?;
+            spec.threads = super::common::checked_threads(a.model.threads)?;
+            spec.device = DeviceSpec::Cpu;
             Some((spec, dir.display().to_string()))
         }
         None => None,

@@ -74,21 +74,20 @@ pub struct LocalModelArgs {
 impl LocalModelArgs {
     /// The engine these flags name, on `device`.
     pub fn spec(&self, device: DeviceSpec) -> anyhow::Result<LocalSpec> {
-        Ok(LocalSpec {
-            threads: checked_threads(self.threads)?,
-            device,
-            strict_config: self.strict_config,
-            ..LocalSpec::new(self.model.as_deref(), &self.dtype)?
-        })
+        let mut spec = LocalSpec::new(self.model.as_deref(), &self.dtype)?;
+        spec.threads = checked_threads(self.threads)?;
+        spec.device = device;
+        spec.strict_config = self.strict_config;
+        Ok(spec)
     }
 
     /// Loads the model on the CPU, saying what a user must know about it.
     pub fn load(&self) -> anyhow::Result<Loaded> {
         let loaded = Loaded::load(&self.spec(DeviceSpec::Cpu)?, &|_: OpenProgress| {})?;
-        if let Some(note) = &loaded.placement.note {
+        if let Some(note) = &loaded.placement().note {
             eprintln!("{note}");
         }
-        for note in loaded.model.config.unknown_key_warnings(&loaded.model.source.file_label("config.json")) {
+        for note in loaded.model().config.unknown_key_warnings(&loaded.model().source.file_label("config.json")) {
             eprintln!("warning: {note}");
         }
         Ok(loaded)
@@ -152,13 +151,12 @@ impl ModelArgs {
                 "--kernels DIR: the CUDA kernels' sources are read for --device cuda|emu; --device cpu runs none of them"
             );
         }
-        Ok(LocalSpec {
-            threads: checked_threads(self.threads)?,
-            device: self.device.clone(),
-            kernels: self.kernels.clone(),
-            strict_config: self.strict_config,
-            ..LocalSpec::new(self.model.as_deref(), &self.dtype)?
-        })
+        let mut spec = LocalSpec::new(self.model.as_deref(), &self.dtype)?;
+        spec.threads = checked_threads(self.threads)?;
+        spec.device = self.device.clone();
+        spec.kernels = self.kernels.clone();
+        spec.strict_config = self.strict_config;
+        Ok(spec)
     }
 
     /// The backend these flags name.
@@ -228,7 +226,7 @@ pub fn load_local(args: &ModelArgs, command: &str) -> anyhow::Result<Loaded> {
         anyhow::bail!("`{command}` runs the in-process engine; it cannot use --server {url}");
     }
     let loaded = Loaded::load(&args.local_spec()?, &|_: OpenProgress| {})?;
-    if let Some(note) = &loaded.placement.note {
+    if let Some(note) = &loaded.placement().note {
         eprintln!("{note}");
     }
     Ok(loaded)

@@ -152,7 +152,7 @@ pub fn run(
         Ok(s)
     };
     let reference = Loaded::load(&spec(DeviceSpec::Cpu, "bf16")?, &|_: OpenProgress| {})?;
-    let tok = &reference.tokenizer;
+    let tok = &reference.tokenizer();
     let generator = Generator::new(tok, "parity");
     let one = vec![Gpu::open(kind, ordinal, kernels)?];
     let one_plan = plan(&cpu, &one, false)?;

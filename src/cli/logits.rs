@@ -59,17 +59,17 @@ pub fn run(a: LogitsArgs) -> anyhow::Result<()> {
     };
     let (_, ids) = loaded.render(&request)?;
     let prompt = Prompt { ids };
-    let mut state = loaded.model.new_state();
+    let mut state = loaded.model().new_state();
     let opts = ForwardOptions { hidden_norms: a.layers, check_finite: !a.layers, ..Default::default() };
-    let out = loaded.model.forward(&prompt.ids, &mut state, opts)?;
-    let layers = out.hidden_norms.as_deref().map(|stats| layer_rows(&loaded.model.config, stats));
+    let out = loaded.model().forward(&prompt.ids, &mut state, opts)?;
+    let layers = out.hidden_norms.as_deref().map(|stats| layer_rows(&loaded.model().config, stats));
     let logits = out.logits.row(0);
     let mut order: Vec<usize> = (0..logits.len()).collect();
     let k = a.top.min(logits.len());
     order.select_nth_unstable_by(k.saturating_sub(1), |x, y| logits[*y].total_cmp(&logits[*x]).then(x.cmp(y)));
     order.truncate(k);
     order.sort_by(|x, y| logits[*y].total_cmp(&logits[*x]).then(x.cmp(y)));
-    let text = |id: usize| loaded.tokenizer.decode(&[id as u32]);
+    let text = |id: usize| loaded.tokenizer().decode(&[id as u32]);
     let mut w = std::io::stdout().lock();
     if a.json {
         let top: Vec<_> =

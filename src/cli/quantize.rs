@@ -245,7 +245,7 @@ fn probe(src: &Path, dst: &Path) -> anyhow::Result<()> {
         };
         let (_, ids) = loaded.render(&request)?;
         let all = ForwardOptions { logits: LogitsRows::All, ..Default::default() };
-        let a = loaded.model.forward(&ids, &mut loaded.model.new_state(), all)?.logits;
+        let a = loaded.model().forward(&ids, &mut loaded.model().new_state(), all)?.logits;
         let b = fp8_model.forward(&ids, &mut fp8_model.new_state(), all)?.logits;
         for r in 0..a.rows {
             let (x, y) = (a.row(r), b.row(r));

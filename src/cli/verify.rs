@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::common::ModelArgs;
-use crate::backend::local::{Loaded, LocalSpec};
+use crate::backend::local::Loaded;
 use crate::backend::{Backend, BackendKind, BackendSpec, OpenProgress, ReasoningSplit};
 use crate::verify::against;
 use crate::verify::probes::{self, Probe};
@@ -89,13 +89,15 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         // in exact f32 unless --dtype names a precision: `auto` would make a bf16 checkpoint's
         // yardstick carry bf16 rounding of its own, doubling the noise an agreeing subject shows.
         None => {
-            let spec = LocalSpec { device: DeviceSpec::Cpu, ..a.model.local_spec()? }.exact_unless_named();
+            let mut spec = a.model.local_spec()?;
+            spec.device = DeviceSpec::Cpu;
+            let spec = spec.exact_unless_named();
             Yardstick::Engine(Box::new(Loaded::load(&spec, &|_: OpenProgress| {})?))
         }
     };
     let probes = if own.is_empty() {
         match &yardstick {
-            Yardstick::Engine(r) => probes::builtin(a.quick, &|t| r.tokenizer.encode(t).map_or(0, |ids| ids.len())),
+            Yardstick::Engine(r) => probes::builtin(a.quick, &|t| r.tokenizer().encode(t).map_or(0, |ids| ids.len())),
             // No tokenizer here: about four characters a token.
             Yardstick::Server(_) => probes::builtin(a.quick, &|t| t.len() / 4),
         }
@@ -106,7 +108,7 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     let mut err = std::io::stderr().lock();
     let who = describe(subject.as_ref());
     let reference_name = match &yardstick {
-        Yardstick::Engine(r) => format!("the reference {} on the CPU", r.name),
+        Yardstick::Engine(r) => format!("the reference {} on the CPU", r.name()),
         Yardstick::Server(b) => {
             format!("{} as the yardstick (neither server is known to be right)", describe(b.as_ref()))
         }

@@ -37,7 +37,7 @@ impl Runner {
 
     /// The reference engine is loaded.
     pub(crate) fn reference_opened(&mut self, app: &mut App, r: Arc<Loaded>) {
-        app.reference_loaded(Ok(r.name.clone()));
+        app.reference_loaded(Ok(r.name().to_string()));
         self.reference = Some(r);
     }
 

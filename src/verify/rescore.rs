@@ -90,7 +90,7 @@ pub fn rescore(
         _ => reference.identity().differs_from(subject),
     };
     Ok(Rescore {
-        reference: reference.name.clone(),
+        reference: reference.name().to_string(),
         prompt_tokens: prompt_ids.len(),
         prompt,
         positions: scored.positions,

@@ -115,7 +115,7 @@ pub fn check(
     let req = request(probe);
     let (_, prompt_ids) = reference.render(&req)?;
     let mut report = ProbeReport::new(&probe.name, prompt_ids.len(), PromptCheck::NotChecked { why: String::new() });
-    let context = reference.model.config.max_position_embeddings;
+    let context = reference.model().config.max_position_embeddings;
     let subject_context = subject.info().context;
     let fits = |c: usize| prompt_ids.len() + probe.max_tokens <= c;
     if !fits(context) || subject_context.is_some_and(|c| !fits(c)) {
@@ -172,15 +172,15 @@ pub fn score_generation(
     thresholds: &Thresholds,
 ) -> Result<Scored, VerifyError> {
     let (mut tokens, unmapped) = subject_tokens(events, reference)?;
-    let text = |id: u32| reference.tokenizer.decode(&[id]);
-    let banned = if ignore_eos { reference.tokenizer.specials.stop.clone() } else { vec![] };
-    let mut positions = score::score(&reference.model, prompt_ids, &tokens, &text, &banned)?;
+    let text = |id: u32| reference.tokenizer().decode(&[id]);
+    let banned = if ignore_eos { reference.tokenizer().specials.stop.clone() } else { vec![] };
+    let mut positions = score::score(reference.model(), prompt_ids, &tokens, &text, &banned)?;
     // A server whose reasoning parser takes `<think>` / `</think>` out of the stream (vLLM,
     // SGLang, deltascope serve) never shows them: where the reference is sure of a tag the
     // subject never sent, the tag is put back (hidden: forced through, not scored) and the
     // rest scored again; so is the whitespace the parser ate right after a `</think>` put
     // back. A server that streams its tags (llama.cpp, asked not to split) is taken at its word.
-    let tags: Vec<u32> = [reference.tokenizer.specials.think_start, reference.tokenizer.specials.think_end]
+    let tags: Vec<u32> = [reference.tokenizer().specials.think_start, reference.tokenizer().specials.think_end]
         .into_iter()
         .flatten()
         .filter(|tag| !tokens.iter().any(|t| t.id == *tag))
@@ -196,7 +196,7 @@ pub fn score_generation(
         let Some((at, id, text_of)) = missing else { break };
         tokens.insert(at, SubjectToken { id, text: text_of, logprob: None, top: vec![], hidden: true });
         inserted.push(at);
-        positions = score::score(&reference.model, prompt_ids, &tokens, &text, &banned)?;
+        positions = score::score(reference.model(), prompt_ids, &tokens, &text, &banned)?;
     }
     let verdict = score::verdict(&positions, thresholds);
     Ok(Scored { positions, verdict, unmapped, inserted })
@@ -243,8 +243,9 @@ pub fn prompt_check(
     let Some(at) = (0..ids.len().max(theirs.ids.len())).find(|&i| ids.get(i) != theirs.ids.get(i)) else {
         return PromptCheck::Same { tokens: ids.len() };
     };
-    let name =
-        |id: Option<&u32>| id.map_or("(the end)".into(), |&id| format!("{id} {:?}", reference.tokenizer.decode(&[id])));
+    let name = |id: Option<&u32>| {
+        id.map_or("(the end)".into(), |&id| format!("{id} {:?}", reference.tokenizer().decode(&[id])))
+    };
     let ours = reference.render(req).ok().and_then(|(t, _)| t);
     let text_at = match (ours, theirs.text) {
         (Some(a), Some(b)) => {
@@ -302,7 +303,7 @@ fn subject_tokens(events: &[TokenEvent], reference: &Loaded) -> Result<Mapped, V
     if sends_no_logprobs(events) {
         return Err(VerifyError::Cannot("the server sends no logprobs (nothing to compare with the reference)".into()));
     }
-    let tok = &reference.tokenizer;
+    let tok = &reference.tokenizer();
     let single = |text: &str| match tok.encode(text) {
         Ok(ids) if ids.len() == 1 => Some(ids[0]),
         _ => None,
