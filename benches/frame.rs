@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 use criterion::{Criterion, criterion_group, criterion_main};
-use deltascope_protocol::generation::{DraftKind, FinishReason, Phase};
+use deltascope_protocol::{DraftKind, FinishReason, Phase};
 use ratatui::crossterm::event::{KeyCode, KeyModifiers};
 
 fn long_transcript() -> deltascope::tui::app::App {

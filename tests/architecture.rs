@@ -371,6 +371,12 @@ fn resolve(module: &[String], segs: &[String]) -> Option<Vec<String>> {
         // The engine crate's modules sit under `engine::` in the one tree; the other crates'
         // module names are their parts' own (model, error, chat, generation, …).
         "crate" if module.first().is_some_and(|m| m == "engine") => (vec!["engine".to_string()], &segs[1..]),
+        // A lower crate's face: `deltascope_protocol::TextTokenizer` is chat::TextTokenizer.
+        c @ ("deltascope_model" | "deltascope_protocol" | "deltascope_engine")
+            if let Some(to) = segs.get(1).and_then(|name| face_of(c, name)) =>
+        {
+            (to, &segs[2..])
+        }
         "deltascope_engine" => (vec!["engine".to_string()], &segs[1..]),
         "crate" | "deltascope" | "deltascope_model" | "deltascope_protocol" => (vec![], &segs[1..]),
         "self" => (module.to_vec(), &segs[1..]),
@@ -383,6 +389,43 @@ fn resolve(module: &[String], segs: &[String]) -> Option<Vec<String>> {
     }
     base.extend(rest.iter().filter(|s| *s != "self").cloned());
     Some(base)
+}
+
+/// The lower crates: their name in a path, their `lib.rs`, and where their modules sit in the
+/// one tree of parts.
+const LOWER_CRATES: &[(&str, &str, &str)] = &[
+    ("deltascope_model", "crates/model/src/lib.rs", ""),
+    ("deltascope_protocol", "crates/protocol/src/lib.rs", ""),
+    ("deltascope_engine", "crates/engine/src/lib.rs", "engine"),
+];
+
+/// What `name` is in `krate`'s face (its `lib.rs`'s `pub use`s), as a path in the one tree.
+fn face_of(krate: &str, name: &str) -> Option<Vec<String>> {
+    static FACES: std::sync::OnceLock<Vec<(String, String, Vec<String>)>> = std::sync::OnceLock::new();
+    let faces = FACES.get_or_init(|| {
+        let mut out = vec![];
+        for (krate, lib, prefix) in LOWER_CRATES {
+            let toks = tokens(&std::fs::read_to_string(root().join(lib)).unwrap());
+            let mut i = 0;
+            while i < toks.len() {
+                if toks[i] == "use" && visible_before(&toks, i) {
+                    i += 1;
+                    let mut paths = vec![];
+                    use_tree(&toks, &mut i, vec![], &mut paths);
+                    for p in paths {
+                        let Some(bind) = p.bind else { continue };
+                        let path =
+                            prefix.split('/').filter(|s| !s.is_empty()).map(str::to_string).chain(p.segs).collect();
+                        out.push((krate.to_string(), bind, path));
+                    }
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        out
+    });
+    faces.iter().find(|(k, n, _)| k == krate && n == name).map(|(_, _, p)| p.clone())
 }
 
 /// One path into the crate found in a file.
@@ -840,7 +883,7 @@ fn the_check_catches_what_it_is_for() {
     assert!(violations(&f("engine/x.rs", "fn f() { crate::sampler::argmax(&[]); }")).is_empty());
     assert_eq!(
         violations(&f("tui/x.rs", "use deltascope_engine::Generator;")),
-        ["tui/x.rs: Tui → Engine (crate::engine::Generator)"]
+        ["tui/x.rs: Tui → Engine (crate::engine::generate::Generator)"]
     );
     assert_eq!(violations(&f("server/x.rs", "fn f() { deltascope_model::model::Model::load(); }")).len(), 1);
     assert!(violations(&f("tui/x.rs", "use deltascope_model::units::human_bytes;")).is_empty());
@@ -978,7 +1021,7 @@ fn a_pub_type_over_a_privately_imported_name_is_caught() {
     assert_eq!(
         breaches_in(dir.path()),
         [
-            "backend/local.rs: Backend re-exports crate::engine::Generator (Engine), which Session, Server, Tui, Cli, Verify may not import"
+            "backend/local.rs: Backend re-exports crate::engine::generate::Generator (Engine), which Session, Server, Tui, Cli, Verify may not import"
         ]
     );
     // P2c: a module bound by `use … as`, then a path through it.

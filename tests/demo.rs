@@ -14,8 +14,8 @@ use std::sync::atomic::AtomicBool;
 use deltascope_engine::argmax;
 use deltascope_engine::{GenerateRequest, Generator, ModelSequence, Outcome};
 use deltascope_model::model::{ForwardOptions, LayerTrace, LoadOptions, LogitsRows, Model, ModelSource, demo_source};
-use deltascope_protocol::chat::{ChatTemplate, RenderOptions, TextTokenizer};
-use deltascope_protocol::generation::{DiagnosticKind, EngineEvent, FinishReason, GenerationParams};
+use deltascope_protocol::{ChatTemplate, RenderOptions, TextTokenizer};
+use deltascope_protocol::{DiagnosticKind, EngineEvent, FinishReason, GenerationParams};
 use serde_json::{Value, json};
 
 struct Demo {

@@ -16,7 +16,7 @@ use deltascope::tui::app::{App, AppConfig, Effect, SessionsDir};
 use deltascope::tui::keymap::Keymap;
 use deltascope::tui::sliders::Settings;
 use deltascope::tui::theme::Theme;
-use deltascope_protocol::generation::{DiagnosticKind, EngineEvent, FinishReason};
+use deltascope_protocol::{DiagnosticKind, EngineEvent, FinishReason};
 use ratatui::crossterm::event::{KeyCode, KeyModifiers};
 
 fn demo() -> LocalBackend {
@@ -30,7 +30,7 @@ fn app_on(session: Session, backend: &LocalBackend) -> App {
         keymap: Keymap::default(),
         settings: Settings {
             params: session.turns.last().map(|t| t.params.clone()).unwrap_or_else(|| params(256, None)),
-            resume_thinking: deltascope_protocol::generation::Thinking::Unlimited,
+            resume_thinking: deltascope_protocol::Thinking::Unlimited,
             preset: None,
             mtp: deltascope::backend::Support::Yes,
             context: backend.info().context,

@@ -376,8 +376,8 @@ fn a_broken_fp8_checkpoint_is_refused_by_name() {
 #[test]
 fn the_fp8_demo_answers_its_held_out_problems_about_as_well() {
     use deltascope_engine::{GenerateRequest, Generator, ModelSequence};
-    use deltascope_protocol::chat::{ChatTemplate, RenderOptions, TextTokenizer};
-    use deltascope_protocol::generation::GenerationParams;
+    use deltascope_protocol::GenerationParams;
+    use deltascope_protocol::{ChatTemplate, RenderOptions, TextTokenizer};
     use serde_json::{Value, json};
     use std::sync::atomic::AtomicBool;
 

@@ -576,7 +576,7 @@ fn keymap_theme_and_config_toml() {
 #[test]
 fn serve_request_bodies() {
     use deltascope::server::request;
-    use deltascope_protocol::generation::SamplingParams;
+    use deltascope_protocol::SamplingParams;
     let chat = json!({
         "model": "embedded:demo", "messages": [{"role": "system", "content": "Be brief."},
             {"role": "user", "content": [{"type": "text", "text": "Is 91 prime?"}]},
@@ -619,7 +619,7 @@ fn serve_request_bodies() {
 #[test]
 fn sse_frames_through_the_remote_backend() {
     use deltascope::backend::{self, BackendSpec, ChatMessage, ChatRequest, Prompt, RemoteSpec, Role};
-    use deltascope_protocol::generation::{EngineEvent, GenerationParams};
+    use deltascope_protocol::{EngineEvent, GenerationParams};
     use replay::{After, ReplayServer, Reply, Route, sse_frames};
 
     let streams: Vec<Vec<Vec<u8>>> = [

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use deltascope_engine::{DecodeSequence, GenerateRequest, Generator, ModelSequence, Outcome};
 use deltascope_model::Result;
 use deltascope_model::model::{LoadOptions, Model, ModelSource, demo_source, read_config};
-use deltascope_protocol::chat::{ChatTemplate, RenderOptions, TextTokenizer};
-use deltascope_protocol::generation::events::Memory;
-use deltascope_protocol::generation::{
+use deltascope_protocol::Memory;
+use deltascope_protocol::{ChatTemplate, RenderOptions, TextTokenizer};
+use deltascope_protocol::{
     Control, Diagnostic, DiagnosticKind, DoneEvent, EngineEvent, FinishReason, GenerationParams, LoopParams, MtpMode,
     OnLoop, Phase, QWEN_BUDGET_BRIDGE, SamplingParams, StepControl, Thinking,
 };

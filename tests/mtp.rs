@@ -7,8 +7,8 @@ use std::sync::atomic::AtomicBool;
 
 use deltascope_engine::{GenerateRequest, Generator, ModelSequence, Outcome};
 use deltascope_model::model::{ForwardOptions, LoadOptions, Model, ModelSource, demo_source};
-use deltascope_protocol::chat::{ChatTemplate, RenderOptions, TextTokenizer};
-use deltascope_protocol::generation::{
+use deltascope_protocol::{ChatTemplate, RenderOptions, TextTokenizer};
+use deltascope_protocol::{
     DiagnosticKind, DraftKind, EngineEvent, FinishReason, GenerationParams, LoopParams, MtpMode, OnLoop,
     SamplingParams, StatsEvent, Thinking, TokenEvent,
 };
@@ -311,7 +311,7 @@ impl deltascope_engine::DecodeSequence for Logged<'_> {
     fn context_len(&self) -> usize {
         self.inner.context_len()
     }
-    fn memory(&self) -> deltascope_protocol::generation::events::Memory {
+    fn memory(&self) -> deltascope_protocol::Memory {
         self.inner.memory()
     }
     fn can_draft(&self) -> bool {

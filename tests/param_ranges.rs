@@ -8,7 +8,7 @@ use deltascope::backend::{BackendInfo, BackendKind, Support};
 use deltascope::cli::common::GenArgs;
 use deltascope::session::Session;
 use deltascope::tui::sliders::{Settings, Slider};
-use deltascope_protocol::generation::{GenerationParams, MtpMode, RANGES, SamplingParams, Thinking, range};
+use deltascope_protocol::{GenerationParams, MtpMode, RANGES, SamplingParams, Thinking, range};
 
 /// A context long enough that only the table (not the context bound) judges.
 const CONTEXT: usize = 1 << 20;
@@ -328,7 +328,7 @@ fn refusals_name_the_field_in_every_front_end() {
     // A value out of range that no flag set is blamed on where it came from: the server's own
     // defaults (llama.cpp's /props), the model's generation_config.json; a flag overrides it.
     let mut served = info();
-    served.kind = BackendKind::Remote(deltascope_protocol::generation::ServerLabel {
+    served.kind = BackendKind::Remote(deltascope_protocol::ServerLabel {
         kind: "llama.cpp".into(),
         version: None,
         url: "http://127.0.0.1:8080".into(),

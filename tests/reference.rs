@@ -25,7 +25,7 @@
 use std::path::PathBuf;
 
 use deltascope_model::model::{ForwardOptions, LoadOptions, Model, ModelSource, Precision};
-use deltascope_protocol::chat::{ChatTemplate, RenderOptions, TextTokenizer};
+use deltascope_protocol::{ChatTemplate, RenderOptions, TextTokenizer};
 use serde_json::Value;
 
 /// Absolute logit tolerance for f32 (the bar).

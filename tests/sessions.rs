@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use common::*;
 use deltascope::session::{Session, Turn, list_sessions};
 use deltascope::tui::event::Inbound;
-use deltascope_protocol::generation::{DiagnosticKind, DraftKind, FinishReason, Phase};
+use deltascope_protocol::{DiagnosticKind, DraftKind, FinishReason, Phase};
 
 fn examples_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sessions")
@@ -194,7 +194,7 @@ fn make_example_sessions() {
                   user: &str,
                   raw: bool,
                   thinking: bool,
-                  tweak: &dyn Fn(&mut deltascope_protocol::generation::GenerationParams)| {
+                  tweak: &dyn Fn(&mut deltascope_protocol::GenerationParams)| {
         // The command line's defaults (loop thresholds, MTP depth), greedy.
         let mut args = ChatArgs::default().generation;
         args.temperature = Some(0.0);
@@ -202,7 +202,7 @@ fn make_example_sessions() {
         params.top_logprobs = 5;
         tweak(&mut params);
         if !thinking {
-            params.thinking = deltascope_protocol::generation::Thinking::Off;
+            params.thinking = deltascope_protocol::Thinking::Off;
         }
         let prompt =
             if raw { Prompt::Text(user.to_string()) } else { Prompt::Chat(vec![ChatMessage::new(Role::User, user)]) };
@@ -305,7 +305,7 @@ fn sessions_are_compact_and_grow_linearly() {
     let sent: Vec<_> = replayed
         .iter()
         .filter_map(|(_, e)| match e {
-            deltascope_protocol::generation::EngineEvent::Stats(s) => s.mtp.clone(),
+            deltascope_protocol::EngineEvent::Stats(s) => s.mtp.clone(),
             _ => None,
         })
         .collect();
@@ -485,7 +485,7 @@ fn a_format_3_file_counts_forced_tokens_apart_when_read() {
         turn.apply(&token(i, phase, text, if forced { 0.0 } else { -0.1 }, DraftKind::None, forced), 1.0 + i as f64);
     }
     let mut end = done(FinishReason::Stop, 5, 3, 2, "97 / 2", "97 is prime.");
-    if let deltascope_protocol::generation::EngineEvent::Done(d) = &mut end {
+    if let deltascope_protocol::EngineEvent::Done(d) = &mut end {
         d.usage.forced_tokens = 3;
     }
     turn.apply(&end, 9.0);

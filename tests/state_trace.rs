@@ -11,8 +11,8 @@ use deltascope_engine::{GenerateRequest, Generator, ModelSequence};
 use deltascope_model::model::{
     ForwardOptions, GdnPassTrace, LayerKind, LayerTrace, LoadOptions, Model, ModelSource, StateTrace, read_config,
 };
-use deltascope_protocol::chat::TextTokenizer;
-use deltascope_protocol::generation::{EngineEvent, GenerationParams, MtpMode};
+use deltascope_protocol::TextTokenizer;
+use deltascope_protocol::{EngineEvent, GenerationParams, MtpMode};
 use serde_json::Value;
 
 fn root() -> PathBuf {

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use deltascope_model::model::{ModelSource, read_config};
-use deltascope_protocol::chat::{ChatTemplate, IncrementalDecoder, RenderOptions, TextTokenizer};
+use deltascope_protocol::{ChatTemplate, IncrementalDecoder, RenderOptions, TextTokenizer};
 use serde_json::Value;
 
 fn root() -> PathBuf {

@@ -13,8 +13,8 @@ use deltascope::tui::app::{App, AppConfig, EditTarget, Effect, Focus, SessionsDi
 use deltascope::tui::event::Inbound;
 use deltascope::tui::keymap::Keymap;
 use deltascope::tui::theme::Theme;
-use deltascope_protocol::generation::ErrorKind;
-use deltascope_protocol::generation::{DiagnosticKind, DraftKind, EngineEvent, FinishReason, Phase};
+use deltascope_protocol::ErrorKind;
+use deltascope_protocol::{DiagnosticKind, DraftKind, EngineEvent, FinishReason, Phase};
 use ratatui::crossterm::event::{Event, KeyCode, KeyModifiers};
 
 const W: u16 = 160;

@@ -214,7 +214,7 @@ fn workbench_in_tmux() {
     assert_eq!(saved.len(), 1, "one autosaved session in {}", sessions.display());
     let s = deltascope::session::Session::load(&saved[0].path()).unwrap();
     assert_eq!(s.turns.len(), 2);
-    assert_eq!(s.turns[1].finish_reason, Some(deltascope_protocol::generation::FinishReason::Cancelled));
+    assert_eq!(s.turns[1].finish_reason, Some(deltascope_protocol::FinishReason::Cancelled));
     assert_eq!(s.turns[1].params.max_tokens, 1536);
 }
 
@@ -294,14 +294,9 @@ fn terminal_restored_after_panic_error_and_signal() {
     assert_eq!(saved.len(), 1, "the session was saved on SIGTERM");
     let s = deltascope::session::Session::load(&saved[0].path()).unwrap();
     assert_eq!(s.turns.len(), 2);
-    assert_eq!(s.turns[0].finish_reason, Some(deltascope_protocol::generation::FinishReason::Stop));
+    assert_eq!(s.turns[0].finish_reason, Some(deltascope_protocol::FinishReason::Stop));
     // The interrupted turn was closed properly: cancelled, with its usage, not left open.
-    assert_eq!(
-        s.turns[1].finish_reason,
-        Some(deltascope_protocol::generation::FinishReason::Cancelled),
-        "{:?}",
-        s.turns[1]
-    );
+    assert_eq!(s.turns[1].finish_reason, Some(deltascope_protocol::FinishReason::Cancelled), "{:?}", s.turns[1]);
     assert!(s.turns[1].stats.usage.is_some());
 }
 
@@ -361,7 +356,7 @@ fn paste_and_hangup() {
     let s = deltascope::session::Session::load(&saved[0].path()).unwrap();
     assert_eq!(s.turns.len(), 2, "{:?}", s.turns.iter().map(|t| &t.user).collect::<Vec<_>>());
     assert_eq!(s.turns[0].user, "Is 91 prime?\nPlease think it through.");
-    assert_eq!(s.turns[1].finish_reason, Some(deltascope_protocol::generation::FinishReason::Cancelled));
+    assert_eq!(s.turns[1].finish_reason, Some(deltascope_protocol::FinishReason::Cancelled));
     let err = std::fs::read_to_string(&stderr).unwrap_or_default();
     let log = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(!err.contains("panicked") && !log.contains("panic"), "no panic:\nstderr: {err}\nlog: {log}");

@@ -13,7 +13,7 @@ mod tmux;
 
 use std::path::Path;
 
-use deltascope_protocol::generation::FinishReason;
+use deltascope_protocol::FinishReason;
 use llama_server::{Build, LlamaServer, ServerConfig};
 use tmux::{shell, shell_quote};
 

@@ -7,7 +7,7 @@ use common::*;
 use deltascope::session::Session;
 use deltascope::tui::app::{EditTarget, Effect, Focus, Overlay};
 use deltascope::tui::event::Inbound;
-use deltascope_protocol::generation::{DiagnosticKind, DraftKind, EngineEvent, FinishReason, Phase, Thinking};
+use deltascope_protocol::{DiagnosticKind, DraftKind, EngineEvent, FinishReason, Phase, Thinking};
 use ratatui::crossterm::event::{KeyCode, KeyModifiers};
 
 const W: u16 = 160;
@@ -65,7 +65,7 @@ fn healthy_run_with_markdown_answer_and_gauges() {
 
 #[test]
 fn memory_gauge_shows_each_device_of_a_layer_split() {
-    use deltascope_protocol::generation::{DeviceMemory, EngineEvent as E};
+    use deltascope_protocol::{DeviceMemory, EngineEvent as E};
     let mut app = app();
     healthy_turn(&mut app, false);
     let mut done = done(FinishReason::Stop, 16, 10, 10, THINKING, ANSWER);
@@ -849,7 +849,7 @@ fn state_view_without_a_trace_says_what_to_press() {
 #[test]
 fn a_server_backend_says_why_there_is_no_state_view() {
     use deltascope::backend::{BackendKind, Support};
-    use deltascope_protocol::generation::ServerLabel;
+    use deltascope_protocol::ServerLabel;
     let mut app = app();
     let mut info = model();
     info.kind = BackendKind::Remote(ServerLabel {
@@ -870,7 +870,7 @@ fn a_server_backend_says_why_there_is_no_state_view() {
 
 #[test]
 fn a_state_alarm_raises_a_banner_and_the_view_opens_on_that_head() {
-    use deltascope_protocol::generation::Diagnostic;
+    use deltascope_protocol::Diagnostic;
     let mut app = app();
     traced_turn(&mut app, 6, 4);
     let alarm = Diagnostic {
@@ -906,7 +906,7 @@ fn a_state_alarm_raises_a_banner_and_the_view_opens_on_that_head() {
 /// "No state trace".
 #[test]
 fn the_state_view_shows_the_pass_that_went_non_finite() {
-    use deltascope_protocol::generation::Diagnostic;
+    use deltascope_protocol::Diagnostic;
     let mut app = app();
     let mut p = params(256, None);
     p.trace_state = true;
@@ -960,7 +960,7 @@ fn the_history_keeps_the_prompts_stars() {
 #[test]
 fn the_status_bar_says_when_a_run_samples_and_with_whose_defaults() {
     use deltascope::backend::{BackendKind, ParamOverrides};
-    use deltascope_protocol::generation::{SamplingParams, ServerLabel};
+    use deltascope_protocol::{SamplingParams, ServerLabel};
     let mut info = model();
     info.kind = BackendKind::Remote(ServerLabel {
         kind: "llama.cpp".into(),
@@ -1062,7 +1062,7 @@ fn an_estimated_prompt_count_is_marked_in_the_gauge() {
     engine(&mut app, start(0, &p), 1.0);
     engine(&mut app, token(0, Phase::Answer, "No.", -0.1, DraftKind::None, false), 2.0);
     let mut d = done(FinishReason::Cancelled, 23, 0, 1, "", "No.");
-    if let deltascope_protocol::generation::EngineEvent::Done(ref mut d) = d {
+    if let deltascope_protocol::EngineEvent::Done(ref mut d) = d {
         d.usage.prompt_estimate = Some("llama.cpp's /tokenize of the rendered chat (no usage frame came)".into());
     }
     engine(&mut app, d, 3.0);

@@ -17,8 +17,8 @@ use deltascope_model::model::{
     DtypeChoice, LayerKind, LoadOptions, LoadProgress, Model, Precision, ResolvedDtype, read_config,
 };
 use deltascope_model::units::human_bytes;
-use deltascope_protocol::chat::{ChatTemplate, RenderOptions, TextTokenizer};
-use deltascope_protocol::generation::{Generation, SamplingParams, StepControl};
+use deltascope_protocol::{ChatTemplate, RenderOptions, TextTokenizer};
+use deltascope_protocol::{Generation, SamplingParams, StepControl};
 
 /// Which checkpoint, at which precision.
 #[derive(Debug, Clone)]
@@ -272,7 +272,7 @@ impl LocalBackend {
         let engine = EngineHandle::spawn(loaded.compute.clone(), loaded.tokenizer.clone(), loaded.name.clone())
             .map_err(|e| {
                 BackendError::new(
-                    deltascope_protocol::generation::ErrorKind::Internal,
+                    deltascope_protocol::ErrorKind::Internal,
                     format!("cannot start the engine thread: {e}"),
                 )
             })?;

@@ -17,9 +17,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use deltascope_protocol::generation::{
-    ErrorKind, Generation, GenerationParams, SamplingParams, ServerLabel, StepControl,
-};
+use deltascope_protocol::{ErrorKind, Generation, GenerationParams, SamplingParams, ServerLabel, StepControl};
 
 pub use deltascope_model::checkpoint::ModelSource;
 pub use params::{ParamOverrides, defaults_source, flag};
@@ -280,7 +278,7 @@ impl BackendError {
 
 impl From<deltascope_model::Error> for BackendError {
     fn from(e: deltascope_model::Error) -> Self {
-        BackendError::new(deltascope_protocol::generation::error_kind(&e), e.to_string())
+        BackendError::new(deltascope_protocol::error_kind(&e), e.to_string())
     }
 }
 

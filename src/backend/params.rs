@@ -3,9 +3,7 @@
 //! the preset, then the backend's defaults (generation_config.json, or the server's own).
 
 use super::{BackendError, BackendInfo, BackendResult};
-use deltascope_protocol::generation::{
-    GenerationParams, LoopParams, MtpMode, OnLoop, Preset, QWEN_BUDGET_BRIDGE, Thinking,
-};
+use deltascope_protocol::{GenerationParams, LoopParams, MtpMode, OnLoop, Preset, QWEN_BUDGET_BRIDGE, Thinking};
 
 /// The generation settings a user asked for; `None` means "the backend's default".
 #[derive(Debug, Clone, PartialEq)]

@@ -16,7 +16,7 @@ use crate::backend::local::Loaded;
 use crate::backend::{ChatMessage, ChatRequest, Prompt, Role};
 use deltascope_engine::{GenerateRequest, Generator};
 use deltascope_model::model::gdn::replay_head;
-use deltascope_protocol::generation::{GenerationParams, Memory, MtpMode, MtpStats, SamplingParams};
+use deltascope_protocol::{GenerationParams, Memory, MtpMode, MtpStats, SamplingParams};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {

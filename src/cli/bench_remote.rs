@@ -12,7 +12,7 @@ use super::bench_stats::Spread;
 use super::common;
 use super::interrupt::Interrupt;
 use crate::backend::{ChatMessage, ChatRequest, Prompt, Role};
-use deltascope_protocol::generation::{EngineEvent, ErrorKind, FinishReason, MtpStats};
+use deltascope_protocol::{EngineEvent, ErrorKind, FinishReason, MtpStats};
 
 #[derive(Debug, Serialize)]
 pub struct RequestRow {

@@ -14,7 +14,7 @@ use crate::backend::{
     ReasoningSplit, RemoteSpec, Role,
     local::{Loaded, LocalSpec},
 };
-use deltascope_protocol::generation::{MtpMode, OnLoop, Preset, Thinking};
+use deltascope_protocol::{MtpMode, OnLoop, Preset, Thinking};
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {

@@ -25,7 +25,7 @@ use deltascope_model::devices::DeviceSpec;
 use deltascope_model::model::cuda::{self, CudaModel, DeviceKind, Gpu};
 use deltascope_model::model::placement::plan::{DeviceBudget, DevicePlan, PlanInputs, plan_devices};
 use deltascope_model::model::{Forward, ForwardOptions, LoadOptions, LogitsRows, Mat, Model, Precision};
-use deltascope_protocol::generation::{GenerationParams, MtpMode};
+use deltascope_protocol::{GenerationParams, MtpMode};
 
 /// Logits agree when the largest difference is within this share of the largest |logit| of
 /// the row: bf16 activations round at every sublayer (2⁻⁸ relative each), and the GPU's sums

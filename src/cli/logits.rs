@@ -10,7 +10,7 @@ use super::common::{self, LocalModelArgs, PromptArgs};
 use crate::backend::ChatRequest;
 use deltascope_model::model::config::LayerKind;
 use deltascope_model::model::{ForwardOptions, HiddenStats, ModelConfig};
-use deltascope_protocol::generation::{GenerationParams, Thinking};
+use deltascope_protocol::{GenerationParams, Thinking};
 
 struct Prompt {
     ids: Vec<u32>,

@@ -13,7 +13,7 @@ use rayon::prelude::*;
 use super::common;
 use super::safetensors_out::Layout;
 use crate::backend::ChatRequest;
-use deltascope_protocol::generation::{GenerationParams, Thinking};
+use deltascope_protocol::{GenerationParams, Thinking};
 // A developer tool (architecture.json): it rewrites the model's tensors and compares logits.
 use deltascope_model::model::fp8;
 use deltascope_model::model::storage::Weights;

@@ -8,7 +8,7 @@ use clap::{Args, ValueEnum};
 use super::common::{self, GenArgs, ModelArgs, PromptArgs};
 use super::interrupt::Interrupt;
 use crate::backend::ChatRequest;
-use deltascope_protocol::generation::{Diagnostic, DoneEvent, EngineEvent, FinishReason, Fix, Phase, TokenEvent};
+use deltascope_protocol::{Diagnostic, DoneEvent, EngineEvent, FinishReason, Fix, Phase, TokenEvent};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {

@@ -9,7 +9,7 @@ use super::common::{device_spec, whole_number};
 use crate::backend::{self, BackendSpec, OpenProgress};
 use crate::server::{ServeConfig, serve};
 use deltascope_model::devices::DeviceSpec;
-use deltascope_protocol::generation::{GenerationParams, MtpMode};
+use deltascope_protocol::{GenerationParams, MtpMode};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {

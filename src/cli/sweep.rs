@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::common::{self, GenArgs, ModelArgs, PromptArgs};
 use super::interrupt::Interrupt;
 use crate::backend::{Backend, ChatRequest, Prompt};
-use deltascope_protocol::generation::{DiagnosticKind, EngineEvent, ErrorKind, FinishReason, OnLoop};
+use deltascope_protocol::{DiagnosticKind, EngineEvent, ErrorKind, FinishReason, OnLoop};
 
 #[derive(Args, Debug)]
 pub struct SweepArgs {

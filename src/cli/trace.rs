@@ -13,10 +13,8 @@ use super::common::{self, GenArgs, ModelArgs, PromptArgs};
 use super::interrupt::Interrupt;
 use crate::backend::ChatRequest;
 use deltascope_model::units::{short_bytes, sig4};
-use deltascope_protocol::generation::state::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
-use deltascope_protocol::generation::{
-    DiagnosticKind, EngineEvent, FinishReason, Numerics, StateEvent, StateMetric, TokenEvent,
-};
+use deltascope_protocol::{DiagnosticKind, EngineEvent, FinishReason, Numerics, StateEvent, StateMetric, TokenEvent};
+use deltascope_protocol::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
 
 #[derive(Args, Debug)]
 pub struct TraceArgs {
@@ -711,7 +709,7 @@ pub fn plot(t: &Trace, metric: StateMetric, layer: usize) -> anyhow::Result<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use deltascope_protocol::generation::GdnLayerState;
+    use deltascope_protocol::GdnLayerState;
 
     fn event(at: Option<usize>, beta: f32, norm: f32) -> StateEvent {
         StateEvent {

@@ -11,7 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use deltascope_protocol::generation::{DiagnosticKind, DoneEvent, Memory};
+use deltascope_protocol::{DiagnosticKind, DoneEvent, Memory};
 
 type Labels = Vec<(String, String)>;
 

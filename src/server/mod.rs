@@ -31,7 +31,7 @@ use serde_json::json;
 use tokio::sync::{Mutex, OwnedMutexGuard, OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::backend::{Backend, BackendError, ChatRequest, Prompt};
-use deltascope_protocol::generation::{EngineEvent, ErrorKind, GenerationParams, MtpMode, StepControl, Thinking};
+use deltascope_protocol::{EngineEvent, ErrorKind, GenerationParams, MtpMode, StepControl, Thinking};
 use error::ApiError;
 use metrics::Metrics;
 use request::Parsed;

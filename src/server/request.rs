@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::backend::{ChatMessage, ChatRequest, Prompt, Role};
-use deltascope_protocol::generation::{GenerationParams, QWEN_BUDGET_BRIDGE, SamplingParams, Thinking, range};
+use deltascope_protocol::{GenerationParams, QWEN_BUDGET_BRIDGE, SamplingParams, Thinking, range};
 
 use super::error::ApiError;
 

@@ -15,9 +15,7 @@ use serde_json::{Value, json};
 use super::error::ApiError;
 use super::metrics::Metrics;
 use super::{Endpoint, Running};
-use deltascope_protocol::generation::{
-    Diagnostic, DoneEvent, EngineEvent, ErrorEvent, FinishReason, Phase, TokenEvent,
-};
+use deltascope_protocol::{Diagnostic, DoneEvent, EngineEvent, ErrorEvent, FinishReason, Phase, TokenEvent};
 
 pub(crate) struct Context {
     pub id: String,
@@ -225,7 +223,7 @@ pub(crate) fn stream(ctx: Context, run: Running) -> impl Stream<Item = Result<By
                     run.finished = true;
                     ctx.metrics.finished("error", None, &[]);
                     let err = ErrorEvent {
-                        kind: deltascope_protocol::generation::ErrorKind::Internal,
+                        kind: deltascope_protocol::ErrorKind::Internal,
                         message: "the engine's stream ended early".into(),
                     };
                     return Some((frame(&error_value(&err)), (ctx, run, seen, Phase2::Done)));

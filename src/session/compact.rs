@@ -21,7 +21,7 @@ use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::Timed;
-use deltascope_protocol::generation::{Alternative, DraftKind, Phase, TokenEvent};
+use deltascope_protocol::{Alternative, DraftKind, Phase, TokenEvent};
 
 /// An alternative as stored: `[id, logprob, text]`, or `null` for the token itself (the
 /// sampled token is usually its own first alternative: written once, not twice).

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use super::{Session, format_timestamp};
-use deltascope_protocol::generation::FinishReason;
+use deltascope_protocol::FinishReason;
 
 impl Session {
     /// A readable transcript: prompts, thinking (quoted), answers, parameters and statistics.

@@ -24,7 +24,7 @@ pub use self::listing::{SessionInfo, delete_session, list_sessions, rename_sessi
 pub use self::turn::{Timed, Turn, TurnStats, mtp_label};
 use crate::backend::{ChatMessage, Role};
 #[cfg(doc)]
-use deltascope_protocol::generation::EngineEvent;
+use deltascope_protocol::EngineEvent;
 
 /// The file format this build writes. Version 1 files (before the remote backend; their
 /// tokens always had ids), version 2 files (one JSON object per token) and version 3 files

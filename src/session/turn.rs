@@ -4,10 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use deltascope_protocol::generation::{
+use deltascope_protocol::{
     CountSource, Diagnostic, DiagnosticKind, DoneEvent, EngineEvent, ErrorEvent, FinishReason, Fix, GenerationParams,
     Memory, MtpMode, MtpStats, Phase, ServerLabel, ServerMemory, StartEvent, StateEvent, StatsEvent, Thinking, Timing,
-    TokenEvent, Usage, advice,
+    TokenEvent, Usage, estimate_forced, starved, truncated,
 };
 
 /// An engine event and when it arrived (milliseconds since the request was sent). Stored
@@ -97,7 +97,7 @@ pub struct Turn {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error_kind: Option<deltascope_protocol::generation::ErrorKind>,
+    pub error_kind: Option<deltascope_protocol::ErrorKind>,
     /// This turn re-ran turn N's prompt with other settings (a comparison).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compare_of: Option<usize>,
@@ -370,12 +370,12 @@ impl Turn {
             match (d.fix, d.kind) {
                 (Some(f), _) => Some(f),
                 (None, DiagnosticKind::ThinkingExhaustedMaxTokens) => {
-                    let forced = (advice::estimate_forced(&p.budget_bridge), false);
-                    Some(advice::starved(p.max_tokens, self.thinking_tokens(), p.thinking.budget(), forced, cap).0)
+                    let forced = (estimate_forced(&p.budget_bridge), false);
+                    Some(starved(p.max_tokens, self.thinking_tokens(), p.thinking.budget(), forced, cap).0)
                 }
                 (None, DiagnosticKind::AnswerTruncated) => {
                     let by_budget = p.answer_budget.is_some_and(|b| self.answer_tokens() >= b);
-                    Some(advice::truncated(p.max_tokens, by_budget, cap))
+                    Some(truncated(p.max_tokens, by_budget, cap))
                 }
                 _ => None,
             }
@@ -510,7 +510,7 @@ impl Turn {
                 }),
             ));
         } else if let Some(message) = &self.error {
-            let kind = self.error_kind.unwrap_or(deltascope_protocol::generation::ErrorKind::Internal);
+            let kind = self.error_kind.unwrap_or(deltascope_protocol::ErrorKind::Internal);
             out.push((end_ms, EngineEvent::Error(ErrorEvent { kind, message: message.clone() })));
         }
         // A stable sort keeps the engine's order for events with the same timestamp.

@@ -15,7 +15,7 @@ use crate::backend::Backend;
 use crate::backend::local::Loaded;
 use crate::session::{Session, SessionInfo};
 use crate::verify::rescore::Rescore;
-use deltascope_protocol::generation::EngineEvent;
+use deltascope_protocol::EngineEvent;
 
 // Events are moved once through a channel; boxing every token event would allocate per token.
 #[allow(clippy::large_enum_variant)]

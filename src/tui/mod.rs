@@ -39,8 +39,8 @@ use crate::backend::local::{Loaded, LocalSpec};
 use crate::backend::{self, BackendSpec, OpenProgress, ParamOverrides, Support};
 use crate::session::{Session, default_sessions_dir};
 use deltascope_model::error::panic_message;
-use deltascope_protocol::generation::GenerationParams;
-use deltascope_protocol::generation::Thinking;
+use deltascope_protocol::GenerationParams;
+use deltascope_protocol::Thinking;
 
 /// Everything `deltascope chat` (or plain `deltascope`) was asked for.
 pub struct TuiOptions {

@@ -16,7 +16,7 @@ use crate::backend::{Backend, BackendInfo, ChatRequest};
 use crate::session::{Session, list_sessions};
 use crate::verify::rescore::rescore;
 use crate::verify::score::Thresholds;
-use deltascope_protocol::generation::{EngineEvent, ErrorKind, Generation, GenerationParams, StepControl};
+use deltascope_protocol::{EngineEvent, ErrorKind, Generation, GenerationParams, StepControl};
 
 /// What the runner owns: the backend, the live generation, the reference engine and the
 /// terminal's output stream.

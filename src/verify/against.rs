@@ -10,7 +10,7 @@ use super::probes::Probe;
 use super::score::{Alt, Position, Thresholds};
 use super::server::{ProbeReport, PromptCheck, VerifyError};
 use crate::backend::{Backend, BackendError, ChatRequest};
-use deltascope_protocol::generation::{ErrorKind, TokenEvent};
+use deltascope_protocol::{ErrorKind, TokenEvent};
 
 /// Runs `probe` on `subject` and on `reference` and compares them.
 pub fn check_pair(

@@ -10,7 +10,7 @@ use super::score::{Agreement, Position, Thresholds, Verdict, agreement};
 use super::server::{PromptCheck, VerifyError, prompt_check, score_generation};
 use crate::backend::local::Loaded;
 use crate::backend::{ChatRequest, ModelIdentity, PromptTokens};
-use deltascope_protocol::generation::TokenEvent;
+use deltascope_protocol::TokenEvent;
 
 /// One turn, re-scored.
 #[derive(Debug, Clone, PartialEq)]

@@ -10,7 +10,7 @@ use super::probes::Probe;
 use super::score::{self, Position, SubjectToken, Thresholds, Verdict};
 use crate::backend::local::Loaded;
 use crate::backend::{Backend, BackendError, ChatRequest, Prompt, PromptTokens};
-use deltascope_protocol::generation::{EngineEvent, GenerationParams, SamplingParams, Thinking, TokenEvent};
+use deltascope_protocol::{EngineEvent, GenerationParams, SamplingParams, Thinking, TokenEvent};
 
 /// Tags put back into one probe's tokens at most (a chat has one `<think>` … `</think>`; the
 /// bound keeps a confused stream from re-scoring without end).
@@ -262,7 +262,7 @@ pub fn prompt_check(
 /// (a context it did not report before).
 pub fn too_long(e: &VerifyError) -> Option<String> {
     match e {
-        VerifyError::Backend(b) if b.kind == deltascope_protocol::generation::ErrorKind::ContextOverflow => {
+        VerifyError::Backend(b) if b.kind == deltascope_protocol::ErrorKind::ContextOverflow => {
             Some(format!("the server refused it: {}", b.message))
         }
         _ => None,

@@ -8,7 +8,7 @@ use deltascope::tui::event::Inbound;
 use deltascope::tui::keymap::Keymap;
 use deltascope::tui::sliders::Settings;
 use deltascope::tui::theme::Theme;
-use deltascope_protocol::generation::{
+use deltascope_protocol::{
     Alternative, CountSource, Diagnostic, DiagnosticKind, DoneEvent, DraftKind, EngineEvent, FinishReason,
     GenerationParams, Memory, MtpMode, MtpStats, Phase, SamplingParams, StartEvent, StatsEvent, Thinking, Timing,
     TokenEvent, Usage,
@@ -273,7 +273,7 @@ pub fn render(app: &mut App, w: u16, h: u16) -> String {
 /// attention layer every fourth) of `heads` value heads, values varying with pass, layer and
 /// head; head 0 of the first layer forgets within two tokens, head 1 keeps past 1000.
 pub fn state_event(at_token: Option<usize>, layers: usize, heads: usize) -> EngineEvent {
-    use deltascope_protocol::generation::{AttentionLayerState, GdnLayerState, StateEvent};
+    use deltascope_protocol::{AttentionLayerState, GdnLayerState, StateEvent};
     let pass = at_token.map_or(0, |a| a + 1);
     let decoder = |i: usize| i + i / 3;
     let gdn = (0..layers)

@@ -7,8 +7,8 @@ use super::generate::{Generator, Run};
 use super::mtp::step::Rounds;
 use super::sequence::DecodeSequence;
 use deltascope_model::error::Result;
-use deltascope_protocol::chat::TextTokenizer;
-use deltascope_protocol::generation::{DraftKind, FinishReason, Verdict};
+use deltascope_protocol::TextTokenizer;
+use deltascope_protocol::{DraftKind, FinishReason, Verdict};
 
 /// The token ids forced to end thinking (empty when the tokenizer has no `</think>`).
 pub(super) struct ForcedClose {

@@ -14,14 +14,14 @@ use super::sampler::{LogitSummary, Sampler, top_logprobs_of};
 use super::sequence::DecodeSequence;
 use super::state_trace::state_event;
 use deltascope_model::error::{Error, Result};
-use deltascope_protocol::chat::{IncrementalDecoder, TextTokenizer};
-use deltascope_protocol::generation::control::Control;
-use deltascope_protocol::generation::phases::PhaseTracker;
-use deltascope_protocol::generation::state::EXPLODED_NORM;
-use deltascope_protocol::generation::{
+use deltascope_protocol::Control;
+use deltascope_protocol::EXPLODED_NORM;
+use deltascope_protocol::PhaseTracker;
+use deltascope_protocol::{
     Alternative, CountSource, Diagnostic, DiagnosticKind, DraftKind, EngineEvent, FinishContext, FinishReason, Marker,
     Memory, MtpStats, StartEvent, Tally, Timing, TokenPiece, Usage, Verdict,
 };
+use deltascope_protocol::{IncrementalDecoder, TextTokenizer};
 
 /// What a finished generation produced (also sent as the `done` event).
 #[derive(Debug, Clone)]
@@ -218,10 +218,7 @@ impl Generator<'_> {
             prefill_tok_s: Some(prefill_s.filter(|&s| s > 0.0).map_or(0.0, |s| prompt.len as f64 / s)),
             memory: Some(memory(source, mtp.as_ref())),
             mtp: mtp.clone(),
-            reported: deltascope_protocol::generation::Reported {
-                prompt_tokens: Some(prompt.len),
-                ..Default::default()
-            },
+            reported: deltascope_protocol::Reported { prompt_tokens: Some(prompt.len), ..Default::default() },
             ..Default::default()
         };
         let Run { tally, tokens, forced, emit, .. } = run;

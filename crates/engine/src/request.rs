@@ -1,6 +1,6 @@
 //! What the local engine is asked to run: the prompt's token ids and the protocol's parameters.
 
-use deltascope_protocol::generation::GenerationParams;
+use deltascope_protocol::GenerationParams;
 
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {

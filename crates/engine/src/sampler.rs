@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use deltascope_model::model::cpu::math::exp;
-use deltascope_protocol::generation::SamplingParams;
+use deltascope_protocol::SamplingParams;
 
 /// SplitMix64: tiny, fast and reproducible across platforms and versions.
 #[derive(Debug, Clone)]
@@ -306,7 +306,7 @@ mod entropy_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use deltascope_protocol::generation::Preset;
+    use deltascope_protocol::Preset;
 
     fn draws(params: SamplingParams, logits: &[f32], n: usize) -> Vec<u32> {
         let mut s = Sampler::new(params, &[]);

@@ -4,7 +4,7 @@
 
 use deltascope_model::error::{Error, Result};
 use deltascope_model::model::{DraftCache, Forward, ForwardOptions, LogitsRows, Mat, Model, SequenceCache, StateTrace};
-use deltascope_protocol::generation::{DeviceMemory, Memory, Numerics};
+use deltascope_protocol::{DeviceMemory, Memory, Numerics};
 
 pub trait DecodeSequence {
     /// Feeds `ids` (the prompt, a sampled token, or a block of forced tokens) and returns the

@@ -1,7 +1,7 @@
 //! A pass's state trace (model::StateTrace) as the protocol's `state` event.
 
 use deltascope_model::model::{LayerTrace, StateTrace};
-use deltascope_protocol::generation::state::{AttentionLayerState, GdnLayerState, StateEvent};
+use deltascope_protocol::{AttentionLayerState, GdnLayerState, StateEvent};
 
 /// The `state` event of one traced pass.
 pub(crate) fn state_event(trace: &StateTrace, at_token: Option<usize>, position: usize) -> StateEvent {
@@ -104,7 +104,7 @@ mod tests {
         assert!(close(l.beta_slack[0], 2f64.powi(-9) + 2f64.powi(-8)), "{:?}", l.beta_slack);
         assert!(close(l.beta_slack[1], 2f64.powi(-8) + 2f64.powi(-8)), "{:?}", l.beta_slack);
         assert_eq!(l.half_life(1), f32::INFINITY);
-        assert!((deltascope_protocol::generation::state::half_life(-std::f32::consts::LN_2) - 1.0).abs() < 1e-6);
+        assert!((deltascope_protocol::half_life(-std::f32::consts::LN_2) - 1.0).abs() < 1e-6);
         assert_eq!(e.attention[0], AttentionLayerState { layer: 1, kv_len: 7, kv_bytes: 64 });
         assert_eq!(e.alarm(1e6), None);
         let mut bad = e.clone();

@@ -10,8 +10,8 @@ use super::generate::Generator;
 use super::request::GenerateRequest;
 use super::sequence::Compute;
 use deltascope_model::error::panic_message;
-use deltascope_protocol::chat::TextTokenizer;
-use deltascope_protocol::generation::{EngineEvent, ErrorKind, Generation, StepControl, error_kind};
+use deltascope_protocol::TextTokenizer;
+use deltascope_protocol::{EngineEvent, ErrorKind, Generation, StepControl, error_kind};
 
 enum Command {
     Generate { req: Box<GenerateRequest>, events: Sender<EngineEvent>, control: Arc<StepControl> },

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::http::Http;
 use crate::backend::{BackendError, BackendResult};
-use deltascope_protocol::generation::{ErrorKind, SamplingParams};
+use deltascope_protocol::{ErrorKind, SamplingParams};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ServerKind {

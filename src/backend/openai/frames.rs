@@ -25,7 +25,7 @@ use super::logprobs::{Entry, assign_entries, logprob_entries};
 pub use super::spec_report::MetricsDelta;
 use super::spec_report::server_mtp;
 
-use deltascope_protocol::generation::{
+use deltascope_protocol::{
     CountSource, DiagnosticKind, EngineEvent, ErrorKind, FinishContext, FinishReason, GenerationParams, Marker, Phase,
     Reported, ServerMemory, Tally, TokenPiece, Verdict,
 };
@@ -445,10 +445,7 @@ impl FrameMapper {
         let ctx = FinishContext {
             cap: None,
             // No tokenizer here: the forced end of thinking is estimated from the bridge text.
-            forced_close: (
-                deltascope_protocol::generation::advice::estimate_forced(&self.tally.params().budget_bridge),
-                false,
-            ),
+            forced_close: (deltascope_protocol::estimate_forced(&self.tally.params().budget_bridge), false),
             prefill_tok_s: prefill,
             reported,
             memory: None,

@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::frames::error_text;
 use crate::backend::{BackendError, BackendResult, KeySource};
-use deltascope_protocol::generation::ErrorKind;
+use deltascope_protocol::ErrorKind;
 
 /// A client bound to one server.
 #[derive(Clone)]

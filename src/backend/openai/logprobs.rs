@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use deltascope_protocol::generation::Alternative;
+use deltascope_protocol::Alternative;
 
 /// One token's logprob entry as servers send it.
 #[derive(Debug, Clone, PartialEq)]

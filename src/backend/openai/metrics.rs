@@ -2,7 +2,7 @@
 //! (per-position acceptance, which no server reports per request over the chat API) and the
 //! server's KV-cache usage gauge.
 
-use deltascope_protocol::generation::ServerMemory;
+use deltascope_protocol::ServerMemory;
 
 /// One sample: metric name, its labels, value.
 #[derive(Debug, Clone, PartialEq)]

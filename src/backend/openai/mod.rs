@@ -29,8 +29,8 @@ use super::{
     Prompt, PromptTokens, ReasoningSplit, RemoteSpec, Support,
 };
 use deltascope_model::checkpoint::ModelSource;
-use deltascope_protocol::chat::{ChatTemplate, TextTokenizer};
-use deltascope_protocol::generation::{
+use deltascope_protocol::{ChatTemplate, TextTokenizer};
+use deltascope_protocol::{
     EngineEvent, ErrorKind, Generation, OnLoop, Preset, SamplingParams, ServerLabel, StartEvent, StepControl,
 };
 

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use super::detect::{ServerFacts, ServerKind};
 use crate::backend::{BackendError, BackendResult, BudgetMode, ChatRequest, Prompt, ReasoningSplit, RemoteSpec};
-use deltascope_protocol::generation::OnLoop;
+use deltascope_protocol::OnLoop;
 
 pub fn chat_body(facts: &ServerFacts, req: &ChatRequest, spec: &RemoteSpec) -> BackendResult<Value> {
     let (budget_mode, split) = (spec.budget_mode, spec.reasoning_split);

@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use deltascope_protocol::generation::MtpStats;
+use deltascope_protocol::MtpStats;
 
 /// Per-request speculative-decoding counters from `/metrics`, read before and after.
 #[derive(Debug, Clone, PartialEq, Default)]

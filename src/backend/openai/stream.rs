@@ -16,7 +16,7 @@ use super::frames::{End, Flow, FrameMapper, MetricsDelta};
 use super::http::{Ask, Http, check_status, transport_error};
 use super::metrics;
 use super::tokenize::tokenize;
-use deltascope_protocol::generation::{Control, EngineEvent, ErrorKind, FinishReason, StepControl};
+use deltascope_protocol::{Control, EngineEvent, ErrorKind, FinishReason, StepControl};
 
 /// The largest SSE frame accepted (a runaway or hostile server cannot fill memory).
 pub const MAX_FRAME: usize = 1 << 20;
@@ -128,7 +128,7 @@ async fn count_prompt(http: &Http, facts: &ServerFacts, pc: &PromptCount) -> (us
     pc.fallback.clone()
 }
 
-type Snapshot = (Option<metrics::SpecCounters>, Option<deltascope_protocol::generation::ServerMemory>);
+type Snapshot = (Option<metrics::SpecCounters>, Option<deltascope_protocol::ServerMemory>);
 
 async fn metrics_snapshot(http: &Http, facts: &ServerFacts) -> Option<Snapshot> {
     if !facts.metrics {

@@ -6,7 +6,7 @@ use std::time::Instant;
 use serde_json::Value;
 
 use super::frames::{End, Flow, Forcing, FrameMapper, MetricsDelta, Split};
-use deltascope_protocol::generation::{
+use deltascope_protocol::{
     CountSource, DiagnosticKind, DoneEvent, EngineEvent, FinishReason, GenerationParams, Phase, Thinking, TokenEvent,
 };
 
@@ -274,7 +274,7 @@ fn dns_failure_is_one_line_naming_the_host() {
     let http = super::http::Http::with_resolver("http://gpu-box.example:8080/v1", std::sync::Arc::new(NoSuchHost));
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let err = rt.block_on(http.get_json("/v1/models")).unwrap_err();
-    assert_eq!(err.kind, deltascope_protocol::generation::ErrorKind::Unavailable);
+    assert_eq!(err.kind, deltascope_protocol::ErrorKind::Unavailable);
     assert!(
         err.message.starts_with("cannot reach http://gpu-box.example:8080/v1/models: cannot resolve the host name"),
         "{}",

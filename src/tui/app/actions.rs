@@ -10,7 +10,7 @@ use super::{App, EditTarget, Effect, Focus};
 use crate::tui::keymap::Action;
 use crate::tui::panels::{Ctx, Handled, inspector, sliders};
 use crate::tui::sliders::Slider;
-use deltascope_protocol::generation::{Phase, Thinking};
+use deltascope_protocol::{Phase, Thinking};
 
 impl App {
     /// Runs an action; `false` lets the key fall through (e.g. Enter outside the input).

@@ -8,7 +8,7 @@ use super::saving::SaveState;
 use super::{App, Effect};
 use crate::backend::Prompt;
 use crate::session::{Session, Turn};
-use deltascope_protocol::generation::Thinking;
+use deltascope_protocol::Thinking;
 
 /// The turn receiving engine events, and the app time its events count from.
 #[derive(Debug, Clone, Copy, PartialEq)]

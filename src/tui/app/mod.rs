@@ -49,7 +49,7 @@ pub use crate::tui::panels::composer::{Composer, EditTarget, MAX_ROWS as COMPOSE
 pub use crate::tui::panels::messages::{Level, Message, MessageLog};
 pub use crate::tui::panels::state_scope::StateScope;
 pub use crate::tui::panels::transcript::PaneScroll;
-use deltascope_protocol::generation::{EngineEvent, GenerationParams};
+use deltascope_protocol::{EngineEvent, GenerationParams};
 
 /// What the runner does for the app.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,7 +101,7 @@ pub enum Effect {
         turn: usize,
         prompt: Prompt,
         params: Box<GenerationParams>,
-        tokens: Vec<deltascope_protocol::generation::TokenEvent>,
+        tokens: Vec<deltascope_protocol::TokenEvent>,
     },
 }
 
@@ -257,7 +257,7 @@ impl App {
         if end {
             // "cancelling…" is answered, so the status line does not keep it next to "● done".
             if let Some(t) = self.convo.session.turns.get(live.turn)
-                && t.finish_reason == Some(deltascope_protocol::generation::FinishReason::Cancelled)
+                && t.finish_reason == Some(deltascope_protocol::FinishReason::Cancelled)
             {
                 let n = t.tokens.len();
                 self.say(Level::Info, format!("cancelled: the {n} token{} so far kept", if n == 1 { "" } else { "s" }));

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use super::{App, Effect, Level};
 use crate::tui::keymap::Action;
 use crate::verify::rescore::Rescore;
-use deltascope_protocol::generation::TokenEvent;
+use deltascope_protocol::TokenEvent;
 
 /// The reference engine and the turns it re-scored.
 #[derive(Debug, Default)]

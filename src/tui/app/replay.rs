@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 
 use crate::session::{Session, Turn};
-use deltascope_protocol::generation::EngineEvent;
+use deltascope_protocol::EngineEvent;
 
 /// A session being replayed: items due at (ms since the replay started).
 #[derive(Debug)]

@@ -3,7 +3,7 @@
 
 use super::{App, Level};
 use crate::backend::{BackendInfo, Support};
-use deltascope_protocol::generation::Phase;
+use deltascope_protocol::Phase;
 
 #[derive(Default)]
 pub(super) struct BackendStatus {

@@ -3,7 +3,7 @@
 
 use super::{App, Level, PaneScroll, StateScope};
 use crate::tui::keymap::Action;
-use deltascope_protocol::generation::DiagnosticKind;
+use deltascope_protocol::DiagnosticKind;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Focus {

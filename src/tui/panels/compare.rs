@@ -19,7 +19,7 @@ use crate::verify::rescore::Rescore;
 use crate::verify::score::{Agreement, Alt, Verdict};
 use crate::verify::server::PromptCheck;
 use deltascope_model::units::duration_ms;
-use deltascope_protocol::generation::Phase;
+use deltascope_protocol::Phase;
 
 /// Turns `a` (the original) and `b` (its re-run) of `turns`, side by side.
 pub fn draw(f: &mut Frame, area: Rect, ctx: &DrawCtx, turns: &[Turn], a: usize, b: usize) {

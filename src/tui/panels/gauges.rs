@@ -118,7 +118,7 @@ impl Widget for BudgetBar {
 /// Where the loop a rescue ended began (the `loop_rescued` diagnostic's start, else where the
 /// rescue forced the end of thinking).
 fn rescued_loop(t: &Turn) -> Option<usize> {
-    let d = t.diagnostics.iter().find(|d| d.kind == deltascope_protocol::generation::DiagnosticKind::LoopRescued)?;
+    let d = t.diagnostics.iter().find(|d| d.kind == deltascope_protocol::DiagnosticKind::LoopRescued)?;
     Some(d.start.unwrap_or(d.at_token))
 }
 
@@ -465,7 +465,7 @@ pub fn strip(f: &mut Frame, area: Rect, ctx: &DrawCtx, g: &Gauges) {
 mod tests {
     use super::ttft;
     use crate::session::Turn;
-    use deltascope_protocol::generation::{EngineEvent, GenerationParams, Phase, StartEvent, TokenEvent};
+    use deltascope_protocol::{EngineEvent, GenerationParams, Phase, StartEvent, TokenEvent};
 
     fn start() -> EngineEvent {
         EngineEvent::Start(StartEvent {

@@ -13,7 +13,7 @@ use super::{DrawCtx, Handled};
 use crate::session::Turn;
 use crate::tui::view::wrap::wrap;
 use crate::verify::score::{Agreement, Position};
-use deltascope_protocol::generation::{DraftKind, Phase};
+use deltascope_protocol::{DraftKind, Phase};
 
 /// A key while the inspector is open on `cursor` (one of `tokens`): ←/→ one token, ↑/↓ ten,
 /// Home / End. A key it does not take goes to the focused pane.
@@ -180,7 +180,7 @@ pub fn fmt_p(lp: f32) -> String {
 
 /// The entropy of the distribution the token was drawn from: exact from the local engine; from
 /// a server's top alternatives only a lower bound (the tokens left out add to it).
-fn entropy_text(tok: &deltascope_protocol::generation::TokenEvent) -> String {
+fn entropy_text(tok: &deltascope_protocol::TokenEvent) -> String {
     if tok.forced {
         return "- (forced, not drawn)".into();
     }
@@ -206,7 +206,7 @@ fn fmt_amount(x: f64) -> String {
 
 /// How far the likeliest token is ahead of the second: a small margin is a coin toss that a
 /// kernel's rounding can flip.
-fn margin_text(top: &[deltascope_protocol::generation::Alternative]) -> String {
+fn margin_text(top: &[deltascope_protocol::Alternative]) -> String {
     let mut lps: Vec<f32> = top.iter().map(|a| a.logprob).collect();
     lps.sort_by(|a, b| b.total_cmp(a));
     match lps[..] {
@@ -237,7 +237,7 @@ mod tests {
 
     #[test]
     fn margin_and_entropy_bound() {
-        let alt = |lp: f32| deltascope_protocol::generation::Alternative { id: None, logprob: lp, text: String::new() };
+        let alt = |lp: f32| deltascope_protocol::Alternative { id: None, logprob: lp, text: String::new() };
         assert!(margin_text(&[alt(-0.1), alt(-2.5)]).starts_with("top-1 − top-2 = 2.4000"));
         assert!(margin_text(&[alt(-0.1)]).starts_with("-"));
     }

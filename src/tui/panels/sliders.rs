@@ -15,7 +15,7 @@ use super::messages::Level;
 use super::{Ctx, DrawCtx, Handled};
 use crate::backend::Support;
 use crate::tui::keymap::Action;
-use deltascope_protocol::generation::{GenerationParams, MAX_DEPTH, MtpMode, Preset, Thinking, range};
+use deltascope_protocol::{GenerationParams, MAX_DEPTH, MtpMode, Preset, Thinking, range};
 
 /// What the next generation will use.
 #[derive(Debug, Clone, PartialEq)]

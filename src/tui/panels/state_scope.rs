@@ -36,8 +36,8 @@ use crate::tui::app::Layout;
 use crate::tui::keymap::Action;
 use crate::tui::theme::Theme;
 use deltascope_model::units::{short_bytes, sig4 as sig};
-use deltascope_protocol::generation::state::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
-use deltascope_protocol::generation::{GdnLayerState, Phase, StateEvent, StateMetric, TokenEvent};
+use deltascope_protocol::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
+use deltascope_protocol::{GdnLayerState, Phase, StateEvent, StateMetric, TokenEvent};
 
 #[derive(Debug, Default)]
 pub struct StateScope {

@@ -20,7 +20,7 @@ use crate::tui::theme::Theme;
 use crate::tui::view::wrap::wrap;
 use crate::tui::view::{Pane, View};
 use deltascope_model::units::duration_ms;
-use deltascope_protocol::generation::{DiagnosticKind, DraftKind, Phase, TokenEvent};
+use deltascope_protocol::{DiagnosticKind, DraftKind, Phase, TokenEvent};
 
 /// Scroll state of a streaming pane: `None` follows the tail.
 #[derive(Debug, Default)]

@@ -19,7 +19,7 @@ use super::app::{self, App, Level, Overlay, PaneLayout, PaneScroll};
 use super::keymap::Action;
 use crate::backend::BackendKind;
 use crate::session::Turn;
-use deltascope_protocol::generation::Phase;
+use deltascope_protocol::Phase;
 
 /// Below this the layout cannot show a usable workbench.
 pub const MIN_WIDTH: u16 = 60;
@@ -361,7 +361,7 @@ fn banner_lines(app: &App) -> Vec<Line<'static>> {
                 ];
                 // The rescue by hand, while the loop is still thinking and nothing rescued it.
                 let rescued = t.diagnostics.iter().any(|x| x.kind.as_str() == "loop_rescued");
-                if app.live_phase() == Some(deltascope_protocol::generation::Phase::Thinking)
+                if app.live_phase() == Some(deltascope_protocol::Phase::Thinking)
                     && app.shown_index() == app.live_turn()
                     && !rescued
                 {
@@ -414,7 +414,7 @@ fn banner_lines(app: &App) -> Vec<Line<'static>> {
 
 fn phase_of(t: &Turn, token: usize) -> &'static str {
     match t.tokens.get(token).map(|x| x.phase) {
-        Some(deltascope_protocol::generation::Phase::Answer) => "answer",
+        Some(deltascope_protocol::Phase::Answer) => "answer",
         _ => "thinking",
     }
 }

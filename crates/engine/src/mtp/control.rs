@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 
-use deltascope_protocol::generation::{MAX_DEPTH, MtpMode};
+use deltascope_protocol::{MAX_DEPTH, MtpMode};
 
 /// Picks the depth for the next step. Fixed unless `auto`, which adapts twice over:
 ///
@@ -233,7 +233,7 @@ pub(crate) fn residual(p: &[(u32, f64)], q: &[(u32, f64)]) -> Vec<(u32, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use deltascope_protocol::generation::MtpStats;
+    use deltascope_protocol::MtpStats;
 
     #[test]
     fn stats_count_positions_and_the_bonus() {

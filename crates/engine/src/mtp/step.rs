@@ -10,8 +10,8 @@ use crate::request::GenerateRequest;
 use crate::sampler::{Rng, draw_with};
 use crate::sequence::DecodeSequence;
 use deltascope_model::error::Result;
-use deltascope_protocol::generation::control::Control;
-use deltascope_protocol::generation::{DraftKind, FinishReason, GenerationParams, MtpStats, Phase, Verdict};
+use deltascope_protocol::Control;
+use deltascope_protocol::{DraftKind, FinishReason, GenerationParams, MtpStats, Phase, Verdict};
 
 /// Speculative decoding state of one generation.
 pub(crate) struct Spec {

@@ -2,8 +2,8 @@
 
 #![forbid(unsafe_code)]
 
-pub mod template;
-pub mod tokenizer;
+pub(crate) mod template;
+pub(crate) mod tokenizer;
 
 pub use template::{ChatTemplate, RenderOptions};
 pub use tokenizer::{IncrementalDecoder, SpecialTokens, TextTokenizer};

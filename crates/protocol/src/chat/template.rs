@@ -12,7 +12,7 @@ use deltascope_model::error::{Error, Result};
 
 /// Used when a model ships no template: Qwen's ChatML, with the thinking switch when the
 /// tokenizer has `<think>` tokens.
-pub const BUILTIN_CHATML: &str = include_str!("chatml.jinja");
+pub(crate) const BUILTIN_CHATML: &str = include_str!("chatml.jinja");
 
 const TEMPLATE_NAME: &str = "chat";
 

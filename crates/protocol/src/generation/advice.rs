@@ -8,9 +8,9 @@ use serde::{Deserialize, Serialize};
 
 /// Room left for the answer after a forced end of thinking: a quarter of max_tokens, and never
 /// less than this.
-pub const ANSWER_ROOM_MIN: usize = 32;
+pub(crate) const ANSWER_ROOM_MIN: usize = 32;
 /// The smallest thinking budget worth offering.
-pub const BUDGET_MIN: usize = 8;
+pub(crate) const BUDGET_MIN: usize = 8;
 
 /// A diagnostic's one-key fixes: settings under which what was cut fits.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -48,7 +48,7 @@ pub fn estimate_forced(bridge: &str) -> usize {
 
 /// A larger max_tokens (double, and at least 512 more), at most `cap`; `None` when the cap
 /// leaves no room to grow.
-pub fn raised_max_tokens(max_tokens: usize, cap: usize) -> Option<usize> {
+pub(crate) fn raised_max_tokens(max_tokens: usize, cap: usize) -> Option<usize> {
     let raised = (max_tokens * 2).max(max_tokens + 512).min(cap);
     (raised > max_tokens).then_some(raised)
 }
@@ -60,7 +60,7 @@ pub fn raised_max_tokens(max_tokens: usize, cap: usize) -> Option<usize> {
 /// max_tokens raised to hold it. Always below `current` (a budget that was set and still
 /// starved the answer is never offered again). `None` when even the smallest budget does not
 /// fit in `cap`.
-pub fn budget_fix(
+pub(crate) fn budget_fix(
     max_tokens: usize,
     current: Option<usize>,
     forced_tokens: usize,

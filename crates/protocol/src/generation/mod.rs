@@ -6,17 +6,16 @@
 
 #![forbid(unsafe_code)]
 
-pub mod advice;
-pub mod control;
-pub mod events;
-pub mod handle;
-pub mod params;
-pub mod phases;
-pub mod state;
-pub mod tally;
-pub mod watchdog;
+pub(crate) mod advice;
+pub(crate) mod control;
+pub(crate) mod events;
+pub(crate) mod handle;
+pub(crate) mod params;
+pub(crate) mod phases;
+pub(crate) mod state;
+pub(crate) mod tally;
+pub(crate) mod watchdog;
 
-pub use advice::{BudgetFix, Fix};
 pub use control::{Control, StepControl};
 pub use events::{
     Alternative, CountSource, DeviceMemory, Diagnostic, DiagnosticKind, DoneEvent, DraftKind, EngineEvent, ErrorEvent,
@@ -29,6 +28,5 @@ pub use params::{
     Thinking, range,
 };
 pub use phases::PhaseTracker;
-pub use state::{AttentionLayerState, GdnLayerState, StateEvent, StateMetric};
 pub use tally::{FinishContext, Finished, Marker, Reported, STATS_EVERY, Tally, TokenPiece, Verdict};
 pub use watchdog::{LoopParams, OnLoop};

@@ -25,7 +25,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-pub const MAX_PERIOD: usize = 64;
+pub(crate) const MAX_PERIOD: usize = 64;
 
 /// What a detected loop does.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -153,7 +153,7 @@ impl From<LoopParamsRecord> for LoopParams {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct LoopReport {
+pub(crate) struct LoopReport {
     /// Period in tokens (for the n-gram signal: the most common distance between repeats).
     pub period: usize,
     /// Index (among the observed tokens) where the repetition starts.
@@ -163,7 +163,7 @@ pub struct LoopReport {
 }
 
 #[derive(Debug, Clone)]
-pub struct LoopDetector {
+pub(crate) struct LoopDetector {
     params: LoopParams,
     /// Tokens observed before the last [`LoopDetector::restart`] (reports count from the first
     /// token ever observed).
@@ -222,7 +222,7 @@ impl NgramWindow {
 }
 
 impl LoopDetector {
-    pub fn new(params: LoopParams) -> Self {
+    pub(crate) fn new(params: LoopParams) -> Self {
         LoopDetector {
             base: 0,
             history: vec![],
@@ -236,13 +236,13 @@ impl LoopDetector {
 
     /// Forgets what it saw (a rescued thinking's loop must not count against the answer) and
     /// may report again; indices keep counting from the first token ever observed.
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         *self = LoopDetector { base: self.base + self.history.len(), ..LoopDetector::new(self.params.clone()) };
     }
 
     /// Feeds one token; returns a report the first time a loop is recognised (since the start
     /// or the last restart).
-    pub fn push(&mut self, id: u32) -> Option<LoopReport> {
+    pub(crate) fn push(&mut self, id: u32) -> Option<LoopReport> {
         let base = self.base;
         self.push_here(id).map(|r| LoopReport { start: r.start + base, at: r.at + base, ..r })
     }
