@@ -1,6 +1,6 @@
 //! Probe: one forward of 1..=4 tokens (a decode step and MTP verify passes) on a model.
-use deltascope_model::model::hybrid::{ForwardOptions, LoadOptions, LogitsRows};
-use deltascope_model::model::{Model, ModelSource, Precision};
+use deltascope_model::{ForwardOptions, LoadOptions, LogitsRows};
+use deltascope_model::{Model, ModelSource, Precision};
 use std::time::Instant;
 
 fn main() {

@@ -5,9 +5,10 @@
 //!
 //! `COPIES=1` times one matrix over and over (from cache when it fits: the kernels' arithmetic
 //! rate; `REPS=N` calls per timing, default the copies or 8); `THREADS=1,2` and `ROWS=1,4` pick the thread counts and activation rows to time.
-use deltascope_model::model::cpu::tensor::{Linear, Mat, Precision};
-use deltascope_model::model::fp8::{self, Fp8Weights};
-use deltascope_model::model::storage::Weights;
+use deltascope_model::Weights;
+use deltascope_model::cpu::Linear;
+use deltascope_model::fp8::{self, Fp8Weights};
+use deltascope_model::{Mat, Precision};
 use std::time::Instant;
 
 fn main() {

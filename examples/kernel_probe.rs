@@ -6,9 +6,9 @@
 //!
 //! `REPS=N` calls per timing (default 2000), `ROWS=R` activation rows (default 1); the best of
 //! five timings, in weights a second (each weight read once a call, whatever R).
-use deltascope_model::model::cpu::gemv::{self, Fp8Rows, PairKernel, PairRows, WeightRow};
-use deltascope_model::model::cpu::simd::Simd;
-use deltascope_model::model::fp8;
+use deltascope_model::cpu::Simd;
+use deltascope_model::cpu::{self as gemv, Fp8Rows, PairKernel, PairRows, WeightRow};
+use deltascope_model::fp8;
 use std::time::Instant;
 
 fn main() {

@@ -1,7 +1,7 @@
 //! Probe: a prefill of N tokens (default 512) on a model, repeated; prints each run's time and
 //! tokens per second (for `perf record` of where prefill goes).
-use deltascope_model::model::hybrid::{ForwardOptions, LoadOptions};
-use deltascope_model::model::{Model, ModelSource, Precision};
+use deltascope_model::{ForwardOptions, LoadOptions};
+use deltascope_model::{Model, ModelSource, Precision};
 use std::time::Instant;
 
 fn main() {

@@ -3,8 +3,8 @@
 //! the difference.
 //!
 //! usage: cargo run --release --example trace_probe -- MODEL_DIR [f32|bf16]   (ITERS=40)
-use deltascope_model::model::hybrid::{ForwardOptions, LoadOptions};
-use deltascope_model::model::{Model, ModelSource, Precision};
+use deltascope_model::{ForwardOptions, LoadOptions};
+use deltascope_model::{Model, ModelSource, Precision};
 use std::time::Instant;
 
 fn main() {

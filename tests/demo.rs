@@ -13,7 +13,7 @@ use std::sync::atomic::AtomicBool;
 
 use deltascope_engine::argmax;
 use deltascope_engine::{GenerateRequest, Generator, ModelSequence, Outcome};
-use deltascope_model::model::{ForwardOptions, LayerTrace, LoadOptions, LogitsRows, Model, ModelSource, demo_source};
+use deltascope_model::{ForwardOptions, LayerTrace, LoadOptions, LogitsRows, Model, ModelSource, demo_source};
 use deltascope_protocol::{ChatTemplate, RenderOptions, TextTokenizer};
 use deltascope_protocol::{DiagnosticKind, EngineEvent, FinishReason, GenerationParams};
 use serde_json::{Value, json};

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use deltascope_model::model::cuda;
+use deltascope_model::cuda;
 use serde_json::Value;
 
 fn deltascope(args: &[&str]) -> Output {

@@ -8,11 +8,11 @@
 
 use std::time::Instant;
 
-use deltascope_model::model::cuda::device::Device;
-use deltascope_model::model::cuda::model::PREFILL_CHUNK;
-use deltascope_model::model::cuda::{CudaModel, DeviceKind, Gpu, kernels};
-use deltascope_model::model::placement::plan::{CONTEXT_RESERVE, DeviceBudget, DevicePlan, PlanInputs, plan_devices};
-use deltascope_model::model::{
+use deltascope_model::cuda::PREFILL_CHUNK;
+use deltascope_model::cuda::device::Device;
+use deltascope_model::cuda::{CudaModel, DeviceKind, Gpu, kernels};
+use deltascope_model::placement::{CONTEXT_RESERVE, DeviceBudget, DevicePlan, PlanInputs, plan_devices};
+use deltascope_model::{
     DraftCache, Forward, ForwardOptions, LoadOptions, LogitsRows, Model, ModelSource, Precision, SequenceCache,
     demo_source,
 };

@@ -433,10 +433,10 @@ fn the_emulated_device_refuses_clearly() {
 /// head returns them (greedy then breaks exact ties toward the lower id on both).
 #[test]
 fn the_cuda_models_logits_are_bf16_values() {
-    use deltascope_model::checkpoint::demo_source;
-    use deltascope_model::model::cuda::{CudaModel, DeviceKind, Gpu, kernels};
-    use deltascope_model::model::placement::plan::{DeviceBudget, PlanInputs, plan_devices};
-    use deltascope_model::model::{Forward, ForwardOptions, LoadOptions, LogitsRows, Model, Precision};
+    use deltascope_model::cuda::{CudaModel, DeviceKind, Gpu, kernels};
+    use deltascope_model::demo_source;
+    use deltascope_model::placement::{DeviceBudget, PlanInputs, plan_devices};
+    use deltascope_model::{Forward, ForwardOptions, LoadOptions, LogitsRows, Model, Precision};
     let cpu = Model::load(&demo_source(), &LoadOptions { precision: Precision::Bf16, ..Default::default() }).unwrap();
     let gpu = Gpu::open(DeviceKind::Emu, 0, kernels::FILES).unwrap();
     let budget = [DeviceBudget { label: "emu:0".into(), free_bytes: 8 << 30 }];
@@ -459,8 +459,8 @@ fn the_cuda_models_logits_are_bf16_values() {
 #[test]
 fn rope_rotates_by_the_hosts_table() {
     use deltascope::verify::twins;
-    use deltascope_model::model::cuda::ops::{self, RopeParams};
-    use deltascope_model::model::cuda::{DeviceKind, Gpu, kernels};
+    use deltascope_model::cuda::ops::{self, RopeParams};
+    use deltascope_model::cuda::{DeviceKind, Gpu, kernels};
     let gpu = Gpu::open(DeviceKind::Emu, 0, kernels::FILES).unwrap();
     let (heads, hd, rotary) = (2usize, 64usize, 32usize);
     let table: Vec<f32> = (0..rotary / 2).map(|i| 1.01 / 1e7f32.powf((2 * i) as f32 / rotary as f32)).collect();

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use deltascope_model::model::cuda::kernels::FILES;
+use deltascope_model::cuda::kernels::FILES;
 use serde_json::Value;
 
 fn root() -> PathBuf {

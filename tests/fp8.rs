@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use deltascope_model::model::{ForwardOptions, LoadOptions, LogitsRows, Mat, Model, ModelSource, Precision};
+use deltascope_model::{ForwardOptions, LoadOptions, LogitsRows, Mat, Model, ModelSource, Precision};
 use safetensors::{Dtype, SafeTensors};
 
 fn bin() -> Command {

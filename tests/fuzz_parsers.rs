@@ -419,7 +419,7 @@ fn config_json() {
     let inputs = json_inputs(&seeds, 4000, &mut Rng::new(1));
     let t = fuzz("config.json", inputs, |b| {
         let text = String::from_utf8_lossy(b);
-        deltascope_model::model::ModelConfig::from_json_str(&text, "config.json").map(|_| ()).map_err(|e| e.to_string())
+        deltascope_model::ModelConfig::from_json_str(&text, "config.json").map(|_| ()).map_err(|e| e.to_string())
     });
     assert_mixed("config.json", &t);
 }
@@ -433,8 +433,8 @@ fn small_safetensors(header: &[u8], data_len: usize) -> Vec<u8> {
 }
 
 fn opens(dir: &Path) -> Result<(), String> {
-    use deltascope_model::model::ModelSource;
-    use deltascope_model::model::weights::WeightStore;
+    use deltascope_model::ModelSource;
+    use deltascope_model::WeightStore;
     let store = WeightStore::open(&ModelSource::Dir(dir.to_path_buf())).map_err(|e| e.to_string())?;
     let names: Vec<String> = store.names().map(str::to_string).collect();
     for n in names {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use deltascope_engine::{DecodeSequence, GenerateRequest, Generator, ModelSequence, Outcome};
 use deltascope_model::Result;
-use deltascope_model::model::{LoadOptions, Model, ModelSource, demo_source, read_config};
+use deltascope_model::{LoadOptions, Model, ModelSource, demo_source, read_config};
 use deltascope_protocol::Memory;
 use deltascope_protocol::{ChatTemplate, RenderOptions, TextTokenizer};
 use deltascope_protocol::{

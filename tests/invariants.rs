@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use deltascope_engine::Rng;
-use deltascope_model::model::gdn::{HeadInputs, chunked_head, recurrent_head};
-use deltascope_model::model::{ForwardOptions, LoadOptions, LogitsRows, Model, ModelSource, Precision, SequenceState};
+use deltascope_model::layers::{HeadInputs, chunked_head, recurrent_head};
+use deltascope_model::{ForwardOptions, LoadOptions, LogitsRows, Model, ModelSource, Precision, SequenceState};
 
 fn randn(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
     // Box–Muller from the engine's own generator.
@@ -86,7 +86,7 @@ fn prefill_then_decode_equals_one_shot_prefill() {
         // The two paths differ (chunked vs recurrent rule, GEMM vs GEMV), so they agree to
         // f32 rounding: 1e-4 for logits up to 10, 1e-5 relative beyond.
         let mut worst = 0f32;
-        let mut compare = |rows: &deltascope_model::model::Mat, from: usize| {
+        let mut compare = |rows: &deltascope_model::Mat, from: usize| {
             for r in 0..rows.rows {
                 for (a, b) in rows.row(r).iter().zip(full.row(from + r)) {
                     worst = worst.max((a - b).abs() / (b.abs() / 10.0).max(1.0));
@@ -116,12 +116,8 @@ fn bits(s: &SequenceState) -> Vec<u32> {
     let mut v = vec![s.position as u32];
     for l in &s.layers {
         match l {
-            deltascope_model::model::state::LayerState::Linear(g) => {
-                v.extend(g.conv.iter().chain(&g.ssm).map(|x| x.to_bits()))
-            }
-            deltascope_model::model::state::LayerState::Attention(kv) => {
-                v.extend(kv.k.iter().chain(&kv.v).map(|x| x.to_bits()))
-            }
+            deltascope_model::LayerState::Linear(g) => v.extend(g.conv.iter().chain(&g.ssm).map(|x| x.to_bits())),
+            deltascope_model::LayerState::Attention(kv) => v.extend(kv.k.iter().chain(&kv.v).map(|x| x.to_bits())),
         }
     }
     v

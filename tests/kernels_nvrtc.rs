@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use deltascope_model::model::cuda::{kernels, nvrtc, probe, resources};
+use deltascope_model::cuda::{kernels, nvrtc, probe, resources};
 use serde_json::Value;
 
 fn root() -> PathBuf {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use std::sync::{Arc, Mutex};
 
-use deltascope_model::model::{Family, LoadOptions, LoadProgress, Model, ModelSource};
+use deltascope_model::{Family, LoadOptions, LoadProgress, Model, ModelSource};
 
 fn load(name: &str, skip_mtp: bool) -> Model {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
@@ -70,7 +70,7 @@ fn progress_counts_the_bytes_read() {
         assert_eq!(seen.last().unwrap().0, total, "ends at the total (skip_mtp {skip_mtp})");
         // Held as stored: the matrices as bf16 (2 bytes a parameter), the vectors and the conv
         // kernels (norms, A_log, dt_bias, conv1d) widened to f32, so those count twice.
-        let store = deltascope_model::model::weights::WeightStore::open(&ModelSource::Dir(dir.clone())).unwrap();
+        let store = deltascope_model::WeightStore::open(&ModelSource::Dir(dir.clone())).unwrap();
         let widened: u64 = store
             .names()
             .filter(|n| !(n.starts_with("model.visual.") || skip_mtp && n.starts_with("mtp.")))
@@ -87,8 +87,8 @@ fn progress_counts_the_bytes_read() {
 /// the bf16 reference's cast points an f32 checkpoint is rounded into new buffers instead.
 #[test]
 fn weight_matrices_are_read_in_place() {
-    use deltascope_model::model::Precision;
-    use deltascope_model::model::weights::WeightStore;
+    use deltascope_model::Precision;
+    use deltascope_model::WeightStore;
     for name in ["qwen3_5_vl", "qwen3_5_text", "qwen3_next", "qwen3_5_moe"] {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
         let m = Model::load(&ModelSource::Dir(dir.clone()), &LoadOptions::default()).unwrap();

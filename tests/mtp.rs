@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
 use deltascope_engine::{GenerateRequest, Generator, ModelSequence, Outcome};
-use deltascope_model::model::{ForwardOptions, LoadOptions, Model, ModelSource, demo_source};
+use deltascope_model::{ForwardOptions, LoadOptions, Model, ModelSource, demo_source};
 use deltascope_protocol::{ChatTemplate, RenderOptions, TextTokenizer};
 use deltascope_protocol::{
     DiagnosticKind, DraftKind, EngineEvent, FinishReason, GenerationParams, LoopParams, MtpMode, OnLoop,

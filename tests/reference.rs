@@ -24,7 +24,7 @@
 
 use std::path::PathBuf;
 
-use deltascope_model::model::{ForwardOptions, LoadOptions, Model, ModelSource, Precision};
+use deltascope_model::{ForwardOptions, LoadOptions, Model, ModelSource, Precision};
 use deltascope_protocol::{ChatTemplate, RenderOptions, TextTokenizer};
 use serde_json::Value;
 

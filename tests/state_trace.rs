@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::atomic::AtomicBool;
 
 use deltascope_engine::{GenerateRequest, Generator, ModelSequence};
-use deltascope_model::model::{
+use deltascope_model::{
     ForwardOptions, GdnPassTrace, LayerKind, LayerTrace, LoadOptions, Model, ModelSource, StateTrace, read_config,
 };
 use deltascope_protocol::TextTokenizer;
@@ -41,7 +41,7 @@ fn ids(model: &Model, n: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 7919 + 13) % model.config.vocab_size) as u32).collect()
 }
 
-fn traced(model: &Model, state: &mut deltascope_model::model::SequenceState, ids: &[u32]) -> StateTrace {
+fn traced(model: &Model, state: &mut deltascope_model::SequenceState, ids: &[u32]) -> StateTrace {
     let opts = ForwardOptions { trace_state: true, ..Default::default() };
     model.forward(ids, state, opts).unwrap().state_trace.expect("a trace was asked for")
 }

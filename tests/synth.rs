@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use deltascope_model::model::{LoadOptions, Model, ModelSource};
+use deltascope_model::{LoadOptions, Model, ModelSource};
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_deltascope"))

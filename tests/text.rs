@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use deltascope_model::model::{ModelSource, read_config};
+use deltascope_model::{ModelSource, read_config};
 use deltascope_protocol::{ChatTemplate, IncrementalDecoder, RenderOptions, TextTokenizer};
 use serde_json::Value;
 

@@ -10,13 +10,13 @@ use super::{
     Prompt, PromptTokens, Support,
 };
 use deltascope_engine::{Compute, EngineHandle, GenerateRequest};
-use deltascope_model::checkpoint::{ModelSource, demo_source};
-use deltascope_model::devices::DeviceSpec;
-use deltascope_model::model::placement::{Placement, place, upload};
-use deltascope_model::model::{
+use deltascope_model::DeviceSpec;
+use deltascope_model::human_bytes;
+use deltascope_model::placement::{Placement, place, upload};
+use deltascope_model::{
     DtypeChoice, LayerKind, LoadOptions, LoadProgress, Model, Precision, ResolvedDtype, read_config,
 };
-use deltascope_model::units::human_bytes;
+use deltascope_model::{ModelSource, demo_source};
 use deltascope_protocol::{ChatTemplate, RenderOptions, TextTokenizer};
 use deltascope_protocol::{Generation, SamplingParams, StepControl};
 
@@ -68,7 +68,7 @@ impl LocalSpec {
 /// Why the CPU kernel family `DELTASCOPE_CPU_KERNEL` names cannot run here (`None`: it can, or
 /// none is named): refused before anything computes.
 pub fn cpu_kernel_refusal() -> Option<String> {
-    deltascope_model::model::cpu::CpuKernel::from_env().err().map(|e| e.to_string())
+    deltascope_model::cpu::CpuKernel::from_env().err().map(|e| e.to_string())
 }
 
 /// A loaded model with its text side.
@@ -120,7 +120,7 @@ impl Loaded {
     /// Loads a checkpoint, reporting the bytes of weights read and then each small file.
     pub fn load(spec: &LocalSpec, progress: &dyn Fn(OpenProgress)) -> deltascope_model::Result<Self> {
         let mut placement = place(&spec.device)?;
-        deltascope_model::model::cpu::set_threads(spec.threads).map_err(deltascope_model::Error::InvalidArgument)?;
+        deltascope_model::cpu::set_threads(spec.threads).map_err(deltascope_model::Error::InvalidArgument)?;
         // More threads than the OS lets this process run at once share cores: each GEMV waits on
         // the slowest, so decoding slows down rather than speeds up.
         let granted = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -212,7 +212,7 @@ impl Loaded {
     /// What identifies this model: its sizes, parameters and the fingerprint of its embedding.
     pub fn identity(&self) -> super::ModelIdentity {
         let c = &self.model.config;
-        let plan = deltascope_model::model::plan::memory_plan(c, 2, 2, 4);
+        let plan = deltascope_model::placement::memory_plan(c, 2, 2, 4);
         super::ModelIdentity {
             name: self.name.clone(),
             name_is_file: false,

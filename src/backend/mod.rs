@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use deltascope_protocol::{ErrorKind, Generation, GenerationParams, SamplingParams, ServerLabel, StepControl};
 
-pub use deltascope_model::checkpoint::ModelSource;
+pub use deltascope_model::ModelSource;
 pub use params::{ParamOverrides, defaults_source, flag};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

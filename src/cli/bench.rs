@@ -15,7 +15,7 @@ use super::interrupt::Interrupt;
 use crate::backend::local::Loaded;
 use crate::backend::{ChatMessage, ChatRequest, Prompt, Role};
 use deltascope_engine::{GenerateRequest, Generator};
-use deltascope_model::model::gdn::replay_head;
+use deltascope_model::layers::replay_head;
 use deltascope_protocol::{GenerationParams, Memory, MtpMode, MtpStats, SamplingParams};
 
 #[derive(Args, Debug)]
@@ -177,7 +177,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     let loaded = common::load_local(&a.model, "bench")?;
     // After loading, which sized the thread pool.
-    let cpu = deltascope_model::model::cpu::CpuInfo::detect();
+    let cpu = deltascope_model::cpu::CpuInfo::detect();
     let mut names = a.mtp.clone();
     if names.is_empty() {
         let has_head = loaded.model().mtp.is_some();

@@ -7,7 +7,7 @@ use clap::{Args, Parser};
 use super::common::{GenArgs, ModelArgs};
 use crate::backend::local::LocalSpec;
 use crate::tui::{self, TuiOptions};
-use deltascope_model::devices::DeviceSpec;
+use deltascope_model::DeviceSpec;
 
 #[derive(Args, Debug, Clone)]
 pub struct ChatArgs {

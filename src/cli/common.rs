@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use deltascope_model::devices::DeviceSpec;
+use deltascope_model::DeviceSpec;
 
 use crate::backend::{
     self, Backend, BackendSpec, BudgetMode, ChatMessage, KeySource, OpenProgress, ParamOverrides, Prompt,

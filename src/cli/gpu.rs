@@ -9,11 +9,11 @@ use clap::{Args, Subcommand};
 use std::sync::Arc;
 
 use crate::verify::parity::{self, Parity};
-use deltascope_model::devices::DeviceSpec;
-use deltascope_model::model::cuda::device::Device;
-use deltascope_model::model::cuda::emu::{EmuDevice, Schedule};
-use deltascope_model::model::cuda::{self, DeviceKind, Gpu, kernels, nvrtc};
-use deltascope_model::units::human_bytes;
+use deltascope_model::DeviceSpec;
+use deltascope_model::cuda::device::Device;
+use deltascope_model::cuda::emu::{EmuDevice, Schedule};
+use deltascope_model::cuda::{self, DeviceKind, Gpu, kernels, nvrtc};
+use deltascope_model::human_bytes;
 
 #[derive(Args, Debug)]
 pub struct GpuArgs {

@@ -20,11 +20,11 @@ use crate::verify::probes::Probe;
 use crate::verify::score::{Thresholds, Verdict};
 use crate::verify::server;
 use deltascope_engine::{GenerateRequest, Generator, ModelSequence};
-use deltascope_model::checkpoint::{ModelSource, demo_source};
-use deltascope_model::devices::DeviceSpec;
-use deltascope_model::model::cuda::{self, CudaModel, DeviceKind, Gpu};
-use deltascope_model::model::placement::plan::{DeviceBudget, DevicePlan, PlanInputs, plan_devices};
-use deltascope_model::model::{Forward, ForwardOptions, LoadOptions, LogitsRows, Mat, Model, Precision};
+use deltascope_model::DeviceSpec;
+use deltascope_model::cuda::{self, CudaModel, DeviceKind, Gpu};
+use deltascope_model::placement::{DeviceBudget, DevicePlan, PlanInputs, plan_devices};
+use deltascope_model::{Forward, ForwardOptions, LoadOptions, LogitsRows, Mat, Model, Precision};
+use deltascope_model::{ModelSource, demo_source};
 use deltascope_protocol::{GenerationParams, MtpMode};
 
 /// Logits agree when the largest difference is within this share of the largest |logit| of
@@ -258,7 +258,7 @@ pub fn run(
         let verify = ForwardOptions { verify: true, logits: LogitsRows::All, ..Default::default() };
         let wrong = (first + 1) % cpu.config.vocab_size as u32;
         gpu.forward_cached(&[first, wrong, wrong], &mut a, verify)?;
-        deltascope_model::model::SequenceCache::accept(&mut a, 1)?;
+        deltascope_model::SequenceCache::accept(&mut a, 1)?;
         gpu.forward_cached(&[first], &mut b, ForwardOptions::default())?;
         let (sa, sb) = (a.gdn_states()?, b.gdn_states()?);
         let la = gpu.forward_cached(&[wrong], &mut a, ForwardOptions::default())?;

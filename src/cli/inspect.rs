@@ -10,16 +10,14 @@ use clap::Args;
 
 // A developer tool (architecture.json): it reads config, weights and the memory plan directly.
 use super::common::local_spec;
-use deltascope_model::model::config::{Family, LayerKind, MlpKind};
-use deltascope_model::model::cuda;
-use deltascope_model::model::finite::{SUSPICIOUS_ABS, TensorHealth, scan_weights};
-use deltascope_model::model::placement::plan::{
-    DeviceBudget, DevicePlan, DeviceShare, PlanInputs, plan_devices, plan_fewest,
-};
-use deltascope_model::model::plan::memory_plan;
-use deltascope_model::model::weights::WeightStore;
-use deltascope_model::model::{DeviceSpec, ModelConfig, missing_mtp_tensors, read_config};
-use deltascope_model::units::human_bytes;
+use deltascope_model::WeightStore;
+use deltascope_model::cuda;
+use deltascope_model::human_bytes;
+use deltascope_model::placement::memory_plan;
+use deltascope_model::placement::{DeviceBudget, DevicePlan, DeviceShare, PlanInputs, plan_devices, plan_fewest};
+use deltascope_model::{DeviceSpec, ModelConfig, missing_mtp_tensors, read_config};
+use deltascope_model::{Family, LayerKind, MlpKind};
+use deltascope_model::{SUSPICIOUS_ABS, TensorHealth, scan_weights};
 
 #[derive(Args, Debug)]
 pub struct InspectArgs {
@@ -289,7 +287,7 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
     let config_warnings = cfg.unknown_key_warnings(&config_file);
     // The CPU kernels the engine would run this model with (the best this CPU has, or the
     // family DELTASCOPE_CPU_KERNEL forces).
-    let cpu_kernel = deltascope_model::model::cpu::CpuKernel::describe_active();
+    let cpu_kernel = deltascope_model::cpu::CpuKernel::describe_active();
     // bf16 checkpoints; KV and conv state in bf16; SSM state f32 (mamba_ssm_dtype, as servers keep it).
     let plan = memory_plan(&cfg, 2, 2, 4);
     let cpu = memory_plan(&cfg, 4, 4, 4);
@@ -338,7 +336,7 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
             "mtp_missing": mtp_missing,
             "warnings": warnings,
             "config_warnings": config_warnings,
-            "cpu_kernel": deltascope_model::model::cpu::CpuKernel::active().name(),
+            "cpu_kernel": deltascope_model::cpu::CpuKernel::active().name(),
         });
         writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&v)?)?;
         return Ok(());
@@ -426,7 +424,7 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
         writeln!(
             w,
             "weights      {} as FP8 ({} of the parameters e4m3, the rest bf16) · {} as bf16 (deltascope reads the matrices in place from the mapped checkpoint, FP8 as FP8)",
-            gb(deltascope_model::model::plan::fp8_weight_bytes(&plan.params, 2)),
+            gb(deltascope_model::placement::fp8_weight_bytes(&plan.params, 2)),
             count(plan.params.fp8_projections),
             gb(plan.weights_bytes)
         )?;

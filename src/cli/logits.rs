@@ -8,8 +8,8 @@ use clap::Args;
 use super::common::{self, LocalModelArgs, PromptArgs};
 // A developer tool (architecture.json): it reads the model's logits directly.
 use crate::backend::ChatRequest;
-use deltascope_model::model::config::LayerKind;
-use deltascope_model::model::{ForwardOptions, HiddenStats, ModelConfig};
+use deltascope_model::LayerKind;
+use deltascope_model::{ForwardOptions, HiddenStats, ModelConfig};
 use deltascope_protocol::{GenerationParams, Thinking};
 
 struct Prompt {

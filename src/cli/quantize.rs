@@ -15,11 +15,11 @@ use super::safetensors_out::Layout;
 use crate::backend::ChatRequest;
 use deltascope_protocol::{GenerationParams, Thinking};
 // A developer tool (architecture.json): it rewrites the model's tensors and compares logits.
-use deltascope_model::model::fp8;
-use deltascope_model::model::storage::Weights;
-use deltascope_model::model::weights::WeightStore;
-use deltascope_model::model::{ForwardOptions, LoadOptions, LogitsRows, Model, ModelSource, Precision, read_config};
-use deltascope_model::units::human_bytes;
+use deltascope_model::WeightStore;
+use deltascope_model::Weights;
+use deltascope_model::fp8;
+use deltascope_model::human_bytes;
+use deltascope_model::{ForwardOptions, LoadOptions, LogitsRows, Model, ModelSource, Precision, read_config};
 
 #[derive(Args, Debug)]
 pub struct QuantizeArgs {

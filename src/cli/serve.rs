@@ -8,7 +8,7 @@ use clap::Args;
 use super::common::{device_spec, whole_number};
 use crate::backend::{self, BackendSpec, OpenProgress};
 use crate::server::{ServeConfig, serve};
-use deltascope_model::devices::DeviceSpec;
+use deltascope_model::DeviceSpec;
 use deltascope_protocol::{GenerationParams, MtpMode};
 
 #[derive(Args, Debug)]

@@ -13,10 +13,10 @@ use clap::Args;
 
 // A developer tool (architecture.json): it reads the model's configuration to know its tensors.
 use super::safetensors_out::Layout;
-use deltascope_model::checkpoint::{ModelSource, demo_source};
-use deltascope_model::model::config::{Family, LayerKind, MlpKind, ModelConfig};
-use deltascope_model::model::fp8;
-use deltascope_model::units::human_bytes;
+use deltascope_model::fp8;
+use deltascope_model::human_bytes;
+use deltascope_model::{Family, LayerKind, MlpKind, ModelConfig};
+use deltascope_model::{ModelSource, demo_source};
 
 #[derive(Args, Debug)]
 pub struct SynthArgs {

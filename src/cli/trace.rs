@@ -12,7 +12,7 @@ use clap::Args;
 use super::common::{self, GenArgs, ModelArgs, PromptArgs};
 use super::interrupt::Interrupt;
 use crate::backend::ChatRequest;
-use deltascope_model::units::{short_bytes, sig4};
+use deltascope_model::{short_bytes, sig4};
 use deltascope_protocol::{DiagnosticKind, EngineEvent, FinishReason, Numerics, StateEvent, StateMetric, TokenEvent};
 use deltascope_protocol::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
 

@@ -16,7 +16,7 @@ use crate::verify::against;
 use crate::verify::probes::{self, Probe};
 use crate::verify::score::{Thresholds, Verdict};
 use crate::verify::server::{self, ProbeReport, PromptCheck, VerifyError};
-use deltascope_model::devices::DeviceSpec;
+use deltascope_model::DeviceSpec;
 
 #[derive(Args, Debug)]
 // `--model` names the reference here, so it goes with `--server` (elsewhere they exclude each

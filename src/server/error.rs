@@ -18,7 +18,7 @@ pub struct ApiError {
 impl ApiError {
     fn new(status: u16, kind: &'static str, message: impl Into<String>) -> Self {
         // Messages quote the client's values: a 10 000-character string is shown by its start.
-        let message = deltascope_model::error::brief(&message.into());
+        let message = deltascope_model::brief(&message.into());
         ApiError { status, message, kind, param: None, code: None, retry_after: None }
     }
 

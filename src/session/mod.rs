@@ -78,11 +78,11 @@ pub enum SessionError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("cannot write session {path}: {source}")]
     Write { path: PathBuf, source: std::io::Error },
-    #[error("{path} is not a deltascope session: {}", deltascope_model::error::brief(&source.to_string()))]
+    #[error("{path} is not a deltascope session: {}", deltascope_model::brief(&source.to_string()))]
     Parse { path: PathBuf, source: serde_json::Error },
     #[error("{path}: session format version {found}, this build reads versions {OLDEST_READABLE} to {SESSION_VERSION}")]
     Version { path: PathBuf, found: u32 },
-    #[error("{path}: {} = {}", deltascope_model::error::brief(field), deltascope_model::error::brief(message))]
+    #[error("{path}: {} = {}", deltascope_model::brief(field), deltascope_model::brief(message))]
     Value { path: PathBuf, field: String, message: String },
     #[error(
         "not overwriting {path}: it has fields this build does not know ({fields}), which a rewrite would drop; save to another file"

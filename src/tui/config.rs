@@ -15,7 +15,7 @@ pub struct Config {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("{file}: {}", deltascope_model::error::brief(message))]
+#[error("{file}: {}", deltascope_model::brief(message))]
 pub struct ConfigError {
     file: String,
     message: String,
@@ -56,7 +56,7 @@ pub fn toml_error(e: &toml::de::Error, src: &str) -> String {
             if text.is_empty() {
                 format!("line {line}, column {column}: {message}")
             } else {
-                format!("line {line} `{}`, column {column}: {message}", deltascope_model::error::clip(text))
+                format!("line {line} `{}`, column {column}: {message}", deltascope_model::clip(text))
             }
         }
         None => message,

@@ -38,7 +38,7 @@ use self::theme::Theme;
 use crate::backend::local::{Loaded, LocalSpec};
 use crate::backend::{self, BackendSpec, OpenProgress, ParamOverrides, Support};
 use crate::session::{Session, default_sessions_dir};
-use deltascope_model::error::panic_message;
+use deltascope_model::panic_message;
 use deltascope_protocol::GenerationParams;
 use deltascope_protocol::Thinking;
 

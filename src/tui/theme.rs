@@ -59,28 +59,28 @@ pub struct Theme {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ThemeError {
-    #[error("{file}: not valid TOML: {}", deltascope_model::error::brief(message))]
+    #[error("{file}: not valid TOML: {}", deltascope_model::brief(message))]
     Toml { file: String, message: String },
     #[error(
         "{file}: [colors] {} = \"{}\": not a colour (use a name like light-blue, an index 0-255 or #rrggbb)",
-        deltascope_model::error::brief(key),
-        deltascope_model::error::brief(value)
+        deltascope_model::brief(key),
+        deltascope_model::brief(value)
     )]
     BadColor { file: String, key: String, value: String },
-    #[error("{file}: unknown key `{}` (known keys: {known})", deltascope_model::error::brief(key))]
+    #[error("{file}: unknown key `{}` (known keys: {known})", deltascope_model::brief(key))]
     UnknownKey { file: String, key: String, known: String },
-    #[error("{file}: `{}` must be a string", deltascope_model::error::brief(key))]
+    #[error("{file}: `{}` must be a string", deltascope_model::brief(key))]
     NotAString { file: String, key: String },
     #[error(
         "unknown theme `{}` (built in: dark, light, high-contrast; user themes: {dir})",
-        deltascope_model::error::brief(name)
+        deltascope_model::brief(name)
     )]
     Unknown { name: String, dir: String },
-    #[error("{file}: theme extends itself (`extends = \"{}\"`)", deltascope_model::error::brief(name))]
+    #[error("{file}: theme extends itself (`extends = \"{}\"`)", deltascope_model::brief(name))]
     Cycle { file: String, name: String },
     #[error("cannot read theme {file}: {message}")]
     Read { file: String, message: String },
-    #[error("{file}: code_theme = \"{}\": not a code theme (known: {known})", deltascope_model::error::brief(name))]
+    #[error("{file}: code_theme = \"{}\": not a code theme (known: {known})", deltascope_model::brief(name))]
     UnknownCodeTheme { file: String, name: String, known: String },
 }
 

@@ -8,11 +8,11 @@
 use serde::Serialize;
 
 use super::twins::{self, randoms};
-use deltascope_model::hash::fnv1a;
-use deltascope_model::model::cuda::ops::{self, DeviceFp8, DeviceMat, GdnShape, MatWeights, Out, RopeParams};
-use deltascope_model::model::cuda::runtime::{Gpu, GpuResult};
-use deltascope_model::model::fp8::{self, Fp8Stack, Fp8Weights};
-use deltascope_model::model::trace::head_state_norms;
+use deltascope_model::cuda::ops::{self, DeviceFp8, DeviceMat, GdnShape, MatWeights, Out, RopeParams};
+use deltascope_model::cuda::runtime::{Gpu, GpuResult};
+use deltascope_model::fnv1a;
+use deltascope_model::fp8::{self, Fp8Stack, Fp8Weights};
+use deltascope_model::head_state_norms;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Parity {
@@ -174,17 +174,17 @@ impl KernelVerdict {
 /// [`name_kernels`] on the first device `device` names (`--device cuda|emu`), with the kernels
 /// of `kernels_dir` (else the embedded ones).
 pub fn name_device_kernels(
-    device: &deltascope_model::devices::DeviceSpec,
+    device: &deltascope_model::DeviceSpec,
     kernels_dir: Option<&std::path::Path>,
 ) -> Result<KernelVerdict, String> {
-    use deltascope_model::devices::DeviceSpec;
-    use deltascope_model::model::cuda::DeviceKind;
+    use deltascope_model::DeviceSpec;
+    use deltascope_model::cuda::DeviceKind;
     let (kind, ordinal) = match device {
         DeviceSpec::Emu(o) => (DeviceKind::Emu, o.first().copied().unwrap_or(0)),
         DeviceSpec::Cuda(o) => (DeviceKind::Cuda, o.as_ref().and_then(|o| o.first().copied()).unwrap_or(0)),
         _ => return Err("no device named".into()),
     };
-    let kernels = deltascope_model::model::cuda::kernels::load(kernels_dir).map_err(|e| e.to_string())?;
+    let kernels = deltascope_model::cuda::kernels::load(kernels_dir).map_err(|e| e.to_string())?;
     let gpu = Gpu::open(kind, ordinal, kernels).map_err(|e| e.to_string())?;
     name_kernels(&gpu).map_err(|e| e.to_string())
 }
@@ -458,9 +458,9 @@ fn gdn_traced(gpu: &Gpu, tokens: usize, (hk, hv, dk, dv): (usize, usize, usize, 
     let (mut twin_gates, mut twin_norms) = (vec![], vec![]);
     for t in 0..tokens {
         for h in 0..hv {
-            twin_gates.push(bf(deltascope_model::model::cpu::tensor::sigmoid(i.b[t * hv + h])));
+            twin_gates.push(bf(deltascope_model::cpu::sigmoid(i.b[t * hv + h])));
             let a_neg = -i.a_log[h].exp();
-            twin_gates.push(a_neg * deltascope_model::model::cpu::tensor::softplus(i.a[t * hv + h] + i.dt_bias[h]));
+            twin_gates.push(a_neg * deltascope_model::cpu::softplus(i.a[t * hv + h] + i.dt_bias[h]));
         }
     }
     // Decoded as the model decodes it (the per-warp sums added per head).

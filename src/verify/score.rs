@@ -7,8 +7,8 @@
 
 use serde::Serialize;
 
-use deltascope_model::error::Result;
-use deltascope_model::model::{ForwardOptions, LogitsRows, Model};
+use deltascope_model::Result;
+use deltascope_model::{ForwardOptions, LogitsRows, Model};
 
 /// Generated positions per forward pass: a row of `vocab` logits each, so a 27B's 248k-entry
 /// rows stay at 64 MB a pass.

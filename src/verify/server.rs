@@ -24,7 +24,7 @@ pub enum VerifyError {
     #[error(transparent)]
     Backend(#[from] BackendError),
     #[error("the reference: {0}")]
-    Reference(#[from] deltascope_model::error::Error),
+    Reference(#[from] deltascope_model::Error),
     /// The subject's answers cannot be checked (no logprobs, no ids, …).
     #[error("cannot verify: {0}")]
     Cannot(String),

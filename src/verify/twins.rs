@@ -4,7 +4,7 @@
 //! functions (`gdn::conv_stage`, `gdn::gates_stage`, `gdn::recurrent_head`,
 //! `gdn::gated_norm_stage`): twin == engine, so kernel == twin means kernel == engine.
 
-use deltascope_model::model::cpu::tensor::{sigmoid, silu, softplus};
+use deltascope_model::cpu::{sigmoid, silu, softplus};
 
 fn bf(x: f32) -> f32 {
     half::bf16::from_f32(x).to_f32()
@@ -192,7 +192,7 @@ pub fn attn_gqa(
     nkv: usize,
     hd: usize,
 ) -> Vec<f32> {
-    let scale = deltascope_model::model::cuda::ops::attention_scale(hd);
+    let scale = deltascope_model::cuda::ops::attention_scale(hd);
     let mut out = vec![0f32; tokens * nh * hd];
     for t in 0..tokens {
         for h in 0..nh {
@@ -314,8 +314,8 @@ pub fn swiglu(gate_up: &[f32], inter: usize) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use deltascope_model::model::cpu::tensor::{Mat, Precision};
-    use deltascope_model::model::gdn::{HeadInputs, conv_stage, gated_norm_stage, gates_stage, recurrent_head};
+    use deltascope_model::layers::{HeadInputs, conv_stage, gated_norm_stage, gates_stage, recurrent_head};
+    use deltascope_model::{Mat, Precision};
 
     fn close(a: &[f32], b: &[f32], rel: f32, what: &str) {
         assert_eq!(a.len(), b.len(), "{what}");
@@ -462,7 +462,7 @@ mod tests {
     /// the engine's layer applies it: a 3-token verify block after 9 cached positions.
     #[test]
     fn attention_twin_matches_the_engine() {
-        use deltascope_model::model::attention::attend_decode;
+        use deltascope_model::layers::attend_decode;
         let (nh, nkv, hd, pos0, tokens, l_max) = (4, 2, 32, 9, 3, 16);
         let positions = pos0 + tokens;
         let keys = randoms(positions * nkv * hd, 41, 1.0);
@@ -532,7 +532,7 @@ mod tests {
     }
     #[test]
     fn rms_norm_twin_matches_the_engine_norm() {
-        use deltascope_model::model::norm::RmsNorm;
+        use deltascope_model::layers::RmsNorm;
         let n = 64;
         let x = randoms(3 * n, 61, 2.0);
         let w = randoms(n, 62, 0.5);
@@ -546,8 +546,8 @@ mod tests {
 
     #[test]
     fn rope_twin_matches_the_engine_rope() {
-        use deltascope_model::model::config::RopeConfig;
-        use deltascope_model::model::rope::Rope;
+        use deltascope_model::RopeConfig;
+        use deltascope_model::layers::Rope;
         let (heads, hd, rotary) = (3, 32, 16);
         let positions = [0usize, 5, 4095];
         let x = randoms(positions.len() * heads * hd, 63, 1.0);

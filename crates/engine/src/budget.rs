@@ -6,7 +6,7 @@
 use super::generate::{Generator, Run};
 use super::mtp::step::Rounds;
 use super::sequence::DecodeSequence;
-use deltascope_model::error::Result;
+use deltascope_model::Result;
 use deltascope_protocol::TextTokenizer;
 use deltascope_protocol::{DraftKind, FinishReason, Verdict};
 

@@ -13,7 +13,7 @@ use super::request::GenerateRequest;
 use super::sampler::{LogitSummary, Sampler, top_logprobs_of};
 use super::sequence::DecodeSequence;
 use super::state_trace::state_event;
-use deltascope_model::error::{Error, Result};
+use deltascope_model::{Error, Result};
 use deltascope_protocol::Control;
 use deltascope_protocol::EXPLODED_NORM;
 use deltascope_protocol::PhaseTracker;

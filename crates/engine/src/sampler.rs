@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use deltascope_model::model::cpu::math::exp;
+use deltascope_model::cpu::exp;
 use deltascope_protocol::SamplingParams;
 
 /// SplitMix64: tiny, fast and reproducible across platforms and versions.

@@ -2,8 +2,8 @@
 //! for speculative decoding, draft with the MTP head, verify a block, keep a prefix. The
 //! in-process model implements it over its per-sequence state; tests script it.
 
-use deltascope_model::error::{Error, Result};
-use deltascope_model::model::{DraftCache, Forward, ForwardOptions, LogitsRows, Mat, Model, SequenceCache, StateTrace};
+use deltascope_model::{DraftCache, Forward, ForwardOptions, LogitsRows, Mat, Model, SequenceCache, StateTrace};
+use deltascope_model::{Error, Result};
 use deltascope_protocol::{DeviceMemory, Memory, Numerics};
 
 pub trait DecodeSequence {

@@ -1,6 +1,6 @@
 //! A pass's state trace (model::StateTrace) as the protocol's `state` event.
 
-use deltascope_model::model::{LayerTrace, StateTrace};
+use deltascope_model::{LayerTrace, StateTrace};
 use deltascope_protocol::{AttentionLayerState, GdnLayerState, StateEvent};
 
 /// The `state` event of one traced pass.
@@ -54,7 +54,7 @@ pub(crate) fn state_event(trace: &StateTrace, at_token: Option<usize>, position:
 /// One rounding step (the distance to the next representable value away from zero) of the
 /// largest |x| head `h` of `xs` ([T][Hv]) held over the pass, in the precision the layer rounded
 /// its gates to: bf16 (8 significant bits) or f32 (24).
-fn step(p: &deltascope_model::model::GdnPassTrace, xs: &[f32], h: usize) -> f32 {
+fn step(p: &deltascope_model::GdnPassTrace, xs: &[f32], h: usize) -> f32 {
     let largest = (0..p.tokens).map(|t| xs[t * p.heads + h].abs()).filter(|x| x.is_finite()).fold(0f32, f32::max);
     let bits = if p.gates_bf16 { 8 } else { 24 };
     if largest == 0.0 {
@@ -69,7 +69,7 @@ fn step(p: &deltascope_model::model::GdnPassTrace, xs: &[f32], h: usize) -> f32 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use deltascope_model::model::GdnPassTrace;
+    use deltascope_model::GdnPassTrace;
 
     #[test]
     fn a_pass_becomes_means_per_head() {

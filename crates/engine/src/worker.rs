@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use super::generate::Generator;
 use super::request::GenerateRequest;
 use super::sequence::Compute;
-use deltascope_model::error::panic_message;
+use deltascope_model::panic_message;
 use deltascope_protocol::TextTokenizer;
 use deltascope_protocol::{EngineEvent, ErrorKind, Generation, StepControl, error_kind};
 

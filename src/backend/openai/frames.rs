@@ -418,7 +418,7 @@ impl FrameMapper {
                     n => format!("{why}; kept the {n} tokens that arrived"),
                 };
                 // The server's own words may be long or span lines: one line, long quotes cut.
-                emit(EngineEvent::error(kind, deltascope_model::error::brief(&message)));
+                emit(EngineEvent::error(kind, deltascope_model::brief(&message)));
                 return;
             }
         };

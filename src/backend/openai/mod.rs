@@ -28,7 +28,7 @@ use super::{
     Backend, BackendError, BackendInfo, BackendKind, BackendResult, BudgetMode, ChatRequest, DryRun, OpenProgress,
     Prompt, PromptTokens, ReasoningSplit, RemoteSpec, Support,
 };
-use deltascope_model::checkpoint::ModelSource;
+use deltascope_model::ModelSource;
 use deltascope_protocol::{ChatTemplate, TextTokenizer};
 use deltascope_protocol::{
     EngineEvent, ErrorKind, Generation, OnLoop, Preset, SamplingParams, ServerLabel, StartEvent, StepControl,

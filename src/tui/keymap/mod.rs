@@ -233,18 +233,18 @@ impl Action {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum KeymapError {
-    #[error("{file}: not valid TOML: {}", deltascope_model::error::brief(message))]
+    #[error("{file}: not valid TOML: {}", deltascope_model::brief(message))]
     Toml { file: String, message: String },
-    #[error("{file}: unknown action `{}` (actions: {known})", deltascope_model::error::brief(key))]
+    #[error("{file}: unknown action `{}` (actions: {known})", deltascope_model::brief(key))]
     UnknownAction { file: String, key: String, known: String },
     #[error(
         "{file}: {action} = \"{}\": not a key (examples: \"ctrl-r\", \"alt-enter\", \"f5\", \"pageup\", \"?\")",
-        deltascope_model::error::brief(spec)
+        deltascope_model::brief(spec)
     )]
     BadKey { file: String, action: String, spec: String },
-    #[error("{file}: `{}` must be a string or a list of strings", deltascope_model::error::brief(key))]
+    #[error("{file}: `{}` must be a string or a list of strings", deltascope_model::brief(key))]
     BadValue { file: String, key: String },
-    #[error("{file}: unknown table `{}` (expected [keys])", deltascope_model::error::brief(key))]
+    #[error("{file}: unknown table `{}` (expected [keys])", deltascope_model::brief(key))]
     UnknownTable { file: String, key: String },
     #[error("cannot read keymap {file}: {message}")]
     Read { file: String, message: String },

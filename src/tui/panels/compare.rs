@@ -18,7 +18,7 @@ use crate::tui::view::wrap::wrap;
 use crate::verify::rescore::Rescore;
 use crate::verify::score::{Agreement, Alt, Verdict};
 use crate::verify::server::PromptCheck;
-use deltascope_model::units::duration_ms;
+use deltascope_model::duration_ms;
 use deltascope_protocol::Phase;
 
 /// Turns `a` (the original) and `b` (its re-run) of `turns`, side by side.

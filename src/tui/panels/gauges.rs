@@ -16,7 +16,7 @@ use crate::backend::BackendInfo;
 use crate::session::Turn;
 use crate::tui::theme::Theme;
 use crate::tui::view::wrap::wrap;
-use deltascope_model::units::{duration_ms, short_bytes};
+use deltascope_model::{duration_ms, short_bytes};
 use unicode_width::UnicodeWidthStr;
 
 pub const MIN_HEIGHT: u16 = 18;

@@ -35,7 +35,7 @@ use crate::session::Turn;
 use crate::tui::app::Layout;
 use crate::tui::keymap::Action;
 use crate::tui::theme::Theme;
-use deltascope_model::units::{short_bytes, sig4 as sig};
+use deltascope_model::{short_bytes, sig4 as sig};
 use deltascope_protocol::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
 use deltascope_protocol::{GdnLayerState, Phase, StateEvent, StateMetric, TokenEvent};
 

@@ -19,7 +19,7 @@ use crate::tui::keymap::Action;
 use crate::tui::theme::Theme;
 use crate::tui::view::wrap::wrap;
 use crate::tui::view::{Pane, View};
-use deltascope_model::units::duration_ms;
+use deltascope_model::duration_ms;
 use deltascope_protocol::{DiagnosticKind, DraftKind, Phase, TokenEvent};
 
 /// Scroll state of a streaming pane: `None` follows the tail.

@@ -9,7 +9,7 @@ use crate::generate::{Generator, Run, emit_stats};
 use crate::request::GenerateRequest;
 use crate::sampler::{Rng, draw_with};
 use crate::sequence::DecodeSequence;
-use deltascope_model::error::Result;
+use deltascope_model::Result;
 use deltascope_protocol::Control;
 use deltascope_protocol::{DraftKind, FinishReason, GenerationParams, MtpStats, Phase, Verdict};
 

@@ -11,7 +11,7 @@ struct Aligned<B: ?Sized>(B);
 
 static DEMO_WEIGHTS: &Aligned<[u8]> = &Aligned(*include_bytes!("../../../../models/demo/model.safetensors"));
 
-pub static DEMO: EmbeddedModel = EmbeddedModel {
+pub(crate) static DEMO: EmbeddedModel = EmbeddedModel {
     name: "demo",
     files: &[
         ("config.json", include_bytes!("../../../../models/demo/config.json")),

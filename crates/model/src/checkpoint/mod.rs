@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 
 mod demo;
-pub use demo::{DEMO, demo_source};
+pub use demo::demo_source;
 
 /// Files compiled into the binary: `(file name, bytes)`.
 #[derive(Debug)]
@@ -199,7 +199,7 @@ impl ModelSource {
 /// What is at a path, told apart so that a message can name it: a symbolic link loop, a link
 /// to nothing and a FIFO are not "no such file" (and reading a FIFO would block for ever).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PathKind {
+pub(crate) enum PathKind {
     File,
     Dir,
     Missing,
@@ -219,7 +219,7 @@ pub enum PathKind {
 const MAX_LINKS: usize = 40;
 
 impl PathKind {
-    pub fn of(path: &Path) -> PathKind {
+    pub(crate) fn of(path: &Path) -> PathKind {
         let mut at = path.to_path_buf();
         for _ in 0..MAX_LINKS {
             let Ok(meta) = std::fs::symlink_metadata(&at) else { return PathKind::Missing };
@@ -264,12 +264,12 @@ impl PathKind {
 
     /// What is wrong with it where a file is expected (`None` for a file, or a missing path,
     /// which callers report with what they were looking for).
-    pub fn not_a_file(&self) -> Option<String> {
+    pub(crate) fn not_a_file(&self) -> Option<String> {
         self.problem("file")
     }
 
     /// The same where a directory is expected.
-    pub fn not_a_dir(&self) -> Option<String> {
+    pub(crate) fn not_a_dir(&self) -> Option<String> {
         match self {
             PathKind::Dir => None,
             PathKind::Missing => Some("no such directory".into()),

@@ -15,7 +15,7 @@ use super::rope::Rope;
 use super::state::KvCache;
 use crate::error::Result;
 
-pub struct AttnLayer {
+pub(crate) struct AttnLayer {
     pub(crate) heads: usize,
     pub(crate) kv_heads: usize,
     pub(crate) head_dim: usize,
@@ -28,7 +28,7 @@ pub struct AttnLayer {
 
 impl AttnLayer {
     /// The layer's weights under `ld` (a layer's `self_attn.`).
-    pub fn load(cfg: &ModelConfig, ld: &Loader) -> Result<Self> {
+    pub(crate) fn load(cfg: &ModelConfig, ld: &Loader) -> Result<Self> {
         let (hidden, heads, kv_heads) = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads);
         let (head_dim, eps) = (cfg.head_dim, cfg.rms_norm_eps);
         let (qw, kw) = (heads * head_dim, kv_heads * head_dim);
@@ -51,14 +51,14 @@ impl AttnLayer {
         })
     }
 
-    pub fn weight_bytes(&self) -> usize {
+    pub(crate) fn weight_bytes(&self) -> usize {
         self.qkv.weight_bytes()
             + self.o_proj.weight_bytes()
             + (self.q_norm.dim() + self.k_norm.dim()) * std::mem::size_of::<f32>()
     }
 
     /// Runs `x` (tokens at positions `pos0..`) through the layer, appending to `kv`.
-    pub fn forward(&self, x: &Mat, pos0: usize, kv: &mut KvCache, rope: &Rope, prec: Precision) -> Result<Mat> {
+    pub(crate) fn forward(&self, x: &Mat, pos0: usize, kv: &mut KvCache, rope: &Rope, prec: Precision) -> Result<Mat> {
         let (t_len, hd, nh, nkv) = (x.rows, self.head_dim, self.heads, self.kv_heads);
         let qw = nh * hd;
         let kw = nkv * hd;

@@ -9,7 +9,7 @@
 
 use super::cpu::tensor::Mat;
 use crate::error::{Error, Result};
-pub use crate::error::{NonFinite, Sublayer};
+pub(crate) use crate::error::{NonFinite, Sublayer};
 
 /// The first row of `m` holding a NaN or ±Inf, and that value.
 ///
@@ -17,7 +17,7 @@ pub use crate::error::{NonFinite, Sublayer};
 /// exponent bits are all ones.
 // Not inlined, so a profiler books its cost here (README: "what the check costs").
 #[inline(never)]
-pub fn first_nonfinite_row(m: &Mat) -> Option<(usize, f32)> {
+pub(crate) fn first_nonfinite_row(m: &Mat) -> Option<(usize, f32)> {
     const EXP: u32 = 0x7f80_0000;
     let bad = m.data.iter().fold(0u32, |acc, v| acc | ((v.to_bits() & EXP) == EXP) as u32);
     if bad == 0 {
@@ -29,7 +29,7 @@ pub fn first_nonfinite_row(m: &Mat) -> Option<(usize, f32)> {
 
 /// Checks `m` (rows at positions `pos0..`, tokens `ids`): a non-finite row fails with
 /// [`Error::NonFinite`] naming `sublayer` of `layer`.
-pub fn check(m: &Mat, layer: Option<usize>, sublayer: Sublayer, pos0: usize, ids: &[u32]) -> Result<()> {
+pub(crate) fn check(m: &Mat, layer: Option<usize>, sublayer: Sublayer, pos0: usize, ids: &[u32]) -> Result<()> {
     match first_nonfinite_row(m) {
         None => Ok(()),
         Some((row, value)) => Err(Error::NonFinite(NonFinite {
@@ -46,7 +46,7 @@ pub fn check(m: &Mat, layer: Option<usize>, sublayer: Sublayer, pos0: usize, ids
 /// A block that reports only its row (the MoE router, `layer: None`, position = row) is placed
 /// by its caller: `label` fills in which part it was, then the position and token follow from
 /// `pos0` and `ids`. Other errors pass through.
-pub fn place(e: Error, pos0: usize, ids: &[u32], label: impl FnOnce(&mut NonFinite)) -> Error {
+pub(crate) fn place(e: Error, pos0: usize, ids: &[u32], label: impl FnOnce(&mut NonFinite)) -> Error {
     match e {
         Error::NonFinite(mut nf) if nf.layer.is_none() => {
             nf.token = ids.get(nf.position).copied().unwrap_or(0);

@@ -19,7 +19,7 @@ use super::storage::Values;
 pub const BLOCK: usize = 128;
 
 /// The largest finite e4m3fn value (code 0x7E); 0x7F and 0xFF are NaN, and there is no infinity.
-pub const E4M3_MAX: f32 = 448.0;
+pub(crate) const E4M3_MAX: f32 = 448.0;
 
 /// What `quantization_config` says, once checked.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -31,7 +31,7 @@ pub struct Fp8Format {
 
 /// The value of an e4m3fn byte (`S EEEE MMM`, bias 7; subnormal when `E = 0`; NaN for 0x7F and
 /// 0xFF).
-pub const fn e4m3_to_f32(b: u8) -> f32 {
+pub(crate) const fn e4m3_to_f32(b: u8) -> f32 {
     let sign = ((b >> 7) as u32) << 31;
     let (e, m) = (((b >> 3) & 0xF) as u32, (b & 7) as u32);
     let bits = if e == 0xF && m == 7 {
@@ -49,7 +49,7 @@ pub const fn e4m3_to_f32(b: u8) -> f32 {
 }
 
 /// Every byte's value, for the portable kernels and the widening of a panel for the GEMM.
-pub static E4M3: [f32; 256] = {
+pub(crate) static E4M3: [f32; 256] = {
     let mut t = [0f32; 256];
     let mut i = 0;
     while i < 256 {
@@ -60,14 +60,14 @@ pub static E4M3: [f32; 256] = {
 };
 
 /// Whether a byte is one of e4m3fn's two NaN codes.
-pub fn is_nan_code(b: u8) -> bool {
+pub(crate) fn is_nan_code(b: u8) -> bool {
     b & 0x7F == 0x7F
 }
 
 /// The e4m3fn code nearest to `x`, ties to the even code, saturating at ±448 (what
 /// `torch.Tensor.to(torch.float8_e4m3fn)` gives for the values a block scale brings into
 /// range). `x` must not be NaN.
-pub fn f32_to_e4m3(x: f32) -> u8 {
+pub(crate) fn f32_to_e4m3(x: f32) -> u8 {
     let sign = if x.is_sign_negative() { 0x80 } else { 0 };
     let a = x.abs();
     if a >= E4M3_MAX {

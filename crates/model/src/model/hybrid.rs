@@ -657,7 +657,7 @@ impl Model {
 
 /// Token ids within the vocabulary and `position + ids.len()` within the context, before
 /// anything is computed (every device's model checks the same way).
-pub fn validate_ids(config: &ModelConfig, ids: &[u32], position: usize) -> Result<()> {
+pub(crate) fn validate_ids(config: &ModelConfig, ids: &[u32], position: usize) -> Result<()> {
     for (i, &id) in ids.iter().enumerate() {
         if id as usize >= config.vocab_size {
             return Err(Error::TokenOutOfRange { id, position: position + i, vocab_size: config.vocab_size });

@@ -25,7 +25,7 @@ impl std::fmt::Debug for LoadProgress {
 /// What a load has read so far, shared by a [`Loader`] and every loader [`Loader::pp`] makes
 /// from it.
 #[derive(Debug, Default)]
-pub struct LoadCounts {
+pub(crate) struct LoadCounts {
     /// Bytes read so far.
     pub read: Cell<u64>,
     /// Bytes of weight matrices kept as views into the mapped file.
@@ -38,7 +38,7 @@ pub struct LoadCounts {
 
 /// Reads the tensors under one name prefix (candle's `VarBuilder`): `ld.pp("self_attn")`
 /// reads `….self_attn.q_proj.weight` as `q_proj.weight`.
-pub struct Loader<'a> {
+pub(crate) struct Loader<'a> {
     pub store: &'a WeightStore,
     pub precision: Precision,
     pub progress: Option<&'a LoadProgress>,
@@ -49,7 +49,7 @@ pub struct Loader<'a> {
 
 impl<'a> Loader<'a> {
     /// A loader at the root of the checkpoint's names.
-    pub fn new(
+    pub(crate) fn new(
         store: &'a WeightStore,
         precision: Precision,
         progress: Option<&'a LoadProgress>,
@@ -59,16 +59,16 @@ impl<'a> Loader<'a> {
     }
 
     /// The loader for the names under `name.` (candle's `vb.pp`).
-    pub fn pp(&self, name: impl std::fmt::Display) -> Loader<'a> {
+    pub(crate) fn pp(&self, name: impl std::fmt::Display) -> Loader<'a> {
         Loader { prefix: format!("{}{name}.", self.prefix), ..*self }
     }
 
     /// The full name of `name` under this loader's prefix.
-    pub fn name(&self, name: &str) -> String {
+    pub(crate) fn name(&self, name: &str) -> String {
         format!("{}{name}", self.prefix)
     }
 
-    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    pub(crate) fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let name = &self.name(name);
         let mut v = self.store.load_f32(name, shape)?;
         self.precision.round_all(&mut v);
@@ -78,7 +78,7 @@ impl<'a> Loader<'a> {
 
     /// A weight matrix in its stored dtype; with the bf16 reference's cast points, in bf16
     /// (FP8 excepted: kept as its codes and scales).
-    pub fn weights(&self, name: &str, shape: &[usize]) -> Result<Weights> {
+    pub(crate) fn weights(&self, name: &str, shape: &[usize]) -> Result<Weights> {
         let name = &self.name(name);
         let w = self.store.load_weights(name, shape)?;
         // FP8 stays FP8 at either precision: its kernels dequantise in registers.
@@ -101,7 +101,7 @@ impl<'a> Loader<'a> {
     }
 
     /// A weight matrix as a linear layer `[out, in]`.
-    pub fn linear(&self, name: &str, out: usize, inp: usize) -> Result<Linear> {
+    pub(crate) fn linear(&self, name: &str, out: usize, inp: usize) -> Result<Linear> {
         Linear::from_weights(self.weights(name, &[out, inp])?, out, inp)
     }
 
@@ -114,7 +114,7 @@ impl<'a> Loader<'a> {
         }
     }
 
-    pub fn has(&self, name: &str) -> bool {
+    pub(crate) fn has(&self, name: &str) -> bool {
         self.store.contains(&self.name(name))
     }
 }

@@ -10,7 +10,7 @@ use super::load::Loader;
 use super::storage::Weights;
 use crate::error::{Error, Result};
 
-pub struct DenseMlp {
+pub(crate) struct DenseMlp {
     pub(crate) inter: usize,
     /// Fused `[gate_proj ; up_proj]`.
     pub(crate) gate_up: Linear,
@@ -19,7 +19,7 @@ pub struct DenseMlp {
 
 impl DenseMlp {
     /// The block's weights under `ld` (a layer's `mlp.`, or one expert's).
-    pub fn load(ld: &Loader, hidden: usize, inter: usize) -> Result<Self> {
+    pub(crate) fn load(ld: &Loader, hidden: usize, inter: usize) -> Result<Self> {
         let gate_up = Linear::fused(
             vec![
                 (ld.weights("gate_proj.weight", &[inter, hidden])?, inter),
@@ -40,11 +40,11 @@ impl DenseMlp {
         })
     }
 
-    pub fn weight_bytes(&self) -> usize {
+    pub(crate) fn weight_bytes(&self) -> usize {
         self.gate_up.weight_bytes() + self.down.weight_bytes()
     }
 
-    pub fn forward(&self, x: &Mat, prec: Precision) -> Result<Mat> {
+    pub(crate) fn forward(&self, x: &Mat, prec: Precision) -> Result<Mat> {
         let gu = self.gate_up.forward(x, prec)?;
         let i = self.inter;
         let mut h = Mat::zeros(x.rows, i);
@@ -56,7 +56,7 @@ impl DenseMlp {
     }
 }
 
-pub struct MoeBlock {
+pub(crate) struct MoeBlock {
     pub(crate) top_k: usize,
     pub(crate) norm_topk_prob: bool,
     pub(crate) router: Linear,
@@ -67,7 +67,7 @@ pub struct MoeBlock {
 
 impl MoeBlock {
     /// The block's weights under `ld` (a layer's `mlp.`).
-    pub fn load(moe: &MoeConfig, hidden: usize, ld: &Loader) -> Result<Self> {
+    pub(crate) fn load(moe: &MoeConfig, hidden: usize, ld: &Loader) -> Result<Self> {
         let (experts, top_k, inter) = (moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size);
         let (shared_inter, norm_topk_prob) = (moe.shared_expert_intermediate_size, moe.norm_topk_prob);
         let router = ld.linear("gate.weight", experts, hidden)?;
@@ -101,14 +101,14 @@ impl MoeBlock {
         })
     }
 
-    pub fn weight_bytes(&self) -> usize {
+    pub(crate) fn weight_bytes(&self) -> usize {
         self.router.weight_bytes()
             + self.experts.iter().map(DenseMlp::weight_bytes).sum::<usize>()
             + self.shared.weight_bytes()
             + self.shared_gate.weight_bytes()
     }
 
-    pub fn forward(&self, x: &Mat, prec: Precision) -> Result<Mat> {
+    pub(crate) fn forward(&self, x: &Mat, prec: Precision) -> Result<Mat> {
         let (t_len, hidden) = (x.rows, x.cols);
         let logits = self.router.forward(x, prec)?;
         // NaN router logits would pick experts by NaN comparisons: stop here instead (the layer
@@ -158,20 +158,20 @@ impl MoeBlock {
 }
 
 /// A layer's feed-forward block.
-pub enum Mlp {
+pub(crate) enum Mlp {
     Dense(DenseMlp),
     Moe(MoeBlock),
 }
 
 impl Mlp {
-    pub fn forward(&self, x: &Mat, prec: Precision) -> Result<Mat> {
+    pub(crate) fn forward(&self, x: &Mat, prec: Precision) -> Result<Mat> {
         match self {
             Mlp::Dense(m) => m.forward(x, prec),
             Mlp::Moe(m) => m.forward(x, prec),
         }
     }
 
-    pub fn weight_bytes(&self) -> usize {
+    pub(crate) fn weight_bytes(&self) -> usize {
         match self {
             Mlp::Dense(m) => m.weight_bytes(),
             Mlp::Moe(m) => m.weight_bytes(),

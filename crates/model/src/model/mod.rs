@@ -1,29 +1,27 @@
 //! The model: pure compute over explicit state (design §3). It knows nothing of text, sampling,
 //! budgets or UI.
 
-pub mod attention;
-pub mod config;
-pub mod cpu;
-pub mod cuda;
-pub mod dtype;
-pub mod finite;
-pub mod forward;
-pub mod fp8;
-pub mod gdn;
-pub mod hybrid;
-pub mod load;
-pub mod mlp;
-pub mod norm;
-pub mod placement;
-pub mod plan;
-pub mod rope;
-pub mod state;
-pub mod storage;
-pub mod trace;
-pub mod weights;
+pub(crate) mod attention;
+pub(crate) mod config;
+pub(crate) mod cpu;
+pub(crate) mod cuda;
+pub(crate) mod dtype;
+pub(crate) mod finite;
+pub(crate) mod forward;
+pub(crate) mod fp8;
+pub(crate) mod gdn;
+pub(crate) mod hybrid;
+pub(crate) mod load;
+pub(crate) mod mlp;
+pub(crate) mod norm;
+pub(crate) mod placement;
+pub(crate) mod plan;
+pub(crate) mod rope;
+pub(crate) mod state;
+pub(crate) mod storage;
+pub(crate) mod trace;
+pub(crate) mod weights;
 
-pub use crate::checkpoint::demo_source;
-pub use crate::checkpoint::{EmbeddedModel, ModelSource};
 pub use config::{Family, LayerKind, MlpKind, ModelConfig, read_config};
 pub use cpu::tensor::{Mat, Precision};
 pub use dtype::{DtypeChoice, ResolvedDtype};
@@ -33,6 +31,5 @@ pub use hybrid::{
     missing_mtp_tensors,
 };
 pub use load::LoadProgress;
-pub use placement::DeviceSpec;
 pub use state::{SequenceState, StateBytes, StateSnapshot};
 pub use trace::{GdnPassTrace, LayerTrace, StateTrace};

@@ -44,7 +44,7 @@ impl RmsNorm {
 
 /// `1 / sqrt(mean(x²) + eps)` in f32.
 #[inline]
-pub fn rsqrt_mean_square(x: &[f32], eps: f32) -> f32 {
+pub(crate) fn rsqrt_mean_square(x: &[f32], eps: f32) -> f32 {
     let ms = dot(x, x) / x.len() as f32;
     1.0 / (ms + eps).sqrt()
 }

@@ -47,7 +47,7 @@ pub struct MemoryPlan {
     pub recurrent_bytes_per_sequence: u64,
 }
 
-pub fn param_counts(c: &ModelConfig) -> ParamCounts {
+pub(crate) fn param_counts(c: &ModelConfig) -> ParamCounts {
     let h = c.hidden_size as u64;
     let v = c.vocab_size as u64;
     let l = &c.linear;
@@ -120,7 +120,7 @@ pub fn fp8_weight_bytes(p: &ParamCounts, other_bytes: u64) -> u64 {
 /// cols]` as the checkpoint holds them (each with its own scale grid): the GDN's in_proj_qkv /
 /// in_proj_z / out_proj or attention's q / k / v / o, and the MLP's gate / up / down (every
 /// expert's, and the shared expert's).
-pub fn fp8_layer_matrices(c: &ModelConfig, kind: LayerKind, mlp: MlpKind) -> Vec<(u64, u64)> {
+pub(crate) fn fp8_layer_matrices(c: &ModelConfig, kind: LayerKind, mlp: MlpKind) -> Vec<(u64, u64)> {
     let h = c.hidden_size as u64;
     let l = &c.linear;
     let mut out = match kind {
@@ -148,7 +148,7 @@ pub fn fp8_layer_matrices(c: &ModelConfig, kind: LayerKind, mlp: MlpKind) -> Vec
 
 /// Bytes an FP8 matrix `[rows, cols]` takes on a CUDA device: a byte a code, an f32 scale per
 /// 128 × 128 block and an i32 scale-row index per row (`ops::DeviceFp8`).
-pub fn fp8_device_bytes(rows: u64, cols: u64) -> u64 {
+pub(crate) fn fp8_device_bytes(rows: u64, cols: u64) -> u64 {
     rows * cols + 4 * rows.div_ceil(128) * cols.div_ceil(128) + 4 * rows
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use half::{bf16, f16};
 
 use crate::checkpoint::FileBytes;
-pub use crate::model::fp8::Fp8Weights;
+pub(crate) use crate::model::fp8::Fp8Weights;
 
 /// The plain value types a mapped view may hold: every bit pattern is a valid value, and the
 /// file stores them little-endian.
@@ -240,7 +240,7 @@ impl Weights {
 
 /// bf16 is the top half of an f32: widening is a shift.
 #[inline(always)]
-pub fn bf16_to_f32(b: u16) -> f32 {
+pub(crate) fn bf16_to_f32(b: u16) -> f32 {
     f32::from_bits((b as u32) << 16)
 }
 

@@ -7,8 +7,8 @@ use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, ErrorKind};
 use serde_json::Value as Json;
 
-use deltascope_model::checkpoint::ModelSource;
-use deltascope_model::error::{Error, Result};
+use deltascope_model::ModelSource;
+use deltascope_model::{Error, Result};
 
 /// Used when a model ships no template: Qwen's ChatML, with the thinking switch when the
 /// tokenizer has `<think>` tokens.

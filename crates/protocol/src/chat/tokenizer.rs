@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 use serde_json::Value as Json;
 
-use deltascope_model::checkpoint::ModelSource;
-use deltascope_model::error::{Error, Result};
+use deltascope_model::ModelSource;
+use deltascope_model::{Error, Result};
 
 /// Special token ids, looked up by their strings in the tokenizer's vocabulary (never
 /// hard-coded: the demo model and the fixtures have ids of their own).

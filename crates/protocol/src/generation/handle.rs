@@ -5,7 +5,7 @@ use std::sync::mpsc::Receiver;
 
 use super::control::StepControl;
 use super::events::{EngineEvent, ErrorKind};
-use deltascope_model::error::Error;
+use deltascope_model::Error;
 
 /// One request's event stream and its controls. Dropping it does not stop the generation;
 /// [`Generation::cancel`] does (within one token, keeping what was produced).

@@ -16,7 +16,7 @@ macro_rules! at {
 pub(super) use at;
 
 /// The largest size or count a config may give (2^24).
-pub const MAX_SIZE: usize = 1 << 24;
+pub(super) const MAX_SIZE: usize = 1 << 24;
 
 /// The checks on the fields of one object of the file (the top level, `text_config`, a rope
 /// dict): `prefix` is the object's path (`text_config.`), `file` names the file.
@@ -26,15 +26,15 @@ pub(super) struct Checker<'a> {
 }
 
 impl Checker<'_> {
-    pub fn path(&self, key: &str) -> String {
+    pub(super) fn path(&self, key: &str) -> String {
         format!("{}{}", self.prefix, key)
     }
 
-    pub fn error(&self, key: &str, message: impl Into<String>) -> Error {
+    pub(super) fn error(&self, key: &str, message: impl Into<String>) -> Error {
         Error::field(self.file, &self.path(key), message)
     }
 
-    pub fn usize_opt(&self, (key, f): (&str, &Field<usize>)) -> Result<Option<usize>> {
+    pub(super) fn usize_opt(&self, (key, f): (&str, &Field<usize>)) -> Result<Option<usize>> {
         match f.present() {
             None => Ok(None),
             // Every size and count in these configs is far below this (the largest, a 1M-token
@@ -49,11 +49,11 @@ impl Checker<'_> {
         }
     }
 
-    pub fn usize_or(&self, field: (&str, &Field<usize>), default: usize) -> Result<usize> {
+    pub(super) fn usize_or(&self, field: (&str, &Field<usize>), default: usize) -> Result<usize> {
         Ok(self.usize_opt(field)?.unwrap_or(default))
     }
 
-    pub fn positive_or(&self, field: (&str, &Field<usize>), default: usize) -> Result<usize> {
+    pub(super) fn positive_or(&self, field: (&str, &Field<usize>), default: usize) -> Result<usize> {
         let n = self.usize_or(field, default)?;
         if n == 0 {
             return Err(self.error(field.0, "must be greater than 0"));
@@ -63,7 +63,7 @@ impl Checker<'_> {
 
     /// A size every checkpoint's config sets: absent, the class default would not match the
     /// weights and loading would fail later on a shape, far from the cause.
-    pub fn positive_required(&self, field: (&str, &Field<usize>), class_default: usize) -> Result<usize> {
+    pub(super) fn positive_required(&self, field: (&str, &Field<usize>), class_default: usize) -> Result<usize> {
         if self.usize_opt(field)?.is_none() {
             return Err(self.error(
                 field.0,
@@ -75,7 +75,7 @@ impl Checker<'_> {
         self.positive_or(field, class_default)
     }
 
-    pub fn f64_opt(&self, (key, f): (&str, &Field<f64>)) -> Result<Option<f64>> {
+    pub(super) fn f64_opt(&self, (key, f): (&str, &Field<f64>)) -> Result<Option<f64>> {
         match f.present() {
             None => Ok(None),
             Some(Ok(x)) => Ok(Some(*x)),
@@ -85,7 +85,7 @@ impl Checker<'_> {
 
     /// A norm epsilon: finite and > 0 (≤ 0 makes `rsqrt(mean(x²) + eps)` NaN or ±Inf for small
     /// activations, and the model emits garbage from the first layer on).
-    pub fn eps_or(&self, field: (&str, &Field<f64>), default: f64) -> Result<f64> {
+    pub(super) fn eps_or(&self, field: (&str, &Field<f64>), default: f64) -> Result<f64> {
         let eps = self.f64_opt(field)?.unwrap_or(default);
         if !(eps.is_finite() && eps > 0.0) {
             return Err(self.error(field.0, format!("must be a small positive number (typically 1e-6), found {eps}")));
@@ -93,7 +93,7 @@ impl Checker<'_> {
         Ok(eps)
     }
 
-    pub fn bool_opt(&self, (key, f): (&str, &Field<bool>)) -> Result<Option<bool>> {
+    pub(super) fn bool_opt(&self, (key, f): (&str, &Field<bool>)) -> Result<Option<bool>> {
         match f.present() {
             None => Ok(None),
             Some(Ok(b)) => Ok(Some(*b)),
@@ -101,7 +101,7 @@ impl Checker<'_> {
         }
     }
 
-    pub fn str_opt<'f>(&self, (key, f): (&str, &'f Field<String>)) -> Result<Option<&'f str>> {
+    pub(super) fn str_opt<'f>(&self, (key, f): (&str, &'f Field<String>)) -> Result<Option<&'f str>> {
         match f.present() {
             None => Ok(None),
             Some(Ok(s)) => Ok(Some(s.as_str())),
@@ -109,7 +109,7 @@ impl Checker<'_> {
         }
     }
 
-    pub fn ids_opt(&self, (key, f): (&str, &Field<Ids>)) -> Result<Vec<u32>> {
+    pub(super) fn ids_opt(&self, (key, f): (&str, &Field<Ids>)) -> Result<Vec<u32>> {
         match f.present() {
             None => Ok(vec![]),
             Some(Ok(Ids::Many(list))) => list

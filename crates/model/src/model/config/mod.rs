@@ -9,9 +9,9 @@
 //! through an intermediate "config class" that has defaults of its own.
 
 mod check;
-pub mod keys;
+pub(crate) mod keys;
 mod quant;
-pub mod raw;
+pub(crate) mod raw;
 mod rope;
 
 use serde::{Deserialize, Serialize};

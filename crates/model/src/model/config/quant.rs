@@ -13,7 +13,7 @@ const KNOWN: [&str; 6] =
 
 /// `value` is the `quantization_config` found at `path` (`quantization_config` or
 /// `text_config.quantization_config`) of `file`; `None` and `null` mean an unquantised model.
-pub fn fp8_format(value: Option<&Value>, path: &str, file: &str) -> Result<Option<Fp8Format>> {
+pub(super) fn fp8_format(value: Option<&Value>, path: &str, file: &str) -> Result<Option<Fp8Format>> {
     let Some(v) = value.filter(|v| !v.is_null()) else { return Ok(None) };
     let key = |k: &str| format!("{path}.{k}");
     let err = |k: &str, message: String| Error::field(file, &key(k), message);

@@ -13,7 +13,7 @@ use super::Family;
 
 /// One field of the file.
 #[derive(Debug, Clone, Default)]
-pub enum Field<T> {
+pub(crate) enum Field<T> {
     /// Not in the file.
     #[default]
     Absent,
@@ -36,7 +36,7 @@ impl<'de, T: for<'a> Deserialize<'a>> Deserialize<'de> for Field<T> {
 impl<T> Field<T> {
     /// The value, with JSON `null` read as an absent field: `None` when absent, `Err` with what
     /// the file has when it is of another type.
-    pub fn present(&self) -> Option<std::result::Result<&T, &Value>> {
+    pub(crate) fn present(&self) -> Option<std::result::Result<&T, &Value>> {
         match self {
             Field::Absent | Field::Other(Value::Null) => None,
             Field::Given(t) => Some(Ok(t)),
@@ -45,7 +45,7 @@ impl<T> Field<T> {
     }
 
     /// An element of a list: a `null` one is a wrong value, not an absent one.
-    pub fn element(&self) -> std::result::Result<&T, Value> {
+    pub(crate) fn element(&self) -> std::result::Result<&T, Value> {
         match self {
             Field::Given(t) => Ok(t),
             Field::Other(v) => Err(v.clone()),
@@ -56,7 +56,7 @@ impl<T> Field<T> {
 
 /// A JSON object read as `T` (any other value is not a `T`, even one `T` would accept).
 #[derive(Debug, Clone)]
-pub struct Object<T>(pub T);
+pub(crate) struct Object<T>(pub T);
 
 impl<'de, T: for<'a> Deserialize<'a>> Deserialize<'de> for Object<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -68,7 +68,7 @@ impl<'de, T: for<'a> Deserialize<'a>> Deserialize<'de> for Object<T> {
 /// A token id or a list of them (`eos_token_id`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
-pub enum Ids {
+pub(crate) enum Ids {
     One(u64),
     Many(Vec<Field<u64>>),
 }
@@ -78,7 +78,7 @@ pub enum Ids {
 /// `qwen3_5`, `qwen3_5_moe`); `lm` reads the top level either way (its `tie_word_embeddings`,
 /// `eos_token_id` and `dtype` count for nested configs too).
 #[derive(Debug, Clone, Deserialize)]
-pub struct RawConfig {
+pub(crate) struct RawConfig {
     #[serde(default)]
     pub model_type: Field<String>,
     #[serde(default)]
@@ -92,7 +92,7 @@ pub struct RawConfig {
 /// The language-model fields (`text_config`, or the top level of a text-only config).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
-pub struct RawTextConfig {
+pub(crate) struct RawTextConfig {
     pub model_type: Field<String>,
     pub vocab_size: Field<usize>,
     pub hidden_size: Field<usize>,
@@ -140,7 +140,7 @@ pub struct RawTextConfig {
 /// `rope_parameters` (or the legacy `rope_scaling`).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
-pub struct RawRope {
+pub(crate) struct RawRope {
     pub rope_type: Field<String>,
     #[serde(rename = "type")]
     pub kind: Field<String>,
@@ -155,7 +155,7 @@ pub struct RawRope {
 
 /// The class defaults of the Hugging Face configs per family, for absent fields only (a value
 /// in the file always wins).
-pub struct Defaults {
+pub(crate) struct Defaults {
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: Option<usize>,
@@ -167,7 +167,7 @@ pub struct Defaults {
 }
 
 impl Defaults {
-    pub fn of(family: Family) -> Defaults {
+    pub(crate) fn of(family: Family) -> Defaults {
         match family {
             Family::Qwen35 => Defaults {
                 vocab_size: 248320,
@@ -205,7 +205,7 @@ impl Defaults {
 
 /// The family of a top-level `model_type`, and whether its language-model fields are nested
 /// under `text_config`.
-pub fn family_of(model_type: &str) -> Option<(Family, bool)> {
+pub(crate) fn family_of(model_type: &str) -> Option<(Family, bool)> {
     match model_type {
         "qwen3_5" => Some((Family::Qwen35, true)),
         "qwen3_5_text" => Some((Family::Qwen35, false)),

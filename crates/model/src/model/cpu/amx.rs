@@ -28,7 +28,7 @@ use rayon::prelude::*;
 use super::gemm_bf16::OutPtr;
 
 /// Activation rows one tile pass serves (a C tile row is 64 bytes: 16 f32).
-pub const MAX_ROWS: usize = 16;
+pub(crate) const MAX_ROWS: usize = 16;
 /// Inputs per tile step (a tile row of 64 bytes: 32 bf16).
 const K_STEP: usize = 32;
 /// Output rows per tile.
@@ -36,7 +36,7 @@ const M: usize = 16;
 
 /// Whether this CPU has AMX-BF16 and the kernel lets this process use the tile registers
 /// (Linux asks each process to request them once: `arch_prctl(ARCH_REQ_XCOMP_PERM)`).
-pub fn available() -> bool {
+pub(crate) fn available() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
     *OK.get_or_init(|| {
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -51,7 +51,7 @@ pub fn available() -> bool {
 }
 
 /// Whether the CPU has AMX-BF16 (CPUID), whether or not the process may use the tiles.
-pub fn cpu_has_amx_bf16() -> bool {
+pub(crate) fn cpu_has_amx_bf16() -> bool {
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     {
         x86::has_amx_bf16()
@@ -64,7 +64,7 @@ pub fn cpu_has_amx_bf16() -> bool {
 
 /// Activation rows rounded to bf16 and packed for the B tile: per 32-input block, 16 pairs of
 /// `rows` u32 (the even input in the low half, as `tdpbf16ps` reads a pair).
-pub struct Packed {
+pub(crate) struct Packed {
     rows: usize,
     n: usize,
     data: Vec<u32>,
@@ -72,7 +72,7 @@ pub struct Packed {
 
 impl Packed {
     /// `bits(r)` is activation row `r` as bf16 bits (at least `n` of them).
-    pub fn new<'a>(rows: usize, n: usize, bits: impl Fn(usize) -> &'a [u16]) -> Packed {
+    pub(crate) fn new<'a>(rows: usize, n: usize, bits: impl Fn(usize) -> &'a [u16]) -> Packed {
         let blocks = n / K_STEP;
         let mut data = vec![0u32; blocks * (K_STEP / 2) * rows];
         for r in 0..rows {
@@ -88,7 +88,7 @@ impl Packed {
 /// `y[o · g + i] = w[o] · x[rows.start + i]` over the whole 32-input blocks, for the `k` weight
 /// rows of `n` in `w` and the `g = rows.len()` activation rows (g ≤ [`MAX_ROWS`]). Only where
 /// [`available`] holds; the caller adds the tail past the last whole block.
-pub fn gemv(w: &[u16], k: usize, x: &Packed, rows: std::ops::Range<usize>, y: &mut [f32]) {
+pub(crate) fn gemv(w: &[u16], k: usize, x: &Packed, rows: std::ops::Range<usize>, y: &mut [f32]) {
     let (n, g) = (x.n, rows.len());
     assert!(available(), "the AMX GEMV needs AMX-BF16");
     assert!(w.len() == k * n && y.len() == k * g && (1..=MAX_ROWS).contains(&g) && rows.end <= x.rows);
@@ -112,7 +112,7 @@ const PANEL: usize = 2 * M;
 /// A prefill's activations for [`gemm`]: each row rounded to bf16 and zero-padded to whole
 /// 32-input blocks (the A tile loads 16 rows × 32 values straight from here), the row count
 /// padded with zero rows to whole tile passes of [`TOKENS`].
-pub struct Tokens {
+pub(crate) struct Tokens {
     rows: usize,
     n: usize,
     stride: usize,
@@ -121,7 +121,7 @@ pub struct Tokens {
 
 impl Tokens {
     /// `x` is `[rows, n]` row-major f32.
-    pub fn new(x: &[f32], rows: usize, n: usize) -> Tokens {
+    pub(crate) fn new(x: &[f32], rows: usize, n: usize) -> Tokens {
         assert_eq!(x.len(), rows * n);
         let stride = n.div_ceil(K_STEP).max(1) * K_STEP;
         let mut data = vec![0u16; rows.div_ceil(TOKENS) * TOKENS * stride];
@@ -144,7 +144,7 @@ impl Tokens {
 /// Threads take panels of 32 output features; a panel's weights are packed into the B tile's
 /// pair-major layout (`[block][pair][32 features]`, 64 KiB for 1024 inputs: it stays in L2) and
 /// swept by passes of 32 tokens, each four C tiles written straight into `y`.
-pub fn gemm<'w, F>(x: &Tokens, out: usize, row: F, y: &mut [f32])
+pub(crate) fn gemm<'w, F>(x: &Tokens, out: usize, row: F, y: &mut [f32])
 where
     F: Fn(usize) -> &'w [u16] + Sync,
 {
@@ -233,7 +233,7 @@ mod x86 {
     use super::{K_STEP, M, Packed};
 
     /// CPUID leaf 7: EDX bit 22 is AMX-BF16, bit 24 AMX-TILE.
-    pub fn has_amx_bf16() -> bool {
+    pub(super) fn has_amx_bf16() -> bool {
         let leaf = std::arch::x86_64::__cpuid_count(7, 0);
         leaf.edx & (1 << 22) != 0 && leaf.edx & (1 << 24) != 0
     }
@@ -241,7 +241,7 @@ mod x86 {
     /// `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`: without it the first tile
     /// instruction kills the process (Linux 5.16+; older kernels refuse, and the caller falls
     /// back to `vdpbf16ps`).
-    pub fn request_tiles() -> bool {
+    pub(super) fn request_tiles() -> bool {
         const SYS_ARCH_PRCTL: i64 = 158;
         const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
         const XFEATURE_XTILEDATA: i64 = 18;
@@ -288,7 +288,7 @@ mod x86 {
     ///
     /// AMX-BF16 is present and permitted; `w` holds `k` rows of `n` ≥ 32 bf16, `y` `k · g`
     /// values; `first + g ≤ x.rows`, g ≤ 16.
-    pub unsafe fn gemv(w: &[u16], k: usize, n: usize, x: &Packed, first: usize, g: usize, y: &mut [f32]) {
+    pub(super) unsafe fn gemv(w: &[u16], k: usize, n: usize, x: &Packed, first: usize, g: usize, y: &mut [f32]) {
         let blocks = n / K_STEP;
         let cfg = TileConfig::for_rows(g);
         let w_stride = n * 2;
@@ -362,7 +362,7 @@ mod x86 {
     /// AMX-BF16 is present and permitted; `a` holds 32 · `passes` rows of `blocks · 32` bf16 at
     /// the stride, `packed` `blocks · 16 · 32` u32, and `y` 32 · `passes` rows of 32 writable
     /// f32 at its stride.
-    pub unsafe fn gemm_passes(
+    pub(super) unsafe fn gemm_passes(
         a: *const u16,
         a_stride: usize,
         passes: usize,
@@ -430,7 +430,7 @@ mod x86 {
     /// AVX-512F; every row holds at least `blocks · 32` values, at most 32 rows, and `packed`
     /// holds `blocks · 16 · 32` values.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn pack_panel(weights: &[&[u16]], blocks: usize, packed: &mut [u32]) {
+    pub(super) unsafe fn pack_panel(weights: &[&[u16]], blocks: usize, packed: &mut [u32]) {
         use std::arch::x86_64::*;
         let zero = _mm512_setzero_si512();
         let out = packed.as_mut_ptr();

@@ -15,7 +15,7 @@ static HELD: AtomicBool = AtomicBool::new(false);
 
 /// Runs `pass` on one of the pool's threads with the others spinning for its jobs (see the
 /// module's comment). The result, and a panic, are `pass`'s own.
-pub fn run<R: Send>(pass: impl FnOnce() -> R + Send) -> R {
+pub(crate) fn run<R: Send>(pass: impl FnOnce() -> R + Send) -> R {
     if rayon::current_num_threads() == 1
         || HELD.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err()
     {

@@ -20,7 +20,7 @@ const MAX_SIMD_SCALE: f32 = 1e30;
 
 /// `out[j] = E4M3[q[j]] · scales[(c0 + j) / 128]`: codes `q` of one weight row, the first at
 /// column `c0`, and that row's block scales (one per 128 columns).
-pub fn fp8_row(simd: Simd, q: &[u8], scales: &[f32], c0: usize, out: &mut [f32]) {
+pub(crate) fn fp8_row(simd: Simd, q: &[u8], scales: &[f32], c0: usize, out: &mut [f32]) {
     assert!(
         q.len() == out.len() && (c0 + q.len()).div_ceil(BLOCK) <= scales.len(),
         "fp8_row: {} codes from column {c0}, {} outputs, {} scales",
@@ -71,7 +71,7 @@ mod x86 {
     /// AVX2 and F16C; `q.len() == out.len()`, a multiple of 16; `scales` covers the blocks of
     /// columns `c0..c0 + q.len()`.
     #[target_feature(enable = "avx2,f16c")]
-    pub unsafe fn chunks(q: &[u8], scales: &[f32], c0: usize, out: &mut [f32]) {
+    pub(super) unsafe fn chunks(q: &[u8], scales: &[f32], c0: usize, out: &mut [f32]) {
         debug_assert!(c0.is_multiple_of(16) && q.len().is_multiple_of(16) && q.len() == out.len());
         let clear_bit_14 = _mm256_set1_epi16(0xBFFFu16 as i16);
         for (i, (qc, oc)) in q.chunks_exact(16).zip(out.chunks_exact_mut(16)).enumerate() {

@@ -25,7 +25,7 @@ const TILE: usize = 12;
 
 /// Whether this CPU runs [`gemm`] (`vdpbf16ps`). Whether the engine uses it is the active kernel
 /// family's choice ([`super::CpuKernel::dpbf16`]).
-pub fn available() -> bool {
+pub(crate) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::is_x86_feature_detected!("avx512f")
@@ -42,14 +42,14 @@ pub fn available() -> bool {
 /// values) and packed for the kernel: tiles of up to [`TILE`] tokens, each `[pair][token]` as
 /// `u32` (even element in the low half, as `vdpbf16ps` reads a pair), an odd input padded with
 /// a zero.
-pub struct PackedTokens {
+pub(crate) struct PackedTokens {
     rows: usize,
     pairs: usize,
     data: Vec<u32>,
 }
 
 impl PackedTokens {
-    pub fn new(x: &[f32], rows: usize, k: usize) -> PackedTokens {
+    pub(crate) fn new(x: &[f32], rows: usize, k: usize) -> PackedTokens {
         assert_eq!(x.len(), rows * k);
         let pairs = k.div_ceil(2);
         let mut data = vec![0u32; rows * pairs];
@@ -70,7 +70,7 @@ impl PackedTokens {
 /// `y[:, o] = x · W[o]ᵀ` for every output feature `o < out`: `row(o)` gives weight row `o`
 /// (`k` bf16 values as stored), `y` is `[rows, out]` row-major. Only on CPUs where
 /// [`available`] holds.
-pub fn gemm<'w, F>(x: &PackedTokens, k: usize, out: usize, row: F, y: &mut [f32])
+pub(crate) fn gemm<'w, F>(x: &PackedTokens, k: usize, out: usize, row: F, y: &mut [f32])
 where
     F: Fn(usize) -> &'w [u16] + Sync,
 {
@@ -85,7 +85,7 @@ where
 /// and the kernel adds `hi·x` then `lo·x` per pair into one accumulator. Exact products for
 /// bf16 and f16 scales (an e4m3 value times one has at most 12 / 15 significant bits, so `lo`
 /// holds the rest exactly); f32 scales (Qwen3-Next's) keep 16 bits, 2^-16 relative.
-pub fn gemm_split<F>(x: &PackedTokens, k: usize, out: usize, widen: F, y: &mut [f32])
+pub(crate) fn gemm_split<F>(x: &PackedTokens, k: usize, out: usize, widen: F, y: &mut [f32])
 where
     F: Fn(usize, &mut [f32]) + Sync,
 {
@@ -201,8 +201,9 @@ fn pack_panel<'w>(row: &impl Fn(usize) -> &'w [u16], n0: usize, width: usize, k:
 }
 
 /// The kernel's sum for one output: f32, pairs in order, odd product then even (see the module
-/// documentation). The specification the kernel is tested against.
-pub fn reference(w: &[u16], x: &[u16]) -> f32 {
+/// documentation). The specification the kernel is tested against (by the tests only).
+#[cfg(test)]
+pub(crate) fn reference(w: &[u16], x: &[u16]) -> f32 {
     let f = crate::model::storage::bf16_to_f32;
     let mut acc = 0f32;
     for (wp, xp) in w.chunks(2).zip(x.chunks(2)) {
@@ -224,7 +225,7 @@ mod x86 {
     /// AVX512_BF16; `panel` holds `pairs · 32` values, `tokens` `pairs · n`; `y` points at the
     /// tile's first output, rows `stride` apart, each with `width ≤ 32` writable values.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub unsafe fn tile<const SPLIT: bool>(
+    pub(super) unsafe fn tile<const SPLIT: bool>(
         n: usize,
         panel: &[u32],
         tokens: &[u32],

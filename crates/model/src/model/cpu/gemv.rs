@@ -23,7 +23,7 @@ use crate::model::storage::bf16_to_f32;
 
 /// Activation rows one call handles (a decode step is 1, an MTP verify pass K + 1 ≤ 5; prefill
 /// above this goes to the GEMM).
-pub const MAX_ROWS: usize = 8;
+pub(crate) const MAX_ROWS: usize = 8;
 
 /// Weights as stored: one row, or several rows of the same length back to back.
 #[derive(Clone, Copy)]
@@ -52,7 +52,7 @@ impl<'a> WeightRow<'a> {
 const LANES: usize = 16;
 
 /// `out[r] = dot(w, xs[r])` for every activation row; each `xs[r]` holds at least `w.len()` values.
-pub fn dot_rows(simd: Simd, w: WeightRow<'_>, xs: &[&[f32]], out: &mut [f32]) {
+pub(crate) fn dot_rows(simd: Simd, w: WeightRow<'_>, xs: &[&[f32]], out: &mut [f32]) {
     let n = w.len();
     gemv_rows(simd, w, n, xs, out);
 }
@@ -174,7 +174,7 @@ const FP8_BLOCK: usize = crate::model::fp8::BLOCK;
 /// Tried and not kept: two sets of lanes (alternate chunks), which halves the kernel's
 /// addition chains; decode on the FP8 0.8B shape did not move (the AVX2 EPYC, four
 /// interleaved rounds), and it would cost these bits.
-pub fn portable_fp8(q: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+pub(crate) fn portable_fp8(q: &[u8], scales: &[f32], x: &[f32]) -> f32 {
     let n = q.len().min(x.len());
     portable_indexed(n, |i| fp8_value(q, scales, i), x)
 }
@@ -226,7 +226,7 @@ fn kernel(simd: Simd, w: WeightRow<'_>, n: usize, k: usize, xs: &[&[f32]], y: &m
 }
 
 /// The reference: the order every kernel reproduces, written plainly.
-pub fn portable(w: WeightRow<'_>, x: &[f32]) -> f32 {
+pub(crate) fn portable(w: WeightRow<'_>, x: &[f32]) -> f32 {
     match w {
         WeightRow::F32(w) => portable_widened(w, |v| v, x),
         WeightRow::Bf16(w) => portable_widened(w, bf16_to_f32, x),
@@ -425,7 +425,7 @@ mod x86 {
     ///
     /// The CPU has AVX-512F and AVX-512BW.
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub unsafe fn rows_avx512(w: WeightRow<'_>, n: usize, k: usize, xs: &[&[f32]], out: &mut [f32]) {
+    pub(super) unsafe fn rows_avx512(w: WeightRow<'_>, n: usize, k: usize, xs: &[&[f32]], out: &mut [f32]) {
         if parts(w).1 {
             by_rows!(block512, true, w, n, k, xs, out, [1, 2, 3, 4, 5, 6, 7, 8])
         } else {
@@ -439,7 +439,7 @@ mod x86 {
     ///
     /// The CPU has AVX2.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn rows_avx2(w: WeightRow<'_>, n: usize, k: usize, xs: &[&[f32]], out: &mut [f32]) {
+    pub(super) unsafe fn rows_avx2(w: WeightRow<'_>, n: usize, k: usize, xs: &[&[f32]], out: &mut [f32]) {
         if parts(w).1 {
             by_rows!(block256, true, w, n, k, xs, out, [1, 2, 3, 4])
         } else {
@@ -559,7 +559,7 @@ mod x86 {
     ///
     /// The CPU has AVX2 and F16C; the lengths are those `fp8_rows` asserted.
     #[target_feature(enable = "avx2,f16c")]
-    pub unsafe fn rows_fp8_avx2(w: Fp8Rows<'_>, n: usize, k: usize, xs: &[&[f32]], out: &mut [f32]) {
+    pub(super) unsafe fn rows_fp8_avx2(w: Fp8Rows<'_>, n: usize, k: usize, xs: &[&[f32]], out: &mut [f32]) {
         fp8_by_rows!(block256_fp8, w, n, k, xs, out, [1, 2, 3, 4])
     }
 
@@ -570,7 +570,7 @@ mod x86 {
     ///
     /// The CPU has AVX-512F and AVX-512BW; the lengths are those `fp8_rows` asserted.
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub unsafe fn rows_fp8_avx512(w: Fp8Rows<'_>, n: usize, k: usize, xs: &[&[f32]], out: &mut [f32]) {
+    pub(super) unsafe fn rows_fp8_avx512(w: Fp8Rows<'_>, n: usize, k: usize, xs: &[&[f32]], out: &mut [f32]) {
         fp8_by_rows!(block512_fp8, w, n, k, xs, out, [1, 2, 3, 4, 5, 6, 7, 8])
     }
 
@@ -753,7 +753,7 @@ mod x86 {
     ///
     /// AVX-512F, AVX-512BW and AVX512_BF16; the lengths are those `fp8_pairs_rows` asserted.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub unsafe fn rows_fp8_dpbf16(
+    pub(super) unsafe fn rows_fp8_dpbf16(
         w: Fp8Rows<'_>,
         n: usize,
         k: usize,
@@ -873,7 +873,7 @@ mod x86 {
     ///
     /// The CPU has AVX-512F, AVX-512BW and AVX512_BF16.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub unsafe fn pairs_dpbf16(w: &[u16], k: usize, x: &PairRows, rows: Range<usize>, out: &mut [f32]) {
+    pub(super) unsafe fn pairs_dpbf16(w: &[u16], k: usize, x: &PairRows, rows: Range<usize>, out: &mut [f32]) {
         pair_rows!(block_dpbf16, w, k, x, rows, out, false, [1, 2, 3, 4, 5, 6, 7, 8])
     }
 
@@ -884,7 +884,7 @@ mod x86 {
     ///
     /// The CPU has AVX-512F and AVX-512BW.
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub unsafe fn pairs_fma512(w: &[u16], k: usize, x: &PairRows, rows: Range<usize>, out: &mut [f32]) {
+    pub(super) unsafe fn pairs_fma512(w: &[u16], k: usize, x: &PairRows, rows: Range<usize>, out: &mut [f32]) {
         pair_rows!(block_fma512, w, k, x, rows, out, true, [1, 2, 3, 4, 5, 6, 7, 8])
     }
 
@@ -894,7 +894,7 @@ mod x86 {
     ///
     /// The CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn pairs_fma256(w: &[u16], k: usize, x: &PairRows, rows: Range<usize>, out: &mut [f32]) {
+    pub(super) unsafe fn pairs_fma256(w: &[u16], k: usize, x: &PairRows, rows: Range<usize>, out: &mut [f32]) {
         pair_rows!(block_fma256, w, k, x, rows, out, true, [1, 2, 3, 4])
     }
 
@@ -1261,7 +1261,7 @@ fn pairs_kernel(w: &[u16], k: usize, x: &PairRows, rows: Range<usize>, y: &mut [
 }
 
 /// The reference of [`PairKernel`]'s order, written plainly.
-pub fn portable_pairs(w: &[u16], x: &[u16]) -> f32 {
+pub(crate) fn portable_pairs(w: &[u16], x: &[u16]) -> f32 {
     let n = w.len().min(x.len());
     let blocks = n / BLOCK;
     let mut acc = [[0f32; LANES]; 2];

@@ -11,7 +11,7 @@
 //! go to `mmap` and back, so long prompts do not pin their peak.
 
 /// Sets glibc's thresholds (once per process; elsewhere a no-op). Returns whether they hold.
-pub fn keep_freed_memory() -> bool {
+pub(crate) fn keep_freed_memory() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         static DONE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

@@ -17,7 +17,7 @@ use super::gemv::PairKernel;
 use super::simd::Simd;
 
 /// The environment variable that forces a kernel family.
-pub const ENV: &str = "DELTASCOPE_CPU_KERNEL";
+pub(crate) const ENV: &str = "DELTASCOPE_CPU_KERNEL";
 
 /// A family of CPU kernels, named as `bench` prints them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

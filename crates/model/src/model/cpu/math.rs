@@ -55,7 +55,7 @@ pub fn exp(x: f32) -> f32 {
 /// `x` rounded to the nearest bf16 (ties to even), as an f32: the bits of
 /// `half::bf16::from_f32(x).to_f32()`, NaN made quiet as it does.
 #[inline(always)]
-pub fn round_bf16(x: f32) -> f32 {
+pub(crate) fn round_bf16(x: f32) -> f32 {
     let b = x.to_bits();
     let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1)) & 0xffff_0000;
     let nan = (b & 0x7fff_ffff) > 0x7f80_0000;
@@ -75,7 +75,7 @@ pub fn silu(x: f32) -> f32 {
 simd_dispatch! {
     /// `x = round(silu(round(x)))` over a row (the GDN convolution's output: PyTorch rounds the
     /// convolution, then the SiLU).
-    pub fn silu_rounded(x: &mut [f32], prec: Precision) => silu_rounded_body
+    pub(crate) fn silu_rounded(x: &mut [f32], prec: Precision) => silu_rounded_body
 }
 
 #[inline(always)]
@@ -88,7 +88,7 @@ fn silu_rounded_body(x: &mut [f32], prec: Precision) {
 
 simd_dispatch! {
     /// `out = round(round(silu(g)) · u)` over a row (the MLP's gate times its up projection).
-    pub fn silu_times(out: &mut [f32], g: &[f32], u: &[f32], prec: Precision) => silu_times_body
+    pub(crate) fn silu_times(out: &mut [f32], g: &[f32], u: &[f32], prec: Precision) => silu_times_body
 }
 
 #[inline(always)]
@@ -103,7 +103,7 @@ fn silu_times_body(out: &mut [f32], g: &[f32], u: &[f32], prec: Precision) {
 simd_dispatch! {
     /// `x = round(round(w · round(x · inv)) · silu(z))` over a head's row (the GDN output's
     /// gated RMS norm, after its mean square gave `inv`).
-    pub fn gated_norm(x: &mut [f32], w: &[f32], inv: f32, z: &[f32], prec: Precision) => gated_norm_body
+    pub(crate) fn gated_norm(x: &mut [f32], w: &[f32], inv: f32, z: &[f32], prec: Precision) => gated_norm_body
 }
 
 #[inline(always)]

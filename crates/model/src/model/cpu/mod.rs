@@ -7,19 +7,19 @@
 //! (`threads.rs`), a forward pass with the pool's threads kept awake (`awake.rs`), and the
 //! allocator settings the engine runs under (`heap.rs`).
 
-pub mod amx;
-pub mod awake;
-pub mod dequant;
-pub mod gemm_bf16;
-pub mod gemv;
-pub mod heap;
-pub mod kernel;
-pub mod math;
-pub mod simd;
-pub mod subnormal;
-pub mod tensor;
-pub mod threads;
+pub(crate) mod amx;
+pub(crate) mod awake;
+pub(crate) mod dequant;
+pub(crate) mod gemm_bf16;
+pub(crate) mod gemv;
+pub(crate) mod heap;
+pub(crate) mod kernel;
+pub(crate) mod math;
+pub(crate) mod simd;
+pub(crate) mod subnormal;
+pub(crate) mod tensor;
+pub(crate) mod threads;
 
-pub use kernel::{CpuKernel, KernelChoiceError};
-pub use simd::Simd;
+pub use kernel::CpuKernel;
+pub(crate) use simd::Simd;
 pub use threads::{CpuInfo, set_threads};

@@ -29,7 +29,7 @@ impl Simd {
 
 /// Whether the CPU is AMD's (or Hygon's, built on the same cores): some tuning differs by
 /// vendor, measured (the GEMV's prefetch distance).
-pub fn amd() -> bool {
+pub(crate) fn amd() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         // CPUID leaf 0: the vendor string in EBX, EDX, ECX.

@@ -13,14 +13,14 @@
 //! it. The decode step does not use it: its recurrent rule and GEMVs keep IEEE behaviour.
 
 /// While alive, the calling thread flushes subnormal inputs and results to zero.
-pub struct Flush {
+pub(crate) struct Flush {
     #[cfg(target_arch = "x86_64")]
     saved: u32,
 }
 
 impl Flush {
     #[must_use = "the mode lasts only while the guard lives"]
-    pub fn new() -> Flush {
+    pub(crate) fn new() -> Flush {
         #[cfg(target_arch = "x86_64")]
         {
             /// MXCSR bit 15 (flush to zero) and bit 6 (denormals are zero).

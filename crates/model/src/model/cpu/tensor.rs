@@ -66,7 +66,7 @@ impl Precision {
 }
 
 /// Bytes of an f32 (norm weights, state, KV entries).
-pub const F32_BYTES: usize = std::mem::size_of::<f32>();
+pub(crate) const F32_BYTES: usize = std::mem::size_of::<f32>();
 
 pub use super::math::{sigmoid, silu};
 
@@ -131,7 +131,7 @@ impl Mat {
 }
 
 /// [`Mat::for_rows`] over `data` holding rows of `cols` values.
-pub fn for_rows(data: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+pub(crate) fn for_rows(data: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
     if cols == 0 {
         return;
     }
@@ -148,7 +148,7 @@ const PARALLEL_MIN_VALUES: usize = 1 << 14;
 /// `a · b` over the shorter length, with the fixed summation order of [`gemv`]: the same bits
 /// on every instruction set, and the bits one row of a decode GEMV gets.
 #[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let mut out = [0f32];
     gemv::dot_rows(Simd::detect(), WeightRow::F32(&a[..n]), &[&b[..n]], &mut out);
@@ -589,7 +589,7 @@ fn product(x: &Mat, w: &[f32], n: usize, y: &mut [f32], out: usize, col: usize) 
 /// thread, with the GEMM's SIMD kernels; each matrix is `(data, row stride, column stride)`
 /// and `dst` is row-major with row stride `dst_rs`.
 #[allow(clippy::too_many_arguments)]
-pub fn small_gemm(
+pub(crate) fn small_gemm(
     m: usize,
     n: usize,
     k: usize,

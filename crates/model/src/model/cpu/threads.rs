@@ -110,7 +110,7 @@ static CHOSEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 /// The default thread count and why.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ThreadChoice {
+pub(crate) struct ThreadChoice {
     pub threads: usize,
     pub why: String,
 }
@@ -120,7 +120,7 @@ pub struct ThreadChoice {
 /// at once (`available_parallelism`, which counts a cgroup CPU quota). Hyper-threads are left
 /// out: a second thread on a core shares its vector units and the memory bandwidth a GEMV is
 /// bound by. `quota`: the cgroup's CPU quota in CPUs, only to say why.
-pub fn choose(cpuinfo: &str, allowed: Option<&[usize]>, parallelism: usize, quota: Option<f64>) -> ThreadChoice {
+pub(crate) fn choose(cpuinfo: &str, allowed: Option<&[usize]>, parallelism: usize, quota: Option<f64>) -> ThreadChoice {
     let parallelism = parallelism.max(1);
     let allowed_n = allowed.map_or(parallelism, <[usize]>::len);
     let plural = |n: usize| if n == 1 { "" } else { "s" };
@@ -209,7 +209,7 @@ fn cgroup_quota() -> Option<f64> {
 }
 
 /// [`choose`] on this machine.
-pub fn default_threads() -> ThreadChoice {
+pub(crate) fn default_threads() -> ThreadChoice {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let allowed = std::fs::read_to_string("/proc/self/status")
         .ok()

@@ -16,7 +16,7 @@ use super::nvrtc::{self, Target};
 use super::probe::{self, GpuInfo};
 use super::runtime::{GpuError, GpuResult};
 
-pub struct CudaDevice {
+pub(crate) struct CudaDevice {
     info: GpuInfo,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -25,7 +25,7 @@ pub struct CudaDevice {
 
 impl CudaDevice {
     /// Opens GPU `ordinal`, compiling and loading `kernels` (NVRTC needed).
-    pub fn open(ordinal: usize, kernels: &'static [KernelFile]) -> GpuResult<Self> {
+    pub(crate) fn open(ordinal: usize, kernels: &'static [KernelFile]) -> GpuResult<Self> {
         let report = probe::probe()?;
         let count = report.gpus.len();
         let info = report.gpus.into_iter().nth(ordinal).ok_or(GpuError::NoSuchGpu { ordinal, count })?;

@@ -2,11 +2,11 @@
 //! driver, NVRTC and cuBLAS(Lt) loaded at run time (one binary runs everywhere), or on the
 //! emulated device (`emu`): the same kernels compiled for the CPU, behind one device seam.
 
-pub mod cuda_device;
+pub(crate) mod cuda_device;
 pub mod device;
 pub mod emu;
 pub mod kernels;
-pub mod model;
+pub(crate) mod model;
 pub mod nvrtc;
 pub mod ops;
 pub mod probe;
@@ -14,5 +14,6 @@ pub mod resources;
 pub mod runtime;
 
 pub use model::CudaModel;
-pub use probe::{GpuInfo, GpuReport, Libraries, NoGpu, probe};
-pub use runtime::{DeviceKind, Gpu, GpuError};
+pub(crate) use probe::GpuInfo;
+pub use probe::probe;
+pub use runtime::{DeviceKind, Gpu};

@@ -712,7 +712,7 @@ impl CudaModel {
 
 /// One GDN layer's state on its device: the conv window (bf16, as the engine rounds it) and
 /// the f32 recurrent state; during a verify pass, per-token slots of both to roll back to.
-pub struct GdnCache {
+pub(crate) struct GdnCache {
     device: usize,
     conv: Bf16Buf,
     ssm: Buf<f32>,
@@ -733,13 +733,13 @@ impl GdnCache {
 
     /// The conv window and the recurrent state, read back (tests: a rejected draft restores
     /// them exactly).
-    pub fn read(&self) -> GpuResult<(Vec<u16>, Vec<f32>)> {
+    pub(crate) fn read(&self) -> GpuResult<(Vec<u16>, Vec<f32>)> {
         Ok((self.conv.read()?, self.ssm.read()?))
     }
 }
 
 /// One attention layer's KV cache, `[kv_heads][l_max][head_dim]` bf16 each.
-pub struct KvCacheDev {
+pub(crate) struct KvCacheDev {
     device: usize,
     k: Bf16Buf,
     v: Bf16Buf,
@@ -748,7 +748,7 @@ pub struct KvCacheDev {
     row: usize,
 }
 
-pub enum LayerCache {
+pub(crate) enum LayerCache {
     Gdn(GdnCache),
     Attn(KvCacheDev),
 }

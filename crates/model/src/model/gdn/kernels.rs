@@ -12,7 +12,7 @@ use super::super::cpu::subnormal::Flush;
 use super::super::cpu::tensor::small_gemm;
 
 /// The prefill chunk of the chunked rule (model-spec §3.7).
-pub const CHUNK: usize = 64;
+pub(crate) const CHUNK: usize = 64;
 
 /// One value head's inputs over `T` tokens: the l2-normalised and scaled queries and the
 /// l2-normalised keys `[T][dk]`, the values `[T][dv]`, the log decays `g` and the betas `[T]`.

@@ -13,7 +13,7 @@ use crate::model::load::Loader;
 use crate::model::storage::Weights;
 use crate::model::trace::{GdnPassTrace, head_state_norms};
 
-pub struct GdnLayer {
+pub(crate) struct GdnLayer {
     pub(crate) cfg: LinearAttnConfig,
     pub(crate) eps: f32,
     /// Fused input projection; output columns `[q k v | z | b | a]` in logical (un-interleaved)
@@ -35,7 +35,7 @@ pub struct GdnLayer {
 
 impl GdnLayer {
     /// The layer's weights under `ld` (a layer's `linear_attn.`).
-    pub fn load(model: &ModelConfig, ld: &Loader) -> Result<Self> {
+    pub(crate) fn load(model: &ModelConfig, ld: &Loader) -> Result<Self> {
         let (cfg, hidden, eps, family) = (&model.linear, model.hidden_size, model.rms_norm_eps, model.family);
         let (kd, vd, hv, hk) = (cfg.key_dim(), cfg.value_dim(), cfg.num_value_heads, cfg.num_key_heads);
         let (dk, dv, r) = (cfg.key_head_dim, cfg.value_head_dim, cfg.head_ratio());
@@ -88,23 +88,19 @@ impl GdnLayer {
         })
     }
 
-    pub fn weight_bytes(&self) -> usize {
+    pub(crate) fn weight_bytes(&self) -> usize {
         self.in_proj.weight_bytes()
             + self.out_proj.weight_bytes()
             + (self.conv_taps.len() + self.a_neg.len() + self.dt_bias.len() + self.norm_w.len()) * F32_BYTES
     }
 
     /// Runs the layer over `x`. With `verify`, every token goes through the recurrent rule — the
-    /// exact arithmetic of one-token decoding — and a [`GdnTape`](super::GdnTape) is kept so the state can be
-    /// rolled back to any prefix of the tokens (speculative decoding).
-    pub fn forward(&self, x: &Mat, state: &mut GdnState, prec: Precision, verify: bool) -> Result<Mat> {
-        Ok(self.forward_traced(x, state, prec, verify, false)?.0)
-    }
-
-    /// [`GdnLayer::forward`], and with `trace` what the pass did to the state (β and g per
+    /// exact arithmetic of one-token decoding — and a [`GdnTape`](super::GdnTape) is kept so the
+    /// state can be rolled back to any prefix of the tokens (speculative decoding). With `trace`,
+    /// what the pass did to the state (β and g per
     /// token, the state's norm and change per head): each head copies its state before the rule
     /// and measures it after, on the thread that ran the head, while it is in cache.
-    pub fn forward_traced(
+    pub(crate) fn forward_traced(
         &self,
         x: &Mat,
         state: &mut GdnState,

@@ -8,12 +8,12 @@
 //! head is a handful of rank-1 updates and mat-vecs, which chains of tiny tensor ops would drown
 //! in overhead.
 
-pub mod kernels;
-pub mod layer;
-pub mod stages;
-pub mod tape;
+pub(crate) mod kernels;
+pub(crate) mod layer;
+pub(crate) mod stages;
+pub(crate) mod tape;
 
-pub use kernels::{CHUNK, HeadInputs, chunked_head, recurrent_head, replay_head};
-pub use layer::GdnLayer;
+pub use kernels::{HeadInputs, chunked_head, recurrent_head, replay_head};
+pub(crate) use layer::GdnLayer;
 pub use stages::{conv_stage, gated_norm_stage, gates_stage};
-pub use tape::{GdnState, GdnTape};
+pub(crate) use tape::{GdnState, GdnTape};

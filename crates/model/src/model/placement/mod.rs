@@ -3,14 +3,14 @@
 //! ([`place`] → [`Placement`]), the layers per device by free memory ([`plan`]), and the upload
 //! of the weights to those devices ([`upload`]).
 
-pub mod plan;
+pub(crate) mod plan;
 
 use std::path::Path;
 
 use self::plan::{DeviceBudget, PlanInputs, plan_devices, plan_fewest};
 use super::Model;
 use super::cuda::{self, DeviceKind};
-pub use crate::devices::DeviceSpec;
+pub(crate) use crate::devices::DeviceSpec;
 use crate::error::{Error, Result};
 use crate::units::human_bytes;
 
@@ -128,7 +128,7 @@ pub fn upload(
 }
 
 /// "1 GPU (0: NVIDIA H200, sm_90, 139.8 GiB)".
-pub fn gpu_list(gpus: &[cuda::GpuInfo]) -> String {
+pub(crate) fn gpu_list(gpus: &[cuda::GpuInfo]) -> String {
     let each: Vec<String> = gpus
         .iter()
         .map(|g| format!("{}: {}, {}, {}", g.ordinal, g.name, g.arch(), human_bytes(g.total_bytes)))
