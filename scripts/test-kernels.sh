@@ -12,7 +12,8 @@
 # examples, the budget matrix, the MTP lossless checks, the generation loop's decisions, the
 # engine invariants, the transformers reference tolerances, the state-trace tolerances (CPU
 # against the emulated device, a scaled projection still caught), the CLI's examples, and the
-# CPU kernels' own unit tests. About 3 minutes a kernel on 2 cores (portable, the slowest).
+# unit tests of every crate (the CPU kernels' own among them). About 3 minutes a kernel on 2
+# cores (portable, the slowest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,7 +42,9 @@ for k in "${wanted[@]}"; do
   fi
   echo "== DELTASCOPE_CPU_KERNEL=$k"
   export DELTASCOPE_CPU_KERNEL=$k
-  cargo test --release --no-fail-fast --lib -- model:: engine:: generation::
+  # Every crate's unit tests (the model's kernels, the engine's loop, the protocol's tally; the
+  # top crate's take a second).
+  cargo test --release --no-fail-fast --lib
   # The demo's graded held-out questions and the README's examples (its other accuracy figures,
   # the memory heads and thinking off, run under the best kernel only: the CI's 40 minutes).
   cargo test --release --no-fail-fast --test demo -- \

@@ -1,4 +1,4 @@
-//! The memory plan (`src/model/placement/plan.rs`) against what the CUDA model really allocates,
+//! The memory plan (`crates/model/src/model/placement/plan.rs`) against what the CUDA model really allocates,
 //! measured on the emulated device (`--device emu`, which counts its bytes in use and their
 //! peak): the verify slots it reserves are exactly the ones a verify pass allocates, and the
 //! workspace it reserves bounds the activations of one prefill pass of `PREFILL_CHUNK` tokens

@@ -37,7 +37,7 @@ pub struct ParamOverrides {
 impl Default for ParamOverrides {
     fn default() -> Self {
         ParamOverrides {
-            max_tokens: 1024,
+            max_tokens: GenerationParams::DEFAULT_MAX_TOKENS,
             thinking_budget: None,
             budget_bridge: None,
             answer_budget: None,
@@ -55,8 +55,8 @@ impl Default for ParamOverrides {
             ignore_eos: false,
             trace_state: false,
             on_loop: OnLoop::Off,
-            loop_min_repeats: 4,
-            loop_min_span: 48,
+            loop_min_repeats: LoopParams::DEFAULT_MIN_REPEATS,
+            loop_min_span: LoopParams::DEFAULT_MIN_SPAN,
             top_logprobs: 0,
             mtp: None,
         }

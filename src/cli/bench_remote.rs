@@ -7,7 +7,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use super::bench::BenchArgs;
+use super::bench_args::BenchArgs;
 use super::bench_stats::Spread;
 use super::common;
 use super::interrupt::Interrupt;

@@ -14,7 +14,7 @@ use crate::backend::{
     ReasoningSplit, RemoteSpec, Role,
     local::{Loaded, LocalSpec},
 };
-use deltascope_protocol::{MtpMode, OnLoop, Preset, Thinking};
+use deltascope_protocol::{GenerationParams, LoopParams, MtpMode, OnLoop, Preset, Thinking};
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
@@ -256,7 +256,7 @@ pub struct PromptArgs {
 #[derive(Args, Debug, Clone, Default)]
 pub struct GenArgs {
     /// Generated tokens, thinking + answer (forced tokens included).
-    #[arg(long, default_value_t = 1024, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
+    #[arg(long, default_value_t = GenerationParams::DEFAULT_MAX_TOKENS, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
     pub max_tokens: usize,
     /// Thinking tokens before the end of thinking is forced: -1 (or `unlimited`) unlimited,
     /// 0 (or `off`) thinking off (through the template).
@@ -317,10 +317,10 @@ pub struct GenArgs {
     #[arg(long, hide = true, conflicts_with = "on_loop")]
     pub loop_stop: bool,
     /// Copies of a repeating pattern that count as a loop.
-    #[arg(long, default_value_t = 4, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
+    #[arg(long, default_value_t = LoopParams::DEFAULT_MIN_REPEATS, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
     pub loop_min_repeats: usize,
     /// Tokens a repeating pattern must span to count as a loop.
-    #[arg(long, default_value_t = 48, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
+    #[arg(long, default_value_t = LoopParams::DEFAULT_MIN_SPAN, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
     pub loop_min_span: usize,
     /// Report the K most likely alternatives with every token (K ≤ 20).
     #[arg(long, default_value_t = 0, value_name = "K", allow_hyphen_values = true, value_parser = whole_number)]

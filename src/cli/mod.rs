@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bench;
+mod bench_args;
 pub mod bench_remote;
 pub mod bench_stats;
 pub mod chat;

@@ -3,9 +3,9 @@
 //! llama.cpp and vLLM force for a budget); the model writes what follows, the blank line
 //! included.
 
-use super::generate::{Generator, Run};
-use super::mtp::step::Rounds;
 use super::sequence::DecodeSequence;
+use crate::generator::Generator;
+use crate::run::{Rounds, Run, emit_state};
 use deltascope_model::Result;
 use deltascope_protocol::TextTokenizer;
 use deltascope_protocol::{DraftKind, FinishReason, Verdict};
@@ -49,7 +49,7 @@ impl ForcedClose {
             return Ok(Rounds::Finished(FinishReason::Length));
         }
         let next = source.feed(block)?;
-        super::generate::emit_state(run, source, Some(at));
+        emit_state(run, source, Some(at));
         Ok(Rounds::Fed(next))
     }
 }

@@ -3,115 +3,23 @@
 //! the protocol's [`Tally`], which counts, checks the stop conditions and writes `done`.
 //! Whatever ends it (stop, length, stop string, loop, cancellation), everything produced is kept.
 
-use std::sync::Mutex;
 use std::time::Instant;
 
 use super::budget::ForcedClose;
-use super::mtp::control::AutoVerdict;
-use super::mtp::step::{Rounds, Spec};
+use super::mtp::step::Spec;
 use super::request::GenerateRequest;
 use super::sampler::{LogitSummary, Sampler, top_logprobs_of};
 use super::sequence::DecodeSequence;
-use super::state_trace::state_event;
+use crate::generator::{Generator, Outcome};
+use crate::run::{Rounds, Run, emit_state, emit_stats, memory};
 use deltascope_model::{Error, Result};
 use deltascope_protocol::Control;
-use deltascope_protocol::EXPLODED_NORM;
+use deltascope_protocol::IncrementalDecoder;
 use deltascope_protocol::PhaseTracker;
 use deltascope_protocol::{
     Alternative, CountSource, Diagnostic, DiagnosticKind, DraftKind, EngineEvent, FinishContext, FinishReason, Marker,
-    Memory, MtpStats, StartEvent, Tally, Timing, TokenPiece, Usage, Verdict,
+    StartEvent, Tally, TokenPiece, Verdict,
 };
-use deltascope_protocol::{IncrementalDecoder, TextTokenizer};
-
-/// What a finished generation produced (also sent as the `done` event).
-#[derive(Debug, Clone)]
-pub struct Outcome {
-    pub finish_reason: FinishReason,
-    pub tokens: Vec<u32>,
-    /// Which of `tokens` were forced by the engine.
-    pub forced: Vec<bool>,
-    pub usage: Usage,
-    pub timing: Timing,
-    pub thinking: String,
-    pub answer: String,
-    /// Diagnostics raised during generation: (kind, at_token).
-    pub diagnostics: Vec<(DiagnosticKind, usize)>,
-    /// Speculative-decoding metrics, when MTP drafting ran.
-    pub mtp: Option<MtpStats>,
-}
-
-pub struct Generator<'a> {
-    pub tokenizer: &'a TextTokenizer,
-    /// A label for the `start` event.
-    pub model_name: String,
-    /// Where `--mtp auto` left off in the latest generation, greedy and sampled apart (their
-    /// acceptance differs): the next one on this model carries on from it.
-    auto: Mutex<[Option<AutoVerdict>; 2]>,
-}
-
-impl<'a> Generator<'a> {
-    pub fn new(tokenizer: &'a TextTokenizer, model_name: impl Into<String>) -> Self {
-        Generator { tokenizer, model_name: model_name.into(), auto: Mutex::new([None; 2]) }
-    }
-}
-
-/// Running state of one generation.
-pub(super) struct Run<'e> {
-    pub emit: &'e mut dyn FnMut(EngineEvent),
-    pub tally: Tally,
-    pub phases: PhaseTracker,
-    pub decoder: IncrementalDecoder,
-    pub sampler: Sampler,
-    pub tokens: Vec<u32>,
-    pub forced: Vec<bool>,
-}
-
-impl Run<'_> {
-    pub(crate) fn diagnostic(&mut self, d: Diagnostic) {
-        self.tally.diagnostic(d, self.emit);
-    }
-}
-
-/// The state trace of the pass just fed, as a `state` event (when tracing is on), and the
-/// first head whose state went non-finite or exploded as a `state_alarm` diagnostic (once).
-pub(super) fn emit_state(run: &mut Run, source: &mut dyn DecodeSequence, at_token: Option<usize>) {
-    let Some(trace) = source.take_trace() else { return };
-    let ev = state_event(&trace, at_token, source.position());
-    let alarm = ev.alarm(EXPLODED_NORM);
-    (run.emit)(EngineEvent::State(ev));
-    let Some((layer, head, what)) = alarm else { return };
-    if run.tally.raised().iter().any(|(k, _)| *k == DiagnosticKind::StateAlarm) {
-        return;
-    }
-    let when = match at_token {
-        None => "after the prompt".to_string(),
-        Some(i) => format!("after reading generated token {i}"),
-    };
-    let message = format!(
-        "layer {layer}, value head {head}: {what} {when}. What to check: layers.{layer}.linear_attn.* (A_log, dt_bias, in_proj_*, conv1d) and the GDN kernel"
-    );
-    run.diagnostic(
-        Diagnostic::new(DiagnosticKind::StateAlarm, at_token.unwrap_or(0), message).at_head(Some(layer), Some(head)),
-    );
-}
-
-/// A `stats` event when one is due (live gauges).
-pub(super) fn emit_stats(run: &mut Run, source: &dyn DecodeSequence, mtp: Option<&MtpStats>) {
-    if run.tally.stats_due() {
-        let stats = run.tally.stats(Some(memory(source, mtp)), None, mtp.cloned());
-        (run.emit)(EngineEvent::Stats(stats));
-    }
-}
-
-/// Memory now, with the rollback tape of a verify pass counted: between steps the tape is
-/// settled, but every step holds it while it verifies.
-fn memory(source: &dyn DecodeSequence, mtp: Option<&MtpStats>) -> Memory {
-    let mut m = source.memory();
-    if let Some(s) = mtp {
-        m.snapshot_bytes = m.snapshot_bytes.max(s.snapshot_bytes);
-    }
-    m
-}
 
 /// Where the prompt starts in the sequence and how long it is (for naming a bad position).
 #[derive(Clone, Copy)]

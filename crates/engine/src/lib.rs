@@ -7,14 +7,16 @@
 
 mod budget;
 mod generate;
+mod generator;
 mod mtp;
 mod request;
+mod run;
 mod sampler;
 mod sequence;
 mod state_trace;
 mod worker;
 
-pub use generate::{Generator, Outcome};
+pub use generator::{Generator, Outcome};
 pub use request::GenerateRequest;
 pub use sampler::{Rng, Sampler, argmax};
 pub use sequence::{Compute, DecodeSequence, ModelSequence, check_prompt};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{self, Sender};
 use std::thread::JoinHandle;
 
-use super::generate::Generator;
+use super::generator::Generator;
 use super::request::GenerateRequest;
 use super::sequence::Compute;
 use deltascope_model::panic_message;

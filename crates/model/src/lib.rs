@@ -42,7 +42,7 @@ pub mod placement {
         CONTEXT_RESERVE, DeviceBudget, DevicePlan, DeviceShare, PlanInputs, plan_devices, plan_fewest,
     };
     pub use crate::model::placement::{Placement, place, upload};
-    pub use crate::model::plan::{fp8_weight_bytes, memory_plan};
+    pub use crate::model::sizes::{fp8_weight_bytes, memory_plan};
 }
 
 /// The CPU side: which kernel family runs, on how many threads, and the kernels themselves for

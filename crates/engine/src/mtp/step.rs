@@ -5,8 +5,9 @@
 use std::time::Instant;
 
 use super::control::{AutoVerdict, DepthControl, prob, residual};
-use crate::generate::{Generator, Run, emit_stats};
+use crate::generator::Generator;
 use crate::request::GenerateRequest;
+use crate::run::{Rounds, Run, emit_stats};
 use crate::sampler::{Rng, draw_with};
 use crate::sequence::DecodeSequence;
 use deltascope_model::Result;
@@ -50,13 +51,6 @@ impl Spec {
         self.last_step = Some((now, plain));
         ms
     }
-}
-
-/// How a run of speculative steps ended.
-pub(crate) enum Rounds {
-    Finished(FinishReason),
-    /// Everything appended has been fed; these are the logits for the next position.
-    Fed(Vec<f32>),
 }
 
 impl Generator<'_> {

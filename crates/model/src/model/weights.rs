@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use safetensors::{Dtype, SafeTensors};
 
-use super::fp8::{BLOCK, Fp8Format, Fp8Weights, is_nan_code};
+use super::fp8::{BLOCK, Fp8Format, Fp8Weights};
+use super::fp8_codes::is_nan_code;
 use super::storage::{Plain, Values, Weights};
 use crate::checkpoint::{FileBytes, ModelSource};
 use crate::error::{Error, Result};

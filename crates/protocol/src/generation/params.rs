@@ -47,7 +47,7 @@ pub struct GenerationParams {
 impl Default for GenerationParams {
     fn default() -> Self {
         GenerationParams {
-            max_tokens: 1024,
+            max_tokens: GenerationParams::DEFAULT_MAX_TOKENS,
             sampling: SamplingParams::default(),
             thinking: Thinking::Unlimited,
             budget_bridge: QWEN_BUDGET_BRIDGE.to_string(),
@@ -64,6 +64,10 @@ impl Default for GenerationParams {
 }
 
 impl GenerationParams {
+    /// `max_tokens` when nobody sets it: the one place the default is written (the flags, the
+    /// TUI's settings and the server read it from here).
+    pub const DEFAULT_MAX_TOKENS: usize = 1024;
+
     /// The first setting out of its range, if any, as [`RANGES`] states them (fields named by
     /// their JSON path: `max_tokens`, `sampling.temperature`, `loop_detection.min_span`). This is
     /// the only range check: every front end (flags, the server's bodies, the sliders, session

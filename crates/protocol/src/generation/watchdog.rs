@@ -93,6 +93,13 @@ pub struct LoopParams {
     pub on_loop: OnLoop,
 }
 
+impl LoopParams {
+    /// Copies of a pattern that count as a loop, when nobody sets it (`--loop-min-repeats`).
+    pub const DEFAULT_MIN_REPEATS: usize = 4;
+    /// Tokens a pattern must span, when nobody sets it (`--loop-min-span`).
+    pub const DEFAULT_MIN_SPAN: usize = 48;
+}
+
 impl Default for LoopParams {
     fn default() -> Self {
         // The recent window's bar (0.7 of 128 tokens' 6-grams) was set on measurements: the demo's
@@ -100,8 +107,8 @@ impl Default for LoopParams {
         // drifting loop (tests/fixtures/drifting-loop.json) crosses it at token 225 (the whole
         // window's 0.8 at 334, the exact period at 291).
         LoopParams {
-            min_repeats: 4,
-            min_span: 48,
+            min_repeats: LoopParams::DEFAULT_MIN_REPEATS,
+            min_span: LoopParams::DEFAULT_MIN_SPAN,
             ngram: 6,
             window: 256,
             ngram_ratio: 0.8,

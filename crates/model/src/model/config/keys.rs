@@ -7,7 +7,7 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::check::Checker;
+use super::checker::Checker;
 use crate::error::{Error, Result};
 
 /// Keys that do not change the language model's numbers: bookkeeping of the tools that wrote the

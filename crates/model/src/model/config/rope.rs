@@ -3,7 +3,7 @@
 //! partial_rotary_factor 0.25 for these models).
 
 use super::RopeConfig;
-use super::check::{Checker, at};
+use super::checker::{Checker, at};
 use super::raw::{RawRope, RawTextConfig};
 use crate::error::{Error, Result};
 

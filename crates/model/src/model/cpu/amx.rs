@@ -188,7 +188,7 @@ where
                 for t in 0..rows {
                     for (f, w) in weights.iter().enumerate() {
                         // SAFETY: element (t, n0 + f) of `y`, this panel's own.
-                        unsafe { *y_ptr.at(t * out + n0 + f) += super::gemv::pairs_tail(w, x.row(t), from) };
+                        unsafe { *y_ptr.at(t * out + n0 + f) += super::pair_tail::pairs_tail(w, x.row(t), from) };
                     }
                 }
             }

@@ -1,6 +1,6 @@
 //! FP8 weights widened to f32 a row segment at a time, for the prefill GEMMs' panels (the f32
 //! GEMM's blocks of rows, the bf16 GEMMs' packed panels): `e4m3(q) · scale`, one rounding, the
-//! bits of the scalar table lookup ([`crate::model::fp8::E4M3`]) on every level.
+//! bits of the scalar table lookup ([`crate::model::fp8_codes::E4M3`]) on every level.
 //!
 //! Why: the scalar lookup was 8 % of an FP8 512-token prefill (perf on the Xeon); here 16
 //! codes take a handful of instructions. The widening is the GEMV's f16 route (see
@@ -10,7 +10,7 @@
 //! rounding of `value · scale` (the multiplication by 256 is exact while the scale is below
 //! [`MAX_SIMD_SCALE`]). NaN codes are refused by the loader, so none reach here.
 
-use crate::model::fp8::{BLOCK, E4M3};
+use crate::model::fp8_codes::{BLOCK, E4M3};
 
 use super::Simd;
 
@@ -98,7 +98,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::fp8::is_nan_code;
+    use crate::model::fp8_codes::is_nan_code;
 
     /// Every code, at scales of every kind (bf16-like, f32 with full mantissas, tiny ones whose
     /// products are subnormal, one too large for the f16 route), from every starting column

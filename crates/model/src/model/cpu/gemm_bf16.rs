@@ -394,7 +394,7 @@ mod tests {
             let wide: Vec<f32> = (0..out * k)
                 .map(|i| {
                     let code = ((i * 73 + i / 3) % 0x7E + 1) as u8 | if i % 3 == 0 { 0x80 } else { 0 };
-                    crate::model::fp8::E4M3[code as usize] * scale
+                    crate::model::fp8_codes::E4M3[code as usize] * scale
                 })
                 .collect();
             let xb = bf16_values(&mut rng, rows * k, 2.0);

@@ -18,6 +18,7 @@
 
 use std::ops::Range;
 
+use super::pair_tail::pairs_tail;
 use super::simd::Simd;
 use crate::model::storage::bf16_to_f32;
 
@@ -181,7 +182,7 @@ pub(crate) fn portable_fp8(q: &[u8], scales: &[f32], x: &[f32]) -> f32 {
 
 #[inline(always)]
 fn fp8_value(q: &[u8], scales: &[f32], i: usize) -> f32 {
-    crate::model::fp8::E4M3[q[i] as usize] * scales[i / FP8_BLOCK]
+    crate::model::fp8_codes::E4M3[q[i] as usize] * scales[i / FP8_BLOCK]
 }
 
 /// Runs `kernel` over the activation rows in groups of at most `group`, each writing its
@@ -741,7 +742,7 @@ mod x86 {
         let mut t = [0u16; 32];
         let mut m = 1;
         while m < 8 {
-            t[m] = (crate::model::fp8::e4m3_to_f32(m as u8).to_bits() >> 16) as u16;
+            t[m] = (crate::model::fp8_codes::e4m3_to_f32(m as u8).to_bits() >> 16) as u16;
             m += 1;
         }
         t
@@ -1324,16 +1325,6 @@ pub fn fp8_pairs_rows(w: Fp8Rows<'_>, n: usize, x: &PairRows, out: &mut [f32]) {
     in_groups(k, rows, MAX_ROWS, out, |r, y| unsafe { x86::rows_fp8_dpbf16(w, n, k, x, r, y) });
 }
 
-/// The scalar tail past the last full block, in order.
-#[inline(always)]
-pub(super) fn pairs_tail(w: &[u16], x: &[u16], from: usize) -> f32 {
-    let mut s = 0f32;
-    for i in from..w.len().min(x.len()) {
-        s += bf16_to_f32(w[i]) * bf16_to_f32(x[i]);
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1405,7 +1396,7 @@ mod tests {
     fn every_code(len: usize) -> Vec<u8> {
         (0..len)
             .map(|i| ((i * 151 + 7) % 256) as u8)
-            .map(|b| if crate::model::fp8::is_nan_code(b) { b - 1 } else { b })
+            .map(|b| if crate::model::fp8_codes::is_nan_code(b) { b - 1 } else { b })
             .collect()
     }
 
@@ -1414,7 +1405,7 @@ mod tests {
     /// every kind (subnormal, negative, the largest) and scales of several magnitudes.
     #[test]
     fn fp8_rows_give_the_bits_of_their_dequantised_f32_rows() {
-        use crate::model::fp8::E4M3;
+        use crate::model::fp8_codes::E4M3;
         let have = kernels();
         for (k, n, row0) in [
             (3usize, 1usize, 0usize),
@@ -1465,7 +1456,7 @@ mod tests {
     /// signs, all exponents), across block edges, partial blocks and tails.
     #[test]
     fn fp8_against_bf16_rows_is_the_exact_sum_within_f32_rounding() {
-        use crate::model::fp8::E4M3;
+        use crate::model::fp8_codes::E4M3;
         if !fp8_pairs_available() {
             eprintln!("no AVX512_BF16 on this CPU: the FP8 vdpbf16ps GEMV is not exercised here");
             return;

@@ -7,8 +7,9 @@
 //! 120 million of them (SiLU in the MLP, the GDN convolution and its gated norm), a sixth of
 //! the prefill once the GEMMs ran on AMX tiles.
 
+use super::precision::Precision;
+pub(crate) use super::precision::round_bf16;
 use super::simd::simd_dispatch;
-use super::tensor::Precision;
 
 /// Below this `exp` is zero: its true value would be subnormal (under 1.2e-38).
 const EXP_MIN: f32 = -87.336_55;
@@ -50,16 +51,6 @@ pub fn exp(x: f32) -> f32 {
     } else {
         y
     }
-}
-
-/// `x` rounded to the nearest bf16 (ties to even), as an f32: the bits of
-/// `half::bf16::from_f32(x).to_f32()`, NaN made quiet as it does.
-#[inline(always)]
-pub(crate) fn round_bf16(x: f32) -> f32 {
-    let b = x.to_bits();
-    let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1)) & 0xffff_0000;
-    let nan = (b & 0x7fff_ffff) > 0x7f80_0000;
-    f32::from_bits(if nan { (b & 0xffff_0000) | 0x0040_0000 } else { rounded })
 }
 
 #[inline(always)]

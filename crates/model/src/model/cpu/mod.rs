@@ -15,6 +15,8 @@ pub(crate) mod gemv;
 pub(crate) mod heap;
 pub(crate) mod kernel;
 pub(crate) mod math;
+mod pair_tail;
+pub(crate) mod precision;
 pub(crate) mod simd;
 pub(crate) mod subnormal;
 pub(crate) mod tensor;

@@ -11,7 +11,6 @@
 //! exact where it already is a bf16 value.
 
 use rayon::prelude::*;
-use serde::Serialize;
 
 use super::gemv::{self, PairKernel, PairRows, WeightRow};
 use super::simd::Simd;
@@ -19,41 +18,11 @@ use super::{amx, gemm_bf16};
 use crate::error::{Error, Result};
 use crate::model::storage::Weights;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    /// f32 everywhere (CPU default).
-    #[default]
-    F32,
-    /// The bf16 cast points of the transformers reference (model-spec §3.9).
-    Bf16,
-}
+pub use super::precision::Precision;
 
+// The precision's rounding of a whole buffer, threaded over rows (the type and its one-value
+// rounding are precision.rs, below the maths).
 impl Precision {
-    pub fn parse(s: &str) -> Result<Self> {
-        match s {
-            "f32" | "float32" => Ok(Precision::F32),
-            "bf16" | "bfloat16" => Ok(Precision::Bf16),
-            _ => Err(Error::InvalidArgument(format!("unknown dtype \"{s}\" (expected f32 or bf16)"))),
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Precision::F32 => "f32",
-            Precision::Bf16 => "bf16",
-        }
-    }
-
-    /// Rounds one value to the activation dtype.
-    #[inline(always)]
-    pub fn round(self, x: f32) -> f32 {
-        match self {
-            Precision::F32 => x,
-            Precision::Bf16 => super::math::round_bf16(x),
-        }
-    }
-
     pub fn round_all(self, xs: &mut [f32]) {
         if self == Precision::Bf16 {
             for_rows(xs, 1024.min(xs.len()), |_, row| {

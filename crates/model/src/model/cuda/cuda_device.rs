@@ -11,10 +11,10 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaStream, result as drv};
 use cudarc::nvrtc::Ptx;
 
 use super::device::{Arg, DevPtr, Device};
+use super::error::{GpuError, GpuResult};
 use super::kernels::KernelFile;
 use super::nvrtc::{self, Target};
 use super::probe::{self, GpuInfo};
-use super::runtime::{GpuError, GpuResult};
 
 pub(crate) struct CudaDevice {
     info: GpuInfo,

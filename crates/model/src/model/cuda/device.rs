@@ -11,8 +11,8 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use super::error::GpuResult;
 use super::probe::GpuInfo;
-use super::runtime::GpuResult;
 
 /// A device address.
 pub type DevPtr = u64;

@@ -19,9 +19,9 @@ use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::device::{Arg, DevPtr, Device};
+use super::error::{EmuError, GpuError, GpuResult};
 use super::kernels::KernelFile;
 use super::probe::GpuInfo;
-use super::runtime::{GpuError, GpuResult};
 use crate::hash::fnv1a;
 
 const HEADER: &str = include_str!("emu/cuda_emu.h");
@@ -31,25 +31,6 @@ const ABI: c_int = 1;
 /// Memory an emulated device offers when `DELTASCOPE_EMU_MEMORY` does not say (host memory,
 /// allocated as used).
 const DEFAULT_MEMORY: u64 = 16 << 30;
-
-/// Why the emulated device cannot run, in one line.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EmuError {
-    #[error("no emulated device: no C++ compiler ({compiler}: {why}); install one (apt-get install g++) or set CXX")]
-    NoCompiler { compiler: String, why: String },
-    #[error(
-        "no emulated device: {arch} is not supported (x86-64 runs the fibers natively; other 64-bit Linux CPUs through ucontext)"
-    )]
-    Unsupported { arch: String },
-    #[error("emulated device: {file}.cu does not compile for the CPU ({compiler}):\n{log}")]
-    Compile { file: String, compiler: String, log: String },
-    #[error("emulated device: cannot load {path}: {message}")]
-    Load { path: String, message: String },
-    #[error("{var}={value:?}: {expected}")]
-    Setting { var: &'static str, value: String, expected: &'static str },
-    #[error("emulated device {ordinal}: at most 8 emulated devices (emu:0 .. emu:7)")]
-    NoSuchDevice { ordinal: usize },
-}
 
 /// The order in which a block's runnable threads are resumed after each rendezvous. A correct
 /// kernel gives the same bits under every order; `gpu check --device emu` runs all three.

@@ -5,6 +5,7 @@
 pub(crate) mod cuda_device;
 pub mod device;
 pub mod emu;
+pub(crate) mod error;
 pub mod kernels;
 pub(crate) mod model;
 pub mod nvrtc;

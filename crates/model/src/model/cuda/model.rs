@@ -19,8 +19,9 @@
 //! recurrent kernel runs every token), a workspace arena (buffers are allocated per pass).
 
 use super::device::Buf;
+use super::error::{GpuError, GpuResult};
 use super::ops::{self, Bf16Buf, DeviceFp8, DeviceMat, GdnShape, MatWeights, Out, RopeParams};
-use super::runtime::{Gpu, GpuError, GpuResult};
+use super::runtime::Gpu;
 use crate::error::{Error, Result};
 use crate::model::finite::{self, Sublayer};
 use crate::model::forward::{DraftCache, Forward, SequenceCache};
@@ -35,9 +36,7 @@ use crate::model::state::StateBytes;
 use crate::model::trace::{GdnPassTrace, LayerTrace, StateTrace};
 use crate::model::{Mat, ModelConfig, Precision};
 
-/// Tokens per prefill pass: the activations of one pass are sized by it, and the device plan
-/// reserves its workspace ([`crate::model::placement::plan::PlanInputs::for_model`]).
-pub const PREFILL_CHUNK: usize = 512;
+pub use crate::model::placement::plan::PREFILL_CHUNK;
 
 impl From<GpuError> for Error {
     fn from(e: GpuError) -> Self {

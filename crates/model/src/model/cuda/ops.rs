@@ -10,7 +10,8 @@
 #![allow(clippy::too_many_arguments)]
 
 use super::device::{Arg, Buf};
-use super::runtime::{Gpu, GpuError, GpuResult};
+use super::error::{GpuError, GpuResult};
+use super::runtime::Gpu;
 use crate::model::trace::GdnPassTrace;
 
 pub type Bf16Buf = Buf<u16>;

@@ -4,43 +4,13 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::DriverError;
-
 use super::cuda_device::CudaDevice;
 use super::device::{Arg, Buf, Device, Elem};
-use super::emu::{EmuDevice, EmuError};
+use super::emu::EmuDevice;
 use super::kernels::KernelFile;
-use super::nvrtc::CompileError;
-use super::probe::{GpuInfo, NoGpu};
+use super::probe::GpuInfo;
 
-#[derive(Debug, thiserror::Error)]
-pub enum GpuError {
-    #[error("{0}")]
-    NoGpu(#[from] NoGpu),
-    #[error("{0}")]
-    Emu(#[from] EmuError),
-    #[error("GPU {ordinal} not found: this machine has {count}")]
-    NoSuchGpu { ordinal: usize, count: usize },
-    #[error(transparent)]
-    Compile(#[from] CompileError),
-    #[error("CUDA: {0}")]
-    Driver(String),
-    /// A launch the device refused, or (emulated) a fault inside the kernel: named by kernel.
-    #[error("kernel {kernel}: {message}")]
-    Launch { kernel: String, message: String },
-    #[error("the CUDA kernels cannot run this model: {0}")]
-    Shape(String),
-    #[error("kernel {0} is not loaded")]
-    NoKernel(String),
-}
-
-impl From<DriverError> for GpuError {
-    fn from(e: DriverError) -> Self {
-        GpuError::Driver(format!("{:?}", e.0))
-    }
-}
-
-pub type GpuResult<T> = Result<T, GpuError>;
+pub use super::error::{GpuError, GpuResult};
 
 /// Which kind of device runs the kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

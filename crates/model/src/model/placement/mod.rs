@@ -71,7 +71,7 @@ pub fn place(spec: &DeviceSpec) -> Result<Placement> {
             let mut gpus = vec![];
             for &o in ordinals {
                 if o >= 8 {
-                    return Err(fail(cuda::emu::EmuError::NoSuchDevice { ordinal: o }.to_string()));
+                    return Err(fail(cuda::error::EmuError::NoSuchDevice { ordinal: o }.to_string()));
                 }
                 let free_bytes = cuda::emu::capacity().map_err(|e| fail(e.to_string()))?;
                 gpus.push((o, DeviceBudget { label: format!("emu:{o} (emulated)"), free_bytes }));

@@ -6,8 +6,12 @@
 use serde::Serialize;
 
 use crate::model::config::{LayerKind, MlpKind, ModelConfig};
-use crate::model::cuda::model::PREFILL_CHUNK;
-use crate::model::plan::{fp8_device_bytes, fp8_layer_matrices, param_counts};
+use crate::model::sizes::{fp8_device_bytes, fp8_layer_matrices, param_counts};
+
+/// Tokens per prefill pass of the CUDA model: the activations of one pass are sized by it, and
+/// the plan reserves its workspace ([`PlanInputs::for_model`]). Here, with the plan, so that the
+/// CUDA model and the plan agree without importing each other for it.
+pub const PREFILL_CHUNK: usize = 512;
 
 /// Bytes of one weight / KV / conv-state / activation element (bf16) and of one SSM-state
 /// element (f32, the checkpoints' `mamba_ssm_dtype`); f32 / i32 activations (router logits,
@@ -371,7 +375,7 @@ mod tests {
         let tied_copy = if c.tie_word_embeddings && plan.devices.len() > 1 { p.embed } else { 0 };
         let weights: u64 = plan.devices.iter().map(|d| d.weights_bytes).sum();
         assert_eq!(weights, (p.total + p.mtp + tied_copy) * WEIGHT_BYTES);
-        let plan_bf16 = crate::model::plan::memory_plan(c, 2, 2, 4);
+        let plan_bf16 = crate::model::sizes::memory_plan(c, 2, 2, 4);
         let kv: u64 = plan.devices.iter().map(|d| d.kv_bytes_per_token).sum();
         assert_eq!(kv, plan_bf16.kv_bytes_per_token + plan_bf16.mtp_kv_bytes_per_token);
         let rec: u64 = plan.devices.iter().map(|d| d.recurrent_bytes).sum();
@@ -410,7 +414,7 @@ mod tests {
     fn verify_slots_and_workspace_follow_the_model() {
         let c = config("qwen3_6_27b");
         let inputs = PlanInputs::for_model(&c);
-        assert_eq!(inputs.prefill_chunk, crate::model::cuda::model::PREFILL_CHUNK as u64);
+        assert_eq!(inputs.prefill_chunk, PREFILL_CHUNK as u64);
         let plan = plan_devices(&c, &[gib(48), gib(48)], inputs);
         let slots: u64 = plan.devices.iter().map(|d| d.mtp_slot_bytes).sum();
         // 48 GDN layers × 4 tokens × (48·128·128 f32 + 10240·3 bf16).

@@ -1,4 +1,4 @@
-//! Parameter counts and memory plans computed from the config alone (model-spec §8), so a user
+//! The model's sizes: parameter counts and memory plans computed from the config alone (model-spec §8), so a user
 //! can plan a deployment without downloading weights.
 
 use serde::Serialize;
@@ -203,5 +203,24 @@ mod tests {
         let fp8 = fp8_weight_bytes(&p.params, 2);
         assert_eq!(fp8, 24_326_963_200 + 2 * 1_484_800 + (26_895_998_464 - 24_326_963_200) * 2);
         assert_eq!(fp8, 29_468_003_328);
+    }
+
+    /// Qwen3.8-27B's config (`qwen3_5`, the MTP layer count under `text_config`) loads with
+    /// every key known and gives the Qwen3.6-27B plan exactly.
+    #[test]
+    fn qwen38_27b_matches_the_qwen36_27b_plan() {
+        let read = |d: &str| {
+            let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+                .join("tests/data")
+                .join(d)
+                .join("config.json");
+            ModelConfig::from_json_str(&std::fs::read_to_string(path).unwrap(), d).unwrap()
+        };
+        let (c38, c36) = (read("qwen3_8_27b"), read("qwen3_6_27b"));
+        assert!(c38.nested && c38.model_type == "qwen3_5" && c38.mtp_num_hidden_layers == 1);
+        assert!(c38.unknown_keys.is_empty(), "{:?}", c38.unknown_keys);
+        let plan = |c: &ModelConfig| serde_json::to_value(memory_plan(c, 2, 2, 4)).unwrap();
+        assert_eq!(plan(&c38), plan(&c36));
+        assert_eq!((c38.layer_types, c38.mlp_kinds), (c36.layer_types, c36.mlp_kinds));
     }
 }
