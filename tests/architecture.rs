@@ -917,7 +917,7 @@ fn the_check_catches_what_it_is_for() {
     assert!(violations(&f("engine/x.rs", "fn f() { crate::sampler::argmax(&[]); }")).is_empty());
     assert_eq!(
         violations(&f("tui/x.rs", "use deltascope_engine::Generator;")),
-        ["tui/x.rs: Tui → Engine (crate::engine::generate::Generator)"]
+        ["tui/x.rs: Tui → Engine (crate::engine::generator::Generator)"]
     );
     assert_eq!(violations(&f("server/x.rs", "fn f() { deltascope_model::Model::load(); }")).len(), 1);
     assert!(violations(&f("tui/x.rs", "use deltascope_model::human_bytes;")).is_empty());
@@ -1055,7 +1055,7 @@ fn a_pub_type_over_a_privately_imported_name_is_caught() {
     assert_eq!(
         breaches_in(dir.path()),
         [
-            "backend/local.rs: Backend re-exports crate::engine::generate::Generator (Engine), which Session, Server, Tui, Cli, Verify may not import"
+            "backend/local.rs: Backend re-exports crate::engine::generator::Generator (Engine), which Session, Server, Tui, Cli, Verify may not import"
         ]
     );
     // P2c: a module bound by `use … as`, then a path through it.
