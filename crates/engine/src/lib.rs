@@ -1,5 +1,7 @@
 //! The local loop: prefill, decode, sampling, budget forcing and MTP on the in-process model.
-//! It speaks the generation protocol (deltascope_protocol::generation) and never renders.
+//! It speaks the generation protocol (the `deltascope-protocol` crate) and never renders.
+//!
+//! The modules are private; this is the face the floors above use.
 
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]

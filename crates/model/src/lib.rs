@@ -5,8 +5,8 @@
 //! checkpoint, forward a batch of ids, read and trace the recurrent state. Beside it, one
 //! namespace per audience: [`placement`] (which devices hold what, and the memory plan),
 //! [`cpu`] (the kernel families and threads), [`cuda`] (the device side, for the backend and
-//! the GPU tools), [`fp8`] (the FP8 checkpoint format), [`layers`] (single layers on the CPU: the kernels' twins and the trace's
-//! replay).
+//! the GPU tools), [`fp8`] (the FP8 checkpoint format), [`layers`] (single layers on the CPU:
+//! the kernels' twins and the trace's replay).
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 #![warn(unreachable_pub)]
