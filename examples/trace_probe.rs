@@ -13,7 +13,7 @@ fn main() {
     let src = ModelSource::Dir(dir.into());
     let model = Model::load(&src, &LoadOptions { precision: prec, skip_mtp: true, progress: None }).unwrap();
     let mut state = model.new_state();
-    let vocab = model.config.vocab_size as u32;
+    let vocab = model.config().vocab_size as u32;
     let prompt: Vec<u32> = (0..64).map(|i| (100 + i * 7) % vocab).collect();
     model.forward(&prompt, &mut state, ForwardOptions::default()).unwrap();
     let iters: usize = std::env::var("ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(40);

@@ -832,6 +832,60 @@ fn imports_follow_the_layers() {
     assert!(stale.is_empty(), "exceptions no longer needed; remove them from this test:\n{}", stale.join("\n"));
 }
 
+/// Inside the TUI the compiler sees one crate, so this test holds its floors: the screen's shared
+/// words, the panel contract, the message log, the effects and the drawing helpers import no
+/// panel, no app and no view; a panel imports neither the app nor the frame's composition
+/// (`view/`), which sit above it; the app never imports the view, which reads it.
+const TUI_FLOORS: &[(&str, &[&str])] = &[
+    ("tui/screen.rs", &["tui::panels", "tui::app", "tui::view"]),
+    ("tui/panel.rs", &["tui::panels", "tui::app", "tui::view"]),
+    ("tui/log.rs", &["tui::panels", "tui::app", "tui::view"]),
+    ("tui/effect.rs", &["tui::panels", "tui::app", "tui::view"]),
+    ("tui/wrap.rs", &["tui::panels", "tui::app", "tui::view"]),
+    ("tui/popup.rs", &["tui::panels", "tui::app", "tui::view"]),
+    ("tui/panels/", &["tui::app", "tui::view"]),
+    ("tui/app/", &["tui::view"]),
+];
+
+fn tui_breaches(files: &[(String, String)]) -> Vec<String> {
+    let mut bad = vec![];
+    for (rel, src) in files {
+        let Some((_, banned)) =
+            TUI_FLOORS.iter().find(|(at, _)| rel == at || (at.ends_with('/') && rel.starts_with(at)))
+        else {
+            continue;
+        };
+        for r in scan(rel, src).reaches {
+            let path = r.path.join("::");
+            if let Some(b) = banned.iter().find(|b| path == **b || path.starts_with(&format!("{b}::"))) {
+                bad.push(format!("{rel}: reaches {} ({b} sits above it)", r.shown()));
+            }
+        }
+    }
+    bad
+}
+
+#[test]
+fn the_tui_panels_sit_below_the_app_and_the_view() {
+    let files = tree();
+    assert!(files.iter().any(|(rel, _)| rel.starts_with("tui/panels/")), "no panels found");
+    let bad = tui_breaches(&files);
+    assert!(bad.is_empty(), "the TUI's floors are breached:\n{}", bad.join("\n"));
+    // The check catches each way up: a panel into the app, through `super::super`, into the
+    // view; the contract into a panel; the app into the view.
+    let f = |rel: &str, src: &str| tui_breaches(&[(rel.to_string(), src.to_string())]);
+    assert_eq!(
+        f("tui/panels/gauges.rs", "use crate::tui::app::App;"),
+        ["tui/panels/gauges.rs: reaches crate::tui::app::App (tui::app sits above it)"]
+    );
+    assert_eq!(f("tui/panels/help.rs", "fn f() { super::super::app::Effect::Cancel; }").len(), 1);
+    assert_eq!(f("tui/panels/help.rs", "use crate::tui::view::View;").len(), 1);
+    assert_eq!(f("tui/panel.rs", "use crate::tui::panels::help::Help;").len(), 1);
+    assert_eq!(f("tui/app/look.rs", "use crate::tui::view::View;").len(), 1);
+    assert!(f("tui/view/mod.rs", "use crate::tui::app::App;").is_empty());
+    assert!(f("tui/panels/help.rs", "use crate::tui::panel::Panel;").is_empty());
+}
+
 /// The unsafe-code wall at the root of each part (module-level inner attributes). Model holds the
 /// SIMD kernels and the CUDA side and is the one part left open; checkpoint/ and verify/ deny
 /// unsafe code and allow it on the few functions that need it (the file mapping; kernel
@@ -925,7 +979,7 @@ fn the_check_catches_what_it_is_for() {
     assert_eq!(violations(&f("generation/x.rs", "use deltascope_model::Model;")).len(), 1);
     assert_eq!(violations(&f("checkpoint/x.rs", "use crate::model::Model;")).len(), 1);
     assert_eq!(violations(&f("tui/mod.rs", "use crate::model::Model;")).len(), 1);
-    assert_eq!(violations(&f("tui/mod.rs", "use crate::cli::common::GenArgs;")).len(), 1);
+    assert_eq!(violations(&f("tui/mod.rs", "use crate::cli::common::ModelArgs;")).len(), 1);
     assert_eq!(violations(&f("server/mod.rs", "use crate::model::Model;")).len(), 1);
     assert_eq!(violations(&f("generation/events.rs", "use crate::engine::Generator;")).len(), 1);
     assert_eq!(violations(&f("generation/tally.rs", "use crate::model::Model;")).len(), 1);
@@ -1080,7 +1134,7 @@ fn extern_crate_self_is_caught() {
     plant_at_end(
         dir.path(),
         "src/tui/render.rs",
-        "extern crate self as planted_ds;\nfn planted() { let _ = planted_ds::cli::common::GenArgs::default(); }",
+        "extern crate self as planted_ds;\nfn planted() { let _ = planted_ds::cli::common::ModelArgs::default(); }",
     );
     assert_eq!(
         breaches_in(dir.path()),
@@ -1095,7 +1149,7 @@ fn a_macro_that_assembles_a_path_is_caught() {
     plant_at_end(
         dir.path(),
         "src/tui/render.rs",
-        "macro_rules! planted_path { ($root:tt $m:ident) => { $root::$m::common::GenArgs::default() }; }\n\
+        "macro_rules! planted_path { ($root:tt $m:ident) => { $root::$m::common::ModelArgs::default() }; }\n\
          fn planted() { let _ = planted_path!(crate cli); }",
     );
     assert_eq!(

@@ -29,7 +29,7 @@ struct Demo {
 fn demo() -> Demo {
     let source = demo_source();
     let model = Model::load(&source, &LoadOptions::default()).unwrap();
-    let tok = TextTokenizer::load(&source, Some(model.config.vocab_size), &model.config.eos_token_ids).unwrap();
+    let tok = TextTokenizer::load(&source, Some(model.config().vocab_size), &model.config().eos_token_ids).unwrap();
     let template = ChatTemplate::load(&source, true).unwrap();
     Demo { model, tok, template, _dir: None }
 }
@@ -506,7 +506,7 @@ fn silenced_demo(heads: &[(usize, usize)]) -> Demo {
     });
     let source = ModelSource::Dir(dir.path().to_path_buf());
     let model = Model::load(&source, &LoadOptions::default()).unwrap();
-    let tok = TextTokenizer::load(&source, Some(model.config.vocab_size), &model.config.eos_token_ids).unwrap();
+    let tok = TextTokenizer::load(&source, Some(model.config().vocab_size), &model.config().eos_token_ids).unwrap();
     let template = ChatTemplate::load(&source, true).unwrap();
     Demo { model, tok, template, _dir: Some(dir) }
 }

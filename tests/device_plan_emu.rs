@@ -28,7 +28,7 @@ impl Setup {
         let gpu = Gpu::open(DeviceKind::Emu, 0, kernels::FILES).unwrap();
         let (free, _) = gpu.dev.memory().unwrap();
         let budget = DeviceBudget { label: gpu.label(), free_bytes: free };
-        let plan = plan_devices(&cpu.config, &[budget], PlanInputs::for_model(&cpu.config));
+        let plan = plan_devices(cpu.config(), &[budget], PlanInputs::for_model(cpu.config()));
         assert!(plan.fits, "{plan:#?}");
         assert_eq!(plan.inputs.prefill_chunk, PREFILL_CHUNK as u64, "the plan's chunk is the model's");
         let model = CudaModel::upload(&cpu, vec![gpu], &plan).unwrap();

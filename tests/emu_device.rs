@@ -440,7 +440,7 @@ fn the_cuda_models_logits_are_bf16_values() {
     let cpu = Model::load(&demo_source(), &LoadOptions { precision: Precision::Bf16, ..Default::default() }).unwrap();
     let gpu = Gpu::open(DeviceKind::Emu, 0, kernels::FILES).unwrap();
     let budget = [DeviceBudget { label: "emu:0".into(), free_bytes: 8 << 30 }];
-    let plan = plan_devices(&cpu.config, &budget, PlanInputs::for_model(&cpu.config));
+    let plan = plan_devices(cpu.config(), &budget, PlanInputs::for_model(cpu.config()));
     let model = CudaModel::upload(&cpu, vec![gpu], &plan).unwrap();
     let mut cache = model.new_cache().unwrap();
     let ids: Vec<u32> = (0..12).map(|i| (i * 41 + 7) % 480).collect();

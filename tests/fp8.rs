@@ -389,7 +389,7 @@ fn the_fp8_demo_answers_its_held_out_problems_about_as_well() {
     let grade = |dir: &Path| -> (usize, Vec<String>) {
         let source = ModelSource::Dir(dir.to_path_buf());
         let model = Model::load(&source, &LoadOptions::default()).unwrap();
-        let tok = TextTokenizer::load(&source, Some(model.config.vocab_size), &model.config.eos_token_ids).unwrap();
+        let tok = TextTokenizer::load(&source, Some(model.config().vocab_size), &model.config().eos_token_ids).unwrap();
         let template = ChatTemplate::load(&source, true).unwrap();
         let g = Generator::new(&tok, "demo");
         let (mut right, mut misses) = (0, vec![]);

@@ -521,7 +521,7 @@ fn penalties_change_the_choice() {
 fn demo() -> (Model, TextTokenizer, ChatTemplate) {
     let s = demo_source();
     let m = Model::load(&s, &LoadOptions::default()).unwrap();
-    let t = TextTokenizer::load(&s, Some(m.config.vocab_size), &m.config.eos_token_ids).unwrap();
+    let t = TextTokenizer::load(&s, Some(m.config().vocab_size), &m.config().eos_token_ids).unwrap();
     let c = ChatTemplate::load(&s, true).unwrap();
     (m, t, c)
 }

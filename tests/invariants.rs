@@ -162,7 +162,7 @@ fn snapshot_restore_is_bit_exact() {
 #[test]
 fn state_byte_accounting_is_exact() {
     let model = fixture("qwen3_5_vl");
-    let c = &model.config;
+    let c = &model.config();
     let mut state = model.new_state();
     model.forward(&prompt(37), &mut state, ForwardOptions::default()).unwrap();
     let b = state.bytes();

@@ -14,42 +14,42 @@ fn load(name: &str, skip_mtp: bool) -> Model {
 #[test]
 fn multimodal_qwen35_layout() {
     let m = load("qwen3_5_vl", false);
-    assert_eq!(m.config.family, Family::Qwen35);
-    assert!(m.config.nested);
-    assert_eq!(m.lm_prefix, "model.language_model.");
+    assert_eq!(m.config().family, Family::Qwen35);
+    assert!(m.config().nested);
+    assert_eq!(m.lm_prefix(), "model.language_model.");
     assert!(!m.tied_embeddings());
     // Sharded, bf16, with a vision tower that is skipped and MTP tensors that are loaded.
-    assert_eq!(m.stored_dtypes, vec!["BF16".to_string()]);
-    let mtp = m.mtp.as_ref().expect("mtp.* tensors are loaded when present");
+    assert_eq!(m.stored_dtypes(), vec!["BF16".to_string()]);
+    let mtp = m.mtp().expect("mtp.* tensors are loaded when present");
     assert_eq!(mtp.layers.len(), 1);
-    assert_eq!(mtp.fc.in_features, 2 * m.config.hidden_size);
-    assert!(load("qwen3_5_vl", true).mtp.is_none());
+    assert_eq!(mtp.fc.in_features, 2 * m.config().hidden_size);
+    assert!(load("qwen3_5_vl", true).mtp().is_none());
 }
 
 #[test]
 fn text_only_tied_f32() {
     let m = load("qwen3_5_text", false);
-    assert_eq!(m.lm_prefix, "model.");
+    assert_eq!(m.lm_prefix(), "model.");
     assert!(m.tied_embeddings());
-    assert_eq!(m.stored_dtypes, vec!["F32".to_string()]);
-    assert!(m.mtp.is_none());
+    assert_eq!(m.stored_dtypes(), vec!["F32".to_string()]);
+    assert!(m.mtp().is_none());
 }
 
 #[test]
 fn qwen3_next_f16_per_expert() {
     let m = load("qwen3_next", false);
-    assert_eq!(m.config.family, Family::Qwen3Next);
-    assert_eq!(m.stored_dtypes, vec!["F16".to_string()]);
-    assert_eq!(m.config.linear.head_ratio(), 1);
+    assert_eq!(m.config().family, Family::Qwen3Next);
+    assert_eq!(m.stored_dtypes(), vec!["F16".to_string()]);
+    assert_eq!(m.config().linear.head_ratio(), 1);
 }
 
 #[test]
 fn qwen35_moe_fused_experts_and_mtp() {
     let m = load("qwen3_5_moe", false);
-    assert_eq!(m.config.family, Family::Qwen35Moe);
-    assert_eq!(m.config.linear.head_ratio(), 3);
-    assert_eq!(m.config.gqa_groups(), 3);
-    assert!(m.mtp.is_some());
+    assert_eq!(m.config().family, Family::Qwen35Moe);
+    assert_eq!(m.config().linear.head_ratio(), 3);
+    assert_eq!(m.config().gqa_groups(), 3);
+    assert!(m.mtp().is_some());
 }
 
 /// Progress counts the bytes of every tensor the model reads, and ends at the total: the
@@ -101,11 +101,11 @@ fn weight_matrices_are_read_in_place() {
             .map(|n| store.tensor_bytes(n))
             .sum();
         assert!(matrices > 0);
-        assert_eq!(m.mapped_bytes, matrices, "{name}: every matrix a view");
+        assert_eq!(m.mapped_bytes(), matrices, "{name}: every matrix a view");
         assert!(m.storage_summary().contains("mapped from the checkpoint"), "{}", m.storage_summary());
     }
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_5_text");
     let opts = LoadOptions { precision: Precision::Bf16, ..Default::default() };
     let m = Model::load(&ModelSource::Dir(dir), &opts).unwrap();
-    assert_eq!(m.mapped_bytes, 0, "f32 rounded to bf16 is a copy");
+    assert_eq!(m.mapped_bytes(), 0, "f32 rounded to bf16 is a copy");
 }

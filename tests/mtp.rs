@@ -22,7 +22,7 @@ struct Setup {
 
 fn load(source: ModelSource) -> Setup {
     let model = Model::load(&source, &LoadOptions::default()).unwrap();
-    let tok = TextTokenizer::load(&source, Some(model.config.vocab_size), &model.config.eos_token_ids).unwrap();
+    let tok = TextTokenizer::load(&source, Some(model.config().vocab_size), &model.config().eos_token_ids).unwrap();
     let tpl = ChatTemplate::load(&source, true).unwrap();
     Setup { model, tok, tpl }
 }

@@ -4,8 +4,8 @@
 //! grows a range of its own (or loses one) fails here.
 
 use clap::Parser;
+use deltascope::backend::ParamOverrides;
 use deltascope::backend::{BackendInfo, BackendKind, Support};
-use deltascope::cli::common::GenArgs;
 use deltascope::session::Session;
 use deltascope::tui::sliders::{Settings, Slider};
 use deltascope_protocol::{GenerationParams, MtpMode, RANGES, SamplingParams, Thinking, range};
@@ -16,7 +16,7 @@ const CONTEXT: usize = 1 << 20;
 #[derive(Parser)]
 struct Flags {
     #[command(flatten)]
-    gen_args: GenArgs,
+    gen_args: ParamOverrides,
 }
 
 /// The fields under test: (JSON path in `GenerationParams`, the flag, the server's field, the
@@ -208,7 +208,7 @@ fn info() -> BackendInfo {
 fn cli(f: &Field, text: &str) -> bool {
     let arg = format!("{}={text}", f.flag);
     match Flags::try_parse_from(["deltascope", arg.as_str()]) {
-        Ok(flags) => flags.gen_args.overrides().is_ok_and(|o| o.resolve(&info()).is_ok()),
+        Ok(flags) => flags.gen_args.checked().is_ok_and(|o| o.resolve(&info()).is_ok()),
         Err(_) => false,
     }
 }
@@ -306,7 +306,7 @@ fn refusals_name_the_field_in_every_front_end() {
     let err = Flags::try_parse_from(["deltascope", "--temperature=150"])
         .unwrap()
         .gen_args
-        .overrides()
+        .checked()
         .unwrap()
         .resolve(&info())
         .unwrap_err()
@@ -334,7 +334,7 @@ fn refusals_name_the_field_in_every_front_end() {
         url: "http://127.0.0.1:8080".into(),
     });
     served.defaults.top_p = 1.5;
-    let flags = Flags::try_parse_from(["deltascope"]).unwrap().gen_args.overrides().unwrap();
+    let flags = Flags::try_parse_from(["deltascope"]).unwrap().gen_args.checked().unwrap();
     let err = flags.resolve(&served).unwrap_err().to_string();
     assert!(
         err.contains("the server's own defaults (llama.cpp /props) of test: top_p = 1.5: must be in (0, 1]"),
@@ -344,7 +344,7 @@ fn refusals_name_the_field_in_every_front_end() {
     local.defaults.top_k = 9_000_000;
     let err = flags.resolve(&local).unwrap_err().to_string();
     assert!(err.starts_with("the model's generation_config.json of test: top_k = 9000000"), "{err}");
-    let fixed = Flags::try_parse_from(["deltascope", "--top-p=0.9"]).unwrap().gen_args.overrides().unwrap();
+    let fixed = Flags::try_parse_from(["deltascope", "--top-p=0.9"]).unwrap().gen_args.checked().unwrap();
     assert!(fixed.resolve(&served).is_ok(), "the flag's value replaces the server's");
 }
 
@@ -394,4 +394,34 @@ fn mtp_mode_keeps_its_stored_form() {
         assert_eq!(text.parse::<MtpMode>().unwrap(), m, "{text}");
     }
     assert_eq!(MtpMode::fixed(3).to_string(), "3");
+}
+
+/// The README's ranges table says what the one table says: every bounded interval of `RANGES`
+/// (as its error messages write it, `[0, 100]`, `(0, 1]`) is in the README's row for that field.
+#[test]
+fn the_readme_ranges_table_says_what_the_one_table_says() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
+    let section = readme.split("#### Ranges").nth(1).expect("the README has a Ranges section");
+    let rows: Vec<Vec<&str>> = section
+        .lines()
+        .skip_while(|l| !l.starts_with("| setting"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| l.trim().trim_matches('|').split(" | ").map(str::trim).collect())
+        .collect();
+    assert!(rows.len() >= 10, "the ranges table has {} rows", rows.len());
+    let mut checked = 0;
+    for r in RANGES.iter() {
+        let Some(interval) = r.expected.strip_prefix("in ") else { continue };
+        let end = interval.find([']', ')']).expect("an interval closes") + 1;
+        let interval = &interval[..end];
+        let name = r.field.rsplit('.').next().unwrap_or(r.field);
+        let row = rows
+            .iter()
+            .find(|cells| cells[0].contains(&format!("`{name}`")))
+            .unwrap_or_else(|| panic!("the README's ranges table has no row for `{name}`"));
+        assert!(row[1].contains(interval), "README says `{}` for {name}; the table says {interval}", row[1]);
+        checked += 1;
+    }
+    assert!(checked >= 8, "only {checked} bounded ranges checked");
 }

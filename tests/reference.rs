@@ -93,7 +93,7 @@ fn check(name: &str, prec: Precision) -> Worst {
     let golden: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
     let source = ModelSource::Dir(dir.clone());
     let model = Model::load(&source, &LoadOptions { precision: prec, ..Default::default() }).unwrap();
-    let tok = TextTokenizer::load(&source, Some(model.config.vocab_size), &model.config.eos_token_ids).unwrap();
+    let tok = TextTokenizer::load(&source, Some(model.config().vocab_size), &model.config().eos_token_ids).unwrap();
     let template = ChatTemplate::load(&source, true).unwrap();
     let (norm_rtol, key) = match prec {
         Precision::F32 => (F32_NORM_RTOL, "f32"),

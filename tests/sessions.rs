@@ -198,7 +198,7 @@ fn make_example_sessions() {
         // The command line's defaults (loop thresholds, MTP depth), greedy.
         let mut args = ChatArgs::default().generation;
         args.temperature = Some(0.0);
-        let mut params = args.overrides().unwrap().resolve(backend.info()).unwrap();
+        let mut params = args.checked().unwrap().resolve(backend.info()).unwrap();
         params.top_logprobs = 5;
         tweak(&mut params);
         if !thinking {

@@ -38,7 +38,7 @@ fn load(dir: &str) -> Model {
 
 fn ids(model: &Model, n: usize) -> Vec<u32> {
     // Spread over the vocabulary, deterministic.
-    (0..n).map(|i| ((i * 7919 + 13) % model.config.vocab_size) as u32).collect()
+    (0..n).map(|i| ((i * 7919 + 13) % model.config().vocab_size) as u32).collect()
 }
 
 fn traced(model: &Model, state: &mut deltascope_model::SequenceState, ids: &[u32]) -> StateTrace {
@@ -135,7 +135,7 @@ fn the_trace_of_a_prefill_equals_feeding_the_tokens_one_by_one() {
         let prefill = traced(&model, &mut whole, &ids);
         let mut single = model.new_state();
         let steps: Vec<StateTrace> = ids.iter().map(|&id| traced(&model, &mut single, &[id])).collect();
-        assert_eq!(prefill.layers.len(), model.config.num_hidden_layers);
+        assert_eq!(prefill.layers.len(), model.config().num_hidden_layers);
         for (layer, lt) in prefill.layers.iter().enumerate() {
             match lt {
                 LayerTrace::Gdn(p) => {
@@ -209,8 +209,8 @@ fn the_engine_emits_a_state_event_after_the_prompt_and_every_token_read() {
     assert_eq!((states[0].at_token, states[0].tokens, states[0].position), (None, prompt.len(), prompt.len()));
     for (i, s) in states[1..].iter().enumerate() {
         assert_eq!((s.at_token, s.tokens, s.position), (Some(i), 1, prompt.len() + i + 1));
-        let gdn_layers = model.config.layer_types.iter().filter(|k| **k == LayerKind::LinearAttention).count();
-        assert_eq!((s.gdn.len(), s.gdn.len() + s.attention.len()), (gdn_layers, model.config.num_hidden_layers));
+        let gdn_layers = model.config().layer_types.iter().filter(|k| **k == LayerKind::LinearAttention).count();
+        assert_eq!((s.gdn.len(), s.gdn.len() + s.attention.len()), (gdn_layers, model.config().num_hidden_layers));
         for l in &s.gdn {
             assert!(l.beta.iter().all(|b| (0.0..=1.0).contains(b)));
             assert!(l.g.iter().all(|g| *g <= 0.0));

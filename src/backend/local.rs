@@ -183,7 +183,7 @@ impl Loaded {
             Arc::new(gpu)
         };
         step("tokenizer");
-        let tokenizer = TextTokenizer::load(source, Some(model.config.vocab_size), &model.config.eos_token_ids)?;
+        let tokenizer = TextTokenizer::load(source, Some(model.config().vocab_size), &model.config().eos_token_ids)?;
         step("chat template");
         let template = ChatTemplate::load(source, tokenizer.specials.think_start.is_some())?;
         step("generation config");
@@ -211,7 +211,7 @@ impl Loaded {
 
     /// What identifies this model: its sizes, parameters and the fingerprint of its embedding.
     pub fn identity(&self) -> super::ModelIdentity {
-        let c = &self.model.config;
+        let c = &self.model.config();
         let plan = deltascope_model::placement::memory_plan(c, 2, 2, 4);
         super::ModelIdentity {
             name: self.name.clone(),
@@ -220,7 +220,7 @@ impl Loaded {
             hidden_size: Some(c.hidden_size),
             layers: Some(c.num_hidden_layers),
             params: Some(plan.params.total),
-            params_with_mtp: self.model.mtp.as_ref().map(|_| plan.params.total + plan.params.mtp),
+            params_with_mtp: self.model.mtp().map(|_| plan.params.total + plan.params.mtp),
             fingerprint: Some(self.model.embedding_fingerprint()),
         }
     }
@@ -286,17 +286,17 @@ impl LocalBackend {
 }
 
 fn describe(l: &Loaded) -> BackendInfo {
-    let c = &l.model.config;
+    let c = &l.model.config();
     let gdn = c.layer_types.iter().filter(|k| matches!(k, LayerKind::LinearAttention)).count();
     BackendInfo {
         name: l.name.clone(),
-        kind: BackendKind::Local { devices: l.placement.devices.clone(), dtype: l.model.precision.name().into() },
+        kind: BackendKind::Local { devices: l.placement.devices.clone(), dtype: l.model.precision().name().into() },
         device_note: l.placement.note.clone(),
-        config_notes: c.unknown_key_warnings(&l.model.source.file_label("config.json")),
+        config_notes: c.unknown_key_warnings(&l.model.source().file_label("config.json")),
         identity: l.identity(),
         context: Some(c.max_position_embeddings),
         vocab_size: Some(c.vocab_size),
-        has_mtp: l.model.mtp.is_some(),
+        has_mtp: l.model.mtp().is_some(),
         layers: Some(format!("{} layers: {gdn} GDN + {} attention", c.layer_types.len(), c.layer_types.len() - gdn)),
         weights_bytes: Some(l.model.weight_bytes()),
         defaults: l.generation_defaults.clone(),
@@ -323,7 +323,7 @@ impl Backend for LocalBackend {
         }
         let (_, ids) = self.loaded.render(&req)?;
         self.loaded.compute.check(&ids, req.params.max_tokens)?;
-        let vocab = self.loaded.model.config.vocab_size;
+        let vocab = self.loaded.model.config().vocab_size;
         if let Some(id) = req.params.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
             return Err(BackendError::invalid(format!(
                 "stop token id {id} (--stop-token-id) is out of the vocabulary: the model has {vocab} ids, 0–{}",

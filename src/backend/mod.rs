@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod flags;
 pub mod local;
 pub mod openai;
 pub mod params;
@@ -20,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use deltascope_protocol::{ErrorKind, Generation, GenerationParams, SamplingParams, ServerLabel, StepControl};
 
 pub use deltascope_model::ModelSource;
-pub use params::{ParamOverrides, defaults_source, flag};
+pub use params::{ParamOverrides, PresetArg, defaults_source, flag};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -2,68 +2,160 @@
 //! against what a backend says about itself. Precedence for sampling: an explicit value, then
 //! the preset, then the backend's defaults (generation_config.json, or the server's own).
 
+use super::flags::{float32, on_loop, whole_number};
 use super::{BackendError, BackendInfo, BackendResult};
 use deltascope_protocol::{GenerationParams, LoopParams, MtpMode, OnLoop, Preset, QWEN_BUDGET_BRIDGE, Thinking};
 
-/// The generation settings a user asked for; `None` means "the backend's default".
-#[derive(Debug, Clone, PartialEq)]
+/// The generation settings a user asks for, declared once: the command line's flags (this is
+/// the clap struct `run`, `sweep`, `trace` and `chat` flatten), the TUI's and the server's
+/// starting point, resolved against what a backend says about itself. `None` means "the
+/// backend's default"; every default is the protocol's (`GenerationParams::DEFAULT_MAX_TOKENS`,
+/// `LoopParams::DEFAULT_*`), and [`Default`] is the empty command line. Precedence for
+/// sampling: an explicit flag, then `--preset`, then the backend's defaults (the model's
+/// generation_config.json, or the server's own), then greedy.
+#[derive(clap::Args, Debug, Clone, PartialEq)]
 pub struct ParamOverrides {
+    /// Generated tokens, thinking + answer (forced tokens included).
+    #[arg(long, default_value_t = GenerationParams::DEFAULT_MAX_TOKENS, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
     pub max_tokens: usize,
-    /// Off (through the template), unlimited, or N tokens; `None` = unlimited.
+    /// Thinking tokens before the end of thinking is forced: -1 (or `unlimited`) unlimited,
+    /// 0 (or `off`) thinking off (through the template).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub thinking_budget: Option<Thinking>,
+    /// Text forced before `</think>` when the thinking budget runs out (default: Qwen's
+    /// "Considering the limited time…" sentence; may be empty).
+    #[arg(long, value_name = "TEXT")]
     pub budget_bridge: Option<String>,
+    /// Answer tokens after which generation stops. They are counted from `</think>`, so the
+    /// blank line the model writes after it (one token on Qwen) is the first: `1` answers nothing.
+    #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
     pub answer_budget: Option<usize>,
-    pub preset: Option<Preset>,
+    /// Model-card sampling preset.
+    #[arg(long, value_enum, value_name = "NAME")]
+    pub preset: Option<PresetArg>,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, value_name = "T", allow_hyphen_values = true, value_parser = float32)]
     pub temperature: Option<f32>,
+    #[arg(long, value_name = "K", allow_hyphen_values = true, value_parser = whole_number)]
     pub top_k: Option<usize>,
+    #[arg(long, value_name = "P", allow_hyphen_values = true, value_parser = float32)]
     pub top_p: Option<f32>,
+    #[arg(long, value_name = "P", allow_hyphen_values = true, value_parser = float32)]
     pub min_p: Option<f32>,
+    #[arg(long, value_name = "X", allow_hyphen_values = true, value_parser = float32)]
     pub presence_penalty: Option<f32>,
+    #[arg(long, value_name = "X", allow_hyphen_values = true, value_parser = float32)]
     pub frequency_penalty: Option<f32>,
+    #[arg(long, value_name = "X", allow_hyphen_values = true, value_parser = float32)]
     pub repetition_penalty: Option<f32>,
-    pub seed: u64,
+    /// Sampling seed, 0 to 2^64 − 1.
+    #[arg(long, default_value_t = 0, value_name = "S", allow_hyphen_values = true)]
+    pub seed: i128,
+    /// Stop when this string appears (repeatable; cut from the output).
+    #[arg(long, value_name = "TEXT")]
     pub stop: Vec<String>,
+    /// Stop at this token id (repeatable), besides the model's EOS ids.
+    #[arg(long = "stop-token-id", value_name = "ID")]
     pub stop_token_ids: Vec<u32>,
+    /// Generate past the model's end-of-sequence tokens (fixed-length runs, as vLLM's and
+    /// SGLang's ignore_eos); stop strings, stop ids, budgets and --max-tokens still end it.
+    #[arg(long)]
     pub ignore_eos: bool,
+    /// Trace every Gated-DeltaNet layer's state (β, g, ‖S‖, ‖ΔS‖/‖S‖ per head) after the
+    /// prompt and every token: `state` events (the in-process engine only; drafting off).
+    #[arg(long)]
     pub trace_state: bool,
-    /// What a detected loop does (`--on-loop`).
-    pub on_loop: OnLoop,
+    /// What a detected degenerate loop does: `off` (the alarm only), `stop` (finish_reason
+    /// loop), or `answer`: a loop during thinking forces the end of thinking (the bridge text,
+    /// `</think>`) so that the model answers (a loop_rescued diagnostic); a loop in the answer
+    /// stops. With --server it is done client-side (needs the chat template: the server's own
+    /// or --tokenizer DIR).
+    /// (`sweep` takes a list, e.g. `--on-loop off,answer`, and compares them.)
+    #[arg(long, value_name = "off|stop|answer", default_value = "off", value_delimiter = ',', value_parser = on_loop)]
+    pub on_loop: Vec<OnLoop>,
+    /// The same as --on-loop stop (kept for scripts written before --on-loop).
+    #[arg(long, hide = true, conflicts_with = "on_loop")]
+    pub loop_stop: bool,
+    /// Copies of a repeating pattern that count as a loop.
+    #[arg(long, default_value_t = LoopParams::DEFAULT_MIN_REPEATS, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
     pub loop_min_repeats: usize,
+    /// Tokens a repeating pattern must span to count as a loop.
+    #[arg(long, default_value_t = LoopParams::DEFAULT_MIN_SPAN, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
     pub loop_min_span: usize,
+    /// Report the K most likely alternatives with every token (K ≤ 20).
+    #[arg(long, default_value_t = 0, value_name = "K", allow_hyphen_values = true, value_parser = whole_number)]
     pub top_logprobs: usize,
+    /// MTP speculative decoding: draft steps per verify pass (1–4), 0 = off, `auto` adapts the
+    /// depth to the acceptance. Default: 2 when the checkpoint has an MTP head. (A server
+    /// decides this itself.)
+    #[arg(long, value_name = "K|auto")]
     pub mtp: Option<MtpMode>,
 }
 
 impl Default for ParamOverrides {
+    /// The empty command line: clap applies each flag's default, written once above.
     fn default() -> Self {
-        ParamOverrides {
-            max_tokens: GenerationParams::DEFAULT_MAX_TOKENS,
-            thinking_budget: None,
-            budget_bridge: None,
-            answer_budget: None,
-            preset: None,
-            temperature: None,
-            top_k: None,
-            top_p: None,
-            min_p: None,
-            presence_penalty: None,
-            frequency_penalty: None,
-            repetition_penalty: None,
-            seed: 0,
-            stop: vec![],
-            stop_token_ids: vec![],
-            ignore_eos: false,
-            trace_state: false,
-            on_loop: OnLoop::Off,
-            loop_min_repeats: LoopParams::DEFAULT_MIN_REPEATS,
-            loop_min_span: LoopParams::DEFAULT_MIN_SPAN,
-            top_logprobs: 0,
-            mtp: None,
+        #[derive(clap::Parser)]
+        struct Empty {
+            #[command(flatten)]
+            overrides: ParamOverrides,
+        }
+        <Empty as clap::Parser>::parse_from(["deltascope"]).overrides
+    }
+}
+
+/// The model-card presets, as flag values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PresetArg {
+    ThinkingGeneral,
+    ThinkingCoding,
+    InstructGeneral,
+    InstructReasoning,
+}
+
+impl From<PresetArg> for Preset {
+    fn from(p: PresetArg) -> Preset {
+        match p {
+            PresetArg::ThinkingGeneral => Preset::ThinkingGeneral,
+            PresetArg::ThinkingCoding => Preset::ThinkingCoding,
+            PresetArg::InstructGeneral => Preset::InstructGeneral,
+            PresetArg::InstructReasoning => Preset::InstructReasoning,
         }
     }
 }
 
 impl ParamOverrides {
+    /// The flags checked before anything loads (one `--on-loop` value, a seed in range), with
+    /// the hidden `--loop-stop` folded into `--on-loop`.
+    pub fn checked(&self) -> BackendResult<ParamOverrides> {
+        self.seed()?;
+        Ok(self.with_on_loop(self.one_on_loop()?))
+    }
+
+    /// These settings with this `--on-loop` value (`sweep` runs each value of its list).
+    pub fn with_on_loop(&self, on_loop: OnLoop) -> ParamOverrides {
+        let on_loop = if self.loop_stop { OnLoop::Stop } else { on_loop };
+        ParamOverrides { on_loop: vec![on_loop], loop_stop: false, ..self.clone() }
+    }
+
+    /// `--seed`, checked: the same kind of message as any other value out of its range.
+    pub fn seed(&self) -> BackendResult<u64> {
+        u64::try_from(self.seed)
+            .map_err(|_| BackendError::invalid(format!("--seed {}: must be in [0, {}]", self.seed, u64::MAX)))
+    }
+
+    /// The one `--on-loop` value (a list is for `sweep`).
+    fn one_on_loop(&self) -> BackendResult<OnLoop> {
+        match self.on_loop[..] {
+            [_] if self.loop_stop => Ok(OnLoop::Stop),
+            [one] => Ok(one),
+            _ => Err(BackendError::invalid(format!(
+                "--on-loop takes one value here ({} given); `deltascope sweep --on-loop off,answer` compares several",
+                self.on_loop.len()
+            ))),
+        }
+    }
+
     /// `--no-think`: thinking off, whatever budget was given.
     pub fn without_thinking_if(mut self, no_think: bool) -> Self {
         if no_think {
@@ -75,7 +167,7 @@ impl ParamOverrides {
     pub fn resolve(&self, info: &BackendInfo) -> BackendResult<GenerationParams> {
         let mut sampling = info.defaults.clone();
         if let Some(preset) = self.preset {
-            preset.apply(&mut sampling);
+            Preset::from(preset).apply(&mut sampling);
         }
         let s = &mut sampling;
         s.temperature = self.temperature.unwrap_or(s.temperature);
@@ -85,7 +177,7 @@ impl ParamOverrides {
         s.presence_penalty = self.presence_penalty.unwrap_or(s.presence_penalty);
         s.frequency_penalty = self.frequency_penalty.unwrap_or(s.frequency_penalty);
         s.repetition_penalty = self.repetition_penalty.unwrap_or(s.repetition_penalty);
-        s.seed = self.seed;
+        s.seed = self.seed()?;
         // A value out of the defaults' range is blamed on where the defaults came from (the
         // model's generation_config.json, the server's /props; presets are in range by
         // construction); one the flags set is named by its flag below.
@@ -107,7 +199,7 @@ impl ParamOverrides {
             loop_detection: LoopParams {
                 min_repeats: self.loop_min_repeats,
                 min_span: self.loop_min_span,
-                on_loop: self.on_loop,
+                on_loop: self.one_on_loop()?,
                 ..Default::default()
             },
             top_logprobs: self.top_logprobs,

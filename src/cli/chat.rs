@@ -4,7 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser};
 
-use super::common::{GenArgs, ModelArgs};
+use super::common::ModelArgs;
+use crate::backend::ParamOverrides;
 use crate::backend::local::LocalSpec;
 use crate::tui::{self, TuiOptions};
 use deltascope_model::DeviceSpec;
@@ -21,7 +22,7 @@ pub struct ChatArgs {
     pub no_think: bool,
     /// The sliders' starting values: the same flags as `run`.
     #[command(flatten)]
-    pub generation: GenArgs,
+    pub generation: ParamOverrides,
     /// Colour theme: dark (default), light, high-contrast, a user theme in
     /// $XDG_CONFIG_HOME/deltascope/themes/NAME.toml, or a path to a .toml file.
     #[arg(long, value_name = "NAME|FILE")]
@@ -76,7 +77,7 @@ pub fn run(a: ChatArgs) -> anyhow::Result<()> {
     tui::run(TuiOptions {
         reference,
         backend: a.model.spec()?,
-        generation: a.generation.overrides()?,
+        generation: a.generation.checked()?,
         system: a.system,
         no_think: a.no_think,
         theme: a.theme,

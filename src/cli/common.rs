@@ -9,12 +9,12 @@ use clap::Args;
 
 use deltascope_model::DeviceSpec;
 
+pub use crate::backend::flags::{float32, on_loop, whole_number};
 use crate::backend::{
-    self, Backend, BackendSpec, BudgetMode, ChatMessage, KeySource, OpenProgress, ParamOverrides, Prompt,
-    ReasoningSplit, RemoteSpec, Role,
+    self, Backend, BackendSpec, BudgetMode, ChatMessage, KeySource, OpenProgress, Prompt, ReasoningSplit, RemoteSpec,
+    Role,
     local::{Loaded, LocalSpec},
 };
-use deltascope_protocol::{GenerationParams, LoopParams, MtpMode, OnLoop, Preset, Thinking};
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
@@ -87,7 +87,7 @@ impl LocalModelArgs {
         if let Some(note) = &loaded.placement().note {
             eprintln!("{note}");
         }
-        for note in loaded.model().config.unknown_key_warnings(&loaded.model().source.file_label("config.json")) {
+        for note in loaded.model().config().unknown_key_warnings(&loaded.model().source().file_label("config.json")) {
             eprintln!("warning: {note}");
         }
         Ok(loaded)
@@ -250,155 +250,6 @@ pub struct PromptArgs {
     pub no_think: bool,
 }
 
-/// The generation flags shared by `run`, `sweep` and `chat`. Precedence for sampling: an
-/// explicit flag, then `--preset`, then the backend's defaults (the model's
-/// generation_config.json, or the server's own), then greedy.
-#[derive(Args, Debug, Clone, Default)]
-pub struct GenArgs {
-    /// Generated tokens, thinking + answer (forced tokens included).
-    #[arg(long, default_value_t = GenerationParams::DEFAULT_MAX_TOKENS, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
-    pub max_tokens: usize,
-    /// Thinking tokens before the end of thinking is forced: -1 (or `unlimited`) unlimited,
-    /// 0 (or `off`) thinking off (through the template).
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub thinking_budget: Option<Thinking>,
-    /// Text forced before `</think>` when the thinking budget runs out (default: Qwen's
-    /// "Considering the limited time…" sentence; may be empty).
-    #[arg(long, value_name = "TEXT")]
-    pub budget_bridge: Option<String>,
-    /// Answer tokens after which generation stops. They are counted from `</think>`, so the
-    /// blank line the model writes after it (one token on Qwen) is the first: `1` answers nothing.
-    #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
-    pub answer_budget: Option<usize>,
-    /// Model-card sampling preset.
-    #[arg(long, value_enum, value_name = "NAME")]
-    pub preset: Option<PresetArg>,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, value_name = "T", allow_hyphen_values = true, value_parser = float32)]
-    pub temperature: Option<f32>,
-    #[arg(long, value_name = "K", allow_hyphen_values = true, value_parser = whole_number)]
-    pub top_k: Option<usize>,
-    #[arg(long, value_name = "P", allow_hyphen_values = true, value_parser = float32)]
-    pub top_p: Option<f32>,
-    #[arg(long, value_name = "P", allow_hyphen_values = true, value_parser = float32)]
-    pub min_p: Option<f32>,
-    #[arg(long, value_name = "X", allow_hyphen_values = true, value_parser = float32)]
-    pub presence_penalty: Option<f32>,
-    #[arg(long, value_name = "X", allow_hyphen_values = true, value_parser = float32)]
-    pub frequency_penalty: Option<f32>,
-    #[arg(long, value_name = "X", allow_hyphen_values = true, value_parser = float32)]
-    pub repetition_penalty: Option<f32>,
-    /// Sampling seed, 0 to 2^64 − 1.
-    #[arg(long, default_value_t = 0, value_name = "S", allow_hyphen_values = true)]
-    pub seed: i128,
-    /// Stop when this string appears (repeatable; cut from the output).
-    #[arg(long, value_name = "TEXT")]
-    pub stop: Vec<String>,
-    /// Stop at this token id (repeatable), besides the model's EOS ids.
-    #[arg(long, value_name = "ID")]
-    pub stop_token_id: Vec<u32>,
-    /// Generate past the model's end-of-sequence tokens (fixed-length runs, as vLLM's and
-    /// SGLang's ignore_eos); stop strings, stop ids, budgets and --max-tokens still end it.
-    #[arg(long)]
-    pub ignore_eos: bool,
-    /// Trace every Gated-DeltaNet layer's state (β, g, ‖S‖, ‖ΔS‖/‖S‖ per head) after the
-    /// prompt and every token: `state` events (the in-process engine only; drafting off).
-    #[arg(long)]
-    pub trace_state: bool,
-    /// What a detected degenerate loop does: `off` (the alarm only), `stop` (finish_reason
-    /// loop), or `answer`: a loop during thinking forces the end of thinking (the bridge text,
-    /// `</think>`) so that the model answers (a loop_rescued diagnostic); a loop in the answer
-    /// stops. With --server it is done client-side (needs the chat template: the server's own
-    /// or --tokenizer DIR).
-    /// (`sweep` takes a list, e.g. `--on-loop off,answer`, and compares them.)
-    #[arg(long, value_name = "off|stop|answer", default_value = "off", value_delimiter = ',', value_parser = on_loop)]
-    pub on_loop: Vec<OnLoop>,
-    /// The same as --on-loop stop (kept for scripts written before --on-loop).
-    #[arg(long, hide = true, conflicts_with = "on_loop")]
-    pub loop_stop: bool,
-    /// Copies of a repeating pattern that count as a loop.
-    #[arg(long, default_value_t = LoopParams::DEFAULT_MIN_REPEATS, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
-    pub loop_min_repeats: usize,
-    /// Tokens a repeating pattern must span to count as a loop.
-    #[arg(long, default_value_t = LoopParams::DEFAULT_MIN_SPAN, value_name = "N", allow_hyphen_values = true, value_parser = whole_number)]
-    pub loop_min_span: usize,
-    /// Report the K most likely alternatives with every token (K ≤ 20).
-    #[arg(long, default_value_t = 0, value_name = "K", allow_hyphen_values = true, value_parser = whole_number)]
-    pub top_logprobs: usize,
-    /// MTP speculative decoding: draft steps per verify pass (1–4), 0 = off, `auto` adapts the
-    /// depth to the acceptance. Default: 2 when the checkpoint has an MTP head. (A server
-    /// decides this itself.)
-    #[arg(long, value_name = "K|auto")]
-    pub mtp: Option<MtpMode>,
-}
-
-/// The model-card presets, as flag values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum PresetArg {
-    ThinkingGeneral,
-    ThinkingCoding,
-    InstructGeneral,
-    InstructReasoning,
-}
-
-impl From<PresetArg> for Preset {
-    fn from(p: PresetArg) -> Preset {
-        match p {
-            PresetArg::ThinkingGeneral => Preset::ThinkingGeneral,
-            PresetArg::ThinkingCoding => Preset::ThinkingCoding,
-            PresetArg::InstructGeneral => Preset::InstructGeneral,
-            PresetArg::InstructReasoning => Preset::InstructReasoning,
-        }
-    }
-}
-
-impl GenArgs {
-    /// The flags as plain data, resolved later against the backend; one `--on-loop` value
-    /// (a list is for `sweep`).
-    pub fn overrides(&self) -> anyhow::Result<ParamOverrides> {
-        let [on_loop] = self.on_loop[..] else {
-            anyhow::bail!(
-                "--on-loop takes one value here ({} given); `deltascope sweep --on-loop off,answer` compares several",
-                self.on_loop.len()
-            );
-        };
-        self.overrides_with(on_loop)
-    }
-
-    /// `--seed`, checked: the same kind of message as any other value out of its range.
-    pub fn seed(&self) -> anyhow::Result<u64> {
-        u64::try_from(self.seed).map_err(|_| anyhow::anyhow!("--seed {}: must be in [0, {}]", self.seed, u64::MAX))
-    }
-
-    /// [`GenArgs::overrides`] with this `--on-loop` value (`sweep` runs each of its list).
-    pub fn overrides_with(&self, on_loop: OnLoop) -> anyhow::Result<ParamOverrides> {
-        Ok(ParamOverrides {
-            max_tokens: self.max_tokens,
-            thinking_budget: self.thinking_budget,
-            budget_bridge: self.budget_bridge.clone(),
-            answer_budget: self.answer_budget,
-            preset: self.preset.map(Preset::from),
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            repetition_penalty: self.repetition_penalty,
-            seed: self.seed()?,
-            stop: self.stop.clone(),
-            stop_token_ids: self.stop_token_id.clone(),
-            ignore_eos: self.ignore_eos,
-            trace_state: self.trace_state,
-            on_loop: if self.loop_stop { OnLoop::Stop } else { on_loop },
-            loop_min_repeats: self.loop_min_repeats,
-            loop_min_span: self.loop_min_span,
-            top_logprobs: self.top_logprobs,
-            mtp: self.mtp,
-        })
-    }
-}
-
 /// The prompt a subcommand was given: token ids, raw text, or a user message (with the
 /// system prompt) for the chat template.
 pub fn prompt(text: Option<&str>, ids: Option<&str>, p: &PromptArgs) -> anyhow::Result<Prompt> {
@@ -479,39 +330,6 @@ pub fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
             })
         })
         .collect()
-}
-
-/// A count flag: a whole number, 0 or more (so `--max-tokens -1` says what is allowed instead
-/// of clap's "unexpected argument"); each flag's own range is checked where the settings meet.
-/// A sampling value: any number a 32-bit float holds (NaN and ±inf pass, for the range checks
-/// to name); one past its range (`1e39`) is refused as typed instead of turning into inf.
-pub fn float32(s: &str) -> Result<f32, String> {
-    let v: f64 = s.trim().parse().map_err(|_| format!("{s:?} is not a number"))?;
-    if v.is_finite() && v.abs() > f32::MAX as f64 {
-        return Err(format!("{s} is beyond the range of a 32-bit float (±3.4e38)"));
-    }
-    Ok(v as f32)
-}
-
-/// `--on-loop`: off, stop or answer.
-pub fn on_loop(s: &str) -> Result<OnLoop, String> {
-    s.parse()
-}
-
-pub fn whole_number(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    if let Ok(n) = t.parse::<usize>() {
-        return Ok(n);
-    }
-    // `1e3` is a whole number too; `1e23` is one past what a count can hold.
-    match t.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v < 9_007_199_254_740_992.0 => Ok(v as usize),
-        Ok(v) if v.is_finite() && v >= 0.0 && v.fract() == 0.0 => Err(format!(
-            "{s} is too large: a count here is at most {} (and max_tokens at most the model's context)",
-            usize::MAX
-        )),
-        _ => Err(format!("expected a whole number (0 or more), found {s}")),
-    }
 }
 
 pub fn device_spec(s: &str) -> Result<DeviceSpec, String> {

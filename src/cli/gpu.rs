@@ -1,17 +1,20 @@
 //! `deltascope gpu`: what this machine has for CUDA, and the kernels compiled by its NVRTC.
 //! A developer tool (architecture.json): it talks to the model's CUDA side directly.
 
-use std::io::Write;
-use std::path::PathBuf;
-
-use clap::{Args, Subcommand};
-
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use clap::{Args, Subcommand};
+use serde::Serialize;
+
+use super::report::{Report, emit};
 use crate::verify::parity::{self, Parity};
 use deltascope_model::DeviceSpec;
 use deltascope_model::cuda::device::Device;
 use deltascope_model::cuda::emu::{EmuDevice, Schedule};
+use deltascope_model::cuda::kernels::KernelFile;
+use deltascope_model::cuda::probe::{GpuInfo, Libraries};
 use deltascope_model::cuda::{self, DeviceKind, Gpu, kernels, nvrtc};
 use deltascope_model::human_bytes;
 
@@ -159,36 +162,25 @@ fn parse_schedules(list: Option<&str>) -> anyhow::Result<Vec<Schedule>> {
     Ok(out)
 }
 
-fn check(
-    kind: DeviceKind,
-    ordinal: usize,
-    kernels: Option<&std::path::Path>,
-    schedules: &[Schedule],
-    json: bool,
-) -> anyhow::Result<()> {
-    let kernels = cuda::kernels::load(kernels)?;
-    let (gpu, results) = match kind {
-        DeviceKind::Cuda => {
-            let gpu = Gpu::open(kind, ordinal, kernels)?;
-            let mut results = parity::run_all(&gpu)?;
-            results.extend(parity::long_grids(&gpu)?);
-            (gpu, results)
-        }
-        DeviceKind::Emu => emu_check(ordinal, kernels, schedules)?,
-    };
-    let mut w = std::io::stdout().lock();
-    let label = gpu.label();
-    let names: Vec<String> = schedules.iter().map(Schedule::to_string).collect();
-    if json {
-        // The emulated device's schedules (null on a GPU).
-        let schedules = (!schedules.is_empty()).then_some(&names);
-        let v = serde_json::json!({ "device": label, "gpu": gpu.info, "schedules": schedules, "results": results });
-        writeln!(w, "{}", serde_json::to_string_pretty(&v)?)?;
-    } else {
-        let arch = if gpu.dev.emulated() { "emulated".to_string() } else { gpu.info.arch() };
-        let under = if names.is_empty() { String::new() } else { format!(" · schedules {}", names.join(", ")) };
-        writeln!(w, "{label} {} ({arch}){under}", gpu.info.name)?;
-        for r in &results {
+/// `gpu check`: every kernel case against its CPU twin, on one device.
+#[derive(Serialize)]
+struct KernelCheckReport {
+    device: String,
+    gpu: GpuInfo,
+    /// The emulated device's schedules (null on a GPU).
+    schedules: Option<Vec<String>>,
+    #[serde(serialize_with = "widened")]
+    results: Vec<Parity>,
+    /// The text's architecture: `sm_90`, or "emulated" (the JSON has `gpu.compute_capability`).
+    #[serde(skip)]
+    arch: String,
+}
+
+impl Report for KernelCheckReport {
+    fn print_human(&self, w: &mut dyn Write) -> io::Result<()> {
+        let under = self.schedules.as_ref().map(|n| format!(" · schedules {}", n.join(", "))).unwrap_or_default();
+        writeln!(w, "{} {} ({}){under}", self.device, self.gpu.name, self.arch)?;
+        for r in &self.results {
             writeln!(
                 w,
                 "  {:<22} {:<44} max |Δ| {:.3e} · rel {:.3e} (≤ {:.1e}) {:>6.2}s {}",
@@ -201,10 +193,54 @@ fn check(
                 if r.pass { "ok" } else { "FAIL" }
             )?;
         }
+        Ok(())
     }
-    w.flush()?;
+}
+
+/// Serialises `value` as it went through `serde_json::Value` before, an f32 inside widened to
+/// f64 (`max_abs` 0.1 as 0.10000000149011612), so the JSON stays byte for byte what it was.
+fn widened<T: Serialize, S: serde::Serializer>(value: &T, s: S) -> Result<S::Ok, S::Error> {
+    serde_json::to_value(value).map_err(serde::ser::Error::custom)?.serialize(s)
+}
+
+/// Every kernel case on the device: on a GPU once, on the emulated device under each schedule.
+fn kernel_check_report(
+    kind: DeviceKind,
+    ordinal: usize,
+    kernels: Option<&Path>,
+    schedules: &[Schedule],
+) -> anyhow::Result<KernelCheckReport> {
+    let kernels = cuda::kernels::load(kernels)?;
+    let (gpu, results) = match kind {
+        DeviceKind::Cuda => {
+            let gpu = Gpu::open(kind, ordinal, kernels)?;
+            let mut results = parity::run_all(&gpu)?;
+            results.extend(parity::long_grids(&gpu)?);
+            (gpu, results)
+        }
+        DeviceKind::Emu => emu_check(ordinal, kernels, schedules)?,
+    };
+    Ok(KernelCheckReport {
+        device: gpu.label(),
+        arch: if gpu.dev.emulated() { "emulated".to_string() } else { gpu.info.arch() },
+        gpu: gpu.info,
+        schedules: (!schedules.is_empty()).then(|| schedules.iter().map(Schedule::to_string).collect()),
+        results,
+    })
+}
+
+/// `gpu check`; exit 2 when a kernel differs from its twin beyond its tolerance.
+fn check(
+    kind: DeviceKind,
+    ordinal: usize,
+    kernels: Option<&Path>,
+    schedules: &[Schedule],
+    json: bool,
+) -> anyhow::Result<()> {
+    let report = kernel_check_report(kind, ordinal, kernels, schedules)?;
+    emit(&report, json)?;
     let failed: Vec<String> =
-        results.iter().filter(|r| !r.pass).map(|r| format!("{} ({})", r.kernel, r.case)).collect();
+        report.results.iter().filter(|r| !r.pass).map(|r| format!("{} ({})", r.kernel, r.case)).collect();
     if !failed.is_empty() {
         eprintln!("error: {} kernel check(s) differ from the CPU twins: {}", failed.len(), failed.join(", "));
         std::process::exit(2);
@@ -235,59 +271,157 @@ fn emu_check(
     Ok((gpu, results))
 }
 
-fn info(json: bool) -> anyhow::Result<()> {
-    let libs = cuda::probe::libraries();
-    let nvrtc = cuda::probe::nvrtc_version();
-    let probe = cuda::probe();
-    let mut w = std::io::stdout().lock();
-    if json {
-        let v = serde_json::json!({
-            "libraries": libs,
-            "nvrtc_version": nvrtc.map(|(a, b)| format!("{a}.{b}")),
-            "gpus": probe.as_ref().ok().map(|r| &r.gpus),
-            "driver_version": probe.as_ref().ok().map(|r| r.driver_version),
-            "no_gpu": probe.as_ref().err().map(|e| e.to_string()),
-        });
-        writeln!(w, "{}", serde_json::to_string_pretty(&v)?)?;
-    } else {
+/// `gpu info`: the CUDA libraries found, and the GPUs, or why there are none.
+#[derive(Serialize)]
+struct GpuInfoReport {
+    libraries: Libraries,
+    /// "12.8", when NVRTC loads.
+    nvrtc_version: Option<String>,
+    gpus: Option<Vec<GpuInfo>>,
+    /// `cuDriverGetVersion`: 12080 is CUDA 12.8.
+    driver_version: Option<i32>,
+    /// Why there is no GPU (`gpus` and `driver_version` are null then).
+    no_gpu: Option<String>,
+}
+
+impl GpuInfoReport {
+    fn probe() -> GpuInfoReport {
+        let libraries = cuda::probe::libraries();
+        let nvrtc_version = cuda::probe::nvrtc_version().map(|(a, b)| format!("{a}.{b}"));
+        let (gpus, driver_version, no_gpu) = match cuda::probe() {
+            Ok(r) => (Some(r.gpus), Some(r.driver_version), None),
+            Err(no) => (None, None, Some(no.to_string())),
+        };
+        GpuInfoReport { libraries, nvrtc_version, gpus, driver_version, no_gpu }
+    }
+}
+
+impl Report for GpuInfoReport {
+    fn print_human(&self, w: &mut dyn Write) -> io::Result<()> {
         let yes = |b: bool| if b { "found" } else { "not found" };
+        let libs = &self.libraries;
         writeln!(
             w,
             "libraries    libcuda {} · libnvrtc {}{} · libcublas {} · libcublasLt {}",
             yes(libs.driver),
             yes(libs.nvrtc),
-            nvrtc.map(|(a, b)| format!(" ({a}.{b})")).unwrap_or_default(),
+            self.nvrtc_version.as_ref().map(|v| format!(" ({v})")).unwrap_or_default(),
             yes(libs.cublas),
             yes(libs.cublaslt)
         )?;
-        if let Ok(r) = &probe {
-            writeln!(w, "driver       CUDA {}.{}", r.driver_version / 1000, (r.driver_version % 1000) / 10)?;
-            for g in &r.gpus {
-                writeln!(
-                    w,
-                    "cuda:{}       {} · {} · {} total, {} free",
-                    g.ordinal,
-                    g.name,
-                    g.arch(),
-                    human_bytes(g.total_bytes),
-                    human_bytes(g.free_bytes)
-                )?;
-            }
+        if let Some(v) = self.driver_version {
+            writeln!(w, "driver       CUDA {}.{}", v / 1000, (v % 1000) / 10)?;
         }
-    }
-    w.flush()?;
-    match probe {
-        Ok(_) => Ok(()),
-        Err(no) => anyhow::bail!("{no}"),
+        for g in self.gpus.iter().flatten() {
+            writeln!(
+                w,
+                "cuda:{}       {} · {} · {} total, {} free",
+                g.ordinal,
+                g.name,
+                g.arch(),
+                human_bytes(g.total_bytes),
+                human_bytes(g.free_bytes)
+            )?;
+        }
+        Ok(())
     }
 }
 
+/// `gpu info`; an error (exit 1) without a GPU, after the libraries are listed.
+fn info(json: bool) -> anyhow::Result<()> {
+    let report = GpuInfoReport::probe();
+    emit(&report, json)?;
+    match report.no_gpu {
+        None => Ok(()),
+        Some(no) => anyhow::bail!("{no}"),
+    }
+}
+
+/// `gpu kernels`: every kernel file compiled by this machine's NVRTC.
+#[derive(Serialize)]
+struct KernelsReport {
+    nvrtc_version: String,
+    arch: String,
+    /// "ptx" or "cubin".
+    target: &'static str,
+    files: Vec<CompiledKernel>,
+}
+
+/// One kernel file compiled.
+#[derive(Serialize)]
+struct CompiledKernel {
+    /// `gdn.cu`.
+    file: String,
+    bytes: usize,
+    /// Compile time in milliseconds, to a tenth.
+    ms: f64,
+    /// Read from the kernel cache rather than compiled now.
+    cached: bool,
+    entries: &'static [&'static str],
+    /// Entry points the compiled code does not define.
+    missing: Vec<&'static str>,
+}
+
+impl Report for KernelsReport {
+    fn print_human(&self, w: &mut dyn Write) -> io::Result<()> {
+        writeln!(w, "NVRTC {} · {} for {}", self.nvrtc_version, self.target.to_uppercase(), self.arch)?;
+        for f in &self.files {
+            // Bytes and milliseconds as the JSON writes them (5.0, not 5) and unpadded: the text
+            // has always printed these two from the JSON row.
+            writeln!(
+                w,
+                "  {:<16} {} B {} ms{}  {}",
+                f.file,
+                f.bytes,
+                serde_json::Value::from(f.ms),
+                if f.cached { " (cached)" } else { "" },
+                f.entries.join(" ")
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Where `gpu kernels` compiles to and what it keeps.
+struct CompileTo<'a> {
+    target: nvrtc::Target,
+    arch: &'a str,
+    cache: Option<PathBuf>,
+    /// `--out`: each compiled file is written here.
+    out: Option<PathBuf>,
+}
+
+impl CompileTo<'_> {
+    /// Compiles one file (or reads it from the cache), writes it to `--out`, and checks that it
+    /// defines its entry points.
+    fn compile(&self, file: &'static KernelFile) -> anyhow::Result<CompiledKernel> {
+        let started = std::time::Instant::now();
+        let compiled = nvrtc::compile(file, self.target, self.arch, self.cache.as_deref())?;
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        if let Some(dir) = &self.out {
+            let ext = if self.target == nvrtc::Target::Ptx { "ptx" } else { "cubin" };
+            let path = dir.join(format!("{}.{ext}", file.name));
+            std::fs::write(&path, &compiled.code)
+                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+        }
+        Ok(CompiledKernel {
+            file: format!("{}.cu", file.name),
+            bytes: compiled.code.len(),
+            ms: (ms * 10.0).round() / 10.0,
+            cached: compiled.cached,
+            entries: file.entries,
+            missing: file.entries.iter().copied().filter(|e| !compiled.defines(e)).collect(),
+        })
+    }
+}
+
+/// `gpu kernels`; an error after the table when a file lacks an entry point.
 fn compile_all(
     arch: &str,
     ptx: bool,
     out: Option<PathBuf>,
     no_cache: bool,
-    sources: Option<&std::path::Path>,
+    sources: Option<&Path>,
     json: bool,
 ) -> anyhow::Result<()> {
     let files = kernels::load(sources)?;
@@ -296,57 +430,18 @@ fn compile_all(
     if let Some(dir) = &out {
         std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
     }
-    let mut rows = vec![];
-    let mut missing = vec![];
-    for file in files {
-        let started = std::time::Instant::now();
-        let compiled = nvrtc::compile(file, target, arch, cache.as_deref())?;
-        let ms = started.elapsed().as_secs_f64() * 1e3;
-        let absent: Vec<&str> = file.entries.iter().copied().filter(|e| !compiled.defines(e)).collect();
-        missing.extend(absent.iter().map(|e| format!("{}.cu: {e}", file.name)));
-        if let Some(dir) = &out {
-            let ext = if ptx { "ptx" } else { "cubin" };
-            let path = dir.join(format!("{}.{ext}", file.name));
-            std::fs::write(&path, &compiled.code)
-                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
-        }
-        rows.push(serde_json::json!({
-            "file": format!("{}.cu", file.name),
-            "bytes": compiled.code.len(),
-            "ms": (ms * 10.0).round() / 10.0,
-            "cached": compiled.cached,
-            "entries": file.entries,
-            "missing": absent,
-        }));
-    }
-    let mut w = std::io::stdout().lock();
+    let to = CompileTo { target, arch, cache, out };
+    let compiled = files.iter().map(|f| to.compile(f)).collect::<anyhow::Result<Vec<_>>>()?;
     let (major, minor) = cuda::probe::nvrtc_version().unwrap_or((0, 0));
-    if json {
-        let v = serde_json::json!({
-            "nvrtc_version": format!("{major}.{minor}"),
-            "arch": arch,
-            "target": if ptx { "ptx" } else { "cubin" },
-            "files": rows,
-        });
-        writeln!(w, "{}", serde_json::to_string_pretty(&v)?)?;
-    } else {
-        writeln!(w, "NVRTC {major}.{minor} · {} for {arch}", if ptx { "PTX" } else { "CUBIN" })?;
-        for r in &rows {
-            writeln!(
-                w,
-                "  {:<16} {:>8} B {:>8} ms{}  {}",
-                r["file"].as_str().unwrap_or(""),
-                r["bytes"],
-                r["ms"],
-                if r["cached"] == true { " (cached)" } else { "" },
-                r["entries"]
-                    .as_array()
-                    .map(|a| a.iter().filter_map(|e| e.as_str()).collect::<Vec<_>>().join(" "))
-                    .unwrap_or_default()
-            )?;
-        }
-    }
-    w.flush()?;
+    let report = KernelsReport {
+        nvrtc_version: format!("{major}.{minor}"),
+        arch: arch.to_string(),
+        target: if ptx { "ptx" } else { "cubin" },
+        files: compiled,
+    };
+    emit(&report, json)?;
+    let missing: Vec<String> =
+        report.files.iter().flat_map(|f| f.missing.iter().map(move |e| format!("{}: {e}", f.file))).collect();
     anyhow::ensure!(missing.is_empty(), "entry points missing from the compiled code: {}", missing.join(", "));
     Ok(())
 }

@@ -15,6 +15,7 @@ pub mod inspect;
 pub mod interrupt;
 pub mod logits;
 pub mod quantize;
+mod report;
 pub mod run;
 mod safetensors_out;
 pub mod serve;

@@ -1,11 +1,14 @@
 //! `deltascope serve`: the in-process engine behind an OpenAI-compatible API (`server/`).
 
+use std::io::{self, Write};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 
 use clap::Args;
+use serde::Serialize;
 
 use super::common::{device_spec, whole_number};
+use super::report::{self, Report};
 use crate::backend::{self, BackendSpec, OpenProgress};
 use crate::server::{ServeConfig, serve};
 use deltascope_model::DeviceSpec;
@@ -63,6 +66,33 @@ fn listen_address(host: &str, port: u16) -> anyhow::Result<SocketAddr> {
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    let addr = check_flags(&a)?;
+    let spec = a.model.spec(a.device.clone())?;
+    let opened = backend::open(&BackendSpec::Local(spec), &|_: OpenProgress| {})?;
+    super::common::print_notes(opened.info());
+    let name = opened.info().name.clone();
+    let opened_has_mtp = opened.info().has_mtp;
+    let backend: Arc<dyn backend::Backend> = Arc::from(opened);
+    let cfg = config(&a, addr);
+    if cfg.mtp.is_on() && !opened_has_mtp {
+        anyhow::bail!("--mtp: {name} has no MTP head (no mtp.* tensors), so it cannot draft");
+    }
+    if !addr.ip().is_loopback() && cfg.api_key.is_none() {
+        eprintln!(
+            "warning: serving on {} without --api-key: anyone who can reach this address can use the model",
+            addr.ip()
+        );
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(serve(backend, cfg, move |addr| {
+        // On stdout (the one line a script waits for), flushed at once; logs go to stderr.
+        let _ = report::emit(&Listening { model: name, address: addr.to_string() }, false);
+    }))?;
+    Ok(())
+}
+
+/// The flags that need more than clap checks, before anything is loaded; the address to bind.
+fn check_flags(a: &ServeArgs) -> anyhow::Result<SocketAddr> {
     // Zero would refuse every request: a server that cannot serve is a mistake, said now.
     anyhow::ensure!(
         a.max_queue >= 1,
@@ -77,12 +107,11 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     GenerationParams { mtp: a.mtp, ..Default::default() }
         .check()
         .map_err(|e| anyhow::anyhow!("--mtp {}: must be {}, or auto", a.mtp, e.expected))?;
-    let spec = a.model.spec(a.device.clone())?;
-    let opened = backend::open(&BackendSpec::Local(spec), &|_: OpenProgress| {})?;
-    super::common::print_notes(opened.info());
-    let name = opened.info().name.clone();
-    let opened_has_mtp = opened.info().has_mtp;
-    let backend: Arc<dyn backend::Backend> = Arc::from(opened);
+    Ok(addr)
+}
+
+/// The server's settings from the flags.
+fn config(a: &ServeArgs, addr: SocketAddr) -> ServeConfig {
     let mut cfg = ServeConfig::new(addr);
     cfg.api_key = a.api_key.clone();
     cfg.max_queue = a.max_queue;
@@ -90,22 +119,23 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     cfg.header_timeout = std::time::Duration::from_secs(a.timeout);
     cfg.body_timeout = cfg.header_timeout;
     cfg.mtp = a.mtp;
-    if cfg.mtp.is_on() && !opened_has_mtp {
-        anyhow::bail!("--mtp: {name} has no MTP head (no mtp.* tensors), so it cannot draft");
+    cfg
+}
+
+/// The server is listening: which model, where.
+#[derive(Serialize)]
+struct Listening {
+    model: String,
+    /// The bound address (`--port 0` picks a free port).
+    address: String,
+}
+
+impl Report for Listening {
+    fn print_human(&self, out: &mut dyn Write) -> io::Result<()> {
+        writeln!(
+            out,
+            "deltascope serve: {} on http://{} (OpenAI API under /v1; Ctrl+C stops)",
+            self.model, self.address
+        )
     }
-    if !addr.ip().is_loopback() && cfg.api_key.is_none() {
-        eprintln!(
-            "warning: serving on {} without --api-key: anyone who can reach this address can use the model",
-            addr.ip()
-        );
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.block_on(serve(backend, cfg, |addr| {
-        // On stdout (the one line a script waits for), flushed at once; logs go to stderr.
-        use std::io::Write as _;
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "deltascope serve: {name} on http://{addr} (OpenAI API under /v1; Ctrl+C stops)");
-        let _ = out.flush();
-    }))?;
-    Ok(())
 }

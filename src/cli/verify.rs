@@ -8,8 +8,10 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
+use serde::Serialize;
 
 use super::common::ModelArgs;
+use super::report::{self, Report};
 use crate::backend::local::Loaded;
 use crate::backend::{Backend, BackendKind, BackendSpec, OpenProgress, ReasoningSplit};
 use crate::verify::against;
@@ -65,20 +67,45 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         Some(path) => probes::from_file(path).map_err(|e| anyhow::anyhow!("--prompts {e}"))?,
         None => vec![],
     };
-    // Every token with its logprob entry: a server is asked not to split thinking off where it
-    // can (llama.cpp, SGLang, deltascope), so `</think>` comes as a token like any other; and
-    // for ids where they come only on request (vLLM).
-    let client_split = |spec: BackendSpec| match spec {
+    let subject = crate::backend::open(&client_split(a.model.spec()?), &|_: OpenProgress| {})?;
+    super::common::print_notes(subject.info());
+    let yardstick = yardstick(&a)?;
+    let probes = if own.is_empty() { yardstick.builtin_probes(a.quick) } else { own };
+    let thresholds = Thresholds::default();
+    let who = describe(subject.as_ref());
+    let reference = yardstick.describe();
+    writeln!(std::io::stderr().lock(), "verify: {who} against {reference} · {} probes", probes.len())?;
+    let (reports, errors) = check_probes(subject.as_ref(), &yardstick, &probes, &thresholds, a.json)?;
+    let report = VerifyReport {
+        subject: who,
+        reference,
+        thresholds,
+        overall: overall(&reports),
+        probes: reports,
+        errors,
+        gpu_subject,
+    };
+    report::emit(&report, a.json)?;
+    end_with_verdict(&a, &report, probes.len())
+}
+
+/// Every token with its logprob entry: a server is asked not to split thinking off where it can
+/// (llama.cpp, SGLang, deltascope), so `</think>` comes as a token like any other; and for ids
+/// where they come only on request (vLLM).
+fn client_split(spec: BackendSpec) -> BackendSpec {
+    match spec {
         BackendSpec::Remote(mut spec) => {
             spec.reasoning_split = ReasoningSplit::Client;
             spec.token_ids = true;
             BackendSpec::Remote(spec)
         }
         local => local,
-    };
-    let subject = crate::backend::open(&client_split(a.model.spec()?), &|_: OpenProgress| {})?;
-    super::common::print_notes(subject.info());
-    let yardstick = match &a.against {
+    }
+}
+
+/// The yardstick the flags name: the second server of `--against`, or the reference engine.
+fn yardstick(a: &VerifyArgs) -> anyhow::Result<Yardstick> {
+    Ok(match &a.against {
         Some(url) => {
             let BackendSpec::Remote(mut spec) = a.model.spec()? else { anyhow::bail!("--against needs --server") };
             spec.url = url.clone();
@@ -94,31 +121,24 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
             let spec = spec.exact_unless_named();
             Yardstick::Engine(Box::new(Loaded::load(&spec, &|_: OpenProgress| {})?))
         }
-    };
-    let probes = if own.is_empty() {
-        match &yardstick {
-            Yardstick::Engine(r) => probes::builtin(a.quick, &|t| r.tokenizer().encode(t).map_or(0, |ids| ids.len())),
-            // No tokenizer here: about four characters a token.
-            Yardstick::Server(_) => probes::builtin(a.quick, &|t| t.len() / 4),
-        }
-    } else {
-        own
-    };
-    let thresholds = Thresholds::default();
+    })
+}
+
+/// Every probe checked in turn, each one's line on stderr as it finishes (not with --json): the
+/// reports, and the probes that could not be run.
+fn check_probes(
+    subject: &dyn Backend,
+    yardstick: &Yardstick,
+    probes: &[Probe],
+    thresholds: &Thresholds,
+    json: bool,
+) -> anyhow::Result<(Vec<ProbeReport>, Vec<String>)> {
     let mut err = std::io::stderr().lock();
-    let who = describe(subject.as_ref());
-    let reference_name = match &yardstick {
-        Yardstick::Engine(r) => format!("the reference {} on the CPU", r.name()),
-        Yardstick::Server(b) => {
-            format!("{} as the yardstick (neither server is known to be right)", describe(b.as_ref()))
-        }
-    };
-    writeln!(err, "verify: {who} against {reference_name} · {} probes", probes.len())?;
     let (mut reports, mut errors) = (vec![], vec![]);
-    for probe in &probes {
-        let checked = match &yardstick {
-            Yardstick::Engine(reference) => server::check(subject.as_ref(), reference, probe, &thresholds),
-            Yardstick::Server(other) => against::check_pair(subject.as_ref(), other.as_ref(), probe, &thresholds),
+    for probe in probes {
+        let checked = match yardstick {
+            Yardstick::Engine(reference) => server::check(subject, reference, probe, thresholds),
+            Yardstick::Server(other) => against::check_pair(subject, other.as_ref(), probe, thresholds),
         };
         // One probe's failure (a dropped connection, a refused request) does not lose the
         // others' findings: they are reported, then the run ends in an error. A server that
@@ -132,39 +152,61 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
                 continue;
             }
         };
-        if !a.json {
+        if !json {
             writeln!(err, "{}", line(&r))?;
         }
         reports.push(r);
     }
-    let overall = overall(&reports);
-    let mut out = std::io::stdout().lock();
-    if a.json {
-        let v = serde_json::json!({
-            "subject": who, "reference": reference_name, "thresholds": thresholds,
-            "overall": overall, "probes": reports, "errors": errors,
-        });
-        writeln!(out, "{v}")?;
-    } else {
-        for r in &reports {
-            explain(&mut out, r, if gpu_subject { "the device" } else { "the server" })?;
+    Ok((reports, errors))
+}
+
+/// What `verify` found: the subject and its yardstick, every probe's report, the probes that
+/// could not be run, and the overall verdict.
+#[derive(Serialize)]
+struct VerifyReport {
+    subject: String,
+    reference: String,
+    thresholds: Thresholds,
+    overall: &'static str,
+    probes: Vec<ProbeReport>,
+    errors: Vec<String>,
+    /// The subject is the in-process GPU engine (not a server): the text says "the device".
+    #[serde(skip)]
+    gpu_subject: bool,
+}
+
+impl Report for VerifyReport {
+    fn print_human(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        for r in &self.probes {
+            explain(out, r, if self.gpu_subject { "the device" } else { "the server" })?;
         }
-        if reports.iter().any(|r| matches!(r.verdict, Some(Verdict::Diverges { .. }))) {
-            writeln!(out, "{}", if gpu_subject { DEVICE_CAUSES } else { CAUSES })?;
+        if self.probes.iter().any(|r| matches!(r.verdict, Some(Verdict::Diverges { .. }))) {
+            writeln!(out, "{}", if self.gpu_subject { DEVICE_CAUSES } else { CAUSES })?;
         }
-        match errors.len() {
-            0 => writeln!(out, "overall: {overall}")?,
-            n => writeln!(out, "overall: incomplete ({n} probes could not be run); the others: {overall}")?,
+        match self.errors.len() {
+            0 => writeln!(out, "overall: {}", self.overall),
+            n => writeln!(out, "overall: incomplete ({n} probes could not be run); the others: {}", self.overall),
         }
     }
-    out.flush()?;
-    if !errors.is_empty() {
-        anyhow::bail!("{} of {} probes could not be run: {}", errors.len(), probes.len(), errors.join("; "));
+
+    /// One line. Through a `Value`, as it always was written: the f32 log-probabilities widened
+    /// to f64 there, and scripts have read those digits.
+    fn print_json(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        writeln!(out, "{}", serde_json::to_value(self)?)
     }
-    match overall {
+}
+
+/// The exit the report calls for: 0 when every probe agrees, an error when a probe could not be
+/// run or none fits, 3 when one drifts or diverges (for the in-process device, after naming
+/// the kernel that differs).
+fn end_with_verdict(a: &VerifyArgs, report: &VerifyReport, probes: usize) -> anyhow::Result<()> {
+    if !report.errors.is_empty() {
+        anyhow::bail!("{} of {probes} probes could not be run: {}", report.errors.len(), report.errors.join("; "));
+    }
+    match report.overall {
         "agrees" => Ok(()),
         "nothing run" => anyhow::bail!("no probe fits the context: nothing was checked"),
-        _ if gpu_subject => {
+        overall if report.gpu_subject => {
             // The in-process device: the kernel that differs is named (each run on its own
             // against its CPU twin), and the run ends with an error line.
             let sentence = match crate::verify::parity::name_device_kernels(&a.model.device, a.model.kernels.as_deref())
@@ -172,7 +214,7 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
                 Ok(k) => k.sentence(),
                 Err(e) => format!("its kernels could not be checked one by one: {e}"),
             };
-            eprintln!("error: {who} {overall} from {reference_name}; {sentence}");
+            eprintln!("error: {} {overall} from {}; {sentence}", report.subject, report.reference);
             std::process::exit(3)
         }
         _ => std::process::exit(3),
@@ -185,6 +227,27 @@ enum Yardstick {
     Engine(Box<Loaded>),
     /// Another server (`--against`).
     Server(Box<dyn Backend>),
+}
+
+impl Yardstick {
+    /// The built-in probes, their lengths counted by the reference's tokenizer (a server's
+    /// is not at hand: about four characters a token).
+    fn builtin_probes(&self, quick: bool) -> Vec<Probe> {
+        match self {
+            Yardstick::Engine(r) => probes::builtin(quick, &|t| r.tokenizer().encode(t).map_or(0, |ids| ids.len())),
+            Yardstick::Server(_) => probes::builtin(quick, &|t| t.len() / 4),
+        }
+    }
+
+    /// "the reference demo on the CPU", or the second server's name and address.
+    fn describe(&self) -> String {
+        match self {
+            Yardstick::Engine(r) => format!("the reference {} on the CPU", r.name()),
+            Yardstick::Server(b) => {
+                format!("{} as the yardstick (neither server is known to be right)", describe(b.as_ref()))
+            }
+        }
+    }
 }
 
 /// "demo at http://…", "embedded:demo on emu:0 (bf16)".

@@ -10,22 +10,29 @@
 
 pub mod app;
 pub mod config;
+pub mod effect;
 pub mod event;
 pub mod highlight;
 pub mod keymap;
+pub mod log;
+pub mod panel;
 pub mod panels;
 /// The sliders' settings (`tui::sliders::Settings`) where they always were.
 pub use self::panels::sliders;
+pub mod popup;
 pub mod render;
 pub mod runner;
+pub mod screen;
 pub mod theme;
 pub mod view;
+pub mod wrap;
 
 use std::path::PathBuf;
-use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use ratatui::DefaultTerminal;
 use ratatui::crossterm::event::{DisableBracketedPaste, EnableBracketedPaste};
 
 use self::app::{App, AppConfig, SessionsDir};
@@ -40,7 +47,7 @@ use crate::backend::{self, BackendSpec, OpenProgress, ParamOverrides, Support};
 use crate::session::{Session, default_sessions_dir};
 use deltascope_model::panic_message;
 use deltascope_protocol::GenerationParams;
-use deltascope_protocol::Thinking;
+use deltascope_protocol::{Preset, Thinking};
 
 /// Everything `deltascope chat` (or plain `deltascope`) was asked for.
 pub struct TuiOptions {
@@ -120,18 +127,39 @@ impl Drop for TerminalGuard {
 
 pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
     // Configuration errors are reported before the terminal switches to the TUI.
+    let (mut app, resumed) = start_app(&opts)?;
+    let (tx, rx) = mpsc::channel::<Inbound>();
+    spawn_loaders(&opts, &mut app, &tx)?;
+
+    let mut terminal = ratatui::try_init().context("cannot switch the terminal to the TUI")?;
+    let guard = TerminalGuard;
+    install_panic_hook();
+    enable_bracketed_paste();
+    spawn_event_sources(&tx)?;
+    let mut screen = Screen {
+        terminal: &mut terminal,
+        view: view::View::default(),
+        clock: FrameClock::default(),
+        fault: Fault::from_env(),
+    };
+
+    let start = Instant::now();
+    let now_ms = || start.elapsed().as_secs_f64() * 1000.0;
+    let mut runner = Runner::new(tx.clone());
+    let ended = event_loop(&mut screen, &mut app, &mut runner, &rx, &opts, resumed.as_ref(), now_ms)?;
+    let unasked = ended == TerminalState::Gone || app.stopped_by().is_some();
+    runner.shutdown(&mut app, unasked, now_ms);
+    report(&mut app, guard)
+}
+
+/// The app as the flags, the configuration and the session file set it up, and the session
+/// it resumes, if any.
+fn start_app(opts: &TuiOptions) -> anyhow::Result<(App, Option<Session>)> {
     let config = match config::default_config_path() {
         Some(p) => config::Config::load(&p)?,
         None => config::Config::default(),
     };
-    let theme_name = opts.theme.as_deref().or(config.theme.as_deref()).unwrap_or("dark");
-    let theme = Theme::load(theme_name, theme::user_theme_dir().as_deref())?;
-    // A keymap named on the command line must exist; the one in the config directory may not.
-    let keymap = match (&opts.keymap, keymap::default_keymap_path()) {
-        (Some(p), _) => Keymap::load_named(p)?,
-        (None, Some(p)) => Keymap::load(&p)?,
-        (None, None) => Keymap::default(),
-    };
+    let (theme, keymap) = theme_and_keymap(opts, &config)?;
     // A directory that cannot be written falls back (and the first screen says so).
     let sessions_dir =
         SessionsDir::choose(opts.sessions_dir.clone().or(config.sessions_dir).or_else(default_sessions_dir));
@@ -140,23 +168,11 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
         _ => None,
     };
     let session = resumed.clone().unwrap_or_else(|| Session::new(String::new(), opts.system.clone()));
-    // Another window holding this session: this one saves to a copy, and both keep their turns.
-    let mut held = None;
-    let session_path = match &opts.session {
-        Some(p) => match crate::session::guard::claim(p) {
-            Ok(()) => Some(p.clone()),
-            Err(holder) => {
-                let copy = crate::session::guard::copy_path(p, "copy");
-                held = Some((p.clone(), holder, copy.clone()));
-                Some(copy)
-            }
-        },
-        None => None,
-    };
+    let (session_path, held) = claim_session(opts.session.as_ref());
     let settings = Settings {
         params: GenerationParams::default(),
         resume_thinking: Thinking::Unlimited,
-        preset: opts.generation.preset,
+        preset: opts.generation.preset.map(Preset::from),
         mtp: Support::Yes,
         context: None,
     };
@@ -165,84 +181,166 @@ pub fn run(opts: TuiOptions) -> anyhow::Result<()> {
     for note in START_NOTES.lock().map(|mut n| std::mem::take(&mut *n)).unwrap_or_default() {
         app.say(app::Level::Warning, note);
     }
-    if let Some((file, holder, copy)) = held {
+    if let Some(HeldElsewhere { file, holder, copy }) = held {
         app.held_elsewhere(file, holder, copy);
     }
+    Ok((app, resumed))
+}
 
-    let (tx, rx) = mpsc::channel::<Inbound>();
+/// The theme (the flag's, else the configuration's, else dark) and the keymap.
+fn theme_and_keymap(opts: &TuiOptions, config: &config::Config) -> anyhow::Result<(Theme, Keymap)> {
+    let theme_name = opts.theme.as_deref().or(config.theme.as_deref()).unwrap_or("dark");
+    let theme = Theme::load(theme_name, theme::user_theme_dir().as_deref())?;
+    // A keymap named on the command line must exist; the one in the config directory may not.
+    let keymap = match (&opts.keymap, keymap::default_keymap_path()) {
+        (Some(p), _) => Keymap::load_named(p)?,
+        (None, Some(p)) => Keymap::load(&p)?,
+        (None, None) => Keymap::default(),
+    };
+    Ok((theme, keymap))
+}
+
+/// A session file another window holds, who holds it, and the copy this window saves to.
+struct HeldElsewhere {
+    file: PathBuf,
+    holder: String,
+    copy: PathBuf,
+}
+
+/// Where this window saves the session named by `--session`, if any. Another window holding
+/// that file: this one saves to a copy, and both keep their turns.
+fn claim_session(session: Option<&PathBuf>) -> (Option<PathBuf>, Option<HeldElsewhere>) {
+    let Some(p) = session else { return (None, None) };
+    match crate::session::guard::claim(p) {
+        Ok(()) => (Some(p.clone()), None),
+        Err(holder) => {
+            let copy = crate::session::guard::copy_path(p, "copy");
+            (Some(copy.clone()), Some(HeldElsewhere { file: p.clone(), holder, copy }))
+        }
+    }
+}
+
+/// Starts opening the backend and, with `--reference`, loading the reference, each on its own
+/// thread.
+fn spawn_loaders(opts: &TuiOptions, app: &mut App, tx: &Sender<Inbound>) -> anyhow::Result<()> {
     spawn_opener(opts.backend.clone(), tx.clone())?;
     if let Some((spec, what)) = &opts.reference {
         app.expect_reference(what.clone());
         spawn_reference(spec.clone(), tx.clone())?;
     }
+    Ok(())
+}
 
-    let mut terminal = ratatui::try_init().context("cannot switch the terminal to the TUI")?;
-    let guard = TerminalGuard;
-    install_panic_hook();
-    // A paste arrives as one event (its line breaks kept), never as keys that would send it.
+/// A paste arrives as one event (its line breaks kept), never as keys that would send it.
+fn enable_bracketed_paste() {
     if let Err(e) = ratatui::crossterm::execute!(std::io::stdout(), EnableBracketedPaste) {
         tracing::warn!("bracketed paste is not available: {e}");
     }
+}
+
+/// Starts the threads that feed the loop besides the loaders: signals, terminal input, ticks.
+fn spawn_event_sources(tx: &Sender<Inbound>) -> anyhow::Result<()> {
     // SIGINT / SIGTERM / SIGHUP from outside save and quit, restoring the terminal; the exit
     // status names the signal (130 / 143 / 129), as the headless commands' does.
     spawn_signals(tx.clone());
     event::spawn_input(tx.clone()).context("cannot start the input thread")?;
     spawn_ticker(tx.clone());
-    let fault = Fault::from_env();
+    Ok(())
+}
 
-    let start = Instant::now();
-    let now_ms = || start.elapsed().as_secs_f64() * 1000.0;
-    let mut runner = Runner::new(tx.clone());
-    let mut clock = FrameClock::default();
-    let mut view = view::View::default();
-    let mut terminal_gone = false;
+/// Whether the terminal can still be drawn on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TerminalState {
+    Present,
+    /// Its window closed, or an ssh connection dropped.
+    Gone,
+}
+
+/// The terminal the loop draws on, and when it draws.
+struct Screen<'t> {
+    terminal: &'t mut DefaultTerminal,
+    view: view::View,
+    clock: FrameClock,
+    fault: Fault,
+}
+
+impl Screen<'_> {
+    /// Draws a frame of `app` if one is due.
+    fn draw_if_due(&mut self, app: &mut App, runner: &mut Runner) -> anyhow::Result<TerminalState> {
+        let now = Instant::now();
+        if !self.clock.due(now) {
+            return Ok(TerminalState::Present);
+        }
+        match render::draw(self.terminal, app, &mut self.view, Some(&mut runner.stdout)) {
+            Ok(layout) => app.laid_out(layout),
+            Err(e) => {
+                tracing::warn!("the terminal is gone ({e}): saving and quitting");
+                return Ok(TerminalState::Gone);
+            }
+        }
+        self.clock.drawn(now);
+        if runner.backend.is_some() {
+            self.fault.strike()?;
+        }
+        Ok(TerminalState::Present)
+    }
+}
+
+/// Hands the events to the app and the runner and draws, until the app quits or the terminal
+/// is gone (which cannot be drawn on: the caller saves and leaves as for a signal).
+fn event_loop(
+    screen: &mut Screen,
+    app: &mut App,
+    runner: &mut Runner,
+    rx: &Receiver<Inbound>,
+    opts: &TuiOptions,
+    resumed: Option<&Session>,
+    now_ms: impl Fn() -> f64,
+) -> anyhow::Result<TerminalState> {
     loop {
         let idle = if app.busy() { Duration::from_millis(50) } else { Duration::from_millis(500) };
-        let mut batch = vec![];
-        match rx.recv_timeout(clock.wait(Instant::now(), idle)) {
-            Ok(ev) => batch.push(ev),
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => break,
-        }
-        // Everything that is already there goes into this frame.
-        while let Ok(ev) = rx.try_recv() {
-            batch.push(ev);
-        }
+        let Some(batch) = next_batch(rx, screen.clock.wait(Instant::now(), idle)) else {
+            return Ok(TerminalState::Present);
+        };
         for ev in batch {
             match ev {
-                Inbound::Ready(Ok(b)) => runner.opened(&mut app, b, &opts, resumed.as_ref()),
-                Inbound::Reference(Ok(r)) => runner.reference_opened(&mut app, r),
+                Inbound::Ready(Ok(b)) => runner.opened(app, b, opts, resumed),
+                Inbound::Reference(Ok(r)) => runner.reference_opened(app, r),
                 other => app.update(other, now_ms()),
             }
         }
-        runner.pump(&mut app, now_ms());
-        runner.run_effects(&mut app);
+        runner.pump(app, now_ms());
+        runner.run_effects(app);
         if app.quitting() {
-            break;
+            return Ok(TerminalState::Present);
         }
         if app.take_redraw() {
-            clock.dirty = true;
+            screen.clock.dirty = true;
         }
-        let now = Instant::now();
-        if clock.due(now) {
-            // A terminal that is gone (its window closed, an ssh connection dropped) cannot
-            // be drawn on: save and leave as for a signal.
-            match render::draw(&mut terminal, &app, &mut view, Some(&mut runner.stdout)) {
-                Ok(layout) => app.laid_out(layout),
-                Err(e) => {
-                    tracing::warn!("the terminal is gone ({e}): saving and quitting");
-                    terminal_gone = true;
-                    break;
-                }
-            }
-            clock.drawn(now);
-            if runner.backend.is_some() {
-                fault.strike()?;
-            }
+        if screen.draw_if_due(app, runner)? == TerminalState::Gone {
+            return Ok(TerminalState::Gone);
         }
     }
-    let unasked = terminal_gone || app.stopped_by().is_some();
-    runner.shutdown(&mut app, unasked, now_ms);
+}
+
+/// The events that came within `wait`, or `None` once nothing can send any more.
+fn next_batch(rx: &Receiver<Inbound>, wait: Duration) -> Option<Vec<Inbound>> {
+    let mut batch = vec![];
+    match rx.recv_timeout(wait) {
+        Ok(ev) => batch.push(ev),
+        Err(RecvTimeoutError::Timeout) => {}
+        Err(RecvTimeoutError::Disconnected) => return None,
+    }
+    // Everything that is already there goes into this frame.
+    while let Ok(ev) = rx.try_recv() {
+        batch.push(ev);
+    }
+    Some(batch)
+}
+
+/// Once the loop is over: the error that says why the workbench stopped, if it did not stop
+/// because it was asked to, so that the exit status says so.
+fn report(app: &mut App, guard: TerminalGuard) -> anyhow::Result<()> {
     // Stopped by a signal: what was lost (if anything) and where its copy went are said once
     // the terminal is back (`main` prints the context), and the status names the signal.
     if let Some(signal) = app.stopped_by() {

@@ -115,7 +115,7 @@ pub fn check(
     let req = request(probe);
     let (_, prompt_ids) = reference.render(&req)?;
     let mut report = ProbeReport::new(&probe.name, prompt_ids.len(), PromptCheck::NotChecked { why: String::new() });
-    let context = reference.model().config.max_position_embeddings;
+    let context = reference.model().config().max_position_embeddings;
     let subject_context = subject.info().context;
     let fits = |c: usize| prompt_ids.len() + probe.max_tokens <= c;
     if !fits(context) || subject_context.is_some_and(|c| !fits(c)) {

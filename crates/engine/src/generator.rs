@@ -25,9 +25,9 @@ pub struct Outcome {
 }
 
 pub struct Generator<'a> {
-    pub tokenizer: &'a TextTokenizer,
+    pub(crate) tokenizer: &'a TextTokenizer,
     /// A label for the `start` event.
-    pub model_name: String,
+    pub(crate) model_name: String,
     /// Where `--mtp auto` left off in the latest generation, greedy and sampled apart (their
     /// acceptance differs): the next one on this model carries on from it.
     pub(crate) auto: Mutex<[Option<AutoVerdict>; 2]>,

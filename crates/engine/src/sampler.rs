@@ -66,7 +66,7 @@ pub(crate) struct TokenLogprob {
 /// Per-request sampling state: the seeded generator and the token counts the penalties need.
 #[derive(Debug, Clone)]
 pub struct Sampler {
-    pub params: SamplingParams,
+    pub(crate) params: SamplingParams,
     rng: Rng,
     /// Count of each token among the generated ones.
     generated: HashMap<u32, u32>,

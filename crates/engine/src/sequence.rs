@@ -95,8 +95,8 @@ impl<M: Forward> Compute for M {
 
 /// A sequence on an in-process model (any device).
 pub struct ModelSequence<'m, M: Forward = Model> {
-    pub model: &'m M,
-    pub state: M::Cache,
+    pub(crate) model: &'m M,
+    pub(crate) state: M::Cache,
     /// The MTP head's own KV cache, when drafting is on.
     mtp: Option<M::Draft>,
     /// Tokens the target has consumed since the MTP head last caught up, with their post-norm

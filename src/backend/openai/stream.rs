@@ -161,24 +161,9 @@ async fn one_stream(
     emit: &mut (dyn FnMut(EngineEvent) + Send),
 ) -> Outcome {
     let url = job.http.url(path);
-    let send = tokio::time::timeout(job.first_byte_timeout, job.http.send(Ask::Post(&body), path, None));
-    let resp = tokio::select! {
-        r = send => r,
-        _ = cancelled(&job.control) => return Outcome::End(End::Cancelled),
-    };
-    let resp = match resp {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => return fail(transport_error(&url, &e)),
-        Err(_) => {
-            return fail_with(
-                ErrorKind::Unavailable,
-                first_byte_silence(&url, job.first_byte_timeout, "response headers"),
-            );
-        }
-    };
-    let resp = match check_status(path, resp, &job.http.key_hint(), &job.facts.models).await {
+    let resp = match answered(job, path, &url, &body).await {
         Ok(r) => r,
-        Err(e) => return fail(e),
+        Err(out) => return out,
     };
     let ctype =
         resp.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_lowercase();
@@ -195,6 +180,38 @@ async fn one_stream(
             ),
         );
     }
+    read_stream(job, &url, resp, emit).await
+}
+
+/// Sends the request and waits for its headers (within the first-byte timeout, unless
+/// cancelled), then checks the status.
+async fn answered(job: &mut StreamJob, path: &str, url: &str, body: &Value) -> Result<reqwest::Response, Outcome> {
+    let send = tokio::time::timeout(job.first_byte_timeout, job.http.send(Ask::Post(body), path, None));
+    let resp = tokio::select! {
+        r = send => r,
+        _ = cancelled(&job.control) => return Err(Outcome::End(End::Cancelled)),
+    };
+    let resp = match resp {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(fail(transport_error(url, &e))),
+        Err(_) => {
+            return Err(fail_with(
+                ErrorKind::Unavailable,
+                first_byte_silence(url, job.first_byte_timeout, "response headers"),
+            ));
+        }
+    };
+    check_status(path, resp, &job.http.key_hint(), &job.facts.models).await.map_err(fail)
+}
+
+/// Reads the event stream to its end (or `[DONE]`), each frame through the mapper. The first
+/// frame may wait for a long prefill; after it, frames come at decode pace.
+async fn read_stream(
+    job: &mut StreamJob,
+    url: &str,
+    resp: reqwest::Response,
+    emit: &mut (dyn FnMut(EngineEvent) + Send),
+) -> Outcome {
     let mut frame = FrameSize::default();
     let bytes = resp.bytes_stream().map(move |chunk| {
         let chunk = chunk?;
@@ -202,10 +219,8 @@ async fn one_stream(
         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(chunk)
     });
     let mut events = bytes.eventsource();
-    let mut got_done = false;
     let mut first = true;
     loop {
-        // The first frame may wait for a long prefill; after it, frames come at decode pace.
         let wait = if first { job.first_byte_timeout } else { job.idle_timeout };
         let next = tokio::select! {
             n = tokio::time::timeout(wait, events.next()) => n,
@@ -213,7 +228,7 @@ async fn one_stream(
         };
         let ev = match next {
             Err(_) if first => {
-                return fail_with(ErrorKind::Unavailable, first_byte_silence(&url, wait, "first stream frame"));
+                return fail_with(ErrorKind::Unavailable, first_byte_silence(url, wait, "first stream frame"));
             }
             Err(_) => {
                 return fail_with(
@@ -225,55 +240,77 @@ async fn one_stream(
                 );
             }
             Ok(None) => break,
-            Ok(Some(Err(e))) => {
-                let text = error_chain(&e);
-                let why = if text.contains("frame larger") {
-                    format!("{url}: a stream frame is larger than {} MiB; refusing it", MAX_FRAME >> 20)
-                } else {
-                    format!("{url}: the connection closed before the stream ended ({text})")
-                };
-                return fail_with(ErrorKind::Unavailable, why);
-            }
+            Ok(Some(Err(e))) => return fail_with(ErrorKind::Unavailable, broken_stream(url, &error_chain(&e))),
             Ok(Some(Ok(ev))) => ev,
         };
         first = false;
-        let data = ev.data.trim();
-        if data.is_empty() {
-            continue;
-        }
-        if data == "[DONE]" {
-            got_done = true;
-            break;
-        }
-        let value: Value = match serde_json::from_str(data) {
-            Ok(v) => v,
-            Err(e) => {
-                let head: String = data.chars().take(60).collect();
-                return fail_with(
-                    ErrorKind::Internal,
-                    format!("{url}: malformed JSON in a stream frame ({e}): {head}…"),
-                );
-            }
-        };
-        // Named events (SGLang's `sglext_ids`) carry no tokens of their own.
-        if !ev.event.is_empty() && ev.event != "message" && value.get("choices").is_none() {
-            continue;
-        }
-        if let Flow::Stop(f) = job.mapper.frame(&value, emit) {
-            return Outcome::End(End::Stopped(f));
-        }
-        if let Some(cb) = &job.client_budget {
-            if job.control.end_thinking_requested() {
-                job.mapper.request_end_of_thinking();
-            }
-            let tally = job.mapper.tally();
-            if (cb.enforce_budget && tally.budget_spent()) || tally.rescue_due() {
-                return Outcome::Budget;
-            }
+        match take_frame(job, url, &ev, emit) {
+            Frame::Next => {}
+            Frame::Done => break,
+            Frame::Out(out) => return out,
         }
     }
-    let _ = got_done;
     Outcome::End(End::Complete)
+}
+
+/// Why a stream broke: a frame over the size limit, or the connection closed early.
+fn broken_stream(url: &str, text: &str) -> String {
+    if text.contains("frame larger") {
+        format!("{url}: a stream frame is larger than {} MiB; refusing it", MAX_FRAME >> 20)
+    } else {
+        format!("{url}: the connection closed before the stream ended ({text})")
+    }
+}
+
+/// What one stream frame leads to.
+enum Frame {
+    /// Read the next frame.
+    Next,
+    /// `[DONE]`: the stream is complete.
+    Done,
+    Out(Outcome),
+}
+
+/// One frame: its tokens go out through the mapper; a stop, a spent client-side budget or a
+/// loop to rescue ends the stream.
+fn take_frame(
+    job: &mut StreamJob,
+    url: &str,
+    ev: &eventsource_stream::Event,
+    emit: &mut (dyn FnMut(EngineEvent) + Send),
+) -> Frame {
+    let data = ev.data.trim();
+    if data.is_empty() {
+        return Frame::Next;
+    }
+    if data == "[DONE]" {
+        return Frame::Done;
+    }
+    let value: Value = match serde_json::from_str(data) {
+        Ok(v) => v,
+        Err(e) => {
+            let head: String = data.chars().take(60).collect();
+            let why = format!("{url}: malformed JSON in a stream frame ({e}): {head}…");
+            return Frame::Out(fail_with(ErrorKind::Internal, why));
+        }
+    };
+    // Named events (SGLang's `sglext_ids`) carry no tokens of their own.
+    if !ev.event.is_empty() && ev.event != "message" && value.get("choices").is_none() {
+        return Frame::Next;
+    }
+    if let Flow::Stop(f) = job.mapper.frame(&value, emit) {
+        return Frame::Out(Outcome::End(End::Stopped(f)));
+    }
+    if let Some(cb) = &job.client_budget {
+        if job.control.end_thinking_requested() {
+            job.mapper.request_end_of_thinking();
+        }
+        let tally = job.mapper.tally();
+        if (cb.enforce_budget && tally.budget_spent()) || tally.rescue_due() {
+            return Frame::Out(Outcome::Budget);
+        }
+    }
+    Frame::Next
 }
 
 /// A client-forced end of thinking (the budget spent, or a loop rescued): the bridge and

@@ -2,9 +2,7 @@
 //! (the runner's answers, a test's setup). App's fields stay private so that every change to
 //! the state goes through [`App::update`] or one of these.
 
-use std::path::PathBuf;
-
-use super::{App, Composer, Conversation, Layout, Level, MessageLog, Overlay, SessionsDir, ViewState};
+use super::{App, Composer, Conversation, Layout, Level, MessageLog, Overlay, ViewState};
 use crate::backend::DryRun;
 use crate::session::{Session, Turn};
 use crate::tui::sliders::Settings;
@@ -36,12 +34,6 @@ impl App {
         &self.overlay
     }
 
-    /// Closes the open popup without acting on it.
-    pub fn close_overlay(&mut self) {
-        self.overlay = Overlay::None;
-        self.out.dirty = true;
-    }
-
     /// Every message so far.
     pub fn messages(&self) -> &MessageLog {
         &self.messages
@@ -71,32 +63,13 @@ impl App {
         &self.convo.session
     }
 
-    /// Whether a saved session is being replayed.
-    pub fn replaying(&self) -> bool {
-        self.convo.replay.is_some()
-    }
-
-    /// Why the conversation is not saved, while it is not.
-    pub fn save_error(&self) -> Option<&str> {
-        self.convo.save.error.as_deref()
-    }
-
-    /// Saves go to `dir` from now on (e.g. a test's temporary directory).
-    pub fn set_sessions_dir(&mut self, dir: impl Into<PathBuf>) {
-        self.convo.save.dir = SessionsDir::fixed(Some(dir.into()));
-    }
-
     /// The turn the panes show: the selected one, else the latest.
     pub fn shown_index(&self) -> Option<usize> {
-        let n = self.convo.session.turns.len();
-        match self.view.selected_turn {
-            Some(i) if i < n => Some(i),
-            _ => n.checked_sub(1),
-        }
+        self.convo.shown_index(self.view.selected_turn)
     }
 
     pub fn shown(&self) -> Option<&Turn> {
-        self.shown_index().and_then(|i| self.convo.session.turns.get(i))
+        self.convo.shown_turn(self.view.selected_turn)
     }
 
     /// The latest comparison: (original, re-run).

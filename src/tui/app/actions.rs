@@ -4,11 +4,14 @@
 use ratatui::crossterm::event::{KeyCode, KeyEvent};
 
 use super::Level;
+use super::key_ctx;
 use super::overlay::{Overlay, line_input};
-use super::view_state::ColourMode;
-use super::{App, EditTarget, Effect, Focus};
+use super::{App, ColourMode, EditTarget, Effect, Focus};
 use crate::tui::keymap::Action;
-use crate::tui::panels::{Ctx, Handled, inspector, sliders};
+use crate::tui::panel::{Handled, Panel};
+use crate::tui::panels::inspector::Inspector;
+use crate::tui::panels::state_scope::StateKeys;
+use crate::tui::panels::transcript::Pane;
 use crate::tui::sliders::Slider;
 use deltascope_protocol::{Phase, Thinking};
 
@@ -55,46 +58,39 @@ impl App {
         true
     }
 
-    /// A key no action took: the focused pane's own keys.
+    /// A key no action took: the focused panel's own keys (the open inspector's first).
     pub(super) fn focused_key(&mut self, k: KeyEvent) {
+        let mut ctx = key_ctx(&self.look, self.now_ms, &mut self.out, &mut self.messages);
+        let shown = self.convo.shown_turn(self.view.selected_turn);
         if self.view.focus == Focus::State {
-            let dims = self
-                .shown()
+            let dims = shown
                 .and_then(|t| {
                     let (_, ev) = t.state_at(None)?;
                     let heads = ev.gdn.iter().map(|l| l.beta.len()).max().unwrap_or(0);
                     Some((ev.gdn.len(), heads, t.tokens.len()))
                 })
                 .unwrap_or((0, 0, 0));
-            if self.view.state.key(k, &mut self.view.inspector, dims) == Handled::NotConsumed
-                && k.code == KeyCode::Char('t')
-            {
+            let with = StateKeys { cursor: &mut self.view.inspector, dims };
+            if self.view.state.key(k, with, &mut ctx) == Handled::NotConsumed && k.code == KeyCode::Char('t') {
                 self.toggle_trace();
             }
             return;
         }
-        let tokens = self.shown().map_or(0, |t| t.tokens.len());
+        let tokens = shown.map_or(0, |t| t.tokens.len());
         if let Some(cursor) = self.view.inspector.as_mut()
-            && inspector::key(cursor, tokens, k) == Handled::Consumed
+            && Inspector.key(k, (cursor, tokens), &mut ctx) == Handled::Consumed
         {
             return;
         }
         match self.view.focus {
-            Focus::Input => self.composer.key(k),
+            Focus::Input => _ = self.composer.key(k, (), &mut ctx),
             Focus::Sliders => {
-                let cap = self.settings.max_tokens_cap(self.next_prompt_estimate());
-                let mut ctx = Ctx {
-                    theme: &self.look.theme,
-                    keymap: &self.look.keymap,
-                    now_ms: self.now_ms,
-                    effects: &mut self.out.effects,
-                    log: &mut self.messages,
-                };
-                sliders::key(&mut self.view.slider, &mut self.settings, cap, k, &mut ctx);
+                let cap = self.settings.max_tokens_cap(self.convo.history_tokens_before_next());
+                _ = self.view.sliders.key(k, (&mut self.settings, cap), &mut ctx);
             }
             Focus::State => {}
-            Focus::Thinking => _ = self.view.thinking_scroll.key(k),
-            Focus::Answer => _ = self.view.answer_scroll.key(k),
+            Focus::Thinking => _ = self.view.panes.key(k, Pane::Thinking, &mut ctx),
+            Focus::Answer => _ = self.view.panes.key(k, Pane::Answer, &mut ctx),
         }
     }
 
@@ -103,7 +99,7 @@ impl App {
             Focus::Input => self.send(),
             // Enter on a slider: type its value.
             Focus::Sliders => {
-                let slider = Slider::ALL[self.view.slider];
+                let slider = Slider::ALL[self.view.sliders.selected];
                 let current = slider.typed_value(&self.settings);
                 // Shown selected, so typing replaces it (←/→ keep it for editing).
                 let mut input = line_input(&current);
@@ -312,16 +308,11 @@ impl App {
             }
             Action::ScrollUp | Action::ScrollDown => {
                 let d = if a == Action::ScrollUp { -1 } else { 1 };
-                let s = if self.view.focus == Focus::Thinking {
-                    &mut self.view.thinking_scroll
-                } else {
-                    &mut self.view.answer_scroll
-                };
-                s.page(d);
+                let pane = if self.view.focus == Focus::Thinking { Pane::Thinking } else { Pane::Answer };
+                self.view.panes.scroll_of(pane).page(d);
             }
             Action::FollowTail => {
-                self.view.thinking_scroll.follow();
-                self.view.answer_scroll.follow();
+                self.view.panes.follow();
             }
             Action::PrevTurn | Action::NextTurn => self.browse_turns(a == Action::NextTurn),
             _ => {}
@@ -346,7 +337,7 @@ impl App {
 
     /// Tokens the next prompt will take before generation (≈ the history so far).
     pub fn next_prompt_estimate(&self) -> usize {
-        self.convo.history_tokens(self.convo.session.turns.len())
+        self.convo.history_tokens_before_next()
     }
 
     /// Copies the shown turn's answer or thinking (the text so far, while it streams).

@@ -25,9 +25,22 @@ pub struct Conversation {
 }
 
 impl Conversation {
-    /// The prompts of the conversation proper (not comparisons), oldest first.
-    pub fn prompts(&self) -> Vec<String> {
-        self.session.turns.iter().filter(|t| t.compare_of.is_none()).map(|t| t.user.clone()).collect()
+    /// The turn the panes show: `selected`, or the latest when none (or gone) is selected.
+    pub fn shown_index(&self, selected: Option<usize>) -> Option<usize> {
+        let n = self.session.turns.len();
+        match selected {
+            Some(i) if i < n => Some(i),
+            _ => n.checked_sub(1),
+        }
+    }
+
+    pub fn shown_turn(&self, selected: Option<usize>) -> Option<&Turn> {
+        self.shown_index(selected).and_then(|i| self.session.turns.get(i))
+    }
+
+    /// Tokens the conversation takes before the next prompt (≈).
+    pub fn history_tokens_before_next(&self) -> usize {
+        self.history_tokens(self.session.turns.len())
     }
 
     /// The last turn of the conversation proper (not a comparison).

@@ -5,7 +5,7 @@
 use super::App;
 use crate::tui::highlight::Markdown;
 use crate::tui::keymap::Keymap;
-use crate::tui::panels::DrawCtx;
+use crate::tui::panel::DrawCtx;
 use crate::tui::theme::Theme;
 
 pub(super) struct Look {

@@ -15,7 +15,6 @@
 mod access;
 mod actions;
 mod conversation;
-mod layout;
 mod look;
 mod outbox;
 mod overlay;
@@ -23,6 +22,8 @@ mod reference;
 mod replay;
 mod saving;
 mod status;
+#[cfg(any(test, feature = "test-support"))]
+mod testing;
 mod view_state;
 
 use std::path::PathBuf;
@@ -30,7 +31,6 @@ use std::path::PathBuf;
 use ratatui::crossterm::event::{Event as TermEvent, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
 pub use self::conversation::{Conversation, Live};
-pub use self::layout::{Layout, PaneLayout};
 use self::look::Look;
 use self::outbox::Outbox;
 pub use self::overlay::Overlay;
@@ -38,71 +38,25 @@ pub use self::reference::ReferenceState;
 pub use self::replay::{Replay, ReplayItem};
 pub use self::saving::{SaveState, SessionsDir, check_writable, turns_label};
 use self::status::BackendStatus;
-pub use self::view_state::{ColourMode, Focus, ThinkingView, ViewState};
+pub use self::view_state::ViewState;
 use super::event::Inbound;
 use super::keymap::Keymap;
 use super::sliders::Settings;
 use super::theme::Theme;
-use crate::backend::Prompt;
 use crate::session::Session;
+pub use crate::tui::effect::Effect;
+pub use crate::tui::log::{Level, Message, MessageLog};
+use crate::tui::panel::Ctx;
 pub use crate::tui::panels::composer::{Composer, EditTarget, MAX_ROWS as COMPOSER_MAX_ROWS};
-pub use crate::tui::panels::messages::{Level, Message, MessageLog};
 pub use crate::tui::panels::state_scope::StateScope;
-pub use crate::tui::panels::transcript::PaneScroll;
-use deltascope_protocol::{EngineEvent, GenerationParams};
+pub use crate::tui::panels::transcript::{PaneScroll, Panes};
+pub use crate::tui::screen::{ColourMode, Focus, Layout, PaneLayout, ThinkingView};
+use deltascope_protocol::EngineEvent;
 
-/// What the runner does for the app.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Effect {
-    Generate {
-        prompt: Prompt,
-        params: Box<GenerationParams>,
-    },
-    /// Render this prompt without generating (the runner answers with [`App::show_dry_run`]).
-    DryRun {
-        prompt: Prompt,
-        params: Box<GenerationParams>,
-    },
-    Cancel,
-    SetPaused(bool),
-    Step,
-    /// Force the end of thinking of the generation in flight (the rescue of a loop, by hand).
-    EndThinking,
-    /// Put this text on the terminal's clipboard.
-    Copy(String),
-    /// Write this session to `path`, atomically (the runner answers with [`Inbound::Saved`];
-    /// `path: None`, no sessions directory, is answered with the error).
-    Save {
-        path: Option<PathBuf>,
-        session: Box<Session>,
-    },
-    /// Write this Markdown transcript to `path` (answered with [`Inbound::Exported`]).
-    Export {
-        path: PathBuf,
-        markdown: String,
-    },
-    /// List the saved sessions in this directory (answered with [`Inbound::SessionsListed`]).
-    ListSessions(PathBuf),
-    /// Rename (`to: Some(name)`) or delete (`to: None`) the saved session at `path`, then list
-    /// its directory again (answered with [`Inbound::SessionManaged`]).
-    ManageSession {
-        path: PathBuf,
-        to: Option<String>,
-    },
-    /// Read the session saved at `path`, to continue it or to `replay` it (answered with
-    /// [`Inbound::SessionLoaded`]).
-    LoadSession {
-        path: PathBuf,
-        replay: bool,
-    },
-    /// Re-score turn `turn` (its request and tokens) with the reference engine (answered with
-    /// [`Inbound::Rescored`]).
-    Rescore {
-        turn: usize,
-        prompt: Prompt,
-        params: Box<GenerationParams>,
-        tokens: Vec<deltascope_protocol::TokenEvent>,
-    },
+/// The panels' context for a key, from the app's parts (its fields, so that the panel, another
+/// field, can be borrowed beside it).
+fn key_ctx<'a>(look: &'a Look, now_ms: f64, out: &'a mut Outbox, log: &'a mut MessageLog) -> Ctx<'a> {
+    Ctx { theme: &look.theme, keymap: &look.keymap, now_ms, effects: &mut out.effects, log }
 }
 
 /// Startup configuration.

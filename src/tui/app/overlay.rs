@@ -8,9 +8,10 @@ use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use ratatui_textarea::TextArea;
 
 use super::Level;
-use super::{App, Effect};
+use super::{App, Effect, key_ctx};
 use crate::backend::DryRun;
 use crate::session::SessionInfo;
+use crate::tui::panel::Panel;
 use crate::tui::panels::picker::{Picker, PickerKey};
 use crate::tui::sliders::Slider;
 
@@ -126,6 +127,13 @@ impl App {
         self.overlay = Overlay::Picker(Picker::new(items, self.convo.save.dir.path.clone()));
     }
 
+    /// What a key in the session picker asks for.
+    fn picker_key(&mut self, picker: &mut Picker, k: KeyEvent) -> PickerKey {
+        let mut asked = PickerKey::Stay;
+        picker.key(k, &mut asked, &mut key_ctx(&self.look, self.now_ms, &mut self.out, &mut self.messages));
+        asked
+    }
+
     /// A key while a popup is open (it takes every key).
     pub(super) fn overlay_key(&mut self, k: KeyEvent) {
         let overlay = std::mem::replace(&mut self.overlay, Overlay::None);
@@ -145,7 +153,7 @@ impl App {
                 }
                 overlay
             }
-            Overlay::Picker(mut picker) => match picker.key(k) {
+            Overlay::Picker(mut picker) => match self.picker_key(&mut picker, k) {
                 PickerKey::Stay => Overlay::Picker(picker),
                 PickerKey::Close => Overlay::None,
                 PickerKey::Open { path, replay } => {

@@ -1,79 +1,16 @@
 //! What the screen shows, apart from the conversation itself: focus, the shown turn, pane
 //! scrolling, the token inspector and the display toggles.
 
-use super::{App, Level, PaneScroll, StateScope};
+use super::{App, ColourMode, Focus, Level, Panes, StateScope, ThinkingView};
 use crate::tui::keymap::Action;
+use crate::tui::panels::sliders::Sliders;
 use deltascope_protocol::DiagnosticKind;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Focus {
-    Input,
-    Sliders,
-    Thinking,
-    Answer,
-    /// The State view (only while it is shown).
-    State,
-}
-
-impl Focus {
-    const ORDER: [Focus; 5] = [Focus::Input, Focus::Sliders, Focus::Thinking, Focus::Answer, Focus::State];
-
-    /// The next (`forward`) or previous pane in Tab order; the State view's place counts only
-    /// while it is shown (it then stands where the panes were).
-    pub fn cycle(self, forward: bool, state_shown: bool) -> Focus {
-        let order: Vec<Focus> = Self::ORDER
-            .into_iter()
-            .filter(|f| match f {
-                Focus::State => state_shown,
-                Focus::Thinking | Focus::Answer => !state_shown,
-                _ => true,
-            })
-            .collect();
-        let i = order.iter().position(|f| *f == self).unwrap_or(0);
-        let d = if forward { 1 } else { order.len() - 1 };
-        order[(i + d) % order.len()]
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ThinkingView {
-    Shown,
-    Collapsed,
-    Hidden,
-}
-
-impl ThinkingView {
-    pub fn next(self) -> ThinkingView {
-        match self {
-            ThinkingView::Shown => ThinkingView::Collapsed,
-            ThinkingView::Collapsed => ThinkingView::Hidden,
-            ThinkingView::Hidden => ThinkingView::Shown,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ColourMode {
-    Phase,
-    Logprob,
-    Provenance,
-}
-
-impl ColourMode {
-    pub fn name(self) -> &'static str {
-        match self {
-            ColourMode::Phase => "phase",
-            ColourMode::Logprob => "logprob",
-            ColourMode::Provenance => "MTP provenance",
-        }
-    }
-}
 
 #[derive(Debug)]
 pub struct ViewState {
     pub focus: Focus,
-    /// The selected slider.
-    pub slider: usize,
+    /// The sliders panel (its selected slider).
+    pub sliders: Sliders,
     pub thinking_view: ThinkingView,
     pub colour_mode: ColourMode,
     /// Token inspector cursor (index into the shown turn's tokens).
@@ -84,8 +21,8 @@ pub struct ViewState {
     pub step_mode: bool,
     /// The turn the panes show; `None` follows the latest.
     pub selected_turn: Option<usize>,
-    pub thinking_scroll: PaneScroll,
-    pub answer_scroll: PaneScroll,
+    /// The thinking and answer panes' scrolling.
+    pub panes: Panes,
     /// First line of a scrollable popup (help, messages, prompt view), and the largest useful
     /// value (the view sets it).
     pub popup_scroll: u16,
@@ -96,7 +33,7 @@ impl Default for ViewState {
     fn default() -> Self {
         ViewState {
             focus: Focus::Input,
-            slider: 0,
+            sliders: Sliders::default(),
             thinking_view: ThinkingView::Shown,
             colour_mode: ColourMode::Phase,
             inspector: None,
@@ -104,8 +41,7 @@ impl Default for ViewState {
             state: StateScope::default(),
             step_mode: false,
             selected_turn: None,
-            thinking_scroll: PaneScroll::default(),
-            answer_scroll: PaneScroll::default(),
+            panes: Panes::default(),
             popup_scroll: 0,
             popup_scroll_max: 0,
         }
@@ -116,17 +52,16 @@ impl ViewState {
     /// A new turn (or another shown turn): panes follow their tails, the inspector closes.
     pub fn reset_panes(&mut self) {
         self.inspector = None;
-        self.thinking_scroll.follow();
-        self.answer_scroll.follow();
+        self.panes.follow();
     }
 
     /// Takes in what the last frame laid out.
     pub fn laid_out(&mut self, l: super::Layout) {
         if let Some(p) = l.thinking {
-            self.thinking_scroll.last = p;
+            self.panes.thinking.last = p;
         }
         if let Some(p) = l.answer {
-            self.answer_scroll.last = p;
+            self.panes.answer.last = p;
         }
         if let Some(m) = l.popup_scroll_max {
             self.popup_scroll_max = m;

@@ -8,21 +8,25 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph};
 
-use super::DrawCtx;
+use ratatui::crossterm::event::KeyEvent;
+
 use super::gauges::BudgetBar;
 use super::inspector::{fmt_logprob, fmt_p};
 use crate::session::Turn;
 use crate::tui::highlight::block_line;
 use crate::tui::keymap::Action;
-use crate::tui::view::wrap::wrap;
+use crate::tui::panel::{Ctx, DrawCtx, Handled, Panel};
+use crate::tui::screen::Layout as Laid;
+use crate::tui::theme::Theme;
+use crate::tui::wrap::wrap;
 use crate::verify::rescore::Rescore;
-use crate::verify::score::{Agreement, Alt, Verdict};
+use crate::verify::score::{Agreement, Alt, Position, Verdict};
 use crate::verify::server::PromptCheck;
 use deltascope_model::duration_ms;
 use deltascope_protocol::Phase;
 
 /// Turns `a` (the original) and `b` (its re-run) of `turns`, side by side.
-pub fn draw(f: &mut Frame, area: Rect, ctx: &DrawCtx, turns: &[Turn], a: usize, b: usize) {
+fn draw(f: &mut Frame, area: Rect, ctx: &DrawCtx, turns: &[Turn], a: usize, b: usize) {
     let (Some(ta), Some(tb)) = (turns.get(a), turns.get(b)) else { return };
     let [left, right] = Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(area);
     let sa = ta.settings();
@@ -119,7 +123,7 @@ pub struct ReferenceView<'a> {
 
 /// Reference mode: the turn's tokens coloured by agreement with the reference (left), the
 /// reference's findings and the cursor's token on both sides (right).
-pub fn draw_reference(f: &mut Frame, area: Rect, ctx: &DrawCtx, v: &ReferenceView) {
+fn draw_reference(f: &mut Frame, area: Rect, ctx: &DrawCtx, v: &ReferenceView) {
     let th = ctx.theme;
     let [left, right] = Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(area);
     let block = Block::bordered()
@@ -213,9 +217,75 @@ fn coloured_tokens(ctx: &DrawCtx, v: &ReferenceView, width: usize) -> (Vec<Line<
 /// The reference's findings on the turn, then the cursor's token from both sides.
 fn findings(ctx: &DrawCtx, r: &Rescore, cursor: Option<usize>, temperature: f32) -> Vec<Line<'static>> {
     let th = ctx.theme;
-    let dim = |s: &str| Span::styled(s.to_string(), th.fg(th.dim));
-    let text = |s: String| Span::styled(s, th.fg(th.text));
-    let mut lines = vec![];
+    let mut lines = turn_findings(ctx, r, temperature);
+    let Some(c) = cursor else {
+        lines.extend(class_legend(th));
+        return lines;
+    };
+    lines.push(Line::default());
+    match r.position_of(c) {
+        None => lines.push(Line::styled(format!("token #{c}: not scored"), th.fg(th.dim))),
+        Some(p) => lines.extend(token_findings(ctx, r, c, p)),
+    }
+    lines
+}
+
+/// A label or separator in the findings.
+fn dim(th: &Theme, s: &str) -> Span<'static> {
+    Span::styled(s.to_string(), th.fg(th.dim))
+}
+
+/// A value in the findings.
+fn text(th: &Theme, s: String) -> Span<'static> {
+    Span::styled(s, th.fg(th.text))
+}
+
+/// What the reference found over the whole turn: its verdict, the prompt check, how many
+/// tokens fall in each class, the worst position, and the keys that go through them.
+fn turn_findings(ctx: &DrawCtx, r: &Rescore, temperature: f32) -> Vec<Line<'static>> {
+    let th = ctx.theme;
+    let mut lines = vec![verdict_line(th, r)];
+    lines.push(Line::from(vec![dim(th, "prompt   "), text(th, prompt_text(&r.prompt))]));
+    if let Some(why) = &r.not_same_model {
+        lines.push(Line::styled(format!("⚠ not the same model: {why}"), th.fg(th.warn).add_modifier(Modifier::BOLD)));
+    }
+    lines.push(counts_line(ctx, r));
+    let w = crate::verify::score::worst(&r.positions);
+    lines.push(Line::from(vec![
+        dim(th, "worst    "),
+        text(th, format!("|Δ| {:.3} · top-k overlap {:.2} · KL ≥ {:.4}", w.delta, w.overlap, w.kl)),
+    ]));
+    if let Some((i, t)) = &r.unmapped {
+        lines.push(Line::styled(
+            format!("token #{i} ({t:?}) has no reference id: not scored from there"),
+            th.fg(th.warn),
+        ));
+    }
+    lines.push(Line::from(vec![
+        dim(th, "keys     "),
+        text(
+            th,
+            format!(
+                "{} token · {} first divergence · {} close",
+                ctx.keymap.first(Action::Inspector),
+                ctx.keymap.first(Action::FirstDivergence),
+                ctx.keymap.first(Action::CompareView)
+            ),
+        ),
+    ]));
+    if temperature > 0.0 {
+        lines.push(Line::styled(
+            format!(
+                "sampled at temperature {temperature:.2}: a token drawn against the odds reads as a divergence; Δ and KL are what tell (greedy turns are the clean check)"
+            ),
+            th.fg(th.dim),
+        ));
+    }
+    lines
+}
+
+/// The turn's verdict, with the token (not the scored position) where it is worst.
+fn verdict_line(th: &Theme, r: &Rescore) -> Line<'static> {
     let (verdict, vstyle) = match &r.verdict {
         Verdict::Agrees => ("agrees".to_string(), th.fg(th.good)),
         Verdict::Drifts { worst_delta, at, .. } => {
@@ -227,8 +297,12 @@ fn findings(ctx: &DrawCtx, r: &Rescore, cursor: Option<usize>, temperature: f32)
             (format!("DIVERGES at token{tok}"), th.fg(th.bad))
         }
     };
-    lines.push(Line::from(vec![dim("verdict  "), Span::styled(verdict, vstyle.add_modifier(Modifier::BOLD))]));
-    let prompt = match &r.prompt {
+    Line::from(vec![dim(th, "verdict  "), Span::styled(verdict, vstyle.add_modifier(Modifier::BOLD))])
+}
+
+/// Whether the server saw the prompt the reference scored.
+fn prompt_text(prompt: &PromptCheck) -> String {
+    match prompt {
         PromptCheck::Same { tokens } => format!("the server's is the same ({tokens} tokens)"),
         PromptCheck::TokenizerSame { tokens } => {
             format!("the server tokenises the reference's the same ({tokens} tokens; it renders no chat)")
@@ -237,65 +311,39 @@ fn findings(ctx: &DrawCtx, r: &Rescore, cursor: Option<usize>, temperature: f32)
             format!("DIFFERS at token {at}: {subject} where the reference has {reference}")
         }
         PromptCheck::NotChecked { why } => format!("not checked ({why})"),
-    };
-    lines.push(Line::from(vec![dim("prompt   "), text(prompt)]));
-    if let Some(why) = &r.not_same_model {
-        lines.push(Line::styled(format!("⚠ not the same model: {why}"), th.fg(th.warn).add_modifier(Modifier::BOLD)));
     }
+}
+
+/// How many of the turn's tokens agree, drift, diverge or were not scored.
+fn counts_line(ctx: &DrawCtx, r: &Rescore) -> Line<'static> {
+    let th = ctx.theme;
     let [agree, drift, diverge, not_scored] = r.counts();
-    lines.push(Line::from(vec![
-        dim("tokens   "),
+    Line::from(vec![
+        dim(th, "tokens   "),
         Span::styled(format!("{agree} agree"), class_style(ctx, Agreement::Agrees)),
-        dim(" · "),
+        dim(th, " · "),
         Span::styled(format!("{drift} drift"), th.fg(th.warn)),
-        dim(" · "),
+        dim(th, " · "),
         Span::styled(format!("{diverge} diverge"), th.fg(th.bad)),
-        dim(format!(" · {not_scored} not scored").as_str()),
-    ]));
-    let w = crate::verify::score::worst(&r.positions);
-    lines.push(Line::from(vec![
-        dim("worst    "),
-        text(format!("|Δ| {:.3} · top-k overlap {:.2} · KL ≥ {:.4}", w.delta, w.overlap, w.kl)),
-    ]));
-    if let Some((i, t)) = &r.unmapped {
-        lines.push(Line::styled(
-            format!("token #{i} ({t:?}) has no reference id: not scored from there"),
-            th.fg(th.warn),
-        ));
-    }
-    lines.push(Line::from(vec![
-        dim("keys     "),
-        text(format!(
-            "{} token · {} first divergence · {} close",
-            ctx.keymap.first(Action::Inspector),
-            ctx.keymap.first(Action::FirstDivergence),
-            ctx.keymap.first(Action::CompareView)
-        )),
-    ]));
-    if temperature > 0.0 {
-        lines.push(Line::styled(
-            format!(
-                "sampled at temperature {temperature:.2}: a token drawn against the odds reads as a divergence; Δ and KL are what tell (greedy turns are the clean check)"
-            ),
-            th.fg(th.dim),
-        ));
-    }
-    let Some(c) = cursor else {
-        lines.push(Line::default());
-        lines.push(Line::styled("agrees: |Δ| and KL at the level of bf16 rounding; drifts: larger,", th.fg(th.dim)));
-        lines.push(Line::styled(
-            "no decision changed; diverges: a token the reference all but rules out",
-            th.fg(th.dim),
-        ));
-        return lines;
-    };
-    lines.push(Line::default());
-    let Some(p) = r.position_of(c) else {
-        lines.push(Line::styled(format!("token #{c}: not scored"), th.fg(th.dim)));
-        return lines;
-    };
+        dim(th, format!(" · {not_scored} not scored").as_str()),
+    ])
+}
+
+/// What the classes mean, shown while no token is picked.
+fn class_legend(th: &Theme) -> [Line<'static>; 3] {
+    [
+        Line::default(),
+        Line::styled("agrees: |Δ| and KL at the level of bf16 rounding; drifts: larger,", th.fg(th.dim)),
+        Line::styled("no decision changed; diverges: a token the reference all but rules out", th.fg(th.dim)),
+    ]
+}
+
+/// Token `c` (scored at `p`) from both sides: its class, logprob and probability, Δ and the
+/// reference's rank, the top-k overlap and both top-5s.
+fn token_findings(ctx: &DrawCtx, r: &Rescore, c: usize, p: &Position) -> Vec<Line<'static>> {
+    let th = ctx.theme;
     let class = r.classes.get(c).copied().unwrap_or(Agreement::NotScored);
-    lines.push(Line::from(vec![
+    let mut lines = vec![Line::from(vec![
         Span::styled(format!("token #{c} {:?} ", p.text), th.fg(th.accent).add_modifier(Modifier::BOLD)),
         Span::styled(
             match class {
@@ -306,33 +354,43 @@ fn findings(ctx: &DrawCtx, r: &Rescore, cursor: Option<usize>, temperature: f32)
             },
             class_style(ctx, class),
         ),
-    ]));
+    ])];
     let lp = |x: Option<f32>| x.map_or("-".to_string(), fmt_logprob);
     let row = |label: &str, a: String, b: String| {
-        Line::from(vec![dim(&format!("{label:<8}")), text(format!("{a:>12} {b:>12}"))])
+        Line::from(vec![dim(th, &format!("{label:<8}")), text(th, format!("{a:>12} {b:>12}"))])
     };
-    lines.push(Line::from(vec![dim(&format!("{:<8}{:>12} {:>12}", "", "server", "reference"))]));
+    lines.push(Line::from(vec![dim(th, &format!("{:<8}{:>12} {:>12}", "", "server", "reference"))]));
     lines.push(row("logprob", lp(p.subject_logprob), fmt_logprob(p.reference_logprob)));
     lines.push(row("p", p.subject_logprob.map_or("-".to_string(), fmt_p), fmt_p(p.reference_logprob)));
     let delta = p.delta.map_or("-".to_string(), |d| format!("{d:+.4}"));
-    lines.push(Line::from(vec![dim("Δ       "), text(format!("{delta} · reference rank {}", p.reference_rank))]));
+    lines.push(Line::from(vec![
+        dim(th, "Δ       "),
+        text(th, format!("{delta} · reference rank {}", p.reference_rank)),
+    ]));
     if let (Some(o), Some(kl)) = (p.overlap, p.kl_lower_bound) {
-        lines.push(Line::from(vec![dim("top-k   "), text(format!("overlap {o:.2} · KL ≥ {kl:.4}"))]));
+        lines.push(Line::from(vec![dim(th, "top-k   "), text(th, format!("overlap {o:.2} · KL ≥ {kl:.4}"))]));
     }
-    lines.push(Line::from(vec![dim(&format!("{:<8}{:<17}{}", "top-5", "server", "reference"))]));
+    lines.extend(top_fives(th, p));
+    lines
+}
+
+/// The server's and the reference's top 5 side by side, the token chosen in bold where it is
+/// among them.
+fn top_fives(th: &Theme, p: &Position) -> Vec<Line<'static>> {
+    let mut lines = vec![Line::from(vec![dim(th, &format!("{:<8}{:<17}{}", "top-5", "server", "reference"))])];
     let cell = |a: Option<&Alt>| {
         a.map_or(String::new(), |a| format!("{:<8}{:>8}", trim(&format!("{:?}", a.text), 8), fmt_logprob(a.logprob)))
+    };
+    let st = |a: Option<&Alt>| {
+        if a.is_some_and(|a| a.id == p.id) { th.fg(th.good).add_modifier(Modifier::BOLD) } else { th.fg(th.text) }
     };
     for k in 0..5 {
         let (s, rf) = (p.subject_top.get(k), p.reference_top.get(k));
         if s.is_none() && rf.is_none() {
             break;
         }
-        let st = |a: Option<&Alt>| {
-            if a.is_some_and(|a| a.id == p.id) { th.fg(th.good).add_modifier(Modifier::BOLD) } else { th.fg(th.text) }
-        };
         lines.push(Line::from(vec![
-            dim("  "),
+            dim(th, "  "),
             Span::styled(format!("{:<17}", cell(s)), st(s)),
             Span::styled(cell(rf), st(rf)),
         ]));
@@ -346,4 +404,35 @@ fn findings(ctx: &DrawCtx, r: &Rescore, cursor: Option<usize>, temperature: f32)
 /// `s` cut to `n` characters (with … when cut).
 fn trim(s: &str, n: usize) -> String {
     if s.chars().count() <= n { s.to_string() } else { s.chars().take(n - 1).collect::<String>() + "…" }
+}
+
+/// The comparison panel: two runs of one prompt side by side, or a turn against the local
+/// reference's re-scoring (reference mode). It holds nothing; the turns are the session's.
+pub struct Compare;
+
+/// What the comparison shows.
+pub enum CompareShown<'a> {
+    /// Turns `a` and `b` of `turns`.
+    Pair {
+        turns: &'a [Turn],
+        a: usize,
+        b: usize,
+    },
+    Reference(ReferenceView<'a>),
+}
+
+impl Panel for Compare {
+    type Shown<'a> = CompareShown<'a>;
+    type Keyed<'a> = ();
+
+    fn key(&mut self, _: KeyEvent, _: (), _: &mut Ctx) -> Handled {
+        Handled::NotConsumed
+    }
+
+    fn draw(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx, shown: CompareShown<'_>, _: &mut Laid) {
+        match shown {
+            CompareShown::Pair { turns, a, b } => draw(f, area, ctx, turns, a, b),
+            CompareShown::Reference(v) => draw_reference(f, area, ctx, &v),
+        }
+    }
 }

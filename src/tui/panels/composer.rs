@@ -9,8 +9,9 @@ use ratatui::widgets::Block;
 use ratatui_textarea::{CursorMove, TextArea, WrapMode};
 use unicode_width::UnicodeWidthStr;
 
-use super::DrawCtx;
 use crate::tui::keymap::Action;
+use crate::tui::panel::{Ctx, DrawCtx, Handled, Panel};
+use crate::tui::screen::Layout;
 
 const PLACEHOLDER: &str = "Ask something — e.g. Is 91 prime?";
 
@@ -95,7 +96,7 @@ impl Composer {
 
     /// A key typed in the box: ↑/↓ recall history on a one-line prompt; everything else
     /// edits (Home/End, Ctrl+←/→ by word, and the textarea's other keys).
-    pub fn key(&mut self, k: KeyEvent) {
+    fn edit_key(&mut self, k: KeyEvent) {
         let single = self.input.lines().len() <= 1;
         match k.code {
             KeyCode::Up if single && k.modifiers.is_empty() => self.recall(-1),
@@ -168,10 +169,18 @@ fn fresh(text: &str) -> TextArea<'static> {
 
 // Drawing.
 
-impl Composer {
-    /// The prompt box: what is being edited, the keys that send it, and the text;
-    /// `thinking`: whether the next turn thinks.
-    pub fn draw(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx, focused: bool, thinking: bool) {
+impl Panel for Composer {
+    /// Whether the prompt box has the focus, and whether the next turn thinks.
+    type Shown<'a> = (bool, bool);
+    type Keyed<'a> = ();
+
+    fn key(&mut self, k: KeyEvent, _: (), _: &mut Ctx) -> Handled {
+        self.edit_key(k);
+        Handled::Consumed
+    }
+
+    /// The prompt box: what is being edited, the keys that send it, and the text.
+    fn draw(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx, (focused, thinking): (bool, bool), _: &mut Layout) {
         draw(self, f, area, ctx, focused, thinking)
     }
 }

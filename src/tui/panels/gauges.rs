@@ -11,11 +11,14 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Sparkline, Widget};
 
-use super::DrawCtx;
+use ratatui::crossterm::event::KeyEvent;
+
 use crate::backend::BackendInfo;
 use crate::session::Turn;
+use crate::tui::panel::{Ctx, DrawCtx, Handled, Panel};
+use crate::tui::screen::Layout as Laid;
 use crate::tui::theme::Theme;
-use crate::tui::view::wrap::wrap;
+use crate::tui::wrap::wrap;
 use deltascope_model::{duration_ms, short_bytes};
 use unicode_width::UnicodeWidthStr;
 
@@ -23,7 +26,7 @@ pub const MIN_HEIGHT: u16 = 18;
 
 /// What the gauges show, gathered by the view from the app.
 #[derive(Clone, Copy)]
-pub struct Gauges<'a> {
+pub struct Readings<'a> {
     /// The turn the panes show.
     pub turn: Option<&'a Turn>,
     /// The open backend (weights, devices, whether it drafts, whether it is a server).
@@ -132,7 +135,7 @@ fn bar(ratio: f64, width: usize, color: Color, empty: Color) -> Vec<Span<'static
     ]
 }
 
-pub fn panel(f: &mut Frame, area: Rect, ctx: &DrawCtx, g: &Gauges) {
+fn panel(f: &mut Frame, area: Rect, ctx: &DrawCtx, g: &Readings) {
     let th = ctx.theme;
     let block = Block::bordered().title(Line::styled(" Gauges ", th.title())).border_style(th.border(false));
     let inner = block.inner(area);
@@ -186,7 +189,7 @@ fn estimate_rows(t: &Turn, th: &Theme, width: u16) -> Vec<Line<'static>> {
     rows
 }
 
-fn budget_section(g: &Gauges, ctx: &DrawCtx, t: &Turn, f: &mut Frame, area: Rect, why: Vec<Line<'static>>) {
+fn budget_section(g: &Readings, ctx: &DrawCtx, t: &Turn, f: &mut Frame, area: Rect, why: Vec<Line<'static>>) {
     let th = ctx.theme;
     let [h, b, legend] =
         Layout::vertical([Constraint::Length(1), Constraint::Length(1), Constraint::Min(1)]).areas(area);
@@ -235,7 +238,7 @@ fn budget_section(g: &Gauges, ctx: &DrawCtx, t: &Turn, f: &mut Frame, area: Rect
 
 /// How much of the context the conversation takes before the next prompt (≈: the last
 /// answered turn's prompt and answer; the template drops earlier thinking).
-fn context_in_use(g: &Gauges) -> String {
+fn context_in_use(g: &Readings) -> String {
     let history = g.history;
     match g.context {
         Some(c) => format!("history ≈{history} of {c} context tokens"),
@@ -302,7 +305,7 @@ fn speed_section(ctx: &DrawCtx, t: &Turn, f: &mut Frame, area: Rect) {
     f.render_widget(Sparkline::default().data(shown).style(th.fg(th.good)), s);
 }
 
-fn mtp_section(g: &Gauges, ctx: &DrawCtx, t: &Turn, f: &mut Frame, area: Rect) {
+fn mtp_section(g: &Readings, ctx: &DrawCtx, t: &Turn, f: &mut Frame, area: Rect) {
     let th = ctx.theme;
     let mut lines = vec![];
     let Some(m) = t.mtp() else {
@@ -375,7 +378,7 @@ fn mtp_section(g: &Gauges, ctx: &DrawCtx, t: &Turn, f: &mut Frame, area: Rect) {
     }
 }
 
-fn memory_section(g: &Gauges, ctx: &DrawCtx, t: &Turn, f: &mut Frame, area: Rect) {
+fn memory_section(g: &Readings, ctx: &DrawCtx, t: &Turn, f: &mut Frame, area: Rect) {
     let th = ctx.theme;
     let title = Span::styled("Memory ", Style::new().fg(th.accent).add_modifier(Modifier::BOLD));
     let Some(mem) = t.memory().cloned() else {
@@ -427,7 +430,7 @@ fn memory_section(g: &Gauges, ctx: &DrawCtx, t: &Turn, f: &mut Frame, area: Rect
 }
 
 /// The narrow layout's gauges: the budget bar and one line of numbers.
-pub fn strip(f: &mut Frame, area: Rect, ctx: &DrawCtx, g: &Gauges) {
+fn strip(f: &mut Frame, area: Rect, ctx: &DrawCtx, g: &Readings) {
     let th = ctx.theme;
     let Some(t) = g.turn else { return };
     let [title, b, nums] =
@@ -459,6 +462,30 @@ pub fn strip(f: &mut Frame, area: Rect, ctx: &DrawCtx, g: &Gauges) {
         .unwrap_or_default();
     let kv = t.memory().map(|m| format!(" · KV {}", short_bytes(m.kv_bytes as u64))).unwrap_or_default();
     f.render_widget(Paragraph::new(Line::styled(format!("{tok_s:.1} tok/s{mtp}{kv}"), th.fg(th.dim))), nums);
+}
+
+/// The gauges panel: the budget, speed, MTP and memory gauges of the shown turn, as the side
+/// column of a wide terminal or a compact strip under the panes of a narrow one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gauges {
+    Column,
+    Strip,
+}
+
+impl Panel for Gauges {
+    type Shown<'a> = Readings<'a>;
+    type Keyed<'a> = ();
+
+    fn key(&mut self, _: KeyEvent, _: (), _: &mut Ctx) -> Handled {
+        Handled::NotConsumed
+    }
+
+    fn draw(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx, readings: Readings<'_>, _: &mut Laid) {
+        match self {
+            Gauges::Column => panel(f, area, ctx, &readings),
+            Gauges::Strip => strip(f, area, ctx, &readings),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -7,10 +7,13 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph};
 
-use super::DrawCtx;
+use ratatui::crossterm::event::KeyEvent;
+
 use crate::tui::keymap::Action;
-use crate::tui::view::centered;
-use crate::tui::view::wrap::wrap;
+use crate::tui::panel::{Ctx, DrawCtx, Handled, Panel};
+use crate::tui::popup::centered;
+use crate::tui::screen::Layout;
+use crate::tui::wrap::wrap;
 
 /// Keys that depend on the focused pane (not rebindable).
 const CONTEXT_KEYS: [(&str, &str); 13] = [
@@ -37,10 +40,18 @@ const NAME_COLS: usize = 20;
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Help;
 
-impl Help {
-    /// Draws the popup over `area`; returns the largest useful first line.
-    pub fn draw(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx) -> u16 {
-        draw(f, area, ctx)
+impl Panel for Help {
+    type Shown<'a> = ();
+    type Keyed<'a> = ();
+
+    /// Its scrolling keys are the popup's (the app's overlay routing).
+    fn key(&mut self, _: KeyEvent, _: (), _: &mut Ctx) -> Handled {
+        Handled::NotConsumed
+    }
+
+    /// The popup over `area`; its largest useful first line goes into `out`.
+    fn draw(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx, _: (), out: &mut Layout) {
+        out.popup_scroll_max = Some(draw(f, area, ctx));
     }
 }
 

@@ -9,15 +9,17 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph};
 
-use super::{DrawCtx, Handled};
 use crate::session::Turn;
-use crate::tui::view::wrap::wrap;
+use crate::tui::panel::{Ctx, DrawCtx, Handled, Panel};
+use crate::tui::screen::Layout;
+use crate::tui::theme::Theme;
+use crate::tui::wrap::wrap;
 use crate::verify::score::{Agreement, Position};
-use deltascope_protocol::{DraftKind, Phase};
+use deltascope_protocol::{DraftKind, Phase, TokenEvent};
 
 /// A key while the inspector is open on `cursor` (one of `tokens`): ←/→ one token, ↑/↓ ten,
 /// Home / End. A key it does not take goes to the focused pane.
-pub fn key(cursor: &mut usize, tokens: usize, k: KeyEvent) -> Handled {
+fn on_key(cursor: &mut usize, tokens: usize, k: KeyEvent) -> Handled {
     let cur = *cursor;
     let last = tokens.saturating_sub(1);
     let moved = match k.code {
@@ -36,7 +38,7 @@ pub fn key(cursor: &mut usize, tokens: usize, k: KeyEvent) -> Handled {
 /// The inspector over the bottom right of `area`, on token `cursor` of `t`; `speculating`:
 /// the backend drafts with MTP (then a missing logprob is an accepted draft's); `reference`:
 /// the token as the local reference scored it (reference mode), shown beside the subject's.
-pub fn draw(
+fn draw(
     f: &mut Frame,
     area: Rect,
     ctx: &DrawCtx,
@@ -52,84 +54,133 @@ pub fn draw(
     // Where the full popup would leave fewer than 6 rows of the panes (80 × 24), a compact one:
     // the facts three to a line, the alternatives without their heading.
     let compact = full_height + 6 > area.height;
-    let w = area.width.min(56);
-    let origin = match (tok.forced, tok.draft) {
+    let facts = Facts::of(t, cursor, tok, speculating);
+    let mut lines = if compact { compact_facts(th, tok, facts) } else { full_facts(th, tok, facts) };
+    if let Some((p, class)) = reference {
+        lines.extend(reference_lines(th, p, class));
+    }
+    lines.extend(alternative_lines(th, tok, compact));
+    show_popup(f, area, th, &lines);
+}
+
+/// The token's facts as the inspector words them.
+struct Facts {
+    /// `#cursor of n`.
+    position: String,
+    id: String,
+    logprob: String,
+    phase: &'static str,
+    origin: &'static str,
+}
+
+impl Facts {
+    fn of(t: &Turn, cursor: usize, tok: &TokenEvent, speculating: bool) -> Facts {
+        let logprob = match tok.logprob {
+            Some(lp) => format!("{}  (p = {})", fmt_logprob(lp), fmt_p(lp)),
+            // llama.cpp streams no logprob for tokens that came from accepted MTP drafts.
+            None if speculating => "none sent: the server gives none for accepted MTP drafts".into(),
+            None => "none sent by the server for this token".into(),
+        };
+        let phase = match tok.phase {
+            Phase::Thinking => "thinking",
+            Phase::Answer => "answer",
+        };
+        Facts {
+            position: format!("#{cursor} of {}", t.tokens.len()),
+            id: tok.id.map(|id| id.to_string()).unwrap_or_else(|| "not sent by the server".into()),
+            logprob,
+            phase,
+            origin: origin_text(tok),
+        }
+    }
+}
+
+/// Where the token came from: the engine forced it, a draft was accepted, or it was sampled.
+fn origin_text(tok: &TokenEvent) -> &'static str {
+    match (tok.forced, tok.draft) {
         (true, _) => "forced by the engine",
         (false, Some(DraftKind::Accepted)) => "accepted MTP draft",
         (false, Some(DraftKind::Bonus)) => "bonus (verify pass)",
         (false, Some(DraftKind::None)) => "sampled",
         (false, None) => "not reported by the server",
+    }
+}
+
+/// The facts three to a line, for a screen too short for one a line.
+fn compact_facts(th: &Theme, tok: &TokenEvent, facts: Facts) -> Vec<Line<'static>> {
+    let short = |s: &str| Span::styled(format!("{s} "), th.fg(th.dim));
+    let Facts { position, id, logprob, phase, origin } = facts;
+    vec![
+        Line::from(vec![Span::styled(format!("{position} · id {id} · {phase} · {origin}"), th.fg(th.text))]),
+        Line::from(vec![
+            short("text"),
+            Span::styled(format!("{:?}", tok.text), th.fg(th.accent).add_modifier(Modifier::BOLD)),
+            Span::raw("  "),
+            short("logprob"),
+            Span::styled(logprob, th.fg(th.text)),
+        ]),
+        Line::from(vec![
+            short("entropy"),
+            Span::styled(entropy_text(tok), th.fg(th.text)),
+            Span::raw("  "),
+            short("margin"),
+            Span::styled(margin_text(&tok.top_logprobs), th.fg(th.text)),
+        ]),
+    ]
+}
+
+/// The facts one a line, each after its label.
+fn full_facts(th: &Theme, tok: &TokenEvent, facts: Facts) -> Vec<Line<'static>> {
+    let Facts { position, id, logprob, phase, origin } = facts;
+    vec![
+        Line::from(vec![label(th, "token"), Span::styled(position, th.fg(th.text))]),
+        Line::from(vec![label(th, "id"), Span::styled(id, th.fg(th.text))]),
+        Line::from(vec![
+            label(th, "text"),
+            Span::styled(format!("{:?}", tok.text), th.fg(th.accent).add_modifier(Modifier::BOLD)),
+        ]),
+        Line::from(vec![label(th, "logprob"), Span::styled(logprob, th.fg(th.text))]),
+        Line::from(vec![label(th, "entropy"), Span::styled(entropy_text(tok), th.fg(th.text))]),
+        Line::from(vec![label(th, "margin"), Span::styled(margin_text(&tok.top_logprobs), th.fg(th.text))]),
+        Line::from(vec![label(th, "phase"), Span::styled(phase, th.fg(th.text))]),
+        Line::from(vec![label(th, "origin"), Span::styled(origin, th.fg(th.text))]),
+    ]
+}
+
+/// A fact's label, padded so the values line up.
+fn label(th: &Theme, s: &str) -> Span<'static> {
+    Span::styled(format!("{s:<10}"), th.fg(th.dim))
+}
+
+/// The subject's logprob beside the reference's, then Δ, the reference's rank and its verdict.
+fn reference_lines(th: &Theme, p: &Position, class: Agreement) -> [Line<'static>; 2] {
+    let (verdict, st) = match class {
+        Agreement::Agrees => ("agrees", th.fg(th.good)),
+        Agreement::Drifts => ("drifts", th.fg(th.warn)),
+        Agreement::Diverges => ("DIVERGES", th.fg(th.bad).add_modifier(Modifier::BOLD)),
+        Agreement::NotScored => ("not scored", th.fg(th.dim)),
     };
-    let logprob = match tok.logprob {
-        Some(lp) => format!("{}  (p = {})", fmt_logprob(lp), fmt_p(lp)),
-        // llama.cpp streams no logprob for tokens that came from accepted MTP drafts.
-        None if speculating => "none sent: the server gives none for accepted MTP drafts".into(),
-        None => "none sent by the server for this token".into(),
-    };
-    let id = tok.id.map(|id| id.to_string()).unwrap_or_else(|| "not sent by the server".into());
-    let phase = match tok.phase {
-        Phase::Thinking => "thinking",
-        Phase::Answer => "answer",
-    };
-    let label = |s: &str| Span::styled(format!("{s:<10}"), th.fg(th.dim));
-    let mut lines = if compact {
-        let short = |s: &str| Span::styled(format!("{s} "), th.fg(th.dim));
-        vec![
-            Line::from(vec![Span::styled(
-                format!("#{cursor} of {} · id {id} · {phase} · {origin}", t.tokens.len()),
-                th.fg(th.text),
-            )]),
-            Line::from(vec![
-                short("text"),
-                Span::styled(format!("{:?}", tok.text), th.fg(th.accent).add_modifier(Modifier::BOLD)),
-                Span::raw("  "),
-                short("logprob"),
-                Span::styled(logprob, th.fg(th.text)),
-            ]),
-            Line::from(vec![
-                short("entropy"),
-                Span::styled(entropy_text(tok), th.fg(th.text)),
-                Span::raw("  "),
-                short("margin"),
-                Span::styled(margin_text(&tok.top_logprobs), th.fg(th.text)),
-            ]),
-        ]
-    } else {
-        vec![
-            Line::from(vec![label("token"), Span::styled(format!("#{cursor} of {}", t.tokens.len()), th.fg(th.text))]),
-            Line::from(vec![label("id"), Span::styled(id, th.fg(th.text))]),
-            Line::from(vec![
-                label("text"),
-                Span::styled(format!("{:?}", tok.text), th.fg(th.accent).add_modifier(Modifier::BOLD)),
-            ]),
-            Line::from(vec![label("logprob"), Span::styled(logprob, th.fg(th.text))]),
-            Line::from(vec![label("entropy"), Span::styled(entropy_text(tok), th.fg(th.text))]),
-            Line::from(vec![label("margin"), Span::styled(margin_text(&tok.top_logprobs), th.fg(th.text))]),
-            Line::from(vec![label("phase"), Span::styled(phase, th.fg(th.text))]),
-            Line::from(vec![label("origin"), Span::styled(origin, th.fg(th.text))]),
-        ]
-    };
-    if let Some((p, class)) = reference {
-        let (verdict, st) = match class {
-            Agreement::Agrees => ("agrees", th.fg(th.good)),
-            Agreement::Drifts => ("drifts", th.fg(th.warn)),
-            Agreement::Diverges => ("DIVERGES", th.fg(th.bad).add_modifier(Modifier::BOLD)),
-            Agreement::NotScored => ("not scored", th.fg(th.dim)),
-        };
-        let server = p.subject_logprob.map_or("-".to_string(), fmt_logprob);
-        lines.push(Line::from(vec![
-            label("server"),
+    let server = p.subject_logprob.map_or("-".to_string(), fmt_logprob);
+    [
+        Line::from(vec![
+            label(th, "server"),
             Span::styled(format!("{server:>9}  reference {:>9}", fmt_logprob(p.reference_logprob)), th.fg(th.text)),
-        ]));
-        lines.push(Line::from(vec![
-            label("reference"),
+        ]),
+        Line::from(vec![
+            label(th, "reference"),
             Span::styled(
                 format!("Δ {}  rank {}  ", p.delta.map_or("-".to_string(), |d| format!("{d:+.4}")), p.reference_rank),
                 th.fg(th.text),
             ),
             Span::styled(verdict, st),
-        ]));
-    }
+        ]),
+    ]
+}
+
+/// The top alternatives, the chosen token among them in bold (the compact popup leaves out
+/// their heading).
+fn alternative_lines(th: &Theme, tok: &TokenEvent, compact: bool) -> Vec<Line<'static>> {
+    let mut lines = vec![];
     if tok.top_logprobs.is_empty() {
         lines.push(Line::styled("no alternatives recorded", th.fg(th.dim)));
     } else if !compact {
@@ -147,11 +198,17 @@ pub fn draw(
             Span::styled(format!(" {:>9}  p {}", fmt_logprob(a.logprob), fmt_p(a.logprob)), st),
         ]));
     }
+    lines
+}
+
+/// The popup with `lines`, at most 56 columns wide, in the bottom right corner of `area`.
+fn show_popup(f: &mut Frame, area: Rect, th: &Theme, lines: &[Line<'static>]) {
+    let w = area.width.min(56);
     let block = Block::bordered()
         .title(Line::styled(" Token inspector ←/→ Home/End ", th.title()))
         .border_style(th.border(true));
     // Wrapped to the popup, so a long line (the margin at 56 columns) is never cut.
-    let lines = wrap(&lines, w.saturating_sub(2) as usize);
+    let lines = wrap(lines, w.saturating_sub(2) as usize);
     let h = (lines.len() as u16 + 2).min(area.height);
     let r = Rect { x: area.x + area.width - w, y: area.y + area.height - h, width: w, height: h };
     f.render_widget(Clear, r);
@@ -214,6 +271,34 @@ fn margin_text(top: &[deltascope_protocol::Alternative]) -> String {
             format!("top-1 − top-2 = {} (p {} vs {})", fmt_logprob(a - b).trim_start_matches('-'), fmt_p(a), fmt_p(b))
         }
         _ => "- (fewer than two alternatives)".into(),
+    }
+}
+
+/// The token inspector: a popup on one token of the shown turn. Its cursor is the view's
+/// (the panes mark the same token), so the panel itself holds nothing.
+pub struct Inspector;
+
+/// What the inspector shows: token `cursor` of `turn`; `speculating`: the backend drafts
+/// with MTP (then a missing logprob is an accepted draft's); `reference`: the token as the
+/// local reference scored it (reference mode).
+pub struct InspectorShown<'a> {
+    pub turn: &'a Turn,
+    pub cursor: usize,
+    pub speculating: bool,
+    pub reference: Option<(&'a Position, Agreement)>,
+}
+
+impl Panel for Inspector {
+    type Shown<'a> = InspectorShown<'a>;
+    /// The cursor and how many tokens the shown turn has.
+    type Keyed<'a> = (&'a mut usize, usize);
+
+    fn key(&mut self, k: KeyEvent, (cursor, tokens): (&mut usize, usize), _: &mut Ctx) -> Handled {
+        on_key(cursor, tokens, k)
+    }
+
+    fn draw(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx, s: InspectorShown<'_>, _: &mut Layout) {
+        draw(f, area, ctx, s.turn, s.cursor, s.speculating, s.reference)
     }
 }
 

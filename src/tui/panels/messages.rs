@@ -1,72 +1,33 @@
-//! The messages panel: every message the workbench showed, kept whole, and the log popup that
-//! shows them. The status line shows the latest for a few seconds and cuts it to the terminal's
-//! width; the message log shows them all, wrapped, so no reason is ever lost to a narrow
-//! terminal or a message that scrolled away.
+//! The messages panel: the log popup that shows every message, wrapped, so no reason is ever
+//! lost to a narrow terminal or a message that scrolled away (the status line cuts the latest
+//! to the terminal's width).
 
 use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::style::Modifier;
 use ratatui::text::{Line, Span};
 
-use super::{DrawCtx, scrolled_popup};
+use crate::tui::log::{Level, MessageLog};
+use ratatui::crossterm::event::KeyEvent;
 
-/// How long an informational message stays in the status line.
-const SHOWN_MS: f64 = 6000.0;
+use crate::tui::panel::{Ctx, DrawCtx, Handled, Panel};
+use crate::tui::popup::scrolled_popup;
+use crate::tui::screen::Layout;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Level {
-    Info,
-    Warning,
-    Error,
-}
+impl Panel for MessageLog {
+    /// Why the conversation is not saved, shown above the messages.
+    type Shown<'a> = Option<&'a str>;
+    type Keyed<'a> = ();
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct Message {
-    pub at_ms: f64,
-    pub level: Level,
-    pub text: String,
-}
-
-#[derive(Debug, Default)]
-pub struct MessageLog {
-    pub items: Vec<Message>,
-    /// Whether the latest message is still in the status line.
-    showing: bool,
-}
-
-impl MessageLog {
-    pub fn push(&mut self, level: Level, text: impl Into<String>, now_ms: f64) {
-        let text = text.into();
-        match level {
-            Level::Info => tracing::info!("{text}"),
-            Level::Warning | Level::Error => tracing::warn!("{text}"),
-        }
-        self.items.push(Message { at_ms: now_ms, level, text });
-        self.showing = true;
+    /// Its scrolling keys are the popup's (the app's overlay routing).
+    fn key(&mut self, _: KeyEvent, _: (), _: &mut Ctx) -> Handled {
+        Handled::NotConsumed
     }
 
-    /// The message the status line shows now.
-    pub fn current(&self) -> Option<&Message> {
-        self.items.last().filter(|_| self.showing)
-    }
-
-    /// Expires the status line's message; `true` when that changed the screen.
-    pub fn tick(&mut self, now_ms: f64) -> bool {
-        let expired = self.current().is_some_and(|m| now_ms - m.at_ms > SHOWN_MS);
-        if expired {
-            self.showing = false;
-        }
-        expired
-    }
-}
-
-// Drawing.
-
-impl MessageLog {
-    /// The message log popup: every message so far, newest first, wrapped, under why the
-    /// conversation is not saved (`not_saved`); returns the largest useful first line.
-    pub fn draw(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx, not_saved: Option<&str>) -> u16 {
-        draw(self, f, area, ctx, not_saved)
+    /// The message log popup: every message so far, newest first, wrapped; its largest useful
+    /// first line goes into `out`.
+    fn draw(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx, not_saved: Option<&str>, out: &mut Layout) {
+        out.popup_scroll_max = Some(draw(self, f, area, ctx, not_saved));
     }
 }
 

@@ -13,9 +13,10 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Clear, Paragraph};
 use ratatui_textarea::TextArea;
 
-use super::DrawCtx;
 use crate::session::{SessionInfo, format_timestamp};
-use crate::tui::view::centered;
+use crate::tui::panel::{Ctx, DrawCtx, Handled, Panel};
+use crate::tui::popup::centered;
+use crate::tui::screen::Layout;
 
 /// The picker's state: the listed sessions, the selected one and the directory they are in.
 #[derive(Debug, Clone)]
@@ -85,7 +86,7 @@ impl Picker {
         self
     }
 
-    pub fn key(&mut self, k: KeyEvent) -> PickerKey {
+    fn on_key(&mut self, k: KeyEvent) -> PickerKey {
         match std::mem::take(&mut self.mode) {
             Mode::Browse => {}
             Mode::Rename(mut input) => {
@@ -149,7 +150,7 @@ impl Picker {
         }
     }
 
-    pub fn draw(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx) {
+    fn draw_list(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx) {
         let th = ctx.theme;
         let (items, selected) = (&self.items, self.selected);
         let r = centered(area, 100, area.height.saturating_sub(4).max(6));
@@ -207,5 +208,20 @@ impl Picker {
             f.render_widget(Clear, at);
             f.render_widget(&**input, at);
         }
+    }
+}
+
+impl Panel for Picker {
+    type Shown<'a> = ();
+    /// Where the key's request to the app goes (open, rename, delete, close).
+    type Keyed<'a> = &'a mut PickerKey;
+
+    fn key(&mut self, k: KeyEvent, asked: &mut PickerKey, _: &mut Ctx) -> Handled {
+        *asked = self.on_key(k);
+        Handled::Consumed
+    }
+
+    fn draw(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx, _: (), _: &mut Layout) {
+        self.draw_list(f, area, ctx)
     }
 }

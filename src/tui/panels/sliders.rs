@@ -11,10 +11,11 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph};
 
-use super::messages::Level;
-use super::{Ctx, DrawCtx, Handled};
 use crate::backend::Support;
 use crate::tui::keymap::Action;
+use crate::tui::log::Level;
+use crate::tui::panel::{Ctx, DrawCtx, Handled, Panel};
+use crate::tui::screen::Layout;
 use deltascope_protocol::{GenerationParams, MAX_DEPTH, MtpMode, Preset, Thinking, range};
 
 /// What the next generation will use.
@@ -360,7 +361,7 @@ fn ladder_step(ladder: &[usize], v: usize, up: bool, big: bool) -> usize {
 
 /// A key while the sliders have the focus: `selected` is the selected slider, `cap` the
 /// largest max_tokens the context leaves room for.
-pub fn key(selected: &mut usize, settings: &mut Settings, cap: usize, k: KeyEvent, ctx: &mut Ctx) -> Handled {
+fn on_key(selected: &mut usize, settings: &mut Settings, cap: usize, k: KeyEvent, ctx: &mut Ctx) -> Handled {
     let n = Slider::ALL.len();
     let big = k.modifiers.contains(KeyModifiers::SHIFT);
     let slider = Slider::ALL[*selected];
@@ -390,7 +391,7 @@ pub fn key(selected: &mut usize, settings: &mut Settings, cap: usize, k: KeyEven
 pub const HEIGHT: u16 = Slider::ALL.len() as u16 + 1;
 
 /// The sliders over `settings`; `selected`: the selected slider, while they have the focus.
-pub fn draw(f: &mut Frame, area: Rect, ctx: &DrawCtx, settings: &Settings, selected: Option<usize>) {
+fn draw(f: &mut Frame, area: Rect, ctx: &DrawCtx, settings: &Settings, selected: Option<usize>) {
     let th = ctx.theme;
     let focused = selected.is_some();
     let title = if focused {
@@ -429,6 +430,28 @@ pub fn draw(f: &mut Frame, area: Rect, ctx: &DrawCtx, settings: &Settings, selec
     }
     lines.push(Line::styled(" applies to the next generation", th.fg(th.dim)));
     f.render_widget(Paragraph::new(lines), inner);
+}
+
+/// The sliders panel: the settings of the next run. Its state is the selected slider; the
+/// settings it moves are the app's.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Sliders {
+    pub selected: usize,
+}
+
+impl Panel for Sliders {
+    /// The settings, and whether the sliders have the focus (then the selection shows).
+    type Shown<'a> = (&'a Settings, bool);
+    /// The settings a key moves, and the largest max_tokens the context leaves room for.
+    type Keyed<'a> = (&'a mut Settings, usize);
+
+    fn key(&mut self, k: KeyEvent, (settings, cap): (&mut Settings, usize), ctx: &mut Ctx) -> Handled {
+        on_key(&mut self.selected, settings, cap, k, ctx)
+    }
+
+    fn draw(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx, (settings, focused): Self::Shown<'_>, _: &mut Layout) {
+        draw(f, area, ctx, settings, focused.then_some(self.selected))
+    }
 }
 
 #[cfg(test)]

@@ -29,11 +29,10 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph};
 use unicode_width::UnicodeWidthStr;
 
-use super::DrawCtx;
-use super::Handled;
-use crate::session::Turn;
-use crate::tui::app::Layout;
+use crate::session::{Timed, Turn};
 use crate::tui::keymap::Action;
+use crate::tui::panel::{Ctx, DrawCtx, Handled, Panel};
+use crate::tui::screen::Layout;
 use crate::tui::theme::Theme;
 use deltascope_model::{short_bytes, sig4 as sig};
 use deltascope_protocol::{EXPLODED_NORM, FORGETS_WITHIN, HeadMemory, KEEPS_PAST, memory_of};
@@ -70,7 +69,7 @@ impl StateScope {
     /// A key while the State view has the focus: ↑/↓ layer, ←/→ head, m / M metric, [ / ]
     /// token, Home / End first token / latest. `cursor`: the token shown (`None`: the latest);
     /// `dims`: the shown turn's (layers, heads, tokens). `t` (tracing) is not the view's.
-    pub fn key(&mut self, k: KeyEvent, cursor: &mut Option<usize>, dims: (usize, usize, usize)) -> Handled {
+    fn on_key(&mut self, k: KeyEvent, cursor: &mut Option<usize>, dims: (usize, usize, usize)) -> Handled {
         let (layers, heads, tokens) = dims;
         let big = if k.modifiers.contains(KeyModifiers::SHIFT) { 8 } else { 1 };
         let last = |n: usize| n.saturating_sub(1);
@@ -244,7 +243,7 @@ pub struct Shown<'a> {
 
 impl StateScope {
     /// Draws the view in `area`; where its rows and columns start goes into `layout`.
-    pub fn draw(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx, s: &Shown, layout: &mut Layout) {
+    fn draw_view(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx, s: &Shown, layout: &mut Layout) {
         let th = ctx.theme;
         let focused = s.focused;
         let title = if focused {
@@ -354,84 +353,24 @@ fn scope_lines(
     let (sel_layer, sel_head) = (scope.layer.min(layers - 1), scope.head.min(heads - 1));
     let metric = scope.metric;
     let parts = Parts::fit(area.height as usize, layers, !pass.attention.is_empty());
-
-    // Columns: the heat map (up to four columns a head, the last one the head's mark, within
-    // two fifths of the width), then the strip of passes in the rest (at least 12 columns).
-    let room = width.saturating_sub(LABEL + 3);
-    let for_heads = room.saturating_sub(12).max(1);
-    let cell = (room * 2 / 5 / heads).clamp(1, 4).min((for_heads / heads).max(1));
-    let shown_heads = heads.min((for_heads / cell).max(1));
-    let left = StateScope::follow(scope.left, sel_head, shown_heads);
-    layout.state_left = Some(left);
-    let strip = width.saturating_sub(LABEL + shown_heads * cell + 3);
-    let first_pass = (pass_idx + 1).saturating_sub(strip);
+    let cols = Columns::fit(width, heads, scope.left, sel_head);
+    layout.state_left = Some(cols.left);
+    let first_pass = (pass_idx + 1).saturating_sub(cols.strip);
     let passes = &t.states[first_pass..=pass_idx];
     let top = StateScope::follow(scope.top, sel_layer, parts.layer_rows);
     layout.state_top = Some(top);
-
-    let on_screen =
-        pass.gdn.iter().flat_map(|l| (0..l.beta.len()).map(|h| metric.value(l, h))).chain(
-            passes.iter().flat_map(|p| p.ev.gdn.iter().flat_map(|l| (0..l.beta.len()).map(|h| metric.value(l, h)))),
-        );
-    let scale = Scale::new(metric, on_screen);
+    let scale = scale_on_screen(metric, pass, passes);
 
     let mut out = vec![header(th, metric, s.generating, t, pass, pass_idx, cursor)];
     if parts.legend {
-        out.push(legend(th, &scale, cell == 1));
+        out.push(legend(th, &scale, cols.cell == 1));
     }
     if parts.columns {
-        let heads_label = if shown_heads < heads {
-            format!("heads {}–{} of {heads}", left, left + shown_heads - 1)
-        } else {
-            format!("{heads} heads")
-        };
-        let heat = format!("layer {heads_label} at this pass");
-        let heat_w = LABEL + shown_heads * cell;
-        let mut line = format!("{heat:<heat_w$}");
-        if strip > 0 {
-            line.push_str(&format!(" │ mean of the heads, last {} passes", passes.len()));
-        }
-        out.push(Line::styled(line, th.fg(th.dim)));
+        out.push(columns_heading(th, heads, &cols, passes.len()));
     }
+    let map = HeatMap { th, metric, scale: &scale, cols: &cols, passes, sel_layer, sel_head };
     for (li, l) in pass.gdn.iter().enumerate().skip(top).take(parts.layer_rows) {
-        let selected = li == sel_layer;
-        let label_style = if selected { th.fg(th.accent).add_modifier(Modifier::BOLD) } else { th.fg(th.dim) };
-        let mut spans = vec![Span::styled(
-            format!("{}{:<width$}", if selected { '▸' } else { ' ' }, format!("L{}", l.layer), width = LABEL - 1),
-            label_style,
-        )];
-        for h in left..(left + shown_heads).min(l.beta.len()) {
-            let (mut g, mut style) = bar(th, scale.x(metric.value(l, h)));
-            let (m, m_style) = mark(th, l, h);
-            // One column a head: a broken head shows its ✖, the memory marks become styles.
-            if cell == 1 {
-                match m {
-                    '✖' => (g, style) = (m, m_style),
-                    '·' => style = style.add_modifier(Modifier::DIM),
-                    '∞' => style = style.add_modifier(Modifier::UNDERLINED),
-                    _ => {}
-                }
-            }
-            if selected && h == sel_head {
-                style = style.add_modifier(Modifier::REVERSED);
-            }
-            spans.push(Span::styled(g.to_string().repeat(cell.max(2) - 1), style));
-            if cell >= 2 {
-                spans.push(Span::styled(m.to_string(), m_style));
-            }
-        }
-        if strip > 0 {
-            let pad = (shown_heads.saturating_sub(l.beta.len().saturating_sub(left))) * cell;
-            spans.push(Span::raw(format!("{} │ ", " ".repeat(pad))));
-            for p in passes {
-                let (g, style) = match p.ev.gdn.get(li) {
-                    Some(pl) => bar(th, mean_x(&scale, metric, pl)),
-                    None => (' ', Style::new()),
-                };
-                spans.push(Span::styled(g.to_string(), style));
-            }
-        }
-        out.push(Line::from(spans));
+        out.push(map.layer_row(li, l));
     }
     if parts.attention {
         out.push(attention_line(th, pass));
@@ -446,6 +385,132 @@ fn scope_lines(
         out.extend(history(th, metric, t, &scale, sel_layer, &shown, sel_head, cursor, width));
     }
     out
+}
+
+/// How the width is shared: the heat map (up to four columns a head, the last one the head's
+/// mark, within two fifths of the width), then the strip of passes in the rest (at least 12
+/// columns).
+struct Columns {
+    /// Columns a head takes.
+    cell: usize,
+    /// The first head on screen.
+    left: usize,
+    /// How many heads are on screen.
+    shown_heads: usize,
+    /// Columns of the strip of passes, one a pass (0: no strip).
+    strip: usize,
+}
+
+impl Columns {
+    /// The columns for `heads` in `width`, moving the first head shown from `left` as little as
+    /// keeps `selected` in sight.
+    fn fit(width: usize, heads: usize, left: usize, selected: usize) -> Columns {
+        let room = width.saturating_sub(LABEL + 3);
+        let for_heads = room.saturating_sub(12).max(1);
+        let cell = (room * 2 / 5 / heads).clamp(1, 4).min((for_heads / heads).max(1));
+        let shown_heads = heads.min((for_heads / cell).max(1));
+        let left = StateScope::follow(left, selected, shown_heads);
+        let strip = width.saturating_sub(LABEL + shown_heads * cell + 3);
+        Columns { cell, left, shown_heads, strip }
+    }
+}
+
+/// The scale for every value on screen: the heads at this pass and those of the strip's passes.
+fn scale_on_screen(metric: StateMetric, pass: &StateEvent, passes: &[Timed<StateEvent>]) -> Scale {
+    let on_screen =
+        pass.gdn.iter().flat_map(|l| (0..l.beta.len()).map(|h| metric.value(l, h))).chain(
+            passes.iter().flat_map(|p| p.ev.gdn.iter().flat_map(|l| (0..l.beta.len()).map(|h| metric.value(l, h)))),
+        );
+    Scale::new(metric, on_screen)
+}
+
+/// The headings over the heat map and the strip of `passes` passes.
+fn columns_heading(th: &Theme, heads: usize, cols: &Columns, passes: usize) -> Line<'static> {
+    let heads_label = if cols.shown_heads < heads {
+        format!("heads {}–{} of {heads}", cols.left, cols.left + cols.shown_heads - 1)
+    } else {
+        format!("{heads} heads")
+    };
+    let heat = format!("layer {heads_label} at this pass");
+    let heat_w = LABEL + cols.shown_heads * cols.cell;
+    let mut line = format!("{heat:<heat_w$}");
+    if cols.strip > 0 {
+        line.push_str(&format!(" │ mean of the heads, last {passes} passes"));
+    }
+    Line::styled(line, th.fg(th.dim))
+}
+
+/// What the layer rows are drawn from: the heat map of the heads at this pass, and the strip
+/// of the mean of the heads over the passes before it.
+struct HeatMap<'a> {
+    th: &'a Theme,
+    metric: StateMetric,
+    scale: &'a Scale,
+    cols: &'a Columns,
+    /// The strip's passes, the one in view last.
+    passes: &'a [Timed<StateEvent>],
+    sel_layer: usize,
+    sel_head: usize,
+}
+
+impl HeatMap<'_> {
+    /// Layer `li`'s row: its label, its heads on screen, then its strip.
+    fn layer_row(&self, li: usize, l: &GdnLayerState) -> Line<'static> {
+        let th = self.th;
+        let selected = li == self.sel_layer;
+        let label_style = if selected { th.fg(th.accent).add_modifier(Modifier::BOLD) } else { th.fg(th.dim) };
+        let mut spans = vec![Span::styled(
+            format!("{}{:<width$}", if selected { '▸' } else { ' ' }, format!("L{}", l.layer), width = LABEL - 1),
+            label_style,
+        )];
+        let Columns { left, shown_heads, strip, .. } = *self.cols;
+        for h in left..(left + shown_heads).min(l.beta.len()) {
+            spans.extend(self.head_cell(l, h, selected && h == self.sel_head));
+        }
+        if strip > 0 {
+            spans.extend(self.strip(li, l));
+        }
+        Line::from(spans)
+    }
+
+    /// Head `h`'s cell: its bar, then its mark where the cell has room for one.
+    fn head_cell(&self, l: &GdnLayerState, h: usize, selected: bool) -> Vec<Span<'static>> {
+        let (th, cell) = (self.th, self.cols.cell);
+        let (mut g, mut style) = bar(th, self.scale.x(self.metric.value(l, h)));
+        let (m, m_style) = mark(th, l, h);
+        // One column a head: a broken head shows its ✖, the memory marks become styles.
+        if cell == 1 {
+            match m {
+                '✖' => (g, style) = (m, m_style),
+                '·' => style = style.add_modifier(Modifier::DIM),
+                '∞' => style = style.add_modifier(Modifier::UNDERLINED),
+                _ => {}
+            }
+        }
+        if selected {
+            style = style.add_modifier(Modifier::REVERSED);
+        }
+        let mut spans = vec![Span::styled(g.to_string().repeat(cell.max(2) - 1), style)];
+        if cell >= 2 {
+            spans.push(Span::styled(m.to_string(), m_style));
+        }
+        spans
+    }
+
+    /// Layer `li`'s strip, after room for the heads it lacks: the mean of its heads at each pass.
+    fn strip(&self, li: usize, l: &GdnLayerState) -> Vec<Span<'static>> {
+        let Columns { cell, left, shown_heads, .. } = *self.cols;
+        let pad = (shown_heads.saturating_sub(l.beta.len().saturating_sub(left))) * cell;
+        let mut spans = vec![Span::raw(format!("{} │ ", " ".repeat(pad)))];
+        for p in self.passes {
+            let (g, style) = match p.ev.gdn.get(li) {
+                Some(pl) => bar(self.th, mean_x(self.scale, self.metric, pl)),
+                None => (' ', Style::new()),
+            };
+            spans.push(Span::styled(g.to_string(), style));
+        }
+        spans
+    }
 }
 
 /// The mean of a layer's heads on the scale (`None` when any head is broken).
@@ -640,6 +705,26 @@ fn history(
     }
     out.push(Line::from(texts));
     out
+}
+
+/// What a key in the State view moves besides the view: the inspector's token (`None`: the
+/// latest), within the shown turn's (layers, heads, tokens).
+pub struct StateKeys<'a> {
+    pub cursor: &'a mut Option<usize>,
+    pub dims: (usize, usize, usize),
+}
+
+impl Panel for StateScope {
+    type Shown<'a> = Shown<'a>;
+    type Keyed<'a> = StateKeys<'a>;
+
+    fn key(&mut self, k: KeyEvent, with: StateKeys<'_>, _: &mut Ctx) -> Handled {
+        self.on_key(k, with.cursor, with.dims)
+    }
+
+    fn draw(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx, shown: Shown<'_>, out: &mut Layout) {
+        self.draw_view(f, area, ctx, &shown, out)
+    }
 }
 
 #[cfg(test)]

@@ -10,15 +10,14 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Scrollbar, ScrollbarOrientation, ScrollbarState};
 
-use super::DrawCtx;
-use super::Handled;
 use crate::session::{Timed, Turn};
-use crate::tui::app::{ColourMode, Focus, PaneLayout, ThinkingView, ViewState};
 use crate::tui::highlight::Markdown;
 use crate::tui::keymap::Action;
+use crate::tui::panel::{Ctx, Panel};
+use crate::tui::panel::{DrawCtx, Handled};
+use crate::tui::screen::{ColourMode, Focus, Layout as Laid, PaneLayout, ThinkingView};
 use crate::tui::theme::Theme;
-use crate::tui::view::wrap::wrap;
-use crate::tui::view::{Pane, View};
+use crate::tui::wrap::wrap;
 use deltascope_model::duration_ms;
 use deltascope_protocol::{DiagnosticKind, DraftKind, Phase, TokenEvent};
 
@@ -58,26 +57,158 @@ impl PaneScroll {
     }
 }
 
-/// What the transcript shows, gathered by the view from the app.
-#[derive(Clone, Copy)]
-pub struct Transcript<'a> {
-    pub ctx: DrawCtx<'a>,
+/// The transcript panel: the shown turn's thinking and answer panes. Its state is each pane's
+/// scrolling; a key scrolls the focused pane.
+#[derive(Debug, Default)]
+pub struct Panes {
+    pub thinking: PaneScroll,
+    pub answer: PaneScroll,
+}
+
+impl Panes {
+    /// Both panes follow their tails again (a new turn, another shown turn).
+    pub fn follow(&mut self) {
+        self.thinking.follow();
+        self.answer.follow();
+    }
+
+    pub fn scroll_of(&mut self, pane: Pane) -> &mut PaneScroll {
+        match pane {
+            Pane::Thinking => &mut self.thinking,
+            Pane::Answer => &mut self.answer,
+        }
+    }
+}
+
+/// What the panes show but do not own, gathered by the view from the app for one frame.
+pub struct PanesShown<'a> {
     pub turns: &'a [Turn],
     /// The turn the panes show (index into `turns`).
     pub shown: Option<usize>,
     /// A generation is running (the thinking pane's title says "live").
     pub generating: bool,
-    /// Focus, the thinking pane's mode, colours, the inspector's cursor, the panes' scrolling.
-    pub view: &'a ViewState,
+    pub focus: Focus,
+    pub thinking_view: ThinkingView,
+    pub colour_mode: ColourMode,
+    /// The token inspector's cursor.
+    pub inspector: Option<usize>,
     /// The shown turn's answer, rendered up to its last finished line.
     pub markdown: &'a Markdown,
     /// Why sessions are saved elsewhere than asked (the welcome screen says so).
     pub sessions_fallback: Option<&'a str>,
+    /// The panes' wrapped lines, kept by the view between frames.
+    pub caches: &'a mut PaneCaches,
+}
+
+impl Panel for Panes {
+    type Shown<'a> = PanesShown<'a>;
+    /// The pane that has the focus.
+    type Keyed<'a> = Pane;
+
+    fn key(&mut self, k: KeyEvent, pane: Pane, _: &mut Ctx) -> Handled {
+        self.scroll_of(pane).key(k)
+    }
+
+    fn draw(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx, shown: PanesShown<'_>, out: &mut Laid) {
+        let tr = Transcript {
+            ctx: *ctx,
+            turns: shown.turns,
+            shown: shown.shown,
+            generating: shown.generating,
+            focus: shown.focus,
+            thinking_view: shown.thinking_view,
+            colour_mode: shown.colour_mode,
+            inspector: shown.inspector,
+            thinking_scroll: &self.thinking,
+            answer_scroll: &self.answer,
+            markdown: shown.markdown,
+            sessions_fallback: shown.sessions_fallback,
+        };
+        let (thinking, answer) = conversation(&tr, f, area, shown.caches);
+        out.thinking = thinking.or(out.thinking);
+        out.answer = answer.or(out.answer);
+    }
+}
+
+/// The history column: every turn of the conversation, one or three lines each.
+pub struct History;
+
+impl Panel for History {
+    /// The turns, and the one the panes show.
+    type Shown<'a> = (&'a [Turn], Option<usize>);
+    type Keyed<'a> = ();
+
+    fn key(&mut self, _: KeyEvent, _: (), _: &mut Ctx) -> Handled {
+        Handled::NotConsumed
+    }
+
+    fn draw(&self, f: &mut Frame, area: Rect, ctx: &DrawCtx, (turns, shown): Self::Shown<'_>, _: &mut Laid) {
+        history(ctx, turns, shown, f, area)
+    }
+}
+
+/// What drawing the panes reads, for one frame.
+#[derive(Clone, Copy)]
+struct Transcript<'a> {
+    ctx: DrawCtx<'a>,
+    turns: &'a [Turn],
+    shown: Option<usize>,
+    generating: bool,
+    focus: Focus,
+    thinking_view: ThinkingView,
+    colour_mode: ColourMode,
+    inspector: Option<usize>,
+    thinking_scroll: &'a PaneScroll,
+    answer_scroll: &'a PaneScroll,
+    markdown: &'a Markdown,
+    sessions_fallback: Option<&'a str>,
 }
 
 impl Transcript<'_> {
     fn turn(&self) -> Option<&Turn> {
         self.shown.and_then(|i| self.turns.get(i))
+    }
+
+    fn scroll(&self, pane: Pane) -> &PaneScroll {
+        match pane {
+            Pane::Thinking => self.thinking_scroll,
+            Pane::Answer => self.answer_scroll,
+        }
+    }
+}
+
+/// The two streaming panes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pane {
+    Thinking,
+    Answer,
+}
+
+impl Pane {
+    fn phase(self) -> Phase {
+        match self {
+            Pane::Thinking => Phase::Thinking,
+            Pane::Answer => Phase::Answer,
+        }
+    }
+}
+
+/// What drawing keeps between frames for the panes: each pane's wrapped lines, so a frame only
+/// wraps what arrived since the last one. The view owns it; the state never holds drawing's
+/// caches.
+#[derive(Debug, Default)]
+pub struct PaneCaches {
+    thinking: PaneCache,
+    answer: PaneCache,
+    markdown: MarkdownWrap,
+}
+
+impl PaneCaches {
+    fn lines(&mut self, pane: Pane) -> &mut PaneCache {
+        match pane {
+            Pane::Thinking => &mut self.thinking,
+            Pane::Answer => &mut self.answer,
+        }
     }
 }
 
@@ -98,11 +229,10 @@ impl PaneScroll {
 /// Side by side from this width of the centre area.
 const SIDE_BY_SIDE_FROM: u16 = 70;
 
-pub fn history(tr: &Transcript, f: &mut Frame, area: Rect) {
-    let th = tr.ctx.theme;
+fn history(ctx: &DrawCtx, turns: &[Turn], shown: Option<usize>, f: &mut Frame, area: Rect) {
+    let th = ctx.theme;
     let mut lines = vec![];
-    let shown = tr.shown;
-    for (i, t) in tr.turns.iter().enumerate() {
+    for (i, t) in turns.iter().enumerate() {
         let mark = if Some(i) == shown { "▶" } else { " " };
         let tag = match t.compare_of {
             Some(o) => format!("{}≈{}", i + 1, o + 1),
@@ -146,9 +276,14 @@ fn one_line_answer(s: &str) -> String {
     one_line(s).replace("**", "").replace('`', "")
 }
 
-/// Thinking and answer panes for the shown turn.
-pub fn conversation(tr: &Transcript, f: &mut Frame, area: Rect, v: &mut View) {
-    let thinking_w = match tr.view.thinking_view {
+/// Thinking and answer panes for the shown turn; what each laid out.
+fn conversation(
+    tr: &Transcript,
+    f: &mut Frame,
+    area: Rect,
+    v: &mut PaneCaches,
+) -> (Option<PaneLayout>, Option<PaneLayout>) {
+    let thinking_w = match tr.thinking_view {
         ThinkingView::Shown => None,
         ThinkingView::Collapsed => Some(3),
         ThinkingView::Hidden => Some(0),
@@ -170,10 +305,8 @@ pub fn conversation(tr: &Transcript, f: &mut Frame, area: Rect, v: &mut View) {
         }
     };
     let turn = tr.turn();
-    if let Some(t_area) = t_area {
-        thinking(tr, f, t_area, turn, v);
-    }
-    answer(tr, f, a_area, turn, v);
+    let thinking = t_area.and_then(|t_area| thinking(tr, f, t_area, turn, v));
+    (thinking, answer(tr, f, a_area, turn, v))
 }
 
 fn thinking_title(tr: &Transcript, turn: Option<&Turn>) -> Line<'static> {
@@ -199,17 +332,16 @@ fn thinking_title(tr: &Transcript, turn: Option<&Turn>) -> Line<'static> {
             spans.push(Span::styled("(off) ", th.fg(th.dim)));
         }
     }
-    if tr.view.thinking_view != ThinkingView::Shown {
+    if tr.thinking_view != ThinkingView::Shown {
         spans.push(Span::styled(format!("[{}] ", tr.ctx.keymap.first(Action::CollapseThinking)), th.fg(th.dim)));
     }
     Line::from(spans)
 }
 
-fn thinking(tr: &Transcript, f: &mut Frame, area: Rect, turn: Option<&Turn>, v: &mut View) {
+fn thinking(tr: &Transcript, f: &mut Frame, area: Rect, turn: Option<&Turn>, v: &mut PaneCaches) -> Option<PaneLayout> {
     let th = tr.ctx.theme;
-    let block =
-        Block::bordered().title(thinking_title(tr, turn)).border_style(th.border(tr.view.focus == Focus::Thinking));
-    if tr.view.thinking_view == ThinkingView::Collapsed {
+    let block = Block::bordered().title(thinking_title(tr, turn)).border_style(th.border(tr.focus == Focus::Thinking));
+    if tr.thinking_view == ThinkingView::Collapsed {
         let inner = block.inner(area);
         f.render_widget(block, area);
         if let Some(t) = turn {
@@ -217,15 +349,15 @@ fn thinking(tr: &Transcript, f: &mut Frame, area: Rect, turn: Option<&Turn>, v: 
             let last = t.thinking.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
             f.render_widget(Paragraph::new(Line::styled(last.to_string(), th.fg(th.thinking))), inner);
         }
-        return;
+        return None;
     }
     match turn {
         Some(t) => token_pane(tr, f, area, block, t, Pane::Thinking, v),
-        None => scrolled(tr, f, area, block, vec![], Pane::Thinking, v),
+        None => scrolled(tr, f, area, block, vec![], Pane::Thinking),
     }
 }
 
-fn answer(tr: &Transcript, f: &mut Frame, area: Rect, turn: Option<&Turn>, v: &mut View) {
+fn answer(tr: &Transcript, f: &mut Frame, area: Rect, turn: Option<&Turn>, v: &mut PaneCaches) -> Option<PaneLayout> {
     let th = tr.ctx.theme;
     let mut title = vec![Span::styled(" Answer ", th.title())];
     if let Some(t) = turn {
@@ -235,15 +367,11 @@ fn answer(tr: &Transcript, f: &mut Frame, area: Rect, turn: Option<&Turn>, v: &m
             title.push(Span::styled(format!("· {:.1} tok/s ", tm.decode_tok_s), th.fg(th.dim)));
         }
     }
-    let block = Block::bordered().title(Line::from(title)).border_style(th.border(tr.view.focus == Focus::Answer));
+    let block = Block::bordered().title(Line::from(title)).border_style(th.border(tr.focus == Focus::Answer));
     match turn {
-        None => scrolled(tr, f, area, block, welcome(tr), Pane::Answer, v),
+        None => scrolled(tr, f, area, block, welcome(tr), Pane::Answer),
         // Markdown in the default view; raw tokens when colouring or inspecting tokens.
-        Some(t)
-            if tr.view.colour_mode == ColourMode::Phase
-                && tr.view.inspector.is_none()
-                && !has_loop_in(t, Phase::Answer) =>
-        {
+        Some(t) if tr.colour_mode == ColourMode::Phase && tr.inspector.is_none() && !has_loop_in(t, Phase::Answer) => {
             markdown_pane(tr, f, area, block, t, v)
         }
         Some(t) => token_pane(tr, f, area, block, t, Pane::Answer, v),
@@ -284,25 +412,32 @@ fn scrolled(
     block: Block,
     lines: Vec<Line<'static>>,
     pane: Pane,
-    v: &mut View,
-) {
+) -> Option<PaneLayout> {
     let inner = block.inner(area);
     f.render_widget(block, area);
     if inner.width < 2 || inner.height == 0 {
-        return;
+        return None;
     }
     let wrapped = wrap(&lines, inner.width.saturating_sub(1) as usize);
-    let drawn = show(tr, f, inner, wrapped.len(), |r| wrapped[r].to_vec(), pane.scroll(tr.view));
-    v.record(pane, drawn);
+    let drawn = show(tr, f, inner, wrapped.len(), |r| wrapped[r].to_vec(), tr.scroll(pane));
+    Some(drawn)
 }
 
 /// Draws one phase's tokens inside `block`, wrapped through the pane's [`PaneCache`] so a frame
 /// only wraps what arrived since the last one.
-fn token_pane(tr: &Transcript, f: &mut Frame, area: Rect, block: Block, t: &Turn, pane: Pane, v: &mut View) {
+fn token_pane(
+    tr: &Transcript,
+    f: &mut Frame,
+    area: Rect,
+    block: Block,
+    t: &Turn,
+    pane: Pane,
+    v: &mut PaneCaches,
+) -> Option<PaneLayout> {
     let inner = block.inner(area);
     f.render_widget(block, area);
     if inner.width < 2 || inner.height == 0 {
-        return;
+        return None;
     }
     let cache = v.lines(pane);
     let tail = cache.update(tr, t, pane.phase(), inner.width.saturating_sub(1) as usize);
@@ -314,18 +449,25 @@ fn token_pane(tr: &Transcript, f: &mut Frame, area: Rect, block: Block, t: &Turn
         inner,
         total,
         |r| r.map(|i| closed.get(i).unwrap_or_else(|| &tail[i - closed.len()]).clone()).collect(),
-        pane.scroll(tr.view),
+        tr.scroll(pane),
     );
-    v.record(pane, drawn);
+    Some(drawn)
 }
 
 /// Draws the answer as Markdown inside `block`: the finished lines wrapped once (kept in the
 /// pane's [`MarkdownWrap`]), the open ones each frame.
-fn markdown_pane(tr: &Transcript, f: &mut Frame, area: Rect, block: Block, t: &Turn, v: &mut View) {
+fn markdown_pane(
+    tr: &Transcript,
+    f: &mut Frame,
+    area: Rect,
+    block: Block,
+    t: &Turn,
+    v: &mut PaneCaches,
+) -> Option<PaneLayout> {
     let inner = block.inner(area);
     f.render_widget(block, area);
     if inner.width < 2 || inner.height == 0 {
-        return;
+        return None;
     }
     let width = inner.width.saturating_sub(1) as usize;
     let cache = &mut v.markdown;
@@ -345,9 +487,9 @@ fn markdown_pane(tr: &Transcript, f: &mut Frame, area: Rect, block: Block, t: &T
         inner,
         total,
         |r| r.map(|i| closed.get(i).unwrap_or_else(|| &open[i - closed.len()]).clone()).collect(),
-        &tr.view.answer_scroll,
+        tr.answer_scroll,
     );
-    v.record(Pane::Answer, drawn);
+    Some(drawn)
 }
 
 /// The wrapped finished lines of one [`crate::tui::highlight::Markdown`] (by its id) at one width.
@@ -440,19 +582,19 @@ impl LineBuilder {
         if self.leading {
             // The blank line after </think> belongs to the answer phase; do not show it.
             text = text.trim_start_matches('\n');
-            if text.is_empty() && tr.view.inspector != Some(i) {
+            if text.is_empty() && tr.inspector != Some(i) {
                 return;
             }
             self.leading = false;
         }
         // `</think>` closes the pane rather than being read in it (the title says thinking
         // ended); under the inspector's cursor it shows, as the token it is.
-        if text == "</think>" && tr.view.inspector != Some(i) {
+        if text == "</think>" && tr.inspector != Some(i) {
             return;
         }
         let in_loop = loops.iter().any(|(s, e)| (*s..=*e).contains(&i));
-        let style = token_style(tr.ctx.theme, tr.view.colour_mode, tok, in_loop, tr.view.inspector == Some(i));
-        if text.is_empty() && tr.view.inspector == Some(i) {
+        let style = token_style(tr.ctx.theme, tr.colour_mode, tok, in_loop, tr.inspector == Some(i));
+        if text.is_empty() && tr.inspector == Some(i) {
             // Make an empty token (a stop token) visible under the cursor.
             self.open.push(Span::styled("∅", style));
             return;
@@ -505,8 +647,8 @@ impl PaneCache {
         let key = CacheKey {
             phase,
             width,
-            colour_mode: tr.view.colour_mode,
-            inspector: tr.view.inspector,
+            colour_mode: tr.colour_mode,
+            inspector: tr.inspector,
             loops: t
                 .diagnostics
                 .iter()

@@ -2,12 +2,12 @@
 //! thinking and answer side by side, and the gauge/slider column on wide terminals; panes
 //! stacked on narrow ones; a message instead of a broken layout on tiny ones.
 
+mod banners;
 pub(crate) mod popups;
-use crate::tui::panels::help::Help;
-use crate::tui::panels::{compare, gauges, inspector, sliders, state_scope};
-pub mod wrap;
+mod status;
 
-use crate::tui::panels::transcript::{self, MarkdownWrap, PaneCache};
+use self::banners::banner_lines;
+use self::status::status;
 
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -15,11 +15,19 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Gauge, Paragraph, Wrap};
 
-use super::app::{self, App, Level, Overlay, PaneLayout, PaneScroll};
+use super::app::{self, App, Overlay};
 use super::keymap::Action;
-use crate::backend::BackendKind;
 use crate::session::Turn;
-use deltascope_protocol::Phase;
+use crate::tui::panel::Panel;
+use crate::tui::panels::compare::{Compare, CompareShown, ReferenceView};
+use crate::tui::panels::gauges::{self, Gauges, Readings};
+use crate::tui::panels::help::Help;
+use crate::tui::panels::inspector::{Inspector, InspectorShown};
+use crate::tui::panels::sliders;
+use crate::tui::panels::state_scope;
+use crate::tui::panels::transcript::{History, PaneCaches, PanesShown};
+use crate::tui::popup::centered;
+use crate::tui::wrap::wrap;
 
 /// Below this the layout cannot show a usable workbench.
 pub const MIN_WIDTH: u16 = 60;
@@ -31,38 +39,13 @@ const SIDE_FROM: u16 = 110;
 const HISTORY_WIDTH: u16 = 24;
 const HISTORY_FROM: u16 = 150;
 
-/// What drawing keeps between frames (each pane's wrapped lines, so a frame only wraps what
+/// What drawing keeps between frames (the panes' wrapped lines, so a frame only wraps what
 /// arrived since the last one) and the layout of the frame being drawn. The runner owns it;
 /// the state never holds drawing's caches.
 #[derive(Debug, Default)]
 pub struct View {
-    thinking: PaneCache,
-    answer: PaneCache,
-    pub(crate) markdown: MarkdownWrap,
-    pub(crate) layout: app::Layout,
-}
-
-/// The two streaming panes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Pane {
-    Thinking,
-    Answer,
-}
-
-impl Pane {
-    pub(crate) fn phase(self) -> Phase {
-        match self {
-            Pane::Thinking => Phase::Thinking,
-            Pane::Answer => Phase::Answer,
-        }
-    }
-
-    pub(crate) fn scroll(self, view: &app::ViewState) -> &PaneScroll {
-        match self {
-            Pane::Thinking => &view.thinking_scroll,
-            Pane::Answer => &view.answer_scroll,
-        }
-    }
+    panes: PaneCaches,
+    layout: app::Layout,
 }
 
 impl View {
@@ -73,20 +56,6 @@ impl View {
         draw(app, f, self);
         std::mem::take(&mut self.layout)
     }
-
-    pub(crate) fn lines(&mut self, pane: Pane) -> &mut PaneCache {
-        match pane {
-            Pane::Thinking => &mut self.thinking,
-            Pane::Answer => &mut self.answer,
-        }
-    }
-
-    pub(crate) fn record(&mut self, pane: Pane, drawn: PaneLayout) {
-        match pane {
-            Pane::Thinking => self.layout.thinking = Some(drawn),
-            Pane::Answer => self.layout.answer = Some(drawn),
-        }
-    }
 }
 
 fn draw(app: &App, f: &mut Frame, v: &mut View) {
@@ -95,61 +64,100 @@ fn draw(app: &App, f: &mut Frame, v: &mut View) {
         return too_small(f, area);
     }
     if let Some(err) = app.fatal() {
-        let p = Paragraph::new(vec![
-            Line::styled("deltascope could not start", app.theme().fg(app.theme().bad).add_modifier(Modifier::BOLD)),
-            Line::raw(""),
-            Line::raw(err.to_string()),
-            Line::raw(""),
-            Line::styled(format!("{} quits", app.keymap().first(Action::Quit)), app.theme().fg(app.theme().dim)),
-        ])
-        .wrap(Wrap { trim: false })
-        .block(Block::bordered().border_style(app.theme().fg(app.theme().bad)));
-        f.render_widget(p, centered(area, 70, 10));
-        return;
+        return fatal(app, f, area, err);
     }
     if app.model().is_none() {
         return loading(app, f, area);
     }
-
     // Banners wrap rather than being cut at the terminal's width.
-    let mut banners = wrap::wrap(&banner_lines(app), area.width as usize);
+    let mut banners = wrap(&banner_lines(app), area.width as usize);
     banners.truncate(area.height.saturating_sub(MIN_HEIGHT) as usize + 2);
     // The prompt box grows with its wrapped text (then scrolls, keeping the cursor in view).
-    let input_h = app.composer().rows(area.width.saturating_sub(2)) + 2;
-    let [banner_area, main, input_area, status_area] = Layout::vertical([
-        Constraint::Length(banners.len() as u16),
-        Constraint::Min(6),
-        Constraint::Length(input_h),
-        Constraint::Length(1),
-    ])
-    .areas(area);
+    let input_rows = app.composer().rows(area.width.saturating_sub(2)) + 2;
+    let at = Areas::of(area, banners.len() as u16, input_rows);
+    let ctx = app.draw_ctx();
+    if let Some(h) = at.history {
+        History.draw(f, h, &ctx, (&app.session().turns, app.shown_index()), &mut v.layout);
+    }
+    match (at.side, at.strip) {
+        (Some(side), _) => side_panel(app, f, side, &mut v.layout),
+        (None, Some(strip)) => Gauges::Strip.draw(f, strip, &ctx, gauges_of(app), &mut v.layout),
+        (None, None) => {}
+    }
+    centre(app, f, &at, v);
+    if !banners.is_empty() {
+        f.render_widget(Paragraph::new(banners).style(Style::new().bg(app.theme().banner_bg)), at.banner);
+    }
+    let focused = app.view().focus == app::Focus::Input;
+    let thinking = app.settings().params.thinking.is_on();
+    app.composer().draw(f, at.input, &ctx, (focused, thinking), &mut v.layout);
+    status(app, f, at.status);
+    // Narrow: the sliders, while they have the focus, over the panes.
+    if at.side.is_none() && app.view().focus == app::Focus::Sliders {
+        let r = centered(area, SIDE_WIDTH, (sliders::HEIGHT + 2).min(area.height));
+        f.render_widget(Clear, r);
+        app.view().sliders.draw(f, r, &ctx, (app.settings(), true), &mut v.layout);
+    }
+    inspector(app, f, at.centre, v);
+    overlay(app, f, area, v);
+}
 
-    let wide = area.width >= SIDE_FROM;
-    let (center, side) = if wide {
-        let [c, s] = Layout::horizontal([Constraint::Min(40), Constraint::Length(SIDE_WIDTH)]).areas(main);
-        (c, Some(s))
-    } else {
-        (main, None)
-    };
-    let center = if area.width >= HISTORY_FROM {
-        let [h, c] = Layout::horizontal([Constraint::Length(HISTORY_WIDTH), Constraint::Min(40)]).areas(center);
-        transcript::history(&transcript_of(app), f, h);
-        c
-    } else {
-        center
-    };
-    let center = match side {
-        Some(s) => {
-            side_panel(app, f, s);
-            center
-        }
-        None => {
-            // Narrow: a compact gauge strip under the panes; sliders when focused.
-            let [c, strip] = Layout::vertical([Constraint::Min(4), Constraint::Length(3)]).areas(center);
-            gauges::strip(f, strip, &app.draw_ctx(), &gauges_of(app));
-            c
-        }
-    };
+/// Where each part of the workbench goes in one frame, computed from the terminal's size
+/// before anything is drawn: history, thinking and answer side by side, and the gauge/slider
+/// column on wide terminals; a gauge strip under the panes on narrow ones.
+struct Areas {
+    banner: Rect,
+    /// The panes, the State view or a comparison.
+    centre: Rect,
+    /// The history column (from [`HISTORY_FROM`] columns).
+    history: Option<Rect>,
+    /// The gauges and sliders column (from [`SIDE_FROM`] columns).
+    side: Option<Rect>,
+    /// The compact gauge strip, where there is no side column.
+    strip: Option<Rect>,
+    input: Rect,
+    status: Rect,
+    /// Whether the history column, which names each turn's question, is on screen.
+    with_history: bool,
+}
+
+impl Areas {
+    fn of(area: Rect, banner_rows: u16, input_rows: u16) -> Areas {
+        let [banner, main, input, status] = Layout::vertical([
+            Constraint::Length(banner_rows),
+            Constraint::Min(6),
+            Constraint::Length(input_rows),
+            Constraint::Length(1),
+        ])
+        .areas(area);
+        let (centre, side) = if area.width >= SIDE_FROM {
+            let [c, s] = Layout::horizontal([Constraint::Min(40), Constraint::Length(SIDE_WIDTH)]).areas(main);
+            (c, Some(s))
+        } else {
+            (main, None)
+        };
+        let with_history = area.width >= HISTORY_FROM;
+        let (centre, history) = if with_history {
+            let [h, c] = Layout::horizontal([Constraint::Length(HISTORY_WIDTH), Constraint::Min(40)]).areas(centre);
+            (c, Some(h))
+        } else {
+            (centre, None)
+        };
+        let (centre, strip) = match side {
+            Some(_) => (centre, None),
+            None => {
+                let [c, strip] = Layout::vertical([Constraint::Min(4), Constraint::Length(3)]).areas(centre);
+                (c, Some(strip))
+            }
+        };
+        Areas { banner, centre, history, side, strip, input, status, with_history }
+    }
+}
+
+/// The centre: the State view, reference mode, a comparison, or the thinking and answer panes.
+fn centre(app: &App, f: &mut Frame, at: &Areas, v: &mut View) {
+    let ctx = app.draw_ctx();
+    let area = at.centre;
     if app.view().state.shown {
         let shown = state_scope::Shown {
             turn: app.shown(),
@@ -159,71 +167,84 @@ fn draw(app: &App, f: &mut Frame, v: &mut View) {
             unavailable: app.model().and_then(|m| m.state_trace.reason()),
             tracing: app.settings().params.trace_state,
         };
-        app.view().state.draw(f, center, &app.draw_ctx(), &shown, &mut v.layout);
+        app.view().state.draw(f, area, &ctx, shown, &mut v.layout);
     } else if let Some((i, score)) = app.reference_shown()
         && let Some(turn) = app.session().turns.get(i)
     {
         let subject = app.model().map(|m| short_model_name(&m.name)).unwrap_or_default();
-        let v = compare::ReferenceView { turn, index: i, subject: &subject, score, cursor: app.view().inspector };
-        compare::draw_reference(f, center, &app.draw_ctx(), &v);
+        let shown = ReferenceView { turn, index: i, subject: &subject, score, cursor: app.view().inspector };
+        Compare.draw(f, area, &ctx, CompareShown::Reference(shown), &mut v.layout);
     } else if app.view().show_compare
         && let Some((a, b)) = app.compare_pair()
     {
-        compare::draw(f, center, &app.draw_ctx(), &app.session().turns, a, b);
+        let shown = CompareShown::Pair { turns: &app.session().turns, a, b };
+        Compare.draw(f, area, &ctx, shown, &mut v.layout);
     } else {
         // Without the history column (narrow terminals) the question asked would be nowhere
         // on screen: one line above the panes says it.
         let panes = match app.shown_index().zip(app.shown()) {
-            Some((i, turn)) if area.width < HISTORY_FROM && center.height > 8 => {
-                let [q, c] = Layout::vertical([Constraint::Length(1), Constraint::Min(4)]).areas(center);
+            Some((i, turn)) if !at.with_history && area.height > 8 => {
+                let [q, c] = Layout::vertical([Constraint::Length(1), Constraint::Min(4)]).areas(area);
                 asked_line(app, f, q, i, turn);
                 c
             }
-            _ => center,
+            _ => area,
         };
-        transcript::conversation(&transcript_of(app), f, panes, v);
+        let shown = panes_of(app, &mut v.panes);
+        app.view().panes.draw(f, panes, &ctx, shown, &mut v.layout);
     }
-    if !banners.is_empty() {
-        f.render_widget(Paragraph::new(banners).style(Style::new().bg(app.theme().banner_bg)), banner_area);
-    }
-    let focused = app.view().focus == app::Focus::Input;
-    app.composer().draw(f, input_area, &app.draw_ctx(), focused, app.settings().params.thinking.is_on());
-    status(app, f, status_area);
+}
 
-    if side.is_none() && app.view().focus == super::app::Focus::Sliders {
-        let r = centered(area, SIDE_WIDTH, (sliders::HEIGHT + 2).min(area.height));
-        f.render_widget(Clear, r);
-        sliders::draw(f, r, &app.draw_ctx(), app.settings(), Some(app.view().slider));
+/// The token inspector over the panes. In the State view the cursor's token is its header
+/// (the popup would hide the map); reference mode's right column is its inspector.
+fn inspector(app: &App, f: &mut Frame, centre: Rect, v: &mut View) {
+    let Some(cur) = app.view().inspector else { return };
+    if app.view().state.shown || app.reference_shown().is_some() {
+        return;
     }
-    // In the State view the cursor's token is its header; the popup would hide the map.
-    // Reference mode's right column is its inspector, with both sides.
-    if let Some(cur) = app.view().inspector
-        && !app.view().state.shown
-        && app.reference_shown().is_none()
-        && let Some(t) = app.shown()
-    {
-        let speculating = app.model().is_some_and(|m| m.has_mtp);
-        let reference = app
-            .shown_index()
-            .and_then(|i| app.reference().scores.get(&i))
-            .and_then(|r| r.position_of(cur).map(|p| (p, r.classes[cur])));
-        inspector::draw(f, center, &app.draw_ctx(), t, cur, speculating, reference);
-    }
+    let Some(t) = app.shown() else { return };
+    let speculating = app.model().is_some_and(|m| m.has_mtp);
+    let reference = app
+        .shown_index()
+        .and_then(|i| app.reference().scores.get(&i))
+        .and_then(|r| r.position_of(cur).map(|p| (p, r.classes[cur])));
+    let shown = InspectorShown { turn: t, cursor: cur, speculating, reference };
+    Inspector.draw(f, centre, &app.draw_ctx(), shown, &mut v.layout);
+}
+
+/// The open popup, over everything.
+fn overlay(app: &App, f: &mut Frame, area: Rect, v: &mut View) {
+    let ctx = app.draw_ctx();
     match app.overlay() {
         Overlay::None => {}
-        Overlay::Help => v.layout.popup_scroll_max = Some(Help.draw(f, area, &app.draw_ctx())),
-        Overlay::Picker(picker) => picker.draw(f, area, &app.draw_ctx()),
+        Overlay::Help => Help.draw(f, area, &ctx, (), &mut v.layout),
+        Overlay::Picker(picker) => picker.draw(f, area, &ctx, (), &mut v.layout),
         Overlay::Messages => {
-            let max = app.messages().draw(f, area, &app.draw_ctx(), app.conversation().save.error.as_deref());
-            v.layout.popup_scroll_max = Some(max);
+            let not_saved = app.conversation().save.error.as_deref();
+            app.messages().draw(f, area, &ctx, not_saved, &mut v.layout)
         }
-        Overlay::Prompt(result) => v.layout.popup_scroll_max = Some(popups::prompt(f, area, &app.draw_ctx(), result)),
+        Overlay::Prompt(result) => v.layout.popup_scroll_max = Some(popups::prompt(f, area, &ctx, result)),
         Overlay::ConfirmQuit => popups::confirm_quit(app, f, area),
         Overlay::SaveAs { input, error } => popups::save_as(app, f, area, input, error.as_deref()),
         Overlay::SliderValue { slider, input, error } => {
             popups::slider_value(app, f, area, *slider, input, error.as_deref())
         }
     }
+}
+
+/// Why the workbench could not start, and the key that quits.
+fn fatal(app: &App, f: &mut Frame, area: Rect, err: &str) {
+    let th = app.theme();
+    let p = Paragraph::new(vec![
+        Line::styled("deltascope could not start", th.fg(th.bad).add_modifier(Modifier::BOLD)),
+        Line::raw(""),
+        Line::raw(err.to_string()),
+        Line::raw(""),
+        Line::styled(format!("{} quits", app.keymap().first(Action::Quit)), th.fg(th.dim)),
+    ])
+    .wrap(Wrap { trim: false })
+    .block(Block::bordered().border_style(th.fg(th.bad)));
+    f.render_widget(p, centered(area, 70, 10));
 }
 
 fn too_small(f: &mut Frame, area: Rect) {
@@ -247,330 +268,39 @@ fn loading(app: &App, f: &mut Frame, area: Rect) {
     f.render_widget(g, r);
 }
 
-/// A `w`×`h` rectangle centred in `area`.
-pub fn centered(area: Rect, w: u16, h: u16) -> Rect {
-    let w = w.min(area.width);
-    let h = h.min(area.height);
-    Rect { x: area.x + (area.width - w) / 2, y: area.y + (area.height - h) / 2, width: w, height: h }
-}
-
-fn side_panel(app: &App, f: &mut Frame, area: Rect) {
+fn side_panel(app: &App, f: &mut Frame, area: Rect, out: &mut app::Layout) {
     let [g, s] =
         Layout::vertical([Constraint::Min(gauges::MIN_HEIGHT), Constraint::Length(sliders::HEIGHT + 2)]).areas(area);
-    gauges::panel(f, g, &app.draw_ctx(), &gauges_of(app));
-    let selected = (app.view().focus == app::Focus::Sliders).then_some(app.view().slider);
-    sliders::draw(f, s, &app.draw_ctx(), app.settings(), selected);
+    Gauges::Column.draw(f, g, &app.draw_ctx(), gauges_of(app), out);
+    let focused = app.view().focus == app::Focus::Sliders;
+    app.view().sliders.draw(f, s, &app.draw_ctx(), (app.settings(), focused), out);
 }
 
-/// What the transcript reads of the app.
-fn transcript_of(app: &App) -> transcript::Transcript<'_> {
-    transcript::Transcript {
-        ctx: app.draw_ctx(),
+/// What the panes read of the app, with the view's caches.
+fn panes_of<'a>(app: &'a App, caches: &'a mut PaneCaches) -> PanesShown<'a> {
+    let view = app.view();
+    PanesShown {
         turns: &app.session().turns,
         shown: app.shown_index(),
         generating: app.generating(),
-        view: app.view(),
+        focus: view.focus,
+        thinking_view: view.thinking_view,
+        colour_mode: view.colour_mode,
+        inspector: view.inspector,
         markdown: app.markdown(),
         sessions_fallback: app.conversation().save.dir.fallback.as_deref(),
+        caches,
     }
 }
 
 /// What the gauges read of the app.
-fn gauges_of(app: &App) -> gauges::Gauges<'_> {
-    gauges::Gauges {
+fn gauges_of(app: &App) -> Readings<'_> {
+    Readings {
         turn: app.shown(),
         model: app.model(),
         context: app.settings().context,
         history: app.next_prompt_estimate(),
     }
-}
-
-/// A fix's key and what it sets, or nothing when there is no such fix.
-fn fix_spans<T>(app: &App, value: Option<T>, action: Action, what: impl Fn(T) -> String) -> Vec<Span<'static>> {
-    let th = app.theme();
-    match value {
-        Some(v) => vec![
-            Span::styled(format!("[{}]", app.keymap().first(action)), th.fg(th.accent).add_modifier(Modifier::BOLD)),
-            Span::styled(what(v), th.fg(th.text)),
-        ],
-        None => vec![],
-    }
-}
-
-/// One line per diagnostic of the shown turn, with its fixes.
-fn banner_lines(app: &App) -> Vec<Line<'static>> {
-    let th = app.theme();
-    let Some(t) = app.shown() else { return vec![] };
-    let mut out = vec![];
-    let bold = Modifier::BOLD;
-    // The same fixes F3 / F4 apply.
-    let fix = t.fix(app.settings().max_tokens_cap(t.prompt_tokens));
-    for d in &t.diagnostics {
-        let line = match d.kind.as_str() {
-            "thinking_exhausted_max_tokens" => {
-                let mut spans = vec![
-                    Span::styled(" ✖ EMPTY ANSWER ", Style::new().fg(th.bad).add_modifier(bold | Modifier::REVERSED)),
-                    Span::styled(
-                        format!(" thinking used all {} of max_tokens (token {}). ", t.params.max_tokens, d.at_token),
-                        th.fg(th.text),
-                    ),
-                ];
-                spans.extend(fix_spans(app, fix.and_then(|f| f.max_tokens), Action::RaiseMaxTokens, |m| {
-                    format!(" max_tokens → {m}  ")
-                }));
-                spans.extend(fix_spans(app, fix.and_then(|f| f.thinking_budget), Action::SetThinkingBudget, |b| {
-                    let approx = if b.forced_exact { "" } else { "≈" };
-                    let max = if b.max_tokens != t.params.max_tokens {
-                        format!(", max_tokens → {}", b.max_tokens)
-                    } else {
-                        String::new()
-                    };
-                    format!(
-                        " budget → {}{max} ({approx}{} forced, {approx}{} answer)",
-                        b.thinking_budget, b.forced_tokens, b.answer_room
-                    )
-                }));
-                Line::from(spans)
-            }
-            "thinking_budget_forced" => Line::from(vec![
-                Span::styled(
-                    " ⏵ FORCED END OF THINKING ",
-                    Style::new().fg(th.warn).add_modifier(bold | Modifier::REVERSED),
-                ),
-                Span::styled(
-                    format!(
-                        " the thinking budget ({}) ran out at token {}; the engine closed thinking.",
-                        t.params.thinking, d.at_token
-                    ),
-                    th.fg(th.text),
-                ),
-            ]),
-            "degenerate_loop" => {
-                let mut spans = vec![
-                    Span::styled(" ↻ LOOP DETECTED ", Style::new().fg(th.bad).add_modifier(bold | Modifier::REVERSED)),
-                    Span::styled(
-                        format!(
-                            " period {} tokens from token {} (highlighted in the {} pane): {}",
-                            d.period.unwrap_or(0),
-                            d.start.unwrap_or(d.at_token),
-                            phase_of(t, d.start.unwrap_or(d.at_token)),
-                            d.message
-                        ),
-                        th.fg(th.text),
-                    ),
-                ];
-                // The rescue by hand, while the loop is still thinking and nothing rescued it.
-                let rescued = t.diagnostics.iter().any(|x| x.kind.as_str() == "loop_rescued");
-                if app.live_phase() == Some(deltascope_protocol::Phase::Thinking)
-                    && app.shown_index() == app.live_turn()
-                    && !rescued
-                {
-                    spans.push(Span::styled(
-                        format!("  [{}] end thinking now", app.keymap().first(Action::EndThinking)),
-                        th.fg(th.accent).add_modifier(bold),
-                    ));
-                }
-                Line::from(spans)
-            }
-            "loop_rescued" => Line::from(vec![
-                Span::styled(" ↻ LOOP RESCUED ", Style::new().fg(th.warn).add_modifier(bold | Modifier::REVERSED)),
-                Span::styled(format!(" {}", d.message), th.fg(th.text)),
-            ]),
-            "answer_truncated" => {
-                let mut spans = vec![
-                    Span::styled(" ✂ ANSWER CUT ", Style::new().fg(th.warn).add_modifier(bold | Modifier::REVERSED)),
-                    Span::styled(format!(" {} ", d.message), th.fg(th.text)),
-                ];
-                spans.extend(fix_spans(app, fix.and_then(|f| f.max_tokens), Action::RaiseMaxTokens, |m| {
-                    format!(" max_tokens → {m}")
-                }));
-                Line::from(spans)
-            }
-            "state_alarm" => {
-                let what = d.message.split(". What to check").next().unwrap_or(&d.message);
-                let shown = if app.view().state.shown {
-                    String::new()
-                } else {
-                    format!("  [{}] shows it", app.keymap().first(Action::StateView))
-                };
-                Line::from(vec![
-                    Span::styled(" ⚠ STATE ALARM ", Style::new().fg(th.bad).add_modifier(bold | Modifier::REVERSED)),
-                    Span::styled(format!(" {what}"), th.fg(th.text)),
-                    Span::styled(shown, th.fg(th.accent).add_modifier(bold)),
-                ])
-            }
-            other => Line::styled(format!(" {other}: {}", d.message), th.fg(th.warn)),
-        };
-        out.push(line);
-    }
-    if let Some(e) = &t.error {
-        out.push(Line::from(vec![
-            Span::styled(" ERROR ", Style::new().fg(th.bad).add_modifier(bold | Modifier::REVERSED)),
-            Span::styled(format!(" {e}"), th.fg(th.text)),
-        ]));
-    }
-    out
-}
-
-fn phase_of(t: &Turn, token: usize) -> &'static str {
-    match t.tokens.get(token).map(|x| x.phase) {
-        Some(deltascope_protocol::Phase::Answer) => "answer",
-        _ => "thinking",
-    }
-}
-
-fn status(app: &App, f: &mut Frame, area: Rect) {
-    let th = app.theme();
-    let m = app.model();
-    let state = app.state_label();
-    let state_style = match state {
-        "thinking" => th.fg(th.thinking),
-        "answering" => th.fg(th.good),
-        "prefill" | "loading" | "replay" => th.fg(th.warn),
-        "paused (step)" => th.fg(th.forced),
-        _ => th.fg(th.dim),
-    }
-    .add_modifier(Modifier::BOLD);
-    let sep = Span::styled(" │ ", th.fg(th.dim));
-    let mut spans = vec![
-        Span::styled(" deltascope ", th.title()),
-        sep.clone(),
-        Span::styled(m.map(|m| short_model_name(&m.name)).unwrap_or_default(), th.fg(th.text)),
-        sep.clone(),
-        Span::styled(m.map(|m| m.label()).unwrap_or_default(), th.fg(th.text)),
-        sep.clone(),
-        Span::styled(format!("● {state}"), state_style),
-    ];
-    if let Some(t) = app.shown()
-        && !app.generating()
-    {
-        let finish =
-            t.finish_reason.map(|r| r.as_str().to_string()).or_else(|| t.error.as_ref().map(|_| "error".to_string()));
-        if let Some(fr) = finish {
-            let st = if fr == "stop" { th.fg(th.good) } else { th.fg(th.warn) };
-            spans.push(sep.clone());
-            spans.push(Span::styled(format!("finish: {fr}"), st));
-        }
-    }
-    let mut settings = vec![
-        sep.clone(),
-        Span::styled(
-            format!("thinking {}", if app.settings().params.thinking.is_on() { "on" } else { "off" }),
-            th.fg(th.text),
-        ),
-        sep.clone(),
-        Span::styled(format!("colour: {}", app.view().colour_mode.name()), th.fg(th.text)),
-    ];
-    // After "thinking on": a sampled run says so, and whose defaults it samples with (a
-    // llama.cpp server's /props say T 0.8 while the demo is greedy locally).
-    let s = &app.settings().params.sampling;
-    if s.temperature > 0.0 {
-        let mut text = format!("sampled T {}", s.temperature);
-        if s.top_k > 0 {
-            text.push_str(&format!(" · k {}", s.top_k));
-        }
-        if s.top_p < 1.0 {
-            text.push_str(&format!(" · p {}", s.top_p));
-        }
-        if let Some(info) = m
-            && &info.defaults == s
-        {
-            text.push_str(match &info.kind {
-                BackendKind::Remote(l) if l.kind == "llama.cpp" => " (server defaults)",
-                BackendKind::Remote(_) => " (model card preset)",
-                BackendKind::Local { .. } => " (generation_config.json)",
-            });
-        }
-        settings.insert(2, Span::styled(text, th.fg(th.warn)));
-        settings.insert(2, sep.clone());
-    }
-    if app.settings().params.trace_state {
-        settings.extend([sep.clone(), Span::styled("state trace on", th.fg(th.accent))]);
-    }
-    // Reference mode: which reference, and a warning that stays while it is not the model the
-    // subject runs.
-    let r = app.reference();
-    if let Some(asked) = &r.asked {
-        let (text, style) = match (&r.name, &r.error, r.not_same_model()) {
-            (_, Some(_), _) => ("reference failed to load".to_string(), th.fg(th.bad)),
-            (None, None, _) => (format!("reference {asked} loading…"), th.fg(th.warn)),
-            (Some(name), None, Some(_)) => (
-                format!("⚠ reference {name} is not the same model"),
-                Style::new().fg(th.warn).add_modifier(Modifier::BOLD),
-            ),
-            (Some(name), None, None) if r.pending.is_some() => {
-                (format!("reference {name}: re-scoring…"), th.fg(th.warn))
-            }
-            (Some(name), None, None) => (format!("reference {name}"), th.fg(th.accent)),
-        };
-        spans.push(sep.clone());
-        spans.push(Span::styled(text, style));
-    }
-    // What is not saved stays on the status line until a save works; a file another window
-    // holds stays there too (this window saves to a copy), whatever notes come after it.
-    if app.conversation().save.error.is_some() {
-        spans.push(sep.clone());
-        spans.push(Span::styled(
-            format!("⚠ NOT SAVED ({} shows why)", app.keymap().first(Action::Messages)),
-            Style::new().fg(th.bad).add_modifier(Modifier::BOLD | Modifier::REVERSED),
-        ));
-    } else if let (Some((file, _)), Some(copy)) =
-        (&app.conversation().save.held_elsewhere, &app.conversation().save.path)
-    {
-        let name =
-            |p: &std::path::Path| p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into());
-        spans.push(sep.clone());
-        spans.push(Span::styled(
-            format!("⚠ {} open in another window: saving to {}", name(file), name(copy)),
-            Style::new().fg(th.warn).add_modifier(Modifier::BOLD),
-        ));
-    } else if app.conversation().save.dir.fallback.is_some()
-        && let Some(dir) = &app.conversation().save.dir.path
-    {
-        spans.push(sep.clone());
-        spans.push(Span::styled(format!("sessions → {}", dir.display()), th.fg(th.warn)));
-    }
-    let width = |spans: &[Span]| spans.iter().map(Span::width).sum::<usize>();
-    if let Some(m) = app.messages().current() {
-        let style = match m.level {
-            Level::Info => th.fg(th.accent),
-            Level::Warning => th.fg(th.warn),
-            Level::Error => th.fg(th.bad),
-        };
-        let room = (area.width as usize).saturating_sub(width(&spans) + 3);
-        // A message too long for the line is cut with a pointer to the log, where it is whole.
-        let text = if unicode_width::UnicodeWidthStr::width(m.text.as_str()) > room {
-            let more = format!("… ({} all)", app.keymap().first(Action::Messages));
-            let keep = room.saturating_sub(unicode_width::UnicodeWidthStr::width(more.as_str()));
-            let mut cut = String::new();
-            for c in m.text.chars() {
-                if unicode_width::UnicodeWidthStr::width(cut.as_str())
-                    + unicode_width::UnicodeWidthChar::width(c).unwrap_or(0)
-                    > keep
-                {
-                    break;
-                }
-                cut.push(c);
-            }
-            cut + &more
-        } else {
-            m.text.clone()
-        };
-        let message = [sep.clone(), Span::styled(text, style)];
-        // A message matters more than settings the panes already show: they give way to it.
-        if width(&spans) + width(&settings) + width(&message) <= area.width as usize {
-            spans.extend(settings);
-        }
-        spans.extend(message);
-    } else {
-        spans.extend(settings);
-        spans.push(sep);
-        spans.push(Span::styled(
-            format!("{} help · {} state", app.keymap().first(Action::Help), app.keymap().first(Action::StateView)),
-            th.fg(th.dim),
-        ));
-    }
-    f.render_widget(Paragraph::new(Line::from(spans)), area);
 }
 
 /// `❯ Is 91 prime?` (with `#2 of 3` when there are several turns), cut to one line.

@@ -9,13 +9,13 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph};
 use ratatui_textarea::TextArea;
 
-use super::centered;
-use super::wrap::wrap;
 use crate::backend::DryRun;
 use crate::tui::app::{App, turns_label};
 use crate::tui::keymap::Action;
-use crate::tui::panels::{DrawCtx, scrolled_popup};
+use crate::tui::panel::DrawCtx;
+use crate::tui::popup::{centered, scrolled_popup};
 use crate::tui::sliders::Slider;
+use crate::tui::wrap::wrap;
 
 /// The next turn's prompt; returns the largest useful first line.
 pub fn prompt(f: &mut Frame, area: Rect, ctx: &DrawCtx, result: &Result<DryRun, String>) -> u16 {

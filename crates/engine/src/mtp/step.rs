@@ -53,6 +53,27 @@ impl Spec {
     }
 }
 
+/// One verify pass's drafts, the draft distribution each was drawn from, and the target's rows
+/// over `[x, d1..dk]`.
+struct Pass {
+    drafts: Vec<(u32, Vec<f32>)>,
+    q_dists: Vec<Vec<(u32, f64)>>,
+    rows: Vec<Vec<f32>>,
+}
+
+/// What judging a pass kept: drafts accepted, tokens appended, how the generation finished (if
+/// it did), the next `x`, and whether it was cut where the engine must force.
+#[derive(Default)]
+struct Judged {
+    accepted: usize,
+    produced: usize,
+    end: Option<FinishReason>,
+    next: Option<u32>,
+    /// An accepted draft after which the engine must force (a loop alarm under `--on-loop
+    /// answer`): the pass is cut there, as plain decoding would stop sampling.
+    cut: bool,
+}
+
 impl Generator<'_> {
     /// Speculative steps starting from `x`, a token just appended but not fed yet. Each step
     /// drafts, verifies `[x, d1..dk]`, appends the accepted drafts and the verify pass's own token
@@ -76,14 +97,7 @@ impl Generator<'_> {
             if must_force(run) {
                 return Ok(Rounds::Fed(source.feed(&[x])?));
             }
-            let mut k = spec.control.depth.min(run.tally.room().saturating_sub(1));
-            let left = match run.tally.phase() {
-                Phase::Thinking => run.tally.budget_left(),
-                Phase::Answer => run.tally.answer_budget_left(),
-            };
-            if let Some(left) = left {
-                k = k.min(left.saturating_sub(1));
-            }
+            let k = depth_here(run, spec);
             if k == 0 {
                 let logits = source.feed(&[x])?;
                 let ms = spec.step_ms(true);
@@ -93,102 +107,136 @@ impl Generator<'_> {
             if !control.proceed() {
                 return Ok(Rounds::Finished(FinishReason::Cancelled));
             }
-            // Draft: each token drawn from the draft distribution q (with its own generator, so
-            // draft and acceptance randomness stay independent).
-            let t0 = Instant::now();
-            let mut ds = run.sampler.clone();
-            let mut q_dists = vec![];
-            let rng = &mut spec.draft_rng;
-            let drafts = source.draft(x, k, &mut |logits| {
-                let q = ds.distribution(logits);
-                let d = draw_with(&q, rng);
-                ds.observe(d);
-                q_dists.push(q);
-                d
-            })?;
-            let t1 = Instant::now();
-            let mut block = vec![x];
-            block.extend(drafts.iter().map(|d| d.0));
-            let mut rows = source.verify(&block)?;
-            spec.stats.draft_ms += (t1 - t0).as_secs_f64() * 1e3;
-            spec.stats.verify_ms += t1.elapsed().as_secs_f64() * 1e3;
-            spec.stats.snapshot_bytes = source.rollback_bytes();
-
-            let mut accepted = 0;
-            let mut produced = 0;
-            let mut end = None;
-            let mut next = None;
-            // An accepted draft after which the engine must force (a loop alarm under
-            // `--on-loop answer`): the pass is cut there, as plain decoding would stop sampling.
-            let mut cut = false;
-            for (i, (d, _)) in drafts.iter().enumerate() {
-                let target = run.sampler.distribution(&rows[i]);
-                let ok = if run.sampler.is_greedy() {
-                    target[0].0 == *d
-                } else {
-                    run.sampler.uniform() < (prob(&target, *d) / prob(&q_dists[i], *d)).min(1.0)
-                };
-                if ok {
-                    accepted += 1;
-                    produced += 1;
-                    if let Verdict::Finish(f) = self.append(run, req, *d, false, &rows[i], DraftKind::Accepted) {
-                        end = Some(f);
-                        break;
-                    }
-                    if must_force(run) {
-                        cut = true;
-                        break;
-                    }
-                } else {
-                    let fix = if run.sampler.is_greedy() {
-                        target[0].0
-                    } else {
-                        run.sampler.draw(&residual(&target, &q_dists[i]))
-                    };
-                    produced += 1;
-                    next = Some(fix);
-                    if let Verdict::Finish(f) = self.append(run, req, fix, false, &rows[i], DraftKind::Bonus) {
-                        end = Some(f);
-                    }
-                    break;
-                }
-            }
-            if cut {
+            let mut pass = draft_and_verify(run, source, x, k, spec)?;
+            let judged = self.judge(run, req, &pass);
+            if judged.cut {
                 // The drafts after the cut were never judged: they count as neither accepted
                 // nor rejected. The pass's rows after the kept tokens are what plain decoding
                 // would have computed next.
-                source.accept(1 + accepted)?;
-                spec.stats.record(accepted, accepted, produced);
-                let ms = spec.step_ms(false);
-                spec.control.observe(accepted, accepted, produced, ms);
-                spec.stats.depth = spec.control.depth;
-                emit_stats(run, source, Some(&spec.stats));
-                return Ok(Rounds::Fed(rows.swap_remove(accepted)));
+                let accepted = judged.accepted;
+                close_pass(run, source, spec, (accepted, accepted, judged.produced))?;
+                return Ok(Rounds::Fed(pass.rows.swap_remove(accepted)));
             }
-            if end.is_none() && next.is_none() {
-                // Every draft held: the pass's last row gives one more token.
-                let bonus = run.sampler.sample(&rows[accepted]);
-                produced += 1;
-                next = Some(bonus);
-                if let Verdict::Finish(f) = self.append(run, req, bonus, false, &rows[accepted], DraftKind::Bonus) {
-                    end = Some(f);
-                }
-            }
-            source.accept(1 + accepted)?;
-            spec.stats.record(drafts.len(), accepted, produced);
-            let ms = spec.step_ms(false);
-            spec.control.observe(drafts.len(), accepted, produced, ms);
-            spec.stats.depth = spec.control.depth;
-            emit_stats(run, source, Some(&spec.stats));
-            if let Some(f) = end {
+            let judged = self.bonus_if_all_held(run, req, &pass, judged);
+            close_pass(run, source, spec, (pass.drafts.len(), judged.accepted, judged.produced))?;
+            if let Some(f) = judged.end {
                 return Ok(Rounds::Finished(f));
             }
-            x = next.unwrap_or_else(|| unreachable!("a verify pass always yields a token or a finish"));
+            x = judged.next.unwrap_or_else(|| unreachable!("a verify pass always yields a token or a finish"));
             if control.end_thinking_requested() {
                 run.tally.request_end_of_thinking();
             }
         }
     }
+
+    /// Judges the drafts in order against the target's rows: each accepted one is appended; the
+    /// first rejected one is replaced by a token from the residual (greedy: the target's own)
+    /// and ends the pass.
+    fn judge(&self, run: &mut Run, req: &GenerateRequest, pass: &Pass) -> Judged {
+        let mut j = Judged::default();
+        for (i, (d, _)) in pass.drafts.iter().enumerate() {
+            let target = run.sampler.distribution(&pass.rows[i]);
+            let ok = if run.sampler.is_greedy() {
+                target[0].0 == *d
+            } else {
+                run.sampler.uniform() < (prob(&target, *d) / prob(&pass.q_dists[i], *d)).min(1.0)
+            };
+            j.produced += 1;
+            if !ok {
+                let fix = if run.sampler.is_greedy() {
+                    target[0].0
+                } else {
+                    run.sampler.draw(&residual(&target, &pass.q_dists[i]))
+                };
+                j.next = Some(fix);
+                if let Verdict::Finish(f) = self.append(run, req, fix, false, &pass.rows[i], DraftKind::Bonus) {
+                    j.end = Some(f);
+                }
+                break;
+            }
+            j.accepted += 1;
+            if let Verdict::Finish(f) = self.append(run, req, *d, false, &pass.rows[i], DraftKind::Accepted) {
+                j.end = Some(f);
+                break;
+            }
+            if must_force(run) {
+                j.cut = true;
+                break;
+            }
+        }
+        j
+    }
+
+    /// Every draft held (no finish, no rejection): the pass's last row gives one more token.
+    fn bonus_if_all_held(&self, run: &mut Run, req: &GenerateRequest, pass: &Pass, mut j: Judged) -> Judged {
+        if j.end.is_some() || j.next.is_some() {
+            return j;
+        }
+        let row = &pass.rows[j.accepted];
+        let bonus = run.sampler.sample(row);
+        j.produced += 1;
+        j.next = Some(bonus);
+        if let Verdict::Finish(f) = self.append(run, req, bonus, false, row, DraftKind::Bonus) {
+            j.end = Some(f);
+        }
+        j
+    }
+}
+
+/// How many tokens to draft here: the depth, shrunk so that drafting never crosses max_tokens
+/// or the phase's budget.
+fn depth_here(run: &Run, spec: &Spec) -> usize {
+    let mut k = spec.control.depth.min(run.tally.room().saturating_sub(1));
+    let left = match run.tally.phase() {
+        Phase::Thinking => run.tally.budget_left(),
+        Phase::Answer => run.tally.answer_budget_left(),
+    };
+    if let Some(left) = left {
+        k = k.min(left.saturating_sub(1));
+    }
+    k
+}
+
+/// Drafts `k` tokens after `x`, each drawn from the draft distribution q (with its own
+/// generator, so draft and acceptance randomness stay independent), then verifies `[x, d1..dk]`
+/// in one target pass; the time of each goes into the stats.
+fn draft_and_verify(run: &Run, source: &mut dyn DecodeSequence, x: u32, k: usize, spec: &mut Spec) -> Result<Pass> {
+    let t0 = Instant::now();
+    let mut ds = run.sampler.clone();
+    let mut q_dists = vec![];
+    let rng = &mut spec.draft_rng;
+    let drafts = source.draft(x, k, &mut |logits| {
+        let q = ds.distribution(logits);
+        let d = draw_with(&q, rng);
+        ds.observe(d);
+        q_dists.push(q);
+        d
+    })?;
+    let t1 = Instant::now();
+    let mut block = vec![x];
+    block.extend(drafts.iter().map(|d| d.0));
+    let rows = source.verify(&block)?;
+    spec.stats.draft_ms += (t1 - t0).as_secs_f64() * 1e3;
+    spec.stats.verify_ms += t1.elapsed().as_secs_f64() * 1e3;
+    spec.stats.snapshot_bytes = source.rollback_bytes();
+    Ok(Pass { drafts, q_dists, rows })
+}
+
+/// Keeps what the pass appended (`x` and the accepted drafts), records (drafted, accepted,
+/// produced) and sends the MTP stats.
+fn close_pass(
+    run: &mut Run,
+    source: &mut dyn DecodeSequence,
+    spec: &mut Spec,
+    (drafted, accepted, produced): (usize, usize, usize),
+) -> Result<()> {
+    source.accept(1 + accepted)?;
+    spec.stats.record(drafted, accepted, produced);
+    let ms = spec.step_ms(false);
+    spec.control.observe(drafted, accepted, produced, ms);
+    spec.stats.depth = spec.control.depth;
+    emit_stats(run, source, Some(&spec.stats));
+    Ok(())
 }
 
 /// The engine must force the end of thinking before the next sampled token (the thinking

@@ -194,25 +194,25 @@ pub struct LoadOptions {
 }
 
 pub struct Model {
-    pub config: ModelConfig,
-    pub precision: Precision,
-    pub source: ModelSource,
+    pub(crate) config: ModelConfig,
+    pub(crate) precision: Precision,
+    pub(crate) source: ModelSource,
     pub(crate) embed: Linear,
     /// `None` when tied to the embedding.
     pub(crate) lm_head: Option<Linear>,
     pub(crate) layers: Vec<DecoderLayer>,
     pub(crate) norm: RmsNorm,
     rope: Rope,
-    pub mtp: Option<MtpModule>,
+    pub(crate) mtp: Option<MtpModule>,
     /// Where the LM tensors live (`model.language_model.` or `model.`).
-    pub lm_prefix: String,
-    pub stored_bytes: usize,
-    pub stored_dtypes: Vec<String>,
+    pub(crate) lm_prefix: String,
+    pub(crate) stored_bytes: usize,
+    pub(crate) stored_dtypes: Vec<String>,
     /// Bytes of weights that are views into the mapped checkpoint (no copy in memory).
-    pub mapped_bytes: usize,
+    pub(crate) mapped_bytes: usize,
     /// Weights held as FP8 codes (a byte each), MTP included.
-    pub fp8_weights: usize,
-    pub load_seconds: f64,
+    pub(crate) fp8_weights: usize,
+    pub(crate) load_seconds: f64,
 }
 
 /// One decoder layer's weights under `ld` (`….layers.{i}.` or `mtp.layers.{i}.`).
@@ -274,6 +274,52 @@ pub fn missing_mtp_tensors(store: &WeightStore, config: &ModelConfig) -> Vec<Str
 }
 
 impl Model {
+    /// The checkpoint's configuration (config.json, checked).
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// Where the weights came from.
+    pub fn source(&self) -> &ModelSource {
+        &self.source
+    }
+
+    /// The MTP head, when the checkpoint has one and it was loaded.
+    pub fn mtp(&self) -> Option<&MtpModule> {
+        self.mtp.as_ref()
+    }
+
+    /// Where the LM tensors live (`model.language_model.` or `model.`).
+    pub fn lm_prefix(&self) -> &str {
+        &self.lm_prefix
+    }
+
+    pub fn stored_bytes(&self) -> usize {
+        self.stored_bytes
+    }
+
+    pub fn stored_dtypes(&self) -> &[String] {
+        &self.stored_dtypes
+    }
+
+    /// Bytes of weights that are views into the mapped checkpoint (no copy in memory).
+    pub fn mapped_bytes(&self) -> usize {
+        self.mapped_bytes
+    }
+
+    /// Weights held as FP8 codes (a byte each), MTP included.
+    pub fn fp8_weights(&self) -> usize {
+        self.fp8_weights
+    }
+
+    pub fn load_seconds(&self) -> f64 {
+        self.load_seconds
+    }
+
     /// The first rows of the embedding rounded to bf16, hashed (FNV-1a, 64 bits): the same
     /// for every copy of these weights at bf16 or wider (a bf16 checkpoint and its f32 upcast),
     /// different for other weights. Compared to tell two engines' models apart.
