@@ -1,7 +1,7 @@
 //! Every parser that reads a file or the network, fed thousands of generated inputs: the
 //! model's `config.json`, the safetensors header and the shard index, session files, SSE frames
-//! (through the remote backend, from a loopback server), the keymap, theme and config TOML, and
-//! `serve`'s request bodies. Each input must be accepted or refused; a refusal is one line that
+//! (through the remote backend, from a loopback server), the keymap, theme and config TOML, the
+//! GGUF header, and `serve`'s request bodies. Each input must be accepted or refused; a refusal is one line that
 //! says what is wrong; nothing panics and nothing hangs.
 //!
 //! The inputs are mutations of real ones (the demo's and the fixtures' files, the recorded
@@ -714,4 +714,75 @@ fn sse_frames_through_the_remote_backend() {
         }
     });
     assert_mixed("SSE frames", &t);
+}
+
+/// A small GGUF v3 file: metadata of every kind the writers use (a string, an array of
+/// strings, integers, a float, a bool) and tensors of four types, aligned as llama.cpp aligns.
+fn small_gguf() -> Vec<u8> {
+    fn s(b: &mut Vec<u8>, t: &str) {
+        b.extend((t.len() as u64).to_le_bytes());
+        b.extend(t.as_bytes());
+    }
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    let tensors: [(&str, &[u64], u32, u64); 4] = [
+        ("token_embd.weight", &[256, 2], 12, 288),
+        ("blk.0.attn_qkv.weight", &[64, 2], 8, 136),
+        ("blk.0.ssm_a", &[4], 0, 16),
+        ("output_norm.weight", &[8], 1, 16),
+    ];
+    b.extend((tensors.len() as u64).to_le_bytes());
+    b.extend(5u64.to_le_bytes());
+    s(&mut b, "general.architecture");
+    b.extend(8u32.to_le_bytes());
+    s(&mut b, "qwen35");
+    s(&mut b, "tokenizer.ggml.tokens");
+    b.extend(9u32.to_le_bytes());
+    b.extend(8u32.to_le_bytes());
+    b.extend(3u64.to_le_bytes());
+    for t in ["<|im_start|>", "a", "b"] {
+        s(&mut b, t);
+    }
+    s(&mut b, "qwen35.block_count");
+    b.extend(4u32.to_le_bytes());
+    b.extend(1u32.to_le_bytes());
+    s(&mut b, "qwen35.rope.freq_base");
+    b.extend(6u32.to_le_bytes());
+    b.extend(1e7f32.to_le_bytes());
+    s(&mut b, "general.flag");
+    b.extend(7u32.to_le_bytes());
+    b.push(1);
+    let mut offset = 0u64;
+    for (name, dims, ty, bytes) in tensors {
+        s(&mut b, name);
+        b.extend((dims.len() as u32).to_le_bytes());
+        for d in dims {
+            b.extend(d.to_le_bytes());
+        }
+        b.extend(ty.to_le_bytes());
+        b.extend(offset.to_le_bytes());
+        offset = (offset + bytes).div_ceil(32) * 32;
+    }
+    b.resize(b.len().div_ceil(32) * 32, 0);
+    b.extend((0..offset).map(|i| i as u8));
+    b
+}
+
+#[test]
+fn gguf_header() {
+    let seed = small_gguf();
+    deltascope_model::gguf::Gguf::parse(&seed).expect("the seed is a well-formed GGUF");
+    let mut rng = Rng::new(11);
+    let inputs: Vec<Vec<u8>> = (0..4000)
+        .map(|_| {
+            let mut b = seed.clone();
+            for _ in 0..1 + rng.below(3) {
+                mutate_bytes(&mut b, &mut rng);
+            }
+            b
+        })
+        .collect();
+    let t =
+        fuzz("GGUF header", inputs, |b| deltascope_model::gguf::Gguf::parse(b).map(|_| ()).map_err(|e| e.to_string()));
+    assert_mixed("GGUF header", &t);
 }

@@ -24,7 +24,8 @@ use deltascope_model::{SUSPICIOUS_ABS, TensorHealth, scan_weights};
 
 #[derive(Args, Debug)]
 pub struct InspectArgs {
-    /// A model directory, a config.json file, or `demo` (the default).
+    /// A model directory, a config.json file, a GGUF file (what its header holds: the quant mix),
+    /// or `demo` (the default).
     #[arg(long, value_name = "DIR|FILE|demo")]
     pub model: Option<PathBuf>,
     /// Print the plan as JSON.
@@ -628,6 +629,10 @@ fn device_plan(a: &InspectArgs, cfg: &ModelConfig) -> anyhow::Result<Option<Devi
 }
 
 pub fn run(a: InspectArgs) -> anyhow::Result<()> {
+    // A GGUF file: what its header says (the quant mix, the file type).
+    if let Some(path) = a.model.as_deref().filter(|p| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))) {
+        return super::inspect_gguf::run(path, a.json);
+    }
     let (cfg, source, config_file) = read_model_config(a.model.as_deref())?;
     if a.strict_config {
         cfg.refuse_unknown_keys(&config_file)?;

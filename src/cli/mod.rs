@@ -12,6 +12,7 @@ pub mod common;
 pub mod gpu;
 pub mod gpu_parity;
 pub mod inspect;
+mod inspect_gguf;
 pub mod interrupt;
 pub mod logits;
 pub mod quantize;

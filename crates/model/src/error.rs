@@ -53,6 +53,9 @@ pub enum Error {
     #[error("{file}: FP8 tensor `{}`: {}", brief(name), brief(message))]
     Fp8Tensor { file: String, name: String, message: String },
 
+    /// A GGUF file whose header is malformed (the message names the field and the offset).
+    #[error("{file}: {}", brief(message))]
+    Gguf { file: String, message: String },
     #[error("{file}: not a valid safetensors file: {}", brief(message))]
     Safetensors { file: String, message: String },
 

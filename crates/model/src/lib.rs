@@ -73,6 +73,13 @@ pub mod fp8 {
     };
 }
 
+/// GGUF, the file llama.cpp runs: the container, the ggml types, exact dequantisation.
+pub mod gguf {
+    pub use crate::model::gguf::{
+        DequantError, GgmlType, Gguf, GgufError, GgufFile, QuantShare, TensorInfo, Value, dequantize,
+    };
+}
+
 /// Single layers on the CPU, one step at a time: the reference the device kernels are checked
 /// against, and what the state trace replays.
 pub mod layers {

@@ -11,6 +11,7 @@ pub(crate) mod forward;
 pub(crate) mod fp8;
 mod fp8_codes;
 pub(crate) mod gdn;
+pub(crate) mod gguf;
 pub(crate) mod hybrid;
 pub(crate) mod load;
 pub(crate) mod mlp;
