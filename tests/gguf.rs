@@ -160,3 +160,55 @@ fn inspect_prints_the_quant_mix_of_the_file_llama_cpp_serves() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("cut.gguf") && err.contains("(at byte "), "{err}");
 }
+
+/// Every tensor of every test file (made by llama.cpp's converter and `llama-quantize`:
+/// `tests/data/gguf/`) dequantises bit for bit as `gguf.quants.dequantize` does.
+#[test]
+fn every_tensor_of_the_test_files_dequantises_as_the_reference_does() {
+    let setup = llama_server::setup();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/gguf_reference.py");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gguf");
+    let mut seen = std::collections::BTreeSet::new();
+    for f in [
+        "dense/dense-Q4_K_M.gguf",
+        "dense/dense-Q5_K_M.gguf",
+        "dense/dense-Q6_K.gguf",
+        "dense/dense-Q8_0.gguf",
+        "moe/moe-Q4_K_M.gguf",
+        "next/next-Q4_K_M.gguf",
+    ] {
+        let path = root.join(f);
+        let dir = tempfile::tempdir().unwrap();
+        let out_path = dir.path().join("values.f32");
+        let out = Command::new(&setup.xllamacpp_py)
+            .arg(script)
+            .arg("dequant-file")
+            .arg(&path)
+            .arg(&out_path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{f}: {}", String::from_utf8_lossy(&out.stderr));
+        let theirs = std::fs::read(&out_path).unwrap();
+        let file = GgufFile::open(&path).unwrap();
+        let mut at = 0;
+        for t in &file.header().tensors {
+            let mut ours = vec![];
+            dequantize(t.ty.unwrap(), file.tensor_bytes(t), &mut ours).unwrap();
+            let n = ours.len() * 4;
+            let bits: Vec<u8> = ours.iter().flat_map(|v| v.to_le_bytes()).collect();
+            assert!(
+                bits == theirs[at..at + n],
+                "{f}: tensor {} ({}) differs from the reference",
+                t.name,
+                t.type_name()
+            );
+            at += n;
+            seen.insert(t.type_name());
+        }
+        assert_eq!(at, theirs.len(), "{f}: every value compared");
+    }
+    // The files hold every type llama.cpp's K-quant and Q8_0 presets write for these models.
+    for ty in ["F32", "Q4_K", "Q5_K", "Q6_K", "Q8_0"] {
+        assert!(seen.contains(ty), "no {ty} tensor in the test files: {seen:?}");
+    }
+}

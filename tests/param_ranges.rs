@@ -193,6 +193,7 @@ fn info() -> BackendInfo {
         vocab_size: None,
         has_mtp: true,
         layers: None,
+        file_type: None,
         weights_bytes: None,
         defaults: SamplingParams::default(),
         step: Support::Yes,

@@ -44,7 +44,8 @@ impl LocalSpec {
         let source = match model {
             None => demo_source(),
             Some(p) if p == Path::new("demo") => demo_source(),
-            Some(p) => ModelSource::Dir(p.to_path_buf()),
+            // A GGUF file or folder opens as GGUF; anything else is a Hugging Face directory.
+            Some(p) => deltascope_model::gguf::source_for(p)?,
         };
         Ok(LocalSpec {
             source,
@@ -119,7 +120,18 @@ impl Loaded {
 
     /// Loads a checkpoint, reporting the bytes of weights read and then each small file.
     pub fn load(spec: &LocalSpec, progress: &dyn Fn(OpenProgress)) -> deltascope_model::Result<Self> {
-        let mut placement = place(&spec.device)?;
+        let device = match (&spec.source, &spec.device) {
+            (ModelSource::Gguf(_), DeviceSpec::Cuda(_) | DeviceSpec::Emu(_)) => {
+                return Err(deltascope_model::Error::InvalidArgument(format!(
+                    "--device {}: GGUF runs on the CPU engine; the CUDA engine reads safetensors",
+                    spec.device
+                )));
+            }
+            // Auto picks the CPU for a GGUF: the CUDA engine has no quantised kernels yet.
+            (ModelSource::Gguf(_), _) => DeviceSpec::Cpu,
+            (_, d) => d.clone(),
+        };
+        let mut placement = place(&device)?;
         deltascope_model::cpu::set_threads(spec.threads).map_err(deltascope_model::Error::InvalidArgument)?;
         // More threads than the OS lets this process run at once share cores: each GEMV waits on
         // the slowest, so decoding slows down rather than speeds up.
@@ -222,6 +234,18 @@ impl Loaded {
             params: Some(plan.params.total),
             params_with_mtp: self.model.mtp().map(|_| plan.params.total + plan.params.mtp),
             fingerprint: Some(self.model.embedding_fingerprint()),
+            file_bytes: match self.model.source() {
+                ModelSource::Gguf(g) => Some(g.tensor_bytes),
+                _ => None,
+            },
+            file_type: match self.model.source() {
+                ModelSource::Gguf(g) => g.file_type.clone(),
+                _ => None,
+            },
+            file_values: match self.model.source() {
+                ModelSource::Gguf(g) => Some(g.tensor_values),
+                _ => None,
+            },
         }
     }
 
@@ -292,13 +316,22 @@ fn describe(l: &Loaded) -> BackendInfo {
         name: l.name.clone(),
         kind: BackendKind::Local { devices: l.placement.devices.clone(), dtype: l.model.precision().name().into() },
         device_note: l.placement.note.clone(),
-        config_notes: c.unknown_key_warnings(&l.model.source().file_label("config.json")),
+        config_notes: {
+            let source = l.model.source();
+            let mut notes = c.unknown_key_warnings(&source.file_label("config.json"));
+            notes.extend(source.notes().iter().cloned());
+            notes
+        },
         identity: l.identity(),
         context: Some(c.max_position_embeddings),
         vocab_size: Some(c.vocab_size),
         has_mtp: l.model.mtp().is_some(),
         layers: Some(format!("{} layers: {gdn} GDN + {} attention", c.layer_types.len(), c.layer_types.len() - gdn)),
         weights_bytes: Some(l.model.weight_bytes()),
+        file_type: match l.model.source() {
+            ModelSource::Gguf(g) => Some(g.file_type.clone().unwrap_or_else(|| "GGUF".into())),
+            _ => None,
+        },
         defaults: l.generation_defaults.clone(),
         step: Support::Yes,
         end_thinking: Support::Yes,

@@ -132,6 +132,8 @@ pub struct BackendInfo {
     pub has_mtp: bool,
     /// e.g. "8 layers: 6 GDN + 2 attention" (local only).
     pub layers: Option<String>,
+    /// A GGUF's file type as llama.cpp names it ("Q4_K_M"; local GGUF models only).
+    pub file_type: Option<String>,
     pub weights_bytes: Option<usize>,
     /// Sampling defaults: generation_config.json, the server's own, or the model card's.
     pub defaults: SamplingParams,
@@ -165,6 +167,13 @@ pub struct ModelIdentity {
     pub params_with_mtp: Option<u64>,
     /// The first embedding rows at bf16, hashed (deltascope's engines and `serve` say it).
     pub fingerprint: Option<String>,
+    /// The bytes of the weights file's tensors and its file type ("Q4_K_M"), when a GGUF is
+    /// what runs (llama.cpp's `/v1/models` `meta.size` / `meta.ftype`, or the local file).
+    pub file_bytes: Option<u64>,
+    pub file_type: Option<String>,
+    /// The values of every tensor in the local GGUF (what llama.cpp reports as `n_params`:
+    /// the MTP block and the embedding included).
+    pub file_values: Option<u64>,
 }
 
 impl ModelIdentity {
@@ -250,7 +259,11 @@ impl BackendInfo {
             }
             // The activation precision is part of what runs (`--dtype auto` picks it); a device
             // name says "in-process" on its own, where a server shows its URL.
-            BackendKind::Local { devices, dtype } => format!("{} · {dtype}", devices.join(",")),
+            BackendKind::Local { devices, dtype } => match &self.file_type {
+                // A GGUF's weights are its blocks; the activations are `dtype`.
+                Some(ft) => format!("{} · {ft} · {dtype}", devices.join(",")),
+                None => format!("{} · {dtype}", devices.join(",")),
+            },
             BackendKind::Remote(s) => match &s.version {
                 Some(v) => format!("{} {v} · {}", s.kind, s.url),
                 None => format!("{} · {}", s.kind, s.url),

@@ -238,6 +238,9 @@ fn run_remote(a: &BenchArgs, prompts: &[String]) -> anyhow::Result<()> {
 #[derive(Serialize)]
 struct BenchReport {
     model: String,
+    /// A GGUF's file type as llama.cpp names it ("Q4_K_M").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    file_type: Option<String>,
     prompts: Vec<String>,
     prompt_tokens: Vec<usize>,
     max_tokens: usize,
@@ -336,6 +339,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let model = loaded.model();
     let report = BenchReport {
         model: loaded.name().to_string(),
+        file_type: loaded.identity().file_type,
         prompt_tokens: prompt_ids.iter().map(Vec::len).collect(),
         prompts,
         max_tokens: a.max_tokens,
@@ -478,8 +482,9 @@ fn print_table_head(out: &mut dyn Write, report: &BenchReport) -> io::Result<()>
     let tokens = if lo == hi { format!("{lo}") } else { format!("{lo}–{hi}") };
     writeln!(
         out,
-        "{} · {} prompts of {tokens} tokens · greedy · max_tokens {} · {} warm-up + {} measured passes per setting, interleaved",
+        "{}{} · {} prompts of {tokens} tokens · greedy · max_tokens {} · {} warm-up + {} measured passes per setting, interleaved",
         report.model,
+        report.file_type.as_deref().map(|t| format!(" ({t})")).unwrap_or_default(),
         lens.len(),
         report.max_tokens,
         report.warmup,

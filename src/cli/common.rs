@@ -87,8 +87,12 @@ impl LocalModelArgs {
         if let Some(note) = &loaded.placement().note {
             eprintln!("{note}");
         }
-        for note in loaded.model().config().unknown_key_warnings(&loaded.model().source().file_label("config.json")) {
+        let source = loaded.model().source();
+        for note in loaded.model().config().unknown_key_warnings(&source.file_label("config.json")) {
             eprintln!("warning: {note}");
+        }
+        for note in source.notes() {
+            eprintln!("note: {note}");
         }
         Ok(loaded)
     }

@@ -433,6 +433,9 @@ pub fn run(
     tokens: usize,
     json_out: bool,
 ) -> anyhow::Result<()> {
+    if model_dir.is_some_and(deltascope_model::gguf::is_gguf) {
+        anyhow::bail!("GGUF runs on the CPU engine; the CUDA engine reads safetensors");
+    }
     let source = model_source(model_dir);
     // No device: say so before reading any weight.
     match kind {

@@ -232,6 +232,9 @@ fn lay_out(store: &WeightStore, plan: &[Entry]) -> anyhow::Result<(Layout, Vec<W
                 Weights::Bf16(_) => "BF16",
                 Weights::F16(_) => "F16",
                 Weights::Fp8(_) => anyhow::bail!("{}: already FP8", e.name),
+                Weights::Quant(_) => {
+                    anyhow::bail!("{}: a GGUF block-quantised matrix (quantize reads safetensors)", e.name)
+                }
             };
             layout.place(e.name.clone(), tag, e.shape.clone(), w.bytes());
             kept.push(w);
@@ -268,6 +271,7 @@ fn write_as_stored(w: &mut Out, e: &Entry, t: Weights) -> anyhow::Result<()> {
             }
         }
         Weights::Fp8(_) => anyhow::bail!("{}: already FP8", e.name),
+        Weights::Quant(_) => anyhow::bail!("{}: a GGUF block-quantised matrix (quantize reads safetensors)", e.name),
     }
     Ok(())
 }

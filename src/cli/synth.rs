@@ -455,5 +455,6 @@ fn copy_tokenizer(like: &Path, out: &Path) -> anyhow::Result<String> {
     Ok(match demo {
         ModelSource::Embedded(e) => format!("the embedded {} model", e.name),
         ModelSource::Dir(d) => d.display().to_string(),
+        ModelSource::Gguf(g) => g.path().display().to_string(),
     })
 }

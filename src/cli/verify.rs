@@ -16,6 +16,7 @@ use crate::backend::local::Loaded;
 use crate::backend::{Backend, BackendKind, BackendSpec, OpenProgress, ReasoningSplit};
 use crate::verify::against;
 use crate::verify::probes::{self, Probe};
+use crate::verify::same_file::{self, SameFile};
 use crate::verify::score::{Thresholds, Verdict};
 use crate::verify::server::{self, ProbeReport, PromptCheck, VerifyError};
 use deltascope_model::DeviceSpec;
@@ -75,8 +76,17 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     let who = describe(subject.as_ref());
     let reference = yardstick.describe();
     writeln!(std::io::stderr().lock(), "verify: {who} against {reference} · {} probes", probes.len())?;
+    // A GGUF reference: is it the very file the server runs?
+    let same_file = match &yardstick {
+        Yardstick::Engine(r) => same_file::judge(&r.identity(), &subject.info().identity),
+        Yardstick::Server(_) => None,
+    };
+    if let Some(s) = &same_file {
+        writeln!(std::io::stderr().lock(), "verify: {}", s.line())?;
+    }
     let (reports, errors) = check_probes(subject.as_ref(), &yardstick, &probes, &thresholds, a.json)?;
     let report = VerifyReport {
+        same_file,
         subject: who,
         reference,
         thresholds,
@@ -164,6 +174,9 @@ fn check_probes(
 /// could not be run, and the overall verdict.
 #[derive(Serialize)]
 struct VerifyReport {
+    /// Whether the server runs the reference's GGUF (`None`: the reference is not a GGUF).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    same_file: Option<SameFile>,
     subject: String,
     reference: String,
     thresholds: Thresholds,
@@ -177,6 +190,9 @@ struct VerifyReport {
 
 impl Report for VerifyReport {
     fn print_human(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        if let Some(s) = &self.same_file {
+            writeln!(out, "{}", s.line())?;
+        }
         for r in &self.probes {
             explain(out, r, if self.gpu_subject { "the device" } else { "the server" })?;
         }

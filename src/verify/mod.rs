@@ -10,6 +10,7 @@ pub mod against;
 pub mod parity;
 pub mod probes;
 pub mod rescore;
+pub mod same_file;
 pub mod score;
 pub mod server;
 pub mod twins;

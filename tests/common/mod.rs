@@ -28,6 +28,7 @@ pub fn model() -> BackendInfo {
         vocab_size: Some(512),
         has_mtp: true,
         layers: Some("8 layers: 6 GDN + 2 attention".into()),
+        file_type: None,
         weights_bytes: Some(16_142_336),
         defaults: SamplingParams::default(),
         step: Support::Yes,

@@ -73,10 +73,12 @@ pub mod fp8 {
     };
 }
 
-/// GGUF, the file llama.cpp runs: the container, the ggml types, exact dequantisation.
+/// GGUF, the file llama.cpp runs: the container, the ggml types, exact dequantisation, and a
+/// GGUF model opened as a [`ModelSource`].
 pub mod gguf {
     pub use crate::model::gguf::{
-        DequantError, GgmlType, Gguf, GgufError, GgufFile, QuantShare, TensorInfo, Value, dequantize,
+        DequantError, GgmlType, Gguf, GgufError, GgufFile, QuantShare, TensorInfo, Value, VocabError, dequantize,
+        generation_config_json, is_gguf, source_for, tokenizer_config_json, tokenizer_json,
     };
 }
 

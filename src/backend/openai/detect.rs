@@ -184,6 +184,8 @@ fn identity_of(model: &str, meta: Option<&Value>) -> crate::backend::ModelIdenti
         params: n("n_params"),
         params_with_mtp: n("n_params_mtp"),
         fingerprint: meta.and_then(|m| m.get("fingerprint")).and_then(Value::as_str).map(str::to_string),
+        file_bytes: n("size"),
+        file_type: meta.and_then(|m| m.get("ftype")).and_then(Value::as_str).map(str::to_string),
         ..crate::backend::ModelIdentity::named(model)
     }
 }

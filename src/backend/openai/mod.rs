@@ -28,7 +28,6 @@ use super::{
     Backend, BackendError, BackendInfo, BackendKind, BackendResult, BudgetMode, ChatRequest, DryRun, OpenProgress,
     Prompt, PromptTokens, ReasoningSplit, RemoteSpec, Support,
 };
-use deltascope_model::ModelSource;
 use deltascope_protocol::{ChatTemplate, TextTokenizer};
 use deltascope_protocol::{
     EngineEvent, ErrorKind, Generation, OnLoop, Preset, SamplingParams, ServerLabel, StartEvent, StepControl,
@@ -62,7 +61,8 @@ impl RemoteBackend {
         progress(OpenProgress { done: 1, total: 1, what: format!("{} at {}", facts.kind.name(), http.base) });
         let template = client_template(spec, &facts)?;
         let local_tokenizer = spec.tokenizer.as_ref().and_then(|dir| {
-            TextTokenizer::load(&ModelSource::Dir(dir.clone()), None, &[])
+            deltascope_model::gguf::source_for(dir)
+                .and_then(|source| TextTokenizer::load(&source, None, &[]))
                 .map_err(|e| tracing::warn!("--tokenizer {}: {e}; prompt counts come from the server", dir.display()))
                 .ok()
         });
@@ -124,7 +124,8 @@ impl RemoteBackend {
 /// server's own (llama.cpp's /props).
 fn client_template(spec: &RemoteSpec, facts: &ServerFacts) -> BackendResult<Option<ChatTemplate>> {
     if let Some(dir) = &spec.tokenizer {
-        return Ok(Some(ChatTemplate::load(&ModelSource::Dir(dir.clone()), true)?));
+        // A model directory, or the GGUF the server runs (its template is in the metadata).
+        return Ok(Some(ChatTemplate::load(&deltascope_model::gguf::source_for(dir)?, true)?));
     }
     let Some(t) = &facts.chat_template else { return Ok(None) };
     match ChatTemplate::new(t, &format!("{} /props chat_template", facts.kind.name())) {
@@ -164,6 +165,7 @@ fn describe(http: &Http, f: &ServerFacts) -> BackendInfo {
         vocab_size: None,
         has_mtp: f.speculative,
         layers: None,
+        file_type: None,
         weights_bytes: None,
         defaults,
         step: Support::No("servers do not pause".into()),

@@ -12,6 +12,7 @@ use std::borrow::Cow;
 use std::fs::File;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 
@@ -29,6 +30,44 @@ pub struct EmbeddedModel {
 pub enum ModelSource {
     Dir(PathBuf),
     Embedded(&'static EmbeddedModel),
+    /// A GGUF file or split set (`model::gguf::open_source` makes it): its tensors are read from
+    /// the parts, its small files (config.json, tokenizer.json…) are synthesised from the
+    /// metadata, so every reader downstream takes the path of a Hugging Face directory.
+    Gguf(Arc<GgufSource>),
+}
+
+/// A GGUF model as a source of files: the parts on disk, and the Hugging Face files its
+/// metadata stands for.
+#[derive(Debug)]
+pub struct GgufSource {
+    /// The directory holding the parts.
+    pub dir: PathBuf,
+    /// The part file names, in order (one for a single file).
+    pub parts: Vec<String>,
+    /// Files synthesised from the metadata: `(name, bytes)`.
+    pub files: Vec<(String, Vec<u8>)>,
+    /// llama.cpp's name for the file type ("Q4_K_M"), when the metadata says.
+    pub file_type: Option<String>,
+    /// What a user must know about the file (one line each): GDN state inputs quantised
+    /// below 8 bits, an MTP head it does not carry.
+    pub notes: Vec<String>,
+    /// `general.architecture` (`qwen35`…).
+    pub architecture: String,
+    /// Bytes and values of every tensor in the parts (what llama.cpp reports as a model's
+    /// `size` and `n_params`).
+    pub tensor_bytes: u64,
+    pub tensor_values: u64,
+}
+
+impl GgufSource {
+    /// The first part's path (the file the user named, for a single file).
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(self.parts.first().map(String::as_str).unwrap_or_default())
+    }
+
+    fn file(&self, name: &str) -> Option<&[u8]> {
+        self.files.iter().find(|(n, _)| n == name).map(|(_, b)| b.as_slice())
+    }
 }
 
 /// The bytes of a weights file: memory-mapped from disk, or static.
@@ -78,11 +117,20 @@ impl Deref for FileBytes {
 }
 
 impl ModelSource {
+    /// What a user must know about the model's files, one line each (a GGUF's notes).
+    pub fn notes(&self) -> &[String] {
+        match self {
+            ModelSource::Gguf(g) => &g.notes,
+            _ => &[],
+        }
+    }
+
     /// A human label for messages: the directory, or `embedded:<name>`.
     pub fn label(&self) -> String {
         match self {
             ModelSource::Dir(d) => d.display().to_string(),
             ModelSource::Embedded(e) => format!("embedded:{}", e.name),
+            ModelSource::Gguf(g) => g.path().display().to_string(),
         }
     }
 
@@ -91,6 +139,9 @@ impl ModelSource {
         match self {
             ModelSource::Dir(d) => d.join(name).display().to_string(),
             ModelSource::Embedded(e) => format!("embedded:{}/{}", e.name, name),
+            ModelSource::Gguf(g) if g.parts.iter().any(|p| p == name) => g.dir.join(name).display().to_string(),
+            // A synthesised file: say which metadata it stands for.
+            ModelSource::Gguf(g) => format!("{} (its metadata as {name})", g.path().display()),
         }
     }
 
@@ -98,6 +149,7 @@ impl ModelSource {
         match self {
             ModelSource::Dir(d) => d.clone(),
             ModelSource::Embedded(e) => PathBuf::from(format!("embedded:{}", e.name)),
+            ModelSource::Gguf(g) => g.dir.clone(),
         }
     }
 
@@ -105,6 +157,7 @@ impl ModelSource {
         match self {
             ModelSource::Dir(d) => d.join(name).is_file(),
             ModelSource::Embedded(e) => e.files.iter().any(|(n, _)| *n == name),
+            ModelSource::Gguf(g) => g.file(name).is_some() || g.parts.iter().any(|p| p == name),
         }
     }
 
@@ -113,7 +166,7 @@ impl ModelSource {
     pub fn present(&self, name: &str) -> bool {
         match self {
             ModelSource::Dir(d) => PathKind::of(&d.join(name)) != PathKind::Missing,
-            ModelSource::Embedded(_) => self.exists(name),
+            ModelSource::Embedded(_) | ModelSource::Gguf(_) => self.exists(name),
         }
     }
 
@@ -151,6 +204,7 @@ impl ModelSource {
                 }
             }
             ModelSource::Embedded(e) => Ok(e.files.iter().find(|(n, _)| *n == name).map(|(_, b)| Cow::Borrowed(*b))),
+            ModelSource::Gguf(g) => Ok(g.file(name).map(|b| Cow::Owned(b.to_vec()))),
         }
     }
 
@@ -165,18 +219,24 @@ impl ModelSource {
     }
 
     /// Maps a (large) weights file without reading it.
-    #[allow(unsafe_code)]
     pub fn map(&self, name: &str) -> Result<FileBytes> {
         match self {
             ModelSource::Dir(d) => {
                 self.check_file(name)?;
-                let p = d.join(name);
-                let f = File::open(&p).map_err(|e| Error::io(&p, e))?;
-                // SAFETY: the file is opened read-only; like every mmap-based loader we assume
-                // nobody truncates a checkpoint while it is being served.
-                let m = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| Error::io(&p, e))?;
-                Ok(FileBytes::Mmap(m))
+                map_file(&d.join(name))
             }
+            ModelSource::Gguf(g) if g.parts.iter().any(|p| p == name) => {
+                let p = g.dir.join(name);
+                if let Some(what) = PathKind::of(&p).not_a_file() {
+                    return Err(Error::NotAFile { path: p, what });
+                }
+                map_file(&p)
+            }
+            ModelSource::Gguf(_) => Err(Error::MissingFile {
+                dir: self.dir(),
+                file: name.to_string(),
+                hint: "not a part of this GGUF model".into(),
+            }),
             ModelSource::Embedded(e) => {
                 e.files.iter().find(|(n, _)| *n == name).map(|(_, b)| FileBytes::Static(b)).ok_or_else(|| {
                     Error::MissingFile { dir: self.dir(), file: name.to_string(), hint: "not embedded".into() }
@@ -194,6 +254,16 @@ impl ModelSource {
                 .map_err(|e| Error::Json { file: self.file_label(name), message: e.to_string() }),
         }
     }
+}
+
+/// Maps a file read-only.
+#[allow(unsafe_code)]
+fn map_file(p: &Path) -> Result<FileBytes> {
+    let f = File::open(p).map_err(|e| Error::io(p, e))?;
+    // SAFETY: the file is opened read-only; like every mmap-based loader we assume nobody
+    // truncates a checkpoint while it is being served.
+    let m = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| Error::io(p, e))?;
+    Ok(FileBytes::Mmap(m))
 }
 
 /// What is at a path, told apart so that a message can name it: a symbolic link loop, a link

@@ -79,10 +79,30 @@ impl<'a> Loader<'a> {
     /// A weight matrix in its stored dtype; with the bf16 reference's cast points, in bf16
     /// (FP8 excepted: kept as its codes and scales).
     pub(crate) fn weights(&self, name: &str, shape: &[usize]) -> Result<Weights> {
-        let name = &self.name(name);
-        let w = self.store.load_weights(name, shape)?;
-        // FP8 stays FP8 at either precision: its kernels dequantise in registers.
-        let w = if self.precision == Precision::Bf16 && !matches!(w, Weights::Bf16(_) | Weights::Fp8(_)) {
+        let full = self.name(name);
+        let w = self.store.load_weights(&full, shape)?;
+        self.held(&full, w)
+    }
+
+    /// A weight matrix whose columns may stay in the order a GGUF stores them, with the order
+    /// of its input that undoes it (see [`WeightStore::load_weights_in_stored_order`]).
+    pub(crate) fn linear_in_stored_order(
+        &self,
+        name: &str,
+        out: usize,
+        inp: usize,
+    ) -> Result<(Linear, Option<Vec<usize>>)> {
+        let full = self.name(name);
+        let (w, order) = self.store.load_weights_in_stored_order(&full, &[out, inp])?;
+        Ok((Linear::from_weights(self.held(&full, w)?, out, inp)?, order))
+    }
+
+    /// A matrix as the model holds it at its precision, counted.
+    fn held(&self, name: &str, w: Weights) -> Result<Weights> {
+        // FP8 and GGUF blocks stay as they are at either precision: their kernels dequantise
+        // in registers.
+        let keep = matches!(w, Weights::Bf16(_) | Weights::Fp8(_) | Weights::Quant(_));
+        let w = if self.precision == Precision::Bf16 && !keep {
             // Rounded into a new buffer: the file's pages are not needed again.
             let rounded = w.into_bf16();
             self.store.release(name);

@@ -17,6 +17,7 @@ pub(crate) mod load;
 pub(crate) mod mlp;
 pub(crate) mod norm;
 pub(crate) mod placement;
+pub(crate) mod quant;
 pub(crate) mod rope;
 pub(crate) mod sizes;
 pub(crate) mod state;

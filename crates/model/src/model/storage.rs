@@ -7,6 +7,7 @@
 use half::{bf16, f16};
 
 use crate::model::fp8::Fp8Weights;
+use crate::model::quant::QuantWeights;
 
 pub(crate) use super::values::{Plain, Values};
 
@@ -20,6 +21,8 @@ pub enum Weights {
     F16(Values<u16>),
     /// e4m3 codes with a scale per 128 × 128 block (Qwen's FP8 releases).
     Fp8(Fp8Weights),
+    /// GGUF's ggml blocks (Q8_0, Q4_K, …), dequantised in the kernels (`model::quant`).
+    Quant(QuantWeights),
 }
 
 impl Weights {
@@ -36,6 +39,7 @@ impl Weights {
             Weights::F32(v) => v.len(),
             Weights::Bf16(v) | Weights::F16(v) => v.len(),
             Weights::Fp8(w) => w.q.len(),
+            Weights::Quant(w) => w.rows() * w.cols(),
         }
     }
 
@@ -49,15 +53,17 @@ impl Weights {
             Weights::F32(v) => v.is_mapped(),
             Weights::Bf16(v) | Weights::F16(v) => v.is_mapped(),
             Weights::Fp8(w) => w.q.is_mapped(),
+            Weights::Quant(w) => w.is_mapped(),
         }
     }
 
-    /// Bytes per stored value (FP8: the code; its block scales are in [`Weights::bytes`]).
+    /// Bytes per stored value (FP8: the code; its block scales are in [`Weights::bytes`]; a
+    /// quantised value takes a fraction of a byte, counted as 1: [`Weights::bytes`] is exact).
     pub fn elem_bytes(&self) -> usize {
         match self {
             Weights::F32(_) => std::mem::size_of::<f32>(),
             Weights::Bf16(_) | Weights::F16(_) => std::mem::size_of::<u16>(),
-            Weights::Fp8(_) => 1,
+            Weights::Fp8(_) | Weights::Quant(_) => 1,
         }
     }
 
@@ -65,6 +71,7 @@ impl Weights {
     pub fn bytes(&self) -> usize {
         match self {
             Weights::Fp8(w) => w.bytes(),
+            Weights::Quant(w) => w.bytes(),
             _ => self.len() * self.elem_bytes(),
         }
     }
@@ -75,11 +82,12 @@ impl Weights {
             Weights::Bf16(_) => "bf16",
             Weights::F16(_) => "f16",
             Weights::Fp8(_) => "fp8",
+            Weights::Quant(w) => w.dtype_name(),
         }
     }
 
     /// Values `start..start + len`, in the same dtype (a view of a view: no copy). FP8 weights
-    /// are cut into whole rows only (their scales go by row).
+    /// and quantised weights are cut into whole rows only (their scales go by row).
     pub fn slice(&self, start: usize, len: usize) -> Weights {
         match self {
             Weights::F32(v) => Weights::F32(v.range(start, len)),
@@ -92,6 +100,15 @@ impl Weights {
                     w.cols
                 );
                 Weights::Fp8(w.rows_view(start / w.cols, len / w.cols))
+            }
+            Weights::Quant(w) => {
+                let cols = w.cols();
+                assert!(
+                    start.is_multiple_of(cols) && len.is_multiple_of(cols),
+                    "a {} matrix of rows of {cols} cut at {start}+{len}",
+                    w.dtype_name()
+                );
+                Weights::Quant(w.rows_view(start / cols, len / cols))
             }
         }
     }
@@ -126,12 +143,15 @@ impl Weights {
             Weights::Bf16(v) => out.iter_mut().zip(&v[start..end]).for_each(|(o, &b)| *o = bf16_to_f32(b)),
             Weights::F16(v) => out.iter_mut().zip(&v[start..end]).for_each(|(o, &b)| *o = f16::from_bits(b).to_f32()),
             Weights::Fp8(w) => w.dequantize_to(start, out),
+            Weights::Quant(w) => w.dequantize_to(start, out),
         }
     }
 
     /// The same values rounded to bf16 (the bf16 reference's cast of every parameter); bf16
     /// stays as it is (a view stays a view). FP8 is dequantised and rounded (a copy at two
-    /// bytes a weight: the loader keeps FP8 as it is instead).
+    /// bytes a weight: the loader keeps FP8 as it is instead). Quantised GGUF weights stay as
+    /// they are (a view stays a view): their kernels keep the dequantised weights exact and
+    /// round the activations to bf16 at this precision (`Linear::forward`).
     pub fn into_bf16(self) -> Weights {
         match self {
             Weights::Fp8(w) => {
@@ -143,7 +163,7 @@ impl Weights {
             Weights::F16(v) => {
                 Weights::bf16(v.iter().map(|&b| bf16::from_f32(f16::from_bits(b).to_f32()).to_bits()).collect())
             }
-            b @ Weights::Bf16(_) => b,
+            b @ (Weights::Bf16(_) | Weights::Quant(_)) => b,
         }
     }
 }

@@ -9,6 +9,7 @@ use safetensors::{Dtype, SafeTensors};
 
 use super::fp8::{BLOCK, Fp8Format, Fp8Weights};
 use super::fp8_codes::is_nan_code;
+use super::gguf::store::GgufStore;
 use super::storage::{Plain, Values, Weights};
 use crate::checkpoint::{FileBytes, ModelSource};
 use crate::error::{Error, Result};
@@ -33,6 +34,8 @@ struct Entry {
 }
 
 pub struct WeightStore {
+    /// A GGUF model's tensors, read by their transformers names (`None`: safetensors).
+    gguf: Option<GgufStore>,
     source: ModelSource,
     shards: Vec<Shard>,
     index: HashMap<String, Entry>,
@@ -108,7 +111,13 @@ fn header_problem(bytes: &[u8]) -> Option<String> {
 
 impl WeightStore {
     pub fn open(source: &ModelSource) -> Result<Self> {
-        let mut store = WeightStore { source: source.clone(), shards: vec![], index: HashMap::new(), fp8: None };
+        let mut store =
+            WeightStore { gguf: None, source: source.clone(), shards: vec![], index: HashMap::new(), fp8: None };
+        if let ModelSource::Gguf(g) = source {
+            let config = super::config::read_config(source)?;
+            store.gguf = Some(GgufStore::open(source, &g.parts, &config)?);
+            return Ok(store);
+        }
         if source.present(INDEX_FILE) && source.present(SINGLE_FILE) {
             // Which one is stale cannot be told from here; loading either could be wrong.
             return Err(Error::Unsupported {
@@ -201,37 +210,61 @@ impl WeightStore {
 
     /// The first F8_E4M3 tensor, by name (for the check that config.json declares FP8).
     pub fn first_fp8_tensor(&self) -> Option<&str> {
+        if self.gguf.is_some() {
+            return None;
+        }
         self.index.iter().filter(|(_, e)| e.dtype == Dtype::F8_E4M3).map(|(n, _)| n.as_str()).min()
     }
 
     pub fn contains(&self, name: &str) -> bool {
+        if let Some(g) = &self.gguf {
+            return g.contains(name);
+        }
         self.index.contains_key(name)
     }
 
     pub fn shape(&self, name: &str) -> Option<&[usize]> {
+        if let Some(g) = &self.gguf {
+            return g.shape(name);
+        }
         self.index.get(name).map(|e| e.shape.as_slice())
     }
 
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.index.keys().map(String::as_str)
+    pub fn names(&self) -> Box<dyn Iterator<Item = &str> + '_> {
+        match &self.gguf {
+            Some(g) => Box::new(g.names()),
+            None => Box::new(self.index.keys().map(String::as_str)),
+        }
     }
 
     /// Total bytes of tensor data across the shards, and the count per storage dtype.
     pub fn stored_bytes(&self) -> usize {
+        if let Some(g) = &self.gguf {
+            return g.stored_bytes();
+        }
         self.index.values().map(|e| e.end - e.start).sum()
     }
 
     /// Stored bytes of one tensor (0 when absent).
     pub fn tensor_bytes(&self, name: &str) -> usize {
+        if let Some(g) = &self.gguf {
+            return g.tensor_bytes(name);
+        }
         self.index.get(name).map_or(0, |e| e.end - e.start)
     }
 
     /// Stored bytes of the tensors whose names `keep` accepts.
     pub fn bytes_where(&self, keep: impl Fn(&str) -> bool) -> usize {
+        if let Some(g) = &self.gguf {
+            return g.bytes_where(keep);
+        }
         self.index.iter().filter(|(n, _)| keep(n)).map(|(_, e)| e.end - e.start).sum()
     }
 
     pub fn dtype_names(&self) -> Vec<String> {
+        if let Some(g) = &self.gguf {
+            return g.dtype_names();
+        }
         let mut v: Vec<String> = self.index.values().map(|e| format!("{:?}", e.dtype)).collect();
         v.sort();
         v.dedup();
@@ -251,6 +284,9 @@ impl WeightStore {
     /// file where its bytes are aligned for the dtype (no copy; its pages become resident as
     /// the kernels read them), else a copy (and the file's pages are released again).
     pub fn load_weights(&self, name: &str, expected: &[usize]) -> Result<Weights> {
+        if let Some(g) = &self.gguf {
+            return g.load_weights(name, expected);
+        }
         let (e, bytes) = self.checked(name, expected)?;
         let shard = &self.shards[e.shard];
         let at = shard.data_start + e.start;
@@ -287,6 +323,20 @@ impl WeightStore {
             ));
         }
         Ok(w)
+    }
+
+    /// A matrix as [`WeightStore::load_weights`] reads it, except that a GGUF's columns may
+    /// stay in the order the file stores them: then the order of the matrix's input that
+    /// undoes it comes with it (`x'[order[c]] = x[c]`).
+    pub fn load_weights_in_stored_order(
+        &self,
+        name: &str,
+        expected: &[usize],
+    ) -> Result<(Weights, Option<Vec<usize>>)> {
+        match &self.gguf {
+            Some(g) => g.load_weights_in_stored_order(name, expected),
+            None => Ok((self.load_weights(name, expected)?, None)),
+        }
     }
 
     fn fp8_error(&self, name: &str, message: String) -> Error {
@@ -346,6 +396,9 @@ impl WeightStore {
     /// Tells the kernel this process is done with a tensor's pages in the mapped file (after
     /// copying it out): the resident set holds the weights once, not also the file's copy.
     pub fn release(&self, name: &str) {
+        if let Some(g) = &self.gguf {
+            return g.release(name);
+        }
         if let Some(e) = self.index.get(name) {
             let shard = &self.shards[e.shard];
             shard.bytes.release(shard.data_start + e.start, e.end - e.start);
@@ -355,6 +408,9 @@ impl WeightStore {
     /// Starts reading every shard into the page cache in the background (a cold start reads
     /// the file sequentially instead of a page at a time as the first token touches it).
     pub fn prefetch(&self) {
+        if let Some(g) = &self.gguf {
+            g.prefetch();
+        }
         for s in &self.shards {
             s.bytes.will_need();
         }

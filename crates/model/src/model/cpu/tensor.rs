@@ -13,6 +13,7 @@
 use rayon::prelude::*;
 
 use super::gemv::{self, PairKernel, PairRows, WeightRow};
+use super::quant_gemv::{self, QuantRows};
 use super::simd::Simd;
 use super::{amx, gemm_bf16};
 use crate::error::{Error, Result};
@@ -234,6 +235,11 @@ impl Linear {
         self.spans(o0, n).any(|(w, _, _)| matches!(w, Weights::Fp8(_)))
     }
 
+    /// Whether any of output rows `o0..o0 + n` is stored as GGUF quantised blocks.
+    pub fn any_quant(&self, o0: usize, n: usize) -> bool {
+        self.spans(o0, n).any(|(w, _, _)| matches!(w, Weights::Quant(_)))
+    }
+
     /// One weight row widened to f32 (an embedding row, for a tied head's input side).
     pub fn row(&self, r: usize) -> Result<Vec<f32>> {
         let Some((w, at, _)) = self.spans(r, 1).next() else {
@@ -251,6 +257,18 @@ impl Linear {
                 x.cols, self.in_features
             )));
         }
+        // Quantised GGUF weights at bf16: the activations rounded to bf16 (as the FP8 kernels
+        // take them at this precision: exact where they are bf16 values already), the
+        // dequantised weights kept exact, the f32 kernels' order on every family.
+        let rounded;
+        let x = if prec == Precision::Bf16 && self.any_quant(0, self.out_features) {
+            let mut r = x.clone();
+            prec.round_all(&mut r.data);
+            rounded = r;
+            &rounded
+        } else {
+            x
+        };
         let mut y = if x.rows <= GEMV_MAX_ROWS {
             self.gemv(x, prec)
         } else if prec == Precision::Bf16 && self.pairs == PairKernel::Amx && self.all_bf16() {
@@ -284,6 +302,11 @@ impl Linear {
                 Weights::Fp8(f) => {
                     let rows = gemv::Fp8Rows { q: &f.q[range], grid: &f.scales, row0: f.row0 + at };
                     gemv::fp8_rows(self.simd, rows, inp, xs, mine)
+                }
+                Weights::Quant(q) => {
+                    let rb = q.row_bytes();
+                    let rows = QuantRows { ty: q.ty(), q: &q.data()[at * rb..(at + n) * rb] };
+                    quant_gemv::quant_rows(self.simd, rows, inp, xs, mine)
                 }
                 Weights::F16(_) => {
                     // Rare (f16 checkpoints): widened a row at a time.
@@ -473,7 +496,8 @@ impl Linear {
 
     /// The GEMM candle runs on the CPU (`gemm`, called with candle's arguments, so the bits are
     /// candle's): f32 weights are read in place, bf16 / f16 widened a block of output rows at a
-    /// time on all threads (never a second copy of the whole matrix); each block's product is
+    /// time on all threads (never a second copy of the whole matrix; FP8 and GGUF quantised blocks
+    /// dequantised the same way, exactly); each block's product is
     /// written straight into its columns of `y`. Blocks do not change the bits: each output is
     /// one dot product over the input features either way.
     fn gemm(&self, x: &Mat) -> Result<Mat> {

@@ -55,6 +55,7 @@ fn norm_weight(gpu: &Gpu, n: &RmsNorm) -> GpuResult<Bf16Buf> {
 /// Rows `o0..o0 + n` of a weight: kept FP8 where the checkpoint stores them so (a byte a
 /// weight), else bf16.
 fn mat(gpu: &Gpu, l: &crate::model::cpu::tensor::Linear, o0: usize, n: usize) -> GpuResult<DeviceMat> {
+    refuse_quant(l, o0, n)?;
     match l.fp8_rows(o0, n) {
         Some(stack) => DeviceMat::upload_fp8(gpu, &stack, n, l.in_features),
         None => {
@@ -72,6 +73,9 @@ fn mat(gpu: &Gpu, l: &crate::model::cpu::tensor::Linear, o0: usize, n: usize) ->
 fn experts(gpu: &Gpu, ls: &[&crate::model::cpu::tensor::Linear]) -> GpuResult<MatWeights> {
     // One expert's stack at a time on the host besides the whole (a 35B-A3B layer's gate_up
     // experts are 0.5 GB of codes).
+    for l in ls {
+        refuse_quant(l, 0, l.out_features)?;
+    }
     let mut all = crate::model::fp8::Fp8Stack::default();
     let fp8 = ls.iter().all(|l| l.fp8_rows(0, l.out_features).map(|st| all.append(&st)).is_some());
     if fp8 {
@@ -82,6 +86,19 @@ fn experts(gpu: &Gpu, ls: &[&crate::model::cpu::tensor::Linear]) -> GpuResult<Ma
         bits.extend(l.bf16_rows(0, l.out_features));
     }
     Ok(MatWeights::Bf16(gpu.upload(&bits)?))
+}
+
+/// GGUF quantised weights have no device kernels: refused rather than widened to bf16 (a Q4_K
+/// matrix would take 3.6 times its bytes on the device).
+fn refuse_quant(l: &crate::model::cpu::tensor::Linear, o0: usize, n: usize) -> GpuResult<()> {
+    if l.any_quant(o0, n) {
+        return Err(GpuError::Shape(format!(
+            "GGUF quantised weights run on the CPU engine ({} rows of {})",
+            n,
+            l.dtype_name()
+        )));
+    }
+    Ok(())
 }
 
 fn whole(gpu: &Gpu, l: &crate::model::cpu::tensor::Linear) -> GpuResult<DeviceMat> {
@@ -201,6 +218,11 @@ fn layer(gpu: &Gpu, device: usize, l: &DecoderLayer, c: &ModelConfig) -> GpuResu
     }
     let mixer = match &l.mixer {
         Mixer::Linear(g) => {
+            if g.out_input_order.is_some() {
+                return Err(GpuError::Shape(
+                    "out_proj keeps a GGUF's column order: GGUF runs on the CPU engine".into(),
+                ));
+            }
             let lc = &g.cfg;
             let (cd, vd, hv, k) = (lc.conv_dim(), lc.value_dim(), lc.num_value_heads, lc.conv_kernel);
             let mut conv = vec![0f32; cd * k];

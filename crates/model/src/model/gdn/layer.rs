@@ -31,6 +31,10 @@ pub(crate) struct GdnLayer {
     /// Gated RMSNorm weight (plain, not zero-centred), shared by all heads.
     pub(crate) norm_w: Vec<f32>,
     pub(crate) out_proj: Linear,
+    /// Where each value channel goes in `out_proj`'s input when the matrix keeps a GGUF's
+    /// column order (llama.cpp's tiled V heads; quantised columns cannot be moved): `None` for
+    /// the model's own order.
+    pub(crate) out_input_order: Option<Vec<usize>>,
 }
 
 impl GdnLayer {
@@ -75,6 +79,7 @@ impl GdnLayer {
         let (k, cd) = (cfg.conv_kernel, cfg.conv_dim());
         let conv_taps: Vec<f32> = (0..k * cd).map(|i| conv_w[(i % cd) * k + i / cd]).collect();
         let a_log = ld.get("A_log", &[hv])?;
+        let (out_proj, out_input_order) = ld.linear_in_stored_order("out_proj.weight", hidden, vd)?;
         Ok(GdnLayer {
             cfg: cfg.clone(),
             eps: eps as f32,
@@ -84,7 +89,8 @@ impl GdnLayer {
             a_log,
             dt_bias: ld.get("dt_bias", &[hv])?,
             norm_w: ld.get("norm.weight", &[dv])?,
-            out_proj: ld.linear("out_proj.weight", hidden, vd)?,
+            out_proj,
+            out_input_order,
         })
     }
 
@@ -206,6 +212,19 @@ impl GdnLayer {
                 nonfinite: norms.iter().map(|n| n.2).collect(),
             }
         });
+        let normed = match &self.out_input_order {
+            // The matrix's columns are in the file's order: the input goes there too.
+            Some(order) => {
+                let mut moved = Mat::zeros(normed.rows, normed.cols);
+                for (dst, src) in moved.data.chunks_exact_mut(normed.cols).zip(normed.data.chunks_exact(normed.cols)) {
+                    for (&to, &v) in order.iter().zip(src) {
+                        dst[to] = v;
+                    }
+                }
+                moved
+            }
+            None => normed,
+        };
         Ok((self.out_proj.forward(&normed, prec)?, traced))
     }
 }
