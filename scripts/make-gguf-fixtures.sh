@@ -271,6 +271,20 @@ open(path, "a").write("\n")
 EOF
 done
 
+# the trained demo as Q8_0: its GGUF (scripts/make_gguf.py, our port of the converter, which
+# scripts/setup-servers.sh makes for the llama.cpp tests) quantised by llama-quantize. Its
+# 192-wide rows are whole Q8_0 blocks; the k-quants would fall back to Q5_0 on them. The three-
+# judge test (tests/gguf_model.rs) uses it with the embedded bf16 demo as the full checkpoint.
+mkdir -p "$FIX/demo"
+DEMO_GGUF=$ROOT/target/server-venv/demo.gguf
+[ -f "$DEMO_GGUF" ] || bash "$ROOT/scripts/setup-servers.sh" >>"$LOG" 2>&1 || fail "scripts/setup-servers.sh failed"
+if [ "$FORCE" = 1 ] || [ ! -f "$FIX/demo/demo-Q8_0.gguf" ]; then
+  step "llama-quantize demo.gguf Q8_0"
+  nice -n 10 "$QUANTIZE" "$DEMO_GGUF" "$FIX/demo/demo-Q8_0.gguf.tmp" Q8_0 2 >>"$LOG" 2>&1 || fail "llama-quantize demo Q8_0 failed"
+  mv "$FIX/demo/demo-Q8_0.gguf.tmp" "$FIX/demo/demo-Q8_0.gguf"
+fi
+cp "$ROOT/models/demo/config.json" "$FIX/demo/config.json"
+
 # 6. checks
 step "checking hf-copy against the checkpoints"
 CHECKS=$WORK/checks.txt

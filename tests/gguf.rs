@@ -176,6 +176,7 @@ fn every_tensor_of_the_test_files_dequantises_as_the_reference_does() {
         "dense/dense-Q8_0.gguf",
         "moe/moe-Q4_K_M.gguf",
         "next/next-Q4_K_M.gguf",
+        "demo/demo-Q8_0.gguf",
     ] {
         let path = root.join(f);
         let dir = tempfile::tempdir().unwrap();

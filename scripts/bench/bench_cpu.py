@@ -3,6 +3,7 @@
 
     python3 scripts/bench/bench_cpu.py --deltascope BIN --llama-bench BIN --stream BIN \
         --pair bf16=MODEL_DIR,FILE.gguf --pair f32=MODEL_DIR,FILE.gguf [--pair moe-bf16=DIR,FILE.gguf] \
+        [--pair q4_k_m=FILE.gguf,FILE.gguf] \
         [--rounds 3] [--threads 2] [--prompt-len 512] [--gen 128] [--out runs.jsonl]
     python3 scripts/bench/bench_cpu.py --summary runs.jsonl
 
@@ -10,6 +11,9 @@ Each round runs, for every dtype, one deltascope process (`bench --json --dtype 
 --prompt-len P --max-tokens G --warmup 1 --repeat 1`) and one llama-bench process
 (`-p P -n G -d 0,P -r 1`), measured alike: an untimed warm-up (the whole prompt, then generation: all
 G tokens in deltascope, one in llama-bench), then one timed repetition, in the same process.
+A pair whose deltascope model is itself a GGUF file (`q4_k_m=FILE.gguf,FILE.gguf`: both engines
+read the same quantised blocks) runs deltascope at `--dtype auto` (f32 activations: its GGUF
+config declares float32).
 Both decode after a prompt of P tokens: deltascope generates after its prompt, and llama-bench's
 tg is taken at depth P (`-d P`: the KV cache filled with P tokens first); its tg at depth 0,
 llama-bench's default, is recorded beside it (`tg_d0`) and summarised too.
@@ -105,8 +109,10 @@ def deltascope_job(a, dtype: str, model: str) -> dict:
     # A pair's label is its dtype, or SHAPE-DTYPE (moe-bf16: the MoE shape at bf16); `fp8` pairs
     # deltascope's FP8 checkpoint with llama.cpp's Q8_0 conversion of it.
     # An FP8 checkpoint runs at its declared dtype (bf16), its matrices read as FP8.
+    # A GGUF file (`q4_k_m`, `q8_0`: llama-quantize's output, the file llama-bench reads) runs
+    # as its metadata declares: f32 activations on the blocks as stored.
     ds_dtype = dtype.rsplit("-", 1)[-1]
-    ds_dtype = "auto" if ds_dtype == "fp8" else ds_dtype
+    ds_dtype = "auto" if ds_dtype == "fp8" or model.endswith(".gguf") else ds_dtype
     cmd = [a.deltascope, "bench", "--model", model, "--dtype", ds_dtype, "--prompt", "Count.",
            "--prompt-len", str(a.prompt_len), "--max-tokens", str(a.gen), "--mtp", "0",
            "--warmup", "1", "--repeat", "1", "--threads", str(a.threads), "--json"]
@@ -188,7 +194,7 @@ def measure(a) -> None:
                     break
                 print(f"  {engine} {dtype}: others used {rec['others_cores']:.2f} core; again", file=sys.stderr)
             print(json.dumps(rec), file=out, flush=True)
-            print(f"  {engine:10} {dtype:5} pp{a.prompt_len} {rec['pp']:7.1f}  tg{a.gen} {rec['tg']:6.2f}  "
+            print(f"  {engine:10} {dtype:6} pp{a.prompt_len} {rec['pp']:7.1f}  tg{a.gen} {rec['tg']:6.2f}  "
                   f"rss {rec['peak_rss_bytes'] / 2**30:.2f} GiB  others {rec['others_cores']:.2f}", file=sys.stderr)
 
 

@@ -15,6 +15,7 @@ use super::report::{self, Report};
 use crate::backend::local::Loaded;
 use crate::backend::{Backend, BackendKind, BackendSpec, OpenProgress, ReasoningSplit};
 use crate::verify::against;
+use crate::verify::judges;
 use crate::verify::probes::{self, Probe};
 use crate::verify::same_file::{self, SameFile};
 use crate::verify::score::{Thresholds, Verdict};
@@ -46,6 +47,12 @@ pub struct VerifyArgs {
     /// the same report, with this one as the yardstick — neither is known to be right.
     #[arg(long, value_name = "URL2", requires = "server", conflicts_with = "model")]
     pub against: Option<String>,
+    /// Three judges: the full-precision checkpoint (bf16 or FP8 safetensors, or a wider GGUF)
+    /// of the model `--model FILE.gguf` quantises. Each probe's error is then split in two:
+    /// quantisation (the GGUF reference against this one, on the server's tokens) and serving
+    /// (the server against the GGUF reference, on the same bytes).
+    #[arg(long, value_name = "DIR|FILE", requires = "server", conflicts_with = "against")]
+    pub against_full: Option<PathBuf>,
 }
 
 /// What makes the in-process GPU engine diverge from the CPU engine: its kernels (named below
@@ -84,7 +91,8 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     if let Some(s) = &same_file {
         writeln!(std::io::stderr().lock(), "verify: {}", s.line())?;
     }
-    let (reports, errors) = check_probes(subject.as_ref(), &yardstick, &probes, &thresholds, a.json)?;
+    let full = full_reference(&a)?;
+    let (reports, errors) = check_probes(subject.as_ref(), &yardstick, full.as_ref(), &probes, &thresholds, a.json)?;
     let report = VerifyReport {
         same_file,
         subject: who,
@@ -134,11 +142,23 @@ fn yardstick(a: &VerifyArgs) -> anyhow::Result<Yardstick> {
     })
 }
 
+/// The full-precision checkpoint of `--against-full`, on the CPU, exact f32 unless `--dtype`
+/// names a precision (as the reference).
+fn full_reference(a: &VerifyArgs) -> anyhow::Result<Option<Loaded>> {
+    let Some(path) = &a.against_full else { return Ok(None) };
+    let mut spec = crate::backend::local::LocalSpec::new(Some(path), &a.model.dtype)
+        .map_err(|e| anyhow::anyhow!("--against-full: {}", e.message))?;
+    spec.device = DeviceSpec::Cpu;
+    let spec = spec.exact_unless_named();
+    Ok(Some(Loaded::load(&spec, &|_: OpenProgress| {}).map_err(|e| anyhow::anyhow!("--against-full: {e}"))?))
+}
+
 /// Every probe checked in turn, each one's line on stderr as it finishes (not with --json): the
 /// reports, and the probes that could not be run.
 fn check_probes(
     subject: &dyn Backend,
     yardstick: &Yardstick,
+    full: Option<&Loaded>,
     probes: &[Probe],
     thresholds: &Thresholds,
     json: bool,
@@ -153,6 +173,16 @@ fn check_probes(
         // One probe's failure (a dropped connection, a refused request) does not lose the
         // others' findings: they are reported, then the run ends in an error. A server that
         // cannot be verified at all ends it at once.
+        // The third judge scores the same tokens: the quantisation error.
+        let checked = match (checked, yardstick, full) {
+            (Ok(mut r), Yardstick::Engine(quantised), Some(full)) => {
+                judges::quantisation_error(quantised, full, probe, &r, thresholds).map(|q| {
+                    r.quantisation = q;
+                    r
+                })
+            }
+            (checked, _, _) => checked,
+        };
         let r = match checked {
             Ok(r) => r,
             Err(e @ VerifyError::Cannot(_)) => return Err(e.into()),
@@ -324,7 +354,23 @@ fn line(r: &ProbeReport) -> String {
         ),
     };
     let parted = r.parted_at.map_or(String::new(), |i| format!(" · the texts part at a near-tie at position {i}"));
-    format!("  {:<16} {prompt}{}{verdict}{parted}", r.name, if prompt.is_empty() { "" } else { " · " })
+    let quantisation = r.quantisation.as_ref().map_or(String::new(), |q| {
+        let w = crate::verify::score::worst(&q.positions);
+        let v = match &q.verdict {
+            Verdict::Diverges { at } => format!("DIVERGES at position {at}"),
+            v => v.name().to_string(),
+        };
+        format!(
+            "\n  {:<16} quantisation (GGUF against the full checkpoint): {v} (max |Δ| {:.3} · max KL ≥ {:.4})",
+            "", w.delta, w.kl
+        )
+    });
+    let serving = if r.quantisation.is_some() { "serving: " } else { "" };
+    format!(
+        "  {:<16} {prompt}{}{serving}{verdict}{parted}{quantisation}",
+        r.name,
+        if prompt.is_empty() { "" } else { " · " }
+    )
 }
 
 /// The details of a finding: the prompt's first difference, or the divergence with its

@@ -246,7 +246,10 @@ async fn models(State(s): State<Shared>) -> Response {
     // llama.cpp's `meta` fields (what a client compares models by), and deltascope's own.
     let id = &info.identity;
     let meta = json!({"n_vocab": id.vocab_size, "n_embd": id.hidden_size, "n_layer": id.layers,
-                      "n_params": id.params, "n_params_mtp": id.params_with_mtp, "fingerprint": id.fingerprint});
+                      "n_params": id.params, "n_params_mtp": id.params_with_mtp, "fingerprint": id.fingerprint,
+                      // A GGUF's file, as llama.cpp describes it (`size`, `ftype`), and the values
+                      // of all its tensors (llama.cpp's `n_params`; ours counts the model's).
+                      "size": id.file_bytes, "ftype": id.file_type, "n_params_file": id.file_values});
     let body = json!({"object": "list", "data": [{
         "id": s.model, "object": "model", "created": s.started, "owned_by": "deltascope", "max_model_len": s.context,
         "meta": meta,

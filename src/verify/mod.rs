@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod against;
+pub mod judges;
 pub mod parity;
 pub mod probes;
 pub mod rescore;

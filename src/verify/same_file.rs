@@ -47,9 +47,10 @@ pub fn judge(file: &ModelIdentity, server: &ModelIdentity) -> Option<SameFile> {
         None => {}
     };
     compare("tensor bytes", bytes.to_string(), server.file_bytes.map(|b| b.to_string()));
-    compare("parameters", values.to_string(), server.params.map(|p| p.to_string()));
+    // llama.cpp's `n_params` counts every tensor of the file; deltascope serve says so apart.
+    compare("parameters", values.to_string(), server.file_values.or(server.params).map(|p| p.to_string()));
     if let Some(ft) = &file.file_type {
-        compare("type", ft.clone(), server.file_type.clone());
+        compare("type", ft.clone(), server.file_type.as_deref().map(short_type));
     }
     if let (Some(a), Some(b)) = (file.vocab_size, server.vocab_size) {
         compare("vocabulary", a.to_string(), Some(b.to_string()));
@@ -66,6 +67,24 @@ pub fn judge(file: &ModelIdentity, server: &ModelIdentity) -> Option<SameFile> {
         agree.push(format!("file name {}", base(&file.name)));
     }
     Some(if differ.is_empty() { SameFile::Same { agree } } else { SameFile::Different { differ, agree } })
+}
+
+/// llama.cpp's `llama_model_ftype_name` ("Q4_K - Medium", "IQ4_XS - 4.25 bpw", "all F32",
+/// "MXFP4 MoE") as the file type is named everywhere else ("Q4_K_M", "IQ4_XS", "F32",
+/// "MXFP4_MOE").
+fn short_type(name: &str) -> String {
+    let (base, size) = name.split_once(" - ").unwrap_or((name, ""));
+    let suffix = match size {
+        "Small" => "_S",
+        "Medium" => "_M",
+        "Large" => "_L",
+        _ => "",
+    };
+    match base {
+        "all F32" => "F32".into(),
+        "MXFP4 MoE" => "MXFP4_MOE".into(),
+        b => format!("{b}{suffix}"),
+    }
 }
 
 fn base(path: &str) -> &str {
@@ -111,6 +130,22 @@ mod tests {
         assert_eq!(differ.len(), 2, "{differ:?}");
         assert!(agree.iter().any(|a| a.starts_with("parameters")));
         assert!(j.line().contains("the file F16, the server Q8_0"));
+    }
+
+    #[test]
+    fn llama_cpps_type_names_read_as_the_files() {
+        for (theirs, ours) in [
+            ("Q4_K - Medium", "Q4_K_M"),
+            ("Q5_K - Small", "Q5_K_S"),
+            ("Q3_K - Large", "Q3_K_L"),
+            ("IQ4_XS - 4.25 bpw", "IQ4_XS"),
+            ("Q8_0", "Q8_0"),
+            ("F16", "F16"),
+            ("all F32", "F32"),
+            ("MXFP4 MoE", "MXFP4_MOE"),
+        ] {
+            assert_eq!(short_type(theirs), ours);
+        }
     }
 
     #[test]

@@ -65,6 +65,10 @@ pub struct ProbeReport {
     /// nothing more is compared.
     pub parted_at: Option<usize>,
     pub positions: Vec<Position>,
+    /// With `--against-full`: the quantisation error on the same tokens (the reference's
+    /// weights against the full checkpoint's); `positions` is then the serving error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantisation: Option<super::judges::QuantisationError>,
 }
 
 impl ProbeReport {
@@ -80,6 +84,7 @@ impl ProbeReport {
             failed: None,
             parted_at: None,
             positions: vec![],
+            quantisation: None,
         }
     }
 

@@ -107,11 +107,17 @@ pub struct ServerConfig {
     pub alias: Option<String>,
     /// A Jinja chat template to render with instead of the GGUF's.
     pub chat_template: Option<PathBuf>,
+    /// The GGUF to serve (default: the demo's).
+    pub model: Option<PathBuf>,
 }
 
 impl ServerConfig {
     pub fn new(build: Build) -> Self {
-        ServerConfig { build, mtp: None, alias: None, chat_template: None }
+        ServerConfig { build, mtp: None, alias: None, chat_template: None, model: None }
+    }
+    pub fn model(mut self, path: &Path) -> Self {
+        self.model = Some(path.to_path_buf());
+        self
     }
     pub fn mtp(mut self, n: u32) -> Self {
         self.mtp = Some(n);
@@ -165,7 +171,7 @@ impl LlamaServer {
             } else {
                 cmd.env_remove("PYTHONPATH");
             }
-            cmd.arg(&s.xllamacpp_server).arg("--model").arg(&s.demo_gguf).args([
+            cmd.arg(&s.xllamacpp_server).arg("--model").arg(config.model.as_ref().unwrap_or(&s.demo_gguf)).args([
                 "--host",
                 "127.0.0.1",
                 "--port",

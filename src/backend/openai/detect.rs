@@ -186,6 +186,7 @@ fn identity_of(model: &str, meta: Option<&Value>) -> crate::backend::ModelIdenti
         fingerprint: meta.and_then(|m| m.get("fingerprint")).and_then(Value::as_str).map(str::to_string),
         file_bytes: n("size"),
         file_type: meta.and_then(|m| m.get("ftype")).and_then(Value::as_str).map(str::to_string),
+        file_values: n("n_params_file"),
         ..crate::backend::ModelIdentity::named(model)
     }
 }
