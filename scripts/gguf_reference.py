@@ -9,6 +9,10 @@ reader and dequantisers to it. Runs under target/server-venv (gguf==0.19.0, nump
   gguf_reference.py dequant-file FILE OUT every tensor of a GGUF file dequantised, in the file's
                                           order, written to OUT as little-endian f32 one after
                                           the other
+  gguf_reference.py scale FILE TENSOR FACTOR OUT
+                                          a copy of FILE with one tensor's values times FACTOR
+                                          (F32 values, or the f16 block scales of Q8_0 / Q4_0),
+                                          every other byte the same: a broken server for verify
   gguf_reference.py header FILE           the tensor table of a GGUF file as JSON: name, type,
                                           shape (ggml order), absolute data offset, bytes
   gguf_reference.py hf-copy FILE.gguf CONFIG.json OUT_DIR
@@ -299,6 +303,25 @@ elif sys.argv[1] == "dequant-file":
         for t in r.tensors:
             raw = np.asarray(t.data).reshape(-1).view(np.uint8)
             f.write(np.asarray(dequantize(raw, t.tensor_type), dtype="<f4").tobytes())
+elif sys.argv[1] == "scale":
+    src, name, factor, dst = sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
+    r = GGUFReader(src)
+    t = next((t for t in r.tensors if t.name == name), None)
+    if t is None:
+        sys.exit(f"{src}: no tensor {name!r}")
+    raw = bytearray(Path(src).read_bytes())
+    at, n = int(t.data_offset), int(t.n_bytes)
+    if t.tensor_type == GGMLQuantizationType.F32:
+        v = np.frombuffer(bytes(raw[at:at + n]), dtype="<f4") * np.float32(factor)
+        raw[at:at + n] = v.astype("<f4").tobytes()
+    elif t.tensor_type in (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0):
+        size = 34 if t.tensor_type == GGMLQuantizationType.Q8_0 else 18
+        for b in range(at, at + n, size):
+            d = np.frombuffer(bytes(raw[b:b + 2]), dtype="<f2")[0]
+            raw[b:b + 2] = np.array([d * factor], dtype="<f2").tobytes()
+    else:
+        sys.exit(f"{name}: scaling {t.tensor_type.name} is not implemented (F32, Q8_0, Q4_0 are)")
+    Path(dst).write_bytes(bytes(raw))
 elif sys.argv[1] == "header":
     r = GGUFReader(sys.argv[2])
     tensors = [

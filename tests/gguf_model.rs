@@ -239,3 +239,39 @@ fn three_judges_split_quantisation_error_from_serving_error() {
     // differ after a near-tie, so only its order of size is held.
     assert!(quantisation_llama > 1e-3 && serving_llama > serving, "{serving_llama} {quantisation_llama}");
 }
+
+/// Calibration on the same bytes, broken: llama.cpp serves the demo Q8_0 with one GDN layer's
+/// `ssm_out` × 3 (its Q8_0 block scales tripled: `gguf_reference.py scale`), the reference
+/// reads the healthy file. Every probe diverges, at a position the report names. The metadata
+/// still says "same file": sizes, type and counts cannot see a changed byte.
+#[test]
+fn a_gguf_with_one_tensor_scaled_diverges_where_the_report_says() {
+    let setup = llama_server::setup();
+    let gguf = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gguf/demo/demo-Q8_0.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("broken.gguf");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/gguf_reference.py");
+    let out = Command::new(&setup.xllamacpp_py)
+        .arg(script)
+        .args(["scale"])
+        .arg(&gguf)
+        .args(["blk.1.ssm_out.weight", "3"])
+        .arg(&broken)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let server = LlamaServer::start_with(llama_server::ServerConfig::new(Build::B11549).model(&broken));
+    let out = Command::new(env!("CARGO_BIN_EXE_deltascope"))
+        .args(["verify", "--quick", "--json", "--server", &server.url, "--model"])
+        .arg(&gguf)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    let v: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    assert_eq!(v["same_file"]["verdict"], "same", "{v}");
+    for p in v["probes"].as_array().unwrap() {
+        let at = p["verdict"]["at"].as_u64();
+        assert!(at.is_some_and(|at| at < 40), "probe {}: {}", p["name"], p["verdict"]);
+    }
+}
