@@ -55,6 +55,9 @@ for k in "${wanted[@]}"; do
   cargo test --release --no-fail-fast \
     --test serve --test budget_matrix --test generation --test invariants \
     --test reference --test state_trace --test nonfinite --test cli
+  # GGUF: the quantised GEMV's sums and the engine on a GGUF against its dequantised f32 copy,
+  # the three judges and the same-bytes verdicts.
+  cargo test --release --no-fail-fast --test gguf_model
   # The state trace against the emulated device at the tolerance derived from both traces, and a
   # scaled projection still caught. (`gpu parity` on the demo, 66 s a kernel, runs under the
   # best kernel only; its CPU side is the engine checked against transformers in tests/reference.rs.)

@@ -275,3 +275,27 @@ fn a_gguf_with_one_tensor_scaled_diverges_where_the_report_says() {
         assert!(at.is_some_and(|at| at < 40), "probe {}: {}", p["name"], p["verdict"]);
     }
 }
+
+/// The status bar's backend label and the load notes: the file type beside the device and the
+/// activation dtype; a file that keeps its GDN state inputs at 4-bit and carries no MTP head
+/// is said to.
+#[test]
+fn the_status_bar_names_the_file_type_and_the_notes_say_what_a_file_lacks() {
+    use deltascope::backend::local::{LocalBackend, LocalSpec};
+    use deltascope::backend::{Backend, OpenProgress};
+    let open = |p: &Path| {
+        let spec = LocalSpec::new(Some(p), "auto").unwrap();
+        LocalBackend::open(&spec, &|_: OpenProgress| {}).unwrap()
+    };
+    let demo = open(&llama_server::setup().demo_gguf);
+    assert!(demo.info().label().contains(" · F16 · f32"), "{}", demo.info().label());
+    assert_eq!(demo.info().file_type.as_deref(), Some("F16"));
+    assert!(demo.info().has_mtp);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gguf");
+    let moe = open(&root.join("moe/moe-Q4_K_M.gguf"));
+    assert!(moe.info().label().contains(" · Q4_K_M · "), "{}", moe.info().label());
+    let notes = moe.info().config_notes.join("\n");
+    assert!(notes.contains("GDN state inputs below 8 bits"), "{notes}");
+    assert!(notes.contains("no MTP head"), "{notes}");
+    assert!(!moe.info().has_mtp);
+}

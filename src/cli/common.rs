@@ -18,9 +18,9 @@ use crate::backend::{
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// A Hugging Face model directory (config.json, *.safetensors, tokenizer.json), or `demo`
-    /// for the embedded demo model (the default).
-    #[arg(long, value_name = "DIR|demo", conflicts_with = "server")]
+    /// A Hugging Face model directory (config.json, *.safetensors, tokenizer.json), a GGUF file
+    /// (or a folder of one, or a split set), or `demo` for the embedded demo model (the default).
+    #[arg(long, value_name = "DIR|FILE.gguf|demo", conflicts_with = "server")]
     pub model: Option<PathBuf>,
     /// Activation precision: `auto` (the checkpoint's own dtype from config.json, as
     /// transformers loads it: bf16 for bf16 checkpoints, f32 otherwise), `f32` (exact f32 math
@@ -56,9 +56,9 @@ pub struct ModelArgs {
 /// no server, no GPU.
 #[derive(Args, Debug)]
 pub struct LocalModelArgs {
-    /// A Hugging Face model directory (config.json, *.safetensors, tokenizer.json), or `demo`
-    /// for the embedded demo model (the default).
-    #[arg(long, value_name = "DIR|demo")]
+    /// A Hugging Face model directory (config.json, *.safetensors, tokenizer.json), a GGUF file
+    /// (or a folder of one, or a split set), or `demo` for the embedded demo model (the default).
+    #[arg(long, value_name = "DIR|FILE.gguf|demo")]
     pub model: Option<PathBuf>,
     /// Activation precision: `auto` (the checkpoint's own dtype), `f32` or `bf16`.
     #[arg(long, default_value = "auto", value_name = "auto|f32|bf16")]
