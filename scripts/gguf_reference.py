@@ -13,6 +13,11 @@ reader and dequantisers to it. Runs under target/server-venv (gguf==0.19.0, nump
                                           a copy of FILE with one tensor's values times FACTOR
                                           (F32 values, or the f16 block scales of Q8_0 / Q4_0),
                                           every other byte the same: a broken server for verify
+  gguf_reference.py split FILE N OUT_PREFIX
+                                          FILE rewritten as a split set of at most N tensors a
+                                          part (gguf-py's GGUFWriter: OUT_PREFIX-0000i-of-0000n.gguf,
+                                          every key in the first part, split.no / split.count /
+                                          split.tensors.count in each), tensor bytes unchanged
   gguf_reference.py header FILE           the tensor table of a GGUF file as JSON: name, type,
                                           shape (ggml order), absolute data offset, bytes
   gguf_reference.py hf-copy FILE.gguf CONFIG.json OUT_DIR
@@ -322,6 +327,24 @@ elif sys.argv[1] == "scale":
     else:
         sys.exit(f"{name}: scaling {t.tensor_type.name} is not implemented (F32, Q8_0, Q4_0 are)")
     Path(dst).write_bytes(bytes(raw))
+elif sys.argv[1] == "split":
+    from gguf import GGUFValueType, GGUFWriter
+    src, n, prefix = sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    r = GGUFReader(src)
+    arch = r.fields["general.architecture"].contents()
+    w = GGUFWriter(prefix + ".gguf", arch, split_max_tensors=n)
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        vtype = f.types[0]
+        sub = f.types[-1] if vtype == GGUFValueType.ARRAY else None
+        w.add_key_value(f.name, f.contents(), vtype, sub_type=sub)
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 elif sys.argv[1] == "header":
     r = GGUFReader(sys.argv[2])
     tensors = [

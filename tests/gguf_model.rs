@@ -299,3 +299,39 @@ fn the_status_bar_names_the_file_type_and_the_notes_say_what_a_file_lacks() {
     assert!(notes.contains("no MTP head"), "{notes}");
     assert!(!moe.info().has_mtp);
 }
+
+/// A split set (`NAME-0000i-of-0000n.gguf`, written by gguf-py's GGUFWriter with every byte of
+/// every tensor kept) runs as the single file does, named by the folder or by any part; a
+/// missing part is named.
+#[test]
+fn a_split_set_runs_as_the_single_file_and_a_missing_part_is_named() {
+    let setup = llama_server::setup();
+    let single = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gguf/dense/dense-Q4_K_M.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/gguf_reference.py");
+    let out = Command::new(&setup.xllamacpp_py)
+        .arg(script)
+        .arg("split")
+        .arg(&single)
+        .arg("30")
+        .arg(dir.path().join("dense"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let parts: Vec<_> = (1..=3).map(|i| dir.path().join(format!("dense-{i:05}-of-00003.gguf"))).collect();
+    assert!(parts.iter().all(|p| p.is_file()), "gguf-py wrote three parts");
+    let ids = "1,40,77,300,12,198";
+    let whole = all_logits(&single, ids);
+    assert_eq!(all_logits(dir.path(), ids), whole, "the folder of parts");
+    assert_eq!(all_logits(&parts[1], ids), whole, "a part named");
+    // inspect counts the whole set.
+    let v: Value = serde_json::from_str(&ok(&ds(&["inspect", "--json"], dir.path()))).unwrap();
+    let one: Value = serde_json::from_str(&ok(&ds(&["inspect", "--json"], &single))).unwrap();
+    assert_eq!((v["parts"].as_u64(), v["tensors"].as_u64()), (Some(3), one["tensors"].as_u64()));
+    assert_eq!(v["quant_mix"].as_array().map(Vec::len), one["quant_mix"].as_array().map(Vec::len));
+    std::fs::remove_file(&parts[1]).unwrap();
+    let out = ds(&["run", "--prompt", "hi"], &parts[0]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("dense-00002-of-00003.gguf") && err.contains("split set of 3"), "{err}");
+}

@@ -630,7 +630,12 @@ fn device_plan(a: &InspectArgs, cfg: &ModelConfig) -> anyhow::Result<Option<Devi
 
 pub fn run(a: InspectArgs) -> anyhow::Result<()> {
     // A GGUF file: what its header says (the quant mix, the file type).
-    if let Some(path) = a.model.as_deref().filter(|p| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))) {
+    // A GGUF file, a part of a split set or a folder of them: what the headers say (the
+    // quant mix, the file type).
+    let gguf = |p: &&std::path::Path| {
+        deltascope_model::gguf::is_gguf(p) || p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    };
+    if let Some(path) = a.model.as_deref().filter(gguf) {
         return super::inspect_gguf::run(path, a.json);
     }
     let (cfg, source, config_file) = read_model_config(a.model.as_deref())?;

@@ -17,6 +17,8 @@ use deltascope_model::human_bytes;
 #[derive(Serialize)]
 struct GgufReport {
     file: String,
+    /// The parts of a split set (one for a single file).
+    parts: usize,
     bytes: u64,
     version: u32,
     architecture: Option<String>,
@@ -34,8 +36,44 @@ struct GgufReport {
 }
 
 pub fn run(path: &Path, json: bool) -> anyhow::Result<()> {
-    let file = GgufFile::open(path)?;
-    emit(&report(&file), json)
+    let files: Vec<GgufFile> =
+        deltascope_model::gguf::parts(path)?.iter().map(|p| GgufFile::open(p)).collect::<Result<_, _>>()?;
+    let mut whole = report(&files[0]);
+    for f in &files[1..] {
+        whole.add(report(f));
+    }
+    emit(&whole, json)
+}
+
+impl GgufReport {
+    /// Another part of the same split set: its tensors counted in (the metadata is the first
+    /// part's, where llama.cpp's gguf-split keeps it).
+    fn add(&mut self, part: GgufReport) {
+        self.parts += 1;
+        self.bytes += part.bytes;
+        self.tensors += part.tensors;
+        for m in part.quant_mix {
+            match self.quant_mix.iter_mut().find(|q| q.ty == m.ty) {
+                Some(q) => {
+                    q.tensors += m.tensors;
+                    q.bytes += m.bytes;
+                }
+                None => self.quant_mix.push(m),
+            }
+        }
+        let total: u64 = self.quant_mix.iter().map(|q| q.bytes).sum();
+        for q in &mut self.quant_mix {
+            q.share = if total == 0 { 0.0 } else { q.bytes as f64 / total as f64 };
+        }
+        self.quant_mix.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.ty.cmp(&b.ty)));
+        for f in part.stays_f32 {
+            if !self.stays_f32.contains(&f) {
+                self.stays_f32.push(f);
+            }
+        }
+        self.unsupported.extend(part.unsupported);
+        self.low_bit_state_inputs.extend(part.low_bit_state_inputs);
+    }
 }
 
 fn report(file: &GgufFile) -> GgufReport {
@@ -50,6 +88,7 @@ fn report(file: &GgufFile) -> GgufReport {
     let pairs = |v: Vec<(&str, String)>| v.into_iter().map(|(n, t)| (n.to_string(), t)).collect();
     GgufReport {
         file: file.path().display().to_string(),
+        parts: 1,
         bytes: file.len(),
         version: h.version,
         architecture: h.architecture().map(str::to_string),
@@ -77,7 +116,9 @@ fn block_local(name: &str) -> &str {
 
 impl Report for GgufReport {
     fn print_human(&self, w: &mut dyn Write) -> io::Result<()> {
-        writeln!(w, "file: {} ({}, GGUF v{})", self.file, human_bytes(self.bytes), self.version)?;
+        let set =
+            if self.parts > 1 { format!(", the first of a split set of {} parts", self.parts) } else { String::new() };
+        writeln!(w, "file: {} ({}, GGUF v{}{set})", self.file, human_bytes(self.bytes), self.version)?;
         let arch = self.architecture.as_deref().unwrap_or("(no general.architecture)");
         let ftype = self.file_type.map(|t| format!(" · {t}")).unwrap_or_default();
         writeln!(w, "architecture: {arch}{ftype} · {} tensors · {} metadata keys", self.tensors, self.metadata_keys)?;

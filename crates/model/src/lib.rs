@@ -78,7 +78,7 @@ pub mod fp8 {
 pub mod gguf {
     pub use crate::model::gguf::{
         DequantError, GgmlType, Gguf, GgufError, GgufFile, QuantShare, TensorInfo, Value, VocabError, dequantize,
-        generation_config_json, is_gguf, source_for, tokenizer_config_json, tokenizer_json,
+        generation_config_json, is_gguf, parts, source_for, tokenizer_config_json, tokenizer_json,
     };
 }
 

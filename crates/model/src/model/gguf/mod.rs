@@ -17,6 +17,6 @@ mod vocab;
 pub use container::{Gguf, GgufError, TensorInfo, Value};
 pub use dequant::{DequantError, dequantize};
 pub use file::{GgufFile, QuantShare};
-pub use source::{is_gguf, source_for};
+pub use source::{is_gguf, parts, source_for};
 pub use types::GgmlType;
 pub use vocab::{VocabError, generation_config_json, tokenizer_config_json, tokenizer_json};

@@ -24,6 +24,18 @@ pub fn source_for(path: &Path) -> Result<ModelSource> {
     }
 }
 
+/// The files of the GGUF model at `path` (a file, a part of a split set, or a folder), in
+/// order; an error when it is not one or a part is missing.
+pub fn parts(path: &Path) -> Result<Vec<PathBuf>> {
+    match gguf_parts(path)? {
+        Some((dir, parts)) => Ok(parts.iter().map(|p| dir.join(p)).collect()),
+        None => Err(Error::Gguf {
+            file: path.display().to_string(),
+            message: "is not a GGUF file, nor a folder of one".into(),
+        }),
+    }
+}
+
 /// Whether `path` names a GGUF model: a `.gguf` file (or one that starts with the magic), or a
 /// folder with GGUF files and no config.json. (Whether it opens is [`source_for`]'s to say.)
 pub fn is_gguf(path: &Path) -> bool {
