@@ -5,12 +5,15 @@
 
 #[path = "common/llama_server.rs"]
 mod llama_server;
+#[path = "common/serve.rs"]
+mod serve;
 
 use std::path::Path;
 use std::process::{Command, Output};
 
 use llama_server::{Build, LlamaServer};
 use serde_json::Value;
+use serve::Serve;
 
 fn ds(args: &[&str], model: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_deltascope"))
@@ -161,38 +164,6 @@ fn verify_on_the_same_bytes_says_the_file_is_the_servers() {
     assert!(v.get("same_file").is_none(), "{v}");
 }
 
-/// A `deltascope serve` of `model` on a free port (f32, the CPU), killed when dropped.
-struct Serve(std::process::Child, String);
-
-impl Serve {
-    fn start(model: &Path) -> Serve {
-        use std::io::BufRead;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_deltascope"))
-            .args(["serve", "--port", "0", "--device", "cpu", "--dtype", "f32", "--model"])
-            .arg(model)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("starting deltascope serve");
-        let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let url = loop {
-            let line = lines.next().expect("serve exited before listening").expect("reading stdout");
-            if let Some(rest) = line.split(" on http://").nth(1) {
-                break format!("http://{}", rest.split_whitespace().next().expect("an address"));
-            }
-        };
-        std::thread::spawn(move || for _ in lines {});
-        Serve(child, url)
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Three judges: a server runs the demo as Q8_0 (llama-quantize of the demo's GGUF), the
 /// reference reads that very file, and the full checkpoint is the demo's own bf16. With
 /// deltascope serve as the server, serving adds only f32 reassociation, so the split must put
@@ -227,7 +198,8 @@ fn three_judges_split_quantisation_error_from_serving_error() {
         }
         (serving, quantisation)
     };
-    let ours = Serve::start(&gguf);
+    // A GGUF's `--dtype auto` is f32: serve computes as the reference does.
+    let ours = Serve::start(Some(&gguf));
     let (serving, quantisation) = verify(&ours.1);
     assert!(serving < 1e-3, "serving error {serving}: the server computes on the reference's own bytes");
     // Q8_0 against bf16: 0.022 nats at most on this machine; a split that lost it reads 0.
